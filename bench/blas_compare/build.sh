@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Builds one benchmark executable per library (OpenBLAS and BLIS both export
+# cblas_sgemm, so they must not be linked into the same binary).
+# Output: bench/blas_compare/build/bc_{peak,openblas_omp,openblas_pth,blis_omp,dnnl}
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+OUT="${HERE}/build"
+mkdir -p "${OUT}"
+SRC="${HERE}/blas_compare.cpp"
+CXX="${CXX:-g++}"
+ML=/usr/lib/x86_64-linux-gnu
+MI=/usr/include/x86_64-linux-gnu
+# -mamx-* only matter for the AMX peak loop (the binary checks nothing else).
+CXXFLAGS=(-std=c++17 -O3 -march=native -mamx-tile -mamx-bf16 -mavx512bf16 -fopenmp -Wall -Wno-unused-function)
+
+echo "[build] peak"
+"${CXX}" "${CXXFLAGS[@]}" -DBC_PEAK "${SRC}" -o "${OUT}/bc_peak"
+
+# OpenBLAS: link the variant directory explicitly (not the update-alternatives
+# symlink) and pin it with an rpath, so both variants can be measured regardless
+# of which one the alternatives system currently selects.
+for v in openmp pthread; do
+  d="${ML}/openblas-${v}"
+  if [[ -e "${d}/libopenblas.so" ]]; then
+    tag=$([[ $v == openmp ]] && echo omp || echo pth)
+    echo "[build] openblas-${v}"
+    "${CXX}" "${CXXFLAGS[@]}" -DBC_OPENBLAS -DBC_VARIANT="\"(${v})\"" -I"${MI}/openblas-${v}" \
+      "${SRC}" -o "${OUT}/bc_openblas_${tag}" -L"${d}" -Wl,-rpath,"${d}" -lopenblas -ldl
+  else
+    echo "[build] skip openblas-${v} (not installed)"
+  fi
+done
+
+for v in openmp pthread; do
+  d="${ML}/blis-${v}"
+  if [[ -e "${d}/libblis.so" ]]; then
+    tag=$([[ $v == openmp ]] && echo omp || echo pth)
+    echo "[build] blis-${v}"
+    "${CXX}" "${CXXFLAGS[@]}" -DBC_BLIS -DBC_VARIANT="\"(${v})\"" -I"${MI}/blis-${v}" \
+      "${SRC}" -o "${OUT}/bc_blis_${tag}" -L"${d}" -Wl,-rpath,"${d}" -lblis -lm
+  else
+    echo "[build] skip blis-${v} (not installed)"
+  fi
+done
+
+if [[ -e /usr/include/oneapi/dnnl/dnnl.hpp ]]; then
+  echo "[build] onednn"
+  "${CXX}" "${CXXFLAGS[@]}" -DBC_DNNL -DBC_VARIANT="\"(matmul)\"" "${SRC}" -o "${OUT}/bc_dnnl" -ldnnl
+fi
+ls -1 "${OUT}"

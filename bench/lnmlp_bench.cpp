@@ -1,0 +1,292 @@
+// lnmlp-bench: the project's main job. Runs the fused block forward + backward on the CPU backend
+// for a transformer-sized shape and prints time, GFLOP/s, the fraction of this machine's measured
+// peak, memory figures and the error against the float64 reference on sampled tokens.
+//
+//   lnmlp-bench [--tokens T] [--hidden H] [--ffn F] [--act NAME] [--norm layernorm|rmsnorm]
+//               [--dtype f32|bf16|f16] [--remat save_all|save_ffn1|save_stats] [--iters N]
+//               [--threads N] [--check-tokens N]
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dtype_convert.h"
+#include "lnmlp.h"
+#include "peak.h"
+#include "reference.h"
+
+namespace {
+
+struct Options {
+  int64_t tokens = 4096, hidden = 1024, ffn = 4096;
+  std::string act = "gelu";
+  std::string norm = "layernorm";
+  std::string dtype = "f32";
+  std::string remat = "save_all";
+  int iters = 5;
+  int threads = 0;
+  int64_t check_tokens = 16;
+};
+
+[[noreturn]] void usage(const char* msg) {
+  std::fprintf(stderr,
+               "lnmlp-bench: %s\n"
+               "usage: lnmlp-bench [--tokens T] [--hidden H] [--ffn F] [--act NAME] [--norm layernorm|rmsnorm]\n"
+               "                   [--dtype f32|bf16|f16] [--remat save_all|save_ffn1|save_stats]\n"
+               "                   [--iters N] [--threads N] [--check-tokens N]\n"
+               "  NAME: linear relu gelu silu quick_gelu squared_relu sigmoid, or a gated pair\n"
+               "        geglu swiglu reglu qgeglu sreglu glu clamped_swiglu\n",
+               msg);
+  std::exit(2);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") usage("runs the fused block on the CPU");
+    if (i + 1 >= argc) usage(("missing value after " + a).c_str());
+    const char* v = argv[++i];
+    if (a == "--tokens") o.tokens = std::atoll(v);
+    else if (a == "--hidden") o.hidden = std::atoll(v);
+    else if (a == "--ffn") o.ffn = std::atoll(v);
+    else if (a == "--act") o.act = v;
+    else if (a == "--norm") o.norm = v;
+    else if (a == "--dtype") o.dtype = v;
+    else if (a == "--remat") o.remat = v;
+    else if (a == "--iters") o.iters = std::atoi(v);
+    else if (a == "--threads") o.threads = std::atoi(v);
+    else if (a == "--check-tokens") o.check_tokens = std::atoll(v);
+    else usage(("unknown option " + a).c_str());
+  }
+  if (o.iters < 1) usage("--iters must be >= 1");
+  return o;
+}
+
+std::vector<int32_t> activations(const std::string& name) {
+  const char* single[] = {"linear", "relu", "gelu", "silu", "quick_gelu", "squared_relu", "sigmoid"};
+  for (int32_t i = 0; i < 7; ++i)
+    if (name == single[i]) return {i};
+  if (name == "geglu") return {LNMLP_ACT_GELU, LNMLP_ACT_LINEAR};
+  if (name == "swiglu") return {LNMLP_ACT_SILU, LNMLP_ACT_LINEAR};
+  if (name == "reglu") return {LNMLP_ACT_RELU, LNMLP_ACT_LINEAR};
+  if (name == "qgeglu") return {LNMLP_ACT_QUICK_GELU, LNMLP_ACT_LINEAR};
+  if (name == "sreglu") return {LNMLP_ACT_SQUARED_RELU, LNMLP_ACT_LINEAR};
+  if (name == "glu") return {LNMLP_ACT_SIGMOID, LNMLP_ACT_LINEAR};
+  if (name == "clamped_swiglu") return {LNMLP_ACT_CLAMPED_SILU, LNMLP_ACT_CLAMPED_LINEAR};
+  usage(("unknown activation " + name).c_str());
+}
+
+void check(int32_t status, const char* what) {
+  if (status != LNMLP_SUCCESS) {
+    std::fprintf(stderr, "lnmlp-bench: %s failed: %s: %s\n", what, lnmlp_status_string(status), lnmlp_last_error());
+    std::exit(1);
+  }
+}
+
+// A tensor in the plan's dtype, made from doubles; as_double() reads it back exactly.
+struct Tensor {
+  int32_t dtype;
+  std::vector<unsigned char> bytes;
+  Tensor(int32_t dt, const std::vector<double>& v) : dtype(dt), bytes(v.size() * (dt == LNMLP_DTYPE_F32 ? 4 : 2)) {
+    for (size_t i = 0; i < v.size(); ++i) set(i, v[i]);
+  }
+  Tensor(int32_t dt, size_t n) : dtype(dt), bytes(n * (dt == LNMLP_DTYPE_F32 ? 4 : 2)) {}
+  void set(size_t i, double d) {
+    if (dtype == LNMLP_DTYPE_F32) {
+      const float f = static_cast<float>(d);
+      std::memcpy(&bytes[i * 4], &f, 4);
+    } else {
+      const uint16_t h = dtype == LNMLP_DTYPE_BF16 ? lnmlp_ref::double_to_bf16(d) : lnmlp_ref::double_to_f16(d);
+      std::memcpy(&bytes[i * 2], &h, 2);
+    }
+  }
+  double get(size_t i) const {
+    if (dtype == LNMLP_DTYPE_F32) {
+      float f;
+      std::memcpy(&f, &bytes[i * 4], 4);
+      return f;
+    }
+    uint16_t h;
+    std::memcpy(&h, &bytes[i * 2], 2);
+    return dtype == LNMLP_DTYPE_BF16 ? lnmlp_ref::bf16_to_double(h) : lnmlp_ref::f16_to_double(h);
+  }
+  std::vector<double> as_double() const {
+    std::vector<double> out(bytes.size() / (dtype == LNMLP_DTYPE_F32 ? 4 : 2));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = get(i);
+    return out;
+  }
+  void* data() { return bytes.data(); }
+};
+
+std::vector<double> random_vector(size_t n, double scale, double shift, std::mt19937_64& rng) {
+  std::normal_distribution<double> dist(0.0, 1.0);
+  std::vector<double> v(n);
+  for (double& x : v) x = shift + scale * dist(rng);
+  return v;
+}
+
+// max |got - ref| / max |ref| over the given rows of a [rows, cols] tensor.
+double normalised_error(const Tensor& got, const std::vector<double>& ref, const std::vector<int64_t>& rows, int64_t cols) {
+  double err = 0.0, mag = 0.0;
+  for (size_t r = 0; r < rows.size(); ++r)
+    for (int64_t j = 0; j < cols; ++j) {
+      const double g = got.get(static_cast<size_t>(rows[r] * cols + j)), e = ref[r * cols + j];
+      err = std::max(err, std::fabs(g - e));
+      mag = std::max(mag, std::fabs(e));
+    }
+  return mag > 0 ? err / mag : err;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  const std::vector<int32_t> acts = activations(o.act);
+  const int32_t A = static_cast<int32_t>(acts.size());
+  const int32_t dtype = o.dtype == "f32" ? LNMLP_DTYPE_F32
+                        : o.dtype == "bf16" ? LNMLP_DTYPE_BF16
+                        : o.dtype == "f16" ? LNMLP_DTYPE_F16
+                                           : (usage("--dtype is f32, bf16 or f16"), 0);
+  const int32_t norm = o.norm == "layernorm" ? LNMLP_NORM_LAYERNORM
+                       : o.norm == "rmsnorm" ? LNMLP_NORM_RMSNORM
+                                             : (usage("--norm is layernorm or rmsnorm"), 0);
+  const int32_t remat = o.remat == "save_all" ? LNMLP_REMAT_SAVE_ALL
+                        : o.remat == "save_ffn1" ? LNMLP_REMAT_SAVE_FFN1
+                        : o.remat == "save_stats" ? LNMLP_REMAT_SAVE_STATS
+                                                  : (usage("--remat is save_all, save_ffn1 or save_stats"), 0);
+  const int64_t T = o.tokens, H = o.hidden, F = o.ffn;
+  const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
+
+  const char* info = nullptr;
+  check(lnmlp_get_build_info(&info), "lnmlp_get_build_info");
+  std::printf("%s\n", info);
+  std::printf("block: tokens %lld, hidden %lld, ffn %lld, %s, act %s, %s, remat %s, biases on, %d threads\n",
+              static_cast<long long>(T), static_cast<long long>(H), static_cast<long long>(F), o.norm.c_str(),
+              o.act.c_str(), o.dtype.c_str(), o.remat.c_str(), threads);
+
+  lnmlp_desc* desc = nullptr;
+  check(lnmlp_desc_create(&desc), "lnmlp_desc_create");
+  check(lnmlp_desc_set_shape(desc, T, H, F), "set_shape");
+  check(lnmlp_desc_set_norm(desc, norm), "set_norm");
+  check(lnmlp_desc_set_activations(desc, A, acts.data()), "set_activations");
+  check(lnmlp_desc_set_bias(desc, 1, 1), "set_bias");
+  check(lnmlp_desc_set_dtype(desc, dtype), "set_dtype");
+  check(lnmlp_desc_set_remat(desc, remat), "set_remat");
+  check(lnmlp_desc_set_num_threads(desc, o.threads), "set_num_threads");
+  lnmlp_plan* plan = nullptr;
+  const auto t_plan = std::chrono::steady_clock::now();
+  check(lnmlp_plan_create(desc, &plan), "lnmlp_plan_create");
+  const double plan_secs = seconds_since(t_plan);
+  lnmlp_desc_destroy(desc);
+
+  int64_t ws_bytes = 0, saved_bytes = 0, saved_per_token = 0;
+  check(lnmlp_plan_get_workspace_bytes(plan, &ws_bytes), "workspace bytes");
+  check(lnmlp_plan_get_saved_bytes(plan, &saved_bytes), "saved bytes");
+  check(lnmlp_plan_get_saved_bytes_per_token(plan, &saved_per_token), "saved bytes per token");
+
+  // Inputs: unit-variance activations, weights scaled by 1/sqrt(fan-in) as in a trained layer.
+  std::mt19937_64 rng(2024);
+  const std::vector<double> x_d = random_vector(T * H, 1.0, 0.0, rng);
+  Tensor x(dtype, x_d), gamma(dtype, random_vector(H, 0.1, 1.0, rng)), beta(dtype, random_vector(H, 0.1, 0.0, rng));
+  Tensor w1(dtype, random_vector(H * A * F, 1.0 / std::sqrt(double(H)), 0.0, rng));
+  Tensor b1(dtype, random_vector(A * F, 0.1, 0.0, rng));
+  Tensor w2(dtype, random_vector(F * H, 1.0 / std::sqrt(double(F)), 0.0, rng));
+  Tensor b2(dtype, random_vector(H, 0.1, 0.0, rng));
+  Tensor dy(dtype, random_vector(T * H, 1.0, 0.0, rng));
+  Tensor y(dtype, T * H), dx(dtype, T * H), dgamma(dtype, H), dbeta(dtype, H), dw1(dtype, H * A * F),
+      db1(dtype, A * F), dw2(dtype, F * H), db2(dtype, H);
+  std::vector<unsigned char> saved(static_cast<size_t>(saved_bytes) + 64);
+  void* saved_ptr = saved.data() + (64 - reinterpret_cast<uintptr_t>(saved.data()) % 64) % 64;
+  const void* beta_ptr = norm == LNMLP_NORM_LAYERNORM ? beta.data() : nullptr;
+  void* dbeta_ptr = norm == LNMLP_NORM_LAYERNORM ? dbeta.data() : nullptr;
+
+  // Warm-up, then timed iterations with a progress indicator on stderr.
+  std::vector<double> fwd_secs, bwd_secs;
+  for (int it = -1; it < o.iters; ++it) {
+    std::fprintf(stderr, "\r%s %d/%d ", it < 0 ? "warm-up  " : "iteration", std::max(it + 1, 0), o.iters);
+    std::fflush(stderr);
+    auto t0 = std::chrono::steady_clock::now();
+    check(lnmlp_plan_forward(plan, x.data(), gamma.data(), beta_ptr, w1.data(), b1.data(), w2.data(), b2.data(),
+                             y.data(), saved_ptr, nullptr),
+          "forward");
+    const double f = seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    check(lnmlp_plan_backward(plan, dy.data(), x.data(), gamma.data(), beta_ptr, w1.data(), b1.data(), w2.data(),
+                              saved_ptr, dx.data(), dgamma.data(), dbeta_ptr, dw1.data(), db1.data(), dw2.data(),
+                              db2.data(), nullptr),
+          "backward");
+    const double b = seconds_since(t0);
+    if (it >= 0) {
+      fwd_secs.push_back(f);
+      bwd_secs.push_back(b);
+    }
+  }
+  std::fprintf(stderr, "\rmeasuring peak...      ");
+  std::fflush(stderr);
+  const Peak peak = dtype == LNMLP_DTYPE_BF16 ? measure_bf16_peak(threads) : measure_fp32_peak(threads);
+  std::fprintf(stderr, "\rchecking against the float64 reference...");
+  std::fflush(stderr);
+
+  // Error on sampled tokens: y and dx rows depend only on their own token, so the reference runs
+  // on just those rows.
+  const int64_t S = std::min(o.check_tokens, T);
+  std::vector<int64_t> rows(S);
+  for (int64_t i = 0; i < S; ++i) rows[i] = (i * 7919) % T;
+  lnmlp_ref::Config rc;
+  rc.tokens = S;
+  rc.hidden = H;
+  rc.ffn = F;
+  rc.norm = norm == LNMLP_NORM_LAYERNORM ? lnmlp_ref::Norm::LayerNorm : lnmlp_ref::Norm::RmsNorm;
+  rc.acts.assign(acts.begin(), acts.end());
+  rc.has_bias1 = rc.has_bias2 = true;
+  const lnmlp_ref::Params rp{gamma.as_double(), beta.as_double(), w1.as_double(), b1.as_double(), w2.as_double(),
+                             b2.as_double()};
+  std::vector<double> xs(S * H), dys(S * H);
+  for (int64_t r = 0; r < S; ++r)
+    for (int64_t j = 0; j < H; ++j) {
+      xs[r * H + j] = x.get(rows[r] * H + j);
+      dys[r * H + j] = dy.get(rows[r] * H + j);
+    }
+  const std::vector<double> y_ref = lnmlp_ref::forward(rc, xs, rp);
+  const lnmlp_ref::Grads g_ref = lnmlp_ref::backward(rc, xs, rp, dys);
+  const double err_y = normalised_error(y, y_ref, rows, H);
+  const double err_dx = normalised_error(dx, g_ref.dx, rows, H);
+  std::fprintf(stderr, "\r%60s\r", "");
+
+  const double gemm_flops_fwd = 2.0 * T * H * A * F + 2.0 * T * F * H;
+  const double flops = 3.0 * gemm_flops_fwd;  // forward + dgrad + wgrad
+  const double tf = median(fwd_secs), tb = median(bwd_secs), tt = tf + tb;
+  std::printf("plan creation        %10.1f ms\n", plan_secs * 1e3);
+  std::printf("forward              %10.2f ms   %8.1f GFLOP/s\n", tf * 1e3, gemm_flops_fwd / tf * 1e-9);
+  std::printf("backward             %10.2f ms   %8.1f GFLOP/s\n", tb * 1e3, 2 * gemm_flops_fwd / tb * 1e-9);
+  std::printf("forward + backward   %10.2f ms   %8.1f GFLOP/s   (median of %d)\n", tt * 1e3, flops / tt * 1e-9,
+              o.iters);
+  std::printf("machine peak         %10.1f GFLOP/s (%s, %d threads, measured now)\n", peak.gflops, peak.what,
+              threads);
+  if (peak.gflops > 0) std::printf("fraction of peak     %10.1f %%\n", 100.0 * flops / tt * 1e-9 / peak.gflops);
+  std::printf("saved for backward   %10lld bytes/token (%.1f MiB total)\n", static_cast<long long>(saved_per_token),
+              saved_bytes / 1048576.0);
+  std::printf("workspace            %10.1f MiB\n", ws_bytes / 1048576.0);
+  std::printf("max error vs float64 y %.2e, dx %.2e  (normalised by max|ref|, %lld sampled tokens)\n", err_y, err_dx,
+              static_cast<long long>(S));
+  lnmlp_plan_destroy(plan);
+  return 0;
+}

@@ -1,0 +1,320 @@
+/*
+ * lnmlp.h -- the whole public C API of lnmlp.
+ *
+ * lnmlp runs a transformer's feed-forward sublayer as one fused, differentiable unit:
+ *
+ *     y = act( norm(x) @ W1 + b1 ) @ W2 + b2
+ *
+ * forward and backward, on the CPU (the embedded default) or on a GPU.
+ *
+ * Life of a computation:
+ *
+ *     lnmlp_desc_create -> lnmlp_desc_set_* -> lnmlp_plan_create -> lnmlp_desc_destroy
+ *     lnmlp_plan_forward / lnmlp_plan_backward, many times
+ *     lnmlp_plan_destroy
+ *
+ * Conventions (they hold for every function below):
+ *  - Every function returns an int32_t status (LNMLP_SUCCESS or an LNMLP_ERROR_* code), except
+ *    lnmlp_status_string and lnmlp_last_error, which return strings.
+ *  - On failure nothing observable changes: no output buffer, descriptor or plan is modified,
+ *    and lnmlp_last_error() explains what was wrong on this thread. Successful calls leave the
+ *    last error message as it was.
+ *  - No C++ exception, abort or exit ever leaves the library.
+ *  - Every enum is an int32_t; sizes are int64_t; booleans are int32_t (0 = false, 1 = true;
+ *    other values are rejected). No struct crosses the ABI by value.
+ *  - Tensors are dense, row-major (C order). Pointers are host pointers for the CPU backend and
+ *    device pointers for the CUDA backend. All tensors of a plan share one element type, the
+ *    plan's I/O dtype (see lnmlp_desc_set_dtype).
+ *
+ * Shapes (T = tokens, H = hidden, F = ffn, A = number of activation functions, 1 or 2):
+ *
+ *     x, y, dx, dy    [T, H]
+ *     gamma, beta     [H]          beta is absent (NULL) for RMSNorm
+ *     W1              [H, A, F]
+ *     b1              [A, F]       optional (lnmlp_desc_set_bias)
+ *     W2              [F, H]
+ *     b2              [H]          optional, independently of b1
+ *
+ * Thread safety: distinct plans may be used from distinct threads at the same time; one plan must
+ * be used by one thread at a time. A call that finds its plan in use by another thread returns
+ * LNMLP_ERROR_PLAN_BUSY and changes nothing. Descriptors are not thread-safe.
+ */
+#ifndef LNMLP_H
+#define LNMLP_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#  if defined(LNMLP_BUILDING_LIBRARY)
+#    define LNMLP_API __declspec(dllexport)
+#  else
+#    define LNMLP_API __declspec(dllimport)
+#  endif
+#elif defined(__GNUC__)
+#  define LNMLP_API __attribute__((visibility("default")))
+#else
+#  define LNMLP_API
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Versions
+ * ------------------------------------------------------------------------------------------- */
+
+/* The library's release version. */
+#define LNMLP_VERSION_MAJOR 0
+#define LNMLP_VERSION_MINOR 1
+#define LNMLP_VERSION_PATCH 0
+
+/* The ABI version. It changes whenever a change to this header would break a program compiled
+ * against an older one; it is the number in the shared library's SONAME (liblnmlp.so.1).
+ * A program that loads the library with dlopen compares lnmlp_get_version()'s abi value with
+ * the LNMLP_ABI_VERSION it was compiled with and refuses a mismatch. */
+#define LNMLP_ABI_VERSION 1
+
+/* Writes the library's version and ABI version. Any pointer may be NULL (that value is skipped). */
+LNMLP_API int32_t lnmlp_get_version(int32_t* major, int32_t* minor, int32_t* patch, int32_t* abi);
+
+/* ---------------------------------------------------------------------------------------------
+ * Status codes and errors
+ * ------------------------------------------------------------------------------------------- */
+
+enum {
+  LNMLP_SUCCESS = 0,
+  LNMLP_ERROR_INVALID_ARGUMENT = 1,   /* a value out of its range, an unknown enum, a bad combination */
+  LNMLP_ERROR_NULL_POINTER = 2,       /* a required pointer (tensor, handle, output) is NULL */
+  LNMLP_ERROR_SIZE_OVERFLOW = 3,      /* sizes whose products or byte counts do not fit */
+  LNMLP_ERROR_INVALID_HANDLE = 4,     /* a handle that is not a live descriptor / plan */
+  LNMLP_ERROR_NOT_SUPPORTED = 5,      /* valid, but not available in this build or on this machine */
+  LNMLP_ERROR_OUT_OF_MEMORY = 6,      /* an allocation failed (only at plan creation) */
+  LNMLP_ERROR_WORKSPACE_TOO_SMALL = 7,/* attached workspace smaller than lnmlp_plan_get_workspace_bytes */
+  LNMLP_ERROR_NO_WORKSPACE = 8,       /* an external-workspace plan ran before lnmlp_plan_attach_workspace */
+  LNMLP_ERROR_MISALIGNED = 9,         /* a pointer not aligned as the tensor's type or the backend requires */
+  LNMLP_ERROR_PLAN_BUSY = 10,         /* the plan is being used by another thread right now */
+  LNMLP_ERROR_BACKEND = 11,           /* the BLAS, CUDA or cuBLASLt layer reported a failure */
+  LNMLP_ERROR_INTERNAL = 12           /* a bug in lnmlp; the message says where */
+};
+
+/* The name of a status code ("LNMLP_ERROR_NULL_POINTER"); "LNMLP_UNKNOWN_STATUS" for a value that
+ * is not a status. Never NULL; the string is static. */
+LNMLP_API const char* lnmlp_status_string(int32_t status);
+
+/* The message of the last failure on the calling thread, in words a user can act on
+ * ("x is NULL, but forward needs it"). Never NULL: "" before any failure. The pointer stays
+ * valid until the next failing lnmlp call on the same thread. */
+LNMLP_API const char* lnmlp_last_error(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Enumerations
+ * ------------------------------------------------------------------------------------------- */
+
+/* I/O element type of every tensor of a plan. GEMMs accumulate in fp32; norms and activations
+ * compute in fp32 whatever the I/O type. */
+enum {
+  LNMLP_DTYPE_F32 = 0,
+  LNMLP_DTYPE_BF16 = 1, /* bfloat16, as uint16_t bit patterns */
+  LNMLP_DTYPE_F16 = 2   /* IEEE binary16, as uint16_t bit patterns */
+};
+
+enum {
+  LNMLP_NORM_LAYERNORM = 0, /* mu = mean(x), var = mean((x-mu)^2), n = (x-mu)/sqrt(var+eps)*g + beta */
+  LNMLP_NORM_RMSNORM = 1    /* n = x/sqrt(mean(x^2)+eps)*g; no beta */
+};
+
+/* Activation functions f(x). With one activation a = f0(h); with two (gated),
+ * a = f0(h[:,0,:]) * f1(h[:,1,:]). Common pairs: geglu = (GELU, LINEAR), swiglu = (SILU, LINEAR),
+ * reglu = (RELU, LINEAR), qgeglu = (QUICK_GELU, LINEAR), sreglu = (SQUARED_RELU, LINEAR),
+ * glu = (SIGMOID, LINEAR). CLAMPED_SILU and CLAMPED_LINEAR only come as the pair
+ * (CLAMPED_SILU, CLAMPED_LINEAR), the clamped SwiGLU (see lnmlp_desc_set_clamped_swiglu). */
+enum {
+  LNMLP_ACT_LINEAR = 0,        /* x */
+  LNMLP_ACT_RELU = 1,          /* max(x, 0) */
+  LNMLP_ACT_GELU = 2,          /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+  LNMLP_ACT_SILU = 3,          /* x sigmoid(x) */
+  LNMLP_ACT_QUICK_GELU = 4,    /* x sigmoid(1.702 x) */
+  LNMLP_ACT_SQUARED_RELU = 5,  /* x > 0 ? x^2 : 0 */
+  LNMLP_ACT_SIGMOID = 6,       /* sigmoid(x) */
+  LNMLP_ACT_CLAMPED_SILU = 7,  /* a' = min(a, limit); a' sigmoid(alpha a') */
+  LNMLP_ACT_CLAMPED_LINEAR = 8 /* clip(b, -limit, limit) + offset */
+};
+
+/* What forward saves for backward ("remat" = rematerialisation). Saved bytes per token are
+ * reported by lnmlp_plan_get_saved_bytes_per_token; e = bytes of the I/O dtype.
+ *  SAVE_ALL   (default, what TransformerEngine saves): norm statistics, the norm output,
+ *             the GEMM1 output (checkpoint name "ffn1") and the activation output.
+ *             Bytes/token: 4 (rmsnorm) or 8 (layernorm) + e*(H + A*F + F).
+ *  SAVE_FFN1  the statistics and the GEMM1 output; backward recomputes the norm output and the
+ *             activation (elementwise, cheap). Bytes/token: 4 or 8 + e*A*F.
+ *  SAVE_STATS only the statistics; backward recomputes the norm output, GEMM1 and the activation
+ *             (one extra GEMM). Bytes/token: 4 or 8.
+ *  FORWARD_ONLY saves nothing; for inference. Backward is refused. */
+enum {
+  LNMLP_REMAT_SAVE_ALL = 0,
+  LNMLP_REMAT_SAVE_FFN1 = 1,
+  LNMLP_REMAT_SAVE_STATS = 2,
+  LNMLP_REMAT_FORWARD_ONLY = 3
+};
+
+enum {
+  LNMLP_BACKEND_CPU = 0, /* the embedded default; host pointers; the stream argument is ignored */
+  LNMLP_BACKEND_CUDA = 1 /* device pointers; the stream argument is a cudaStream_t (NULL = default) */
+};
+
+/* FP8 recipes (see the project's DESIGN, section 2). This release supports LNMLP_RECIPE_NONE only;
+ * use lnmlp_query_support to learn what a build and machine can run. */
+enum {
+  LNMLP_RECIPE_NONE = 0,
+  LNMLP_RECIPE_DELAYED = 1,
+  LNMLP_RECIPE_CURRENT = 2,
+  LNMLP_RECIPE_BLOCK = 3,
+  LNMLP_RECIPE_MXFP8 = 4
+};
+
+/* ---------------------------------------------------------------------------------------------
+ * Capability queries
+ * ------------------------------------------------------------------------------------------- */
+
+/* Features for lnmlp_query_support. */
+enum {
+  LNMLP_FEATURE_BACKEND = 0,        /* the backend is compiled in and usable on this machine */
+  LNMLP_FEATURE_DTYPE_F32 = 1,
+  LNMLP_FEATURE_DTYPE_BF16 = 2,
+  LNMLP_FEATURE_DTYPE_F16 = 3,
+  LNMLP_FEATURE_RECIPE_DELAYED = 4,
+  LNMLP_FEATURE_RECIPE_CURRENT = 5,
+  LNMLP_FEATURE_RECIPE_BLOCK = 6,
+  LNMLP_FEATURE_RECIPE_MXFP8 = 7,
+  LNMLP_FEATURE_SHARDING = 8,
+  LNMLP_FEATURE_EXTERNAL_WORKSPACE = 9
+};
+
+/* Sets *supported to 1 when `backend` can run `feature` in this build on this machine, else 0.
+ * Unknown backend or feature values are LNMLP_ERROR_INVALID_ARGUMENT. */
+LNMLP_API int32_t lnmlp_query_support(int32_t backend, int32_t feature, int32_t* supported);
+
+/* A static, human-readable description of this build (version, backends compiled in, the GEMM
+ * library and threading) for logs and bug reports. Never NULL. */
+LNMLP_API int32_t lnmlp_get_build_info(const char** info);
+
+/* ---------------------------------------------------------------------------------------------
+ * Descriptor: what to compute. Setters validate their own arguments; lnmlp_plan_create
+ * validates the combination.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct lnmlp_desc lnmlp_desc;
+
+/* Creates a descriptor with the defaults: no shape (must be set), layernorm, gamma not
+ * zero-centered, epsilon 1e-6, activation (RELU), no biases, f32, SAVE_ALL, CPU backend,
+ * device 0, recipe NONE, no sharding, all cores. */
+LNMLP_API int32_t lnmlp_desc_create(lnmlp_desc** desc);
+
+/* Destroys a descriptor. NULL is accepted and does nothing. Plans created from it live on. */
+LNMLP_API int32_t lnmlp_desc_destroy(lnmlp_desc* desc);
+
+/* tokens = T (all leading dims of x flattened), hidden = H, ffn = F. Each must be >= 1. */
+LNMLP_API int32_t lnmlp_desc_set_shape(lnmlp_desc* desc, int64_t tokens, int64_t hidden, int64_t ffn);
+
+/* norm_type: LNMLP_NORM_*. */
+LNMLP_API int32_t lnmlp_desc_set_norm(lnmlp_desc* desc, int32_t norm_type);
+
+/* When enabled, the norm scales by (gamma + 1) instead of gamma. */
+LNMLP_API int32_t lnmlp_desc_set_zero_centered_gamma(lnmlp_desc* desc, int32_t enabled);
+
+/* epsilon added to the variance (or mean square); finite and >= 0. Default 1e-6. */
+LNMLP_API int32_t lnmlp_desc_set_epsilon(lnmlp_desc* desc, float epsilon);
+
+/* The activation list: count is 1 or 2; activations[i] are LNMLP_ACT_* values. */
+LNMLP_API int32_t lnmlp_desc_set_activations(lnmlp_desc* desc, int32_t count, const int32_t* activations);
+
+/* Parameters of the clamped SwiGLU pair (CLAMPED_SILU, CLAMPED_LINEAR):
+ *   a' = min(a, limit); out = a' sigmoid(alpha a') * (clip(b, -limit, limit) + offset).
+ * limit > 0 and finite, alpha finite, offset finite. Defaults: limit 7, alpha 1.702, offset 1. */
+LNMLP_API int32_t lnmlp_desc_set_clamped_swiglu(lnmlp_desc* desc, float limit, float alpha, float offset);
+
+/* Whether b1 and b2 exist (independently). Default: neither. */
+LNMLP_API int32_t lnmlp_desc_set_bias(lnmlp_desc* desc, int32_t has_bias1, int32_t has_bias2);
+
+/* dtype: LNMLP_DTYPE_*. */
+LNMLP_API int32_t lnmlp_desc_set_dtype(lnmlp_desc* desc, int32_t dtype);
+
+/* policy: LNMLP_REMAT_*. */
+LNMLP_API int32_t lnmlp_desc_set_remat(lnmlp_desc* desc, int32_t policy);
+
+/* backend: LNMLP_BACKEND_*; device: the GPU ordinal for CUDA (>= 0), ignored (must be 0) for CPU. */
+LNMLP_API int32_t lnmlp_desc_set_backend(lnmlp_desc* desc, int32_t backend, int32_t device);
+
+/* CPU backend threads: 0 (default) uses every core the process may run on. */
+LNMLP_API int32_t lnmlp_desc_set_num_threads(lnmlp_desc* desc, int32_t num_threads);
+
+/* recipe: LNMLP_RECIPE_*. Only LNMLP_RECIPE_NONE is accepted in this release; the others return
+ * LNMLP_ERROR_NOT_SUPPORTED. */
+LNMLP_API int32_t lnmlp_desc_set_recipe(lnmlp_desc* desc, int32_t recipe);
+
+/* Tensor-parallel sharding: this plan is rank `rank` of a group of `group_size`; with
+ * sequence_parallel the tokens are split too. Only group_size 1 (no sharding) is accepted in
+ * this release; larger groups return LNMLP_ERROR_NOT_SUPPORTED. */
+LNMLP_API int32_t lnmlp_desc_set_sharding(lnmlp_desc* desc, int32_t group_size, int32_t rank,
+                                          int32_t sequence_parallel);
+
+/* When enabled, lnmlp_plan_create allocates no workspace; the caller queries
+ * lnmlp_plan_get_workspace_bytes and attaches memory it owns with lnmlp_plan_attach_workspace
+ * before the first forward or backward. Default: disabled (the plan owns its workspace). */
+LNMLP_API int32_t lnmlp_desc_set_external_workspace(lnmlp_desc* desc, int32_t enabled);
+
+/* ---------------------------------------------------------------------------------------------
+ * Plan: validated, sized, allocated. Execution never allocates.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct lnmlp_plan lnmlp_plan;
+
+/* Validates the descriptor, chooses algorithms and allocates every workspace up front.
+ * The descriptor may be destroyed or changed afterwards without affecting the plan. */
+LNMLP_API int32_t lnmlp_plan_create(const lnmlp_desc* desc, lnmlp_plan** plan);
+
+/* Destroys a plan and frees what it owns (not attached caller workspace). NULL does nothing. */
+LNMLP_API int32_t lnmlp_plan_destroy(lnmlp_plan* plan);
+
+/* Bytes of scratch memory the plan needs while running (owned or attached). */
+LNMLP_API int32_t lnmlp_plan_get_workspace_bytes(const lnmlp_plan* plan, int64_t* bytes);
+
+/* Bytes of the buffer forward writes and backward reads (0 for FORWARD_ONLY). */
+LNMLP_API int32_t lnmlp_plan_get_saved_bytes(const lnmlp_plan* plan, int64_t* bytes);
+
+/* The saved buffer's bytes per token, without alignment padding (see LNMLP_REMAT_*). */
+LNMLP_API int32_t lnmlp_plan_get_saved_bytes_per_token(const lnmlp_plan* plan, int64_t* bytes);
+
+/* Alignment in bytes the saved buffer and attached workspace must have (64 on CPU, 256 on CUDA). */
+LNMLP_API int32_t lnmlp_plan_get_alignment(const lnmlp_plan* plan, int64_t* bytes);
+
+/* Attaches caller-owned workspace to a plan created with external workspace: `bytes` must be at
+ * least lnmlp_plan_get_workspace_bytes and `workspace` aligned to lnmlp_plan_get_alignment.
+ * The memory must outlive every later forward/backward call; attaching again replaces it. */
+LNMLP_API int32_t lnmlp_plan_attach_workspace(lnmlp_plan* plan, void* workspace, int64_t bytes);
+
+/* Forward: y = act(norm(x) @ W1 + b1) @ W2 + b2, and writes `saved` (lnmlp_plan_get_saved_bytes
+ * bytes, aligned to lnmlp_plan_get_alignment) for backward; `saved` may be NULL only when the
+ * plan saves 0 bytes. beta must be NULL for RMSNorm and non-NULL for LayerNorm; b1 and b2 must
+ * be NULL exactly when the descriptor disabled them. y must not overlap the inputs.
+ * `stream` is ignored by the CPU backend. */
+LNMLP_API int32_t lnmlp_plan_forward(lnmlp_plan* plan, const void* x, const void* gamma, const void* beta,
+                                     const void* w1, const void* b1, const void* w2, const void* b2,
+                                     void* y, void* saved, void* stream);
+
+/* Backward, given dy = dL/dy and the `saved` buffer written by forward with the same x and weights:
+ * writes dx, dgamma, dbeta (RMSNorm: must be NULL), dW1, db1 and db2 (NULL exactly when the bias is
+ * disabled), dW2. Gradients overwrite their buffers (they are not accumulated into). b1 is needed
+ * only when the plan recomputes GEMM1 (SAVE_STATS) and the descriptor enabled it; otherwise it
+ * may be NULL. Outputs must not overlap each other or the inputs. */
+LNMLP_API int32_t lnmlp_plan_backward(lnmlp_plan* plan, const void* dy, const void* x, const void* gamma,
+                                      const void* beta, const void* w1, const void* b1, const void* w2,
+                                      const void* saved, void* dx, void* dgamma, void* dbeta, void* dw1,
+                                      void* db1, void* dw2, void* db2, void* stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* LNMLP_H */

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what building and testing lnmlp needs on a fresh Debian machine (idempotent: packages
+# already present are not fetched again).
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config   # toolchain
+  libdnnl-dev                        # oneDNN: the CPU GEMM library (see docs/blas-choice.md)
+  libgtest-dev googletest            # tests
+  binutils                           # nm / readelf for the exported-symbol check
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,381 @@
+// The C ABI edge: every exported function validates its arguments, runs inside api_guard (so no
+// exception escapes), and leaves everything unchanged when it fails.
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <new>
+
+#include "args.h"
+#include "build_info.h"
+#include "error.h"
+#include "handles.h"
+#include "lnmlp.h"
+#include "plan.h"
+
+using namespace lnmlp;
+
+namespace {
+
+bool as_bool(int32_t v, const char* name) {
+  if (v != 0 && v != 1) fail(LNMLP_ERROR_INVALID_ARGUMENT, name, " must be 0 or 1, got ", v);
+  return v == 1;
+}
+
+void require_out(const void* p, const char* name) {
+  if (p == nullptr) fail(LNMLP_ERROR_NULL_POINTER, name, " is NULL; pass where to write the result");
+}
+
+// Applies `change` to a copy of the descriptor's config and stores it only if nothing threw.
+template <typename Fn> void edit(lnmlp_desc* d, Fn&& change) {
+  require_desc(d);
+  Config c = d->cfg;
+  change(c);
+  d->cfg = c;
+}
+
+}  // namespace
+
+extern "C" {
+
+LNMLP_API int32_t lnmlp_get_version(int32_t* major, int32_t* minor, int32_t* patch, int32_t* abi) {
+  if (major) *major = LNMLP_VERSION_MAJOR;
+  if (minor) *minor = LNMLP_VERSION_MINOR;
+  if (patch) *patch = LNMLP_VERSION_PATCH;
+  if (abi) *abi = LNMLP_ABI_VERSION;
+  return LNMLP_SUCCESS;
+}
+
+LNMLP_API const char* lnmlp_status_string(int32_t status) {
+  switch (status) {
+    case LNMLP_SUCCESS: return "LNMLP_SUCCESS";
+    case LNMLP_ERROR_INVALID_ARGUMENT: return "LNMLP_ERROR_INVALID_ARGUMENT";
+    case LNMLP_ERROR_NULL_POINTER: return "LNMLP_ERROR_NULL_POINTER";
+    case LNMLP_ERROR_SIZE_OVERFLOW: return "LNMLP_ERROR_SIZE_OVERFLOW";
+    case LNMLP_ERROR_INVALID_HANDLE: return "LNMLP_ERROR_INVALID_HANDLE";
+    case LNMLP_ERROR_NOT_SUPPORTED: return "LNMLP_ERROR_NOT_SUPPORTED";
+    case LNMLP_ERROR_OUT_OF_MEMORY: return "LNMLP_ERROR_OUT_OF_MEMORY";
+    case LNMLP_ERROR_WORKSPACE_TOO_SMALL: return "LNMLP_ERROR_WORKSPACE_TOO_SMALL";
+    case LNMLP_ERROR_NO_WORKSPACE: return "LNMLP_ERROR_NO_WORKSPACE";
+    case LNMLP_ERROR_MISALIGNED: return "LNMLP_ERROR_MISALIGNED";
+    case LNMLP_ERROR_PLAN_BUSY: return "LNMLP_ERROR_PLAN_BUSY";
+    case LNMLP_ERROR_BACKEND: return "LNMLP_ERROR_BACKEND";
+    case LNMLP_ERROR_INTERNAL: return "LNMLP_ERROR_INTERNAL";
+    default: return "LNMLP_UNKNOWN_STATUS";
+  }
+}
+
+LNMLP_API const char* lnmlp_last_error(void) { return lnmlp::last_error(); }
+
+LNMLP_API int32_t lnmlp_query_support(int32_t backend, int32_t feature, int32_t* supported) {
+  return api_guard(__func__, [&] {
+    require_out(supported, "supported");
+    if (backend != LNMLP_BACKEND_CPU && backend != LNMLP_BACKEND_CUDA)
+      fail(LNMLP_ERROR_INVALID_ARGUMENT, "unknown backend ", backend, " (expected LNMLP_BACKEND_CPU or _CUDA)");
+    if (feature < LNMLP_FEATURE_BACKEND || feature > LNMLP_FEATURE_EXTERNAL_WORKSPACE)
+      fail(LNMLP_ERROR_INVALID_ARGUMENT, "unknown feature ", feature);
+    int32_t yes = 0;
+    if (backend == LNMLP_BACKEND_CPU) {
+      switch (feature) {
+        case LNMLP_FEATURE_BACKEND:
+        case LNMLP_FEATURE_DTYPE_F32:
+        case LNMLP_FEATURE_DTYPE_BF16:
+        case LNMLP_FEATURE_DTYPE_F16:
+        case LNMLP_FEATURE_EXTERNAL_WORKSPACE: yes = 1; break;
+        default: yes = 0;  // FP8 recipes and sharding come in later releases
+      }
+    }
+    *supported = yes;
+  });
+}
+
+LNMLP_API int32_t lnmlp_get_build_info(const char** info) {
+  return api_guard(__func__, [&] {
+    require_out(info, "info");
+    *info = lnmlp::build_info();
+  });
+}
+
+/* ---- descriptor ---- */
+
+LNMLP_API int32_t lnmlp_desc_create(lnmlp_desc** desc) {
+  return api_guard(__func__, [&] {
+    require_out(desc, "desc");
+    auto d = std::make_unique<lnmlp_desc>();
+    register_desc(d.get());
+    *desc = d.release();
+  });
+}
+
+LNMLP_API int32_t lnmlp_desc_destroy(lnmlp_desc* desc) {
+  return api_guard(__func__, [&] {
+    if (desc == nullptr) return;
+    unregister_desc(desc);
+    delete desc;
+  });
+}
+
+LNMLP_API int32_t lnmlp_desc_set_shape(lnmlp_desc* desc, int64_t tokens, int64_t hidden, int64_t ffn) {
+  return api_guard(__func__, [&] {
+    edit(desc, [&](Config& c) {
+      if (tokens < 1) fail(LNMLP_ERROR_INVALID_ARGUMENT, "tokens must be >= 1, got ", tokens);
+      if (hidden < 1) fail(LNMLP_ERROR_INVALID_ARGUMENT, "hidden must be >= 1, got ", hidden);
+      if (ffn < 1) fail(LNMLP_ERROR_INVALID_ARGUMENT, "ffn must be >= 1, got ", ffn);
+      c.tokens = tokens;
+      c.hidden = hidden;
+      c.ffn = ffn;
+    });
+  });
+}
+
+LNMLP_API int32_t lnmlp_desc_set_norm(lnmlp_desc* desc, int32_t norm_type) {
+  return api_guard(__func__, [&] {
+    edit(desc, [&](Config& c) {
+      if (norm_type != LNMLP_NORM_LAYERNORM && norm_type != LNMLP_NORM_RMSNORM)
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "unknown norm_type ", norm_type,
+             " (expected LNMLP_NORM_LAYERNORM = 0 or LNMLP_NORM_RMSNORM = 1)");
+      c.norm = static_cast<Norm>(norm_type);
+    });
+  });
+}
+
+LNMLP_API int32_t lnmlp_desc_set_zero_centered_gamma(lnmlp_desc* desc, int32_t enabled) {
+  return api_guard(__func__, [&] {
+    edit(desc, [&](Config& c) { c.zero_centered_gamma = as_bool(enabled, "enabled"); });
+  });
+}
+
+LNMLP_API int32_t lnmlp_desc_set_epsilon(lnmlp_desc* desc, float epsilon) {
+  return api_guard(__func__, [&] {
+    edit(desc, [&](Config& c) {
+      if (!(epsilon >= 0.0f) || !std::isfinite(epsilon))
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "epsilon must be finite and >= 0, got ", epsilon);
+      c.epsilon = epsilon;
+    });
+  });
+}
+
+LNMLP_API int32_t lnmlp_desc_set_activations(lnmlp_desc* desc, int32_t count, const int32_t* activations) {
+  return api_guard(__func__, [&] {
+    edit(desc, [&](Config& c) {
+      if (count != 1 && count != 2)
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "count must be 1 or 2 (the activation list has 1 or 2 entries), got ", count);
+      if (activations == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "activations is NULL");
+      for (int32_t i = 0; i < count; ++i) {
+        if (activations[i] < 0 || activations[i] >= numerics::kNumActs)
+          fail(LNMLP_ERROR_INVALID_ARGUMENT, "activations[", i, "] = ", activations[i],
+               " is not an LNMLP_ACT_* value");
+        c.acts[i] = static_cast<Act>(activations[i]);
+      }
+      c.num_acts = count;
+      if (count == 1) c.acts[1] = Act::Linear;
+    });
+  });
+}
+
+LNMLP_API int32_t lnmlp_desc_set_clamped_swiglu(lnmlp_desc* desc, float limit, float alpha, float offset) {
+  return api_guard(__func__, [&] {
+    edit(desc, [&](Config& c) {
+      if (!(limit > 0.0f) || !std::isfinite(limit))
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "limit must be finite and > 0, got ", limit);
+      if (!std::isfinite(alpha)) fail(LNMLP_ERROR_INVALID_ARGUMENT, "alpha must be finite, got ", alpha);
+      if (!std::isfinite(offset)) fail(LNMLP_ERROR_INVALID_ARGUMENT, "offset must be finite, got ", offset);
+      c.act_params = ActParams{limit, alpha, offset};
+    });
+  });
+}
+
+LNMLP_API int32_t lnmlp_desc_set_bias(lnmlp_desc* desc, int32_t has_bias1, int32_t has_bias2) {
+  return api_guard(__func__, [&] {
+    edit(desc, [&](Config& c) {
+      c.has_bias1 = as_bool(has_bias1, "has_bias1");
+      c.has_bias2 = as_bool(has_bias2, "has_bias2");
+    });
+  });
+}
+
+LNMLP_API int32_t lnmlp_desc_set_dtype(lnmlp_desc* desc, int32_t dtype) {
+  return api_guard(__func__, [&] {
+    edit(desc, [&](Config& c) {
+      if (dtype != LNMLP_DTYPE_F32 && dtype != LNMLP_DTYPE_BF16 && dtype != LNMLP_DTYPE_F16)
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "unknown dtype ", dtype,
+             " (expected LNMLP_DTYPE_F32 = 0, LNMLP_DTYPE_BF16 = 1 or LNMLP_DTYPE_F16 = 2)");
+      c.dtype = static_cast<DType>(dtype);
+    });
+  });
+}
+
+LNMLP_API int32_t lnmlp_desc_set_remat(lnmlp_desc* desc, int32_t policy) {
+  return api_guard(__func__, [&] {
+    edit(desc, [&](Config& c) {
+      if (policy < LNMLP_REMAT_SAVE_ALL || policy > LNMLP_REMAT_FORWARD_ONLY)
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "unknown remat policy ", policy, " (expected an LNMLP_REMAT_* value)");
+      c.remat = static_cast<Remat>(policy);
+    });
+  });
+}
+
+LNMLP_API int32_t lnmlp_desc_set_backend(lnmlp_desc* desc, int32_t backend, int32_t device) {
+  return api_guard(__func__, [&] {
+    edit(desc, [&](Config& c) {
+      if (backend != LNMLP_BACKEND_CPU && backend != LNMLP_BACKEND_CUDA)
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "unknown backend ", backend,
+             " (expected LNMLP_BACKEND_CPU = 0 or LNMLP_BACKEND_CUDA = 1)");
+      if (device < 0) fail(LNMLP_ERROR_INVALID_ARGUMENT, "device must be >= 0, got ", device);
+      c.backend = static_cast<BackendKind>(backend);
+      c.device = device;
+    });
+  });
+}
+
+LNMLP_API int32_t lnmlp_desc_set_num_threads(lnmlp_desc* desc, int32_t num_threads) {
+  return api_guard(__func__, [&] {
+    edit(desc, [&](Config& c) {
+      if (num_threads < 0) fail(LNMLP_ERROR_INVALID_ARGUMENT, "num_threads must be >= 0 (0 = all cores), got ", num_threads);
+      c.num_threads = num_threads;
+    });
+  });
+}
+
+LNMLP_API int32_t lnmlp_desc_set_recipe(lnmlp_desc* desc, int32_t recipe) {
+  return api_guard(__func__, [&] {
+    edit(desc, [&](Config&) {
+      if (recipe < LNMLP_RECIPE_NONE || recipe > LNMLP_RECIPE_MXFP8)
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "unknown recipe ", recipe, " (expected an LNMLP_RECIPE_* value)");
+      if (recipe != LNMLP_RECIPE_NONE)
+        fail(LNMLP_ERROR_NOT_SUPPORTED, "FP8 recipes are not supported yet in this release; use LNMLP_RECIPE_NONE");
+    });
+  });
+}
+
+LNMLP_API int32_t lnmlp_desc_set_sharding(lnmlp_desc* desc, int32_t group_size, int32_t rank,
+                                          int32_t sequence_parallel) {
+  return api_guard(__func__, [&] {
+    edit(desc, [&](Config&) {
+      if (group_size < 1) fail(LNMLP_ERROR_INVALID_ARGUMENT, "group_size must be >= 1, got ", group_size);
+      if (rank < 0 || rank >= group_size)
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "rank must be in [0, group_size = ", group_size, "), got ", rank);
+      as_bool(sequence_parallel, "sequence_parallel");
+      if (group_size != 1)
+        fail(LNMLP_ERROR_NOT_SUPPORTED, "sharding (group_size > 1) is not supported yet in this release");
+    });
+  });
+}
+
+LNMLP_API int32_t lnmlp_desc_set_external_workspace(lnmlp_desc* desc, int32_t enabled) {
+  return api_guard(__func__, [&] {
+    edit(desc, [&](Config& c) { c.external_workspace = as_bool(enabled, "enabled"); });
+  });
+}
+
+/* ---- plan ---- */
+
+LNMLP_API int32_t lnmlp_plan_create(const lnmlp_desc* desc, lnmlp_plan** plan) {
+  return api_guard(__func__, [&] {
+    require_desc(desc);
+    require_out(plan, "plan");
+    validate_config(desc->cfg);
+    auto p = std::make_unique<lnmlp_plan>();
+    p->cfg = desc->cfg;
+    p->saved = make_saved_layout(p->cfg);
+    p->backend = make_cpu_backend(p->cfg, p->saved);
+    p->workspace_bytes = p->backend->workspace_bytes();
+    if (!p->cfg.external_workspace && p->workspace_bytes > 0) {
+      p->owned_workspace = p->backend->allocate(p->workspace_bytes);
+      p->workspace = p->owned_workspace;
+    }
+    register_plan(p.get());
+    *plan = p.release();
+  });
+}
+
+LNMLP_API int32_t lnmlp_plan_destroy(lnmlp_plan* plan) {
+  return api_guard(__func__, [&] {
+    if (plan == nullptr) return;
+    unregister_plan(plan);
+    delete plan;
+  });
+}
+
+LNMLP_API int32_t lnmlp_plan_get_workspace_bytes(const lnmlp_plan* plan, int64_t* bytes) {
+  return api_guard(__func__, [&] {
+    require_plan(plan);
+    require_out(bytes, "bytes");
+    *bytes = plan->workspace_bytes;
+  });
+}
+
+LNMLP_API int32_t lnmlp_plan_get_saved_bytes(const lnmlp_plan* plan, int64_t* bytes) {
+  return api_guard(__func__, [&] {
+    require_plan(plan);
+    require_out(bytes, "bytes");
+    *bytes = plan->saved.total_bytes;
+  });
+}
+
+LNMLP_API int32_t lnmlp_plan_get_saved_bytes_per_token(const lnmlp_plan* plan, int64_t* bytes) {
+  return api_guard(__func__, [&] {
+    require_plan(plan);
+    require_out(bytes, "bytes");
+    *bytes = plan->saved.bytes_per_token;
+  });
+}
+
+LNMLP_API int32_t lnmlp_plan_get_alignment(const lnmlp_plan* plan, int64_t* bytes) {
+  return api_guard(__func__, [&] {
+    require_plan(plan);
+    require_out(bytes, "bytes");
+    *bytes = plan->backend->alignment();
+  });
+}
+
+LNMLP_API int32_t lnmlp_plan_attach_workspace(lnmlp_plan* plan, void* workspace, int64_t bytes) {
+  return api_guard(__func__, [&] {
+    PlanUse use(plan);
+    if (!plan->cfg.external_workspace)
+      fail(LNMLP_ERROR_INVALID_ARGUMENT,
+           "this plan owns its workspace; enable lnmlp_desc_set_external_workspace before lnmlp_plan_create to attach your own");
+    if (workspace == nullptr && plan->workspace_bytes > 0) fail(LNMLP_ERROR_NULL_POINTER, "workspace is NULL");
+    if (bytes < plan->workspace_bytes)
+      fail(LNMLP_ERROR_WORKSPACE_TOO_SMALL, "the workspace has ", bytes, " bytes, but this plan needs ",
+           plan->workspace_bytes, " (lnmlp_plan_get_workspace_bytes)");
+    const int64_t align = plan->backend->alignment();
+    if (reinterpret_cast<uintptr_t>(workspace) % static_cast<uintptr_t>(align) != 0)
+      fail(LNMLP_ERROR_MISALIGNED, "workspace (", workspace, ") is not aligned to ", align, " bytes");
+    plan->workspace = workspace;
+  });
+}
+
+namespace {
+void require_workspace(const lnmlp_plan* plan) {
+  if (plan->workspace == nullptr && plan->workspace_bytes > 0)
+    fail(LNMLP_ERROR_NO_WORKSPACE, "this plan uses external workspace and none is attached; call lnmlp_plan_attach_workspace with ",
+         plan->workspace_bytes, " bytes first");
+}
+}  // namespace
+
+LNMLP_API int32_t lnmlp_plan_forward(lnmlp_plan* plan, const void* x, const void* gamma, const void* beta,
+                                     const void* w1, const void* b1, const void* w2, const void* b2, void* y,
+                                     void* saved, void* stream) {
+  return api_guard(__func__, [&] {
+    PlanUse use(plan);
+    const ForwardArgs args{x, gamma, beta, w1, b1, w2, b2, y, saved, stream};
+    check_forward_args(*plan, args);
+    require_workspace(plan);
+    plan->backend->forward(args, plan->workspace);
+  });
+}
+
+LNMLP_API int32_t lnmlp_plan_backward(lnmlp_plan* plan, const void* dy, const void* x, const void* gamma,
+                                      const void* beta, const void* w1, const void* b1, const void* w2,
+                                      const void* saved, void* dx, void* dgamma, void* dbeta, void* dw1, void* db1,
+                                      void* dw2, void* db2, void* stream) {
+  return api_guard(__func__, [&] {
+    PlanUse use(plan);
+    const BackwardArgs args{dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta, dw1, db1, dw2, db2, stream};
+    check_backward_args(*plan, args);
+    require_workspace(plan);
+    plan->backend->backward(args, plan->workspace);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,117 @@
+#include "args.h"
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "error.h"
+
+namespace lnmlp {
+namespace {
+
+struct Tensor {
+  const char* name;
+  const void* ptr;
+  int64_t bytes;
+  bool required;  // true: must be non-NULL; false: must be NULL
+  bool output;
+  const char* why_null = "";  // why a NULL is required, when it is
+  bool optional = false;      // with required: NULL is accepted too (the backend does not read it)
+};
+
+constexpr const char* kNoBeta = " (RMSNorm has no beta)";
+constexpr const char* kNoBias1 = " (the descriptor disabled bias1; see lnmlp_desc_set_bias)";
+constexpr const char* kNoBias2 = " (the descriptor disabled bias2; see lnmlp_desc_set_bias)";
+constexpr const char* kNoSaved = " (this plan saves nothing)";
+
+// Byte sizes of every tensor of the block in the plan's dtype.
+struct Sizes {
+  int64_t th, h, w1, b1, w2;
+  explicit Sizes(const Config& c) {
+    const int64_t e = numerics::dtype_bytes(c.dtype);
+    th = c.tokens * c.hidden * e;
+    h = c.hidden * e;
+    w1 = c.hidden * c.act_width() * e;
+    b1 = c.act_width() * e;
+    w2 = c.ffn * c.hidden * e;
+  }
+};
+
+// An initializer_list, not a vector: checking arguments must not allocate.
+void check_tensors(const lnmlp_plan& plan, std::initializer_list<Tensor> list, const char* saved_name) {
+  const Tensor* ts = list.begin();
+  const size_t n = list.size();
+  const int64_t elem = numerics::dtype_bytes(plan.cfg.dtype);
+  for (const Tensor& t : list) {
+    if (t.required && !t.optional && t.ptr == nullptr) fail(LNMLP_ERROR_NULL_POINTER, t.name, " is NULL, but this plan needs it");
+    if (!t.required && t.ptr != nullptr)
+      fail(LNMLP_ERROR_INVALID_ARGUMENT, t.name, " must be NULL for this plan", t.why_null);
+    if (t.ptr == nullptr) continue;
+    const int64_t align = (t.name == saved_name) ? plan.backend->alignment() : elem;
+    if (reinterpret_cast<uintptr_t>(t.ptr) % static_cast<uintptr_t>(align) != 0)
+      fail(LNMLP_ERROR_MISALIGNED, t.name, " (", t.ptr, ") is not aligned to ", align, " bytes");
+  }
+  // Outputs must not overlap any other tensor.
+  for (size_t i = 0; i < n; ++i) {
+    if (!ts[i].output || ts[i].ptr == nullptr) continue;
+    const auto a0 = reinterpret_cast<uintptr_t>(ts[i].ptr);
+    const auto a1 = a0 + static_cast<uintptr_t>(ts[i].bytes);
+    for (size_t j = 0; j < n; ++j) {
+      if (j == i || ts[j].ptr == nullptr) continue;
+      const auto b0 = reinterpret_cast<uintptr_t>(ts[j].ptr);
+      const auto b1 = b0 + static_cast<uintptr_t>(ts[j].bytes);
+      if (a0 < b1 && b0 < a1)
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "output ", ts[i].name, " overlaps ", ts[j].name,
+             "; outputs must not share memory with any other tensor");
+    }
+  }
+}
+
+}  // namespace
+
+void check_forward_args(const lnmlp_plan& plan, const ForwardArgs& a) {
+  const Config& c = plan.cfg;
+  const Sizes s(c);
+  const bool saves = plan.saved.total_bytes > 0;
+  static const char* const kSaved = "saved";
+  check_tensors(plan,
+                {{"x", a.x, s.th, true, false},
+                 {"gamma", a.gamma, s.h, true, false},
+                 {"beta", a.beta, s.h, c.has_beta(), false, kNoBeta},
+                 {"w1", a.w1, s.w1, true, false},
+                 {"b1", a.b1, s.b1, c.has_bias1, false, kNoBias1},
+                 {"w2", a.w2, s.w2, true, false},
+                 {"b2", a.b2, s.h, c.has_bias2, false, kNoBias2},
+                 {"y", a.y, s.th, true, true},
+                 {kSaved, a.saved, plan.saved.total_bytes, saves, true, kNoSaved}},
+                kSaved);
+}
+
+void check_backward_args(const lnmlp_plan& plan, const BackwardArgs& a) {
+  const Config& c = plan.cfg;
+  if (c.remat == Remat::ForwardOnly)
+    fail(LNMLP_ERROR_INVALID_ARGUMENT,
+         "this plan was created with LNMLP_REMAT_FORWARD_ONLY and saves nothing for backward; "
+         "create the plan with another remat policy to train");
+  const Sizes s(c);
+  static const char* const kSaved = "saved";
+  check_tensors(plan,
+                {{"dy", a.dy, s.th, true, false},
+                 {"x", a.x, s.th, true, false},
+                 {"gamma", a.gamma, s.h, true, false},
+                 {"beta", a.beta, s.h, c.has_beta(), false, kNoBeta},
+                 {"w1", a.w1, s.w1, true, false},
+                 // b1 is read only when GEMM1 is recomputed (SAVE_STATS); otherwise it may be NULL.
+                 {"b1", a.b1, s.b1, c.has_bias1, false, kNoBias1, c.remat != Remat::SaveStats},
+                 {"w2", a.w2, s.w2, true, false},
+                 {kSaved, a.saved, plan.saved.total_bytes, true, false},
+                 {"dx", a.dx, s.th, true, true},
+                 {"dgamma", a.dgamma, s.h, true, true},
+                 {"dbeta", a.dbeta, s.h, c.has_beta(), true, kNoBeta},
+                 {"dw1", a.dw1, s.w1, true, true},
+                 {"db1", a.db1, s.b1, c.has_bias1, true, kNoBias1},
+                 {"dw2", a.dw2, s.w2, true, true},
+                 {"db2", a.db2, s.h, c.has_bias2, true, kNoBias2}},
+                kSaved);
+}
+
+}  // namespace lnmlp

@@ -1,0 +1,62 @@
+// The seam between the plan (validation, handles, buffers) and an execution backend (CPU, CUDA).
+// A backend is built for one validated Config; it sizes its workspace at construction and never
+// allocates while running. Arguments reach it already checked (non-NULL where required, aligned,
+// not overlapping).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "config.h"
+#include "layout.h"
+
+namespace lnmlp {
+
+struct ForwardArgs {
+  const void* x;
+  const void* gamma;
+  const void* beta;  // NULL for rmsnorm
+  const void* w1;
+  const void* b1;    // NULL without bias1
+  const void* w2;
+  const void* b2;    // NULL without bias2
+  void* y;
+  void* saved;       // NULL when the plan saves nothing
+  void* stream;
+};
+
+struct BackwardArgs {
+  const void* dy;
+  const void* x;
+  const void* gamma;
+  const void* beta;
+  const void* w1;
+  const void* b1;
+  const void* w2;
+  const void* saved;
+  void* dx;
+  void* dgamma;
+  void* dbeta;
+  void* dw1;
+  void* db1;
+  void* dw2;
+  void* db2;
+  void* stream;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual int64_t workspace_bytes() const = 0;
+  // Alignment required of the saved buffer and of attached workspace.
+  virtual int64_t alignment() const = 0;
+  virtual void forward(const ForwardArgs& args, void* workspace) = 0;
+  virtual void backward(const BackwardArgs& args, void* workspace) = 0;
+  // Allocates / frees memory of the kind the backend executes on (host or device).
+  virtual void* allocate(int64_t bytes) = 0;
+  virtual void release(void* p) noexcept = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend(const Config& cfg, const SavedLayout& saved);
+
+}  // namespace lnmlp

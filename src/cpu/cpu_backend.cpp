@@ -1,0 +1,336 @@
+// The CPU backend: orchestrates the block's passes over the plan's workspace. GEMMs go to the GEMM
+// library (gemm.h); everything else is one of the fused row kernels of kernels.h, run on all cores.
+//
+// Data flow per I/O dtype D (G = GEMM operand type: D, or fp32 for f16):
+//   forward:  norm -> ln (D)  | GEMM1 (+b1) -> h (D)  | act -> a (D)  | GEMM2 (+b2) -> y (D)
+//   backward: dy col-sums -> db2 | dact = dy W2^T | dW2 = a^T dy | dh = dact * act'(h), db1
+//             | dn = dh W1^T | dW1 = ln^T dh | norm backward -> dx, dgamma, dbeta
+// For f32 and bf16 the GEMM library adds the biases and writes D directly; for f16 the GEMMs run in
+// fp32 on widened operands and the bias and rounding happen in the following pass.
+#include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <type_traits>
+
+#include "../backend.h"
+#include "../error.h"
+#include "gemm.h"
+#include "kernels.h"
+#include "parallel.h"
+
+namespace lnmlp {
+namespace cpu {
+namespace {
+
+constexpr int64_t kCpuAlignment = 64;  // as documented in lnmlp.h (lnmlp_plan_get_alignment); regions inside are 256-aligned
+
+// Calls fn(std::bool_constant<Gated>, f0, f1) with the activation pair compiled in where it is
+// common, so the row kernels do not switch per element.
+template <typename Fn> void with_activations(const Config& c, Fn&& fn) {
+  const ActParams p = c.act_params;
+  dispatch_act(c.acts[0], [&](auto t0) {
+    constexpr Act K0 = decltype(t0)::value;
+    const FixedAct<K0> f0{p};
+    if (!c.gated()) {
+      fn(std::false_type{}, f0, FixedAct<Act::Linear>{p});
+    } else if (c.acts[1] == Act::Linear) {
+      fn(std::true_type{}, f0, FixedAct<Act::Linear>{p});
+    } else if constexpr (K0 == Act::ClampedSilu) {
+      fn(std::true_type{}, f0, FixedAct<Act::ClampedLinear>{p});  // the only valid partner
+    } else {
+      fn(std::true_type{}, f0, RuntimeAct{c.acts[1], p});
+    }
+  });
+}
+
+template <DType D> class CpuBackend final : public Backend {
+  using S = storage_t<D>;
+  using O = operand_t<D>;
+  static constexpr bool kWiden = D == DType::F16;  // GEMMs on fp32 copies
+  static constexpr GemmType kGemmIn = D == DType::BF16 ? GemmType::BF16 : GemmType::F32;
+
+ public:
+  CpuBackend(const Config& cfg, const SavedLayout& saved) : c_(cfg), saved_(saved) {
+    threads_ = c_.num_threads > 0 ? c_.num_threads : omp_get_max_threads();
+    chunks_ = threads_;
+    const int64_t T = c_.tokens, H = c_.hidden, F = c_.ffn, AF = c_.act_width();
+    np_ = NormParams{c_.norm, c_.zero_centered_gamma, c_.epsilon, H};
+
+    // GEMMs, created once. For f32/bf16 the output is D with the bias fused; for f16, fp32.
+    const GemmType out = kWiden ? GemmType::F32 : kGemmIn;
+    g1_ = make_gemm({T, AF, H, false, false, kGemmIn, out, c_.has_bias1 && !kWiden});
+    g2_ = make_gemm({T, H, F, false, false, kGemmIn, out, c_.has_bias2 && !kWiden});
+    int64_t scratch = std::max(g1_->scratch_bytes(), g2_->scratch_bytes());
+    const bool trains = c_.remat != Remat::ForwardOnly;
+    if (trains) {
+      g_dact_ = make_gemm({T, F, H, false, true, kGemmIn, GemmType::F32, false});
+      g_dw2_ = make_gemm({F, H, T, true, false, kGemmIn, out, false});
+      g_dn_ = make_gemm({T, H, AF, false, true, kGemmIn, GemmType::F32, false});
+      g_dw1_ = make_gemm({H, AF, T, true, false, kGemmIn, out, false});
+      for (const auto* g : {g_dact_.get(), g_dw2_.get(), g_dn_.get(), g_dw1_.get()})
+        scratch = std::max(scratch, g->scratch_bytes());
+    }
+
+    const int64_t e = dtype_bytes(D);
+    const int64_t TH = T * H, TF = T * F, TAF = T * AF;
+    {  // forward workspace
+      RegionAllocator a;
+      fw_.mu = a.take_if(!saved_.rs.present() && c_.has_beta(), T, 4, "mean");
+      fw_.rs = a.take_if(!saved_.rs.present(), T, 4, "rstd");
+      fw_.ln = a.take_if(!saved_.ln_out.present(), TH, e, "ln_out");
+      fw_.ln_f32 = a.take_if(kWiden, TH, 4, "ln_out fp32");
+      fw_.w1_f32 = a.take_if(kWiden, H * AF, 4, "W1 fp32");
+      fw_.w2_f32 = a.take_if(kWiden, F * H, 4, "W2 fp32");
+      fw_.h = a.take_if(!kWiden && !saved_.h.present(), TAF, e, "ffn1");
+      fw_.h32 = a.take_if(kWiden, TAF, 4, "ffn1 fp32");
+      fw_.act = a.take_if(!saved_.act.present(), TF, e, "act_out");
+      fw_.act_f32 = a.take_if(kWiden, TF, 4, "act_out fp32");
+      fw_.y32 = a.take_if(kWiden, TH, 4, "y fp32");
+      fw_.scratch = a.take(scratch, 1, "GEMM scratch");
+      ws_bytes_ = a.total();
+    }
+    if (trains) {  // backward workspace, over the same memory
+      RegionAllocator a;
+      bw_.ln = a.take_if(!saved_.ln_out.present(), TH, e, "ln_out");
+      bw_.ln_f32 = a.take_if(kWiden, TH, 4, "ln_out fp32");
+      bw_.h = a.take_if(!kWiden && !saved_.h.present(), TAF, e, "ffn1");
+      bw_.h32 = a.take_if(kWiden && !saved_.h.present(), TAF, 4, "ffn1 fp32");
+      bw_.act = a.take_if(!saved_.act.present(), TF, e, "act_out");
+      bw_.act_f32 = a.take_if(kWiden, TF, 4, "act_out fp32");
+      bw_.w1_f32 = a.take_if(kWiden, H * AF, 4, "W1 fp32");
+      bw_.w2_f32 = a.take_if(kWiden, F * H, 4, "W2 fp32");
+      bw_.dy_f32 = a.take_if(kWiden, TH, 4, "dy fp32");
+      bw_.dact = a.take(TF, 4, "dact");
+      bw_.dh = a.take(TAF, sizeof(O), "dffn1");
+      bw_.dn = a.take(TH, 4, "dln_out");
+      bw_.dw1_32 = a.take_if(kWiden, H * AF, 4, "dW1 fp32");
+      bw_.dw2_32 = a.take_if(kWiden, F * H, 4, "dW2 fp32");
+      bw_.part_db2 = a.take(chunks_ * H, 4, "db2 partials");
+      bw_.part_db1 = a.take(chunks_ * AF, 4, "db1 partials");
+      bw_.part_dg = a.take(chunks_ * H, 4, "dgamma partials");
+      bw_.part_dbeta = a.take(chunks_ * H, 4, "dbeta partials");
+      bw_.scratch = a.take(scratch, 1, "GEMM scratch");
+      ws_bytes_ = std::max(ws_bytes_, a.total());
+    }
+  }
+
+  int64_t workspace_bytes() const override { return ws_bytes_; }
+  int64_t alignment() const override { return kCpuAlignment; }
+
+  void* allocate(int64_t bytes) override {
+    void* p = std::aligned_alloc(kRegionAlign, static_cast<size_t>((bytes + kRegionAlign - 1) / kRegionAlign * kRegionAlign));
+    if (p == nullptr) fail(LNMLP_ERROR_OUT_OF_MEMORY, "could not allocate ", bytes, " bytes of workspace");
+    return p;
+  }
+  void release(void* p) noexcept override { std::free(p); }
+
+  void forward(const ForwardArgs& a, void* ws) override {
+    ScopedOmpThreads omp_threads(threads_);
+    const int64_t T = c_.tokens, H = c_.hidden, F = c_.ffn, AF = c_.act_width();
+    const auto* x = static_cast<const S*>(a.x);
+    const auto* gamma = static_cast<const S*>(a.gamma);
+    const auto* beta = static_cast<const S*>(a.beta);
+    const auto* b1 = static_cast<const S*>(a.b1);
+    const auto* b2 = static_cast<const S*>(a.b2);
+    float* mu = saved_.mu.present() ? at<float>(saved_.mu, a.saved) : at<float>(fw_.mu, ws);
+    float* rs = saved_.rs.present() ? at<float>(saved_.rs, a.saved) : at<float>(fw_.rs, ws);
+    S* ln = saved_.ln_out.present() ? at<S>(saved_.ln_out, a.saved) : at<S>(fw_.ln, ws);
+    S* h = saved_.h.present() ? at<S>(saved_.h, a.saved) : at<S>(fw_.h, ws);
+    S* act = saved_.act.present() ? at<S>(saved_.act, a.saved) : at<S>(fw_.act, ws);
+    float* ln_f32 = at<float>(fw_.ln_f32, ws);
+    float* act_f32 = at<float>(fw_.act_f32, ws);
+
+    parallel_chunks(threads_, chunks_, T, [&](int64_t r0, int64_t r1, int) {
+      norm_forward_rows<D>(np_, r0, r1, x, gamma, beta, true, mu, rs, ln, ln_f32);
+    });
+    const void* w1 = widened(a.w1, fw_.w1_f32, H * AF, ws);
+    const void* w2 = widened(a.w2, fw_.w2_f32, F * H, ws);
+    if constexpr (kWiden) {
+      g1_->run(ln_f32, w1, nullptr, at<float>(fw_.h32, ws), at<char>(fw_.scratch, ws));
+      run_act_forward(at<float>(fw_.h32, ws), nullptr, b1, h, act, act_f32);
+      float* y32 = at<float>(fw_.y32, ws);
+      g2_->run(act_f32, w2, nullptr, y32, at<char>(fw_.scratch, ws));
+      S* y = static_cast<S*>(a.y);
+      parallel_chunks(threads_, chunks_, T, [&](int64_t r0, int64_t r1, int) {
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t j = 0; j < H; ++j) y[r * H + j] = store<D>(y32[r * H + j] + (b2 ? load<D>(b2[j]) : 0.0f));
+      });
+    } else {
+      g1_->run(ln, w1, b1, h, at<char>(fw_.scratch, ws));
+      run_act_forward(nullptr, h, nullptr, nullptr, act, nullptr);
+      g2_->run(act, w2, b2, a.y, at<char>(fw_.scratch, ws));
+    }
+  }
+
+  void backward(const BackwardArgs& a, void* ws) override {
+    ScopedOmpThreads omp_threads(threads_);
+    const int64_t T = c_.tokens, H = c_.hidden, F = c_.ffn, AF = c_.act_width();
+    const auto* x = static_cast<const S*>(a.x);
+    const auto* gamma = static_cast<const S*>(a.gamma);
+    const auto* beta = static_cast<const S*>(a.beta);
+    const auto* b1 = static_cast<const S*>(a.b1);
+    const auto* dy = static_cast<const S*>(a.dy);
+    // saved is read-only here; the const_casts only let recompute buffers share pointer types.
+    void* saved = const_cast<void*>(a.saved);
+    float* mu = at<float>(saved_.mu, saved);
+    float* rs = at<float>(saved_.rs, saved);
+    char* scratch = at<char>(bw_.scratch, ws);
+
+    // 1. What forward did not save, recompute (same kernels, same bits).
+    const void* w1 = widened(a.w1, bw_.w1_f32, H * AF, ws);
+    const void* w2 = widened(a.w2, bw_.w2_f32, F * H, ws);
+    S* ln = saved_.ln_out.present() ? at<S>(saved_.ln_out, saved) : at<S>(bw_.ln, ws);
+    float* ln_f32 = at<float>(bw_.ln_f32, ws);
+    if (!saved_.ln_out.present()) {
+      parallel_chunks(threads_, chunks_, T, [&](int64_t r0, int64_t r1, int) {
+        norm_forward_rows<D>(np_, r0, r1, x, gamma, beta, false, mu, rs, ln, ln_f32);
+      });
+    } else if (kWiden) {
+      widen_parallel(ln, ln_f32, T * H);
+    }
+    const void* ln_op = kWiden ? static_cast<const void*>(ln_f32) : ln;
+    // h: saved (D), or recomputed by GEMM1 (D with bias; fp32 without bias for f16).
+    const S* h = saved_.h.present() ? at<S>(saved_.h, saved) : at<S>(bw_.h, ws);
+    const float* h32 = nullptr;
+    if (!saved_.h.present()) {
+      if constexpr (kWiden) {
+        g1_->run(ln_op, w1, nullptr, at<float>(bw_.h32, ws), scratch);
+        h32 = at<float>(bw_.h32, ws);
+        h = nullptr;
+      } else {
+        g1_->run(ln_op, w1, b1, at<S>(bw_.h, ws), scratch);
+      }
+    }
+    S* act = saved_.act.present() ? at<S>(saved_.act, saved) : at<S>(bw_.act, ws);
+    float* act_f32 = at<float>(bw_.act_f32, ws);
+    if (!saved_.act.present()) {
+      run_act_forward(h32, h, b1, nullptr, act, act_f32);
+    } else if (kWiden) {
+      widen_parallel(act, act_f32, T * F);
+    }
+    const void* act_op = kWiden ? static_cast<const void*>(act_f32) : act;
+
+    // 2. dy: db2 column sums (and the fp32 copy for f16).
+    float* part_db2 = at<float>(bw_.part_db2, ws);
+    float* dy_f32 = at<float>(bw_.dy_f32, ws);
+    if (c_.has_bias2) std::memset(part_db2, 0, sizeof(float) * chunks_ * H);
+    if (c_.has_bias2 || kWiden) {
+      parallel_chunks(threads_, chunks_, T, [&](int64_t r0, int64_t r1, int ch) {
+        dy_rows<D>(H, r0, r1, dy, c_.has_bias2 ? part_db2 + ch * H : nullptr, dy_f32);
+      });
+    }
+    const void* dy_op = kWiden ? static_cast<const void*>(dy_f32) : dy;
+
+    // 3. GEMM2's gradients.
+    float* dact = at<float>(bw_.dact, ws);
+    g_dact_->run(dy_op, w2, nullptr, dact, scratch);
+    gemm_to_output(*g_dw2_, act_op, dy_op, a.dw2, bw_.dw2_32, F * H, ws);
+
+    // 4. Activation backward, db1.
+    O* dh = at<O>(bw_.dh, ws);
+    float* part_db1 = at<float>(bw_.part_db1, ws);
+    if (c_.has_bias1) std::memset(part_db1, 0, sizeof(float) * chunks_ * AF);
+    with_activations(c_, [&](auto gated, const auto& f0, const auto& f1) {
+      parallel_chunks(threads_, chunks_, T, [&](int64_t r0, int64_t r1, int ch) {
+        act_backward_rows<D, decltype(gated)::value>(F, r0, r1, f0, f1, dact, h, h32, b1, dh,
+                                                     c_.has_bias1 ? part_db1 + ch * AF : nullptr);
+      });
+    });
+
+    // 5. GEMM1's gradients.
+    float* dn = at<float>(bw_.dn, ws);
+    g_dn_->run(dh, w1, nullptr, dn, scratch);
+    gemm_to_output(*g_dw1_, ln_op, dh, a.dw1, bw_.dw1_32, H * AF, ws);
+
+    // 6. Norm backward.
+    float* part_dg = at<float>(bw_.part_dg, ws);
+    float* part_dbeta = c_.has_beta() ? at<float>(bw_.part_dbeta, ws) : nullptr;
+    std::memset(part_dg, 0, sizeof(float) * chunks_ * H);
+    if (part_dbeta) std::memset(part_dbeta, 0, sizeof(float) * chunks_ * H);
+    parallel_chunks(threads_, chunks_, T, [&](int64_t r0, int64_t r1, int ch) {
+      norm_backward_rows<D>(np_, r0, r1, dn, x, gamma, mu, rs, static_cast<S*>(a.dx), part_dg + ch * H,
+                            part_dbeta ? part_dbeta + ch * H : nullptr);
+    });
+
+    // 7. Parameter-gradient reductions, in chunk order (deterministic).
+    reduce_partials(part_dg, H, static_cast<S*>(a.dgamma));
+    if (part_dbeta) reduce_partials(part_dbeta, H, static_cast<S*>(a.dbeta));
+    if (c_.has_bias1) reduce_partials(part_db1, AF, static_cast<S*>(a.db1));
+    if (c_.has_bias2) reduce_partials(part_db2, H, static_cast<S*>(a.db2));
+  }
+
+ private:
+  // The activation pass over all rows; see act_forward_rows for the two ways h arrives.
+  void run_act_forward(const float* h32, const S* h_in, const S* b1, S* h_out, S* act, float* act_f32) {
+    with_activations(c_, [&](auto gated, const auto& f0, const auto& f1) {
+      parallel_chunks(threads_, chunks_, c_.tokens, [&](int64_t r0, int64_t r1, int) {
+        act_forward_rows<D, decltype(gated)::value>(c_.ffn, r0, r1, f0, f1, h_in, h32, b1, h_out, act, act_f32);
+      });
+    });
+  }
+
+  void widen_parallel(const S* in, float* out, int64_t n) {
+    parallel_chunks(threads_, chunks_, n, [&](int64_t i0, int64_t i1, int) { widen<D>(i0, i1, in, out); });
+  }
+
+  // The GEMM operand for a weight: the caller's tensor, or its fp32 copy for f16.
+  const void* widened(const void* w, const Region& r, int64_t n, void* ws) {
+    if constexpr (!kWiden) {
+      return w;
+    } else {
+      widen_parallel(static_cast<const S*>(w), at<float>(r, ws), n);
+      return at<float>(r, ws);
+    }
+  }
+
+  // Runs a weight-gradient GEMM straight into the caller's output (f32, bf16) or through fp32 (f16).
+  void gemm_to_output(Gemm& g, const void* a, const void* b, void* out, const Region& tmp, int64_t n, void* ws) {
+    char* scratch = at<char>(bw_.scratch, ws);
+    if constexpr (!kWiden) {
+      g.run(a, b, nullptr, out, scratch);
+    } else {
+      float* t = at<float>(tmp, ws);
+      g.run(a, b, nullptr, t, scratch);
+      parallel_chunks(threads_, chunks_, n, [&](int64_t i0, int64_t i1, int) { narrow<D>(i0, i1, t, static_cast<S*>(out)); });
+    }
+  }
+
+  void reduce_partials(const float* partials, int64_t n, S* out) {
+    for (int64_t j = 0; j < n; ++j) {
+      float s = 0.0f;
+      for (int ch = 0; ch < chunks_; ++ch) s += partials[ch * n + j];
+      out[j] = store<D>(s);
+    }
+  }
+
+  Config c_;
+  SavedLayout saved_;
+  NormParams np_{};
+  int threads_ = 1;
+  int chunks_ = 1;
+  std::unique_ptr<Gemm> g1_, g2_, g_dact_, g_dw2_, g_dn_, g_dw1_;
+  struct {
+    Region mu, rs, ln, ln_f32, w1_f32, w2_f32, h, h32, act, act_f32, y32, scratch;
+  } fw_;
+  struct {
+    Region ln, ln_f32, h, h32, act, act_f32, w1_f32, w2_f32, dy_f32, dact, dh, dn, dw1_32, dw2_32;
+    Region part_db2, part_db1, part_dg, part_dbeta, scratch;
+  } bw_;
+  int64_t ws_bytes_ = 0;
+};
+
+}  // namespace
+}  // namespace cpu
+
+std::unique_ptr<Backend> make_cpu_backend(const Config& cfg, const SavedLayout& saved) {
+  switch (cfg.dtype) {
+    case DType::F32: return std::make_unique<cpu::CpuBackend<DType::F32>>(cfg, saved);
+    case DType::BF16: return std::make_unique<cpu::CpuBackend<DType::BF16>>(cfg, saved);
+    case DType::F16: return std::make_unique<cpu::CpuBackend<DType::F16>>(cfg, saved);
+  }
+  fail(LNMLP_ERROR_INTERNAL, "unhandled dtype ", static_cast<int>(cfg.dtype));
+}
+
+}  // namespace lnmlp

@@ -1,0 +1,40 @@
+// The CPU backend's GEMM seam: one object per GEMM shape of the block, created at plan creation
+// (where the library may choose kernels and size its scratch) and run many times without allocating.
+//
+//   C[m, n] = op(A) @ op(B) (+ bias[n]),  row-major, fp32 accumulation, C in fp32 or bf16.
+//   op(A) is [m, k]: A is stored [m, k], or [k, m] when trans_a.
+//   op(B) is [k, n]: B is stored [k, n], or [n, k] when trans_b.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+namespace lnmlp::cpu {
+
+// Element types: A, B and the bias share the input type; C has the output type.
+enum class GemmType { F32, BF16 };
+
+struct GemmShape {
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false;
+  bool trans_b = false;
+  GemmType input = GemmType::F32;
+  GemmType output = GemmType::F32;
+  bool bias = false;  // adds a bias row [n] of the input type, in fp32 before the output rounding
+};
+
+class Gemm {
+ public:
+  virtual ~Gemm() = default;
+  // Scratch bytes run() needs (part of the plan's workspace).
+  virtual int64_t scratch_bytes() const = 0;
+  // bias: NULL unless the shape has one. scratch: scratch_bytes() bytes, 64-byte aligned.
+  virtual void run(const void* a, const void* b, const void* bias, void* c, void* scratch) = 0;
+};
+
+std::unique_ptr<Gemm> make_gemm(const GemmShape& shape);
+
+// Name and version of the GEMM library, for lnmlp_get_build_info.
+const char* gemm_library_description();
+
+}  // namespace lnmlp::cpu

@@ -1,0 +1,91 @@
+// GEMMs through oneDNN's matmul primitive (chosen by measurement, see docs/blas-choice.md).
+// Primitives are created once per shape with a user-managed scratchpad, and executed through the
+// C API with memory objects whose data handles are swapped in, so run() never allocates.
+#include <oneapi/dnnl/dnnl.h>
+
+#include <oneapi/dnnl/dnnl.hpp>
+#include <string>
+
+#include "../error.h"
+#include "gemm.h"
+
+namespace lnmlp::cpu {
+namespace {
+
+using dnnl::memory;
+
+void check(dnnl_status_t s, const char* what) {
+  if (s != dnnl_success) fail(LNMLP_ERROR_BACKEND, "oneDNN ", what, " failed with status ", static_cast<int>(s));
+}
+
+const dnnl::engine& cpu_engine() {
+  static const dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  return *engine;
+}
+
+class OneDnnGemm final : public Gemm {
+ public:
+  explicit OneDnnGemm(const GemmShape& s) try {
+    const auto type = [](GemmType t) { return t == GemmType::BF16 ? memory::data_type::bf16 : memory::data_type::f32; };
+    const memory::data_type in = type(s.input);
+    const memory::desc a_md({s.m, s.k}, in, s.trans_a ? memory::dims{1, s.m} : memory::dims{s.k, 1});
+    const memory::desc b_md({s.k, s.n}, in, s.trans_b ? memory::dims{1, s.k} : memory::dims{s.n, 1});
+    const memory::desc c_md({s.m, s.n}, type(s.output), memory::dims{s.n, 1});
+    const memory::desc bias_md = s.bias ? memory::desc({1, s.n}, in, memory::dims{s.n, 1}) : memory::desc();
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    const dnnl::matmul::primitive_desc pd(s.bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md) : dnnl::matmul::desc(a_md, b_md, c_md), attr, cpu_engine());
+    prim_ = dnnl::matmul(pd);
+    scratch_md_ = pd.scratchpad_desc();
+    stream_ = dnnl::stream(cpu_engine());
+    a_ = memory(a_md, cpu_engine(), DNNL_MEMORY_NONE);
+    b_ = memory(b_md, cpu_engine(), DNNL_MEMORY_NONE);
+    c_ = memory(c_md, cpu_engine(), DNNL_MEMORY_NONE);
+    if (s.bias) bias_ = memory(bias_md, cpu_engine(), DNNL_MEMORY_NONE);
+    scratch_ = memory(scratch_md_, cpu_engine(), DNNL_MEMORY_NONE);
+  } catch (const dnnl::error& e) {
+    fail(LNMLP_ERROR_BACKEND, "oneDNN could not create a matmul for [", s.m, " x ", s.k, "] @ [", s.k, " x ", s.n,
+         "]: ", e.what());
+  }
+
+  int64_t scratch_bytes() const override { return static_cast<int64_t>(scratch_md_.get_size()); }
+
+  void run(const void* a, const void* b, const void* bias, void* c, void* scratch) override {
+    check(dnnl_memory_set_data_handle(a_.get(), const_cast<void*>(a)), "set A");
+    check(dnnl_memory_set_data_handle(b_.get(), const_cast<void*>(b)), "set B");
+    check(dnnl_memory_set_data_handle(c_.get(), c), "set C");
+    dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, a_.get()}, {DNNL_ARG_WEIGHTS, b_.get()}, {DNNL_ARG_DST, c_.get()}};
+    int nargs = 3;
+    if (bias_) {
+      check(dnnl_memory_set_data_handle(bias_.get(), const_cast<void*>(bias)), "set bias");
+      args[nargs++] = {DNNL_ARG_BIAS, bias_.get()};
+    }
+    if (scratch_bytes() > 0) {
+      check(dnnl_memory_set_data_handle(scratch_.get(), scratch), "set scratchpad");
+      args[nargs++] = {DNNL_ARG_SCRATCHPAD, scratch_.get()};
+    }
+    check(dnnl_primitive_execute(prim_.get(), stream_.get(), nargs, args), "matmul");
+    check(dnnl_stream_wait(stream_.get()), "stream wait");
+  }
+
+ private:
+  dnnl::matmul prim_;
+  memory::desc scratch_md_;
+  dnnl::stream stream_;
+  memory a_, b_, c_, bias_, scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Gemm> make_gemm(const GemmShape& shape) { return std::make_unique<OneDnnGemm>(shape); }
+
+const char* gemm_library_description() {
+  static const std::string desc = [] {
+    const dnnl_version_t* v = dnnl_version();
+    return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
+           " matmul (fp32 and bf16, OpenMP)";
+  }();
+  return desc.c_str();
+}
+
+}  // namespace lnmlp::cpu

@@ -1,0 +1,237 @@
+// The CPU backend's own kernels: every pass over memory that is not a GEMM. Each is a template on
+// the I/O dtype D, works on a range of rows (tokens) and is fused as far as the data flow allows.
+// The formulas come from src/numerics/, shared with the CUDA backend.
+#pragma once
+
+#include <cstdint>
+
+#include "../numerics/activation.h"
+#include "../numerics/dtype.h"
+#include "../numerics/norm.h"
+
+namespace lnmlp::cpu {
+
+using namespace lnmlp::numerics;
+
+// The element type GEMMs read for an I/O dtype: bf16 GEMMs run natively; f16 values (already
+// rounded to f16) are widened to fp32, since the CPU GEMM libraries have no f16 path.
+template <DType D> struct OperandOf { using type = storage_t<D>; };
+template <> struct OperandOf<DType::F16> { using type = float; };
+template <DType D> using operand_t = typename OperandOf<D>::type;
+
+// The value v, rounded to D, as a GEMM operand.
+template <DType D> inline operand_t<D> to_operand(float v) {
+  if constexpr (D == DType::F16) return round_to<D>(v);
+  else return store<D>(v);
+}
+template <DType D> inline float from_operand(operand_t<D> v) {
+  if constexpr (D == DType::F16) return v;
+  else return load<D>(v);
+}
+
+// An activation fixed at compile time, or chosen at run time (for rare gated pairs whose second
+// function is not linear).
+template <Act K> struct FixedAct {
+  ActParams p;
+  float value(float x) const { return act_value<K>(x, p); }
+  float grad(float x) const { return act_grad<K>(x, p); }
+};
+struct RuntimeAct {
+  Act a;
+  ActParams p;
+  float value(float x) const {
+    return dispatch_act(a, [&](auto tag) { return act_value<decltype(tag)::value>(x, p); });
+  }
+  float grad(float x) const {
+    return dispatch_act(a, [&](auto tag) { return act_grad<decltype(tag)::value>(x, p); });
+  }
+};
+
+struct NormParams {
+  Norm norm;
+  bool zero_centered;
+  float eps;
+  int64_t hidden;
+};
+
+// Norm forward for rows [r0, r1): computes the statistics (or reads them when compute_stats is
+// false, for recomputation in backward) and writes the output rounded to D, plus its fp32 operand
+// copy when D is f16. mu may be NULL for rmsnorm.
+template <DType D>
+void norm_forward_rows(const NormParams& np, int64_t r0, int64_t r1, const storage_t<D>* x, const storage_t<D>* gamma,
+                       const storage_t<D>* beta, bool compute_stats, float* mu, float* rs, storage_t<D>* out,
+                       float* out_f32) {
+  const int64_t H = np.hidden;
+  const bool ln = np.norm == Norm::LayerNorm;
+  for (int64_t r = r0; r < r1; ++r) {
+    const storage_t<D>* xr = x + r * H;
+    float m = 0.0f, rstd;
+    if (compute_stats) {
+      if (ln) {
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < H; ++j) s += load<D>(xr[j]);
+        m = s / static_cast<float>(H);
+      }
+      float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+      for (int64_t j = 0; j < H; ++j) {
+        const float d = load<D>(xr[j]) - m;
+        v += d * d;
+      }
+      rstd = norm_rstd(v / static_cast<float>(H), np.eps);
+      if (mu != nullptr) mu[r] = m;
+      rs[r] = rstd;
+    } else {
+      m = ln ? mu[r] : 0.0f;
+      rstd = rs[r];
+    }
+    storage_t<D>* o = out + r * H;
+#pragma omp simd
+    for (int64_t j = 0; j < H; ++j) {
+      const float b = ln ? load<D>(beta[j]) : 0.0f;
+      const float n = norm_out(norm_xhat(load<D>(xr[j]), m, rstd), norm_gain(load<D>(gamma[j]), np.zero_centered), b);
+      o[j] = store<D>(n);
+    }
+    if (out_f32 != nullptr) {
+      float* of = out_f32 + r * H;
+#pragma omp simd
+      for (int64_t j = 0; j < H; ++j) of[j] = load<D>(o[j]);
+    }
+  }
+}
+
+// Activation forward for rows [r0, r1). The GEMM1 output comes either already in D with its bias
+// (h_in, width A*F), or in fp32 without bias (h32 + b1, rounded to D here, and written to h_out
+// when that is not NULL). Writes act rounded to D and, for f16, its fp32 operand copy.
+template <DType D, bool Gated, typename F0, typename F1>
+void act_forward_rows(int64_t F, int64_t r0, int64_t r1, const F0& f0, const F1& f1, const storage_t<D>* h_in,
+                      const float* h32, const storage_t<D>* b1, storage_t<D>* h_out, storage_t<D>* act,
+                      float* act_f32) {
+  const int64_t AF = Gated ? 2 * F : F;
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t j = 0; j < F; ++j) {
+      float v0, v1 = 0.0f;
+      if (h_in != nullptr) {
+        v0 = load<D>(h_in[r * AF + j]);
+        if constexpr (Gated) v1 = load<D>(h_in[r * AF + F + j]);
+      } else {
+        const storage_t<D> s0 = store<D>(h32[r * AF + j] + (b1 ? load<D>(b1[j]) : 0.0f));
+        v0 = load<D>(s0);
+        if (h_out != nullptr) h_out[r * AF + j] = s0;
+        if constexpr (Gated) {
+          const storage_t<D> s1 = store<D>(h32[r * AF + F + j] + (b1 ? load<D>(b1[F + j]) : 0.0f));
+          v1 = load<D>(s1);
+          if (h_out != nullptr) h_out[r * AF + F + j] = s1;
+        }
+      }
+      float a = f0.value(v0);
+      if constexpr (Gated) a *= f1.value(v1);
+      const storage_t<D> s = store<D>(a);
+      act[r * F + j] = s;
+      if (act_f32 != nullptr) act_f32[r * F + j] = load<D>(s);
+    }
+  }
+}
+
+// Activation backward for rows [r0, r1): dh = dact * act'(h) (the gated product rule for two
+// functions), written as GEMM operand (rounded to D), with the fp32 column sums of dh added into
+// db1_partial (when not NULL). h comes as in act_forward_rows.
+template <DType D, bool Gated, typename F0, typename F1>
+void act_backward_rows(int64_t F, int64_t r0, int64_t r1, const F0& f0, const F1& f1, const float* dact,
+                       const storage_t<D>* h_in, const float* h32, const storage_t<D>* b1, operand_t<D>* dh,
+                       float* db1_partial) {
+  const int64_t AF = Gated ? 2 * F : F;
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t j = 0; j < F; ++j) {
+      float v0, v1 = 0.0f;
+      if (h_in != nullptr) {
+        v0 = load<D>(h_in[r * AF + j]);
+        if constexpr (Gated) v1 = load<D>(h_in[r * AF + F + j]);
+      } else {
+        v0 = round_to<D>(h32[r * AF + j] + (b1 ? load<D>(b1[j]) : 0.0f));
+        if constexpr (Gated) v1 = round_to<D>(h32[r * AF + F + j] + (b1 ? load<D>(b1[F + j]) : 0.0f));
+      }
+      const float g = dact[r * F + j];
+      if constexpr (Gated) {
+        const float d0 = g * f0.grad(v0) * f1.value(v1);
+        const float d1 = g * f0.value(v0) * f1.grad(v1);
+        dh[r * AF + j] = to_operand<D>(d0);
+        dh[r * AF + F + j] = to_operand<D>(d1);
+        if (db1_partial != nullptr) {
+          db1_partial[j] += d0;
+          db1_partial[F + j] += d1;
+        }
+      } else {
+        const float d0 = g * f0.grad(v0);
+        dh[r * AF + j] = to_operand<D>(d0);
+        if (db1_partial != nullptr) db1_partial[j] += d0;
+      }
+    }
+  }
+}
+
+// Norm backward for rows [r0, r1): dx from dn (fp32), and dgamma/dbeta contributions added into
+// the partial sums (dbeta_partial NULL for rmsnorm).
+template <DType D>
+void norm_backward_rows(const NormParams& np, int64_t r0, int64_t r1, const float* dn, const storage_t<D>* x,
+                        const storage_t<D>* gamma, const float* mu, const float* rs, storage_t<D>* dx,
+                        float* dgamma_partial, float* dbeta_partial) {
+  const int64_t H = np.hidden;
+  const bool ln = np.norm == Norm::LayerNorm;
+  const float inv_h = 1.0f / static_cast<float>(H);
+  for (int64_t r = r0; r < r1; ++r) {
+    const storage_t<D>* xr = x + r * H;
+    const float* dnr = dn + r * H;
+    const float m = ln ? mu[r] : 0.0f, rstd = rs[r];
+    float s1 = 0.0f, s2 = 0.0f;
+#pragma omp simd reduction(+ : s1, s2)
+    for (int64_t j = 0; j < H; ++j) {
+      const float xh = norm_xhat(load<D>(xr[j]), m, rstd);
+      const float dxh = dnr[j] * norm_gain(load<D>(gamma[j]), np.zero_centered);
+      s1 += dxh;
+      s2 += dxh * xh;
+      dgamma_partial[j] += dnr[j] * xh;
+    }
+    const float m1 = ln ? s1 * inv_h : 0.0f, m2 = s2 * inv_h;
+    storage_t<D>* dxr = dx + r * H;
+#pragma omp simd
+    for (int64_t j = 0; j < H; ++j) {
+      const float xh = norm_xhat(load<D>(xr[j]), m, rstd);
+      const float dxh = dnr[j] * norm_gain(load<D>(gamma[j]), np.zero_centered);
+      dxr[j] = store<D>(norm_dx(dxh, xh, rstd, m1, m2));
+    }
+    if (dbeta_partial != nullptr) {
+#pragma omp simd
+      for (int64_t j = 0; j < H; ++j) dbeta_partial[j] += dnr[j];
+    }
+  }
+}
+
+// Column sums of dy for rows [r0, r1) into partial (db2), and for f16 the fp32 operand copy.
+template <DType D>
+void dy_rows(int64_t H, int64_t r0, int64_t r1, const storage_t<D>* dy, float* partial, float* dy_f32) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const storage_t<D>* d = dy + r * H;
+    if (partial != nullptr) {
+#pragma omp simd
+      for (int64_t j = 0; j < H; ++j) partial[j] += load<D>(d[j]);
+    }
+    if (dy_f32 != nullptr) {
+#pragma omp simd
+      for (int64_t j = 0; j < H; ++j) dy_f32[r * H + j] = load<D>(d[j]);
+    }
+  }
+}
+
+// Elementwise conversion of [begin, end) from D to fp32 (f16 operands) or from fp32 to D (outputs).
+template <DType D> void widen(int64_t begin, int64_t end, const storage_t<D>* in, float* out) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) out[i] = load<D>(in[i]);
+}
+template <DType D> void narrow(int64_t begin, int64_t end, const float* in, storage_t<D>* out) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) out[i] = store<D>(in[i]);
+}
+
+}  // namespace lnmlp::cpu

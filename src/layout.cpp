@@ -1,0 +1,55 @@
+#include "layout.h"
+
+#include <limits>
+
+#include "error.h"
+
+namespace lnmlp {
+
+int64_t checked_mul(int64_t a, int64_t b, const char* what) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r))
+    fail(LNMLP_ERROR_SIZE_OVERFLOW, "the size of ", what, " (", a, " x ", b, ") overflows 64 bits");
+  return r;
+}
+
+int64_t checked_add(int64_t a, int64_t b, const char* what) {
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r))
+    fail(LNMLP_ERROR_SIZE_OVERFLOW, "the size of ", what, " (", a, " + ", b, ") overflows 64 bits");
+  return r;
+}
+
+Region RegionAllocator::take(int64_t count, int64_t elem_bytes, const char* what) {
+  Region r;
+  r.offset = end_;
+  r.bytes = checked_mul(count, elem_bytes, what);
+  const int64_t padded = checked_add(r.bytes, kRegionAlign - 1, what) / kRegionAlign * kRegionAlign;
+  end_ = checked_add(end_, padded, what);
+  return r;
+}
+
+SavedLayout make_saved_layout(const Config& cfg) {
+  SavedLayout s;
+  RegionAllocator alloc;
+  const int64_t T = cfg.tokens, H = cfg.hidden, F = cfg.ffn, AF = cfg.act_width();
+  const int64_t e = numerics::dtype_bytes(cfg.dtype);
+  const bool saves_stats = cfg.remat != Remat::ForwardOnly;
+  s.mu = alloc.take_if(saves_stats && cfg.has_beta(), T, 4, "saved mean");
+  s.rs = alloc.take_if(saves_stats, T, 4, "saved rstd");
+  s.ln_out = alloc.take_if(cfg.remat == Remat::SaveAll, checked_mul(T, H, "saved ln_out"), e, "saved ln_out");
+  s.h = alloc.take_if(cfg.remat == Remat::SaveAll || cfg.remat == Remat::SaveFfn1,
+                      checked_mul(T, AF, "saved ffn1"), e, "saved ffn1");
+  s.act = alloc.take_if(cfg.remat == Remat::SaveAll, checked_mul(T, F, "saved act_out"), e, "saved act_out");
+  s.total_bytes = alloc.total();
+  int64_t per_token = 0;
+  if (s.mu.present()) per_token += 4;
+  if (s.rs.present()) per_token += 4;
+  if (s.ln_out.present()) per_token += H * e;
+  if (s.h.present()) per_token += AF * e;
+  if (s.act.present()) per_token += F * e;
+  s.bytes_per_token = per_token;
+  return s;
+}
+
+}  // namespace lnmlp

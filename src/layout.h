@@ -1,0 +1,55 @@
+// Where things live inside the saved buffer (shared by every backend, since the buffer's content
+// is part of the contract between forward and backward) and a helper to carve workspaces.
+#pragma once
+
+#include <cstdint>
+
+#include "config.h"
+
+namespace lnmlp {
+
+// Offsets of sub-buffers are padded to this many bytes, whatever the base alignment.
+constexpr int64_t kRegionAlign = 256;
+
+struct Region {
+  int64_t offset = -1;  // -1: absent
+  int64_t bytes = 0;
+  bool present() const { return offset >= 0; }
+};
+
+// The region r inside the buffer at base, typed; NULL when the region is absent.
+template <typename T> T* at(const Region& r, void* base) {
+  return r.present() ? reinterpret_cast<T*>(static_cast<char*>(base) + r.offset) : nullptr;
+}
+
+// Lays regions out one after another with overflow-checked arithmetic.
+class RegionAllocator {
+ public:
+  Region take(int64_t count, int64_t elem_bytes, const char* what);
+  Region take_if(bool cond, int64_t count, int64_t elem_bytes, const char* what) {
+    return cond ? take(count, elem_bytes, what) : Region{};
+  }
+  int64_t total() const { return end_; }
+
+ private:
+  int64_t end_ = 0;
+};
+
+// The saved buffer: fp32 statistics, then tensors in the I/O dtype.
+struct SavedLayout {
+  Region mu;      // [T] fp32, layernorm only
+  Region rs;      // [T] fp32, 1/sqrt(var+eps)
+  Region ln_out;  // [T, H] norm output (GEMM1 input)
+  Region h;       // [T, A, F] GEMM1 output + b1 ("ffn1")
+  Region act;     // [T, F] activation output (GEMM2 input)
+  int64_t total_bytes = 0;
+  int64_t bytes_per_token = 0;  // without padding
+};
+
+SavedLayout make_saved_layout(const Config& cfg);
+
+// a*b, or an LNMLP_ERROR_SIZE_OVERFLOW naming `what`.
+int64_t checked_mul(int64_t a, int64_t b, const char* what);
+int64_t checked_add(int64_t a, int64_t b, const char* what);
+
+}  // namespace lnmlp

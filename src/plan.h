@@ -1,0 +1,27 @@
+// The opaque handles of the C API.
+#pragma once
+
+#include <atomic>
+#include <memory>
+
+#include "backend.h"
+#include "config.h"
+#include "layout.h"
+
+struct lnmlp_desc {
+  lnmlp::Config cfg;
+};
+
+struct lnmlp_plan {
+  lnmlp::Config cfg;
+  lnmlp::SavedLayout saved;
+  std::unique_ptr<lnmlp::Backend> backend;
+  int64_t workspace_bytes = 0;
+  void* owned_workspace = nullptr;  // allocated by the plan (unless external workspace)
+  void* workspace = nullptr;        // what execution uses: owned or attached
+  std::atomic<bool> busy{false};    // set while a thread runs forward/backward or attaches
+
+  ~lnmlp_plan() {
+    if (owned_workspace != nullptr) backend->release(owned_workspace);
+  }
+};

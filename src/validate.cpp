@@ -1,0 +1,38 @@
+// Validation of a whole configuration at plan creation.
+#include "config.h"
+#include "error.h"
+#include "layout.h"
+
+namespace lnmlp {
+
+void validate_config(const Config& cfg) {
+  if (cfg.tokens == 0 || cfg.hidden == 0 || cfg.ffn == 0)
+    fail(LNMLP_ERROR_INVALID_ARGUMENT, "the shape is not set; call lnmlp_desc_set_shape(desc, tokens, hidden, ffn)");
+
+  // Every tensor's element count and byte size must fit, with room for the workspace sums.
+  const int64_t e = numerics::dtype_bytes(cfg.dtype);
+  const int64_t af = checked_mul(cfg.num_acts, cfg.ffn, "A x ffn");
+  checked_mul(checked_mul(cfg.tokens, cfg.hidden, "x [tokens, hidden]"), 4 * e, "x [tokens, hidden] in bytes");
+  checked_mul(checked_mul(cfg.tokens, af, "ffn1 [tokens, A, ffn]"), 4 * e, "ffn1 [tokens, A, ffn] in bytes");
+  checked_mul(checked_mul(cfg.hidden, af, "W1 [hidden, A, ffn]"), 4 * e, "W1 [hidden, A, ffn] in bytes");
+  // GEMM libraries index with 32-bit dimensions.
+  constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;
+  if (cfg.tokens > kMaxDim || cfg.hidden > kMaxDim || af > kMaxDim)
+    fail(LNMLP_ERROR_SIZE_OVERFLOW, "tokens (", cfg.tokens, "), hidden (", cfg.hidden, ") and A x ffn (", af,
+         ") must each be below 2^31");
+
+  const bool clamped0 = cfg.acts[0] == Act::ClampedSilu || cfg.acts[0] == Act::ClampedLinear;
+  const bool clamped1 = cfg.num_acts == 2 && (cfg.acts[1] == Act::ClampedSilu || cfg.acts[1] == Act::ClampedLinear);
+  if (clamped0 || clamped1) {
+    if (!(cfg.num_acts == 2 && cfg.acts[0] == Act::ClampedSilu && cfg.acts[1] == Act::ClampedLinear))
+      fail(LNMLP_ERROR_INVALID_ARGUMENT,
+           "clamped_silu and clamped_linear only come as the pair (clamped_silu, clamped_linear)");
+  }
+
+  if (cfg.backend == BackendKind::Cuda)
+    fail(LNMLP_ERROR_NOT_SUPPORTED, "the CUDA backend is not part of this build; use LNMLP_BACKEND_CPU");
+  if (cfg.backend == BackendKind::Cpu && cfg.device != 0)
+    fail(LNMLP_ERROR_INVALID_ARGUMENT, "the CPU backend has one device, 0; got device ", cfg.device);
+}
+
+}  // namespace lnmlp

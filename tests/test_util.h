@@ -1,0 +1,426 @@
+// Helpers of the numerics tests: seeded random inputs, dtype conversions written independently of
+// the library (our own bf16 round-to-nearest-even; the compiler's _Float16 for f16), running a plan
+// through the public C API, and comparing tensors with the worst element named on failure.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "lnmlp.h"
+#include "reference.h"
+#include "tolerances.h"
+
+namespace lnmlp_test {
+
+// ---------------------------------------------------------------------------------------------
+// Random numbers: a fixed-algorithm generator (mt19937_64 is specified bit for bit by the
+// standard) and our own mapping to doubles, so inputs are the same on every platform.
+// ---------------------------------------------------------------------------------------------
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : g_(seed) {}
+  double uniform() { return static_cast<double>(g_() >> 11) * 0x1.0p-53; }  // [0, 1)
+  double uniform(double lo, double hi) { return lo + (hi - lo) * uniform(); }
+  std::vector<double> uniform_vec(size_t n, double lo, double hi) {
+    std::vector<double> v(n);
+    for (auto& e : v) e = uniform(lo, hi);
+    return v;
+  }
+
+ private:
+  std::mt19937_64 g_;
+};
+
+// FNV-1a, for deriving a stable seed from a test's name.
+inline uint64_t hash_name(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// ---------------------------------------------------------------------------------------------
+// dtype conversions (independent of src/numerics).
+// ---------------------------------------------------------------------------------------------
+inline int64_t dtype_size(int32_t dtype) { return dtype == LNMLP_DTYPE_F32 ? 4 : 2; }
+
+inline const char* dtype_label(int32_t dtype) {
+  return dtype == LNMLP_DTYPE_F32 ? "f32" : dtype == LNMLP_DTYPE_BF16 ? "bf16" : "f16";
+}
+
+// double -> bfloat16 bits, round to nearest even, straight from double (no double rounding via
+// float). bf16 has float's exponent range: normal numbers have 8 significant bits, so the rounding
+// quantum is 2^(e-7) for |v| in [2^e, 2^(e+1)), and 2^-133 in the subnormal range (e < -126).
+inline uint16_t bf16_from_double(double v) {
+  if (std::isnan(v)) return std::signbit(v) ? 0xFFC0 : 0x7FC0;
+  if (std::isinf(v) || v == 0.0) {
+    const float f = static_cast<float>(v);  // exact
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return static_cast<uint16_t>(u >> 16);
+  }
+  int e = std::ilogb(v);
+  if (e < -126) e = -126;
+  const double q = std::ldexp(1.0, e - 7);
+  double r = std::nearbyint(v / q) * q;  // the default rounding mode is to nearest, ties to even
+  const double max_bf16 = std::ldexp(255.0, 127 - 7);  // 0x7F7F: (2 - 2^-7) * 2^127
+  if (std::fabs(r) > max_bf16) r = std::copysign(std::numeric_limits<double>::infinity(), v);
+  const float f = static_cast<float>(r);  // exact: r has <= 8 significant bits in float's range
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+inline double bf16_to_double(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t f16_from_double(double v) {
+  const _Float16 h = static_cast<_Float16>(v);  // IEEE conversion, round to nearest even
+  uint16_t b;
+  std::memcpy(&b, &h, 2);
+  return b;
+}
+
+inline double f16_to_double(uint16_t b) {
+  _Float16 h;
+  std::memcpy(&h, &b, 2);
+  return static_cast<double>(h);
+}
+
+inline double round_to_dtype(double v, int32_t dtype) {
+  switch (dtype) {
+    case LNMLP_DTYPE_BF16: return bf16_to_double(bf16_from_double(v));
+    case LNMLP_DTYPE_F16: return f16_to_double(f16_from_double(v));
+    default: return static_cast<double>(static_cast<float>(v));
+  }
+}
+
+// A tensor in the plan's dtype, as raw bytes.
+struct Buffer {
+  int32_t dtype = LNMLP_DTYPE_F32;
+  std::vector<unsigned char> bytes;
+
+  Buffer() = default;
+  Buffer(int32_t dt, size_t n) : dtype(dt), bytes(n * static_cast<size_t>(dtype_size(dt))) {}
+
+  size_t size() const { return bytes.size() / static_cast<size_t>(dtype_size(dtype)); }
+  bool empty() const { return bytes.empty(); }
+  void* data() { return bytes.empty() ? nullptr : bytes.data(); }
+  const void* data() const { return bytes.empty() ? nullptr : bytes.data(); }
+
+  // Stores v rounded to the dtype.
+  static Buffer from(const std::vector<double>& v, int32_t dt) {
+    Buffer b(dt, v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (dt == LNMLP_DTYPE_F32) {
+        const float f = static_cast<float>(v[i]);
+        std::memcpy(b.bytes.data() + 4 * i, &f, 4);
+      } else {
+        const uint16_t h = dt == LNMLP_DTYPE_BF16 ? bf16_from_double(v[i]) : f16_from_double(v[i]);
+        std::memcpy(b.bytes.data() + 2 * i, &h, 2);
+      }
+    }
+    return b;
+  }
+
+  std::vector<double> to_doubles() const {
+    std::vector<double> v(size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (dtype == LNMLP_DTYPE_F32) {
+        float f;
+        std::memcpy(&f, bytes.data() + 4 * i, 4);
+        v[i] = f;
+      } else {
+        uint16_t h;
+        std::memcpy(&h, bytes.data() + 2 * i, 2);
+        v[i] = dtype == LNMLP_DTYPE_BF16 ? bf16_to_double(h) : f16_to_double(h);
+      }
+    }
+    return v;
+  }
+
+  // Poisons the buffer (all bytes 0xFF: a NaN in every dtype), so an element the library forgets
+  // to write cannot pass a comparison.
+  void poison() { std::fill(bytes.begin(), bytes.end(), static_cast<unsigned char>(0xFF)); }
+};
+
+// Memory with a given alignment (saved buffers, external workspace).
+struct AlignedMemory {
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::unique_ptr<void, Free> ptr;
+  int64_t bytes = 0;
+
+  AlignedMemory() = default;
+  AlignedMemory(int64_t n, int64_t align, unsigned char fill) : bytes(n) {
+    if (n <= 0) return;
+    const int64_t a = align < 64 ? 64 : align;
+    const size_t rounded = static_cast<size_t>((n + a - 1) / a * a);
+    ptr.reset(std::aligned_alloc(static_cast<size_t>(a), rounded));
+    if (!ptr) throw std::bad_alloc();
+    std::memset(ptr.get(), fill, rounded);
+  }
+  void* get() const { return ptr.get(); }
+};
+
+// ---------------------------------------------------------------------------------------------
+// A problem: the configuration, and inputs rounded to the dtype, as bits (for the library) and as
+// the same values in double (for the reference).
+// ---------------------------------------------------------------------------------------------
+struct Problem {
+  lnmlp_ref::Config cfg;
+  int32_t dtype = LNMLP_DTYPE_F32;
+  std::vector<double> x, dy;
+  lnmlp_ref::Params p;
+  Buffer bx, bdy, bgamma, bbeta, bw1, bb1, bw2, bb2;  // empty when absent
+};
+
+struct InputScales {
+  double h_std = 1.5;  // the standard deviation GEMM1's output gets (roughly): how far into the activations
+};
+
+inline std::vector<double> rounded(std::vector<double> v, int32_t dtype) {
+  for (auto& e : v) e = round_to_dtype(e, dtype);
+  return v;
+}
+
+inline Problem make_problem(const lnmlp_ref::Config& cfg, int32_t dtype, uint64_t seed, InputScales s = {}) {
+  Problem pr;
+  pr.cfg = cfg;
+  pr.dtype = dtype;
+  Rng rng(seed);
+  const size_t T = static_cast<size_t>(cfg.tokens), H = static_cast<size_t>(cfg.hidden),
+               F = static_cast<size_t>(cfg.ffn), AF = cfg.acts.size() * F;
+  // x: a per-row offset (which layernorm removes and rmsnorm does not) plus spread.
+  pr.x.resize(T * H);
+  for (size_t t = 0; t < T; ++t) {
+    const double off = rng.uniform(-1.0, 1.0);
+    for (size_t j = 0; j < H; ++j) pr.x[t * H + j] = off + rng.uniform(-2.0, 2.0);
+  }
+  pr.p.gamma = rng.uniform_vec(H, -0.3, 0.3);
+  if (!cfg.zero_centered_gamma)
+    for (auto& g : pr.p.gamma) g += 1.0;
+  if (cfg.norm == lnmlp_ref::Norm::LayerNorm) pr.p.beta = rng.uniform_vec(H, -0.2, 0.2);
+  // W1 ~ U(-a, a) has variance a^2/3; with n of unit RMS, h = n W1 has variance H a^2 / 3.
+  const double a1 = s.h_std * std::sqrt(3.0 / static_cast<double>(H));
+  pr.p.w1 = rng.uniform_vec(H * AF, -a1, a1);
+  if (cfg.has_bias1) pr.p.b1 = rng.uniform_vec(AF, -0.3 * s.h_std, 0.3 * s.h_std);
+  const double a2 = std::sqrt(3.0 / static_cast<double>(F));
+  pr.p.w2 = rng.uniform_vec(F * H, -a2, a2);
+  if (cfg.has_bias2) pr.p.b2 = rng.uniform_vec(H, -0.5, 0.5);
+  pr.dy = rng.uniform_vec(T * H, -1.0, 1.0);
+
+  for (auto* v : {&pr.x, &pr.dy, &pr.p.gamma, &pr.p.beta, &pr.p.w1, &pr.p.b1, &pr.p.w2, &pr.p.b2})
+    *v = rounded(*v, dtype);
+  pr.bx = Buffer::from(pr.x, dtype);
+  pr.bdy = Buffer::from(pr.dy, dtype);
+  pr.bgamma = Buffer::from(pr.p.gamma, dtype);
+  pr.bbeta = Buffer::from(pr.p.beta, dtype);
+  pr.bw1 = Buffer::from(pr.p.w1, dtype);
+  pr.bb1 = Buffer::from(pr.p.b1, dtype);
+  pr.bw2 = Buffer::from(pr.p.w2, dtype);
+  pr.bb2 = Buffer::from(pr.p.b2, dtype);
+  return pr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running the library through the C API.
+// ---------------------------------------------------------------------------------------------
+#define LNMLP_TEST_CHECK(call)                                                                        \
+  do {                                                                                                \
+    const int32_t st_ = (call);                                                                       \
+    if (st_ != LNMLP_SUCCESS)                                                                         \
+      throw std::runtime_error(std::string(#call) + " returned " + lnmlp_status_string(st_) + ": " + \
+                               lnmlp_last_error());                                                   \
+  } while (0)
+
+struct RunOptions {
+  int32_t remat = LNMLP_REMAT_SAVE_ALL;
+  int32_t num_threads = 1;
+  bool external_workspace = false;
+  bool backward = true;
+};
+
+struct RunResult {
+  Buffer y, dx, dgamma, dbeta, dw1, db1, dw2, db2;
+  int64_t saved_bytes = 0, saved_bytes_per_token = 0;
+};
+
+class Plan {
+ public:
+  Plan(const Problem& pr, const RunOptions& o) {
+    const auto& c = pr.cfg;
+    lnmlp_desc* d = nullptr;
+    LNMLP_TEST_CHECK(lnmlp_desc_create(&d));
+    std::unique_ptr<lnmlp_desc, int32_t (*)(lnmlp_desc*)> guard(d, lnmlp_desc_destroy);
+    LNMLP_TEST_CHECK(lnmlp_desc_set_shape(d, c.tokens, c.hidden, c.ffn));
+    LNMLP_TEST_CHECK(lnmlp_desc_set_norm(
+        d, c.norm == lnmlp_ref::Norm::LayerNorm ? LNMLP_NORM_LAYERNORM : LNMLP_NORM_RMSNORM));
+    LNMLP_TEST_CHECK(lnmlp_desc_set_zero_centered_gamma(d, c.zero_centered_gamma ? 1 : 0));
+    LNMLP_TEST_CHECK(lnmlp_desc_set_epsilon(d, static_cast<float>(c.epsilon)));
+    std::vector<int32_t> acts(c.acts.begin(), c.acts.end());
+    LNMLP_TEST_CHECK(lnmlp_desc_set_activations(d, static_cast<int32_t>(acts.size()), acts.data()));
+    LNMLP_TEST_CHECK(lnmlp_desc_set_clamped_swiglu(d, static_cast<float>(c.limit), static_cast<float>(c.alpha),
+                                                   static_cast<float>(c.offset)));
+    LNMLP_TEST_CHECK(lnmlp_desc_set_bias(d, c.has_bias1 ? 1 : 0, c.has_bias2 ? 1 : 0));
+    LNMLP_TEST_CHECK(lnmlp_desc_set_dtype(d, pr.dtype));
+    LNMLP_TEST_CHECK(lnmlp_desc_set_remat(d, o.remat));
+    LNMLP_TEST_CHECK(lnmlp_desc_set_num_threads(d, o.num_threads));
+    LNMLP_TEST_CHECK(lnmlp_desc_set_external_workspace(d, o.external_workspace ? 1 : 0));
+    LNMLP_TEST_CHECK(lnmlp_plan_create(d, &plan_));
+    LNMLP_TEST_CHECK(lnmlp_plan_get_alignment(plan_, &align_));
+    if (o.external_workspace) {
+      int64_t ws = 0;
+      LNMLP_TEST_CHECK(lnmlp_plan_get_workspace_bytes(plan_, &ws));
+      workspace_ = AlignedMemory(ws, align_, 0xFF);  // garbage: the plan must not rely on zeroed memory
+      LNMLP_TEST_CHECK(lnmlp_plan_attach_workspace(plan_, workspace_.get(), ws));
+    }
+  }
+  ~Plan() { lnmlp_plan_destroy(plan_); }
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  lnmlp_plan* get() const { return plan_; }
+  int64_t alignment() const { return align_; }
+
+ private:
+  lnmlp_plan* plan_ = nullptr;
+  int64_t align_ = 64;
+  AlignedMemory workspace_;
+};
+
+// Forward (and backward) of one plan; every output buffer starts poisoned.
+inline RunResult run_library(const Problem& pr, const RunOptions& o) {
+  const auto& c = pr.cfg;
+  const size_t T = static_cast<size_t>(c.tokens), H = static_cast<size_t>(c.hidden),
+               F = static_cast<size_t>(c.ffn), AF = c.acts.size() * F;
+  const bool ln = c.norm == lnmlp_ref::Norm::LayerNorm;
+  Plan plan(pr, o);
+  RunResult r;
+  LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes(plan.get(), &r.saved_bytes));
+  LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes_per_token(plan.get(), &r.saved_bytes_per_token));
+  AlignedMemory saved(r.saved_bytes, plan.alignment(), 0xFF);
+
+  r.y = Buffer(pr.dtype, T * H);
+  r.y.poison();
+  LNMLP_TEST_CHECK(lnmlp_plan_forward(plan.get(), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(), pr.bw1.data(),
+                                      pr.bb1.data(), pr.bw2.data(), pr.bb2.data(), r.y.data(), saved.get(),
+                                      nullptr));
+  if (!o.backward) return r;
+
+  r.dx = Buffer(pr.dtype, T * H);
+  r.dgamma = Buffer(pr.dtype, H);
+  if (ln) r.dbeta = Buffer(pr.dtype, H);
+  r.dw1 = Buffer(pr.dtype, H * AF);
+  if (c.has_bias1) r.db1 = Buffer(pr.dtype, AF);
+  r.dw2 = Buffer(pr.dtype, F * H);
+  if (c.has_bias2) r.db2 = Buffer(pr.dtype, H);
+  for (Buffer* b : {&r.dx, &r.dgamma, &r.dbeta, &r.dw1, &r.db1, &r.dw2, &r.db2}) b->poison();
+  LNMLP_TEST_CHECK(lnmlp_plan_backward(plan.get(), pr.bdy.data(), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(),
+                                       pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), saved.get(), r.dx.data(),
+                                       r.dgamma.data(), r.dbeta.data(), r.dw1.data(), r.db1.data(), r.dw2.data(),
+                                       r.db2.data(), nullptr));
+  return r;
+}
+
+// The tensors of a result with their names, in one order (y first).
+struct NamedBuffer {
+  const char* name;
+  const Buffer* buf;
+};
+inline std::vector<NamedBuffer> named(const RunResult& r) {
+  return {{"y", &r.y},     {"dx", &r.dx},   {"dgamma", &r.dgamma}, {"dbeta", &r.dbeta},
+          {"dW1", &r.dw1}, {"db1", &r.db1}, {"dW2", &r.dw2},       {"db2", &r.db2}};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Comparison.
+// ---------------------------------------------------------------------------------------------
+struct Comparison {
+  double max_ref = 0.0;      // max |ref|
+  double worst_excess = 0.0; // max (|got - ref| - allow), NaN-aware (a NaN is +inf)
+  size_t worst = 0;          // index of the worst element
+  double got = 0.0, ref = 0.0, allow = 0.0;
+  double normalised() const { return max_ref > 0.0 ? worst_excess / max_ref : worst_excess; }
+};
+
+inline Comparison compare(const std::vector<double>& got, const std::vector<double>& ref,
+                          const std::vector<double>* allow = nullptr) {
+  Comparison c;
+  for (double r : ref) c.max_ref = std::max(c.max_ref, std::fabs(r));
+  c.worst_excess = -std::numeric_limits<double>::infinity();
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double al = allow ? (*allow)[i] : 0.0;
+    double e = std::fabs(got[i] - ref[i]) - al;
+    if (std::isnan(e)) e = std::numeric_limits<double>::infinity();
+    if (e > c.worst_excess) {
+      c.worst_excess = e;
+      c.worst = i;
+      c.got = got[i];
+      c.ref = ref[i];
+      c.allow = al;
+    }
+  }
+  if (ref.empty()) c.worst_excess = 0.0;
+  return c;
+}
+
+// Passes when the worst excess is within atol + rtol * max|ref| (see tolerances.h); the failure
+// message names the worst element.
+inline ::testing::AssertionResult within_tolerance(const char* name, const std::vector<double>& got,
+                                                   const std::vector<double>& ref, const std::vector<double>* allow,
+                                                   Tolerance tol, Comparison* out = nullptr) {
+  if (got.size() != ref.size())
+    return ::testing::AssertionFailure() << name << ": size " << got.size() << " != reference " << ref.size();
+  const Comparison c = compare(got, ref, allow);
+  if (out) *out = c;
+  const double bound = tol.atol + tol.rtol * c.max_ref;
+  if (c.worst_excess <= bound) return ::testing::AssertionSuccess();
+  std::ostringstream m;
+  m.precision(9);
+  m << name << ": worst element [" << c.worst << "] got " << c.got << ", reference " << c.ref << " (|diff| "
+    << std::fabs(c.got - c.ref) << ", kink allowance " << c.allow << "); normalised error " << c.normalised()
+    << " exceeds the bound " << bound << " = atol " << tol.atol << " + rtol " << tol.rtol << " * max|ref| "
+    << c.max_ref;
+  return ::testing::AssertionFailure() << m.str();
+}
+
+// Bit-identity of two buffers; the failure message names the first differing element.
+inline ::testing::AssertionResult same_bits(const char* name, const Buffer& a, const Buffer& b) {
+  if (a.bytes.size() != b.bytes.size())
+    return ::testing::AssertionFailure() << name << ": " << a.bytes.size() << " vs " << b.bytes.size() << " bytes";
+  if (a.bytes.empty() || std::memcmp(a.bytes.data(), b.bytes.data(), a.bytes.size()) == 0)
+    return ::testing::AssertionSuccess();
+  const auto va = a.to_doubles(), vb = b.to_doubles();
+  const size_t es = static_cast<size_t>(dtype_size(a.dtype));
+  size_t n_diff = 0, first = 0;
+  for (size_t i = 0; i < va.size(); ++i)
+    if (std::memcmp(a.bytes.data() + i * es, b.bytes.data() + i * es, es) != 0) {
+      if (n_diff++ == 0) first = i;
+    }
+  std::ostringstream m;
+  m.precision(9);
+  m << name << ": " << n_diff << " of " << va.size() << " elements differ in their bits; first [" << first << "] "
+    << va[first] << " vs " << vb[first];
+  return ::testing::AssertionFailure() << m.str();
+}
+
+}  // namespace lnmlp_test

@@ -1,0 +1,68 @@
+// Per-dtype tolerances of the library against the float64 reference, in ONE place.
+//
+// The metric (normalised max error, robust to cancellation): for each output tensor,
+//
+//     max_i ( |got_i - ref_i| - allow_i )  <=  atol + rtol * max_i |ref_i|
+//
+// i.e. every element's error is measured against the scale of the whole tensor, not against its
+// own value, so an element that is the small difference of large terms (a gradient summed over
+// tokens, an output near zero) is not held to an impossible relative standard. allow_i is 0 except
+// where the reference's GEMM1 output lies so close to a kink of the activation (relu at 0, the
+// clamped SwiGLU's limits) that the library's rounded value may fall on the other side of it; there
+// the derivative legitimately differs by the kink's jump, and allow_i bounds that difference (see
+// kink_allowance in test_numerics.cpp). The reported "normalised error" is the left side divided by
+// max_i |ref_i|.
+//
+// The reference gets exactly the same (rounded) inputs as the library, so input rounding is not in
+// these numbers; only the library's arithmetic and its intermediate roundings are.
+#pragma once
+
+#include "lnmlp.h"
+
+namespace lnmlp_test {
+
+struct Tolerance {
+  double atol;  // absolute floor, for tensors whose reference is (almost) all zero
+  double rtol;  // relative to max |ref| over the tensor
+};
+
+// float32: everything stays in fp32; GEMMs accumulate K (H, A*F or T) fp32 products, whose
+// rounding error grows like sqrt(K) * 2^-24 in practice (K * 2^-24 worst case), and the chain
+// norm -> GEMM1 -> act -> GEMM2 -> back again compounds a handful of those. At K <= 160 that is a
+// few 1e-6 at most (observed: below 1e-6); 1e-5 leaves margin for other GEMM kernels (other
+// instruction sets sum in other orders) without hiding a wrong formula (errors ~1e-2 and up).
+constexpr Tolerance kTolF32{1e-6, 1e-5};
+
+// bfloat16: 8-bit significand (7 stored), unit roundoff 2^-9, i.e. a relative error up to
+// ~2^-8 (0.4%) per rounding at worst when consecutive roundings add up. Besides the outputs, the
+// intermediates ln_out, h (GEMM1 output), act_out and dh (the GEMM1 gradient operand) are rounded
+// to bf16, and each rounding feeds the next GEMM, so an output carries 3-5 such roundings (plus
+// the derivative of the activation amplifying h's rounding). 2^-5 (~3%) is 8 roundings' worth.
+constexpr Tolerance kTolBF16{1e-4, 0.03125};
+
+// float16: 11-bit significand (10 stored), unit roundoff 2^-12; the same intermediates are rounded
+// to f16 (GEMMs run in fp32 on the f16 values), so 8x tighter than bf16.
+constexpr Tolerance kTolF16{1e-5, 0.004};
+
+inline Tolerance tolerance_for(int32_t dtype) {
+  switch (dtype) {
+    case LNMLP_DTYPE_BF16: return kTolBF16;
+    case LNMLP_DTYPE_F16: return kTolF16;
+    default: return kTolF32;
+  }
+}
+
+// Unit roundoff of each dtype (half an ulp, relative): used to size the kink windows.
+inline double unit_roundoff(int32_t dtype) {
+  switch (dtype) {
+    case LNMLP_DTYPE_BF16: return 1.0 / 512.0;   // 2^-9
+    case LNMLP_DTYPE_F16: return 1.0 / 4096.0;   // 2^-12
+    default: return 1.0 / 16777216.0;            // 2^-24
+  }
+}
+
+// The reference's own gradients against central differences in float64 (test_reference_gradcheck):
+// with step 1e-5 the truncation error is ~1e-10 and the cancellation error ~1e-11 relative.
+constexpr double kGradcheckRtol = 1e-6;
+
+}  // namespace lnmlp_test
