@@ -104,7 +104,7 @@ struct Tensor {
       const float f = static_cast<float>(d);
       std::memcpy(&bytes[i * 4], &f, 4);
     } else {
-      const uint16_t h = dtype == LNMLP_DTYPE_BF16 ? lnmlp_ref::double_to_bf16(d) : lnmlp_ref::double_to_f16(d);
+      const uint16_t h = dtype == LNMLP_DTYPE_BF16 ? lnmlp_ref::bf16_from_double(d) : lnmlp_ref::f16_from_double(d);
       std::memcpy(&bytes[i * 2], &h, 2);
     }
   }

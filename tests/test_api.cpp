@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "dtype_convert.h"
 #include "lnmlp.h"
 #include "reference.h"
 
@@ -60,23 +61,6 @@ class Buf {
   uint8_t* p_ = nullptr;
 };
 
-uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-// Exact for the values the tests use (zero and normal f16 numbers with <= 11 significant bits).
-uint16_t f32_to_f16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
-  if ((u & 0x7fffffffu) == 0) return sign;
-  const int32_t exp = static_cast<int32_t>((u >> 23) & 0xff) - 127 + 15;
-  const uint32_t mant = (u & 0x7fffffu) >> 13;
-  return static_cast<uint16_t>(sign | (static_cast<uint32_t>(exp) << 10) | mant);
-}
-
 size_t elem_bytes(int32_t dtype) { return dtype == LNMLP_DTYPE_F32 ? 4 : 2; }
 
 // Writes n values exactly representable in every dtype (k/64, |k| <= 64; or 1 + k/128 for scales).
@@ -89,7 +73,7 @@ void fill_values(Buf& b, int32_t dtype, size_t n, uint32_t seed, bool around_one
     if (dtype == LNMLP_DTYPE_F32) {
       std::memcpy(b.data() + 4 * i, &v, 4);
     } else {
-      const uint16_t h = dtype == LNMLP_DTYPE_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+      const uint16_t h = dtype == LNMLP_DTYPE_BF16 ? lnmlp_ref::bf16_from_double(v) : lnmlp_ref::f16_from_double(v);
       std::memcpy(b.data() + 2 * i, &h, 2);
     }
   }

@@ -18,11 +18,17 @@
 #include <string>
 #include <vector>
 
+#include "dtype_convert.h"
 #include "lnmlp.h"
 #include "reference.h"
 #include "tolerances.h"
 
 namespace lnmlp_test {
+
+using lnmlp_ref::bf16_from_double;
+using lnmlp_ref::bf16_to_double;
+using lnmlp_ref::f16_from_double;
+using lnmlp_ref::f16_to_double;
 
 // ---------------------------------------------------------------------------------------------
 // Random numbers: a fixed-algorithm generator (mt19937_64 is specified bit for bit by the
@@ -60,49 +66,6 @@ inline int64_t dtype_size(int32_t dtype) { return dtype == LNMLP_DTYPE_F32 ? 4 :
 
 inline const char* dtype_label(int32_t dtype) {
   return dtype == LNMLP_DTYPE_F32 ? "f32" : dtype == LNMLP_DTYPE_BF16 ? "bf16" : "f16";
-}
-
-// double -> bfloat16 bits, round to nearest even, straight from double (no double rounding via
-// float). bf16 has float's exponent range: normal numbers have 8 significant bits, so the rounding
-// quantum is 2^(e-7) for |v| in [2^e, 2^(e+1)), and 2^-133 in the subnormal range (e < -126).
-inline uint16_t bf16_from_double(double v) {
-  if (std::isnan(v)) return std::signbit(v) ? 0xFFC0 : 0x7FC0;
-  if (std::isinf(v) || v == 0.0) {
-    const float f = static_cast<float>(v);  // exact
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return static_cast<uint16_t>(u >> 16);
-  }
-  int e = std::ilogb(v);
-  if (e < -126) e = -126;
-  const double q = std::ldexp(1.0, e - 7);
-  double r = std::nearbyint(v / q) * q;  // the default rounding mode is to nearest, ties to even
-  const double max_bf16 = std::ldexp(255.0, 127 - 7);  // 0x7F7F: (2 - 2^-7) * 2^127
-  if (std::fabs(r) > max_bf16) r = std::copysign(std::numeric_limits<double>::infinity(), v);
-  const float f = static_cast<float>(r);  // exact: r has <= 8 significant bits in float's range
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-inline double bf16_to_double(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-inline uint16_t f16_from_double(double v) {
-  const _Float16 h = static_cast<_Float16>(v);  // IEEE conversion, round to nearest even
-  uint16_t b;
-  std::memcpy(&b, &h, 2);
-  return b;
-}
-
-inline double f16_to_double(uint16_t b) {
-  _Float16 h;
-  std::memcpy(&h, &b, 2);
-  return static_cast<double>(h);
 }
 
 inline double round_to_dtype(double v, int32_t dtype) {

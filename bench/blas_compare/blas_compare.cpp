@@ -531,7 +531,7 @@ static ShapeResult time_gemm(const Gemm& g, bool bf16, const Opts& o) {
   if (o.quick) reps = 1;
   std::vector<double> ts, clean;
   int attempts = 0;
-  const int max_attempts = o.runs * 4;
+  const int max_attempts = o.runs * 3;
   while ((int)clean.size() < o.runs && attempts < max_attempts) {
     ++attempts;
     double b0 = busy_cpu_s(), c0 = own_cpu_s(), t0 = now_s();

@@ -3,7 +3,8 @@
 # Installs the Debian packages if missing, builds one binary per library,
 # measures machine peak, then times the 6 GEMMs of the LN+MLP block
 # (fwd+bwd) for each library/configuration and prints a summary table.
-# Runtime: ~5 minutes on a 2-core Sapphire/Emerald Rapids VM.
+# Runtime: ~6-9 minutes on a 2-core Sapphire/Emerald Rapids VM (longer when other
+# processes compete for the CPUs: disturbed samples are retried, see "clean" column).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 B="${HERE}/build"
@@ -32,6 +33,7 @@ echo "[run] CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-) (family 6
 
 busy() { awk '/^cpu /{print $2+$3+$4+$7+$8}' /proc/stat; }
 BUSY0=$(busy); T0=$(date +%s)
+times > "${B}/times0.txt"   # builtin in *this* shell (a pipeline would run it in a subshell)
 echo "[run] loadavg before: $(cut -d' ' -f1-3 /proc/loadavg)  (other processes on this VM add noise)"
 "${B}/bc_peak" | tee "${B}/peak.txt"
 PEAKLINE=$(grep '^PEAK|' "${B}/peak.txt")
@@ -59,18 +61,19 @@ run_one() {
   echo "${out}" | grep '^INTERPLAY|' | sed "s/^INTERPLAY|[^|]*|/${label}|/" >> "${INTER}" || true
 }
 
-run_one "OpenBLAS-omp autodetect"   bc_openblas_omp -- --quick
+# Autodetected cores are 5-10x slower (see doc): 3 runs, 1 warm-up, to save time.
+run_one "OpenBLAS-omp autodetect"   bc_openblas_omp -- --quick --runs 3
 run_one "OpenBLAS-omp SkylakeX"     bc_openblas_omp OPENBLAS_CORETYPE=SkylakeX
 run_one "OpenBLAS-omp Cooperlake"   bc_openblas_omp OPENBLAS_CORETYPE=Cooperlake
 run_one "OpenBLAS-pth SkylakeX"     bc_openblas_pth OPENBLAS_CORETYPE=SkylakeX
-run_one "BLIS-omp autodetect"       bc_blis_omp
+run_one "BLIS-omp autodetect"       bc_blis_omp -- --runs 3
 run_one "BLIS-omp skx(ARCH_TYPE=0)" bc_blis_omp BLIS_ARCH_TYPE=0
 echo; echo "################ oneDNN verbose (small verification shapes only; shows ISA + implementation)"
 ONEDNN_VERBOSE=1 BC_VERIFY_ONLY=1 "${B}/bc_dnnl" "${PEAKARGS[@]}" 2>&1 | grep -E '^onednn_verbose,(info,cpu|create|exec)' | grep -E 'info|f32:|bf16' | head -8
 run_one "oneDNN matmul"             bc_dnnl
 # The VM is shared and noisy (peak drifts by 20-30% over minutes): repeat the fp32
 # contenders in interleaved rounds so they see similar conditions.
-for r in 2 3; do
+for r in 2; do
   run_one "r${r} OpenBLAS-omp SkylakeX" bc_openblas_omp OPENBLAS_CORETYPE=SkylakeX BC_ONLY_FP32=1
   run_one "r${r} BLIS-omp skx"          bc_blis_omp BLIS_ARCH_TYPE=0 BC_ONLY_FP32=1
   run_one "r${r} oneDNN matmul"         bc_dnnl BC_ONLY_FP32=1
@@ -101,6 +104,8 @@ done < "${INTER}"
 echo "(ourOMP = 4M-element SiLU in '#pragma omp parallel for'; GEMM = 1024^3 sgemm; 'aftX' = started right after X returned)"
 echo "[run] loadavg after: $(cut -d' ' -f1-3 /proc/loadavg)"
 BUSY1=$(busy); T1=$(date +%s); HZ=$(getconf CLK_TCK)
-read -r _ _ cu cs < <(times | tail -1 | tr 'ms' '  ' | awk '{print 0,0,$1*60+$2,$3*60+$4}')
+times > "${B}/times.txt"
+cpu_of() { tail -1 "$1" | tr 'ms' '  ' | awk '{print $1*60+$2+$3*60+$4}'; }
+cu=$(awk -v a="$(cpu_of "${B}/times.txt")" -v b="$(cpu_of "${B}/times0.txt")" 'BEGIN{print a-b}'); cs=0
 awk -v b=$((BUSY1-BUSY0)) -v hz="${HZ}" -v cu="${cu}" -v cs="${cs}" -v w=$((T1-T0)) -v n="$(nproc)" \
   'BEGIN{o=b/hz-(cu+cs); if(o<0)o=0; printf "[run] CPU time used by OTHER processes on this machine during the run: %.0f s of %d s x %d cpus (%.0f%%)\n", o, w, n, 100*o/(w*n)}'

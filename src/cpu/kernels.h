@@ -4,6 +4,20 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
+
+// glibc's libmvec has vector versions of expf and tanhf (AVX2 and AVX-512). Declaring them
+// "omp declare simd" lets the `#pragma omp simd` loops below call them; glibc's own header does so
+// only under -ffast-math, which we do not want (it would change NaN and rounding semantics).
+#if defined(__x86_64__) && defined(__GLIBC__)
+#include <cmath>
+extern "C" {
+#pragma omp declare simd notinbranch
+float expf(float) noexcept;
+#pragma omp declare simd notinbranch
+float tanhf(float) noexcept;
+}
+#endif
 
 #include "../numerics/activation.h"
 #include "../numerics/dtype.h"
@@ -110,26 +124,33 @@ void act_forward_rows(int64_t F, int64_t r0, int64_t r1, const F0& f0, const F1&
                       float* act_f32) {
   const int64_t AF = Gated ? 2 * F : F;
   for (int64_t r = r0; r < r1; ++r) {
-    for (int64_t j = 0; j < F; ++j) {
-      float v0, v1 = 0.0f;
-      if (h_in != nullptr) {
-        v0 = load<D>(h_in[r * AF + j]);
-        if constexpr (Gated) v1 = load<D>(h_in[r * AF + F + j]);
-      } else {
-        const storage_t<D> s0 = store<D>(h32[r * AF + j] + (b1 ? load<D>(b1[j]) : 0.0f));
-        v0 = load<D>(s0);
-        if (h_out != nullptr) h_out[r * AF + j] = s0;
-        if constexpr (Gated) {
-          const storage_t<D> s1 = store<D>(h32[r * AF + F + j] + (b1 ? load<D>(b1[F + j]) : 0.0f));
-          v1 = load<D>(s1);
-          if (h_out != nullptr) h_out[r * AF + F + j] = s1;
-        }
+    storage_t<D>* ar = act + r * F;
+    if (h_in != nullptr) {
+      const storage_t<D>* hr = h_in + r * AF;
+#pragma omp simd
+      for (int64_t j = 0; j < F; ++j) {
+        float a = f0.value(load<D>(hr[j]));
+        if constexpr (Gated) a *= f1.value(load<D>(hr[F + j]));
+        ar[j] = store<D>(a);
       }
-      float a = f0.value(v0);
-      if constexpr (Gated) a *= f1.value(v1);
-      const storage_t<D> s = store<D>(a);
-      act[r * F + j] = s;
-      if (act_f32 != nullptr) act_f32[r * F + j] = load<D>(s);
+    } else {
+      const float* hr = h32 + r * AF;
+      for (int64_t j = 0; j < F; ++j) {
+        const storage_t<D> s0 = store<D>(hr[j] + (b1 ? load<D>(b1[j]) : 0.0f));
+        if (h_out != nullptr) h_out[r * AF + j] = s0;
+        float a = f0.value(load<D>(s0));
+        if constexpr (Gated) {
+          const storage_t<D> s1 = store<D>(hr[F + j] + (b1 ? load<D>(b1[F + j]) : 0.0f));
+          if (h_out != nullptr) h_out[r * AF + F + j] = s1;
+          a *= f1.value(load<D>(s1));
+        }
+        ar[j] = store<D>(a);
+      }
+    }
+    if (act_f32 != nullptr) {
+      float* af = act_f32 + r * F;
+#pragma omp simd
+      for (int64_t j = 0; j < F; ++j) af[j] = load<D>(ar[j]);
     }
   }
 }
@@ -143,31 +164,36 @@ void act_backward_rows(int64_t F, int64_t r0, int64_t r1, const F0& f0, const F1
                        float* db1_partial) {
   const int64_t AF = Gated ? 2 * F : F;
   for (int64_t r = r0; r < r1; ++r) {
-    for (int64_t j = 0; j < F; ++j) {
-      float v0, v1 = 0.0f;
-      if (h_in != nullptr) {
-        v0 = load<D>(h_in[r * AF + j]);
-        if constexpr (Gated) v1 = load<D>(h_in[r * AF + F + j]);
-      } else {
-        v0 = round_to<D>(h32[r * AF + j] + (b1 ? load<D>(b1[j]) : 0.0f));
-        if constexpr (Gated) v1 = round_to<D>(h32[r * AF + F + j] + (b1 ? load<D>(b1[F + j]) : 0.0f));
-      }
-      const float g = dact[r * F + j];
-      if constexpr (Gated) {
-        const float d0 = g * f0.grad(v0) * f1.value(v1);
-        const float d1 = g * f0.value(v0) * f1.grad(v1);
-        dh[r * AF + j] = to_operand<D>(d0);
-        dh[r * AF + F + j] = to_operand<D>(d1);
-        if (db1_partial != nullptr) {
-          db1_partial[j] += d0;
-          db1_partial[F + j] += d1;
+    const float* gr = dact + r * F;
+    operand_t<D>* dr = dh + r * AF;
+    // The GEMM1 output of element j of this row, as forward rounded it.
+    auto h_at = [&](int64_t j) {
+      if (h_in != nullptr) return load<D>(h_in[r * AF + j]);
+      return round_to<D>(h32[r * AF + j] + (b1 ? load<D>(b1[j]) : 0.0f));
+    };
+    // One pass writes dh and, when asked, adds its unrounded fp32 value into db1's partial sums.
+    auto pass = [&](auto with_db1) {
+#pragma omp simd
+      for (int64_t j = 0; j < F; ++j) {
+        const float v0 = h_at(j), g = gr[j];
+        if constexpr (Gated) {
+          const float v1 = h_at(F + j);
+          const float d0 = g * f0.grad(v0) * f1.value(v1), d1 = g * f0.value(v0) * f1.grad(v1);
+          dr[j] = to_operand<D>(d0);
+          dr[F + j] = to_operand<D>(d1);
+          if constexpr (decltype(with_db1)::value) {
+            db1_partial[j] += d0;
+            db1_partial[F + j] += d1;
+          }
+        } else {
+          const float d0 = g * f0.grad(v0);
+          dr[j] = to_operand<D>(d0);
+          if constexpr (decltype(with_db1)::value) db1_partial[j] += d0;
         }
-      } else {
-        const float d0 = g * f0.grad(v0);
-        dh[r * AF + j] = to_operand<D>(d0);
-        if (db1_partial != nullptr) db1_partial[j] += d0;
       }
-    }
+    };
+    if (db1_partial != nullptr) pass(std::true_type{});
+    else pass(std::false_type{});
   }
 }
 

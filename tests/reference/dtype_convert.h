@@ -1,40 +1,56 @@
 // Conversions between double and the I/O element types, written independently of the library
-// (bf16: round-to-nearest-even on the bits; f16: the compiler's IEEE _Float16), for the tests and
-// lnmlp-bench to make inputs and read outputs.
+// (bf16: round-to-nearest-even computed in double; f16: the compiler's IEEE _Float16), for the
+// tests and lnmlp-bench to make inputs and read outputs.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 namespace lnmlp_ref {
 
-inline uint16_t double_to_bf16(double d) {
-  const float f = static_cast<float>(d);
+// double -> bfloat16 bits, round to nearest even, straight from double (no double rounding via
+// float). bf16 has float's exponent range: normal numbers have 8 significant bits, so the rounding
+// quantum is 2^(e-7) for |v| in [2^e, 2^(e+1)), and 2^-133 in the subnormal range (e < -126).
+inline uint16_t bf16_from_double(double v) {
+  if (std::isnan(v)) return std::signbit(v) ? 0xFFC0 : 0x7FC0;
+  if (std::isinf(v) || v == 0.0) {
+    const float f = static_cast<float>(v);  // exact
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return static_cast<uint16_t>(u >> 16);
+  }
+  int e = std::ilogb(v);
+  if (e < -126) e = -126;
+  const double q = std::ldexp(1.0, e - 7);
+  double r = std::nearbyint(v / q) * q;  // the default rounding mode is to nearest, ties to even
+  const double max_bf16 = std::ldexp(255.0, 127 - 7);  // 0x7F7F: (2 - 2^-7) * 2^127
+  if (std::fabs(r) > max_bf16) r = std::copysign(std::numeric_limits<double>::infinity(), v);
+  const float f = static_cast<float>(r);  // exact: r has <= 8 significant bits in float's range
   uint32_t u;
   std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  const uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(rounded >> 16);
+  return static_cast<uint16_t>(u >> 16);
 }
 
-inline double bf16_to_double(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
+inline double bf16_to_double(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
   float f;
   std::memcpy(&f, &u, 4);
   return f;
 }
 
-inline uint16_t double_to_f16(double d) {
-  const _Float16 v = static_cast<_Float16>(static_cast<float>(d));
-  uint16_t h;
-  std::memcpy(&h, &v, 2);
-  return h;
+inline uint16_t f16_from_double(double v) {
+  const _Float16 h = static_cast<_Float16>(v);  // IEEE conversion, round to nearest even
+  uint16_t b;
+  std::memcpy(&b, &h, 2);
+  return b;
 }
 
-inline double f16_to_double(uint16_t h) {
-  _Float16 v;
-  std::memcpy(&v, &h, 2);
-  return static_cast<double>(v);
+inline double f16_to_double(uint16_t b) {
+  _Float16 h;
+  std::memcpy(&h, &b, 2);
+  return static_cast<double>(h);
 }
 
 }  // namespace lnmlp_ref

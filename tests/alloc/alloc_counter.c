@@ -1,0 +1,54 @@
+/* A malloc interposer that counts heap allocations while armed. Linked into the test executable
+ * (before libc), it sees every allocation of the process: the test's, lnmlp's and oneDNN's.
+ * It forwards to glibc's __libc_* entry points, so it never recurses. Not for sanitizer builds,
+ * which own malloc themselves. */
+#include <stddef.h>
+#include <stdint.h>
+#include <errno.h>
+
+extern void* __libc_malloc(size_t);
+extern void* __libc_calloc(size_t, size_t);
+extern void* __libc_realloc(void*, size_t);
+extern void* __libc_memalign(size_t, size_t);
+extern void __libc_free(void*);
+
+static volatile int armed_global = 0;
+static volatile long count = 0;
+static volatile long bytes = 0;
+static volatile long largest = 0;
+
+static void note(size_t n) {
+  if (!armed_global) return;
+  __atomic_add_fetch(&count, 1, __ATOMIC_RELAXED);
+  __atomic_add_fetch(&bytes, (long)n, __ATOMIC_RELAXED);
+  long cur = __atomic_load_n(&largest, __ATOMIC_RELAXED);
+  while ((long)n > cur && !__atomic_compare_exchange_n(&largest, &cur, (long)n, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+}
+
+void* malloc(size_t n) { note(n); return __libc_malloc(n); }
+void* calloc(size_t m, size_t n) { note(m * n); return __libc_calloc(m, n); }
+void* realloc(void* p, size_t n) { note(n); return __libc_realloc(p, n); }
+void free(void* p) { __libc_free(p); }
+void* memalign(size_t a, size_t n) { note(n); return __libc_memalign(a, n); }
+void* aligned_alloc(size_t a, size_t n) { note(n); return __libc_memalign(a, n); }
+int posix_memalign(void** out, size_t a, size_t n) {
+  note(n);
+  void* p = __libc_memalign(a, n);
+  if (p == NULL) return ENOMEM;
+  *out = p;
+  return 0;
+}
+
+void alloc_counter_arm(void) {
+  count = 0;
+  bytes = 0;
+  largest = 0;
+  armed_global = 1;
+}
+void alloc_counter_disarm(long* out_count, long* out_bytes, long* out_largest) {
+  armed_global = 0;
+  *out_count = count;
+  *out_bytes = bytes;
+  *out_largest = largest;
+}
