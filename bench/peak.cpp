@@ -4,12 +4,16 @@
 #include <immintrin.h>
 #include <omp.h>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdint>
 
 namespace {
 
 constexpr int kChains = 12;           // enough independent accumulators to hide FMA latency
-constexpr long kIters = 20'000'000;  // ~0.1-0.3 s per probe
+constexpr long kIters = 20'000'000;  // iterations of kChains FMAs: ~0.1 s per probe
 
 template <typename Body> double time_parallel(int threads, Body&& body) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -40,7 +44,8 @@ Peak measure_fp32_peak(int threads) {
     __m512 acc[kChains];
     for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(1.0f + c * 1e-3f);
     const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
-    for (long i = 0; i < kIters / 10; ++i)
+    for (long i = 0; i < kIters; ++i)
+#pragma GCC unroll 16
       for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
     sink(acc);
   });
@@ -51,7 +56,8 @@ Peak measure_fp32_peak(int threads) {
     __m256 acc[kChains];
     for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(1.0f + c * 1e-3f);
     const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-    for (long i = 0; i < kIters / 10; ++i)
+    for (long i = 0; i < kIters; ++i)
+#pragma GCC unroll 16
       for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
     float out[8];
     _mm256_storeu_ps(out, acc[0]);
@@ -59,7 +65,7 @@ Peak measure_fp32_peak(int threads) {
   });
   const char* what = "AVX2 fp32 FMA";
 #endif
-  const double flops = 2.0 * kLanes * kChains * (kIters / 10) * threads;
+  const double flops = 2.0 * kLanes * kChains * kIters * threads;
   return {flops / secs * 1e-9, what};
 }
 
@@ -69,15 +75,59 @@ Peak measure_bf16_peak(int threads) {
     __m512 acc[kChains];
     for (int c = 0; c < kChains; ++c) acc[c] = _mm512_setzero_ps();
     const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3380);
-    for (long i = 0; i < kIters / 10; ++i)
+    for (long i = 0; i < kIters; ++i)
+#pragma GCC unroll 16
       for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
     sink(acc);
   });
   // vdpbf16ps: 16 lanes x 2 products x (mul + add)
-  const double flops = 2.0 * 32 * kChains * (kIters / 10) * threads;
+  const double flops = 2.0 * 32 * kChains * kIters * threads;
   return {flops / secs * 1e-9, "AVX512_BF16 vdpbf16ps"};
 #else
   (void)threads;
   return {0.0, "no AVX512_BF16 on this build"};
+#endif
+}
+
+Peak measure_amx_bf16_peak(int threads) {
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+  // Linux hands out the AMX tile state only on request (ARCH_REQ_XCOMP_PERM for XTILEDATA).
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return {0.0, "AMX not permitted"};
+  constexpr long kAmxIters = 2'000'000;
+  const double secs = time_parallel(threads, [] {
+    // Tile config: palette 1; tiles 0-3 accumulate 16x16 fp32, tiles 4-5 hold 16x32 bf16 operands.
+    alignas(64) uint8_t cfg[64] = {};
+    cfg[0] = 1;
+    for (int t = 0; t < 6; ++t) {
+      cfg[16 + 2 * t] = 64;  // bytes per row
+      cfg[48 + t] = 16;      // rows
+    }
+    _tile_loadconfig(cfg);
+    alignas(64) uint16_t operand[16 * 32];
+    for (auto& v : operand) v = 0x3c00;  // small bf16 value
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, operand, 64);
+    _tile_loadd(5, operand, 64);
+    for (long i = 0; i < kAmxIters; ++i) {
+      _tile_dpbf16ps(0, 4, 5);
+      _tile_dpbf16ps(1, 4, 5);
+      _tile_dpbf16ps(2, 4, 5);
+      _tile_dpbf16ps(3, 4, 5);
+    }
+    alignas(64) float out[16 * 16];
+    _tile_stored(0, out, 64);
+    g_sink = out[0];
+    _tile_release();
+  });
+  // Each TDPBF16PS: 16 x 16 outputs x 32 products x (mul + add).
+  const double flops = 2.0 * 16 * 16 * 32 * 4 * kAmxIters * threads;
+  return {flops / secs * 1e-9, "AMX-BF16 tdpbf16ps"};
+#else
+  (void)threads;
+  return {0.0, "no AMX-BF16 on this build"};
 #endif
 }

@@ -135,17 +135,28 @@ void act_forward_rows(int64_t F, int64_t r0, int64_t r1, const F0& f0, const F1&
       }
     } else {
       const float* hr = h32 + r * AF;
-      for (int64_t j = 0; j < F; ++j) {
-        const storage_t<D> s0 = store<D>(hr[j] + (b1 ? load<D>(b1[j]) : 0.0f));
-        if (h_out != nullptr) h_out[r * AF + j] = s0;
-        float a = f0.value(load<D>(s0));
-        if constexpr (Gated) {
-          const storage_t<D> s1 = store<D>(hr[F + j] + (b1 ? load<D>(b1[F + j]) : 0.0f));
-          if (h_out != nullptr) h_out[r * AF + F + j] = s1;
-          a *= f1.value(load<D>(s1));
+      storage_t<D>* ho = h_out != nullptr ? h_out + r * AF : nullptr;
+      // Branches on h_out and b1 are taken outside the loop, so that it vectorizes.
+      auto pass = [&](auto write_h, auto bias_at) {
+#pragma omp simd
+        for (int64_t j = 0; j < F; ++j) {
+          const storage_t<D> s0 = store<D>(hr[j] + bias_at(j));
+          if constexpr (decltype(write_h)::value) ho[j] = s0;
+          float a = f0.value(load<D>(s0));
+          if constexpr (Gated) {
+            const storage_t<D> s1 = store<D>(hr[F + j] + bias_at(F + j));
+            if constexpr (decltype(write_h)::value) ho[F + j] = s1;
+            a *= f1.value(load<D>(s1));
+          }
+          ar[j] = store<D>(a);
         }
-        ar[j] = store<D>(a);
-      }
+      };
+      auto with_bias = [&](auto write_h) {
+        if (b1 != nullptr) pass(write_h, [b1](int64_t j) { return load<D>(b1[j]); });
+        else pass(write_h, [](int64_t) { return 0.0f; });
+      };
+      if (ho != nullptr) with_bias(std::true_type{});
+      else with_bias(std::false_type{});
     }
     if (act_f32 != nullptr) {
       float* af = act_f32 + r * F;
@@ -166,13 +177,10 @@ void act_backward_rows(int64_t F, int64_t r0, int64_t r1, const F0& f0, const F1
   for (int64_t r = r0; r < r1; ++r) {
     const float* gr = dact + r * F;
     operand_t<D>* dr = dh + r * AF;
-    // The GEMM1 output of element j of this row, as forward rounded it.
-    auto h_at = [&](int64_t j) {
-      if (h_in != nullptr) return load<D>(h_in[r * AF + j]);
-      return round_to<D>(h32[r * AF + j] + (b1 ? load<D>(b1[j]) : 0.0f));
-    };
     // One pass writes dh and, when asked, adds its unrounded fp32 value into db1's partial sums.
-    auto pass = [&](auto with_db1) {
+    // h_at(j) is the GEMM1 output of element j of this row as forward rounded it; the source is
+    // chosen outside the loop so that the loop has no branches and vectorizes.
+    auto pass = [&](auto with_db1, auto h_at) {
 #pragma omp simd
       for (int64_t j = 0; j < F; ++j) {
         const float v0 = h_at(j), g = gr[j];
@@ -192,8 +200,18 @@ void act_backward_rows(int64_t F, int64_t r0, int64_t r1, const F0& f0, const F1
         }
       }
     };
-    if (db1_partial != nullptr) pass(std::true_type{});
-    else pass(std::false_type{});
+    auto with_source = [&](auto with_db1) {
+      if (h_in != nullptr) {
+        const storage_t<D>* hr = h_in + r * AF;
+        pass(with_db1, [hr](int64_t j) { return load<D>(hr[j]); });
+      } else {
+        const float* hr = h32 + r * AF;
+        if (b1 != nullptr) pass(with_db1, [hr, b1](int64_t j) { return round_to<D>(hr[j] + load<D>(b1[j])); });
+        else pass(with_db1, [hr](int64_t j) { return round_to<D>(hr[j]); });
+      }
+    };
+    if (db1_partial != nullptr) with_source(std::true_type{});
+    else with_source(std::false_type{});
   }
 }
 

@@ -46,20 +46,32 @@ LNMLP_HD float bits_float(uint32_t u) {
 LNMLP_HD float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
 
 LNMLP_HD uint16_t float_to_bf16(float f) {
-  uint32_t u = float_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // quiet NaN
-  // Round to nearest even: add 0x7fff plus the lowest kept bit, then truncate.
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
+  const uint32_t u = float_bits(f);
+  // Round to nearest even: add 0x7fff plus the lowest kept bit, then truncate. NaN becomes a quiet
+  // NaN. Written as a select, not a branch, so loops over it vectorize.
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x0040u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
+// IEEE binary16 <-> fp32. On the device these are the CUDA intrinsics. On the host they are
+// written out as branch-free integer selects because GCC 12 does not vectorize _Float16
+// conversions, and these run inside every f16 loop of the CPU backend; they are checked against
+// the compiler's _Float16 (every f16 value, every tie and a dense sweep of floats) in
+// tests/test_dtype_conversions.cpp.
 LNMLP_HD float f16_to_float(uint16_t h) {
 #if defined(__CUDA_ARCH__)
   return __half2float(__ushort_as_half(h));
 #else
-  _Float16 v;
-  std::memcpy(&v, &h, sizeof v);
-  return static_cast<float>(v);
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t em = h & 0x7fffu;                                      // exponent and mantissa
+  const uint32_t normal = (em << 13) + ((127u - 15u) << 23);             // rebias the exponent
+  // Subnormal (em < 2^10): 2^-14 * (1 + em*2^-10) - 2^-14 = em * 2^-24, exactly.
+  const uint32_t subnormal = float_bits(bits_float((113u << 23) | (em << 13)) - bits_float(113u << 23));
+  const uint32_t inf_nan = 0x7f800000u | ((em & 0x3ffu) << 13);
+  uint32_t magnitude = em < 0x0400u ? subnormal : normal;
+  magnitude = em >= 0x7c00u ? inf_nan : magnitude;
+  return bits_float(sign | magnitude);
 #endif
 }
 
@@ -67,10 +79,22 @@ LNMLP_HD uint16_t float_to_f16(float f) {
 #if defined(__CUDA_ARCH__)
   return __half_as_ushort(__float2half_rn(f));
 #else
-  _Float16 v = static_cast<_Float16>(f);  // IEEE round to nearest even
-  uint16_t h;
-  std::memcpy(&h, &v, sizeof h);
-  return h;
+  const uint32_t u = float_bits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7fffffffu;
+  // Normal f16 range: round to nearest even on bit 13, then rebias; a carry into the exponent is
+  // the correct rounding up to the next binade (or to infinity).
+  const uint32_t normal = (a + 0xfffu + ((a >> 13) & 1u) - ((127u - 15u) << 23)) >> 13;
+  // Subnormal f16 range (|f| < 2^-14): adding 0.5 (2^-1) aligns the f16 subnormal grid (2^-24)
+  // with float's last mantissa bit, so the hardware's round-to-nearest-even does the rounding.
+  const float magic = 0.5f;
+  const uint32_t subnormal = float_bits(bits_float(a) + magic) - float_bits(magic);
+  const uint32_t nan = 0x7e00u | ((a >> 13) & 0x3ffu);
+  const uint32_t magnitude = a > 0x7f800000u   ? nan
+                             : a >= 0x477ff000u ? 0x7c00u  // rounds to infinity (>= 65520)
+                             : a >= 0x38800000u ? normal
+                                                : subnormal;
+  return static_cast<uint16_t>(sign | magnitude);
 #endif
 }
 
