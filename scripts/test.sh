@@ -1,13 +1,24 @@
 #!/usr/bin/env bash
-# Every test: set up, then build and run the whole suite twice, in Release and under
+# Every test: set up, then build and run the C/C++ suite in Release, the Python binding's suite
+# and its pip-install check against that build, and the C/C++ suite again under
 # AddressSanitizer + UndefinedBehaviorSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-for preset in release asan; do
-  echo "=== ${preset}: build ==="
-  cmake --preset "${preset}" >/dev/null
-  cmake --build --preset "${preset}" -j"$(nproc)"
-  echo "=== ${preset}: test ==="
-  ctest --preset "${preset}"
-done
+
+echo "=== release: build ==="
+cmake --preset release >/dev/null
+cmake --build --preset release -j"$(nproc)"
+echo "=== release: test ==="
+ctest --preset release
+
+echo "=== python: binding tests ==="
+bash bindings/python/run_tests.sh
+echo "=== python: pip install ./bindings/python, seed example ==="
+bash bindings/python/check_install.sh
+
+echo "=== asan: build ==="
+cmake --preset asan >/dev/null
+cmake --build --preset asan -j"$(nproc)"
+echo "=== asan: test ==="
+ctest --preset asan

@@ -1,0 +1,30 @@
+"""lnmlp: a fused transformer feed-forward sublayer, ``y = act(norm(x) @ W1 + b1) @ W2 + b2``,
+forward and backward, on NumPy arrays (float32, float16, ml_dtypes.bfloat16).
+
+Two ways in:
+
+* :class:`Plan` -- one validated, allocated configuration, run many times
+  (``y, saved = plan.forward(...)``; ``grads = plan.backward(dy, ..., saved)``);
+* :func:`layernorm_mlp` / :func:`layernorm_mlp_vjp` -- TransformerEngine's functional signature,
+  with plans cached by configuration.
+"""
+
+from ._version import __version__
+from ._lib import (ABI_VERSION, BackendError, Error, InternalError, InvalidArgumentError,
+                   InvalidHandleError, LibraryNotFoundError, MisalignedError, NoWorkspaceError,
+                   NotSupportedError, NullPointerError, OutOfMemoryError, PlanBusyError,
+                   SizeOverflowError, WorkspaceTooSmallError, build_info, library_path,
+                   library_version, query_support)
+from ._plan import ACTIVATIONS, GATED_PAIRS, ActParams, Grads, Plan, normalize_activations
+from ._functional import (clear_plan_cache, layernorm_mlp, layernorm_mlp_vjp, noop_quantizer_set,
+                          plan_cache_info, set_plan_cache_size)
+
+__all__ = [
+    "__version__", "ABI_VERSION", "build_info", "library_path", "library_version", "query_support",
+    "Plan", "Grads", "ActParams", "ACTIVATIONS", "GATED_PAIRS", "normalize_activations",
+    "layernorm_mlp", "layernorm_mlp_vjp", "noop_quantizer_set", "clear_plan_cache",
+    "plan_cache_info", "set_plan_cache_size",
+    "Error", "InvalidArgumentError", "NullPointerError", "SizeOverflowError", "InvalidHandleError",
+    "NotSupportedError", "OutOfMemoryError", "WorkspaceTooSmallError", "NoWorkspaceError",
+    "MisalignedError", "PlanBusyError", "BackendError", "InternalError", "LibraryNotFoundError",
+]

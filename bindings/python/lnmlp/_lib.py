@@ -1,0 +1,312 @@
+"""Loading of the lnmlp shared library, its ctypes declarations, and error translation.
+
+Search order for the library (the first hit wins):
+
+1. the ``LNMLP_LIBRARY`` environment variable (a path to ``liblnmlp.so*``);
+2. a copy bundled inside the package (``lnmlp/liblnmlp.so*``, put there when a wheel is built);
+3. the CMake build tree recorded when the package was built (``lnmlp/_build_config.py``);
+4. the CMake build tree of the source checkout this package lives in
+   (``<repo>/build/release/src/liblnmlp.so``);
+5. the system loader (``ctypes.util.find_library("lnmlp")``, then ``liblnmlp.so.1``).
+
+The loaded library's ABI version (``lnmlp_get_version``) must equal :data:`ABI_VERSION`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import threading
+
+__all__ = [
+    "ABI_VERSION", "Error", "InvalidArgumentError", "NullPointerError", "SizeOverflowError",
+    "InvalidHandleError", "NotSupportedError", "OutOfMemoryError", "WorkspaceTooSmallError",
+    "NoWorkspaceError", "MisalignedError", "PlanBusyError", "BackendError", "InternalError",
+    "LibraryNotFoundError", "get_lib", "check", "library_path", "library_version", "build_info",
+    "query_support",
+]
+
+#: The ABI version this binding was written against (LNMLP_ABI_VERSION in include/lnmlp.h).
+ABI_VERSION = 1
+
+# --- status codes (include/lnmlp.h) --------------------------------------------------------------
+SUCCESS = 0
+ERROR_INVALID_ARGUMENT = 1
+ERROR_NULL_POINTER = 2
+ERROR_SIZE_OVERFLOW = 3
+ERROR_INVALID_HANDLE = 4
+ERROR_NOT_SUPPORTED = 5
+ERROR_OUT_OF_MEMORY = 6
+ERROR_WORKSPACE_TOO_SMALL = 7
+ERROR_NO_WORKSPACE = 8
+ERROR_MISALIGNED = 9
+ERROR_PLAN_BUSY = 10
+ERROR_BACKEND = 11
+ERROR_INTERNAL = 12
+
+_STATUS_NAMES = {
+    0: "LNMLP_SUCCESS", 1: "LNMLP_ERROR_INVALID_ARGUMENT", 2: "LNMLP_ERROR_NULL_POINTER",
+    3: "LNMLP_ERROR_SIZE_OVERFLOW", 4: "LNMLP_ERROR_INVALID_HANDLE", 5: "LNMLP_ERROR_NOT_SUPPORTED",
+    6: "LNMLP_ERROR_OUT_OF_MEMORY", 7: "LNMLP_ERROR_WORKSPACE_TOO_SMALL",
+    8: "LNMLP_ERROR_NO_WORKSPACE", 9: "LNMLP_ERROR_MISALIGNED", 10: "LNMLP_ERROR_PLAN_BUSY",
+    11: "LNMLP_ERROR_BACKEND", 12: "LNMLP_ERROR_INTERNAL",
+}
+
+
+# --- errors ----------------------------------------------------------------------------------------
+class Error(Exception):
+    """Base class of every lnmlp error.
+
+    Attributes: ``status`` (the int32 status code), ``status_name`` (``lnmlp_status_string``)
+    and ``message`` (the library's ``lnmlp_last_error`` text, or the binding's own message for
+    argument checks done in Python before calling the library).
+    """
+
+    status = -1
+
+    def __init__(self, message: str, status: int | None = None, status_name: str | None = None):
+        if status is not None:
+            self.status = int(status)
+        self.status_name = status_name or _STATUS_NAMES.get(self.status, "LNMLP_UNKNOWN_STATUS")
+        self.message = message
+        super().__init__(f"{message} [{self.status_name}]")
+
+
+class InvalidArgumentError(Error, ValueError):
+    status = ERROR_INVALID_ARGUMENT
+
+
+class NullPointerError(Error, ValueError):
+    status = ERROR_NULL_POINTER
+
+
+class SizeOverflowError(Error, OverflowError):
+    status = ERROR_SIZE_OVERFLOW
+
+
+class InvalidHandleError(Error):
+    status = ERROR_INVALID_HANDLE
+
+
+class NotSupportedError(Error, NotImplementedError):
+    status = ERROR_NOT_SUPPORTED
+
+
+class OutOfMemoryError(Error, MemoryError):
+    status = ERROR_OUT_OF_MEMORY
+
+
+class WorkspaceTooSmallError(Error):
+    status = ERROR_WORKSPACE_TOO_SMALL
+
+
+class NoWorkspaceError(Error):
+    status = ERROR_NO_WORKSPACE
+
+
+class MisalignedError(Error, ValueError):
+    status = ERROR_MISALIGNED
+
+
+class PlanBusyError(Error):
+    status = ERROR_PLAN_BUSY
+
+
+class BackendError(Error):
+    status = ERROR_BACKEND
+
+
+class InternalError(Error):
+    status = ERROR_INTERNAL
+
+
+class LibraryNotFoundError(Error, ImportError):
+    """The shared library could not be found or loaded, or its ABI version does not match."""
+
+
+_ERROR_CLASSES = {cls.status: cls for cls in (
+    InvalidArgumentError, NullPointerError, SizeOverflowError, InvalidHandleError,
+    NotSupportedError, OutOfMemoryError, WorkspaceTooSmallError, NoWorkspaceError,
+    MisalignedError, PlanBusyError, BackendError, InternalError)}
+
+
+# --- ctypes declarations ---------------------------------------------------------------------------
+_i32, _i64, _f32, _vp = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+_P = ctypes.POINTER
+
+# Every function of include/lnmlp.h: name -> (restype, argtypes).
+_PROTOTYPES = {
+    "lnmlp_get_version": (_i32, [_P(_i32), _P(_i32), _P(_i32), _P(_i32)]),
+    "lnmlp_status_string": (ctypes.c_char_p, [_i32]),
+    "lnmlp_last_error": (ctypes.c_char_p, []),
+    "lnmlp_query_support": (_i32, [_i32, _i32, _P(_i32)]),
+    "lnmlp_get_build_info": (_i32, [_P(ctypes.c_char_p)]),
+    "lnmlp_desc_create": (_i32, [_P(_vp)]),
+    "lnmlp_desc_destroy": (_i32, [_vp]),
+    "lnmlp_desc_set_shape": (_i32, [_vp, _i64, _i64, _i64]),
+    "lnmlp_desc_set_norm": (_i32, [_vp, _i32]),
+    "lnmlp_desc_set_zero_centered_gamma": (_i32, [_vp, _i32]),
+    "lnmlp_desc_set_epsilon": (_i32, [_vp, _f32]),
+    "lnmlp_desc_set_activations": (_i32, [_vp, _i32, _P(_i32)]),
+    "lnmlp_desc_set_clamped_swiglu": (_i32, [_vp, _f32, _f32, _f32]),
+    "lnmlp_desc_set_bias": (_i32, [_vp, _i32, _i32]),
+    "lnmlp_desc_set_dtype": (_i32, [_vp, _i32]),
+    "lnmlp_desc_set_remat": (_i32, [_vp, _i32]),
+    "lnmlp_desc_set_backend": (_i32, [_vp, _i32, _i32]),
+    "lnmlp_desc_set_num_threads": (_i32, [_vp, _i32]),
+    "lnmlp_desc_set_recipe": (_i32, [_vp, _i32]),
+    "lnmlp_desc_set_sharding": (_i32, [_vp, _i32, _i32, _i32]),
+    "lnmlp_desc_set_external_workspace": (_i32, [_vp, _i32]),
+    "lnmlp_plan_create": (_i32, [_vp, _P(_vp)]),
+    "lnmlp_plan_destroy": (_i32, [_vp]),
+    "lnmlp_plan_get_workspace_bytes": (_i32, [_vp, _P(_i64)]),
+    "lnmlp_plan_get_saved_bytes": (_i32, [_vp, _P(_i64)]),
+    "lnmlp_plan_get_saved_bytes_per_token": (_i32, [_vp, _P(_i64)]),
+    "lnmlp_plan_get_alignment": (_i32, [_vp, _P(_i64)]),
+    "lnmlp_plan_attach_workspace": (_i32, [_vp, _vp, _i64]),
+    "lnmlp_plan_forward": (_i32, [_vp] + [_vp] * 10),
+    "lnmlp_plan_backward": (_i32, [_vp] + [_vp] * 16),
+}
+
+
+# --- loading ---------------------------------------------------------------------------------------
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _candidates():
+    """(description, path-or-name) pairs in search order."""
+    env = os.environ.get("LNMLP_LIBRARY")
+    if env:
+        yield "LNMLP_LIBRARY", env
+        return  # an explicit choice is never silently replaced by another library
+    for name in ["liblnmlp.so.1"] + sorted(glob.glob(os.path.join(_PKG_DIR, "liblnmlp.so*"))):
+        path = os.path.join(_PKG_DIR, name)
+        if os.path.exists(path):
+            yield "bundled", path
+    try:
+        from . import _build_config  # written by setup.py when the package was built
+        yield "recorded build tree", _build_config.LIBRARY_PATH
+    except ImportError:
+        pass
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(_PKG_DIR)))
+    yield "source checkout build tree", os.path.join(repo, "build", "release", "src", "liblnmlp.so")
+    found = ctypes.util.find_library("lnmlp")
+    if found:
+        yield "system loader", found
+    yield "system loader", "liblnmlp.so.1"
+
+
+_lock = threading.Lock()
+_lib = None
+_lib_path = None
+
+
+def _load():
+    tried = []
+    for how, path in _candidates():
+        if os.sep in path and not os.path.exists(path):
+            tried.append(f"{how}: {path} (no such file)")
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as exc:
+            tried.append(f"{how}: {path} ({exc})")
+            if how == "LNMLP_LIBRARY":
+                break
+            continue
+        return lib, path
+    raise LibraryNotFoundError(
+        "could not load liblnmlp; build it with `cmake --build --preset release --target lnmlp` "
+        "or set LNMLP_LIBRARY to its path. Tried:\n  " + "\n  ".join(tried), status=-1)
+
+
+def _declare(lib, path):
+    missing = [n for n in _PROTOTYPES if not hasattr(lib, n)]
+    if missing:
+        raise LibraryNotFoundError(f"{path} lacks the functions {', '.join(missing)}", status=-1)
+    for name, (restype, argtypes) in _PROTOTYPES.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    v = [_i32() for _ in range(4)]
+    lib.lnmlp_get_version(*(ctypes.byref(x) for x in v))
+    major, minor, patch, abi = (x.value for x in v)
+    if abi != ABI_VERSION:
+        raise LibraryNotFoundError(
+            f"{path} has ABI version {abi} (library {major}.{minor}.{patch}), but this lnmlp "
+            f"Python package needs ABI version {ABI_VERSION}; install a matching library or "
+            f"point LNMLP_LIBRARY at one", status=-1)
+    lib._lnmlp_version = (major, minor, patch, abi)
+    return lib
+
+
+def get_lib():
+    """The loaded, declared and version-checked ctypes library (loaded on first use)."""
+    global _lib, _lib_path
+    if _lib is None:
+        with _lock:
+            if _lib is None:
+                lib, path = _load()
+                _lib = _declare(lib, path)
+                _lib_path = path
+    return _lib
+
+
+def library_path() -> str:
+    """The path (or loader name) of the loaded library."""
+    get_lib()
+    return _lib_path
+
+
+def library_version():
+    """(major, minor, patch, abi) of the loaded library."""
+    return get_lib()._lnmlp_version
+
+
+def status_string(status: int) -> str:
+    return get_lib().lnmlp_status_string(int(status)).decode("utf-8", "replace")
+
+
+def error_for(status: int, message: str | None = None) -> Error:
+    """The Error subclass instance for a failing status (message: the library's last error)."""
+    lib = get_lib()
+    if message is None:
+        message = lib.lnmlp_last_error().decode("utf-8", "replace")
+    cls = _ERROR_CLASSES.get(int(status), Error)
+    return cls(message or "(no message)", status=int(status), status_name=status_string(status))
+
+
+def check(status: int) -> None:
+    """Raises the Error subclass for a failing status; returns None on success."""
+    if status != SUCCESS:
+        raise error_for(status)
+
+
+def build_info() -> str:
+    """The library's human-readable build description (lnmlp_get_build_info)."""
+    lib = get_lib()
+    s = ctypes.c_char_p()
+    check(lib.lnmlp_get_build_info(ctypes.byref(s)))
+    return s.value.decode("utf-8", "replace")
+
+
+_BACKENDS = {"cpu": 0, "cuda": 1}
+_FEATURES = {
+    "backend": 0, "dtype_f32": 1, "dtype_bf16": 2, "dtype_f16": 3, "recipe_delayed": 4,
+    "recipe_current": 5, "recipe_block": 6, "recipe_mxfp8": 7, "sharding": 8,
+    "external_workspace": 9,
+}
+
+
+def query_support(backend: str = "cpu", feature: str = "backend") -> bool:
+    """Whether ``backend`` ("cpu"/"cuda") can run ``feature`` (e.g. "backend", "dtype_bf16",
+    "recipe_delayed", "sharding", "external_workspace") in this build on this machine."""
+    if backend not in _BACKENDS:
+        raise InvalidArgumentError(f"backend must be one of {sorted(_BACKENDS)}, got {backend!r}")
+    if feature not in _FEATURES:
+        raise InvalidArgumentError(f"feature must be one of {sorted(_FEATURES)}, got {feature!r}")
+    out = _i32()
+    check(get_lib().lnmlp_query_support(_BACKENDS[backend], _FEATURES[feature], ctypes.byref(out)))
+    return bool(out.value)

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Runs the Python binding's tests against the CMake-built library.
+# Usage: bindings/python/run_tests.sh [pytest args...]   (from anywhere; after the CMake build)
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+
+if ! "$PYTHON" -c "import numpy, ml_dtypes, pytest" >/dev/null 2>&1; then
+  "$PYTHON" -m pip install -q numpy ml_dtypes pytest
+fi
+export LNMLP_LIBRARY="${LNMLP_LIBRARY:-$repo/build/release/src/liblnmlp.so}"
+if [ ! -e "$LNMLP_LIBRARY" ]; then
+  echo "run_tests.sh: $LNMLP_LIBRARY not found; build it first:" >&2
+  echo "  cmake --preset release && cmake --build --preset release --target lnmlp" >&2
+  exit 1
+fi
+cd "$repo"
+exec "$PYTHON" -m pytest -q -p no:cacheprovider bindings/python/tests "$@"

@@ -1,0 +1,51 @@
+"""Build hook: bundle the CMake-built liblnmlp into the package, so an installed wheel is
+self-contained. Metadata lives in pyproject.toml.
+
+The library copied is, in order: $LNMLP_LIBRARY (at build time), else
+<repo>/build/release/src/liblnmlp.so.1 (symlinks resolved). Its original path is also recorded in
+lnmlp/_build_config.py as a fallback for the loader. Without a built library the package is
+pure Python and finds the library at run time (see lnmlp/_lib.py).
+"""
+
+import os
+import shutil
+import sys
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+
+def built_library():
+    env = os.environ.get("LNMLP_LIBRARY")
+    for path in ([env] if env else []) + [os.path.join(REPO, "build", "release", "src", "liblnmlp.so.1")]:
+        if path and os.path.exists(path):
+            return os.path.abspath(path)
+    return None
+
+
+class BuildPy(build_py):
+    def run(self):
+        super().run()
+        lib = built_library()
+        pkg = os.path.join(self.build_lib, "lnmlp")
+        if lib is None:
+            sys.stderr.write("lnmlp: no built liblnmlp found; the package will look for it at run "
+                             "time (LNMLP_LIBRARY, the build tree, the system loader)\n")
+            return
+        shutil.copyfile(os.path.realpath(lib), os.path.join(pkg, "liblnmlp.so.1"))
+        with open(os.path.join(pkg, "_build_config.py"), "w") as f:
+            f.write(f"# written by setup.py at build time\nLIBRARY_PATH = {lib!r}\n")
+
+
+class BinaryDistribution(Distribution):
+    """A platform wheel when it bundles the shared library."""
+
+    def has_ext_modules(self):
+        return built_library() is not None
+
+
+setup(cmdclass={"build_py": BuildPy}, distclass=BinaryDistribution)

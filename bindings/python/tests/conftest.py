@@ -1,0 +1,18 @@
+import os
+import sys
+
+# Test the package of this source tree (also when another copy is installed).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import _reference  # noqa: E402
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _reference.MAX_ERRORS:
+        return
+    terminalreporter.write_sep("-", "largest normalised error per dtype (max|got-ref| / max|ref|)")
+    for dt in ("float32", "float16", "bfloat16"):
+        if dt in _reference.MAX_ERRORS:
+            err, name = _reference.MAX_ERRORS[dt]
+            terminalreporter.write_line(
+                f"{dt:9s} {err:.3e}  (tolerance {_reference.TOLERANCES[dt]:.0e}; worst: {name})")

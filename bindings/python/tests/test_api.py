@@ -1,0 +1,366 @@
+"""Plan construction, argument validation, errors, lifetime, loading."""
+
+import ctypes
+import gc
+import os
+import subprocess
+import sys
+import weakref
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import lnmlp
+from lnmlp import _lib, _plan
+
+T, H, F = 6, 8, 12
+
+
+def arrays(A=1, dtype=np.float32, norm="layernorm", bias1=False, bias2=False, lead=(2, 3)):
+    rng = np.random.default_rng(0)
+    f = lambda *s: np.ascontiguousarray(rng.standard_normal(s).astype(dtype))  # noqa: E731
+    return dict(x=f(*lead, H), gamma=f(H), beta=f(H) if norm == "layernorm" else None,
+                w1=f(H, A, F), b1=f(A, F) if bias1 else None, w2=f(F, H),
+                b2=f(H) if bias2 else None)
+
+
+def fwd(plan, a, **override):
+    a = dict(a, **override)
+    return plan.forward(a["x"], a["gamma"], a["beta"], a["w1"], a["b1"], a["w2"], a["b2"])
+
+
+@pytest.fixture
+def plan():
+    with lnmlp.Plan(T, H, F) as p:
+        yield p
+
+
+# --- metadata and loading ---------------------------------------------------------------------------
+def test_version_and_build_info():
+    assert lnmlp.__version__ == "0.1.0"
+    assert lnmlp.library_version()[3] == lnmlp.ABI_VERSION == 1
+    assert "lnmlp" in lnmlp.build_info()
+    assert lnmlp.query_support("cpu", "backend") is True
+    assert lnmlp.query_support("cuda", "backend") is False
+    with pytest.raises(lnmlp.InvalidArgumentError):
+        lnmlp.query_support("cpu", "warp_drive")
+
+
+def test_every_c_function_is_declared():
+    header = os.path.join(os.path.dirname(__file__), "..", "..", "..", "include", "lnmlp.h")
+    if not os.path.exists(header):
+        pytest.skip("not in the source tree")
+    import re
+    names = set(re.findall(r"LNMLP_API\s+[^;(]*?\b(lnmlp_\w+)\s*\(", open(header).read()))
+    assert len(names) == 30 and names == set(_lib._PROTOTYPES)
+    lib = _lib.get_lib()
+    for n in names:
+        assert getattr(lib, n).argtypes is not None and getattr(lib, n).restype is not None
+
+
+def test_abi_mismatch_is_refused(monkeypatch):
+    monkeypatch.setattr(_lib, "ABI_VERSION", 2)
+    path = _lib.library_path()
+    with pytest.raises(lnmlp.LibraryNotFoundError, match="ABI version 1.*needs ABI version 2"):
+        _lib._declare(ctypes.CDLL(path), path)
+
+
+def test_missing_library_is_a_clear_error():
+    env = dict(os.environ, LNMLP_LIBRARY="/nonexistent/liblnmlp.so")
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(lnmlp.__file__)))
+    code = ("import lnmlp\ntry:\n    lnmlp.build_info()\nexcept lnmlp.LibraryNotFoundError as e:\n"
+            "    print('OK', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=pkg, capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.startswith("OK") and "LNMLP_LIBRARY" in out.stdout, out.stdout + out.stderr
+
+
+# --- plan options -----------------------------------------------------------------------------------
+def test_sizes(plan):
+    e, A = 4, 1
+    assert plan.saved_bytes_per_token == 8 + e * (H + A * F + F)
+    assert plan.saved_bytes >= T * plan.saved_bytes_per_token
+    assert plan.workspace_bytes >= 0 and plan.alignment == 64
+    with lnmlp.Plan(T, H, F, norm_type="rmsnorm", dtype=ml_dtypes.bfloat16, remat="save_stats") as p:
+        assert p.saved_bytes_per_token == 4
+    with lnmlp.Plan(T, H, F, remat="forward_only") as p:
+        assert p.saved_bytes == 0
+        y, saved = fwd(p, arrays())
+        assert saved is None
+        with pytest.raises(lnmlp.Error):
+            p.backward(y, arrays()["x"], *(arrays()[k] for k in ("gamma", "beta", "w1", "b1", "w2")), None)
+
+
+def test_saved_buffer_is_aligned_and_realigned_copies_work(plan):
+    a = arrays()
+    y, saved = fwd(plan, a)
+    assert saved.ctypes.data % plan.alignment == 0 and saved.nbytes == plan.saved_bytes
+    args = (a["x"], a["gamma"], a["beta"], a["w1"], None, a["w2"])
+    g1 = plan.backward(y, *args, saved)
+    buf = np.empty(saved.nbytes + 1, np.uint8)
+    off = 1 if buf.ctypes.data % 64 == 0 else 0
+    mis = buf[off:off + saved.nbytes]
+    mis[...] = saved
+    g2 = plan.backward(y, *args, mis)
+    for u, v in zip(g1, g2):
+        assert (u is None and v is None) or np.array_equal(u, v)
+    assert g1._asdict()["dw1"] is g1.dw1
+
+
+@pytest.mark.parametrize("name,pair", [("geglu", ("gelu", "linear")), ("swiglu", ("silu", "linear")),
+                                       ("reglu", ("relu", "linear")), ("qgeglu", ("quick_gelu", "linear")),
+                                       ("sreglu", ("squared_relu", "linear")), ("glu", ("sigmoid", "linear"))])
+def test_pair_names(name, pair):
+    assert lnmlp.normalize_activations(name) == pair
+    assert lnmlp.normalize_activations([name]) == pair
+    with lnmlp.Plan(T, H, F, activation_type=name) as p:
+        assert p.num_activations == 2 and p.activation_type == pair
+
+
+def test_act_params_forms():
+    acts = ("clamped_silu", "clamped_linear")
+    a = arrays(A=2)
+
+    class Params:  # any object with the attributes, like TransformerEngine's
+        limit, alpha, offset = 2.0, 1.0, 0.0
+
+    ys = []
+    for ap in (None, {"limit": 2.0, "alpha": 1.0, "offset": 0.0}, Params(), lnmlp.ActParams(2.0, 1.0, 0.0)):
+        with lnmlp.Plan(T, H, F, activation_type=acts, act_params=ap) as p:
+            ys.append(fwd(p, a)[0])
+    assert not np.array_equal(ys[0], ys[1])
+    assert np.array_equal(ys[1], ys[2]) and np.array_equal(ys[1], ys[3])
+    with pytest.raises(lnmlp.InvalidArgumentError, match="act_params applies only"):
+        lnmlp.Plan(T, H, F, activation_type="relu", act_params={"limit": 2.0})
+    with pytest.raises(lnmlp.InvalidArgumentError, match="unknown keys"):
+        lnmlp.Plan(T, H, F, activation_type=acts, act_params={"limt": 2.0})
+    with pytest.raises(lnmlp.InvalidArgumentError) as e:  # checked by the library
+        lnmlp.Plan(T, H, F, activation_type=acts, act_params={"limit": -1.0})
+    assert e.value.status == 1 and "limit" in e.value.message
+
+
+@pytest.mark.parametrize("dtype", [np.float32, "float32", np.float16, "f16", ml_dtypes.bfloat16, "bfloat16"])
+def test_dtype_spellings(dtype):
+    with lnmlp.Plan(T, H, F, dtype=dtype) as p:
+        assert p.dtype in (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+
+
+# --- validation in Python -------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(activation_type="relux"), "unknown activation 'relux'"),
+    (dict(activation_type=("relu", "relu", "relu")), "1 or 2 entries"),
+    (dict(activation_type=()), "1 or 2 entries"),
+    (dict(activation_type=(np.tanh,)), "callables are not supported"),
+    (dict(norm_type="batchnorm"), "norm_type must be one of"),
+    (dict(dtype=np.float64), "dtype must be"),
+    (dict(remat="never"), "remat must be one of"),
+    (dict(backend="tpu"), "backend must be one of"),
+])
+def test_bad_options(kwargs, match):
+    with pytest.raises(lnmlp.InvalidArgumentError, match=match):
+        lnmlp.Plan(T, H, F, **kwargs)
+
+
+def test_bad_shape_and_option_values_are_reported_by_the_library():
+    for kwargs in (dict(epsilon=-1.0), dict(num_threads=-2), dict(activation_type=("clamped_silu", "linear"))):
+        with pytest.raises(lnmlp.InvalidArgumentError) as e:
+            lnmlp.Plan(T, H, F, **kwargs)
+        assert e.value.status == 1 and e.value.status_name == "LNMLP_ERROR_INVALID_ARGUMENT"
+        assert e.value.message
+    with pytest.raises(lnmlp.Error) as e:
+        lnmlp.Plan(0, H, F)
+    assert "token" in e.value.message.lower()
+    with pytest.raises(lnmlp.InvalidArgumentError, match="tokens must be an int"):
+        lnmlp.Plan(6.0, H, F)
+
+
+def test_size_overflow():
+    with pytest.raises(lnmlp.SizeOverflowError) as e:
+        lnmlp.Plan(2 ** 62, 2 ** 20, 2 ** 20)
+    assert e.value.status == 3 and "overflows" in e.value.message
+    assert isinstance(e.value, OverflowError)
+
+
+def test_cuda_backend_not_supported_in_this_build():
+    with pytest.raises(lnmlp.NotSupportedError) as e:
+        lnmlp.Plan(T, H, F, backend="cuda")
+    assert e.value.status == 5 and "CUDA" in e.value.message
+    assert isinstance(e.value, NotImplementedError)
+
+
+@pytest.mark.parametrize("name", ["x", "gamma", "beta", "w1", "w2"])
+def test_wrong_dtype_names_the_argument(plan, name):
+    a = arrays()
+    with pytest.raises(lnmlp.InvalidArgumentError, match=f"^{name} has dtype float64, but the plan's dtype is float32"):
+        fwd(plan, a, **{name: a[name].astype(np.float64)})
+    with pytest.raises(lnmlp.InvalidArgumentError, match=f"^{name} has dtype float16"):
+        fwd(plan, a, **{name: a[name].astype(np.float16)})
+
+
+@pytest.mark.parametrize("name,bad", [("x", (6, 9)), ("x", (7, 8)), ("gamma", (9,)), ("beta", (8, 1)),
+                                      ("w1", (8, 12)), ("w1", (8, 2, 12)), ("w2", (8, 12))])
+def test_wrong_shape_names_the_argument(plan, name, bad):
+    a = arrays()
+    with pytest.raises(lnmlp.InvalidArgumentError, match=f"^{name} has shape"):
+        fwd(plan, a, **{name: np.zeros(bad, np.float32)})
+
+
+def test_non_contiguous_and_non_array(plan):
+    a = arrays()
+    with pytest.raises(lnmlp.InvalidArgumentError, match="^w1 is not C-contiguous"):
+        fwd(plan, a, w1=np.asfortranarray(a["w1"]))
+    with pytest.raises(lnmlp.InvalidArgumentError, match="^gamma is not C-contiguous"):
+        fwd(plan, a, gamma=np.zeros(2 * H, np.float32)[::2])
+    with pytest.raises(lnmlp.InvalidArgumentError, match="^gamma must be a numpy.ndarray"):
+        fwd(plan, a, gamma=[1.0] * H)
+
+
+def test_beta_and_bias_mismatches():
+    a = arrays(norm="rmsnorm")
+    with lnmlp.Plan(T, H, F, norm_type="rmsnorm") as p:
+        with pytest.raises(lnmlp.InvalidArgumentError, match="beta was given, but rmsnorm has no beta"):
+            fwd(p, a, beta=a["gamma"])
+        with pytest.raises(lnmlp.InvalidArgumentError, match="^b1 was given"):
+            fwd(p, a, b1=np.zeros((1, F), np.float32))
+        with pytest.raises(lnmlp.InvalidArgumentError, match="^b2 was given"):
+            fwd(p, a, b2=np.zeros(H, np.float32))
+    with lnmlp.Plan(T, H, F) as p:
+        with pytest.raises(lnmlp.NullPointerError, match="^beta is None"):
+            fwd(p, arrays(), beta=None)
+    with lnmlp.Plan(T, H, F, use_bias1=True, use_bias2=True) as p:
+        with pytest.raises(lnmlp.NullPointerError, match="^b1 is None"):
+            fwd(p, arrays(bias2=True))
+        with pytest.raises(lnmlp.NullPointerError, match="^b2 is None"):
+            fwd(p, arrays(bias1=True))
+        with pytest.raises(lnmlp.InvalidArgumentError, match="^b1 has shape"):
+            fwd(p, arrays(bias1=True, bias2=True), b1=np.zeros((2, F), np.float32))
+
+
+def test_backward_argument_checks():
+    a = arrays(bias1=True)
+    with lnmlp.Plan(T, H, F, use_bias1=True, remat="save_stats") as p:
+        y, saved = fwd(p, a)
+        args = [a["x"], a["gamma"], a["beta"], a["w1"], a["b1"], a["w2"]]
+        p.backward(y, *args, saved)
+        with pytest.raises(lnmlp.NullPointerError, match="^b1 is None.*save_stats"):
+            p.backward(y, *args[:4], None, args[5], saved)
+        with pytest.raises(lnmlp.InvalidArgumentError, match="^dy has shape"):
+            p.backward(y.reshape(T, H), *args, saved)
+        with pytest.raises(lnmlp.InvalidArgumentError, match="^saved has 3 bytes"):
+            p.backward(y, *args, np.zeros(3, np.uint8))
+        with pytest.raises(lnmlp.InvalidArgumentError, match="^saved must be"):
+            p.backward(y, *args, saved.view(np.int8))
+        with pytest.raises(lnmlp.NullPointerError, match="^saved is None"):
+            p.backward(y, *args, None)
+
+
+# --- lifetime -------------------------------------------------------------------------------------
+class CountingDestroy:
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, handle):
+        self.calls += 1
+        return self.fn(handle)
+
+
+def test_close_is_idempotent_and_use_after_close_raises():
+    p = lnmlp.Plan(T, H, F)
+    counter = p._destroy_fn = CountingDestroy(p._destroy_fn)
+    assert not p.closed
+    p.close()
+    p.close()
+    assert p.closed and counter.calls == 1
+    with pytest.raises(lnmlp.InvalidHandleError, match="closed"):
+        fwd(p, arrays())
+    with pytest.raises(lnmlp.InvalidHandleError):
+        p.backward(*(None,) * 8)
+    del p
+    gc.collect()
+    assert counter.calls == 1
+
+
+def test_context_manager_closes():
+    with lnmlp.Plan(T, H, F) as p:
+        counter = p._destroy_fn = CountingDestroy(p._destroy_fn)
+        fwd(p, arrays())
+    assert p.closed and counter.calls == 1
+    assert "[closed]" in repr(p)
+
+
+def test_garbage_collection_frees_the_plan():
+    p = lnmlp.Plan(T, H, F)
+    counter = p._destroy_fn = CountingDestroy(p._destroy_fn)
+    ref = weakref.ref(p)
+    del p
+    gc.collect()
+    assert ref() is None and counter.calls == 1
+
+
+def test_failed_construction_is_safe():
+    with pytest.raises(lnmlp.Error):
+        lnmlp.Plan(T, H, F, epsilon=float("nan"))
+    gc.collect()
+
+
+# --- device arrays (CUDA backend path) --------------------------------------------------------------
+def test_device_array_parsing():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    ptr, shape, kind, dev = _plan.device_array_info("x", a)  # numpy speaks DLPack (host memory)
+    assert ptr == a.ctypes.data and shape == (3, 4) and kind == ("dlpack", 2, 32) and dev == 1
+
+    class FakeCuda:
+        def __init__(self, arr, strides=None):
+            self.__cuda_array_interface__ = dict(shape=arr.shape, typestr=arr.dtype.str,
+                                                 data=(arr.ctypes.data, False), strides=strides, version=3)
+
+    ptr, shape, kind, dev = _plan.device_array_info("x", FakeCuda(a))
+    assert ptr == a.ctypes.data and shape == (3, 4) and kind == ("cai", "<f4") and dev == 2
+    with pytest.raises(lnmlp.InvalidArgumentError, match="^x must be C-contiguous"):
+        _plan.device_array_info("x", FakeCuda(a, strides=(4, 12)))
+    with pytest.raises(lnmlp.InvalidArgumentError, match="CUDA device array"):
+        _plan.device_array_info("x", object())
+    with lnmlp.Plan(T, H, F) as p:  # a CPU plan refuses device arrays
+        with pytest.raises(lnmlp.InvalidArgumentError, match="^gamma is a CUDA device array"):
+            fwd(p, arrays(), gamma=FakeCuda(arrays()["gamma"]))
+
+
+def test_errors_carry_status_and_names():
+    for status, cls in _lib._ERROR_CLASSES.items():
+        e = _lib.error_for(status, "msg")
+        assert type(e) is cls and e.status == status and isinstance(e, lnmlp.Error)
+        assert e.status_name == _lib.status_string(status) != "LNMLP_UNKNOWN_STATUS"
+        assert e.message == "msg" and e.status_name in str(e)
+    names = {"InvalidArgumentError", "NullPointerError", "SizeOverflowError", "InvalidHandleError",
+             "NotSupportedError", "OutOfMemoryError", "WorkspaceTooSmallError", "NoWorkspaceError",
+             "MisalignedError", "PlanBusyError", "BackendError", "InternalError"}
+    assert names == {c.__name__ for c in _lib._ERROR_CLASSES.values()}
+    assert all(hasattr(lnmlp, n) for n in names)
+
+
+def test_threads_distinct_plans_and_one_shared_plan():
+    import threading
+    a = arrays()
+    with lnmlp.Plan(T, H, F, num_threads=1) as shared:
+        expected = fwd(shared, a)[0]
+        results, errors = [], []
+
+        def work(own):
+            try:
+                for _ in range(20):
+                    results.append(fwd(own or shared, a)[0])
+            except Exception as e:  # pragma: no cover - reported below
+                errors.append(e)
+            finally:
+                if own is not None:
+                    own.close()
+
+        threads = [threading.Thread(target=work, args=(lnmlp.Plan(T, H, F, num_threads=1) if i % 2 else None,))
+                   for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors and len(results) == 80
+    assert all(np.array_equal(r, expected) for r in results)
