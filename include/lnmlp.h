@@ -173,6 +173,14 @@ enum {
   LNMLP_RECIPE_MXFP8 = 4
 };
 
+/* FP8 element formats (see lnmlp_fp8_encode). */
+enum {
+  LNMLP_FP8_E4M3 = 0, /* OCP/NVIDIA "e4m3fn": 4 exponent bits (bias 7), 3 mantissa bits; max 448;
+                       * no infinities; NaN = S.1111.111 (0x7f, 0xff) */
+  LNMLP_FP8_E5M2 = 1  /* IEEE-like: 5 exponent bits (bias 15), 2 mantissa bits; max 57344;
+                       * infinities S.11111.00 (0x7c, 0xfc); NaN = S.11111.01..11 */
+};
+
 /* ---------------------------------------------------------------------------------------------
  * Capability queries
  * ------------------------------------------------------------------------------------------- */
@@ -198,6 +206,25 @@ LNMLP_API int32_t lnmlp_query_support(int32_t backend, int32_t feature, int32_t*
 /* A static, human-readable description of this build (version, backends compiled in, the GEMM
  * library and threading) for logs and bug reports. Never NULL. */
 LNMLP_API int32_t lnmlp_get_build_info(const char** info);
+
+/* ---------------------------------------------------------------------------------------------
+ * FP8 conversions (host arrays, either backend's build; see the project's DESIGN, section 2)
+ * ------------------------------------------------------------------------------------------- */
+
+/* Quantizes: out[i] = fp8(in[i] * scale), the product taken in fp32, for i < count; format is
+ * LNMLP_FP8_*. The cast rounds to nearest, ties to even, and saturates: a magnitude beyond the
+ * format's max finite value becomes +/- max finite (for E5M2 too, never infinity), and so does
+ * +/-infinity; NaN stays NaN (0x7f/0xff for E4M3, 0x7e/0xfe for E5M2, keeping its sign); a value
+ * that rounds to zero keeps its sign (0x80 for a negative one). `in` and `out` are host pointers
+ * and must not overlap; they may be NULL when count is 0. scale must be finite and nonzero;
+ * count >= 0. */
+LNMLP_API int32_t lnmlp_fp8_encode(int32_t format, const float* in, int64_t count, float scale, uint8_t* out);
+
+/* Dequantizes: out[i] = float(in[i]) * scale_inv, the product taken in fp32, for i < count; format
+ * is LNMLP_FP8_*. The widening is exact; NaN codes give a quiet NaN of the code's sign, E5M2
+ * infinities give infinities. `in` and `out` are host pointers and must not overlap; they may be
+ * NULL when count is 0. scale_inv must be finite and nonzero; count >= 0. */
+LNMLP_API int32_t lnmlp_fp8_decode(int32_t format, const uint8_t* in, int64_t count, float scale_inv, float* out);
 
 /* ---------------------------------------------------------------------------------------------
  * Descriptor: what to compute. Setters validate their own arguments; lnmlp_plan_create

@@ -7,6 +7,8 @@ Two ways in:
   (``y, saved = plan.forward(...)``; ``grads = plan.backward(dy, ..., saved)``);
 * :func:`layernorm_mlp` / :func:`layernorm_mlp_vjp` -- TransformerEngine's functional signature,
   with plans cached by configuration.
+
+:mod:`lnmlp.fp8` converts arrays to and from the FP8 formats (E4M3, E5M2).
 """
 
 from ._version import __version__
@@ -18,12 +20,13 @@ from ._lib import (ABI_VERSION, BackendError, Error, InternalError, InvalidArgum
 from ._plan import ACTIVATIONS, GATED_PAIRS, ActParams, Grads, Plan, normalize_activations
 from ._functional import (clear_plan_cache, layernorm_mlp, layernorm_mlp_vjp, noop_quantizer_set,
                           plan_cache_info, set_plan_cache_size)
+from . import fp8
 
 __all__ = [
     "__version__", "ABI_VERSION", "build_info", "library_path", "library_version", "query_support",
     "Plan", "Grads", "ActParams", "ACTIVATIONS", "GATED_PAIRS", "normalize_activations",
     "layernorm_mlp", "layernorm_mlp_vjp", "noop_quantizer_set", "clear_plan_cache",
-    "plan_cache_info", "set_plan_cache_size",
+    "plan_cache_info", "set_plan_cache_size", "fp8",
     "Error", "InvalidArgumentError", "NullPointerError", "SizeOverflowError", "InvalidHandleError",
     "NotSupportedError", "OutOfMemoryError", "WorkspaceTooSmallError", "NoWorkspaceError",
     "MisalignedError", "PlanBusyError", "BackendError", "InternalError", "LibraryNotFoundError",

@@ -168,6 +168,8 @@ _PROTOTYPES = {
     "lnmlp_plan_attach_workspace": (_i32, [_vp, _vp, _i64]),
     "lnmlp_plan_forward": (_i32, [_vp] + [_vp] * 10),
     "lnmlp_plan_backward": (_i32, [_vp] + [_vp] * 16),
+    "lnmlp_fp8_encode": (_i32, [_i32, _vp, _i64, _f32, _vp]),
+    "lnmlp_fp8_decode": (_i32, [_i32, _vp, _i64, _f32, _vp]),
 }
 
 
