@@ -1,0 +1,227 @@
+// Host reference quantizers over plain fp32 arrays (DESIGN.md, section 2), for every recipe: the
+// CPU backend calls them, and they are the specification the CUDA kernels must match bit for bit.
+// The scale arithmetic is in scaling.h, the element casts in fp8.h.
+//
+// Layouts (all row-major, all compact; a backend that feeds cuBLASLt reorders the scales into
+// the layout the library wants):
+//   per tensor     codes [n], one scale / scale_inv.
+//   1xK rows       a [rows, cols] matrix in blocks of K consecutive elements of a row (K = 128 for
+//                  block scaling, 32 for mxfp8); the blocks of a row are cols/K rounded up, and a
+//                  partial last block (cols not a multiple of K) is a block of its own, scaled by
+//                  its own amax. scale_inv [rows, ceil(cols/K)].
+//   BRxBC 2-D      a [rows, cols] matrix in BR x BC tiles (128x128 for block-scaled weights); edge
+//                  tiles are partial in either direction. scale_inv [ceil(rows/BR), ceil(cols/BC)].
+//   mxfp8          as 1xK rows with K = 32, the scale_inv stored as an E8M0 byte per block.
+// Blocks run along the rows; to block along the columns (the contracted dimension of a [K, N]
+// operand) quantize its transpose.
+//
+// THE GEMM CONTRACT (what the CPU backend computes to be "exactly as hardware"). For C = A B with
+// A [M, K] and B [K, N] both quantized in blocks along K of one length Kb (A in 1xKb blocks of its
+// rows; B in 1xKb blocks along K for each column, or in Kb x Kb 2-D tiles for weights):
+//   C[m, n] = sum over K-blocks b of
+//               ( sum_{k in b} fp8_to_float(qa[m, k]) * fp8_to_float(qb[k, n]) )
+//               * scale_inv_a[m, b] * scale_inv_b[b, n]        (2-D tiles: scale_inv_b[b, n / Kb])
+// i.e. codes are decoded WITHOUT their scales (the product of two fp8 values is exact in fp32),
+// each block's partial dot is accumulated in fp32 and then multiplied by both scale_invs, and the
+// blocks are summed in fp32 (equal to hardware up to the fp32 summation order). mxfp8 is the same
+// with Kb = 32 and scale_inv = e8m0_to_float(byte); per-tensor scaling is the case of a single
+// block spanning all of K. block_scaled_dot below is this contract for one output element.
+#pragma once
+
+#include <cstdint>
+
+#include "fp8.h"
+#include "hd.h"
+#include "scaling.h"
+
+// `#pragma omp simd` where OpenMP is on (the library builds with it); a plain loop otherwise, so
+// targets built without -fopenmp see no unknown pragma.
+#if defined(_OPENMP) && !defined(__CUDA_ARCH__)
+#define LNMLP_QUANT_SIMD _Pragma("omp simd")
+#define LNMLP_QUANT_SIMD_MAX_M _Pragma("omp simd reduction(max : m)")
+#else
+#define LNMLP_QUANT_SIMD
+#define LNMLP_QUANT_SIMD_MAX_M
+#endif
+
+namespace lnmlp::numerics {
+
+// Block lengths of the recipes.
+constexpr int64_t kBlockScalingLength = 128;  // block: 1x128 activations/gradients, 128x128 weights
+constexpr int64_t kMxfp8BlockLength = 32;     // mxfp8: 1x32
+
+// Number of blocks of length `block` covering n elements (a partial last block counts).
+constexpr int64_t num_blocks(int64_t n, int64_t block) { return (n + block - 1) / block; }
+
+// ---- per tensor (delayed and current scaling) -------------------------------------------------
+
+// amax = max |x[i]| over n elements (0 for n = 0). NaN-PROPAGATING: any NaN makes the amax NaN
+// (returned as the quiet NaN 0x7fc00000), so a delayed-scaling update keeps its old scale and
+// current scaling falls back to scale 1.0 rather than silently ignoring the NaN; an inf element
+// makes it inf. (TransformerEngine's fmaxf-based amax would skip NaNs; we chose to surface them.)
+// Computed on the magnitude bits as unsigned integers: for non-NaN floats their order is the
+// order of |x|, and every NaN pattern is above +inf, so an integer max reduction (which
+// vectorizes) is exact and propagates NaN.
+inline float amax_of(const float* x, int64_t n) {
+  uint32_t m = 0;
+  LNMLP_QUANT_SIMD_MAX_M
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t a = float_bits(x[i]) & 0x7fffffffu;
+    m = a > m ? a : m;
+  }
+  return bits_float(m > 0x7f800000u ? 0x7fc00000u : m);
+}
+
+// codes[i] = cast(x[i] * scale): the fp32 product, then float_to_fp8 (nearest even, saturating).
+template <Fp8Format F> inline void quantize_tensor(const float* in, int64_t n, float scale, uint8_t* codes) {
+  LNMLP_QUANT_SIMD
+  for (int64_t i = 0; i < n; ++i) codes[i] = float_to_fp8<F>(in[i] * scale);
+}
+
+// out[i] = fp8_to_float(codes[i]) * scale_inv.
+template <Fp8Format F>
+inline void dequantize_tensor(const uint8_t* codes, int64_t n, float scale_inv, float* out) {
+  LNMLP_QUANT_SIMD
+  for (int64_t i = 0; i < n; ++i) out[i] = fp8_to_float<F>(codes[i]) * scale_inv;
+}
+
+// ---- block scaling: 1xK blocks along rows -----------------------------------------------------
+
+// Quantizes in [rows, cols] in 1 x block blocks: per block amax -> block_scale (fmt_max /
+// max(amax, amax_epsilon), optionally a power of two; 1.0 for an all-zero or non-finite block) ->
+// codes [rows, cols] and scale_inv[rows, num_blocks(cols, block)] = 1 / scale.
+template <Fp8Format F>
+inline void quantize_rows_blocked(const float* in, int64_t rows, int64_t cols, int64_t block,
+                                  bool power_2_scale, float amax_epsilon, uint8_t* codes,
+                                  float* scale_inv) {
+  const int64_t nb = num_blocks(cols, block);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t c0 = b * block;
+      const int64_t w = cols - c0 < block ? cols - c0 : block;
+      const float* x = in + r * cols + c0;
+      const float scale = block_scale(amax_of(x, w), Fp8Traits<F>::max, power_2_scale, amax_epsilon);
+      scale_inv[r * nb + b] = 1.0f / scale;
+      quantize_tensor<F>(x, w, scale, codes + r * cols + c0);
+    }
+  }
+}
+
+// out = codes * scale_inv of the element's block.
+template <Fp8Format F>
+inline void dequantize_rows_blocked(const uint8_t* codes, int64_t rows, int64_t cols, int64_t block,
+                                    const float* scale_inv, float* out) {
+  const int64_t nb = num_blocks(cols, block);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t c0 = b * block;
+      const int64_t w = cols - c0 < block ? cols - c0 : block;
+      dequantize_tensor<F>(codes + r * cols + c0, w, scale_inv[r * nb + b], out + r * cols + c0);
+    }
+  }
+}
+
+// ---- block scaling: 2-D tiles (weights) -------------------------------------------------------
+
+// Quantizes in [rows, cols] in block_rows x block_cols tiles (edge tiles partial), one amax and
+// scale per tile as above; scale_inv [num_blocks(rows, block_rows), num_blocks(cols, block_cols)].
+template <Fp8Format F>
+inline void quantize_tiles(const float* in, int64_t rows, int64_t cols, int64_t block_rows,
+                           int64_t block_cols, bool power_2_scale, float amax_epsilon,
+                           uint8_t* codes, float* scale_inv) {
+  const int64_t nbr = num_blocks(rows, block_rows), nbc = num_blocks(cols, block_cols);
+  for (int64_t br = 0; br < nbr; ++br) {
+    const int64_t r0 = br * block_rows;
+    const int64_t h = rows - r0 < block_rows ? rows - r0 : block_rows;
+    for (int64_t bc = 0; bc < nbc; ++bc) {
+      const int64_t c0 = bc * block_cols;
+      const int64_t w = cols - c0 < block_cols ? cols - c0 : block_cols;
+      float amax = 0.0f;
+      for (int64_t r = r0; r < r0 + h; ++r) amax = amax_max(amax, amax_of(in + r * cols + c0, w));
+      const float scale = block_scale(amax, Fp8Traits<F>::max, power_2_scale, amax_epsilon);
+      scale_inv[br * nbc + bc] = 1.0f / scale;
+      for (int64_t r = r0; r < r0 + h; ++r) quantize_tensor<F>(in + r * cols + c0, w, scale, codes + r * cols + c0);
+    }
+  }
+}
+
+template <Fp8Format F>
+inline void dequantize_tiles(const uint8_t* codes, int64_t rows, int64_t cols, int64_t block_rows,
+                             int64_t block_cols, const float* scale_inv, float* out) {
+  const int64_t nbc = num_blocks(cols, block_cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = scale_inv + (r / block_rows) * nbc;
+    for (int64_t bc = 0; bc < nbc; ++bc) {
+      const int64_t c0 = bc * block_cols;
+      const int64_t w = cols - c0 < block_cols ? cols - c0 : block_cols;
+      dequantize_tensor<F>(codes + r * cols + c0, w, s[bc], out + r * cols + c0);
+    }
+  }
+}
+
+// ---- mxfp8: 1x32 blocks along rows, E8M0 scales -----------------------------------------------
+
+// Quantizes in [rows, cols] in 1 x block blocks (block = 32 for OCP MX): per block amax ->
+// e = mxfp8_scale_inv_exponent(amax, fmt_max) (exact ceil(log2(amax / fmt_max)), clamped to
+// [-127, 127]; amax 0 -> -127) -> codes = cast(x * 2^-e), scale_e8m0[rows, num_blocks(cols,
+// block)] = mxfp8_scale_e8m0(amax) (= e + 127; 0xFF, NaN, for a block holding a NaN, which then
+// dequantizes to NaN throughout whatever its codes; they are coded with e = 127, the exponent a
+// NaN amax maps to). Every scale is a power of two, so x * 2^-e is
+// exact unless it falls below fp32's normal range, where fp8 rounds it to zero anyway.
+template <Fp8Format F>
+inline void quantize_mxfp8_rows(const float* in, int64_t rows, int64_t cols, uint8_t* codes,
+                                uint8_t* scale_e8m0, int64_t block = kMxfp8BlockLength) {
+  const int64_t nb = num_blocks(cols, block);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t c0 = b * block;
+      const int64_t w = cols - c0 < block ? cols - c0 : block;
+      const float* x = in + r * cols + c0;
+      const float amax = amax_of(x, w);
+      const int e = mxfp8_scale_inv_exponent(amax, Fp8Traits<F>::max);
+      scale_e8m0[r * nb + b] = mxfp8_scale_e8m0(amax, Fp8Traits<F>::max);
+      quantize_tensor<F>(x, w, mxfp8_scale_from_exponent(e), codes + r * cols + c0);
+    }
+  }
+}
+
+// out = codes * 2^e of the element's block (NaN for an 0xFF block).
+template <Fp8Format F>
+inline void dequantize_mxfp8_rows(const uint8_t* codes, int64_t rows, int64_t cols,
+                                  const uint8_t* scale_e8m0, float* out,
+                                  int64_t block = kMxfp8BlockLength) {
+  const int64_t nb = num_blocks(cols, block);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t c0 = b * block;
+      const int64_t w = cols - c0 < block ? cols - c0 : block;
+      dequantize_tensor<F>(codes + r * cols + c0, w, e8m0_to_float(scale_e8m0[r * nb + b]),
+                           out + r * cols + c0);
+    }
+  }
+}
+
+// ---- the GEMM contract for one output element -------------------------------------------------
+
+// sum over K-blocks b of (sum_{k in b} fp8(qa[k]) * fp8(qb[k * qb_stride])) * sa[b] *
+// sb[b * sb_stride], each partial dot and the total in fp32 (see THE GEMM CONTRACT at the top).
+// qa: a row of A's codes (contiguous along K); sa: its scale_invs, one per K-block (contiguous).
+// qb: a column of B's codes, qb_stride apart along K; sb: its scale_invs, sb_stride apart from one
+// K-block to the next (for 128x128 weight tiles of a [K, N] B: sb = scale_inv + n / 128,
+// sb_stride = num_blocks(N, 128)). mxfp8 callers pass e8m0_to_float of the bytes.
+template <Fp8Format FA, Fp8Format FB>
+inline float block_scaled_dot(const uint8_t* qa, const float* sa, const uint8_t* qb, int64_t qb_stride,
+                              const float* sb, int64_t sb_stride, int64_t k, int64_t block) {
+  float total = 0.0f;
+  for (int64_t b = 0; b * block < k; ++b) {
+    const int64_t k0 = b * block;
+    const int64_t w = k - k0 < block ? k - k0 : block;
+    float partial = 0.0f;
+    for (int64_t i = k0; i < k0 + w; ++i)
+      partial += fp8_to_float<FA>(qa[i]) * fp8_to_float<FB>(qb[i * qb_stride]);
+    total += partial * sa[b] * sb[b * sb_stride];
+  }
+  return total;
+}
+
+}  // namespace lnmlp::numerics
