@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -12,57 +13,56 @@ using lnmlp::cpu::Gemm;
 using lnmlp::cpu::GemmType;
 using lnmlp::cpu::make_gemm;
 
-namespace {
+struct GemmPeer::State {
+  std::unique_ptr<Gemm> g1, g2, g_dact, g_dw2, g_dn, g_dw1;
+  bool recompute_gemm1 = false;
+  // Zero-filled operands (GEMM speed does not depend on the values); 4 bytes per element covers
+  // every type.
+  std::vector<float> ln, w1, b1, h, act, w2, b2, y, dy, dact, dw2, dh, dn, dw1;
+  std::vector<char> ws;
+  char* scratch = nullptr;
+};
 
-double median_ms(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2] * 1e3;
-}
-
-}  // namespace
-
-GemmPeerResult time_gemms_alone(int64_t T, int64_t H, int64_t F, int32_t A, int32_t dtype, bool bias1, bool bias2,
-                                bool recompute_gemm1, int iters) {
+GemmPeer::GemmPeer(int64_t T, int64_t H, int64_t F, int32_t A, int32_t dtype, bool bias1, bool bias2,
+                   bool recompute_gemm1)
+    : s_(std::make_unique<State>()) {
   // The same choices as the CPU backend: bf16 natively, f16 on fp32 operands; f32/bf16 GEMMs
   // write the I/O dtype with the bias fused.
   const GemmType in = dtype == LNMLP_DTYPE_BF16 ? GemmType::BF16 : GemmType::F32;
   const GemmType out = dtype == LNMLP_DTYPE_F16 ? GemmType::F32 : in;
   const int64_t AF = A * F;
-  std::unique_ptr<Gemm> g1 = make_gemm({T, AF, H, false, false, in, out, bias1 && dtype != LNMLP_DTYPE_F16});
-  std::unique_ptr<Gemm> g2 = make_gemm({T, H, F, false, false, in, out, bias2 && dtype != LNMLP_DTYPE_F16});
-  std::unique_ptr<Gemm> g_dact = make_gemm({T, F, H, false, true, in, GemmType::F32, false});
-  std::unique_ptr<Gemm> g_dw2 = make_gemm({F, H, T, true, false, in, out, false});
-  std::unique_ptr<Gemm> g_dn = make_gemm({T, H, AF, false, true, in, GemmType::F32, false});
-  std::unique_ptr<Gemm> g_dw1 = make_gemm({H, AF, T, true, false, in, out, false});
+  State& s = *s_;
+  s.g1 = make_gemm({T, AF, H, false, false, in, out, bias1 && dtype != LNMLP_DTYPE_F16});
+  s.g2 = make_gemm({T, H, F, false, false, in, out, bias2 && dtype != LNMLP_DTYPE_F16});
+  s.g_dact = make_gemm({T, F, H, false, true, in, GemmType::F32, false});
+  s.g_dw2 = make_gemm({F, H, T, true, false, in, out, false});
+  s.g_dn = make_gemm({T, H, AF, false, true, in, GemmType::F32, false});
+  s.g_dw1 = make_gemm({H, AF, T, true, false, in, out, false});
+  s.recompute_gemm1 = recompute_gemm1;
   int64_t scratch = 0;
-  for (const Gemm* g : {g1.get(), g2.get(), g_dact.get(), g_dw2.get(), g_dn.get(), g_dw1.get()})
+  for (const Gemm* g : {s.g1.get(), s.g2.get(), s.g_dact.get(), s.g_dw2.get(), s.g_dn.get(), s.g_dw1.get()})
     scratch = std::max(scratch, g->scratch_bytes());
-
-  // Zero-filled operands (GEMM speed does not depend on the values); 4 bytes per element covers
-  // every type.
   auto buf = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n), 0.0f); };
-  std::vector<float> ln = buf(T * H), w1 = buf(H * AF), b1 = buf(AF), h = buf(T * AF), act = buf(T * F),
-                     w2 = buf(F * H), b2 = buf(H), y = buf(T * H), dy = buf(T * H), dact = buf(T * F),
-                     dw2 = buf(F * H), dh = buf(T * AF), dn = buf(T * H), dw1 = buf(H * AF);
-  std::vector<char> ws(static_cast<size_t>(scratch) + 64);
-  char* s = ws.data() + (64 - reinterpret_cast<uintptr_t>(ws.data()) % 64) % 64;
+  s.ln = buf(T * H), s.w1 = buf(H * AF), s.b1 = buf(AF), s.h = buf(T * AF), s.act = buf(T * F);
+  s.w2 = buf(F * H), s.b2 = buf(H), s.y = buf(T * H), s.dy = buf(T * H), s.dact = buf(T * F);
+  s.dw2 = buf(F * H), s.dh = buf(T * AF), s.dn = buf(T * H), s.dw1 = buf(H * AF);
+  s.ws.resize(static_cast<size_t>(scratch) + 64);
+  s.scratch = s.ws.data() + (64 - reinterpret_cast<uintptr_t>(s.ws.data()) % 64) % 64;
+}
 
-  std::vector<double> fwd, bwd;
-  for (int it = -1; it < iters; ++it) {
-    auto t0 = std::chrono::steady_clock::now();
-    g1->run(ln.data(), w1.data(), b1.data(), h.data(), s);
-    g2->run(act.data(), w2.data(), b2.data(), y.data(), s);
-    auto t1 = std::chrono::steady_clock::now();
-    if (recompute_gemm1) g1->run(ln.data(), w1.data(), b1.data(), h.data(), s);
-    g_dact->run(dy.data(), w2.data(), nullptr, dact.data(), s);
-    g_dw2->run(act.data(), dy.data(), nullptr, dw2.data(), s);
-    g_dn->run(dh.data(), w1.data(), nullptr, dn.data(), s);
-    g_dw1->run(ln.data(), dh.data(), nullptr, dw1.data(), s);
-    auto t2 = std::chrono::steady_clock::now();
-    if (it >= 0) {
-      fwd.push_back(std::chrono::duration<double>(t1 - t0).count());
-      bwd.push_back(std::chrono::duration<double>(t2 - t1).count());
-    }
-  }
-  return {median_ms(fwd), median_ms(bwd)};
+GemmPeer::~GemmPeer() = default;
+
+GemmPeerTimes GemmPeer::run_once() {
+  State& s = *s_;
+  const auto t0 = std::chrono::steady_clock::now();
+  s.g1->run(s.ln.data(), s.w1.data(), s.b1.data(), s.h.data(), s.scratch);
+  s.g2->run(s.act.data(), s.w2.data(), s.b2.data(), s.y.data(), s.scratch);
+  const auto t1 = std::chrono::steady_clock::now();
+  if (s.recompute_gemm1) s.g1->run(s.ln.data(), s.w1.data(), s.b1.data(), s.h.data(), s.scratch);
+  s.g_dact->run(s.dy.data(), s.w2.data(), nullptr, s.dact.data(), s.scratch);
+  s.g_dw2->run(s.act.data(), s.dy.data(), nullptr, s.dw2.data(), s.scratch);
+  s.g_dn->run(s.dh.data(), s.w1.data(), nullptr, s.dn.data(), s.scratch);
+  s.g_dw1->run(s.ln.data(), s.dh.data(), nullptr, s.dw1.data(), s.scratch);
+  const auto t2 = std::chrono::steady_clock::now();
+  return {std::chrono::duration<double>(t1 - t0).count(), std::chrono::duration<double>(t2 - t1).count()};
 }

@@ -4,12 +4,24 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
-struct GemmPeerResult {
-  double forward_ms;   // GEMM1 + GEMM2
-  double backward_ms;  // dact, dW2, dgrad, dW1 (+ GEMM1 again for save_stats)
+struct GemmPeerTimes {
+  double forward_s;   // GEMM1 + GEMM2
+  double backward_s;  // dact, dW2, dgrad, dW1 (+ GEMM1 again for save_stats)
 };
 
-// dtype: LNMLP_DTYPE_*; gated: A = 2; recompute_gemm1: the save_stats policy.
-GemmPeerResult time_gemms_alone(int64_t tokens, int64_t hidden, int64_t ffn, int32_t num_acts, int32_t dtype,
-                                bool bias1, bool bias2, bool recompute_gemm1, int iters);
+// The block's GEMMs, created once; run_once() times one forward + backward's worth of them, so
+// the caller can interleave them with the block's own iterations (a shared machine drifts).
+class GemmPeer {
+ public:
+  // dtype: LNMLP_DTYPE_*; num_acts: A; recompute_gemm1: the save_stats policy.
+  GemmPeer(int64_t tokens, int64_t hidden, int64_t ffn, int32_t num_acts, int32_t dtype, bool bias1, bool bias2,
+           bool recompute_gemm1);
+  ~GemmPeer();
+  GemmPeerTimes run_once();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};

@@ -220,8 +220,13 @@ int main(int argc, char** argv) {
   const void* beta_ptr = norm == LNMLP_NORM_LAYERNORM ? beta.data() : nullptr;
   void* dbeta_ptr = norm == LNMLP_NORM_LAYERNORM ? dbeta.data() : nullptr;
 
+  // The peer: the same GEMMs alone. Its iterations are interleaved with the block's, so that a
+  // shared machine's drift affects both alike.
+  omp_set_num_threads(threads);
+  GemmPeer peer(T, H, F, A, dtype, true, true, remat == LNMLP_REMAT_SAVE_STATS);
+
   // Warm-up, then timed iterations with a progress indicator on stderr.
-  std::vector<double> fwd_secs, bwd_secs;
+  std::vector<double> fwd_secs, bwd_secs, peer_fwd_secs, peer_bwd_secs;
   for (int it = -1; it < o.iters; ++it) {
     std::fprintf(stderr, "\r%s %d/%d ", it < 0 ? "warm-up  " : "iteration", std::max(it + 1, 0), o.iters);
     std::fflush(stderr);
@@ -236,16 +241,14 @@ int main(int argc, char** argv) {
                               db2.data(), nullptr),
           "backward");
     const double b = seconds_since(t0);
+    const GemmPeerTimes p = peer.run_once();
     if (it >= 0) {
       fwd_secs.push_back(f);
       bwd_secs.push_back(b);
+      peer_fwd_secs.push_back(p.forward_s);
+      peer_bwd_secs.push_back(p.backward_s);
     }
   }
-  std::fprintf(stderr, "\rtiming the GEMMs alone...");
-  std::fflush(stderr);
-  omp_set_num_threads(threads);
-  const GemmPeerResult peer = time_gemms_alone(T, H, F, A, dtype, true, true, remat == LNMLP_REMAT_SAVE_STATS,
-                                               o.iters);
   std::fprintf(stderr, "\rmeasuring peak...        ");
   std::fflush(stderr);
   // The peak of the instructions the GEMMs use: AMX tiles for bf16 where present (oneDNN uses
@@ -288,7 +291,7 @@ int main(int argc, char** argv) {
   const double gemm_flops_fwd = 2.0 * T * H * A * F + 2.0 * T * F * H;
   const double flops = 3.0 * gemm_flops_fwd;  // forward + dgrad + wgrad
   const double tf = median(fwd_secs), tb = median(bwd_secs), tt = tf + tb;
-  const double pf = peer.forward_ms * 1e-3, pb = peer.backward_ms * 1e-3, pt = pf + pb;
+  const double pf = median(peer_fwd_secs), pb = median(peer_bwd_secs), pt = pf + pb;
   auto row = [](const char* name, double secs, double fl, double peer_secs, double peer_fl) {
     std::printf("%-20s %9.2f ms %8.1f GFLOP/s   %9.2f ms %8.1f GFLOP/s\n", name, secs * 1e3, fl / secs * 1e-9,
                 peer_secs * 1e3, peer_fl / peer_secs * 1e-9);
@@ -299,7 +302,7 @@ int main(int argc, char** argv) {
   row("forward", tf, gemm_flops_fwd, pf, gemm_flops_fwd);
   row("backward", tb, 2 * gemm_flops_fwd, pb, 2 * gemm_flops_fwd + recompute);
   row("forward + backward", tt, flops, pt, flops + recompute);
-  std::printf("(medians of %d; GFLOP/s count 3x the forward GEMM FLOPs for forward + backward)\n", o.iters);
+  std::printf("(medians of %d interleaved runs; GFLOP/s count 3x the forward GEMM FLOPs for forward + backward)\n", o.iters);
   std::printf("work outside GEMMs   %9.1f %% of the block's time\n", 100.0 * std::max(0.0, tt - pt) / tt);
   std::printf("machine peak         %9.1f GFLOP/s (%s, %d threads, measured now)\n", peak.gflops, peak.what, threads);
   if (peak.gflops > 0) std::printf("fraction of peak     %9.1f %%\n", 100.0 * flops / tt * 1e-9 / peak.gflops);
