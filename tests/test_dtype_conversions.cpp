@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "dtype_convert.h"
+#include "float_bits.h"
 #include "numerics/dtype.h"
 
 namespace {
@@ -17,16 +18,8 @@ using lnmlp::numerics::f16_to_float;
 using lnmlp::numerics::float_to_bf16;
 using lnmlp::numerics::float_to_f16;
 
-float from_bits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint32_t to_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
+using lnmlp_test::from_bits;
+using lnmlp_test::to_bits;
 uint16_t compiler_f16(float f) {
   const _Float16 h = static_cast<_Float16>(f);
   uint16_t b;

@@ -12,6 +12,7 @@
 #include <limits>
 #include <vector>
 
+#include "float_bits.h"
 #include "numerics/fp8.h"
 
 namespace {
@@ -21,16 +22,8 @@ using lnmlp::numerics::fp8_max;
 using lnmlp::numerics::fp8_to_float;
 using lnmlp::numerics::float_to_fp8;
 
-float from_bits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint32_t to_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
+using lnmlp_test::from_bits;
+using lnmlp_test::to_bits;
 
 // ---- the reference ----------------------------------------------------------------------------
 
