@@ -6,11 +6,11 @@
 #include <memory>
 #include <vector>
 
+#include "cpu/block_gemms.h"
 #include "cpu/gemm.h"
 #include "lnmlp.h"
 
 using lnmlp::cpu::Gemm;
-using lnmlp::cpu::GemmType;
 using lnmlp::cpu::make_gemm;
 
 struct GemmPeer::State {
@@ -26,18 +26,17 @@ struct GemmPeer::State {
 GemmPeer::GemmPeer(int64_t T, int64_t H, int64_t F, int32_t A, int32_t dtype, bool bias1, bool bias2,
                    bool recompute_gemm1)
     : s_(std::make_unique<State>()) {
-  // The same choices as the CPU backend: bf16 natively, f16 on fp32 operands; f32/bf16 GEMMs
-  // write the I/O dtype with the bias fused.
-  const GemmType in = dtype == LNMLP_DTYPE_BF16 ? GemmType::BF16 : GemmType::F32;
-  const GemmType out = dtype == LNMLP_DTYPE_F16 ? GemmType::F32 : in;
-  const int64_t AF = A * F;
+  // Exactly the GEMMs the CPU backend creates for this configuration.
   State& s = *s_;
-  s.g1 = make_gemm({T, AF, H, false, false, in, out, bias1 && dtype != LNMLP_DTYPE_F16});
-  s.g2 = make_gemm({T, H, F, false, false, in, out, bias2 && dtype != LNMLP_DTYPE_F16});
-  s.g_dact = make_gemm({T, F, H, false, true, in, GemmType::F32, false});
-  s.g_dw2 = make_gemm({F, H, T, true, false, in, out, false});
-  s.g_dn = make_gemm({T, H, AF, false, true, in, GemmType::F32, false});
-  s.g_dw1 = make_gemm({H, AF, T, true, false, in, out, false});
+  const lnmlp::cpu::BlockGemmShapes shapes =
+      lnmlp::cpu::block_gemm_shapes(T, H, F, A, static_cast<lnmlp::numerics::DType>(dtype), bias1, bias2);
+  s.g1 = make_gemm(shapes.gemm1);
+  s.g2 = make_gemm(shapes.gemm2);
+  s.g_dact = make_gemm(shapes.dact);
+  s.g_dw2 = make_gemm(shapes.dw2);
+  s.g_dn = make_gemm(shapes.dn);
+  s.g_dw1 = make_gemm(shapes.dw1);
+  const int64_t AF = A * F;
   s.recompute_gemm1 = recompute_gemm1;
   int64_t scratch = 0;
   for (const Gemm* g : {s.g1.get(), s.g2.get(), s.g_dact.get(), s.g_dw2.get(), s.g_dn.get(), s.g_dw1.get()})

@@ -16,6 +16,7 @@
 
 #include "../backend.h"
 #include "../error.h"
+#include "block_gemms.h"
 #include "gemm.h"
 #include "kernels.h"
 #include "parallel.h"
@@ -48,8 +49,7 @@ template <typename Fn> void with_activations(const Config& c, Fn&& fn) {
 template <DType D> class CpuBackend final : public Backend {
   using S = storage_t<D>;
   using O = operand_t<D>;
-  static constexpr bool kWiden = D == DType::F16;  // GEMMs on fp32 copies
-  static constexpr GemmType kGemmIn = D == DType::BF16 ? GemmType::BF16 : GemmType::F32;
+  static constexpr bool kWiden = gemm_widens(D);  // GEMMs on fp32 copies
 
  public:
   CpuBackend(const Config& cfg, const SavedLayout& saved) : c_(cfg), saved_(saved) {
@@ -58,17 +58,17 @@ template <DType D> class CpuBackend final : public Backend {
     const int64_t T = c_.tokens, H = c_.hidden, F = c_.ffn, AF = c_.act_width();
     np_ = NormParams{c_.norm, c_.zero_centered_gamma, c_.epsilon, H};
 
-    // GEMMs, created once. For f32/bf16 the output is D with the bias fused; for f16, fp32.
-    const GemmType out = kWiden ? GemmType::F32 : kGemmIn;
-    g1_ = make_gemm({T, AF, H, false, false, kGemmIn, out, c_.has_bias1 && !kWiden});
-    g2_ = make_gemm({T, H, F, false, false, kGemmIn, out, c_.has_bias2 && !kWiden});
+    // GEMMs, created once (shapes and types: block_gemms.h).
+    const BlockGemmShapes shapes = block_gemm_shapes(T, H, F, c_.num_acts, D, c_.has_bias1, c_.has_bias2);
+    g1_ = make_gemm(shapes.gemm1);
+    g2_ = make_gemm(shapes.gemm2);
     int64_t scratch = std::max(g1_->scratch_bytes(), g2_->scratch_bytes());
     const bool trains = c_.remat != Remat::ForwardOnly;
     if (trains) {
-      g_dact_ = make_gemm({T, F, H, false, true, kGemmIn, GemmType::F32, false});
-      g_dw2_ = make_gemm({F, H, T, true, false, kGemmIn, out, false});
-      g_dn_ = make_gemm({T, H, AF, false, true, kGemmIn, GemmType::F32, false});
-      g_dw1_ = make_gemm({H, AF, T, true, false, kGemmIn, out, false});
+      g_dact_ = make_gemm(shapes.dact);
+      g_dw2_ = make_gemm(shapes.dw2);
+      g_dn_ = make_gemm(shapes.dn);
+      g_dw1_ = make_gemm(shapes.dw1);
       for (const auto* g : {g_dact_.get(), g_dw2_.get(), g_dn_.get(), g_dw1_.get()})
         scratch = std::max(scratch, g->scratch_bytes());
     }

@@ -87,6 +87,19 @@ inline void dequantize_tensor(const uint8_t* codes, int64_t n, float scale_inv, 
 
 // ---- block scaling: 1xK blocks along rows -----------------------------------------------------
 
+// Calls fn(block_index, offset, width) for each 1 x block block of row r of a [rows, cols] matrix
+// (offset = r * cols + first column; the last block of a row may be narrower), with block_index
+// = r * num_blocks(cols, block) + b, the block's slot in a row-major scale array.
+template <typename Fn> inline void for_each_row_block(int64_t rows, int64_t cols, int64_t block, Fn&& fn) {
+  const int64_t nb = num_blocks(cols, block);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t c0 = b * block;
+      fn(r * nb + b, r * cols + c0, cols - c0 < block ? cols - c0 : block);
+    }
+  }
+}
+
 // Quantizes in [rows, cols] in 1 x block blocks: per block amax -> block_scale (fmt_max /
 // max(amax, amax_epsilon), optionally a power of two; 1.0 for an all-zero or non-finite block) ->
 // codes [rows, cols] and scale_inv[rows, num_blocks(cols, block)] = 1 / scale.
@@ -94,31 +107,20 @@ template <Fp8Format F>
 inline void quantize_rows_blocked(const float* in, int64_t rows, int64_t cols, int64_t block,
                                   bool power_2_scale, float amax_epsilon, uint8_t* codes,
                                   float* scale_inv) {
-  const int64_t nb = num_blocks(cols, block);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t b = 0; b < nb; ++b) {
-      const int64_t c0 = b * block;
-      const int64_t w = cols - c0 < block ? cols - c0 : block;
-      const float* x = in + r * cols + c0;
-      const float scale = block_scale(amax_of(x, w), Fp8Traits<F>::max, power_2_scale, amax_epsilon);
-      scale_inv[r * nb + b] = 1.0f / scale;
-      quantize_tensor<F>(x, w, scale, codes + r * cols + c0);
-    }
-  }
+  for_each_row_block(rows, cols, block, [&](int64_t i, int64_t off, int64_t w) {
+    const float scale = block_scale(amax_of(in + off, w), Fp8Traits<F>::max, power_2_scale, amax_epsilon);
+    scale_inv[i] = 1.0f / scale;
+    quantize_tensor<F>(in + off, w, scale, codes + off);
+  });
 }
 
 // out = codes * scale_inv of the element's block.
 template <Fp8Format F>
 inline void dequantize_rows_blocked(const uint8_t* codes, int64_t rows, int64_t cols, int64_t block,
                                     const float* scale_inv, float* out) {
-  const int64_t nb = num_blocks(cols, block);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t b = 0; b < nb; ++b) {
-      const int64_t c0 = b * block;
-      const int64_t w = cols - c0 < block ? cols - c0 : block;
-      dequantize_tensor<F>(codes + r * cols + c0, w, scale_inv[r * nb + b], out + r * cols + c0);
-    }
-  }
+  for_each_row_block(rows, cols, block, [&](int64_t i, int64_t off, int64_t w) {
+    dequantize_tensor<F>(codes + off, w, scale_inv[i], out + off);
+  });
 }
 
 // ---- block scaling: 2-D tiles (weights) -------------------------------------------------------
@@ -171,18 +173,12 @@ inline void dequantize_tiles(const uint8_t* codes, int64_t rows, int64_t cols, i
 template <Fp8Format F>
 inline void quantize_mxfp8_rows(const float* in, int64_t rows, int64_t cols, uint8_t* codes,
                                 uint8_t* scale_e8m0, int64_t block = kMxfp8BlockLength) {
-  const int64_t nb = num_blocks(cols, block);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t b = 0; b < nb; ++b) {
-      const int64_t c0 = b * block;
-      const int64_t w = cols - c0 < block ? cols - c0 : block;
-      const float* x = in + r * cols + c0;
-      const float amax = amax_of(x, w);
-      const int e = mxfp8_scale_inv_exponent(amax, Fp8Traits<F>::max);
-      scale_e8m0[r * nb + b] = mxfp8_scale_e8m0(amax, Fp8Traits<F>::max);
-      quantize_tensor<F>(x, w, mxfp8_scale_from_exponent(e), codes + r * cols + c0);
-    }
-  }
+  for_each_row_block(rows, cols, block, [&](int64_t i, int64_t off, int64_t w) {
+    const float amax = amax_of(in + off, w);
+    const int e = mxfp8_scale_inv_exponent(amax, Fp8Traits<F>::max);
+    scale_e8m0[i] = mxfp8_scale_e8m0(amax, Fp8Traits<F>::max);
+    quantize_tensor<F>(in + off, w, mxfp8_scale_from_exponent(e), codes + off);
+  });
 }
 
 // out = codes * 2^e of the element's block (NaN for an 0xFF block).
@@ -190,15 +186,9 @@ template <Fp8Format F>
 inline void dequantize_mxfp8_rows(const uint8_t* codes, int64_t rows, int64_t cols,
                                   const uint8_t* scale_e8m0, float* out,
                                   int64_t block = kMxfp8BlockLength) {
-  const int64_t nb = num_blocks(cols, block);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t b = 0; b < nb; ++b) {
-      const int64_t c0 = b * block;
-      const int64_t w = cols - c0 < block ? cols - c0 : block;
-      dequantize_tensor<F>(codes + r * cols + c0, w, e8m0_to_float(scale_e8m0[r * nb + b]),
-                           out + r * cols + c0);
-    }
-  }
+  for_each_row_block(rows, cols, block, [&](int64_t i, int64_t off, int64_t w) {
+    dequantize_tensor<F>(codes + off, w, e8m0_to_float(scale_e8m0[i]), out + off);
+  });
 }
 
 // ---- the GEMM contract for one output element -------------------------------------------------
