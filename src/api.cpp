@@ -277,7 +277,7 @@ LNMLP_API int32_t lnmlp_plan_create(const lnmlp_desc* desc, lnmlp_plan** plan) {
     auto p = std::make_unique<lnmlp_plan>();
     p->cfg = desc->cfg;
     p->saved = make_saved_layout(p->cfg);
-    p->backend = make_cpu_backend(p->cfg, p->saved);
+    p->backend = make_backend(p->cfg, p->saved);
     p->workspace_bytes = p->backend->workspace_bytes();
     if (!p->cfg.external_workspace && p->workspace_bytes > 0) {
       p->owned_workspace = p->backend->allocate(p->workspace_bytes);
@@ -358,7 +358,7 @@ LNMLP_API int32_t lnmlp_plan_forward(lnmlp_plan* plan, const void* x, const void
                                      void* saved, void* stream) {
   return api_guard(__func__, [&] {
     PlanUse use(plan);
-    const ForwardArgs args{x, gamma, beta, w1, b1, w2, b2, y, saved, stream};
+    const ForwardArgs args{x, gamma, beta, w1, b1, w2, b2, y, saved, stream, plan->fp8_state};
     check_forward_args(*plan, args);
     require_workspace(plan);
     plan->backend->forward(args, plan->workspace);
@@ -371,7 +371,8 @@ LNMLP_API int32_t lnmlp_plan_backward(lnmlp_plan* plan, const void* dy, const vo
                                       void* dw2, void* db2, void* stream) {
   return api_guard(__func__, [&] {
     PlanUse use(plan);
-    const BackwardArgs args{dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta, dw1, db1, dw2, db2, stream};
+    const BackwardArgs args{dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta, dw1, db1, dw2, db2, stream,
+                            plan->fp8_state};
     check_backward_args(*plan, args);
     require_workspace(plan);
     plan->backend->backward(args, plan->workspace);

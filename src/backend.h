@@ -23,6 +23,7 @@ struct ForwardArgs {
   void* y;
   void* saved;       // NULL when the plan saves nothing
   void* stream;
+  float* fp8_state;  // the plan's quantizer state in backend memory (fp8_state.h); NULL without FP8
 };
 
 struct BackwardArgs {
@@ -42,6 +43,7 @@ struct BackwardArgs {
   void* dw2;
   void* db2;
   void* stream;
+  float* fp8_state;  // as in ForwardArgs
 };
 
 class Backend {
@@ -55,8 +57,13 @@ class Backend {
   // Allocates / frees memory of the kind the backend executes on (host or device).
   virtual void* allocate(int64_t bytes) = 0;
   virtual void release(void* p) noexcept = 0;
+  // Copies between host memory and memory from allocate(), synchronously (state export/import).
+  virtual void copy_to_host(void* host_dst, const void* src, int64_t bytes) = 0;
+  virtual void copy_from_host(void* dst, const void* host_src, int64_t bytes) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const Config& cfg, const SavedLayout& saved);
+// The backend cfg.backend names (backend_factory.cpp).
+std::unique_ptr<Backend> make_backend(const Config& cfg, const SavedLayout& saved);
 
 }  // namespace lnmlp

@@ -19,9 +19,11 @@ struct lnmlp_plan {
   int64_t workspace_bytes = 0;
   void* owned_workspace = nullptr;  // allocated by the plan (unless external workspace)
   void* workspace = nullptr;        // what execution uses: owned or attached
+  float* fp8_state = nullptr;       // quantizer state in backend memory (fp8_state.h), FP8 recipes only
   std::atomic<bool> busy{false};    // set while a thread runs forward/backward or attaches
 
   ~lnmlp_plan() {
     if (owned_workspace != nullptr) backend->release(owned_workspace);
+    if (fp8_state != nullptr) backend->release(fp8_state);
   }
 };

@@ -125,6 +125,8 @@ template <DType D> class CpuBackend final : public Backend {
     return p;
   }
   void release(void* p) noexcept override { std::free(p); }
+  void copy_to_host(void* dst, const void* src, int64_t n) override { std::memcpy(dst, src, static_cast<size_t>(n)); }
+  void copy_from_host(void* dst, const void* src, int64_t n) override { std::memcpy(dst, src, static_cast<size_t>(n)); }
 
   void forward(const ForwardArgs& a, void* ws) override {
     ScopedOmpThreads omp_threads(threads_);
