@@ -150,7 +150,10 @@ enum {
  *             activation (elementwise, cheap). Bytes/token: 4 or 8 + e*A*F.
  *  SAVE_STATS only the statistics; backward recomputes the norm output, GEMM1 and the activation
  *             (one extra GEMM). Bytes/token: 4 or 8.
- *  FORWARD_ONLY saves nothing; for inference. Backward is refused. */
+ *  FORWARD_ONLY saves nothing; for inference. Backward is refused.
+ * Under an FP8 recipe the saved norm output and activation output are the FP8 codes backward's
+ * weight-gradient GEMMs read (1 byte per element instead of e) plus their scales: per tensor a
+ * few bytes per plan, BLOCK 4 bytes per 128 elements, MXFP8 1 byte per 32 elements. */
 enum {
   LNMLP_REMAT_SAVE_ALL = 0,
   LNMLP_REMAT_SAVE_FFN1 = 1,
@@ -163,14 +166,53 @@ enum {
   LNMLP_BACKEND_CUDA = 1 /* device pointers; the stream argument is a cudaStream_t (NULL = default) */
 };
 
-/* FP8 recipes (see the project's DESIGN, section 2). This release supports LNMLP_RECIPE_NONE only;
- * use lnmlp_query_support to learn what a build and machine can run. */
+/* FP8 recipes (see the project's DESIGN, section 2, and docs/fp8.md). Six tensors are quantized
+ * (LNMLP_QUANTIZER_*): the inputs of the four GEMM operand roles in forward and the two gradients
+ * in backward. Every quantized GEMM is computed as FP8 hardware computes it: quantized operands,
+ * products of FP8 values accumulated in fp32, the scales applied; biases, norms, activations and
+ * the bias gradients stay in fp32 / the I/O dtype.
+ *  NONE     no quantization (the default).
+ *  DELAYED  per-tensor scales from an amax history kept in the plan (stateful; see
+ *           lnmlp_desc_set_delayed_scaling and the state functions below). TransformerEngine's
+ *           DelayedScaling.
+ *  CURRENT  per-tensor scales from the tensor's own amax (stateless). Float8CurrentScaling.
+ *  BLOCK    1x128 blocks for activations and gradients (along the GEMM's contracted dimension),
+ *           128x128 tiles for weights, one fp32 scale per block. Float8BlockScaling.
+ *  MXFP8    1x32 blocks along the contracted dimension, E8M0 (power-of-two) scales. MXFP8BlockScaling. */
 enum {
   LNMLP_RECIPE_NONE = 0,
   LNMLP_RECIPE_DELAYED = 1,
   LNMLP_RECIPE_CURRENT = 2,
   LNMLP_RECIPE_BLOCK = 3,
   LNMLP_RECIPE_MXFP8 = 4
+};
+
+/* Which FP8 element format each quantizer uses (lnmlp_desc_set_fp8_format).
+ *  HYBRID  E4M3 for forward tensors (ln_out, w1, act_out, w2), E5M2 for gradients (dy, dh).
+ *  E4M3    E4M3 for all six.
+ *  DEFAULT the recipe's default, as TransformerEngine's: HYBRID for DELAYED and CURRENT, E4M3 for
+ *          BLOCK and MXFP8. */
+enum {
+  LNMLP_FP8_FORMAT_DEFAULT = -1,
+  LNMLP_FP8_FORMAT_HYBRID = 0,
+  LNMLP_FP8_FORMAT_E4M3 = 1
+};
+
+/* How delayed scaling reduces the amax history to the amax its scale update uses. */
+enum {
+  LNMLP_AMAX_ALGO_MAX = 0,        /* the largest entry of the whole history (default) */
+  LNMLP_AMAX_ALGO_MOST_RECENT = 1 /* the newest entry */
+};
+
+/* The six quantizers, named after the data they quantize (DESIGN section 2). */
+enum {
+  LNMLP_QUANTIZER_LN_OUT = 0,  /* norm output, GEMM1's input          (forward) */
+  LNMLP_QUANTIZER_W1 = 1,      /* W1                                   (forward) */
+  LNMLP_QUANTIZER_ACT_OUT = 2, /* activation output, GEMM2's input     (forward) */
+  LNMLP_QUANTIZER_W2 = 3,      /* W2                                   (forward) */
+  LNMLP_QUANTIZER_DY = 4,      /* gradient of the output               (backward) */
+  LNMLP_QUANTIZER_DH = 5,      /* gradient of GEMM1's output, after the activation's derivative (backward) */
+  LNMLP_QUANTIZER_COUNT = 6
 };
 
 /* FP8 element formats (see lnmlp_fp8_encode). */
@@ -276,9 +318,29 @@ LNMLP_API int32_t lnmlp_desc_set_backend(lnmlp_desc* desc, int32_t backend, int3
 /* CPU backend threads: 0 (default) uses every core the process may run on. */
 LNMLP_API int32_t lnmlp_desc_set_num_threads(lnmlp_desc* desc, int32_t num_threads);
 
-/* recipe: LNMLP_RECIPE_*. Only LNMLP_RECIPE_NONE is accepted in this release; the others return
- * LNMLP_ERROR_NOT_SUPPORTED. */
+/* recipe: LNMLP_RECIPE_*. Default NONE. The recipe's options keep their values when the recipe
+ * changes; the ones a recipe does not use are ignored. */
 LNMLP_API int32_t lnmlp_desc_set_recipe(lnmlp_desc* desc, int32_t recipe);
+
+/* format: LNMLP_FP8_FORMAT_*. Default LNMLP_FP8_FORMAT_DEFAULT (the recipe's own default). */
+LNMLP_API int32_t lnmlp_desc_set_fp8_format(lnmlp_desc* desc, int32_t format);
+
+/* Delayed scaling's options (TransformerEngine's DelayedScaling defaults in brackets):
+ *   margin            [0]     scale = (fmt_max / amax) / 2^margin; an integer in [-126, 127].
+ *   amax_history_len  [1024]  entries of each quantizer's amax history, 1 .. 65536.
+ *   amax_compute_algo [MAX]   LNMLP_AMAX_ALGO_*.
+ * After each pass a quantizer records its tensor's amax as the newest history entry (the oldest
+ * falls off) and updates its scale from the reduced history; if that amax is 0, infinite or NaN
+ * the scale stays as it was. Scales start at 1.0, histories at zeros. */
+LNMLP_API int32_t lnmlp_desc_set_delayed_scaling(lnmlp_desc* desc, int32_t margin, int32_t amax_history_len,
+                                                 int32_t amax_compute_algo);
+
+/* Scale options of CURRENT and BLOCK scaling:
+ *   power_2_scale  -1 = the recipe's default (CURRENT: 0, BLOCK: 1), 0, or 1: round each scale
+ *                  down to a power of two.
+ *   amax_epsilon   >= 0 and finite [0]: amaxes below it are taken as it (a floor).
+ * scale = fmt_max / max(amax, amax_epsilon); a zero or non-finite amax gives scale 1. */
+LNMLP_API int32_t lnmlp_desc_set_scaling_options(lnmlp_desc* desc, int32_t power_2_scale, float amax_epsilon);
 
 /* Tensor-parallel sharding: this plan is rank `rank` of a group of `group_size`; with
  * sequence_parallel the tokens are split too. Only group_size 1 (no sharding) is accepted in
@@ -320,6 +382,37 @@ LNMLP_API int32_t lnmlp_plan_get_alignment(const lnmlp_plan* plan, int64_t* byte
  * least lnmlp_plan_get_workspace_bytes and `workspace` aligned to lnmlp_plan_get_alignment.
  * The memory must outlive every later forward/backward call; attaching again replaces it. */
 LNMLP_API int32_t lnmlp_plan_attach_workspace(lnmlp_plan* plan, void* workspace, int64_t bytes);
+
+/* ---- FP8 quantizer state (DELAYED scaling) -----------------------------------------------
+ * A plan with the DELAYED recipe owns each quantizer's scale and amax history (newest entry
+ * first). Forward updates the forward quantizers (LN_OUT, W1, ACT_OUT, W2) after it has used
+ * their scales; backward updates DY and DH. Plans of other recipes keep no state: their history
+ * length is 0, their state is 0 bytes, and the per-quantizer functions answer
+ * LNMLP_ERROR_INVALID_ARGUMENT. On the CUDA backend these functions copy synchronously. */
+
+/* The amax history length of a DELAYED plan; 0 for any other recipe. */
+LNMLP_API int32_t lnmlp_plan_get_amax_history_length(const lnmlp_plan* plan, int32_t* length);
+
+/* Reads one quantizer's state: *scale, and its history into amax_history[0 .. length-1] (newest
+ * first). `length` must equal lnmlp_plan_get_amax_history_length; amax_history may be NULL (with
+ * any length) to read the scale alone. */
+LNMLP_API int32_t lnmlp_plan_get_quantizer_state(const lnmlp_plan* plan, int32_t quantizer, float* scale,
+                                                 float* amax_history, int32_t length);
+
+/* Replaces one quantizer's state. scale must be finite and > 0; history entries must be >= 0 or
+ * +inf or NaN (amaxes as recorded); `length` must equal the plan's history length. */
+LNMLP_API int32_t lnmlp_plan_set_quantizer_state(lnmlp_plan* plan, int32_t quantizer, float scale,
+                                                 const float* amax_history, int32_t length);
+
+/* The whole state as one versioned byte blob, for checkpoints: lnmlp_plan_get_state_bytes gives
+ * its size (0 for a stateless recipe); export writes it into `blob` (`bytes` >= that size);
+ * import restores it into a plan of the same recipe and history length, bit for bit, and rejects
+ * (changing nothing) a blob of another version, recipe, length or with invalid values. The blob
+ * is in the host's byte order: magic "LNMLPQS1", then int32 version, recipe, history length,
+ * quantizer count, then per quantizer its float32 scale and history. */
+LNMLP_API int32_t lnmlp_plan_get_state_bytes(const lnmlp_plan* plan, int64_t* bytes);
+LNMLP_API int32_t lnmlp_plan_export_state(const lnmlp_plan* plan, void* blob, int64_t bytes);
+LNMLP_API int32_t lnmlp_plan_import_state(lnmlp_plan* plan, const void* blob, int64_t bytes);
 
 /* Forward: y = act(norm(x) @ W1 + b1) @ W2 + b2, and writes `saved` (lnmlp_plan_get_saved_bytes
  * bytes, aligned to lnmlp_plan_get_alignment) for backward; `saved` may be NULL only when the
