@@ -10,6 +10,7 @@
 #include "error.h"
 #include "handles.h"
 #include "lnmlp.h"
+#include "fp8_state.h"
 #include "plan.h"
 
 using namespace lnmlp;
@@ -80,8 +81,12 @@ LNMLP_API int32_t lnmlp_query_support(int32_t backend, int32_t feature, int32_t*
         case LNMLP_FEATURE_DTYPE_F32:
         case LNMLP_FEATURE_DTYPE_BF16:
         case LNMLP_FEATURE_DTYPE_F16:
-        case LNMLP_FEATURE_EXTERNAL_WORKSPACE: yes = 1; break;
-        default: yes = 0;  // FP8 recipes and sharding come in later releases
+        case LNMLP_FEATURE_EXTERNAL_WORKSPACE:
+        case LNMLP_FEATURE_RECIPE_DELAYED:  // emulated exactly (docs/fp8.md)
+        case LNMLP_FEATURE_RECIPE_CURRENT:
+        case LNMLP_FEATURE_RECIPE_BLOCK:
+        case LNMLP_FEATURE_RECIPE_MXFP8: yes = 1; break;
+        default: yes = 0;  // sharding comes in a later release
       }
     }
     *supported = yes;
@@ -238,11 +243,51 @@ LNMLP_API int32_t lnmlp_desc_set_num_threads(lnmlp_desc* desc, int32_t num_threa
 
 LNMLP_API int32_t lnmlp_desc_set_recipe(lnmlp_desc* desc, int32_t recipe) {
   return api_guard(__func__, [&] {
-    edit(desc, [&](Config&) {
+    edit(desc, [&](Config& c) {
       if (recipe < LNMLP_RECIPE_NONE || recipe > LNMLP_RECIPE_MXFP8)
         fail(LNMLP_ERROR_INVALID_ARGUMENT, "unknown recipe ", recipe, " (expected an LNMLP_RECIPE_* value)");
-      if (recipe != LNMLP_RECIPE_NONE)
-        fail(LNMLP_ERROR_NOT_SUPPORTED, "FP8 recipes are not supported yet in this release; use LNMLP_RECIPE_NONE");
+      c.fp8.recipe = static_cast<Recipe>(recipe);
+    });
+  });
+}
+
+LNMLP_API int32_t lnmlp_desc_set_fp8_format(lnmlp_desc* desc, int32_t format) {
+  return api_guard(__func__, [&] {
+    edit(desc, [&](Config& c) {
+      if (format < LNMLP_FP8_FORMAT_DEFAULT || format > LNMLP_FP8_FORMAT_E4M3)
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "unknown FP8 format ", format,
+             " (expected LNMLP_FP8_FORMAT_DEFAULT, _HYBRID or _E4M3)");
+      c.fp8.format = static_cast<Fp8Mix>(format);
+    });
+  });
+}
+
+LNMLP_API int32_t lnmlp_desc_set_delayed_scaling(lnmlp_desc* desc, int32_t margin, int32_t amax_history_len,
+                                                 int32_t amax_compute_algo) {
+  return api_guard(__func__, [&] {
+    edit(desc, [&](Config& c) {
+      if (margin < -126 || margin > 127) fail(LNMLP_ERROR_INVALID_ARGUMENT, "margin must be in [-126, 127], got ", margin);
+      if (amax_history_len < 1 || amax_history_len > kMaxAmaxHistory)
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "amax_history_len must be in [1, ", kMaxAmaxHistory, "], got ", amax_history_len);
+      if (amax_compute_algo != LNMLP_AMAX_ALGO_MAX && amax_compute_algo != LNMLP_AMAX_ALGO_MOST_RECENT)
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "amax_compute_algo must be LNMLP_AMAX_ALGO_MAX or _MOST_RECENT, got ",
+             amax_compute_algo);
+      c.fp8.margin = margin;
+      c.fp8.amax_history_len = amax_history_len;
+      c.fp8.amax_max = amax_compute_algo == LNMLP_AMAX_ALGO_MAX;
+    });
+  });
+}
+
+LNMLP_API int32_t lnmlp_desc_set_scaling_options(lnmlp_desc* desc, int32_t power_2_scale, float amax_epsilon) {
+  return api_guard(__func__, [&] {
+    edit(desc, [&](Config& c) {
+      if (power_2_scale < -1 || power_2_scale > 1)
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "power_2_scale must be -1 (the recipe's default), 0 or 1, got ", power_2_scale);
+      if (!std::isfinite(amax_epsilon) || amax_epsilon < 0.0f)
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "amax_epsilon must be finite and >= 0, got ", amax_epsilon);
+      c.fp8.power_2_scale = power_2_scale;
+      c.fp8.amax_epsilon = amax_epsilon;
     });
   });
 }
@@ -277,12 +322,14 @@ LNMLP_API int32_t lnmlp_plan_create(const lnmlp_desc* desc, lnmlp_plan** plan) {
     auto p = std::make_unique<lnmlp_plan>();
     p->cfg = desc->cfg;
     p->saved = make_saved_layout(p->cfg);
+    p->recipe = resolve_recipe(p->cfg.fp8);
     p->backend = make_backend(p->cfg, p->saved);
     p->workspace_bytes = p->backend->workspace_bytes();
     if (!p->cfg.external_workspace && p->workspace_bytes > 0) {
       p->owned_workspace = p->backend->allocate(p->workspace_bytes);
       p->workspace = p->owned_workspace;
     }
+    init_fp8_state(*p);
     register_plan(p.get());
     *plan = p.release();
   });

@@ -63,6 +63,8 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const Config& cfg, const SavedLayout& saved);
+// The CPU backend under an FP8 recipe (cfg.fp8.recipe != None).
+std::unique_ptr<Backend> make_cpu_fp8_backend(const Config& cfg, const SavedLayout& saved);
 // The backend cfg.backend names (backend_factory.cpp).
 std::unique_ptr<Backend> make_backend(const Config& cfg, const SavedLayout& saved);
 

@@ -17,6 +17,25 @@ using numerics::Norm;
 // Values match the public LNMLP_REMAT_* constants.
 enum class Remat : int32_t { SaveAll = 0, SaveFfn1 = 1, SaveStats = 2, ForwardOnly = 3 };
 
+// Values match the public LNMLP_RECIPE_* constants.
+enum class Recipe : int32_t { None = 0, Delayed = 1, Current = 2, Block = 3, Mxfp8 = 4 };
+// Values match LNMLP_FP8_FORMAT_*; Default resolves per recipe (fp8_recipe.h).
+enum class Fp8Mix : int32_t { Default = -1, Hybrid = 0, E4M3 = 1 };
+
+// Delayed scaling's longest amax history.
+constexpr int32_t kMaxAmaxHistory = 65536;
+
+// The FP8 recipe and its options as the user set them (defaults: TransformerEngine's).
+struct Fp8Options {
+  Recipe recipe = Recipe::None;
+  Fp8Mix format = Fp8Mix::Default;
+  int32_t margin = 0;               // delayed
+  int32_t amax_history_len = 1024;  // delayed
+  bool amax_max = true;             // delayed: true = "max", false = "most_recent"
+  int32_t power_2_scale = -1;       // current, block: -1 = the recipe's default
+  float amax_epsilon = 0.0f;        // current, block
+};
+
 // Values match the public LNMLP_BACKEND_* constants.
 enum class BackendKind : int32_t { Cpu = 0, Cuda = 1 };
 
@@ -38,10 +57,12 @@ struct Config {
   int32_t device = 0;
   int32_t num_threads = 0;  // CPU: 0 = every core
   bool external_workspace = false;
+  Fp8Options fp8;
 
   bool gated() const { return num_acts == 2; }
   int64_t act_width() const { return num_acts * ffn; }  // A*F, the GEMM1 output width
   bool has_beta() const { return norm == Norm::LayerNorm; }
+  bool quantized() const { return fp8.recipe != Recipe::None; }
 };
 
 // Checks the whole configuration; throws lnmlp::Error with a message naming what to change.

@@ -3,6 +3,8 @@
 #include <limits>
 
 #include "error.h"
+#include "fp8_recipe.h"
+#include "numerics/quantize.h"
 
 namespace lnmlp {
 
@@ -35,12 +37,27 @@ SavedLayout make_saved_layout(const Config& cfg) {
   const int64_t T = cfg.tokens, H = cfg.hidden, F = cfg.ffn, AF = cfg.act_width();
   const int64_t e = numerics::dtype_bytes(cfg.dtype);
   const bool saves_stats = cfg.remat != Remat::ForwardOnly;
+  const bool all = cfg.remat == Remat::SaveAll;
+  const ResolvedRecipe r = resolve_recipe(cfg.fp8);
+  const bool q = r.recipe != Recipe::None;
+  // Blocked recipes save the codes quantized along T, with one scale per block of rows per column.
+  const int64_t block = r.recipe == Recipe::Mxfp8 ? numerics::kMxfp8BlockLength : numerics::kBlockScalingLength;
+  const int64_t scale_bytes = r.recipe == Recipe::Mxfp8 ? 1 : 4;
+  const int64_t t_blocks = numerics::num_blocks(T, block);
+
   s.mu = alloc.take_if(saves_stats && cfg.has_beta(), T, 4, "saved mean");
   s.rs = alloc.take_if(saves_stats, T, 4, "saved rstd");
-  s.ln_out = alloc.take_if(cfg.remat == Remat::SaveAll, checked_mul(T, H, "saved ln_out"), e, "saved ln_out");
+  s.ln_out = alloc.take_if(all && !q, checked_mul(T, H, "saved ln_out"), e, "saved ln_out");
   s.h = alloc.take_if(cfg.remat == Remat::SaveAll || cfg.remat == Remat::SaveFfn1,
                       checked_mul(T, AF, "saved ffn1"), e, "saved ffn1");
-  s.act = alloc.take_if(cfg.remat == Remat::SaveAll, checked_mul(T, F, "saved act_out"), e, "saved act_out");
+  s.act = alloc.take_if(all && !q, checked_mul(T, F, "saved act_out"), e, "saved act_out");
+  s.fwd_scales = alloc.take_if(saves_stats && r.per_tensor(), 4, 4, "saved FP8 scales");
+  s.ln_q = alloc.take_if(all && q, checked_mul(T, H, "saved ln_out codes"), 1, "saved ln_out codes");
+  s.ln_q_scale = alloc.take_if(all && r.blocked(), checked_mul(t_blocks, H, "saved ln_out scales"), scale_bytes,
+                               "saved ln_out scales");
+  s.act_q = alloc.take_if(all && q, checked_mul(T, F, "saved act_out codes"), 1, "saved act_out codes");
+  s.act_q_scale = alloc.take_if(all && r.blocked(), checked_mul(t_blocks, F, "saved act_out scales"), scale_bytes,
+                                "saved act_out scales");
   s.total_bytes = alloc.total();
   int64_t per_token = 0;
   if (s.mu.present()) per_token += 4;
@@ -48,6 +65,10 @@ SavedLayout make_saved_layout(const Config& cfg) {
   if (s.ln_out.present()) per_token += H * e;
   if (s.h.present()) per_token += AF * e;
   if (s.act.present()) per_token += F * e;
+  if (s.ln_q.present()) per_token += H;
+  if (s.act_q.present()) per_token += F;
+  // Block scales per token: one per `block` tokens and column (rounded up to whole bytes).
+  if (s.ln_q_scale.present()) per_token += ((H + F) * scale_bytes + block - 1) / block;
   s.bytes_per_token = per_token;
   return s;
 }

@@ -6,6 +6,7 @@
 
 #include "backend.h"
 #include "config.h"
+#include "fp8_recipe.h"
 #include "layout.h"
 
 struct lnmlp_desc {
@@ -15,6 +16,7 @@ struct lnmlp_desc {
 struct lnmlp_plan {
   lnmlp::Config cfg;
   lnmlp::SavedLayout saved;
+  lnmlp::ResolvedRecipe recipe;
   std::unique_ptr<lnmlp::Backend> backend;
   int64_t workspace_bytes = 0;
   void* owned_workspace = nullptr;  // allocated by the plan (unless external workspace)

@@ -648,14 +648,17 @@ std::vector<BadSetter> bad_setters() {
       {"threads -1", [](lnmlp_desc* d) { return lnmlp_desc_set_num_threads(d, -1); }, I, "num_threads"},
       {"recipe 5", [](lnmlp_desc* d) { return lnmlp_desc_set_recipe(d, 5); }, I, "recipe"},
       {"recipe -1", [](lnmlp_desc* d) { return lnmlp_desc_set_recipe(d, -1); }, I, "recipe"},
-      {"recipe delayed", [](lnmlp_desc* d) { return lnmlp_desc_set_recipe(d, LNMLP_RECIPE_DELAYED); },
-       LNMLP_ERROR_NOT_SUPPORTED, "recipe"},
-      {"recipe current", [](lnmlp_desc* d) { return lnmlp_desc_set_recipe(d, LNMLP_RECIPE_CURRENT); },
-       LNMLP_ERROR_NOT_SUPPORTED, "recipe"},
-      {"recipe block", [](lnmlp_desc* d) { return lnmlp_desc_set_recipe(d, LNMLP_RECIPE_BLOCK); },
-       LNMLP_ERROR_NOT_SUPPORTED, "recipe"},
-      {"recipe mxfp8", [](lnmlp_desc* d) { return lnmlp_desc_set_recipe(d, LNMLP_RECIPE_MXFP8); },
-       LNMLP_ERROR_NOT_SUPPORTED, "recipe"},
+      {"fp8 format 2", [](lnmlp_desc* d) { return lnmlp_desc_set_fp8_format(d, 2); }, I, "format"},
+      {"fp8 format -2", [](lnmlp_desc* d) { return lnmlp_desc_set_fp8_format(d, -2); }, I, "format"},
+      {"margin 128", [](lnmlp_desc* d) { return lnmlp_desc_set_delayed_scaling(d, 128, 16, 0); }, I, "margin"},
+      {"history 0", [](lnmlp_desc* d) { return lnmlp_desc_set_delayed_scaling(d, 0, 0, 0); }, I, "amax_history_len"},
+      {"history 65537", [](lnmlp_desc* d) { return lnmlp_desc_set_delayed_scaling(d, 0, 65537, 0); }, I,
+       "amax_history_len"},
+      {"amax algo 2", [](lnmlp_desc* d) { return lnmlp_desc_set_delayed_scaling(d, 0, 16, 2); }, I, "amax_compute_algo"},
+      {"power_2_scale 2", [](lnmlp_desc* d) { return lnmlp_desc_set_scaling_options(d, 2, 0.0f); }, I, "power_2_scale"},
+      {"amax_epsilon -1", [](lnmlp_desc* d) { return lnmlp_desc_set_scaling_options(d, 0, -1.0f); }, I, "amax_epsilon"},
+      {"amax_epsilon nan", [](lnmlp_desc* d) { return lnmlp_desc_set_scaling_options(d, 0, std::nanf("")); }, I,
+       "amax_epsilon"},
       {"group 0", [](lnmlp_desc* d) { return lnmlp_desc_set_sharding(d, 0, 0, 0); }, I, "group_size"},
       {"rank 2 of 2", [](lnmlp_desc* d) { return lnmlp_desc_set_sharding(d, 2, 2, 0); }, I, "rank"},
       {"rank -1", [](lnmlp_desc* d) { return lnmlp_desc_set_sharding(d, 1, -1, 0); }, I, "rank"},
@@ -687,6 +690,13 @@ TEST(DescriptorErrors, ValidEdgeValuesAreAccepted) {
   EXPECT_OK(lnmlp_desc_set_sharding(d, 1, 0, 0));
   EXPECT_OK(lnmlp_desc_set_sharding(d, 1, 0, 1));
   EXPECT_OK(lnmlp_desc_set_recipe(d, LNMLP_RECIPE_NONE));
+  for (int32_t r = LNMLP_RECIPE_NONE; r <= LNMLP_RECIPE_MXFP8; ++r) EXPECT_OK(lnmlp_desc_set_recipe(d, r));
+  EXPECT_OK(lnmlp_desc_set_fp8_format(d, LNMLP_FP8_FORMAT_DEFAULT));
+  EXPECT_OK(lnmlp_desc_set_fp8_format(d, LNMLP_FP8_FORMAT_E4M3));
+  EXPECT_OK(lnmlp_desc_set_delayed_scaling(d, -126, 1, LNMLP_AMAX_ALGO_MOST_RECENT));
+  EXPECT_OK(lnmlp_desc_set_delayed_scaling(d, 127, 65536, LNMLP_AMAX_ALGO_MAX));
+  EXPECT_OK(lnmlp_desc_set_scaling_options(d, -1, 0.0f));
+  EXPECT_OK(lnmlp_desc_set_scaling_options(d, 1, 1e-30f));
   EXPECT_OK(lnmlp_desc_set_num_threads(d, 0));
   EXPECT_OK(lnmlp_desc_set_clamped_swiglu(d, 1e-30f, -3.0f, -2.0f));
   for (int32_t a = LNMLP_ACT_LINEAR; a <= LNMLP_ACT_CLAMPED_LINEAR; ++a) EXPECT_OK(lnmlp_desc_set_activations(d, 1, &a));
@@ -1175,10 +1185,11 @@ TEST(Status, QuerySupport) {
   EXPECT_EQ(q(LNMLP_BACKEND_CPU, LNMLP_FEATURE_DTYPE_BF16), 1);
   EXPECT_EQ(q(LNMLP_BACKEND_CPU, LNMLP_FEATURE_DTYPE_F16), 1);
   EXPECT_EQ(q(LNMLP_BACKEND_CPU, LNMLP_FEATURE_EXTERNAL_WORKSPACE), 1);
-  // This release: no FP8 recipe, no sharding (matching what the setters accept).
+  // Every FP8 recipe runs on the CPU (emulated exactly, docs/fp8.md); sharding does not yet.
   for (int32_t f : {LNMLP_FEATURE_RECIPE_DELAYED, LNMLP_FEATURE_RECIPE_CURRENT, LNMLP_FEATURE_RECIPE_BLOCK,
-                    LNMLP_FEATURE_RECIPE_MXFP8, LNMLP_FEATURE_SHARDING})
-    EXPECT_EQ(q(LNMLP_BACKEND_CPU, f), 0) << f;
+                    LNMLP_FEATURE_RECIPE_MXFP8})
+    EXPECT_EQ(q(LNMLP_BACKEND_CPU, f), 1) << f;
+  EXPECT_EQ(q(LNMLP_BACKEND_CPU, LNMLP_FEATURE_SHARDING), 0);
   for (int32_t f = LNMLP_FEATURE_BACKEND; f <= LNMLP_FEATURE_EXTERNAL_WORKSPACE; ++f) q(LNMLP_BACKEND_CUDA, f);
   // A backend that is not usable supports nothing.
   if (q(LNMLP_BACKEND_CUDA, LNMLP_FEATURE_BACKEND) == 0) {

@@ -221,6 +221,12 @@ struct RunOptions {
   int32_t num_threads = 1;
   bool external_workspace = false;
   bool backward = true;
+  int32_t recipe = LNMLP_RECIPE_NONE;  // FP8 recipe, with its defaults unless set below
+  int32_t fp8_format = LNMLP_FP8_FORMAT_DEFAULT;
+  int32_t power_2_scale = -1;
+  int32_t amax_history_len = 1024;
+  int32_t margin = 0;
+  int32_t amax_algo = LNMLP_AMAX_ALGO_MAX;
 };
 
 struct RunResult {
@@ -249,6 +255,10 @@ class Plan {
     LNMLP_TEST_CHECK(lnmlp_desc_set_remat(d, o.remat));
     LNMLP_TEST_CHECK(lnmlp_desc_set_num_threads(d, o.num_threads));
     LNMLP_TEST_CHECK(lnmlp_desc_set_external_workspace(d, o.external_workspace ? 1 : 0));
+    LNMLP_TEST_CHECK(lnmlp_desc_set_recipe(d, o.recipe));
+    LNMLP_TEST_CHECK(lnmlp_desc_set_fp8_format(d, o.fp8_format));
+    LNMLP_TEST_CHECK(lnmlp_desc_set_scaling_options(d, o.power_2_scale, 0.0f));
+    LNMLP_TEST_CHECK(lnmlp_desc_set_delayed_scaling(d, o.margin, o.amax_history_len, o.amax_algo));
     LNMLP_TEST_CHECK(lnmlp_plan_create(d, &plan_));
     LNMLP_TEST_CHECK(lnmlp_plan_get_alignment(plan_, &align_));
     if (o.external_workspace) {

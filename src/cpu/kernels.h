@@ -70,7 +70,8 @@ struct NormParams {
 
 // Norm forward for rows [r0, r1): computes the statistics (or reads them when compute_stats is
 // false, for recomputation in backward) and writes the output rounded to D, plus its fp32 operand
-// copy when D is f16. mu may be NULL for rmsnorm.
+// copy when D is f16; or, when out is NULL, the unrounded fp32 output into out_f32 (FP8 recipes
+// quantize that). mu may be NULL for rmsnorm.
 template <DType D>
 void norm_forward_rows(const NormParams& np, int64_t r0, int64_t r1, const storage_t<D>* x, const storage_t<D>* gamma,
                        const storage_t<D>* beta, bool compute_stats, float* mu, float* rs, storage_t<D>* out,
@@ -100,6 +101,15 @@ void norm_forward_rows(const NormParams& np, int64_t r0, int64_t r1, const stora
       m = ln ? mu[r] : 0.0f;
       rstd = rs[r];
     }
+    if (out == nullptr) {  // FP8: the unrounded fp32 output, which the quantizer reads
+      float* of = out_f32 + r * H;
+#pragma omp simd
+      for (int64_t j = 0; j < H; ++j) {
+        const float b = ln ? load<D>(beta[j]) : 0.0f;
+        of[j] = norm_out(norm_xhat(load<D>(xr[j]), m, rstd), norm_gain(load<D>(gamma[j]), np.zero_centered), b);
+      }
+      continue;
+    }
     storage_t<D>* o = out + r * H;
 #pragma omp simd
     for (int64_t j = 0; j < H; ++j) {
@@ -117,14 +127,44 @@ void norm_forward_rows(const NormParams& np, int64_t r0, int64_t r1, const stora
 
 // Activation forward for rows [r0, r1). The GEMM1 output comes either already in D with its bias
 // (h_in, width A*F), or in fp32 without bias (h32 + b1, rounded to D here, and written to h_out
-// when that is not NULL). Writes act rounded to D and, for f16, its fp32 operand copy.
+// when that is not NULL). Writes act rounded to D and, for f16, its fp32 operand copy; or, when act
+// is NULL, the unrounded fp32 act into act_f32 (FP8 recipes quantize that).
 template <DType D, bool Gated, typename F0, typename F1>
 void act_forward_rows(int64_t F, int64_t r0, int64_t r1, const F0& f0, const F1& f1, const storage_t<D>* h_in,
                       const float* h32, const storage_t<D>* b1, storage_t<D>* h_out, storage_t<D>* act,
                       float* act_f32) {
   const int64_t AF = Gated ? 2 * F : F;
+  const bool unrounded = act == nullptr;
   for (int64_t r = r0; r < r1; ++r) {
-    storage_t<D>* ar = act + r * F;
+    storage_t<D>* ar = unrounded ? nullptr : act + r * F;
+    if (unrounded) {  // FP8: from h in D (saved or just rounded), the fp32 act
+      float* af = act_f32 + r * F;
+      if (h_in != nullptr) {
+        const storage_t<D>* hr = h_in + r * AF;
+#pragma omp simd
+        for (int64_t j = 0; j < F; ++j) {
+          float a = f0.value(load<D>(hr[j]));
+          if constexpr (Gated) a *= f1.value(load<D>(hr[F + j]));
+          af[j] = a;
+        }
+      } else {
+        const float* hr = h32 + r * AF;
+        storage_t<D>* ho = h_out + r * AF;  // required on this path
+#pragma omp simd
+        for (int64_t j = 0; j < F; ++j) {
+          const storage_t<D> s0 = store<D>(hr[j] + (b1 ? load<D>(b1[j]) : 0.0f));
+          ho[j] = s0;
+          float a = f0.value(load<D>(s0));
+          if constexpr (Gated) {
+            const storage_t<D> s1 = store<D>(hr[F + j] + (b1 ? load<D>(b1[F + j]) : 0.0f));
+            ho[F + j] = s1;
+            a *= f1.value(load<D>(s1));
+          }
+          af[j] = a;
+        }
+      }
+      continue;
+    }
     if (h_in != nullptr) {
       const storage_t<D>* hr = h_in + r * AF;
 #pragma omp simd
@@ -169,14 +209,20 @@ void act_forward_rows(int64_t F, int64_t r0, int64_t r1, const F0& f0, const F1&
 // Activation backward for rows [r0, r1): dh = dact * act'(h) (the gated product rule for two
 // functions), written as GEMM operand (rounded to D), with the fp32 column sums of dh added into
 // db1_partial (when not NULL). h comes as in act_forward_rows.
-template <DType D, bool Gated, typename F0, typename F1>
+// With RoundDh false, dh is written unrounded in fp32 (FP8 recipes quantize that).
+template <DType D, bool Gated, bool RoundDh = true, typename F0, typename F1>
 void act_backward_rows(int64_t F, int64_t r0, int64_t r1, const F0& f0, const F1& f1, const float* dact,
-                       const storage_t<D>* h_in, const float* h32, const storage_t<D>* b1, operand_t<D>* dh,
-                       float* db1_partial) {
+                       const storage_t<D>* h_in, const float* h32, const storage_t<D>* b1,
+                       std::conditional_t<RoundDh, operand_t<D>, float>* dh, float* db1_partial) {
+  using DhT = std::conditional_t<RoundDh, operand_t<D>, float>;
+  auto out = [](float v) -> DhT {
+    if constexpr (RoundDh) return to_operand<D>(v);
+    else return v;
+  };
   const int64_t AF = Gated ? 2 * F : F;
   for (int64_t r = r0; r < r1; ++r) {
     const float* gr = dact + r * F;
-    operand_t<D>* dr = dh + r * AF;
+    DhT* dr = dh + r * AF;
     // One pass writes dh and, when asked, adds its unrounded fp32 value into db1's partial sums.
     // h_at(j) is the GEMM1 output of element j of this row as forward rounded it; the source is
     // chosen outside the loop so that the loop has no branches and vectorizes.
@@ -187,15 +233,15 @@ void act_backward_rows(int64_t F, int64_t r0, int64_t r1, const F0& f0, const F1
         if constexpr (Gated) {
           const float v1 = h_at(F + j);
           const float d0 = g * f0.grad(v0) * f1.value(v1), d1 = g * f0.value(v0) * f1.grad(v1);
-          dr[j] = to_operand<D>(d0);
-          dr[F + j] = to_operand<D>(d1);
+          dr[j] = out(d0);
+          dr[F + j] = out(d1);
           if constexpr (decltype(with_db1)::value) {
             db1_partial[j] += d0;
             db1_partial[F + j] += d1;
           }
         } else {
           const float d0 = g * f0.grad(v0);
-          dr[j] = to_operand<D>(d0);
+          dr[j] = out(d0);
           if constexpr (decltype(with_db1)::value) db1_partial[j] += d0;
         }
       }
@@ -276,6 +322,24 @@ template <DType D> void widen(int64_t begin, int64_t end, const storage_t<D>* in
 template <DType D> void narrow(int64_t begin, int64_t end, const float* in, storage_t<D>* out) {
 #pragma omp simd
   for (int64_t i = begin; i < end; ++i) out[i] = store<D>(in[i]);
+}
+
+// A GEMM's fp32 result for rows [r0, r1) of width n: out = rnd_D(acc * alpha + bias) (bias may be
+// NULL), the epilogue of FP8 GEMMs (alpha = the product of per-tensor scale_invs, or 1).
+template <DType D>
+void scale_bias_rows(int64_t n, int64_t r0, int64_t r1, const float* acc, float alpha, const storage_t<D>* bias,
+                     storage_t<D>* out) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* a = acc + r * n;
+    storage_t<D>* o = out + r * n;
+    if (bias != nullptr) {
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) o[j] = store<D>(a[j] * alpha + load<D>(bias[j]));
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) o[j] = store<D>(a[j] * alpha);
+    }
+  }
 }
 
 }  // namespace lnmlp::cpu

@@ -123,6 +123,69 @@ inline void dequantize_rows_blocked(const uint8_t* codes, int64_t rows, int64_t 
   });
 }
 
+// ---- block scaling: Kx1 blocks along columns ---------------------------------------------------
+
+// The same blocks taken down the columns: a [rows, cols] matrix in blocks of `block` consecutive
+// rows of one column (the last block of a column may be shorter), for an operand whose contracted
+// dimension is its rows (the weight-gradient GEMMs' A^T B). Codes stay in the [rows, cols] layout;
+// scale_inv is [num_blocks(rows, block), cols] (block-row major). The scales are those
+// quantize_rows_blocked gives the transpose, bit for bit.
+// Calls fn(row_block, r0, height) for each band of `block` rows.
+template <typename Fn> inline void for_each_row_band(int64_t rows, int64_t block, Fn&& fn) {
+  for (int64_t rb = 0; rb * block < rows; ++rb) {
+    const int64_t r0 = rb * block;
+    fn(rb, r0, rows - r0 < block ? rows - r0 : block);
+  }
+}
+
+// The amax of each column over rows [r0, r0 + h) into amax[cols] (NaN-propagating, as amax_of).
+inline void column_amax(const float* in, int64_t cols, int64_t r0, int64_t h, uint32_t* amax_bits) {
+  for (int64_t c = 0; c < cols; ++c) amax_bits[c] = 0;
+  for (int64_t r = r0; r < r0 + h; ++r) {
+    const float* row = in + r * cols;
+    LNMLP_QUANT_SIMD
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint32_t a = float_bits(row[c]) & 0x7fffffffu;
+      amax_bits[c] = a > amax_bits[c] ? a : amax_bits[c];
+    }
+  }
+}
+LNMLP_HD float amax_from_bits(uint32_t m) { return bits_float(m > 0x7f800000u ? 0x7fc00000u : m); }
+
+// Quantizes rows [r0, r0 + h) of band rb: scale per column from amax_bits (work space, cols
+// entries, reused for the scales' bit patterns).
+template <Fp8Format F>
+inline void quantize_cols_band(const float* in, int64_t cols, int64_t rb, int64_t r0, int64_t h, bool power_2_scale,
+                               float amax_epsilon, uint8_t* codes, float* scale_inv, uint32_t* work) {
+  column_amax(in, cols, r0, h, work);
+  for (int64_t c = 0; c < cols; ++c) {
+    const float scale = block_scale(amax_from_bits(work[c]), Fp8Traits<F>::max, power_2_scale, amax_epsilon);
+    scale_inv[rb * cols + c] = 1.0f / scale;
+    work[c] = float_bits(scale);
+  }
+  for (int64_t r = r0; r < r0 + h; ++r) {
+    LNMLP_QUANT_SIMD
+    for (int64_t c = 0; c < cols; ++c) codes[r * cols + c] = float_to_fp8<F>(in[r * cols + c] * bits_float(work[c]));
+  }
+}
+
+// mxfp8 down the columns: E8M0 scale bytes [num_blocks(rows, block), cols], as quantize_mxfp8_rows
+// gives the transpose.
+template <Fp8Format F>
+inline void quantize_mxfp8_cols_band(const float* in, int64_t cols, int64_t rb, int64_t r0, int64_t h,
+                                     uint8_t* codes, uint8_t* scale_e8m0, uint32_t* work) {
+  column_amax(in, cols, r0, h, work);
+  for (int64_t c = 0; c < cols; ++c) {
+    const float amax = amax_from_bits(work[c]);
+    scale_e8m0[rb * cols + c] = mxfp8_scale_e8m0(amax, Fp8Traits<F>::max);
+    work[c] = float_bits(mxfp8_scale_from_exponent(mxfp8_scale_inv_exponent(amax, Fp8Traits<F>::max)));
+  }
+  for (int64_t r = r0; r < r0 + h; ++r) {
+    LNMLP_QUANT_SIMD
+    for (int64_t c = 0; c < cols; ++c) codes[r * cols + c] = float_to_fp8<F>(in[r * cols + c] * bits_float(work[c]));
+  }
+}
+
 // ---- block scaling: 2-D tiles (weights) -------------------------------------------------------
 
 // Quantizes in [rows, cols] in block_rows x block_cols tiles (edge tiles partial), one amax and

@@ -1,0 +1,152 @@
+// The CPU backend's FP8 operands: quantizing an fp32 matrix the way one GEMM reads it (per tensor,
+// 1xK blocks along rows, Kx1 blocks down columns, 128x128 weight tiles, mxfp8), and decoding the
+// codes into what the GEMM library multiplies (docs/fp8.md, "How the CPU backend computes a
+// quantized GEMM"). The arithmetic is numerics/quantize.h's; this file only lays it out over the
+// cores.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "../fp8_recipe.h"
+#include "../numerics/dtype.h"
+#include "../numerics/quantize.h"
+#include "gemm.h"
+#include "parallel.h"
+
+namespace lnmlp::cpu {
+
+using numerics::Fp8Format;
+
+// Which dimension of an operand [rows, cols] its GEMM contracts: Cols (blocks run along a row,
+// "rowwise") or Rows (blocks run down a column, "columnwise").
+enum class Contract { Cols, Rows };
+
+// How one operand is quantized.
+struct QuantKind {
+  Recipe recipe;
+  Fp8Format format;
+  Contract contract;
+  bool weight;  // BLOCK: 128x128 tiles instead of 1x128 blocks
+  bool power_2_scale;
+  float amax_epsilon;
+
+  bool per_tensor() const { return recipe == Recipe::Delayed || recipe == Recipe::Current; }
+  bool tiles() const { return recipe == Recipe::Block && weight; }
+  int64_t block() const { return recipe == Recipe::Mxfp8 ? numerics::kMxfp8BlockLength : numerics::kBlockScalingLength; }
+  int64_t scale_bytes() const { return recipe == Recipe::Mxfp8 ? 1 : 4; }
+  // Number of block scales of a [rows, cols] operand (0 per tensor).
+  int64_t scale_count(int64_t rows, int64_t cols) const {
+    if (per_tensor()) return 0;
+    const int64_t b = block();
+    if (tiles()) return numerics::num_blocks(rows, b) * numerics::num_blocks(cols, b);
+    return contract == Contract::Cols ? rows * numerics::num_blocks(cols, b) : numerics::num_blocks(rows, b) * cols;
+  }
+};
+
+// The GEMM operand type of a recipe: bf16 holds every FP8 value, and every FP8 value times a
+// power-of-two scale, exactly; only BLOCK with arbitrary fp32 scales needs fp32 operands.
+inline GemmType fp8_operand_type(const ResolvedRecipe& r) {
+  return r.recipe == Recipe::Block && !r.power_2_scale ? GemmType::F32 : GemmType::BF16;
+}
+
+template <typename Fn> decltype(auto) with_format(Fp8Format f, Fn&& fn) {
+  if (f == Fp8Format::E4M3) return fn(std::integral_constant<Fp8Format, Fp8Format::E4M3>{});
+  return fn(std::integral_constant<Fp8Format, Fp8Format::E5M2>{});
+}
+
+// amax over n fp32 values on the cores (the max is exact in any order).
+inline float parallel_amax(int threads, const float* x, int64_t n) {
+  float part[256];
+  const int chunks = threads < 256 ? threads : 256;
+  for (int c = 0; c < chunks; ++c) part[c] = 0.0f;
+  parallel_chunks(threads, chunks, n, [&](int64_t i0, int64_t i1, int c) { part[c] = numerics::amax_of(x + i0, i1 - i0); });
+  float m = 0.0f;
+  for (int c = 0; c < chunks; ++c) m = numerics::amax_max(m, part[c]);
+  return m;
+}
+
+// Quantizes in [rows, cols] into codes [rows, cols] and, for blocked recipes, scales
+// (k.scale_count floats, or E8M0 bytes for mxfp8). Per-tensor kinds use `scale`. `work` holds
+// threads * cols uint32 (column bands).
+inline void quantize_operand(int threads, const QuantKind& k, const float* in, int64_t rows, int64_t cols, float scale,
+                             uint8_t* codes, void* scales, uint32_t* work) {
+  with_format(k.format, [&](auto ft) {
+    constexpr Fp8Format F = decltype(ft)::value;
+    const int64_t b = k.block();
+    if (k.per_tensor()) {
+      parallel_chunks(threads, threads, rows * cols, [&](int64_t i0, int64_t i1, int) {
+        numerics::quantize_tensor<F>(in + i0, i1 - i0, scale, codes + i0);
+      });
+    } else if (k.tiles()) {
+      const int64_t bands = numerics::num_blocks(rows, b), nbc = numerics::num_blocks(cols, b);
+      parallel_chunks(threads, threads, bands, [&](int64_t b0, int64_t b1, int) {
+        for (int64_t band = b0; band < b1; ++band) {
+          const int64_t r0 = band * b, h = rows - r0 < b ? rows - r0 : b;
+          numerics::quantize_tiles<F>(in + r0 * cols, h, cols, b, b, k.power_2_scale, k.amax_epsilon, codes + r0 * cols,
+                                      static_cast<float*>(scales) + band * nbc);
+        }
+      });
+    } else if (k.contract == Contract::Cols) {
+      const int64_t nb = numerics::num_blocks(cols, b);
+      parallel_chunks(threads, threads, rows, [&](int64_t r0, int64_t r1, int) {
+        if (k.recipe == Recipe::Mxfp8)
+          numerics::quantize_mxfp8_rows<F>(in + r0 * cols, r1 - r0, cols, codes + r0 * cols,
+                                           static_cast<uint8_t*>(scales) + r0 * nb, b);
+        else
+          numerics::quantize_rows_blocked<F>(in + r0 * cols, r1 - r0, cols, b, k.power_2_scale, k.amax_epsilon,
+                                             codes + r0 * cols, static_cast<float*>(scales) + r0 * nb);
+      });
+    } else {
+      parallel_chunks(threads, threads, numerics::num_blocks(rows, b), [&](int64_t b0, int64_t b1, int c) {
+        uint32_t* w = work + c * cols;
+        for (int64_t band = b0; band < b1; ++band) {
+          const int64_t r0 = band * b, h = rows - r0 < b ? rows - r0 : b;
+          if (k.recipe == Recipe::Mxfp8)
+            numerics::quantize_mxfp8_cols_band<F>(in, cols, band, r0, h, codes, static_cast<uint8_t*>(scales), w);
+          else
+            numerics::quantize_cols_band<F>(in, cols, band, r0, h, k.power_2_scale, k.amax_epsilon, codes,
+                                            static_cast<float*>(scales), w);
+        }
+      });
+    }
+  });
+}
+
+// Decodes codes [rows, cols] into the GEMM operand: fp8 value times its block's scale_inv (per
+// tensor: the bare fp8 value; the scale_inv goes to the GEMM's epilogue). bf16 or fp32 per type.
+inline void decode_operand(int threads, const QuantKind& k, const uint8_t* codes, const void* scales, int64_t rows,
+                           int64_t cols, GemmType type, void* out) {
+  with_format(k.format, [&](auto ft) {
+    constexpr Fp8Format F = decltype(ft)::value;
+    const int64_t b = k.block();
+    const int64_t nb = numerics::num_blocks(cols, b);
+    const bool e8m0 = k.recipe == Recipe::Mxfp8;
+    const auto* sf = static_cast<const float*>(scales);
+    const auto* s8 = static_cast<const uint8_t*>(scales);
+    // The scale_inv of element (r, c).
+    auto scale_at = [&](int64_t r, int64_t c) -> float {
+      if (k.per_tensor()) return 1.0f;
+      int64_t i;
+      if (k.tiles()) i = (r / b) * nb + c / b;
+      else if (k.contract == Contract::Cols) i = r * nb + c / b;
+      else i = (r / b) * cols + c;
+      return e8m0 ? numerics::e8m0_to_float(s8[i]) : sf[i];
+    };
+    parallel_chunks(threads, threads, rows, [&](int64_t r0, int64_t r1, int) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const uint8_t* q = codes + r * cols;
+        if (type == GemmType::BF16) {
+          uint16_t* o = static_cast<uint16_t*>(out) + r * cols;
+          for (int64_t c = 0; c < cols; ++c)
+            o[c] = numerics::store<numerics::DType::BF16>(numerics::fp8_to_float<F>(q[c]) * scale_at(r, c));
+        } else {
+          float* o = static_cast<float*>(out) + r * cols;
+          for (int64_t c = 0; c < cols; ++c) o[c] = numerics::fp8_to_float<F>(q[c]) * scale_at(r, c);
+        }
+      }
+    });
+  });
+}
+
+}  // namespace lnmlp::cpu
