@@ -32,6 +32,7 @@ struct Options {
   std::string norm = "layernorm";
   std::string dtype = "f32";
   std::string remat = "save_all";
+  std::string recipe = "none";
   int iters = 5;
   int threads = 0;
   int64_t check_tokens = 16;
@@ -42,6 +43,7 @@ struct Options {
                "lnmlp-bench: %s\n"
                "usage: lnmlp-bench [--tokens T] [--hidden H] [--ffn F] [--act NAME] [--norm layernorm|rmsnorm]\n"
                "                   [--dtype f32|bf16|f16] [--remat save_all|save_ffn1|save_stats]\n"
+               "                   [--recipe none|delayed|current|block|mxfp8]\n"
                "                   [--iters N] [--threads N] [--check-tokens N]\n"
                "  NAME: linear relu gelu silu quick_gelu squared_relu sigmoid, or a gated pair\n"
                "        geglu swiglu reglu qgeglu sreglu glu clamped_swiglu\n",
@@ -63,6 +65,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--norm") o.norm = v;
     else if (a == "--dtype") o.dtype = v;
     else if (a == "--remat") o.remat = v;
+    else if (a == "--recipe") o.recipe = v;
     else if (a == "--iters") o.iters = std::atoi(v);
     else if (a == "--threads") o.threads = std::atoi(v);
     else if (a == "--check-tokens") o.check_tokens = std::atoll(v);
@@ -174,15 +177,24 @@ int main(int argc, char** argv) {
                         : o.remat == "save_ffn1" ? LNMLP_REMAT_SAVE_FFN1
                         : o.remat == "save_stats" ? LNMLP_REMAT_SAVE_STATS
                                                   : (usage("--remat is save_all, save_ffn1 or save_stats"), 0);
+  const int32_t recipe = o.recipe == "none" ? LNMLP_RECIPE_NONE
+                         : o.recipe == "delayed" ? LNMLP_RECIPE_DELAYED
+                         : o.recipe == "current" ? LNMLP_RECIPE_CURRENT
+                         : o.recipe == "block" ? LNMLP_RECIPE_BLOCK
+                         : o.recipe == "mxfp8" ? LNMLP_RECIPE_MXFP8
+                                               : (usage("--recipe is none, delayed, current, block or mxfp8"), 0);
   const int64_t T = o.tokens, H = o.hidden, F = o.ffn;
   const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
 
   const char* info = nullptr;
   check(lnmlp_get_build_info(&info), "lnmlp_get_build_info");
   std::printf("%s\n", info);
-  std::printf("block: tokens %lld, hidden %lld, ffn %lld, %s, act %s, %s, remat %s, biases on, %d threads\n",
+  std::printf("block: tokens %lld, hidden %lld, ffn %lld, %s, act %s, %s, remat %s, FP8 recipe %s, biases on, %d threads\n",
               static_cast<long long>(T), static_cast<long long>(H), static_cast<long long>(F), o.norm.c_str(),
-              o.act.c_str(), o.dtype.c_str(), o.remat.c_str(), threads);
+              o.act.c_str(), o.dtype.c_str(), o.remat.c_str(), o.recipe.c_str(), threads);
+  if (recipe != LNMLP_RECIPE_NONE)
+    std::printf("(FP8 is emulated on the CPU: FP8 codes decoded into bf16/fp32 GEMM operands, see docs/fp8.md;\n"
+                " the peer below is the unquantized GEMMs in %s)\n", o.dtype.c_str());
 
   lnmlp_desc* desc = nullptr;
   check(lnmlp_desc_create(&desc), "lnmlp_desc_create");
@@ -193,6 +205,7 @@ int main(int argc, char** argv) {
   check(lnmlp_desc_set_dtype(desc, dtype), "set_dtype");
   check(lnmlp_desc_set_remat(desc, remat), "set_remat");
   check(lnmlp_desc_set_num_threads(desc, o.threads), "set_num_threads");
+  check(lnmlp_desc_set_recipe(desc, recipe), "set_recipe");
   lnmlp_plan* plan = nullptr;
   const auto t_plan = std::chrono::steady_clock::now();
   check(lnmlp_plan_create(desc, &plan), "lnmlp_plan_create");
@@ -255,8 +268,9 @@ int main(int argc, char** argv) {
   // them), else the fp32 FMA units. Best of three, since a shared machine only ever slows it.
   Peak peak{0.0, ""};
   for (int k = 0; k < 3; ++k) {
-    Peak p = dtype == LNMLP_DTYPE_BF16 ? measure_amx_bf16_peak(threads) : measure_fp32_peak(threads);
-    if (p.gflops == 0.0 && dtype == LNMLP_DTYPE_BF16) p = measure_bf16_peak(threads);
+    const bool bf16_gemms = dtype == LNMLP_DTYPE_BF16 || recipe != LNMLP_RECIPE_NONE;
+    Peak p = bf16_gemms ? measure_amx_bf16_peak(threads) : measure_fp32_peak(threads);
+    if (p.gflops == 0.0 && bf16_gemms) p = measure_bf16_peak(threads);
     if (p.gflops > peak.gflops) peak = p;
   }
   std::fprintf(stderr, "\rchecking against the float64 reference...");

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <type_traits>
 
 #include "../fp8_recipe.h"
@@ -124,25 +125,35 @@ inline void decode_operand(int threads, const QuantKind& k, const uint8_t* codes
     const bool e8m0 = k.recipe == Recipe::Mxfp8;
     const auto* sf = static_cast<const float*>(scales);
     const auto* s8 = static_cast<const uint8_t*>(scales);
-    // The scale_inv of element (r, c).
-    auto scale_at = [&](int64_t r, int64_t c) -> float {
-      if (k.per_tensor()) return 1.0f;
-      int64_t i;
-      if (k.tiles()) i = (r / b) * nb + c / b;
-      else if (k.contract == Contract::Cols) i = r * nb + c / b;
-      else i = (r / b) * cols + c;
-      return e8m0 ? numerics::e8m0_to_float(s8[i]) : sf[i];
+    auto scale_inv = [&](int64_t i) { return e8m0 ? numerics::e8m0_to_float(s8[i]) : sf[i]; };
+    // Writes o[c] = fp8(q[c]) * s(c) for c in [c0, c1), s given per element; bf16 or fp32.
+    auto emit = [&](const uint8_t* q, int64_t r, int64_t c0, int64_t c1, auto s) {
+      if (type == GemmType::BF16) {
+        uint16_t* o = static_cast<uint16_t*>(out) + r * cols;
+#pragma omp simd
+        for (int64_t c = c0; c < c1; ++c)
+          o[c] = numerics::store<numerics::DType::BF16>(numerics::fp8_to_float<F>(q[c]) * s(c));
+      } else {
+        float* o = static_cast<float*>(out) + r * cols;
+#pragma omp simd
+        for (int64_t c = c0; c < c1; ++c) o[c] = numerics::fp8_to_float<F>(q[c]) * s(c);
+      }
     };
     parallel_chunks(threads, threads, rows, [&](int64_t r0, int64_t r1, int) {
       for (int64_t r = r0; r < r1; ++r) {
         const uint8_t* q = codes + r * cols;
-        if (type == GemmType::BF16) {
-          uint16_t* o = static_cast<uint16_t*>(out) + r * cols;
-          for (int64_t c = 0; c < cols; ++c)
-            o[c] = numerics::store<numerics::DType::BF16>(numerics::fp8_to_float<F>(q[c]) * scale_at(r, c));
-        } else {
-          float* o = static_cast<float*>(out) + r * cols;
-          for (int64_t c = 0; c < cols; ++c) o[c] = numerics::fp8_to_float<F>(q[c]) * scale_at(r, c);
+        if (k.per_tensor()) {
+          emit(q, r, 0, cols, [](int64_t) { return 1.0f; });
+        } else if (k.tiles() || k.contract == Contract::Cols) {
+          const int64_t first = k.tiles() ? (r / b) * nb : r * nb;  // this row's first block scale
+          for (int64_t blk = 0; blk < nb; ++blk) {
+            const float si = scale_inv(first + blk);
+            emit(q, r, blk * b, std::min(cols, (blk + 1) * b), [si](int64_t) { return si; });
+          }
+        } else {  // blocks down the columns: a scale per column, shared by `b` rows
+          const int64_t base = (r / b) * cols;
+          if (e8m0) emit(q, r, 0, cols, [s8, base](int64_t c) { return numerics::e8m0_to_float(s8[base + c]); });
+          else emit(q, r, 0, cols, [sf, base](int64_t c) { return sf[base + c]; });
         }
       }
     });

@@ -13,6 +13,14 @@ namespace lnmlp::cpu {
 // reduced in chunk order give the same bits whatever the scheduling.
 template <typename Body> void parallel_chunks(int threads, int chunks, int64_t n, Body&& body) {
   const int64_t per = (n + chunks - 1) / chunks;
+  if (threads == 1) {  // no parallel region: libgomp allocates a team for each one, even of one thread
+    for (int c = 0; c < chunks; ++c) {
+      const int64_t begin = std::min<int64_t>(n, c * per);
+      const int64_t end = std::min<int64_t>(n, begin + per);
+      if (begin < end) body(begin, end, c);
+    }
+    return;
+  }
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int c = 0; c < chunks; ++c) {
     const int64_t begin = std::min<int64_t>(n, c * per);

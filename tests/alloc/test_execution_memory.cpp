@@ -1,5 +1,5 @@
 // Execution allocates no memory: after a warm-up call, forward and backward run with a malloc
-// interposer armed (alloc_counter.c) for every dtype and remat policy, and the heap allocations of
+// interposer armed (alloc_counter.c) for every dtype and remat policy and every FP8 recipe, and the heap allocations of
 // the whole process during those calls are counted.
 //
 // lnmlp's own code allocates nothing while executing. oneDNN's matmul execute does build a small
@@ -21,7 +21,7 @@ namespace {
 constexpr long kMaxSingle = 4096;
 constexpr long kMaxTotal = 64 * 1024;
 
-bool run_case(int32_t dtype, int32_t remat, int32_t threads) {
+bool run_case(int32_t dtype, int32_t remat, int32_t threads, int32_t recipe) {
   const int64_t T = 96, H = 64, F = 80;
   const int32_t acts[2] = {LNMLP_ACT_SILU, LNMLP_ACT_LINEAR};
   lnmlp_desc* d = nullptr;
@@ -33,6 +33,7 @@ bool run_case(int32_t dtype, int32_t remat, int32_t threads) {
   lnmlp_desc_set_dtype(d, dtype);
   lnmlp_desc_set_remat(d, remat);
   lnmlp_desc_set_num_threads(d, threads);
+  lnmlp_desc_set_recipe(d, recipe);
   if (lnmlp_plan_create(d, &p) != LNMLP_SUCCESS) {
     std::printf("plan_create failed: %s\n", lnmlp_last_error());
     return false;
@@ -62,8 +63,8 @@ bool run_case(int32_t dtype, int32_t remat, int32_t threads) {
   ok = step() && ok;
   alloc_counter_disarm(&count, &bytes, &largest);
   lnmlp_plan_destroy(p);
-  std::printf("dtype %d remat %d threads %d: %ld allocations, %ld bytes, largest %ld\n", dtype, remat, threads,
-              count, bytes, largest);
+  std::printf("dtype %d remat %d threads %d recipe %d: %ld allocations, %ld bytes, largest %ld\n", dtype, remat,
+              threads, recipe, count, bytes, largest);
   return ok && largest <= kMaxSingle && bytes <= kMaxTotal;
 }
 
@@ -73,7 +74,14 @@ int main() {
   int passed = 0, failed = 0;
   for (int32_t dtype : {LNMLP_DTYPE_F32, LNMLP_DTYPE_BF16, LNMLP_DTYPE_F16})
     for (int32_t remat : {LNMLP_REMAT_SAVE_ALL, LNMLP_REMAT_SAVE_FFN1, LNMLP_REMAT_SAVE_STATS})
-      for (int32_t threads : {1, 2}) (run_case(dtype, remat, threads) ? passed : failed)++;
+      for (int32_t threads : {1, 2}) (run_case(dtype, remat, threads, LNMLP_RECIPE_NONE) ? passed : failed)++;
+  // Every FP8 recipe, each dtype once (remat and threads rotating).
+  int i = 0;
+  for (int32_t recipe : {LNMLP_RECIPE_DELAYED, LNMLP_RECIPE_CURRENT, LNMLP_RECIPE_BLOCK, LNMLP_RECIPE_MXFP8})
+    for (int32_t dtype : {LNMLP_DTYPE_F32, LNMLP_DTYPE_BF16, LNMLP_DTYPE_F16}) {
+      (run_case(dtype, i % 3, 1 + i % 2, recipe) ? passed : failed)++;
+      ++i;
+    }
   std::printf("%d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;
 }

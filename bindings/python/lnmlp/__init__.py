@@ -9,6 +9,14 @@ Two ways in:
   with plans cached by configuration.
 
 :mod:`lnmlp.fp8` converts arrays to and from the FP8 formats (E4M3, E5M2).
+
+FP8 training (docs/fp8.md defines exactly what is computed): the recipes :class:`DelayedScaling`,
+:class:`Float8CurrentScaling`, :class:`Float8BlockScaling` and :class:`MXFP8BlockScaling`
+(TransformerEngine's names and defaults) go to ``Plan(..., recipe=...)``, or through
+:func:`make_quantizer_set` to the functional API's ``quantizer_set=``. Under delayed scaling the
+plan (Plan API) or the quantizer set (functional API) carries each quantizer's scale and amax
+history: ``plan.quantizer_state(name)`` / ``plan.set_quantizer_state(...)`` /
+``plan.export_state()`` / ``plan.import_state(blob)``, ``qs.state()`` / ``qs.load_state(...)``.
 """
 
 from ._version import __version__
@@ -20,6 +28,8 @@ from ._lib import (ABI_VERSION, BackendError, Error, InternalError, InvalidArgum
 from ._plan import ACTIVATIONS, GATED_PAIRS, ActParams, Grads, Plan, normalize_activations
 from ._functional import (clear_plan_cache, layernorm_mlp, layernorm_mlp_vjp, noop_quantizer_set,
                           plan_cache_info, set_plan_cache_size)
+from .recipe import (QUANTIZERS, DelayedScaling, Float8BlockScaling, Float8CurrentScaling,
+                     MXFP8BlockScaling, QuantizerSet, Recipe, make_quantizer_set)
 from . import fp8
 
 __all__ = [
@@ -27,6 +37,8 @@ __all__ = [
     "Plan", "Grads", "ActParams", "ACTIVATIONS", "GATED_PAIRS", "normalize_activations",
     "layernorm_mlp", "layernorm_mlp_vjp", "noop_quantizer_set", "clear_plan_cache",
     "plan_cache_info", "set_plan_cache_size", "fp8",
+    "Recipe", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling",
+    "QuantizerSet", "make_quantizer_set", "QUANTIZERS",
     "Error", "InvalidArgumentError", "NullPointerError", "SizeOverflowError", "InvalidHandleError",
     "NotSupportedError", "OutOfMemoryError", "WorkspaceTooSmallError", "NoWorkspaceError",
     "MisalignedError", "PlanBusyError", "BackendError", "InternalError", "LibraryNotFoundError",

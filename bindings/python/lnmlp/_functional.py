@@ -17,8 +17,9 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ._lib import InvalidArgumentError, NotSupportedError
+from ._lib import InvalidArgumentError
 from ._plan import Plan, _normalize_act_params, normalize_activations
+from .recipe import BACKWARD_QUANTIZERS, FORWARD_QUANTIZERS, QuantizerSet
 
 __all__ = ["layernorm_mlp", "layernorm_mlp_vjp", "noop_quantizer_set", "clear_plan_cache",
            "plan_cache_info", "set_plan_cache_size"]
@@ -99,8 +100,11 @@ def _as_array(name, a):
 
 def _prepare(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamma, epsilon,
              activation_type, quantizer_set, act_params, remat):
-    if quantizer_set is not None:
-        raise NotSupportedError("FP8 quantizer sets are not supported yet")
+    if quantizer_set is not None and not isinstance(quantizer_set, QuantizerSet):
+        raise InvalidArgumentError(
+            f"quantizer_set must be None (noop_quantizer_set) or a set made by "
+            f"lnmlp.make_quantizer_set(recipe), got {type(quantizer_set).__name__}")
+    recipe = None if quantizer_set is None else quantizer_set.recipe
     if not isinstance(norm_type, str):
         raise InvalidArgumentError(f"norm_type must be 'layernorm' or 'rmsnorm', got {norm_type!r}")
     try:
@@ -129,19 +133,32 @@ def _prepare(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamma, ep
     tokens = int(np.prod(x.shape[:-1], dtype=np.int64))
     ap = _normalize_act_params(act_params)
     key = (tokens, hidden, ffn, norm_type.lower(), bool(zero_centered_gamma), float(epsilon), acts,
-           ap, bias_1 is not None, bias_2 is not None, x.dtype.str, x.dtype.name, remat)
+           ap, bias_1 is not None, bias_2 is not None, x.dtype.str, x.dtype.name, remat, recipe)
     kwargs = dict(tokens=tokens, hidden=hidden, ffn=ffn, norm_type=norm_type,
                   zero_centered_gamma=zero_centered_gamma, epsilon=epsilon, activation_type=acts,
                   act_params=ap, use_bias1=bias_1 is not None, use_bias2=bias_2 is not None,
-                  dtype=x.dtype, remat=remat)
+                  dtype=x.dtype, remat=remat, recipe=recipe)
     plan = _get_plan(key, kwargs)
     return plan, (x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2)
 
 
-def _run_forward(plan, args):
+def _with_state(plan, qs, names, fn):
+    """Runs fn() on the plan with the quantizer set's state of `names` loaded into it before and
+    read back after (delayed scaling; plans may be shared by several quantizer sets)."""
+    if qs is None or not qs.recipe.stateful:
+        return fn()
+    with qs._lock, plan._lock:
+        qs._push(plan, names)
+        out = fn()
+        qs._pull(plan, names)
+        return out
+
+
+def _run_forward(plan, args, qs=None):
     x, gamma, beta, k1, b1, k2, b2 = args
     try:
-        return plan.forward(x, gamma, beta, k1, b1, k2, b2)
+        return _with_state(plan, qs, FORWARD_QUANTIZERS,
+                           lambda: plan.forward(x, gamma, beta, k1, b1, k2, b2))
     except InvalidArgumentError as e:
         raise _rename(e) from None
 
@@ -169,17 +186,21 @@ def layernorm_mlp(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamm
     kernel_2 (F, H)]; biases = [bias_1 (A, F) or None, bias_2 (H,) or None]; every array has
     x's dtype (float32, float16 or ml_dtypes.bfloat16). Returns the output, shaped like x.
     The axes, checkpoint names and transpose_batch_sequence are accepted and ignored (one device).
+
+    quantizer_set: None (no FP8) or ``lnmlp.make_quantizer_set(recipe)``: the GEMMs run in FP8 as
+    docs/fp8.md defines; under delayed scaling this call updates the set's forward quantizers
+    (ln_out, w1, act_out, w2).
     """
     plan, args = _prepare(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamma,
                           epsilon, activation_type, quantizer_set, act_params, "forward_only")
-    return _run_forward(plan, args)[0]
+    return _run_forward(plan, args, quantizer_set)[0]
 
 
 class _VJP:
     """The pullback of one layernorm_mlp call; may be called several times."""
 
-    def __init__(self, plan, args, saved):
-        self._plan, self._args, self._saved = plan, args, saved
+    def __init__(self, plan, args, saved, qs=None):
+        self._plan, self._args, self._saved, self._qs = plan, args, saved, qs
         with _cache_lock:
             _vjp_users.setdefault(plan, weakref.WeakSet()).add(self)
 
@@ -188,7 +209,8 @@ class _VJP:
         x, gamma, beta, k1, b1, k2, b2 = self._args
         dy = _as_array("dy", dy)
         try:
-            g = self._plan.backward(dy, x, gamma, beta, k1, b1, k2, self._saved)
+            g = _with_state(self._plan, self._qs, BACKWARD_QUANTIZERS,
+                            lambda: self._plan.backward(dy, x, gamma, beta, k1, b1, k2, self._saved))
         except InvalidArgumentError as e:
             raise _rename(e) from None
         return g.dx, g.dgamma, g.dbeta, [g.dw1, g.dw2], [g.db1, g.db2]
@@ -204,8 +226,12 @@ def layernorm_mlp_vjp(x, gamma, beta, kernels, biases, norm_type, zero_centered_
     (None where the input was None; each gradient shaped like its input).
 
     The vjp reads x and the weights again: do not modify them in place before calling it.
+
+    With a delayed-scaling quantizer set, this call updates the set's forward quantizers and each
+    ``vjp(dy)`` call its backward ones (dy, dh); backward re-quantizes the weights with the
+    scales this forward used (kept in the saved buffer).
     """
     plan, args = _prepare(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamma,
                           epsilon, activation_type, quantizer_set, act_params, "save_all")
-    y, saved = _run_forward(plan, args)
-    return y, _VJP(plan, args, saved)
+    y, saved = _run_forward(plan, args, quantizer_set)
+    return y, _VJP(plan, args, saved, quantizer_set)

@@ -157,6 +157,9 @@ _PROTOTYPES = {
     "lnmlp_desc_set_backend": (_i32, [_vp, _i32, _i32]),
     "lnmlp_desc_set_num_threads": (_i32, [_vp, _i32]),
     "lnmlp_desc_set_recipe": (_i32, [_vp, _i32]),
+    "lnmlp_desc_set_fp8_format": (_i32, [_vp, _i32]),
+    "lnmlp_desc_set_delayed_scaling": (_i32, [_vp, _i32, _i32, _i32]),
+    "lnmlp_desc_set_scaling_options": (_i32, [_vp, _i32, _f32]),
     "lnmlp_desc_set_sharding": (_i32, [_vp, _i32, _i32, _i32]),
     "lnmlp_desc_set_external_workspace": (_i32, [_vp, _i32]),
     "lnmlp_plan_create": (_i32, [_vp, _P(_vp)]),
@@ -166,6 +169,12 @@ _PROTOTYPES = {
     "lnmlp_plan_get_saved_bytes_per_token": (_i32, [_vp, _P(_i64)]),
     "lnmlp_plan_get_alignment": (_i32, [_vp, _P(_i64)]),
     "lnmlp_plan_attach_workspace": (_i32, [_vp, _vp, _i64]),
+    "lnmlp_plan_get_amax_history_length": (_i32, [_vp, _P(_i32)]),
+    "lnmlp_plan_get_quantizer_state": (_i32, [_vp, _i32, _P(_f32), _vp, _i32]),
+    "lnmlp_plan_set_quantizer_state": (_i32, [_vp, _i32, _f32, _vp, _i32]),
+    "lnmlp_plan_get_state_bytes": (_i32, [_vp, _P(_i64)]),
+    "lnmlp_plan_export_state": (_i32, [_vp, _vp, _i64]),
+    "lnmlp_plan_import_state": (_i32, [_vp, _vp, _i64]),
     "lnmlp_plan_forward": (_i32, [_vp] + [_vp] * 10),
     "lnmlp_plan_backward": (_i32, [_vp] + [_vp] * 16),
     "lnmlp_fp8_encode": (_i32, [_i32, _vp, _i64, _f32, _vp]),
@@ -224,11 +233,34 @@ def _load():
         "or set LNMLP_LIBRARY to its path. Tried:\n  " + "\n  ".join(tried), status=-1)
 
 
+# FP8-recipe functions a library built before them lacks: the binding still loads, and using a recipe
+# raises NotSupportedError (require()).
+_OPTIONAL = frozenset({
+    "lnmlp_desc_set_fp8_format", "lnmlp_desc_set_delayed_scaling", "lnmlp_desc_set_scaling_options",
+    "lnmlp_plan_get_amax_history_length", "lnmlp_plan_get_quantizer_state",
+    "lnmlp_plan_set_quantizer_state", "lnmlp_plan_get_state_bytes", "lnmlp_plan_export_state",
+    "lnmlp_plan_import_state"})
+
+
+def has_function(name: str) -> bool:
+    """Whether the loaded library exports `name` (all but the _OPTIONAL ones always do)."""
+    return name in get_lib()._lnmlp_declared
+
+
+def require(name: str, what: str) -> None:
+    if not has_function(name):
+        raise NotSupportedError(f"{library_path()} is too old for {what}: it lacks {name}", status=ERROR_NOT_SUPPORTED)
+
+
 def _declare(lib, path):
-    missing = [n for n in _PROTOTYPES if not hasattr(lib, n)]
+    missing = [n for n in _PROTOTYPES if not hasattr(lib, n) and n not in _OPTIONAL]
     if missing:
         raise LibraryNotFoundError(f"{path} lacks the functions {', '.join(missing)}", status=-1)
+    declared = set()
     for name, (restype, argtypes) in _PROTOTYPES.items():
+        if not hasattr(lib, name):
+            continue
+        declared.add(name)
         fn = getattr(lib, name)
         fn.restype = restype
         fn.argtypes = argtypes
@@ -241,6 +273,7 @@ def _declare(lib, path):
             f"Python package needs ABI version {ABI_VERSION}; install a matching library or "
             f"point LNMLP_LIBRARY at one", status=-1)
     lib._lnmlp_version = (major, minor, patch, abi)
+    lib._lnmlp_declared = frozenset(declared)
     return lib
 
 

@@ -12,6 +12,7 @@ import numpy as np
 from . import _lib
 from ._lib import (InvalidArgumentError, InvalidHandleError, MisalignedError,
                    NotSupportedError, NullPointerError)
+from .recipe import QUANTIZERS, check_history, check_recipe, check_scale, quantizer_index
 
 try:
     import ml_dtypes
@@ -194,11 +195,19 @@ class Plan:
 
     ``forward`` returns ``(y, saved)``: ``saved`` (a uint8 array, aligned as the plan requires)
     carries what backward needs; pass it to ``backward`` with the same x and weights, unmodified.
+
+    ``recipe`` (None, or :class:`lnmlp.DelayedScaling`, :class:`lnmlp.Float8CurrentScaling`,
+    :class:`lnmlp.Float8BlockScaling`, :class:`lnmlp.MXFP8BlockScaling`) runs the GEMMs in FP8
+    (docs/fp8.md). Under delayed scaling the plan owns each quantizer's scale and amax history:
+    ``forward`` updates ln_out, w1, act_out, w2, ``backward`` dy, dh; read and write them with
+    :meth:`quantizer_state` / :meth:`set_quantizer_state`, or checkpoint them with
+    :meth:`export_state` / :meth:`import_state`.
     """
 
     def __init__(self, tokens, hidden, ffn, *, norm_type="layernorm", zero_centered_gamma=False,
                  epsilon=1e-6, activation_type=("relu",), act_params=None, use_bias1=False,
-                 use_bias2=False, dtype=np.float32, remat="save_all", num_threads=0, backend="cpu"):
+                 use_bias2=False, dtype=np.float32, remat="save_all", num_threads=0, backend="cpu",
+                 recipe=None):
         self._handle = None  # set first, so __del__ is safe whatever fails below
         self._lock = threading.RLock()
         lib = _lib.get_lib()
@@ -225,6 +234,7 @@ class Plan:
         self.backend = backend.lower() if isinstance(backend, str) else backend
         backend_v = _choice("backend", backend, _BACKENDS)
         self.num_threads = int(num_threads)
+        self.recipe = check_recipe(recipe)
 
         desc = ctypes.c_void_p()
         _lib.check(lib.lnmlp_desc_create(ctypes.byref(desc)))
@@ -245,6 +255,9 @@ class Plan:
             c(lib.lnmlp_desc_set_remat(desc, remat_v))
             if self.num_threads:
                 c(lib.lnmlp_desc_set_num_threads(desc, self.num_threads))
+            if self.recipe is not None:
+                _lib.require("lnmlp_desc_set_fp8_format", "FP8 recipes")
+                self.recipe._apply(lib, desc, c)
             handle = ctypes.c_void_p()
             c(lib.lnmlp_plan_create(desc, ctypes.byref(handle)))
             self._handle = handle
@@ -254,6 +267,13 @@ class Plan:
         self.saved_bytes = self._query(lib.lnmlp_plan_get_saved_bytes)
         self.saved_bytes_per_token = self._query(lib.lnmlp_plan_get_saved_bytes_per_token)
         self.alignment = self._query(lib.lnmlp_plan_get_alignment)
+        self.state_bytes = 0
+        self.amax_history_length = 0
+        if _lib.has_function("lnmlp_plan_get_state_bytes"):
+            self.state_bytes = self._query(lib.lnmlp_plan_get_state_bytes)
+            n = ctypes.c_int32()
+            _lib.check(lib.lnmlp_plan_get_amax_history_length(self._handle, ctypes.byref(n)))
+            self.amax_history_length = n.value
 
     # --- lifetime ---------------------------------------------------------------------------------
     def _query(self, fn):
@@ -297,7 +317,69 @@ class Plan:
         return (f"lnmlp.Plan(tokens={self.tokens}, hidden={self.hidden}, ffn={self.ffn}, "
                 f"norm_type={self.norm_type!r}, activation_type={self.activation_type!r}, "
                 f"dtype={self.dtype.name}, use_bias1={self.use_bias1}, use_bias2={self.use_bias2}, "
-                f"remat={self.remat!r}, backend={self.backend!r}) [{state}]")
+                f"remat={self.remat!r}, backend={self.backend!r}, recipe={self.recipe!r}) [{state}]")
+
+    # --- FP8 quantizer state (delayed scaling) -----------------------------------------------------
+    def _require_state(self):
+        if self.amax_history_length == 0:
+            raise InvalidArgumentError(
+                f"this plan's recipe ({self.recipe!r}) keeps no quantizer state; only "
+                f"DelayedScaling does")
+
+    def quantizer_state(self, name):
+        """``(scale, amax_history)`` of one quantizer ("ln_out", "w1", "act_out", "w2", "dy",
+        "dh"): the scale as a float, the history as a float32 array, newest first (copies).
+        Delayed scaling only (InvalidArgumentError otherwise)."""
+        q = quantizer_index(name)
+        with self._lock:
+            handle = self._live()
+            self._require_state()
+            scale = ctypes.c_float()
+            hist = np.empty(self.amax_history_length, dtype=np.float32)
+            _lib.check(_lib.get_lib().lnmlp_plan_get_quantizer_state(
+                handle, q, ctypes.byref(scale), hist.ctypes.data, hist.size))
+            return float(scale.value), hist
+
+    def set_quantizer_state(self, name, scale, amax_history):
+        """Replaces one quantizer's state: scale finite and > 0; amax_history a 1-D array of
+        :attr:`amax_history_length` entries (newest first), each >= 0, +inf or NaN."""
+        q = quantizer_index(name)
+        with self._lock:
+            self._live()
+            self._require_state()
+            s = check_scale(QUANTIZERS[q], scale)
+            h = check_history(QUANTIZERS[q], amax_history, self.amax_history_length)
+            self._set_quantizer_state_unchecked(q, s, h)
+
+    def _set_quantizer_state_unchecked(self, q, scale, hist):
+        hist = np.ascontiguousarray(hist, dtype=np.float32)
+        _lib.check(_lib.get_lib().lnmlp_plan_set_quantizer_state(
+            self._live(), q, float(scale), hist.ctypes.data, hist.size))
+
+    def export_state(self) -> bytes:
+        """The whole quantizer state as a versioned blob (``lnmlp_plan_export_state``); ``b""``
+        for a stateless recipe."""
+        with self._lock:
+            handle = self._live()
+            if self.state_bytes == 0:
+                return b""
+            buf = ctypes.create_string_buffer(self.state_bytes)
+            _lib.check(_lib.get_lib().lnmlp_plan_export_state(handle, buf, self.state_bytes))
+            return buf.raw
+
+    def import_state(self, blob) -> None:
+        """Restores a blob from :meth:`export_state` of a plan with the same recipe and history
+        length, bit for bit; a blob of another version, recipe, length or with invalid values
+        raises InvalidArgumentError and changes nothing."""
+        if isinstance(blob, np.ndarray):
+            blob = blob.tobytes()
+        if not isinstance(blob, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError(f"blob must be bytes, got {type(blob).__name__}")
+        data = bytes(blob)
+        with self._lock:
+            handle = self._live()
+            buf = ctypes.create_string_buffer(data, len(data)) if data else None
+            _lib.check(_lib.get_lib().lnmlp_plan_import_state(handle, buf, len(data)))
 
     # --- argument checks --------------------------------------------------------------------------
     def _ptr(self, name, arr, shape):

@@ -1,6 +1,11 @@
 import os
 import sys
 
+# OpenMP's default (active, spinning) wait policy makes the many small plans of these tests ~15x
+# slower when other processes share the cores (seen: test_fp8_recipes.py 7 s -> 100 s on 2 loaded
+# cores); passive waiting costs nothing at these sizes. Set before lnmlp loads its library.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
 # Test the package of this source tree (also when another copy is installed).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -53,9 +53,11 @@ def test_every_c_function_is_declared():
         pytest.skip("not in the source tree")
     import re
     names = set(re.findall(r"LNMLP_API\s+[^;(]*?\b(lnmlp_\w+)\s*\(", open(header).read()))
-    assert len(names) == 32 and names == set(_lib._PROTOTYPES)
+    assert len(names) == 41 and names == set(_lib._PROTOTYPES)
     lib = _lib.get_lib()
     for n in names:
+        if n in _lib._OPTIONAL and not _lib.has_function(n):
+            continue  # a library built before the FP8 recipes: recipes raise NotSupportedError
         assert getattr(lib, n).argtypes is not None and getattr(lib, n).restype is not None
 
 

@@ -104,9 +104,9 @@ def test_extra_seed_arguments_are_accepted_and_transpose_batch_sequence_just_wor
     np.testing.assert_allclose(yt.transpose(1, 0, 2), base, rtol=1e-6, atol=1e-6)
 
 
-def test_quantizer_set_is_not_supported():
+def test_quantizer_set_must_be_none_or_a_quantizer_set():
     d = inputs()
-    with pytest.raises(lnmlp.NotSupportedError, match="FP8 quantizer sets are not supported yet"):
+    with pytest.raises(lnmlp.InvalidArgumentError, match="make_quantizer_set"):
         lnmlp.layernorm_mlp(**d, norm_type="layernorm", quantizer_set=object())
     assert lnmlp.layernorm_mlp(**d, norm_type="layernorm", quantizer_set=lnmlp.noop_quantizer_set) is not None
 

@@ -1,0 +1,323 @@
+"""FP8 recipes and quantizer sets, named and defaulted as TransformerEngine's
+(``transformer_engine.common.recipe``).
+
+A recipe describes *how* to quantize (see docs/fp8.md for exactly what is computed):
+
+* :class:`DelayedScaling` -- per-tensor scales from an amax history (stateful);
+* :class:`Float8CurrentScaling` -- per-tensor scales from the tensor's own amax;
+* :class:`Float8BlockScaling` -- 1x128 blocks (activations, gradients) and 128x128 tiles (weights);
+* :class:`MXFP8BlockScaling` -- 1x32 blocks with power-of-two (E8M0) scales.
+
+Give a recipe to :class:`lnmlp.Plan` (``recipe=``), which then owns the delayed-scaling state, or
+make a :class:`QuantizerSet` with :func:`make_quantizer_set` for the functional API
+(``layernorm_mlp(..., quantizer_set=qs)``), where the quantizer set carries the state from call to
+call (the cached plans it runs on may be shared by several quantizer sets).
+
+Recipes are immutable and hashable; equal recipes configure identical plans.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+
+from ._lib import InvalidArgumentError
+
+__all__ = ["Recipe", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling",
+           "MXFP8BlockScaling", "QuantizerSet", "make_quantizer_set", "QUANTIZERS",
+           "FORWARD_QUANTIZERS", "BACKWARD_QUANTIZERS"]
+
+#: The six quantizers in LNMLP_QUANTIZER_* order (their index is the C enum value).
+QUANTIZERS = ("ln_out", "w1", "act_out", "w2", "dy", "dh")
+#: Updated by a forward pass (delayed scaling).
+FORWARD_QUANTIZERS = QUANTIZERS[:4]
+#: Updated by a backward pass (delayed scaling).
+BACKWARD_QUANTIZERS = QUANTIZERS[4:]
+
+# LNMLP_RECIPE_*, LNMLP_FP8_FORMAT_*, LNMLP_AMAX_ALGO_* (include/lnmlp.h)
+_RECIPE_DELAYED, _RECIPE_CURRENT, _RECIPE_BLOCK, _RECIPE_MXFP8 = 1, 2, 3, 4
+_FORMATS = {"HYBRID": 0, "E4M3": 1}
+_ALGOS = {"max": 0, "most_recent": 1}
+
+
+def _format(value) -> str:
+    """"HYBRID" / "E4M3" from a string or an enum-like object (e.g. TE's ``Format.HYBRID``)."""
+    name = getattr(value, "name", value)
+    if isinstance(name, str) and name.upper() in _FORMATS:
+        return name.upper()
+    if isinstance(name, str) and name.upper() == "E5M2":
+        raise InvalidArgumentError(
+            "fp8_format 'E5M2' is not supported (forward tensors need E4M3); use 'HYBRID' "
+            "(E4M3 forward, E5M2 gradients) or 'E4M3'")
+    raise InvalidArgumentError(f"fp8_format must be 'HYBRID' or 'E4M3', got {value!r}")
+
+
+def _int(name, value, lo, hi) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidArgumentError(f"{name} must be an int, got {value!r}")
+    if not lo <= int(value) <= hi:
+        raise InvalidArgumentError(f"{name} must be in [{lo}, {hi}], got {value}")
+    return int(value)
+
+
+def _bool(name, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidArgumentError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def _epsilon(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InvalidArgumentError(f"amax_epsilon must be a float, got {value!r}")
+    v = float(value)
+    with np.errstate(over="ignore"):
+        v32 = float(np.float32(v))
+    if not (math.isfinite(v) and v >= 0.0 and math.isfinite(v32)):
+        raise InvalidArgumentError(f"amax_epsilon must be finite (in float32) and >= 0, got {value!r}")
+    return v
+
+
+class Recipe:
+    """Base class of the FP8 recipes (immutable; compare and hash by value)."""
+
+    _fields: tuple = ()
+    stateful = False  #: whether the recipe keeps per-quantizer state (delayed scaling only)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{type(self).__name__} is immutable; make a new one")
+
+    def _set(self, **kw):
+        for k, v in kw.items():
+            object.__setattr__(self, k, v)
+
+    def _key(self):
+        return (type(self).__name__,) + tuple(getattr(self, f) for f in self._fields)
+
+    def __eq__(self, other):
+        return isinstance(other, Recipe) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def __repr__(self):
+        args = ", ".join(f"{f}={getattr(self, f)!r}" for f in self._fields)
+        return f"lnmlp.{type(self).__name__}({args})"
+
+    def _apply(self, lib, desc, check):  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class DelayedScaling(Recipe):
+    """Per-tensor scales from an amax history (TransformerEngine's ``DelayedScaling``).
+
+    Each quantizer keeps ``scale`` (initially 1) and the amaxes of its last ``amax_history_len``
+    tensors (initially zeros, newest first). A pass quantizes with the current scale, records the
+    tensor's amax, then sets ``scale = (fmt_max / amax_h) / 2**margin`` with ``amax_h`` the history
+    max (``amax_compute_algo="max"``) or the newest entry (``"most_recent"``); a zero or
+    non-finite ``amax_h`` keeps the scale.
+
+    margin: int in [-126, 127]; fp8_format: "HYBRID" (E4M3 forward, E5M2 gradients) or "E4M3";
+    amax_history_len: 1 .. 65536; amax_compute_algo: "max" or "most_recent" (callables are not
+    supported).
+    """
+
+    _fields = ("margin", "fp8_format", "amax_history_len", "amax_compute_algo")
+    stateful = True
+
+    def __init__(self, margin=0, fp8_format="HYBRID", amax_history_len=1024, amax_compute_algo="max"):
+        algo = amax_compute_algo
+        if not isinstance(algo, str) or algo.lower() not in _ALGOS:
+            raise InvalidArgumentError(
+                f"amax_compute_algo must be 'max' or 'most_recent', got {amax_compute_algo!r}")
+        self._set(margin=_int("margin", margin, -126, 127), fp8_format=_format(fp8_format),
+                  amax_history_len=_int("amax_history_len", amax_history_len, 1, 65536),
+                  amax_compute_algo=algo.lower())
+
+    def _apply(self, lib, desc, check):
+        check(lib.lnmlp_desc_set_recipe(desc, _RECIPE_DELAYED))
+        check(lib.lnmlp_desc_set_fp8_format(desc, _FORMATS[self.fp8_format]))
+        check(lib.lnmlp_desc_set_delayed_scaling(desc, self.margin, self.amax_history_len,
+                                                 _ALGOS[self.amax_compute_algo]))
+
+
+class Float8CurrentScaling(Recipe):
+    """Per-tensor scales from the tensor's own amax (TransformerEngine's ``Float8CurrentScaling``):
+    ``scale = fmt_max / max(amax, amax_epsilon)``, rounded down to a power of two when
+    ``power_2_scale``; 1 for a zero or non-finite amax. Stateless."""
+
+    _fields = ("fp8_format", "power_2_scale", "amax_epsilon")
+
+    def __init__(self, fp8_format="HYBRID", power_2_scale=False, amax_epsilon=0.0):
+        self._set(fp8_format=_format(fp8_format), power_2_scale=_bool("power_2_scale", power_2_scale),
+                  amax_epsilon=_epsilon(amax_epsilon))
+
+    _recipe = _RECIPE_CURRENT
+
+    def _apply(self, lib, desc, check):
+        check(lib.lnmlp_desc_set_recipe(desc, self._recipe))
+        check(lib.lnmlp_desc_set_fp8_format(desc, _FORMATS[self.fp8_format]))
+        check(lib.lnmlp_desc_set_scaling_options(desc, int(self.power_2_scale), self.amax_epsilon))
+
+
+class Float8BlockScaling(Float8CurrentScaling):
+    """DeepSeek-V3-style block scaling (TransformerEngine's ``Float8BlockScaling``): activations
+    and gradients in 1x128 blocks along the GEMM's contracted dimension, weights in 128x128
+    tiles, one fp32 scale per block (as current scaling, from the block's amax; power-of-two by
+    default). Stateless."""
+
+    _recipe = _RECIPE_BLOCK
+
+    def __init__(self, fp8_format="E4M3", power_2_scale=True, amax_epsilon=0.0):
+        super().__init__(fp8_format, power_2_scale, amax_epsilon)
+
+
+class MXFP8BlockScaling(Recipe):
+    """OCP MXFP8 (TransformerEngine's ``MXFP8BlockScaling``): 1x32 blocks along the contracted
+    dimension, ``scale_inv = 2**ceil(log2(amax_block / fmt_max))`` stored as E8M0. Stateless."""
+
+    _fields = ("fp8_format",)
+
+    def __init__(self, fp8_format="E4M3"):
+        self._set(fp8_format=_format(fp8_format))
+
+    def _apply(self, lib, desc, check):
+        check(lib.lnmlp_desc_set_recipe(desc, _RECIPE_MXFP8))
+        check(lib.lnmlp_desc_set_fp8_format(desc, _FORMATS[self.fp8_format]))
+
+
+def check_recipe(recipe):
+    """None or a Recipe; anything else is an InvalidArgumentError."""
+    if recipe is not None and not isinstance(recipe, Recipe):
+        raise InvalidArgumentError(
+            f"recipe must be None or an lnmlp recipe (DelayedScaling, Float8CurrentScaling, "
+            f"Float8BlockScaling, MXFP8BlockScaling), got {type(recipe).__name__}")
+    return recipe
+
+
+def quantizer_index(name) -> int:
+    """LNMLP_QUANTIZER_* value of a quantizer name (or an int 0..5)."""
+    if isinstance(name, str) and name.lower() in QUANTIZERS:
+        return QUANTIZERS.index(name.lower())
+    if isinstance(name, (int, np.integer)) and not isinstance(name, bool) and 0 <= int(name) < 6:
+        return int(name)
+    raise InvalidArgumentError(f"quantizer must be one of {', '.join(QUANTIZERS)} (or 0..5), got {name!r}")
+
+
+def check_history(name, history, length) -> np.ndarray:
+    """A float32 copy of an amax history after checking it: 1-D, `length` entries, each >= 0,
+    +inf or NaN (amaxes as a pass records them)."""
+    try:
+        h = np.array(history, dtype=np.float32, copy=True)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"the amax history of {name} must be an array of floats")
+    if h.ndim != 1 or h.shape[0] != length:
+        raise InvalidArgumentError(
+            f"the amax history of {name} must be a 1-D array of {length} entries (the recipe's "
+            f"amax_history_len), got shape {h.shape}")
+    if np.any(h < 0):  # NaN compares False: NaN entries are allowed
+        raise InvalidArgumentError(
+            f"the amax history of {name} has negative entries; amaxes are >= 0, +inf or NaN")
+    return h
+
+
+def check_scale(name, scale) -> np.float32:
+    if isinstance(scale, bool):
+        raise InvalidArgumentError(f"the scale of {name} must be a float, got {scale!r}")
+    try:
+        s = np.float32(scale)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"the scale of {name} must be a float, got {scale!r}")
+    if np.ndim(s) != 0 or not (np.isfinite(s) and s > 0):
+        raise InvalidArgumentError(f"the scale of {name} must be finite and > 0, got {scale!r}")
+    return s
+
+
+class QuantizerSet:
+    """The six quantizers of one layernorm_mlp layer under one recipe, for the functional API.
+
+    With :class:`DelayedScaling` it carries the state (a scale and an amax history per quantizer,
+    NumPy arrays held here, not in the cached plan): before each plan call the state is loaded
+    into the plan, afterwards the quantizers that pass updated are read back -- a forward call
+    (``layernorm_mlp``, or the forward part of ``layernorm_mlp_vjp``) updates ``ln_out, w1,
+    act_out, w2``, the ``vjp(dy)`` call ``dy, dh``. Use one quantizer set per layer, as in
+    TransformerEngine. Other recipes are stateless: :meth:`state` returns ``{}``.
+
+    Thread safety: calls that use one quantizer set are serialised by its lock.
+    """
+
+    def __init__(self, recipe: Recipe):
+        if not isinstance(recipe, Recipe):
+            raise InvalidArgumentError(
+                f"make_quantizer_set needs an lnmlp recipe, got {type(recipe).__name__}")
+        self.recipe = recipe
+        self._lock = threading.RLock()
+        self._state = None
+        if recipe.stateful:
+            L = recipe.amax_history_len
+            self._state = {n: [np.float32(1.0), np.zeros(L, np.float32)] for n in QUANTIZERS}
+
+    def __repr__(self):
+        return f"lnmlp.QuantizerSet({self.recipe!r})"
+
+    @property
+    def amax_history_length(self) -> int:
+        """The amax history length (0 for a stateless recipe)."""
+        return self.recipe.amax_history_len if self.recipe.stateful else 0
+
+    def state(self) -> dict:
+        """``{name: {"scale": float, "amax_history": float32 array (newest first)}}`` for the six
+        quantizers (copies); ``{}`` for a stateless recipe."""
+        if self._state is None:
+            return {}
+        with self._lock:
+            return {n: {"scale": float(s), "amax_history": h.copy()} for n, (s, h) in self._state.items()}
+
+    def load_state(self, state) -> None:
+        """Restores a state returned by :meth:`state` (all six quantizers; histories of the
+        recipe's length, entries >= 0, inf or NaN; scales finite and > 0). A bad state raises
+        InvalidArgumentError and changes nothing."""
+        if self._state is None:
+            if state:
+                raise InvalidArgumentError(
+                    f"{type(self.recipe).__name__} keeps no quantizer state; the state must be empty")
+            return
+        if not isinstance(state, dict):
+            raise InvalidArgumentError(f"state must be a dict, got {type(state).__name__}")
+        if set(state) != set(QUANTIZERS):
+            raise InvalidArgumentError(
+                f"state must have exactly the quantizers {', '.join(QUANTIZERS)}; got {sorted(state)}")
+        new = {}
+        for n in QUANTIZERS:
+            q = state[n]
+            if not isinstance(q, dict) or set(q) != {"scale", "amax_history"}:
+                raise InvalidArgumentError(f"state[{n!r}] must be a dict with 'scale' and 'amax_history'")
+            new[n] = [check_scale(n, q["scale"]),
+                      check_history(n, q["amax_history"], self.recipe.amax_history_len)]
+        with self._lock:
+            self._state = new
+
+    # --- used by the functional API ---------------------------------------------------------------
+    def _push(self, plan, names=QUANTIZERS):
+        """Writes this set's state of `names` into the plan (caller holds both locks)."""
+        if self._state is None:
+            return
+        for n in names:
+            s, h = self._state[n]
+            plan._set_quantizer_state_unchecked(QUANTIZERS.index(n), s, h)
+
+    def _pull(self, plan, names):
+        """Reads the plan's state of `names` back into this set."""
+        if self._state is None:
+            return
+        for n in names:
+            s, h = plan.quantizer_state(n)
+            self._state[n] = [np.float32(s), h]
+
+
+def make_quantizer_set(recipe: Recipe) -> QuantizerSet:
+    """A :class:`QuantizerSet` for ``recipe``, to pass as ``quantizer_set=`` to
+    :func:`lnmlp.layernorm_mlp` / :func:`lnmlp.layernorm_mlp_vjp` (TransformerEngine's
+    ``QuantizerFactory.create_set``). Delayed scaling starts with scales 1 and zero histories."""
+    return QuantizerSet(recipe)
