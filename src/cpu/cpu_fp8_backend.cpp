@@ -347,9 +347,7 @@ template <DType D> class CpuFp8Backend final : public Backend {
   }
 
  private:
-  QuantKind kind(int q, Contract contract) const {
-    return {r_.recipe, r_.formats[q], contract, q == kW1 || q == kW2, r_.power_2_scale, r_.amax_epsilon};
-  }
+  QuantKind kind(int q, Contract contract) const { return quant_kind(r_, q, contract); }
 
   QRegions take_q(RegionAllocator& a, const QuantKind& k, int64_t rows, int64_t cols, bool codes) {
     QRegions q;

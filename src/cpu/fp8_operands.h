@@ -19,32 +19,6 @@ namespace lnmlp::cpu {
 
 using numerics::Fp8Format;
 
-// Which dimension of an operand [rows, cols] its GEMM contracts: Cols (blocks run along a row,
-// "rowwise") or Rows (blocks run down a column, "columnwise").
-enum class Contract { Cols, Rows };
-
-// How one operand is quantized.
-struct QuantKind {
-  Recipe recipe;
-  Fp8Format format;
-  Contract contract;
-  bool weight;  // BLOCK: 128x128 tiles instead of 1x128 blocks
-  bool power_2_scale;
-  float amax_epsilon;
-
-  bool per_tensor() const { return recipe == Recipe::Delayed || recipe == Recipe::Current; }
-  bool tiles() const { return recipe == Recipe::Block && weight; }
-  int64_t block() const { return recipe == Recipe::Mxfp8 ? numerics::kMxfp8BlockLength : numerics::kBlockScalingLength; }
-  int64_t scale_bytes() const { return recipe == Recipe::Mxfp8 ? 1 : 4; }
-  // Number of block scales of a [rows, cols] operand (0 per tensor).
-  int64_t scale_count(int64_t rows, int64_t cols) const {
-    if (per_tensor()) return 0;
-    const int64_t b = block();
-    if (tiles()) return numerics::num_blocks(rows, b) * numerics::num_blocks(cols, b);
-    return contract == Contract::Cols ? rows * numerics::num_blocks(cols, b) : numerics::num_blocks(rows, b) * cols;
-  }
-};
-
 // The GEMM operand type of a recipe: bf16 holds every FP8 value, and every FP8 value times a
 // power-of-two scale, exactly; only BLOCK with arbitrary fp32 scales needs fp32 operands.
 inline GemmType fp8_operand_type(const ResolvedRecipe& r) {
