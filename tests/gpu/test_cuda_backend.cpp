@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,9 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
                   (c.bias1 ? "_b1" : "") + (c.bias2 ? "_b2" : "") + "_T" + std::to_string(c.T);
   return s;
 }
+
+// What gtest prints for a parameter (the default would dump its bytes).
+void PrintTo(const Case& c, std::ostream* os) { *os << case_name(::testing::TestParamInfo<Case>(c, 0)); }
 
 bool is_clamped(const Case& c) { return c.acts.size() == 2 && c.acts[0] == LNMLP_ACT_CLAMPED_SILU; }
 
