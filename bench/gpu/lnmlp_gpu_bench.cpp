@@ -116,6 +116,7 @@ struct DeviceTensor {
   void* p = nullptr;
   size_t bytes = 0;
   DeviceTensor(size_t n, int64_t elem, float scale, uint64_t seed) : bytes(n * static_cast<size_t>(elem)) {
+    if (bytes == 0) return;  // an absent tensor (no beta, no bias): NULL
     cuda_ok(cudaMalloc(&p, bytes), "cudaMalloc");
     if (scale == 0.0f) {
       cuda_ok(cudaMemset(p, 0, bytes), "cudaMemset");
@@ -140,7 +141,9 @@ struct DeviceTensor {
       cuda_ok(cudaMemcpy(static_cast<char*>(p) + off, host.data(), std::min(block, bytes - off), cudaMemcpyHostToDevice),
               "cudaMemcpy");
   }
-  ~DeviceTensor() { cudaFree(p); }
+  ~DeviceTensor() {
+    if (p != nullptr) cudaFree(p);
+  }
   DeviceTensor(const DeviceTensor&) = delete;
   DeviceTensor& operator=(const DeviceTensor&) = delete;
 };
