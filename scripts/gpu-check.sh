@@ -55,6 +55,12 @@ log "1/4 lnmlp_gpu_tests"
 timeout 150 "$carry/bin/lnmlp_gpu_tests" --gtest_brief=1 > "$out/gpu-tests.log" 2>&1
 tests_rc=$?
 tests_summary=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/gpu-tests.log" | tr '\n' ' ' | sed 's/"/'"'"'/g')
+# On a GPU machine, tests that skipped for want of a GPU are a failure of the check (the module did
+# not load, cuBLASLt is missing, the driver is too old): the reason is in the log.
+if grep -q "no usable GPU" "$out/gpu-tests.log"; then
+  tests_rc=3
+  tests_summary="$tests_summary; skipped: $(grep -m1 'no usable GPU' "$out/gpu-tests.log" | sed 's/"/'"'"'/g')"
+fi
 log "   $(status_of $tests_rc): $tests_summary"
 
 # 2. memcheck on a small configuration.

@@ -208,6 +208,7 @@ void run_case(const Case& k, const Options& o, const std::string& device_name, c
       dw1(static_cast<size_t>(H * AF), e, 0.0f, 0), db1(bias ? static_cast<size_t>(AF) : 0, e, 0.0f, 0),
       dw2(static_cast<size_t>(F * H), e, 0.0f, 0), db2(bias ? static_cast<size_t>(H) : 0, e, 0.0f, 0),
       saved(static_cast<size_t>(saved_bytes), 1, 0.0f, 0);
+  cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // the uploads landed before `stream` reads them
   auto nz = [](const DeviceTensor& t) { return t.bytes ? t.p : nullptr; };
 
   // The peer: the same GEMMs alone (GEMM1 again in backward under save_stats).
@@ -229,6 +230,7 @@ void run_case(const Case& k, const Options& o, const std::string& device_name, c
   DeviceTensor f32_dact(static_cast<size_t>(T * F), 4, 0.0f, 0), f32_dn(TH, 4, 0.0f, 0),
       p_h(static_cast<size_t>(T * AF), e, 0.0f, 0), p_act(static_cast<size_t>(T * F), e, 0.1f, 9),
       p_ln(TH, e, 0.5f, 10), p_dh(static_cast<size_t>(T * AF), e, 0.01f, 11);
+  cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   auto peer_once = [&](const Events& ev) {
     cuda_ok(cudaEventRecord(ev.a, stream), "cudaEventRecord");
     g[0]->run(p_ln.p, w1.p, nz(b1), p_h.p, pws.p, stream);

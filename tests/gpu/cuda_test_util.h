@@ -53,8 +53,13 @@ class DeviceBuffer {
   explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
     if (bytes > 0) CUDA_TEST_CHECK(cudaMalloc(&p_, bytes));
   }
+  // Synchronous (cudaMemcpy from pageable memory may return before the copy lands, and the tests
+  // also run on non-blocking streams that do not wait for the legacy stream).
   DeviceBuffer(const void* host, size_t bytes) : DeviceBuffer(bytes) {
-    if (bytes > 0) CUDA_TEST_CHECK(cudaMemcpy(p_, host, bytes, cudaMemcpyHostToDevice));
+    if (bytes > 0) {
+      CUDA_TEST_CHECK(cudaMemcpy(p_, host, bytes, cudaMemcpyHostToDevice));
+      CUDA_TEST_CHECK(cudaDeviceSynchronize());
+    }
   }
   explicit DeviceBuffer(const Buffer& b) : DeviceBuffer(b.data(), b.bytes.size()) {}
   ~DeviceBuffer() {
@@ -69,8 +74,12 @@ class DeviceBuffer {
   void* get() const { return p_; }
   size_t bytes() const { return bytes_; }
   // All bytes 0xFF (NaN in every dtype), so an element the library forgets cannot pass.
+  // Synchronous, for the same reason as the upload.
   void poison() const {
-    if (p_) CUDA_TEST_CHECK(cudaMemset(p_, 0xFF, bytes_));
+    if (p_) {
+      CUDA_TEST_CHECK(cudaMemset(p_, 0xFF, bytes_));
+      CUDA_TEST_CHECK(cudaDeviceSynchronize());
+    }
   }
   void to_host(Buffer& b) const {
     if (!b.bytes.empty()) CUDA_TEST_CHECK(cudaMemcpy(b.data(), p_, b.bytes.size(), cudaMemcpyDeviceToHost));

@@ -206,6 +206,7 @@ TEST(CudaGraph, ForwardAndBackwardCaptureAndReplay) {
     cudaGraphExec_t exec = nullptr;
     ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
     for (int rep = 0; rep < 3; ++rep) {
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);  // the previous replay is done
       for (const DeviceBuffer* b : {&replayed.y, &replayed.dx, &replayed.dw1, &replayed.dw2}) b->poison();
       ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
     }
