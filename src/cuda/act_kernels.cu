@@ -7,10 +7,11 @@ namespace {
 
 template <DType D>
 __global__ void __launch_bounds__(kColumnThreads)
-    act_forward_kernel(ActSpec s, const storage_t<D>* h, storage_t<D>* act) {
+    act_forward_kernel(ActSpec s, const storage_t<D>* __restrict__ h, storage_t<D>* __restrict__ act) {
   const int64_t F = s.ffn, AF = s.gated ? 2 * F : F;
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kColumnThreads + threadIdx.x;
   if (j >= F) return;
+#pragma unroll 4
   for (int64_t r = blockIdx.y; r < s.rows; r += gridDim.y) {
     float a = act_value_rt(s.f0, load<D>(h[r * AF + j]), s.params);
     if (s.gated) a *= act_value_rt(s.f1, load<D>(h[r * AF + F + j]), s.params);
@@ -20,14 +21,15 @@ __global__ void __launch_bounds__(kColumnThreads)
 
 template <DType D>
 __global__ void __launch_bounds__(kColumnThreads)
-    act_backward_kernel(ActSpec s, Chunking ch, const float* dact, const storage_t<D>* h, storage_t<D>* dh,
-                        float* db1_partials) {
+    act_backward_kernel(ActSpec s, Chunking ch, const float* __restrict__ dact, const storage_t<D>* __restrict__ h,
+                        storage_t<D>* __restrict__ dh, float* __restrict__ db1_partials) {
   const int64_t F = s.ffn, AF = s.gated ? 2 * F : F;
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kColumnThreads + threadIdx.x;
   if (j >= F) return;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * ch.rows_per_chunk;
   const int64_t r1 = r0 + ch.rows_per_chunk < s.rows ? r0 + ch.rows_per_chunk : s.rows;
   float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll 4
   for (int64_t r = r0; r < r1; ++r) {
     const float g = dact[r * F + j];
     const float v0 = load<D>(h[r * AF + j]);
@@ -58,7 +60,7 @@ void act_forward(DType d, const ActSpec& s, const void* h, void* act, cudaStream
   with_dtype(d, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     using S = storage_t<D>;
-    const dim3 grid(column_blocks(s.ffn), grid_dim(s.rows, kMaxGridY));
+    const dim3 grid(column_blocks(s.ffn), grid_dim((s.rows + kRowsPerThread - 1) / kRowsPerThread, kMaxGridY));
     act_forward_kernel<D><<<grid, kColumnThreads, 0, stream>>>(s, static_cast<const S*>(h), static_cast<S*>(act));
   });
 }

@@ -69,6 +69,9 @@ __device__ __forceinline__ float act_grad_rt(Act a, float x, const ActParams& p)
 // Grid sizes: at most this many blocks along a grid-stride dimension.
 constexpr int64_t kMaxGridY = 65535;
 constexpr int64_t kMaxGridX = int64_t{1} << 20;
+// Rows each thread of a grid-stride column kernel handles (at least): several independent loads in
+// flight per thread, which the memory system needs to approach its bandwidth.
+constexpr int64_t kRowsPerThread = 4;
 
 inline unsigned grid_dim(int64_t n, int64_t cap) { return static_cast<unsigned>(n < cap ? (n < 1 ? 1 : n) : cap); }
 

@@ -8,8 +8,9 @@ namespace {
 
 template <DType D>
 __global__ void __launch_bounds__(kRowThreads)
-    norm_forward_kernel(NormSpec s, const storage_t<D>* x, const storage_t<D>* gamma, const storage_t<D>* beta,
-                        bool compute_stats, float* mu, float* rs, storage_t<D>* out) {
+    norm_forward_kernel(NormSpec s, const storage_t<D>* __restrict__ x, const storage_t<D>* __restrict__ gamma,
+                        const storage_t<D>* __restrict__ beta, bool compute_stats, float* mu, float* rs,
+                        storage_t<D>* __restrict__ out) {
   __shared__ float shm[kRowThreads / 32];
   const int64_t H = s.hidden;
   const bool ln = s.norm == Norm::LayerNorm;
@@ -19,10 +20,12 @@ __global__ void __launch_bounds__(kRowThreads)
     if (compute_stats) {
       if (ln) {
         float sum = 0.0f;
+#pragma unroll 4
         for (int64_t j = threadIdx.x; j < H; j += kRowThreads) sum += load<D>(xr[j]);
         m = block_sum<kRowThreads>(sum, shm) / static_cast<float>(H);
       }
       float v = 0.0f;
+#pragma unroll 4
       for (int64_t j = threadIdx.x; j < H; j += kRowThreads) {
         const float dv = load<D>(xr[j]) - m;
         v += dv * dv;
@@ -37,6 +40,7 @@ __global__ void __launch_bounds__(kRowThreads)
       rstd = rs[r];
     }
     storage_t<D>* o = out + r * H;
+#pragma unroll 4
     for (int64_t j = threadIdx.x; j < H; j += kRowThreads) {
       const float b = ln ? load<D>(beta[j]) : 0.0f;
       o[j] = store<D>(norm_out(norm_xhat(load<D>(xr[j]), m, rstd), norm_gain(load<D>(gamma[j]), s.zero_centered), b));
@@ -46,8 +50,9 @@ __global__ void __launch_bounds__(kRowThreads)
 
 template <DType D>
 __global__ void __launch_bounds__(kRowThreads)
-    norm_dx_kernel(NormSpec s, const float* dn, const storage_t<D>* x, const storage_t<D>* gamma, const float* mu,
-                   const float* rs, storage_t<D>* dx) {
+    norm_dx_kernel(NormSpec s, const float* __restrict__ dn, const storage_t<D>* __restrict__ x,
+                   const storage_t<D>* __restrict__ gamma, const float* __restrict__ mu, const float* __restrict__ rs,
+                   storage_t<D>* __restrict__ dx) {
   __shared__ float shm[kRowThreads / 32];
   const int64_t H = s.hidden;
   const bool ln = s.norm == Norm::LayerNorm;
@@ -57,6 +62,7 @@ __global__ void __launch_bounds__(kRowThreads)
     const float* dnr = dn + r * H;
     const float m = ln ? mu[r] : 0.0f, rstd = rs[r];
     float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll 4
     for (int64_t j = threadIdx.x; j < H; j += kRowThreads) {
       const float xh = norm_xhat(load<D>(xr[j]), m, rstd);
       const float dxh = dnr[j] * norm_gain(load<D>(gamma[j]), s.zero_centered);
@@ -67,6 +73,7 @@ __global__ void __launch_bounds__(kRowThreads)
     s2 = block_sum<kRowThreads>(s2, shm);
     const float m1 = ln ? s1 * inv_h : 0.0f, m2 = s2 * inv_h;
     storage_t<D>* dxr = dx + r * H;
+#pragma unroll 4
     for (int64_t j = threadIdx.x; j < H; j += kRowThreads) {
       const float xh = norm_xhat(load<D>(xr[j]), m, rstd);
       const float dxh = dnr[j] * norm_gain(load<D>(gamma[j]), s.zero_centered);
@@ -78,8 +85,9 @@ __global__ void __launch_bounds__(kRowThreads)
 // Per-chunk column sums of dn * xhat and dn: thread = column, rows of the chunk in order.
 template <DType D>
 __global__ void __launch_bounds__(kColumnThreads)
-    norm_param_kernel(NormSpec s, Chunking ch, const float* dn, const storage_t<D>* x, const float* mu,
-                      const float* rs, float* dgamma_partials, float* dbeta_partials) {
+    norm_param_kernel(NormSpec s, Chunking ch, const float* __restrict__ dn, const storage_t<D>* __restrict__ x,
+                      const float* __restrict__ mu, const float* __restrict__ rs, float* __restrict__ dgamma_partials,
+                      float* __restrict__ dbeta_partials) {
   const int64_t H = s.hidden;
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kColumnThreads + threadIdx.x;
   if (j >= H) return;
@@ -87,6 +95,7 @@ __global__ void __launch_bounds__(kColumnThreads)
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * ch.rows_per_chunk;
   const int64_t r1 = r0 + ch.rows_per_chunk < s.rows ? r0 + ch.rows_per_chunk : s.rows;
   float dg = 0.0f, db = 0.0f;
+#pragma unroll 4
   for (int64_t r = r0; r < r1; ++r) {
     const float g = dn[r * H + j];
     dg += g * norm_xhat(load<D>(x[r * H + j]), ln ? mu[r] : 0.0f, rs[r]);

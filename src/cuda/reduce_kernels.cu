@@ -7,19 +7,22 @@ namespace {
 
 template <DType D>
 __global__ void __launch_bounds__(kColumnThreads)
-    column_sums_kernel(Chunking ch, int64_t rows, int64_t cols, const storage_t<D>* in, float* partials) {
+    column_sums_kernel(Chunking ch, int64_t rows, int64_t cols, const storage_t<D>* __restrict__ in,
+                       float* __restrict__ partials) {
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kColumnThreads + threadIdx.x;
   if (j >= cols) return;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * ch.rows_per_chunk;
   const int64_t r1 = r0 + ch.rows_per_chunk < rows ? r0 + ch.rows_per_chunk : rows;
   float s = 0.0f;
+#pragma unroll 4
   for (int64_t r = r0; r < r1; ++r) s += load<D>(in[r * cols + j]);
   partials[blockIdx.y * cols + j] = s;
 }
 
 template <DType D>
 __global__ void __launch_bounds__(kColumnThreads)
-    reduce_partials_kernel(int64_t chunks, int64_t n, const float* partials, storage_t<D>* out) {
+    reduce_partials_kernel(int64_t chunks, int64_t n, const float* __restrict__ partials,
+                           storage_t<D>* __restrict__ out) {
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kColumnThreads + threadIdx.x;
   if (j >= n) return;
   float s = 0.0f;
