@@ -231,7 +231,6 @@ TEST(CudaErrors, WithoutAGpuPlanCreationSaysWhy) {
   int32_t yes = -1;
   ASSERT_EQ(lnmlp_query_support(LNMLP_BACKEND_CUDA, LNMLP_FEATURE_BACKEND, &yes), LNMLP_SUCCESS);
   if (yes == 1) GTEST_SKIP() << "a GPU is usable here; this test covers machines without one";
-  const Problem pr = problem_for(kErrCase);
   lnmlp_desc* d = nullptr;
   ASSERT_EQ(lnmlp_desc_create(&d), LNMLP_SUCCESS);
   ASSERT_EQ(lnmlp_desc_set_shape(d, 4, 8, 8), LNMLP_SUCCESS);
