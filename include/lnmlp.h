@@ -163,7 +163,10 @@ enum {
 
 enum {
   LNMLP_BACKEND_CPU = 0, /* the embedded default; host pointers; the stream argument is ignored */
-  LNMLP_BACKEND_CUDA = 1 /* device pointers; the stream argument is a cudaStream_t (NULL = default) */
+  LNMLP_BACKEND_CUDA = 1 /* device pointers, 16-byte aligned; the stream argument is a cudaStream_t
+                          * (NULL = default); runs from the module liblnmlp_cuda.so.1, loaded on first
+                          * use from liblnmlp's directory (LNMLP_ERROR_NOT_SUPPORTED without it, a
+                          * driver or the device) */
 };
 
 /* FP8 recipes (see the project's DESIGN, section 2, and docs/fp8.md). Six tensors are quantized

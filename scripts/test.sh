@@ -9,6 +9,11 @@ bash scripts/setup.sh
 echo "=== release: build ==="
 cmake --preset release >/dev/null
 cmake --build --preset release -j"$(nproc)"
+# Where nvcc exists (CI has one, but no GPU), the CUDA backend module must have been built, with
+# -Werror; its GPU tests skip without a GPU.
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  test -f build/release/src/liblnmlp_cuda.so.1 || { echo "nvcc is present but the CUDA module was not built" >&2; exit 1; }
+fi
 echo "=== release: test ==="
 ctest --preset release
 

@@ -7,6 +7,7 @@
 
 #include "args.h"
 #include "build_info.h"
+#include "cuda_module_loader.h"
 #include "error.h"
 #include "handles.h"
 #include "lnmlp.h"
@@ -88,6 +89,8 @@ LNMLP_API int32_t lnmlp_query_support(int32_t backend, int32_t feature, int32_t*
         case LNMLP_FEATURE_RECIPE_MXFP8: yes = 1; break;
         default: yes = 0;  // sharding comes in a later release
       }
+    } else {
+      yes = cuda_feature_supported(feature);  // loads the CUDA module and probes for a device
     }
     *supported = yes;
   });

@@ -1,5 +1,6 @@
 // Picks the backend a configuration names.
 #include "backend.h"
+#include "cuda_module_loader.h"
 #include "error.h"
 
 namespace lnmlp {
@@ -7,9 +8,9 @@ namespace lnmlp {
 std::unique_ptr<Backend> make_backend(const Config& cfg, const SavedLayout& saved) {
   switch (cfg.backend) {
     case BackendKind::Cpu: return cfg.quantized() ? make_cpu_fp8_backend(cfg, saved) : make_cpu_backend(cfg, saved);
-    case BackendKind::Cuda: break;
+    case BackendKind::Cuda: return make_cuda_backend(cfg, saved);  // loads liblnmlp_cuda.so on first use
   }
-  fail(LNMLP_ERROR_NOT_SUPPORTED, "the CUDA backend is not part of this build; use LNMLP_BACKEND_CPU");
+  fail(LNMLP_ERROR_INTERNAL, "unhandled backend ", static_cast<int>(cfg.backend));
 }
 
 }  // namespace lnmlp

@@ -29,8 +29,8 @@ void validate_config(const Config& cfg) {
            "clamped_silu and clamped_linear only come as the pair (clamped_silu, clamped_linear)");
   }
 
-  if (cfg.backend == BackendKind::Cuda)
-    fail(LNMLP_ERROR_NOT_SUPPORTED, "the CUDA backend is not part of this build; use LNMLP_BACKEND_CPU");
+  // CUDA: any ordinal >= 0 (the setter checks that); whether it exists is the module's check at
+  // plan creation (LNMLP_ERROR_NOT_SUPPORTED naming the devices present).
   if (cfg.backend == BackendKind::Cpu && cfg.device != 0)
     fail(LNMLP_ERROR_INVALID_ARGUMENT, "the CPU backend has one device, 0; got device ", cfg.device);
 }

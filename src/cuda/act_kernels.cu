@@ -1,0 +1,79 @@
+// Activation forward (h -> act) and backward fused with db1's column sums. Thread = column j of
+// the activation output; the second function of a gated pair reads column F + j of h.
+#include "device_util.cuh"
+
+namespace lnmlp::cuda {
+namespace {
+
+template <DType D>
+__global__ void __launch_bounds__(kColumnThreads)
+    act_forward_kernel(ActSpec s, const storage_t<D>* __restrict__ h, storage_t<D>* __restrict__ act) {
+  const int64_t F = s.ffn, AF = s.gated ? 2 * F : F;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kColumnThreads + threadIdx.x;
+  if (j >= F) return;
+#pragma unroll 4
+  for (int64_t r = blockIdx.y; r < s.rows; r += gridDim.y) {
+    float a = act_value_rt(s.f0, load<D>(h[r * AF + j]), s.params);
+    if (s.gated) a *= act_value_rt(s.f1, load<D>(h[r * AF + F + j]), s.params);
+    act[r * F + j] = store<D>(a);
+  }
+}
+
+template <DType D>
+__global__ void __launch_bounds__(kColumnThreads)
+    act_backward_kernel(ActSpec s, Chunking ch, const float* __restrict__ dact, const storage_t<D>* __restrict__ h,
+                        storage_t<D>* __restrict__ dh, float* __restrict__ db1_partials) {
+  const int64_t F = s.ffn, AF = s.gated ? 2 * F : F;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kColumnThreads + threadIdx.x;
+  if (j >= F) return;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * ch.rows_per_chunk;
+  const int64_t r1 = r0 + ch.rows_per_chunk < s.rows ? r0 + ch.rows_per_chunk : s.rows;
+  float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll 4
+  for (int64_t r = r0; r < r1; ++r) {
+    const float g = dact[r * F + j];
+    const float v0 = load<D>(h[r * AF + j]);
+    if (s.gated) {
+      const float v1 = load<D>(h[r * AF + F + j]);
+      // The same products, in the same order, as the CPU backend (src/cpu/kernels.h).
+      const float d0 = g * act_grad_rt(s.f0, v0, s.params) * act_value_rt(s.f1, v1, s.params);
+      const float d1 = g * act_value_rt(s.f0, v0, s.params) * act_grad_rt(s.f1, v1, s.params);
+      dh[r * AF + j] = store<D>(d0);
+      dh[r * AF + F + j] = store<D>(d1);
+      sum0 += d0;
+      sum1 += d1;
+    } else {
+      const float d0 = g * act_grad_rt(s.f0, v0, s.params);
+      dh[r * AF + j] = store<D>(d0);
+      sum0 += d0;
+    }
+  }
+  if (db1_partials != nullptr) {
+    db1_partials[blockIdx.y * AF + j] = sum0;
+    if (s.gated) db1_partials[blockIdx.y * AF + F + j] = sum1;
+  }
+}
+
+}  // namespace
+
+void act_forward(DType d, const ActSpec& s, const void* h, void* act, cudaStream_t stream) {
+  with_dtype(d, [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    using S = storage_t<D>;
+    const dim3 grid(column_blocks(s.ffn), grid_dim((s.rows + kRowsPerThread - 1) / kRowsPerThread, kMaxGridY));
+    act_forward_kernel<D><<<grid, kColumnThreads, 0, stream>>>(s, static_cast<const S*>(h), static_cast<S*>(act));
+  });
+}
+
+void act_backward(DType d, const ActSpec& s, const Chunking& ch, const float* dact, const void* h, void* dh,
+                  float* db1_partials, cudaStream_t stream) {
+  with_dtype(d, [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    using S = storage_t<D>;
+    const dim3 grid(column_blocks(s.ffn), static_cast<unsigned>(ch.chunks));
+    act_backward_kernel<D><<<grid, kColumnThreads, 0, stream>>>(s, ch, dact, static_cast<const S*>(h),
+                                                                static_cast<S*>(dh), db1_partials);
+  });
+}
+
+}  // namespace lnmlp::cuda

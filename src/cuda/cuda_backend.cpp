@@ -1,0 +1,246 @@
+#include "cuda_backend.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+
+#include "check.h"
+#include "device_pointers.h"
+#include "gemm_cublaslt.h"
+#include "kernels.h"
+
+namespace lnmlp::cuda {
+namespace {
+
+// cuBLASLt workspace offered to the heuristic (32 MiB is what NVIDIA recommends for Hopper).
+constexpr int64_t kMaxGemmWorkspace = int64_t{32} << 20;
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const Config& cfg, const SavedLayout& saved) : c_(cfg), saved_(saved), device_(cfg.device) {
+    ScopedDevice dev(device_);
+    cublas_check(cublasLtCreate(&lt_), "cublasLtCreate");
+    try {
+      build();
+    } catch (...) {
+      destroy_gemms();
+      throw;
+    }
+  }
+  ~CudaBackend() override { destroy_gemms(); }
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  int64_t workspace_bytes() const override { return ws_bytes_; }
+  int64_t alignment() const override { return kCudaAlignment; }
+
+  void* allocate(int64_t bytes) override {
+    ScopedDevice dev(device_);
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, static_cast<size_t>(bytes));
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      fail(LNMLP_ERROR_OUT_OF_MEMORY, "could not allocate ", bytes, " bytes of GPU memory on device ", device_, " (",
+           cudaGetErrorString(e), ")");
+    }
+    return p;
+  }
+  void release(void* p) noexcept override {
+    if (p == nullptr) return;
+    int prev = 0;
+    const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device_ && cudaSetDevice(device_) == cudaSuccess;
+    cudaFree(p);
+    if (switched) cudaSetDevice(prev);
+  }
+  void copy_to_host(void* dst, const void* src, int64_t n) override {
+    ScopedDevice dev(device_);
+    cuda_check(cudaMemcpy(dst, src, static_cast<size_t>(n), cudaMemcpyDeviceToHost), "cudaMemcpy (device to host)");
+  }
+  void copy_from_host(void* dst, const void* src, int64_t n) override {
+    ScopedDevice dev(device_);
+    cuda_check(cudaMemcpy(dst, src, static_cast<size_t>(n), cudaMemcpyHostToDevice), "cudaMemcpy (host to device)");
+  }
+
+  void forward(const ForwardArgs& a, void* ws) override {
+    ScopedDevice dev(device_);
+    cudaStream_t st = static_cast<cudaStream_t>(a.stream);
+    check_device_pointers({{"x", a.x}, {"gamma", a.gamma}, {"beta", a.beta}, {"w1", a.w1}, {"b1", a.b1},
+                           {"w2", a.w2}, {"b2", a.b2}, {"y", a.y}, {"saved", a.saved}, {"workspace", ws}},
+                          device_, kGemmPointerAlignment, st);
+    const DType d = c_.dtype;
+    float* mu = saved_.mu.present() ? at<float>(saved_.mu, a.saved) : at<float>(fw_.mu, ws);
+    float* rs = saved_.rs.present() ? at<float>(saved_.rs, a.saved) : at<float>(fw_.rs, ws);
+    void* ln = saved_.ln_out.present() ? at<char>(saved_.ln_out, a.saved) : at<char>(fw_.ln, ws);
+    void* h = saved_.h.present() ? at<char>(saved_.h, a.saved) : at<char>(fw_.h, ws);
+    void* act = saved_.act.present() ? at<char>(saved_.act, a.saved) : at<char>(fw_.act, ws);
+    void* gws = at<char>(fw_.gemm, ws);
+
+    norm_forward(d, norm_spec(), a.x, a.gamma, a.beta, true, mu, rs, ln, st);
+    g1_->run(ln, a.w1, a.b1, h, gws, st);
+    act_forward(d, act_spec(), h, act, st);
+    g2_->run(act, a.w2, a.b2, a.y, gws, st);
+    cuda_check(cudaGetLastError(), "a forward kernel launch");
+  }
+
+  void backward(const BackwardArgs& a, void* ws) override {
+    ScopedDevice dev(device_);
+    cudaStream_t st = static_cast<cudaStream_t>(a.stream);
+    check_device_pointers({{"dy", a.dy}, {"x", a.x}, {"gamma", a.gamma}, {"beta", a.beta}, {"w1", a.w1},
+                           {"b1", a.b1}, {"w2", a.w2}, {"saved", a.saved}, {"dx", a.dx}, {"dgamma", a.dgamma},
+                           {"dbeta", a.dbeta}, {"dw1", a.dw1}, {"db1", a.db1}, {"dw2", a.dw2}, {"db2", a.db2},
+                           {"workspace", ws}},
+                          device_, kGemmPointerAlignment, st);
+    const DType d = c_.dtype;
+    const int64_t T = c_.tokens, H = c_.hidden, AF = c_.act_width();
+    // saved is read-only here; the const_cast only lets recompute buffers share pointer types.
+    void* saved = const_cast<void*>(a.saved);
+    const float* mu = at<float>(saved_.mu, saved);
+    const float* rs = at<float>(saved_.rs, saved);
+    void* gws = at<char>(bw_.gemm, ws);
+
+    // 1. What forward did not save, recompute (same kernels and algorithms, same bits).
+    void* ln = saved_.ln_out.present() ? at<char>(saved_.ln_out, saved) : at<char>(bw_.ln, ws);
+    if (!saved_.ln_out.present())
+      norm_forward(d, norm_spec(), a.x, a.gamma, a.beta, false, const_cast<float*>(mu), const_cast<float*>(rs), ln, st);
+    void* h = saved_.h.present() ? at<char>(saved_.h, saved) : at<char>(bw_.h, ws);
+    if (!saved_.h.present()) g1_->run(ln, a.w1, a.b1, h, gws, st);
+    void* act = saved_.act.present() ? at<char>(saved_.act, saved) : at<char>(bw_.act, ws);
+    if (!saved_.act.present()) act_forward(d, act_spec(), h, act, st);
+
+    // 2. db2's partial column sums of dy.
+    float* part_db2 = at<float>(bw_.part_db2, ws);
+    if (c_.has_bias2) column_sums(d, chunk_h_, T, H, a.dy, part_db2, st);
+
+    // 3. GEMM2's gradients.
+    float* dact = at<float>(bw_.dact, ws);
+    g_dact_->run(a.dy, a.w2, nullptr, dact, gws, st);
+    g_dw2_->run(act, a.dy, nullptr, a.dw2, gws, st);
+
+    // 4. Activation backward with db1's partial sums.
+    void* dh = at<char>(bw_.dh, ws);
+    float* part_db1 = c_.has_bias1 ? at<float>(bw_.part_db1, ws) : nullptr;
+    act_backward(d, act_spec(), chunk_f_, dact, h, dh, part_db1, st);
+
+    // 5. GEMM1's gradients.
+    float* dn = at<float>(bw_.dn, ws);
+    g_dn_->run(dh, a.w1, nullptr, dn, gws, st);
+    g_dw1_->run(ln, dh, nullptr, a.dw1, gws, st);
+
+    // 6. Norm backward: dx per row, dgamma/dbeta partial column sums.
+    norm_backward_dx(d, norm_spec(), dn, a.x, a.gamma, mu, rs, a.dx, st);
+    float* part_dg = at<float>(bw_.part_dg, ws);
+    float* part_dbeta = c_.has_beta() ? at<float>(bw_.part_dbeta, ws) : nullptr;
+    norm_param_grads(d, norm_spec(), chunk_h_, dn, a.x, mu, rs, part_dg, part_dbeta, st);
+
+    // 7. The final pass of every column reduction, chunks in order (deterministic).
+    reduce_partials(d, chunk_h_.chunks, H, part_dg, a.dgamma, st);
+    if (part_dbeta) reduce_partials(d, chunk_h_.chunks, H, part_dbeta, a.dbeta, st);
+    if (c_.has_bias1) reduce_partials(d, chunk_f_.chunks, AF, part_db1, a.db1, st);
+    if (c_.has_bias2) reduce_partials(d, chunk_h_.chunks, H, part_db2, a.db2, st);
+    cuda_check(cudaGetLastError(), "a backward kernel launch");
+  }
+
+ private:
+  void build() {
+    const int64_t T = c_.tokens, H = c_.hidden, F = c_.ffn, AF = c_.act_width();
+    const BlockGemmShapes s = block_gemm_shapes(T, H, F, c_.num_acts, c_.dtype, c_.has_bias1, c_.has_bias2);
+    g1_ = std::make_unique<LtGemm>(lt_, s.gemm1, kMaxGemmWorkspace, "GEMM1 (ln @ W1)");
+    g2_ = std::make_unique<LtGemm>(lt_, s.gemm2, kMaxGemmWorkspace, "GEMM2 (act @ W2)");
+    int64_t gemm_ws = std::max(g1_->workspace_bytes(), g2_->workspace_bytes());
+    const bool trains = c_.remat != Remat::ForwardOnly;
+    if (trains) {
+      g_dact_ = std::make_unique<LtGemm>(lt_, s.dact, kMaxGemmWorkspace, "dact (dy @ W2^T)");
+      g_dw2_ = std::make_unique<LtGemm>(lt_, s.dw2, kMaxGemmWorkspace, "dW2 (act^T @ dy)");
+      g_dn_ = std::make_unique<LtGemm>(lt_, s.dn, kMaxGemmWorkspace, "dln (dh @ W1^T)");
+      g_dw1_ = std::make_unique<LtGemm>(lt_, s.dw1, kMaxGemmWorkspace, "dW1 (ln^T @ dh)");
+      for (const LtGemm* g : {g_dact_.get(), g_dw2_.get(), g_dn_.get(), g_dw1_.get()})
+        gemm_ws = std::max(gemm_ws, g->workspace_bytes());
+    }
+    chunk_h_ = column_chunking(T, H);
+    chunk_f_ = column_chunking(T, F);
+
+    const int64_t e = dtype_bytes(c_.dtype);
+    const int64_t TH = checked_mul(T, H, "T x H"), TF = checked_mul(T, F, "T x F"), TAF = checked_mul(T, AF, "T x A*F");
+    {  // forward workspace
+      RegionAllocator r;
+      fw_.mu = r.take_if(!saved_.rs.present() && c_.has_beta(), T, 4, "mean");
+      fw_.rs = r.take_if(!saved_.rs.present(), T, 4, "rstd");
+      fw_.ln = r.take_if(!saved_.ln_out.present(), TH, e, "ln_out");
+      fw_.h = r.take_if(!saved_.h.present(), TAF, e, "ffn1");
+      fw_.act = r.take_if(!saved_.act.present(), TF, e, "act_out");
+      fw_.gemm = r.take(gemm_ws, 1, "cuBLASLt workspace");
+      ws_bytes_ = r.total();
+    }
+    if (trains) {  // backward workspace, over the same memory
+      RegionAllocator r;
+      bw_.ln = r.take_if(!saved_.ln_out.present(), TH, e, "ln_out");
+      bw_.h = r.take_if(!saved_.h.present(), TAF, e, "ffn1");
+      bw_.act = r.take_if(!saved_.act.present(), TF, e, "act_out");
+      bw_.dact = r.take(TF, 4, "dact");
+      bw_.dh = r.take(TAF, e, "dffn1");
+      bw_.dn = r.take(TH, 4, "dln_out");
+      bw_.part_db2 = r.take_if(c_.has_bias2, chunk_h_.chunks * H, 4, "db2 partials");
+      bw_.part_db1 = r.take_if(c_.has_bias1, chunk_f_.chunks * AF, 4, "db1 partials");
+      bw_.part_dg = r.take(chunk_h_.chunks * H, 4, "dgamma partials");
+      bw_.part_dbeta = r.take_if(c_.has_beta(), chunk_h_.chunks * H, 4, "dbeta partials");
+      bw_.gemm = r.take(gemm_ws, 1, "cuBLASLt workspace");
+      ws_bytes_ = std::max(ws_bytes_, r.total());
+    }
+  }
+
+  void destroy_gemms() noexcept {
+    g1_.reset();
+    g2_.reset();
+    g_dact_.reset();
+    g_dw2_.reset();
+    g_dn_.reset();
+    g_dw1_.reset();
+    if (lt_ != nullptr) cublasLtDestroy(lt_);
+    lt_ = nullptr;
+  }
+
+  NormSpec norm_spec() const { return {c_.norm, c_.zero_centered_gamma, c_.epsilon, c_.tokens, c_.hidden}; }
+  ActSpec act_spec() const {
+    return {c_.acts[0], c_.acts[1], c_.gated(), c_.act_params, c_.tokens, c_.ffn};
+  }
+
+  Config c_;
+  SavedLayout saved_;
+  int device_;
+  cublasLtHandle_t lt_ = nullptr;
+  std::unique_ptr<LtGemm> g1_, g2_, g_dact_, g_dw2_, g_dn_, g_dw1_;
+  Chunking chunk_h_, chunk_f_;
+  struct {
+    Region mu, rs, ln, h, act, gemm;
+  } fw_;
+  struct {
+    Region ln, h, act, dact, dh, dn, part_db2, part_db1, part_dg, part_dbeta, gemm;
+  } bw_;
+  int64_t ws_bytes_ = 0;
+};
+
+}  // namespace
+
+int device_count() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    fail(LNMLP_ERROR_NOT_SUPPORTED, "the CUDA backend cannot run on this machine: ", cudaGetErrorName(e), " (",
+         cudaGetErrorString(e), "); it needs an NVIDIA GPU and driver, or use LNMLP_BACKEND_CPU");
+  }
+  if (n < 1)
+    fail(LNMLP_ERROR_NOT_SUPPORTED, "the CUDA backend found no CUDA device on this machine; use LNMLP_BACKEND_CPU");
+  return n;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const Config& cfg, const SavedLayout& saved) {
+  const int n = device_count();
+  if (cfg.device >= n)
+    fail(LNMLP_ERROR_NOT_SUPPORTED, "CUDA device ", cfg.device, " does not exist: this machine has ", n,
+         " CUDA device", n == 1 ? "" : "s", " (ordinals 0 to ", n - 1, "); pass one of them to lnmlp_desc_set_backend");
+  return std::make_unique<CudaBackend>(cfg, saved);
+}
+
+}  // namespace lnmlp::cuda

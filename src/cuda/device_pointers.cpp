@@ -1,0 +1,38 @@
+#include "device_pointers.h"
+
+#include <cstdint>
+
+#include "check.h"
+
+namespace lnmlp::cuda {
+
+void check_device_pointers(std::initializer_list<NamedPointer> list, int device, int64_t alignment,
+                           cudaStream_t stream) {
+  for (const NamedPointer& p : list) {
+    if (p.ptr != nullptr && reinterpret_cast<uintptr_t>(p.ptr) % static_cast<uintptr_t>(alignment) != 0)
+      fail(LNMLP_ERROR_MISALIGNED, p.name, " (", p.ptr, ") is not aligned to ", alignment,
+           " bytes, which the CUDA backend's GEMMs need (cudaMalloc returns 256-byte aligned memory)");
+  }
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cuda_check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+  if (capture != cudaStreamCaptureStatusNone) return;
+  for (const NamedPointer& p : list) {
+    if (p.ptr == nullptr) continue;
+    cudaPointerAttributes at{};
+    const cudaError_t e = cudaPointerGetAttributes(&at, p.ptr);
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // not sticky: clear it
+      fail(LNMLP_ERROR_INVALID_ARGUMENT, p.name, " (", p.ptr, ") is not memory the CUDA runtime knows (",
+           cudaGetErrorString(e), "); a CUDA plan takes device pointers");
+    }
+    if (at.type == cudaMemoryTypeUnregistered)
+      fail(LNMLP_ERROR_INVALID_ARGUMENT, p.name, " (", p.ptr,
+           ") is host memory; a CUDA plan takes device pointers (cudaMalloc, cudaMallocManaged or "
+           "cudaHostRegister'ed memory)");
+    if (at.type == cudaMemoryTypeDevice && at.device != device)
+      fail(LNMLP_ERROR_INVALID_ARGUMENT, p.name, " is memory of CUDA device ", at.device,
+           ", but this plan runs on device ", device, "; create the plan for that device or copy the tensor");
+  }
+}
+
+}  // namespace lnmlp::cuda

@@ -1,0 +1,22 @@
+// Checks that pointers handed to a CUDA plan are memory its device can use, before anything runs.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <initializer_list>
+
+namespace lnmlp::cuda {
+
+struct NamedPointer {
+  const char* name;
+  const void* ptr;  // NULL entries are skipped (the core has checked which may be NULL)
+};
+
+// Fails with LNMLP_ERROR_MISALIGNED for a pointer not aligned to `alignment` bytes, and with
+// LNMLP_ERROR_INVALID_ARGUMENT for plain host memory or memory of another device (detected with
+// cudaPointerGetAttributes; that query is skipped while `stream` is being captured into a graph).
+void check_device_pointers(std::initializer_list<NamedPointer> list, int device, int64_t alignment,
+                           cudaStream_t stream);
+
+}  // namespace lnmlp::cuda

@@ -1,0 +1,130 @@
+#include "gemm_cublaslt.h"
+
+#include <string>
+
+#include "check.h"
+
+namespace lnmlp::cuda {
+namespace {
+
+cudaDataType_t cuda_type(numerics::DType d) {
+  switch (d) {
+    case numerics::DType::BF16: return CUDA_R_16BF;
+    case numerics::DType::F16: return CUDA_R_16F;
+    case numerics::DType::F32: break;
+  }
+  return CUDA_R_32F;
+}
+
+// A column-major [rows, cols] matrix with leading dimension rows.
+cublasLtMatrixLayout_t make_layout(cudaDataType_t t, int64_t rows, int64_t cols, const char* name) {
+  cublasLtMatrixLayout_t l = nullptr;
+  cublas_check(cublasLtMatrixLayoutCreate(&l, t, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), rows),
+               name);
+  return l;
+}
+
+}  // namespace
+
+BlockGemmShapes block_gemm_shapes(int64_t T, int64_t H, int64_t F, int64_t A, numerics::DType d, bool has_bias1,
+                                  bool has_bias2) {
+  const int64_t AF = A * F;
+  return {
+      {T, AF, H, false, false, d, false, has_bias1},
+      {T, H, F, false, false, d, false, has_bias2},
+      {T, F, H, false, true, d, true, false},
+      {F, H, T, true, false, d, false, false},
+      {T, H, AF, false, true, d, true, false},
+      {H, AF, T, true, false, d, false, false},
+  };
+}
+
+LtGemm::LtGemm(cublasLtHandle_t handle, const GemmShape& s, int64_t max_workspace, const char* name)
+    : handle_(handle), shape_(s), name_(name) {
+  try {
+    cublas_check(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    // Swapped operands (see the header): cuBLAS's A is our B, cuBLAS's B is our A.
+    const cublasOperation_t op_a = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_b = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublas_check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a),
+                 "cublasLtMatmulDescSetAttribute(TRANSA)");
+    cublas_check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b),
+                 "cublasLtMatmulDescSetAttribute(TRANSB)");
+    if (s.bias) {
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      cublas_check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
+                   "cublasLtMatmulDescSetAttribute(EPILOGUE)");
+      const cudaDataType_t bias_type = cuda_type(s.input);
+      cublas_check(
+          cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type),
+          "cublasLtMatmulDescSetAttribute(BIAS_DATA_TYPE)");
+    }
+    const cudaDataType_t in = cuda_type(s.input), out = s.output_f32 ? CUDA_R_32F : in;
+    layout_a_ = s.trans_b ? make_layout(in, s.k, s.n, "cublasLtMatrixLayoutCreate(B)")
+                          : make_layout(in, s.n, s.k, "cublasLtMatrixLayoutCreate(B)");
+    layout_b_ = s.trans_a ? make_layout(in, s.m, s.k, "cublasLtMatrixLayoutCreate(A)")
+                          : make_layout(in, s.k, s.m, "cublasLtMatrixLayoutCreate(A)");
+    layout_c_ = make_layout(out, s.n, s.m, "cublasLtMatrixLayoutCreate(C)");
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    cublas_check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+    const uint64_t ws = static_cast<uint64_t>(max_workspace);
+    const uint32_t align = static_cast<uint32_t>(kGemmPointerAlignment);
+    cublasStatus_t st =
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof align);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulAlgoGetHeuristic(handle_, desc_, layout_a_, layout_b_, layout_c_, layout_c_, pref, 1, &result,
+                                          &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED)
+      cublas_check(st, "cublasLtMatmulAlgoGetHeuristic");
+    if (found < 1)
+      fail(LNMLP_ERROR_NOT_SUPPORTED, "cuBLASLt has no algorithm for the ", name, " GEMM (m ", s.m, ", n ", s.n,
+           ", k ", s.k, ", ", numerics::dtype_name(s.input), s.bias ? " with bias" : "",
+           ") on this GPU; try another dtype or shape (multiples of 8 help)");
+    algo_ = result.algo;
+    workspace_bytes_ = static_cast<int64_t>(result.workspaceSize);
+  } catch (...) {
+    destroy();  // a constructor that throws gets no destructor call
+    throw;
+  }
+}
+
+LtGemm::~LtGemm() { destroy(); }
+
+void LtGemm::destroy() noexcept {
+  if (layout_c_) cublasLtMatrixLayoutDestroy(layout_c_);
+  if (layout_b_) cublasLtMatrixLayoutDestroy(layout_b_);
+  if (layout_a_) cublasLtMatrixLayoutDestroy(layout_a_);
+  if (desc_) cublasLtMatmulDescDestroy(desc_);
+  layout_a_ = layout_b_ = layout_c_ = nullptr;
+  desc_ = nullptr;
+}
+
+void LtGemm::run(const void* a, const void* b, const void* bias, void* c, void* workspace, cudaStream_t stream) {
+  if (shape_.bias)
+    cublas_check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+                 "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
+  const float one = 1.0f, zero = 0.0f;
+  const cublasStatus_t st = cublasLtMatmul(handle_, desc_, &one, b, layout_a_, a, layout_b_, &zero, c, layout_c_, c,
+                                           layout_c_, &algo_, workspace, static_cast<size_t>(workspace_bytes_), stream);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    fail(LNMLP_ERROR_BACKEND, "cublasLtMatmul (", name_, " GEMM) failed: ", cublasLtGetStatusName(st), " (",
+         cublasLtGetStatusString(st), ")");
+}
+
+const char* cublaslt_description() {
+  static const std::string s = [] {
+    const size_t v = cublasLtGetVersion();
+    return "cuBLASLt " + std::to_string(v / 10000) + "." + std::to_string((v / 100) % 100) + "." +
+           std::to_string(v % 100);
+  }();
+  return s.c_str();
+}
+
+}  // namespace lnmlp::cuda

@@ -1,0 +1,82 @@
+// The CUDA backend's own kernels (everything that is not a GEMM), as host-callable launchers.
+// Each launcher takes the I/O dtype at run time and enqueues one kernel on `stream`; none
+// allocates or synchronizes. The formulas come from src/numerics/ (shared with the CPU backend).
+//
+// Column reductions (db1, db2, dgamma, dbeta) are deterministic and use no atomics: a first kernel
+// writes per-chunk partial sums (chunk c covers a fixed range of rows, summed in row order) into
+// workspace, and reduce_partials sums the chunks in chunk order. The chunking depends only on the
+// shape (column_chunking), so every run of a plan gives the same bits.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "../config.h"
+
+namespace lnmlp::cuda {
+
+constexpr int kColumnThreads = 256;  // threads per block of the column kernels (one column each)
+constexpr int kRowThreads = 256;     // threads per block of the row kernels (one row per block)
+
+struct NormSpec {
+  Norm norm;
+  bool zero_centered;
+  float eps;
+  int64_t rows, hidden;
+};
+
+struct ActSpec {
+  Act f0, f1;  // f1 only read when gated
+  bool gated;
+  ActParams params;
+  int64_t rows, ffn;
+};
+
+// How a column reduction over `rows` rows splits them into chunks.
+struct Chunking {
+  int64_t chunks = 1;
+  int64_t rows_per_chunk = 1;
+};
+
+// Enough blocks to fill a large GPU (about 1024), whatever the number of columns.
+inline Chunking column_chunking(int64_t rows, int64_t cols) {
+  const int64_t col_blocks = (cols + kColumnThreads - 1) / kColumnThreads;
+  int64_t chunks = (1024 + col_blocks - 1) / col_blocks;
+  if (chunks > rows) chunks = rows;
+  if (chunks < 1) chunks = 1;
+  Chunking c;
+  c.rows_per_chunk = (rows + chunks - 1) / chunks;
+  c.chunks = (rows + c.rows_per_chunk - 1) / c.rows_per_chunk;
+  return c;
+}
+
+// Statistics (when compute_stats; else read from mu/rs, for recomputation) and the norm output,
+// rounded to the dtype. mu is NULL for rmsnorm.
+void norm_forward(DType d, const NormSpec& s, const void* x, const void* gamma, const void* beta, bool compute_stats,
+                  float* mu, float* rs, void* out, cudaStream_t stream);
+
+// act[T, F] = f0(h[:, 0, :]) (* f1(h[:, 1, :])), h [T, A*F] already including b1.
+void act_forward(DType d, const ActSpec& s, const void* h, void* act, cudaStream_t stream);
+
+// dh = dact * act'(h) (the gated product rule), rounded to the dtype, and the per-chunk column
+// sums of the unrounded dh into db1_partials [chunks, A*F] when that is not NULL.
+void act_backward(DType d, const ActSpec& s, const Chunking& ch, const float* dact, const void* h, void* dh,
+                  float* db1_partials, cudaStream_t stream);
+
+// Per-chunk column sums of in [rows, cols] (the dtype) into partials [chunks, cols].
+void column_sums(DType d, const Chunking& ch, int64_t rows, int64_t cols, const void* in, float* partials,
+                 cudaStream_t stream);
+
+// dx from dn (fp32) per row.
+void norm_backward_dx(DType d, const NormSpec& s, const float* dn, const void* x, const void* gamma, const float* mu,
+                      const float* rs, void* dx, cudaStream_t stream);
+
+// Per-chunk column sums of dn * xhat (dgamma) and dn (dbeta; skipped when dbeta_partials is NULL).
+void norm_param_grads(DType d, const NormSpec& s, const Chunking& ch, const float* dn, const void* x, const float* mu,
+                      const float* rs, float* dgamma_partials, float* dbeta_partials, cudaStream_t stream);
+
+// out[j] = sum over c in order of partials[c * n + j], rounded to the dtype.
+void reduce_partials(DType d, int64_t chunks, int64_t n, const float* partials, void* out, cudaStream_t stream);
+
+}  // namespace lnmlp::cuda

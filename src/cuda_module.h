@@ -1,0 +1,54 @@
+// The boundary between the core library (liblnmlp.so) and the CUDA backend module
+// (liblnmlp_cuda.so), which the core loads with dlopen only when a plan asks for the CUDA backend,
+// so that the core has no link dependency on the CUDA runtime or cuBLASLt.
+//
+// The module exports ONE symbol, LNMLP_CUDA_MODULE_ENTRY, returning a table of plain C functions.
+// No C++ exception and no C++ type with type information crosses this boundary: every function
+// returns an lnmlp status (int32_t, LNMLP_SUCCESS or LNMLP_ERROR_*) and, on failure, writes a
+// NUL-terminated message into msg (capacity msg_cap bytes). The structs passed by pointer (Config,
+// SavedLayout, ForwardArgs, BackwardArgs) are plain data compiled from the same headers into both
+// sides of one build; abi and config_size guard against mixing builds.
+#pragma once
+
+#include <cstdint>
+
+#include "backend.h"
+#include "config.h"
+#include "layout.h"
+
+// Bump when the table or any struct passed through it changes.
+#define LNMLP_CUDA_MODULE_ABI 1
+#define LNMLP_CUDA_MODULE_ENTRY "lnmlp_cuda_module_v1"
+#define LNMLP_CUDA_MODULE_FILE "liblnmlp_cuda.so.1"
+
+extern "C" {
+
+typedef struct lnmlp_cuda_backend lnmlp_cuda_backend;  // opaque, owned by the module
+
+typedef struct lnmlp_cuda_module_table {
+  int32_t abi;          // LNMLP_CUDA_MODULE_ABI of the module's build
+  int64_t config_size;  // sizeof(lnmlp::Config) in the module's build
+  int64_t layout_size;  // sizeof(lnmlp::SavedLayout)
+  int64_t args_size;    // sizeof(lnmlp::ForwardArgs) + sizeof(lnmlp::BackwardArgs)
+  // LNMLP_SUCCESS when a CUDA driver and at least one device are present; *count = device count.
+  int32_t (*probe)(int32_t* count, char* msg, int64_t msg_cap);
+  int32_t (*create)(const lnmlp::Config* cfg, const lnmlp::SavedLayout* saved, lnmlp_cuda_backend** out, char* msg,
+                    int64_t msg_cap);
+  void (*destroy)(lnmlp_cuda_backend* b);
+  int32_t (*workspace_bytes)(const lnmlp_cuda_backend* b, int64_t* bytes, char* msg, int64_t msg_cap);
+  int32_t (*alignment)(const lnmlp_cuda_backend* b, int64_t* bytes, char* msg, int64_t msg_cap);
+  int32_t (*forward)(lnmlp_cuda_backend* b, const lnmlp::ForwardArgs* args, void* workspace, char* msg,
+                     int64_t msg_cap);
+  int32_t (*backward)(lnmlp_cuda_backend* b, const lnmlp::BackwardArgs* args, void* workspace, char* msg,
+                      int64_t msg_cap);
+  int32_t (*allocate)(lnmlp_cuda_backend* b, int64_t bytes, void** out, char* msg, int64_t msg_cap);
+  int32_t (*release)(lnmlp_cuda_backend* b, void* p);  // never fails observably
+  int32_t (*copy_to_host)(lnmlp_cuda_backend* b, void* host_dst, const void* src, int64_t bytes, char* msg,
+                          int64_t msg_cap);
+  int32_t (*copy_from_host)(lnmlp_cuda_backend* b, void* dst, const void* host_src, int64_t bytes, char* msg,
+                            int64_t msg_cap);
+} lnmlp_cuda_module_table;
+
+typedef const lnmlp_cuda_module_table* (*lnmlp_cuda_module_entry_fn)(void);
+
+}  // extern "C"

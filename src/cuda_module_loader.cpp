@@ -1,0 +1,168 @@
+// Loads the CUDA backend module (liblnmlp_cuda.so.1) on first use: first from the directory that
+// holds this library (found with dladdr), then through the default dynamic-loader search path.
+// The module is never unloaded (plans may outlive any caller's idea of "done").
+#include "cuda_module_loader.h"
+
+#include <dlfcn.h>
+
+#include <string>
+
+#include "cuda_module.h"
+#include "error.h"
+
+namespace lnmlp {
+namespace {
+
+constexpr int64_t kMsgCap = 1024;
+
+struct Module {
+  const lnmlp_cuda_module_table* table = nullptr;
+  std::string error;  // why table is NULL
+};
+
+std::string directory_of_this_library() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<const void*>(&make_cuda_backend), &info) == 0 || info.dli_fname == nullptr) return "";
+  const std::string path(info.dli_fname);
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "" : path.substr(0, slash + 1);
+}
+
+Module load_module() {
+  Module m;
+  std::string tried;
+  void* handle = nullptr;
+  const std::string dir = directory_of_this_library();
+  if (!dir.empty()) {
+    const std::string beside = dir + LNMLP_CUDA_MODULE_FILE;
+    handle = dlopen(beside.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+      const char* e = dlerror();
+      tried += std::string(beside) + ": " + (e ? e : "unknown error") + "; ";
+    }
+  }
+  if (handle == nullptr) {
+    handle = dlopen(LNMLP_CUDA_MODULE_FILE, RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+      const char* e = dlerror();
+      tried += std::string(LNMLP_CUDA_MODULE_FILE) + " on the loader's search path: " + (e ? e : "unknown error");
+      m.error = "the CUDA backend module could not be loaded (" + tried +
+                "); build lnmlp with -DLNMLP_CUDA=ON and install " LNMLP_CUDA_MODULE_FILE
+                " next to liblnmlp, or use LNMLP_BACKEND_CPU";
+      return m;
+    }
+  }
+  dlerror();
+  void* sym = dlsym(handle, LNMLP_CUDA_MODULE_ENTRY);
+  if (sym == nullptr) {
+    m.error = "the CUDA backend module " LNMLP_CUDA_MODULE_FILE " has no entry point " LNMLP_CUDA_MODULE_ENTRY
+              "; it does not belong to this lnmlp build";
+    return m;
+  }
+  lnmlp_cuda_module_entry_fn entry = nullptr;
+  static_assert(sizeof(entry) == sizeof(sym), "function and object pointers differ in size");
+  __builtin_memcpy(&entry, &sym, sizeof entry);
+  const lnmlp_cuda_module_table* t = entry();
+  if (t == nullptr || t->abi != LNMLP_CUDA_MODULE_ABI || t->config_size != static_cast<int64_t>(sizeof(Config)) ||
+      t->layout_size != static_cast<int64_t>(sizeof(SavedLayout)) ||
+      t->args_size != static_cast<int64_t>(sizeof(ForwardArgs) + sizeof(BackwardArgs))) {
+    m.error = "the CUDA backend module " LNMLP_CUDA_MODULE_FILE
+              " was built from a different lnmlp version than this library; install the module of this build";
+    return m;
+  }
+  m.table = t;
+  return m;
+}
+
+const Module& module() {
+  static const Module m = load_module();  // thread-safe, once
+  return m;
+}
+
+const lnmlp_cuda_module_table& require_module() {
+  const Module& m = module();
+  if (m.table == nullptr) fail(LNMLP_ERROR_NOT_SUPPORTED, m.error);
+  return *m.table;
+}
+
+class CudaModuleBackend final : public Backend {
+ public:
+  CudaModuleBackend(const lnmlp_cuda_module_table& t, const Config& cfg, const SavedLayout& saved) : t_(t) {
+    char msg[kMsgCap] = {0};
+    check(t_.create(&cfg, &saved, &b_, msg, kMsgCap), msg);
+  }
+  ~CudaModuleBackend() override { t_.destroy(b_); }
+  CudaModuleBackend(const CudaModuleBackend&) = delete;
+  CudaModuleBackend& operator=(const CudaModuleBackend&) = delete;
+
+  int64_t workspace_bytes() const override {
+    char msg[kMsgCap] = {0};
+    int64_t v = 0;
+    check(t_.workspace_bytes(b_, &v, msg, kMsgCap), msg);
+    return v;
+  }
+  int64_t alignment() const override {
+    char msg[kMsgCap] = {0};
+    int64_t v = 0;
+    check(t_.alignment(b_, &v, msg, kMsgCap), msg);
+    return v;
+  }
+  void forward(const ForwardArgs& args, void* workspace) override {
+    char msg[kMsgCap] = {0};
+    check(t_.forward(b_, &args, workspace, msg, kMsgCap), msg);
+  }
+  void backward(const BackwardArgs& args, void* workspace) override {
+    char msg[kMsgCap] = {0};
+    check(t_.backward(b_, &args, workspace, msg, kMsgCap), msg);
+  }
+  void* allocate(int64_t bytes) override {
+    char msg[kMsgCap] = {0};
+    void* p = nullptr;
+    check(t_.allocate(b_, bytes, &p, msg, kMsgCap), msg);
+    return p;
+  }
+  void release(void* p) noexcept override { t_.release(b_, p); }
+  void copy_to_host(void* host_dst, const void* src, int64_t bytes) override {
+    char msg[kMsgCap] = {0};
+    check(t_.copy_to_host(b_, host_dst, src, bytes, msg, kMsgCap), msg);
+  }
+  void copy_from_host(void* dst, const void* host_src, int64_t bytes) override {
+    char msg[kMsgCap] = {0};
+    check(t_.copy_from_host(b_, dst, host_src, bytes, msg, kMsgCap), msg);
+  }
+
+ private:
+  static void check(int32_t status, const char* msg) {
+    if (status != LNMLP_SUCCESS) fail(status, msg[0] != '\0' ? msg : "the CUDA backend failed without a message");
+  }
+  const lnmlp_cuda_module_table& t_;
+  lnmlp_cuda_backend* b_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const Config& cfg, const SavedLayout& saved) {
+  return std::make_unique<CudaModuleBackend>(require_module(), cfg, saved);
+}
+
+int32_t cuda_feature_supported(int32_t feature) noexcept {
+  try {
+    const Module& m = module();
+    if (m.table == nullptr) return 0;
+    char msg[kMsgCap] = {0};
+    int32_t count = 0;
+    if (m.table->probe(&count, msg, kMsgCap) != LNMLP_SUCCESS || count < 1) return 0;
+    switch (feature) {
+      case LNMLP_FEATURE_BACKEND:
+      case LNMLP_FEATURE_DTYPE_F32:
+      case LNMLP_FEATURE_DTYPE_BF16:
+      case LNMLP_FEATURE_DTYPE_F16:
+      case LNMLP_FEATURE_EXTERNAL_WORKSPACE: return 1;
+      default: return 0;  // FP8 recipes and sharding: not in the CUDA backend yet
+    }
+  } catch (...) {
+    return 0;
+  }
+}
+
+}  // namespace lnmlp

@@ -1,0 +1,254 @@
+// Helpers of the CUDA backend tests: whether a GPU is usable (else the tests skip, saying why),
+// device buffers, and running one problem (test_util.h's Problem) on a CPU or CUDA plan through the
+// public C API.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+namespace lnmlp_gpu_test {
+
+using namespace lnmlp_test;
+
+#define CUDA_TEST_CHECK(call)                                                                              \
+  do {                                                                                                     \
+    const cudaError_t e_ = (call);                                                                         \
+    if (e_ != cudaSuccess) throw std::runtime_error(std::string(#call) + ": " + cudaGetErrorString(e_)); \
+  } while (0)
+
+// Empty when the CUDA backend can run here; else the library's reason (for GTEST_SKIP).
+inline std::string cuda_unavailable_reason() {
+  int32_t yes = 0;
+  if (lnmlp_query_support(LNMLP_BACKEND_CUDA, LNMLP_FEATURE_BACKEND, &yes) != LNMLP_SUCCESS)
+    return std::string("lnmlp_query_support failed: ") + lnmlp_last_error();
+  if (yes == 1) return "";
+  // Ask for a plan to get the library's own words for why not.
+  lnmlp_desc* d = nullptr;
+  lnmlp_desc_create(&d);
+  lnmlp_desc_set_shape(d, 1, 8, 8);
+  lnmlp_desc_set_backend(d, LNMLP_BACKEND_CUDA, 0);
+  lnmlp_plan* p = nullptr;
+  const int32_t st = lnmlp_plan_create(d, &p);
+  std::string why = st == LNMLP_SUCCESS ? "lnmlp_query_support says no CUDA backend" : lnmlp_last_error();
+  lnmlp_plan_destroy(p);
+  lnmlp_desc_destroy(d);
+  return "no usable GPU, CUDA tests skipped: " + why;
+}
+
+#define SKIP_WITHOUT_GPU()                                         \
+  do {                                                             \
+    const std::string why_ = cuda_unavailable_reason();            \
+    if (!why_.empty()) GTEST_SKIP() << why_;                       \
+  } while (0)
+
+// cudaMalloc'ed memory (256-byte aligned), freed on destruction.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes > 0) CUDA_TEST_CHECK(cudaMalloc(&p_, bytes));
+  }
+  // Synchronous (cudaMemcpy from pageable memory may return before the copy lands, and the tests
+  // also run on non-blocking streams that do not wait for the legacy stream).
+  DeviceBuffer(const void* host, size_t bytes) : DeviceBuffer(bytes) {
+    if (bytes > 0) {
+      CUDA_TEST_CHECK(cudaMemcpy(p_, host, bytes, cudaMemcpyHostToDevice));
+      CUDA_TEST_CHECK(cudaDeviceSynchronize());
+    }
+  }
+  explicit DeviceBuffer(const Buffer& b) : DeviceBuffer(b.data(), b.bytes.size()) {}
+  ~DeviceBuffer() {
+    if (p_) cudaFree(p_);
+  }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  void* get() const { return p_; }
+  size_t bytes() const { return bytes_; }
+  // All bytes 0xFF (NaN in every dtype), so an element the library forgets cannot pass.
+  // Synchronous, for the same reason as the upload.
+  void poison() const {
+    if (p_) {
+      CUDA_TEST_CHECK(cudaMemset(p_, 0xFF, bytes_));
+      CUDA_TEST_CHECK(cudaDeviceSynchronize());
+    }
+  }
+  void to_host(Buffer& b) const {
+    if (!b.bytes.empty()) CUDA_TEST_CHECK(cudaMemcpy(b.data(), p_, b.bytes.size(), cudaMemcpyDeviceToHost));
+  }
+  std::vector<unsigned char> to_host() const {
+    std::vector<unsigned char> v(bytes_);
+    if (bytes_ > 0) CUDA_TEST_CHECK(cudaMemcpy(v.data(), p_, bytes_, cudaMemcpyDeviceToHost));
+    return v;
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A plan for the problem on one backend.
+inline lnmlp_plan* make_plan(const Problem& pr, int32_t remat, int32_t backend, int32_t device = 0) {
+  const auto& c = pr.cfg;
+  lnmlp_desc* d = nullptr;
+  LNMLP_TEST_CHECK(lnmlp_desc_create(&d));
+  std::unique_ptr<lnmlp_desc, int32_t (*)(lnmlp_desc*)> guard(d, lnmlp_desc_destroy);
+  LNMLP_TEST_CHECK(lnmlp_desc_set_shape(d, c.tokens, c.hidden, c.ffn));
+  LNMLP_TEST_CHECK(
+      lnmlp_desc_set_norm(d, c.norm == lnmlp_ref::Norm::LayerNorm ? LNMLP_NORM_LAYERNORM : LNMLP_NORM_RMSNORM));
+  LNMLP_TEST_CHECK(lnmlp_desc_set_zero_centered_gamma(d, c.zero_centered_gamma ? 1 : 0));
+  LNMLP_TEST_CHECK(lnmlp_desc_set_epsilon(d, static_cast<float>(c.epsilon)));
+  std::vector<int32_t> acts(c.acts.begin(), c.acts.end());
+  LNMLP_TEST_CHECK(lnmlp_desc_set_activations(d, static_cast<int32_t>(acts.size()), acts.data()));
+  LNMLP_TEST_CHECK(lnmlp_desc_set_clamped_swiglu(d, static_cast<float>(c.limit), static_cast<float>(c.alpha),
+                                                 static_cast<float>(c.offset)));
+  LNMLP_TEST_CHECK(lnmlp_desc_set_bias(d, c.has_bias1 ? 1 : 0, c.has_bias2 ? 1 : 0));
+  LNMLP_TEST_CHECK(lnmlp_desc_set_dtype(d, pr.dtype));
+  LNMLP_TEST_CHECK(lnmlp_desc_set_remat(d, remat));
+  LNMLP_TEST_CHECK(lnmlp_desc_set_backend(d, backend, device));
+  if (backend == LNMLP_BACKEND_CPU) LNMLP_TEST_CHECK(lnmlp_desc_set_num_threads(d, 1));
+  lnmlp_plan* p = nullptr;
+  LNMLP_TEST_CHECK(lnmlp_plan_create(d, &p));
+  return p;
+}
+
+using PlanPtr = std::unique_ptr<lnmlp_plan, int32_t (*)(lnmlp_plan*)>;
+inline PlanPtr plan_ptr(lnmlp_plan* p) { return PlanPtr(p, lnmlp_plan_destroy); }
+
+// The problem's inputs on the device.
+struct DeviceInputs {
+  DeviceBuffer x, dy, gamma, beta, w1, b1, w2, b2;
+  explicit DeviceInputs(const Problem& pr)
+      : x(pr.bx), dy(pr.bdy), gamma(pr.bgamma), beta(pr.bbeta), w1(pr.bw1), b1(pr.bb1), w2(pr.bw2), b2(pr.bb2) {}
+};
+
+// Device outputs of one forward + backward.
+struct DeviceOutputs {
+  DeviceBuffer y, saved, dx, dgamma, dbeta, dw1, db1, dw2, db2;
+  DeviceOutputs(const Problem& pr, int64_t saved_bytes) {
+    const auto& c = pr.cfg;
+    const size_t e = static_cast<size_t>(dtype_size(pr.dtype));
+    const size_t T = static_cast<size_t>(c.tokens), H = static_cast<size_t>(c.hidden),
+                 F = static_cast<size_t>(c.ffn), AF = c.acts.size() * F;
+    const bool ln = c.norm == lnmlp_ref::Norm::LayerNorm;
+    y = DeviceBuffer(T * H * e);
+    saved = DeviceBuffer(static_cast<size_t>(saved_bytes));
+    dx = DeviceBuffer(T * H * e);
+    dgamma = DeviceBuffer(H * e);
+    if (ln) dbeta = DeviceBuffer(H * e);
+    dw1 = DeviceBuffer(H * AF * e);
+    if (c.has_bias1) db1 = DeviceBuffer(AF * e);
+    dw2 = DeviceBuffer(F * H * e);
+    if (c.has_bias2) db2 = DeviceBuffer(H * e);
+    for (const DeviceBuffer* b : {&y, &saved, &dx, &dgamma, &dbeta, &dw1, &db1, &dw2, &db2}) b->poison();
+  }
+};
+
+inline int32_t device_forward(lnmlp_plan* p, const DeviceInputs& in, const DeviceOutputs& out, void* stream) {
+  return lnmlp_plan_forward(p, in.x.get(), in.gamma.get(), in.beta.get(), in.w1.get(), in.b1.get(), in.w2.get(),
+                            in.b2.get(), out.y.get(), out.saved.get(), stream);
+}
+
+inline int32_t device_backward(lnmlp_plan* p, const DeviceInputs& in, const DeviceOutputs& out, void* stream) {
+  return lnmlp_plan_backward(p, in.dy.get(), in.x.get(), in.gamma.get(), in.beta.get(), in.w1.get(), in.b1.get(),
+                             in.w2.get(), out.saved.get(), out.dx.get(), out.dgamma.get(), out.dbeta.get(),
+                             out.dw1.get(), out.db1.get(), out.dw2.get(), out.db2.get(), stream);
+}
+
+// The outputs as host buffers, in RunResult's shape.
+inline RunResult to_host(const Problem& pr, const DeviceOutputs& out, bool backward) {
+  const auto& c = pr.cfg;
+  const size_t T = static_cast<size_t>(c.tokens), H = static_cast<size_t>(c.hidden),
+               F = static_cast<size_t>(c.ffn), AF = c.acts.size() * F;
+  RunResult r;
+  r.y = Buffer(pr.dtype, T * H);
+  out.y.to_host(r.y);
+  if (!backward) return r;
+  r.dx = Buffer(pr.dtype, T * H);
+  r.dgamma = Buffer(pr.dtype, H);
+  if (out.dbeta.get()) r.dbeta = Buffer(pr.dtype, H);
+  r.dw1 = Buffer(pr.dtype, H * AF);
+  if (out.db1.get()) r.db1 = Buffer(pr.dtype, AF);
+  r.dw2 = Buffer(pr.dtype, F * H);
+  if (out.db2.get()) r.db2 = Buffer(pr.dtype, H);
+  out.dx.to_host(r.dx);
+  out.dgamma.to_host(r.dgamma);
+  out.dbeta.to_host(r.dbeta);
+  out.dw1.to_host(r.dw1);
+  out.db1.to_host(r.db1);
+  out.dw2.to_host(r.dw2);
+  out.db2.to_host(r.db2);
+  return r;
+}
+
+// Forward (+ backward unless FORWARD_ONLY) on a CUDA plan, on the default stream; also returns the
+// saved buffer's bytes.
+struct CudaRun {
+  RunResult r;
+  std::vector<unsigned char> saved;
+};
+
+inline CudaRun run_cuda(const Problem& pr, int32_t remat) {
+  PlanPtr p = plan_ptr(make_plan(pr, remat, LNMLP_BACKEND_CUDA));
+  int64_t saved_bytes = 0;
+  LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes(p.get(), &saved_bytes));
+  const DeviceInputs in(pr);
+  const DeviceOutputs out(pr, saved_bytes);
+  LNMLP_TEST_CHECK(device_forward(p.get(), in, out, nullptr));
+  const bool backward = remat != LNMLP_REMAT_FORWARD_ONLY;
+  if (backward) LNMLP_TEST_CHECK(device_backward(p.get(), in, out, nullptr));
+  CUDA_TEST_CHECK(cudaDeviceSynchronize());
+  CudaRun run;
+  run.r = to_host(pr, out, backward);
+  run.r.saved_bytes = saved_bytes;
+  LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes_per_token(p.get(), &run.r.saved_bytes_per_token));
+  run.saved = out.saved.to_host();
+  return run;
+}
+
+// Forward + backward on a CPU plan, with the saved buffer kept.
+struct CpuRun {
+  RunResult r;
+  std::vector<unsigned char> saved;
+};
+
+inline CpuRun run_cpu(const Problem& pr, int32_t remat) {
+  PlanPtr p = plan_ptr(make_plan(pr, remat, LNMLP_BACKEND_CPU));
+  CpuRun run;
+  LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes(p.get(), &run.r.saved_bytes));
+  LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes_per_token(p.get(), &run.r.saved_bytes_per_token));
+  const auto& c = pr.cfg;
+  const size_t T = static_cast<size_t>(c.tokens), H = static_cast<size_t>(c.hidden),
+               F = static_cast<size_t>(c.ffn), AF = c.acts.size() * F;
+  AlignedMemory saved(run.r.saved_bytes, 256, 0xFF);
+  RunResult& r = run.r;
+  r.y = Buffer(pr.dtype, T * H);
+  LNMLP_TEST_CHECK(lnmlp_plan_forward(p.get(), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(), pr.bw1.data(),
+                                      pr.bb1.data(), pr.bw2.data(), pr.bb2.data(), r.y.data(), saved.get(), nullptr));
+  if (remat != LNMLP_REMAT_FORWARD_ONLY) {
+    r.dx = Buffer(pr.dtype, T * H);
+    r.dgamma = Buffer(pr.dtype, H);
+    if (c.norm == lnmlp_ref::Norm::LayerNorm) r.dbeta = Buffer(pr.dtype, H);
+    r.dw1 = Buffer(pr.dtype, H * AF);
+    if (c.has_bias1) r.db1 = Buffer(pr.dtype, AF);
+    r.dw2 = Buffer(pr.dtype, F * H);
+    if (c.has_bias2) r.db2 = Buffer(pr.dtype, H);
+    LNMLP_TEST_CHECK(lnmlp_plan_backward(p.get(), pr.bdy.data(), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(),
+                                         pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), saved.get(), r.dx.data(),
+                                         r.dgamma.data(), r.dbeta.data(), r.dw1.data(), r.db1.data(), r.dw2.data(),
+                                         r.db2.data(), nullptr));
+  }
+  const auto* s = static_cast<const unsigned char*>(saved.get());
+  run.saved.assign(s, s + run.r.saved_bytes);
+  return run;
+}
+
+}  // namespace lnmlp_gpu_test
