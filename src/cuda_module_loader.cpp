@@ -157,8 +157,14 @@ int32_t cuda_feature_supported(int32_t feature) noexcept {
       case LNMLP_FEATURE_DTYPE_F32:
       case LNMLP_FEATURE_DTYPE_BF16:
       case LNMLP_FEATURE_DTYPE_F16:
-      case LNMLP_FEATURE_EXTERNAL_WORKSPACE: return 1;
-      default: return 0;  // FP8 recipes and sharding: not in the CUDA backend yet
+      case LNMLP_FEATURE_EXTERNAL_WORKSPACE:
+      // FP8: per-tensor recipes on FP8 tensor cores (sm_89 and newer; an older GPU gets
+      // NOT_SUPPORTED from lnmlp_plan_create, naming why), blocked recipes emulated exactly.
+      case LNMLP_FEATURE_RECIPE_DELAYED:
+      case LNMLP_FEATURE_RECIPE_CURRENT:
+      case LNMLP_FEATURE_RECIPE_BLOCK:
+      case LNMLP_FEATURE_RECIPE_MXFP8: return 1;
+      default: return 0;  // sharding: not yet
     }
   } catch (...) {
     return 0;

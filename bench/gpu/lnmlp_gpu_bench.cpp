@@ -4,9 +4,13 @@
 // table line and a JSON line per case.
 //
 //   lnmlp-gpu-bench [--tokens T] [--hidden H] [--ffn F] [--act gelu|swiglu|...] [--dtype bf16|f16|f32]
-//                   [--remat save_all|save_ffn1|save_stats] [--iters N] [--warmup N] [--quick] [--device N]
+//                   [--remat save_all|save_ffn1|save_stats] [--recipe none|delayed|current|block|mxfp8]
+//                   [--iters N] [--warmup N] [--quick] [--device N]
 // Without --hidden it runs the standard cases: T = 16384, H = 4096 and 8192, gelu with F = 4H and
-// Llama-style swiglu with F = 3.5H, in bf16 (or --dtype).
+// Llama-style swiglu with F = 3.5H, in bf16 (or --dtype), without FP8 and under each FP8 recipe.
+// The peer of a per-tensor FP8 recipe (delayed, current) is the six FP8 GEMMs alone (cuBLASLt,
+// E4M3 x E4M3 forward, E5M2 x E4M3 backward), and its fraction is of the dense FP8 peak; the
+// blocked recipes (emulated on Hopper: bf16 GEMMs on decoded operands) are set against bf16.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -20,12 +24,14 @@
 #include <vector>
 
 #include "cuda/gemm_cublaslt.h"
+#include "cuda/gemm_fp8.h"
 #include "error.h"
 #include "lnmlp.h"
 
 namespace {
 
 constexpr double kPeakBf16Tflops = 989.0;  // dense bf16, H100 / H200 SXM
+constexpr double kPeakFp8Tflops = 1979.0;  // dense FP8, H100 / H200 SXM
 
 [[noreturn]] void die(const std::string& what) {
   std::fprintf(stderr, "lnmlp-gpu-bench: %s\n", what.c_str());
@@ -41,6 +47,7 @@ void lnmlp_ok(int32_t st, const char* what) {
 struct Case {
   int64_t T, H, F;
   std::string act, dtype, remat;
+  std::string recipe = "none";
 };
 
 struct Options {
@@ -53,6 +60,14 @@ int32_t dtype_of(const std::string& s) {
   if (s == "f16") return LNMLP_DTYPE_F16;
   if (s == "f32") return LNMLP_DTYPE_F32;
   die("unknown --dtype " + s + " (bf16, f16, f32)");
+}
+int32_t recipe_of(const std::string& s) {
+  if (s == "none") return LNMLP_RECIPE_NONE;
+  if (s == "delayed") return LNMLP_RECIPE_DELAYED;
+  if (s == "current") return LNMLP_RECIPE_CURRENT;
+  if (s == "block") return LNMLP_RECIPE_BLOCK;
+  if (s == "mxfp8") return LNMLP_RECIPE_MXFP8;
+  die("unknown --recipe " + s + " (none, delayed, current, block, mxfp8)");
 }
 int32_t remat_of(const std::string& s) {
   if (s == "save_all") return LNMLP_REMAT_SAVE_ALL;
@@ -83,7 +98,8 @@ Options parse(int argc, char** argv) {
     }
     if (a == "--help" || a == "-h" || i + 1 >= argc)
       die("usage: lnmlp-gpu-bench [--tokens T] [--hidden H] [--ffn F] [--act NAME] [--dtype bf16|f16|f32] "
-          "[--remat save_all|save_ffn1|save_stats] [--iters N] [--warmup N] [--quick] [--device N]");
+          "[--remat save_all|save_ffn1|save_stats] [--recipe none|delayed|current|block|mxfp8] [--iters N] "
+          "[--warmup N] [--quick] [--device N]");
     const char* v = argv[++i];
     if (a == "--tokens") one.T = std::atoll(v);
     else if (a == "--hidden") one.H = std::atoll(v);
@@ -91,6 +107,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--act") one.act = v;
     else if (a == "--dtype") one.dtype = v;
     else if (a == "--remat") one.remat = v;
+    else if (a == "--recipe") one.recipe = v;
     else if (a == "--iters") o.iters = std::atoi(v);
     else if (a == "--warmup") o.warmup = std::atoi(v);
     else if (a == "--device") o.device = std::atoi(v);
@@ -102,11 +119,12 @@ Options parse(int argc, char** argv) {
     if (one.F == 0) one.F = one.act == "swiglu" ? one.H * 7 / 2 : 4 * one.H;
     o.cases.push_back(one);
   } else {
-    for (int64_t H : {int64_t{4096}, int64_t{8192}}) {
-      if (quick && H == 8192) continue;
-      o.cases.push_back({one.T, H, 4 * H, "gelu", one.dtype, one.remat});
-      o.cases.push_back({one.T, H, H * 7 / 2, "swiglu", one.dtype, one.remat});
-    }
+    for (const char* recipe : {"none", "delayed", "current", "block", "mxfp8"})
+      for (int64_t H : {int64_t{4096}, int64_t{8192}}) {
+        if (quick && H == 8192 && std::string(recipe) != "none") continue;  // --quick: FP8 at H = 4096 only
+        o.cases.push_back({one.T, H, 4 * H, "gelu", one.dtype, one.remat, recipe});
+        o.cases.push_back({one.T, H, H * 7 / 2, "swiglu", one.dtype, one.remat, recipe});
+      }
   }
   return o;
 }
@@ -130,6 +148,8 @@ struct DeviceTensor {
       const float f = u(g);
       if (elem == 4) {
         std::memcpy(&host[i], &f, 4);
+      } else if (elem == 1) {  // FP8 codes: finite in both formats (magnitude bits below 0x70)
+        host[i] = static_cast<unsigned char>((g() % 0x70u) | (f < 0.0f ? 0x80u : 0u));
       } else {  // bf16 or f16: both fine as bit patterns of bf16 (|f| < 1 keeps f16 bits finite too)
         uint32_t b;
         std::memcpy(&b, &f, 4);
@@ -176,7 +196,8 @@ double median(std::vector<double> v) {
 }
 
 void run_case(const Case& k, const Options& o, const std::string& device_name, cudaStream_t stream) {
-  const int32_t dt = dtype_of(k.dtype), remat = remat_of(k.remat);
+  const int32_t dt = dtype_of(k.dtype), remat = remat_of(k.remat), recipe = recipe_of(k.recipe);
+  const bool fp8_native = recipe == LNMLP_RECIPE_DELAYED || recipe == LNMLP_RECIPE_CURRENT;
   const std::vector<int32_t> acts = acts_of(k.act);
   const int64_t A = static_cast<int64_t>(acts.size()), T = k.T, H = k.H, F = k.F, AF = A * F;
   const int64_t e = dt == LNMLP_DTYPE_F32 ? 4 : 2;
@@ -190,6 +211,7 @@ void run_case(const Case& k, const Options& o, const std::string& device_name, c
   lnmlp_ok(lnmlp_desc_set_dtype(d, dt), "set_dtype");
   lnmlp_ok(lnmlp_desc_set_remat(d, remat), "set_remat");
   lnmlp_ok(lnmlp_desc_set_backend(d, LNMLP_BACKEND_CUDA, o.device), "set_backend");
+  lnmlp_ok(lnmlp_desc_set_recipe(d, recipe), "set_recipe");
   lnmlp_plan* plan = nullptr;
   lnmlp_ok(lnmlp_plan_create(d, &plan), "lnmlp_plan_create");
   lnmlp_desc_destroy(d);
@@ -217,14 +239,36 @@ void run_case(const Case& k, const Options& o, const std::string& device_name, c
   const lnmlp::numerics::DType nd = static_cast<lnmlp::numerics::DType>(dt);
   const auto shapes = lnmlp::cuda::block_gemm_shapes(T, H, F, A, nd, bias, bias);
   std::vector<std::unique_ptr<lnmlp::cuda::LtGemm>> g;
+  std::vector<std::unique_ptr<lnmlp::cuda::LtFp8Gemm>> g8;
   int64_t peer_ws = 0;
   try {
-    for (const auto* s : {&shapes.gemm1, &shapes.gemm2, &shapes.dact, &shapes.dw2, &shapes.dn, &shapes.dw1}) {
-      g.push_back(std::make_unique<lnmlp::cuda::LtGemm>(lt, *s, int64_t{32} << 20, "peer"));
-      peer_ws = std::max(peer_ws, g.back()->workspace_bytes());
+    if (fp8_native) {
+      // The six FP8 GEMMs on K-major codes, HYBRID formats (cuda/gemm_fp8.h): {m, n, k, x, y}.
+      using lnmlp::numerics::Fp8Format;
+      const Fp8Format e4 = Fp8Format::E4M3, e5 = Fp8Format::E5M2;
+      const struct { int64_t m, n, k; Fp8Format x, y; } s8[] = {{T, AF, H, e4, e4}, {T, H, F, e4, e4},
+                                                                {T, F, H, e5, e4}, {F, H, T, e4, e5},
+                                                                {T, H, AF, e5, e4}, {H, AF, T, e4, e5}};
+      for (const auto& s : s8) {
+        g8.push_back(std::make_unique<lnmlp::cuda::LtFp8Gemm>(lt, s.m, s.n, s.k, s.x, s.y, int64_t{32} << 20, "peer"));
+        peer_ws = std::max(peer_ws, g8.back()->workspace_bytes());
+      }
+    } else {
+      for (const auto* s : {&shapes.gemm1, &shapes.gemm2, &shapes.dact, &shapes.dw2, &shapes.dn, &shapes.dw1}) {
+        g.push_back(std::make_unique<lnmlp::cuda::LtGemm>(lt, *s, int64_t{32} << 20, "peer"));
+        peer_ws = std::max(peer_ws, g.back()->workspace_bytes());
+      }
     }
   } catch (const lnmlp::Error& err) {
     die(std::string("peer GEMMs: ") + err.what());
+  }
+  // FP8 peer operands: codes of every operand (both orientations have the same sizes), fp32 outputs.
+  const size_t big = static_cast<size_t>(std::max({T * AF, H * AF, T * H, F * H, T * F}));
+  DeviceTensor q_a(fp8_native ? big : 0, 1, 1.0f, 12), q_b(fp8_native ? big : 0, 1, 1.0f, 13),
+      q_out(fp8_native ? big : 0, 4, 0.0f, 0), q_scale(fp8_native ? 1 : 0, 4, 0.0f, 0);
+  if (fp8_native) {
+    const float one = 1.0f;
+    cuda_ok(cudaMemcpy(q_scale.p, &one, 4, cudaMemcpyHostToDevice), "cudaMemcpy");
   }
   DeviceTensor pws(static_cast<size_t>(std::max<int64_t>(peer_ws, 256)), 1, 0.0f, 0);
   DeviceTensor f32_dact(static_cast<size_t>(T * F), 4, 0.0f, 0), f32_dn(TH, 4, 0.0f, 0),
@@ -232,6 +276,21 @@ void run_case(const Case& k, const Options& o, const std::string& device_name, c
       p_ln(TH, e, 0.5f, 10), p_dh(static_cast<size_t>(T * AF), e, 0.01f, 11);
   cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   auto peer_once = [&](const Events& ev) {
+    if (fp8_native) {
+      auto run8 = [&](int i) {
+        g8[static_cast<size_t>(i)]->run(static_cast<const uint8_t*>(q_a.p), static_cast<const float*>(q_scale.p),
+                                        static_cast<const uint8_t*>(q_b.p), static_cast<const float*>(q_scale.p),
+                                        static_cast<float*>(q_out.p), pws.p, stream);
+      };
+      cuda_ok(cudaEventRecord(ev.a, stream), "cudaEventRecord");
+      run8(0);
+      run8(1);
+      cuda_ok(cudaEventRecord(ev.b, stream), "cudaEventRecord");
+      if (remat == LNMLP_REMAT_SAVE_STATS) run8(0);
+      for (int i = 2; i < 6; ++i) run8(i);
+      cuda_ok(cudaEventRecord(ev.c, stream), "cudaEventRecord");
+      return;
+    }
     cuda_ok(cudaEventRecord(ev.a, stream), "cudaEventRecord");
     g[0]->run(p_ln.p, w1.p, nz(b1), p_h.p, pws.p, stream);
     g[1]->run(p_act.p, w2.p, nz(b2), y.p, pws.p, stream);
@@ -272,6 +331,7 @@ void run_case(const Case& k, const Options& o, const std::string& device_name, c
     die(std::string("peer GEMM: ") + err.what());
   }
   g.clear();
+  g8.clear();
   cublasLtDestroy(lt);
   lnmlp_plan_destroy(plan);
 
@@ -281,19 +341,20 @@ void run_case(const Case& k, const Options& o, const std::string& device_name, c
   const double total_ms = f_ms + b_ms, peer_ms = p_f + p_b;
   const double tflops = (fwd_flops + bwd_flops) / (total_ms * 1e-3) / 1e12;
   const double peer_tflops = (fwd_flops + bwd_flops) / (peer_ms * 1e-3) / 1e12;
-  std::printf("%-7s T=%-6lld H=%-5lld F=%-6lld %-5s %-10s fwd %8.3f ms  bwd %8.3f ms  total %8.3f ms  %7.1f TFLOP/s "
+  const double peak = fp8_native ? kPeakFp8Tflops : kPeakBf16Tflops;
+  std::printf("%-7s T=%-6lld H=%-5lld F=%-6lld %-5s %-7s %-10s fwd %8.3f ms  bwd %8.3f ms  total %8.3f ms  %7.1f TFLOP/s "
               "(%5.1f%% of %g)  | GEMMs alone %8.3f ms %7.1f TFLOP/s  block/GEMMs %.3f  saved %lld B/token\n",
               k.act.c_str(), static_cast<long long>(T), static_cast<long long>(H), static_cast<long long>(F),
-              k.dtype.c_str(), k.remat.c_str(), f_ms, b_ms, total_ms, tflops, 100.0 * tflops / kPeakBf16Tflops,
-              kPeakBf16Tflops, peer_ms, peer_tflops, total_ms / peer_ms, static_cast<long long>(per_token));
-  std::printf("{\"bench\":\"lnmlp-gpu-bench\",\"device\":\"%s\",\"act\":\"%s\",\"dtype\":\"%s\",\"remat\":\"%s\","
+              k.dtype.c_str(), k.recipe.c_str(), k.remat.c_str(), f_ms, b_ms, total_ms, tflops, 100.0 * tflops / peak,
+              peak, peer_ms, peer_tflops, total_ms / peer_ms, static_cast<long long>(per_token));
+  std::printf("{\"bench\":\"lnmlp-gpu-bench\",\"device\":\"%s\",\"act\":\"%s\",\"dtype\":\"%s\",\"recipe\":\"%s\",\"remat\":\"%s\","
               "\"tokens\":%lld,\"hidden\":%lld,\"ffn\":%lld,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"total_ms\":%.4f,"
               "\"tflops\":%.2f,\"peak_tflops\":%g,\"peak_fraction\":%.4f,\"peer_gemms_ms\":%.4f,\"peer_fwd_ms\":%.4f,"
               "\"peer_bwd_ms\":%.4f,\"peer_tflops\":%.2f,\"saved_bytes_per_token\":%lld,\"workspace_bytes\":%lld,"
               "\"iters\":%d}\n",
-              device_name.c_str(), k.act.c_str(), k.dtype.c_str(), k.remat.c_str(), static_cast<long long>(T),
-              static_cast<long long>(H), static_cast<long long>(F), f_ms, b_ms, total_ms, tflops, kPeakBf16Tflops,
-              tflops / kPeakBf16Tflops, peer_ms, p_f, p_b, peer_tflops, static_cast<long long>(per_token),
+              device_name.c_str(), k.act.c_str(), k.dtype.c_str(), k.recipe.c_str(), k.remat.c_str(),
+              static_cast<long long>(T), static_cast<long long>(H), static_cast<long long>(F), f_ms, b_ms, total_ms,
+              tflops, peak, tflops / peak, peer_ms, p_f, p_b, peer_tflops, static_cast<long long>(per_token),
               static_cast<long long>(ws_bytes), o.iters);
   std::fflush(stdout);
 }

@@ -5,9 +5,10 @@
 namespace lnmlp::cuda {
 namespace {
 
-template <DType D>
+// O: the output's dtype, D (rounded) or F32 (unrounded, for FP8 recipes, which quantize that).
+template <DType D, DType O>
 __global__ void __launch_bounds__(kColumnThreads)
-    act_forward_kernel(ActSpec s, const storage_t<D>* __restrict__ h, storage_t<D>* __restrict__ act) {
+    act_forward_kernel(ActSpec s, const storage_t<D>* __restrict__ h, storage_t<O>* __restrict__ act) {
   const int64_t F = s.ffn, AF = s.gated ? 2 * F : F;
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kColumnThreads + threadIdx.x;
   if (j >= F) return;
@@ -15,14 +16,14 @@ __global__ void __launch_bounds__(kColumnThreads)
   for (int64_t r = blockIdx.y; r < s.rows; r += gridDim.y) {
     float a = act_value_rt(s.f0, load<D>(h[r * AF + j]), s.params);
     if (s.gated) a *= act_value_rt(s.f1, load<D>(h[r * AF + F + j]), s.params);
-    act[r * F + j] = store<D>(a);
+    act[r * F + j] = store<O>(a);
   }
 }
 
-template <DType D>
+template <DType D, DType O>
 __global__ void __launch_bounds__(kColumnThreads)
     act_backward_kernel(ActSpec s, Chunking ch, const float* __restrict__ dact, const storage_t<D>* __restrict__ h,
-                        storage_t<D>* __restrict__ dh, float* __restrict__ db1_partials) {
+                        storage_t<O>* __restrict__ dh, float* __restrict__ db1_partials) {
   const int64_t F = s.ffn, AF = s.gated ? 2 * F : F;
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kColumnThreads + threadIdx.x;
   if (j >= F) return;
@@ -38,13 +39,13 @@ __global__ void __launch_bounds__(kColumnThreads)
       // The same products, in the same order, as the CPU backend (src/cpu/kernels.h).
       const float d0 = g * act_grad_rt(s.f0, v0, s.params) * act_value_rt(s.f1, v1, s.params);
       const float d1 = g * act_value_rt(s.f0, v0, s.params) * act_grad_rt(s.f1, v1, s.params);
-      dh[r * AF + j] = store<D>(d0);
-      dh[r * AF + F + j] = store<D>(d1);
+      dh[r * AF + j] = store<O>(d0);
+      dh[r * AF + F + j] = store<O>(d1);
       sum0 += d0;
       sum1 += d1;
     } else {
       const float d0 = g * act_grad_rt(s.f0, v0, s.params);
-      dh[r * AF + j] = store<D>(d0);
+      dh[r * AF + j] = store<O>(d0);
       sum0 += d0;
     }
   }
@@ -56,23 +57,31 @@ __global__ void __launch_bounds__(kColumnThreads)
 
 }  // namespace
 
-void act_forward(DType d, const ActSpec& s, const void* h, void* act, cudaStream_t stream) {
+void act_forward(DType d, const ActSpec& s, const void* h, void* act, cudaStream_t stream, bool act_f32) {
   with_dtype(d, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     using S = storage_t<D>;
     const dim3 grid(column_blocks(s.ffn), grid_dim((s.rows + kRowsPerThread - 1) / kRowsPerThread, kMaxGridY));
-    act_forward_kernel<D><<<grid, kColumnThreads, 0, stream>>>(s, static_cast<const S*>(h), static_cast<S*>(act));
+    if (act_f32)
+      act_forward_kernel<D, DType::F32><<<grid, kColumnThreads, 0, stream>>>(s, static_cast<const S*>(h),
+                                                                             static_cast<float*>(act));
+    else
+      act_forward_kernel<D, D><<<grid, kColumnThreads, 0, stream>>>(s, static_cast<const S*>(h), static_cast<S*>(act));
   });
 }
 
 void act_backward(DType d, const ActSpec& s, const Chunking& ch, const float* dact, const void* h, void* dh,
-                  float* db1_partials, cudaStream_t stream) {
+                  float* db1_partials, cudaStream_t stream, bool dh_f32) {
   with_dtype(d, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     using S = storage_t<D>;
     const dim3 grid(column_blocks(s.ffn), static_cast<unsigned>(ch.chunks));
-    act_backward_kernel<D><<<grid, kColumnThreads, 0, stream>>>(s, ch, dact, static_cast<const S*>(h),
-                                                                static_cast<S*>(dh), db1_partials);
+    if (dh_f32)
+      act_backward_kernel<D, DType::F32><<<grid, kColumnThreads, 0, stream>>>(s, ch, dact, static_cast<const S*>(h),
+                                                                              static_cast<float*>(dh), db1_partials);
+    else
+      act_backward_kernel<D, D><<<grid, kColumnThreads, 0, stream>>>(s, ch, dact, static_cast<const S*>(h),
+                                                                     static_cast<S*>(dh), db1_partials);
   });
 }
 

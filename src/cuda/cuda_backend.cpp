@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "check.h"
+#include "device_memory.h"
 #include "device_pointers.h"
 #include "gemm_cublaslt.h"
 #include "kernels.h"
@@ -16,9 +17,9 @@ namespace {
 // cuBLASLt workspace offered to the heuristic (32 MiB is what NVIDIA recommends for Hopper).
 constexpr int64_t kMaxGemmWorkspace = int64_t{32} << 20;
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public DeviceMemoryBackend {
  public:
-  CudaBackend(const Config& cfg, const SavedLayout& saved) : c_(cfg), saved_(saved), device_(cfg.device) {
+  CudaBackend(const Config& cfg, const SavedLayout& saved) : DeviceMemoryBackend(cfg.device), c_(cfg), saved_(saved) {
     ScopedDevice dev(device_);
     cublas_check(cublasLtCreate(&lt_), "cublasLtCreate");
     try {
@@ -34,33 +35,6 @@ class CudaBackend final : public Backend {
 
   int64_t workspace_bytes() const override { return ws_bytes_; }
   int64_t alignment() const override { return kCudaAlignment; }
-
-  void* allocate(int64_t bytes) override {
-    ScopedDevice dev(device_);
-    void* p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, static_cast<size_t>(bytes));
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      fail(LNMLP_ERROR_OUT_OF_MEMORY, "could not allocate ", bytes, " bytes of GPU memory on device ", device_, " (",
-           cudaGetErrorString(e), ")");
-    }
-    return p;
-  }
-  void release(void* p) noexcept override {
-    if (p == nullptr) return;
-    int prev = 0;
-    const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device_ && cudaSetDevice(device_) == cudaSuccess;
-    cudaFree(p);
-    if (switched) cudaSetDevice(prev);
-  }
-  void copy_to_host(void* dst, const void* src, int64_t n) override {
-    ScopedDevice dev(device_);
-    cuda_check(cudaMemcpy(dst, src, static_cast<size_t>(n), cudaMemcpyDeviceToHost), "cudaMemcpy (device to host)");
-  }
-  void copy_from_host(void* dst, const void* src, int64_t n) override {
-    ScopedDevice dev(device_);
-    cuda_check(cudaMemcpy(dst, src, static_cast<size_t>(n), cudaMemcpyHostToDevice), "cudaMemcpy (host to device)");
-  }
 
   void forward(const ForwardArgs& a, void* ws) override {
     ScopedDevice dev(device_);
@@ -207,7 +181,6 @@ class CudaBackend final : public Backend {
 
   Config c_;
   SavedLayout saved_;
-  int device_;
   cublasLtHandle_t lt_ = nullptr;
   std::unique_ptr<LtGemm> g1_, g2_, g_dact_, g_dw2_, g_dn_, g_dw1_;
   Chunking chunk_h_, chunk_f_;
@@ -240,6 +213,7 @@ std::unique_ptr<Backend> make_cuda_backend(const Config& cfg, const SavedLayout&
   if (cfg.device >= n)
     fail(LNMLP_ERROR_NOT_SUPPORTED, "CUDA device ", cfg.device, " does not exist: this machine has ", n,
          " CUDA device", n == 1 ? "" : "s", " (ordinals 0 to ", n - 1, "); pass one of them to lnmlp_desc_set_backend");
+  if (cfg.quantized()) return make_cuda_fp8_backend(cfg, saved);
   return std::make_unique<CudaBackend>(cfg, saved);
 }
 

@@ -52,17 +52,20 @@ inline Chunking column_chunking(int64_t rows, int64_t cols) {
 }
 
 // Statistics (when compute_stats; else read from mu/rs, for recomputation) and the norm output,
-// rounded to the dtype. mu is NULL for rmsnorm.
+// rounded to the dtype, or unrounded in fp32 when out_f32 (FP8 recipes quantize that). mu is NULL
+// for rmsnorm.
 void norm_forward(DType d, const NormSpec& s, const void* x, const void* gamma, const void* beta, bool compute_stats,
-                  float* mu, float* rs, void* out, cudaStream_t stream);
+                  float* mu, float* rs, void* out, cudaStream_t stream, bool out_f32 = false);
 
-// act[T, F] = f0(h[:, 0, :]) (* f1(h[:, 1, :])), h [T, A*F] already including b1.
-void act_forward(DType d, const ActSpec& s, const void* h, void* act, cudaStream_t stream);
+// act[T, F] = f0(h[:, 0, :]) (* f1(h[:, 1, :])), h [T, A*F] already including b1; act rounded to
+// the dtype, or unrounded in fp32 when act_f32.
+void act_forward(DType d, const ActSpec& s, const void* h, void* act, cudaStream_t stream, bool act_f32 = false);
 
 // dh = dact * act'(h) (the gated product rule), rounded to the dtype, and the per-chunk column
 // sums of the unrounded dh into db1_partials [chunks, A*F] when that is not NULL.
+// With dh_f32, dh is written unrounded in fp32.
 void act_backward(DType d, const ActSpec& s, const Chunking& ch, const float* dact, const void* h, void* dh,
-                  float* db1_partials, cudaStream_t stream);
+                  float* db1_partials, cudaStream_t stream, bool dh_f32 = false);
 
 // Per-chunk column sums of in [rows, cols] (the dtype) into partials [chunks, cols].
 void column_sums(DType d, const Chunking& ch, int64_t rows, int64_t cols, const void* in, float* partials,

@@ -6,11 +6,12 @@
 namespace lnmlp::cuda {
 namespace {
 
-template <DType D>
+// O: the output's dtype, D (rounded) or F32 (unrounded, for FP8 recipes, which quantize that).
+template <DType D, DType O>
 __global__ void __launch_bounds__(kRowThreads)
     norm_forward_kernel(NormSpec s, const storage_t<D>* __restrict__ x, const storage_t<D>* __restrict__ gamma,
                         const storage_t<D>* __restrict__ beta, bool compute_stats, float* mu, float* rs,
-                        storage_t<D>* __restrict__ out) {
+                        storage_t<O>* __restrict__ out) {
   __shared__ float shm[kRowThreads / 32];
   const int64_t H = s.hidden;
   const bool ln = s.norm == Norm::LayerNorm;
@@ -39,11 +40,11 @@ __global__ void __launch_bounds__(kRowThreads)
       m = ln ? mu[r] : 0.0f;
       rstd = rs[r];
     }
-    storage_t<D>* o = out + r * H;
+    storage_t<O>* o = out + r * H;
 #pragma unroll 4
     for (int64_t j = threadIdx.x; j < H; j += kRowThreads) {
       const float b = ln ? load<D>(beta[j]) : 0.0f;
-      o[j] = store<D>(norm_out(norm_xhat(load<D>(xr[j]), m, rstd), norm_gain(load<D>(gamma[j]), s.zero_centered), b));
+      o[j] = store<O>(norm_out(norm_xhat(load<D>(xr[j]), m, rstd), norm_gain(load<D>(gamma[j]), s.zero_centered), b));
     }
   }
 }
@@ -108,13 +109,19 @@ __global__ void __launch_bounds__(kColumnThreads)
 }  // namespace
 
 void norm_forward(DType d, const NormSpec& s, const void* x, const void* gamma, const void* beta, bool compute_stats,
-                  float* mu, float* rs, void* out, cudaStream_t stream) {
+                  float* mu, float* rs, void* out, cudaStream_t stream, bool out_f32) {
   with_dtype(d, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     using S = storage_t<D>;
-    norm_forward_kernel<D><<<grid_dim(s.rows, kMaxGridX), kRowThreads, 0, stream>>>(
-        s, static_cast<const S*>(x), static_cast<const S*>(gamma), static_cast<const S*>(beta), compute_stats, mu, rs,
-        static_cast<S*>(out));
+    const unsigned grid = grid_dim(s.rows, kMaxGridX);
+    if (out_f32)
+      norm_forward_kernel<D, DType::F32><<<grid, kRowThreads, 0, stream>>>(
+          s, static_cast<const S*>(x), static_cast<const S*>(gamma), static_cast<const S*>(beta), compute_stats, mu,
+          rs, static_cast<float*>(out));
+    else
+      norm_forward_kernel<D, D><<<grid, kRowThreads, 0, stream>>>(
+          s, static_cast<const S*>(x), static_cast<const S*>(gamma), static_cast<const S*>(beta), compute_stats, mu,
+          rs, static_cast<S*>(out));
   });
 }
 

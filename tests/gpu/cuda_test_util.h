@@ -96,7 +96,8 @@ class DeviceBuffer {
 };
 
 // A plan for the problem on one backend.
-inline lnmlp_plan* make_plan(const Problem& pr, int32_t remat, int32_t backend, int32_t device = 0) {
+inline lnmlp_plan* make_plan(const Problem& pr, int32_t remat, int32_t backend, int32_t device = 0,
+                              int32_t recipe = LNMLP_RECIPE_NONE) {
   const auto& c = pr.cfg;
   lnmlp_desc* d = nullptr;
   LNMLP_TEST_CHECK(lnmlp_desc_create(&d));
@@ -114,6 +115,7 @@ inline lnmlp_plan* make_plan(const Problem& pr, int32_t remat, int32_t backend, 
   LNMLP_TEST_CHECK(lnmlp_desc_set_dtype(d, pr.dtype));
   LNMLP_TEST_CHECK(lnmlp_desc_set_remat(d, remat));
   LNMLP_TEST_CHECK(lnmlp_desc_set_backend(d, backend, device));
+  LNMLP_TEST_CHECK(lnmlp_desc_set_recipe(d, recipe));
   if (backend == LNMLP_BACKEND_CPU) LNMLP_TEST_CHECK(lnmlp_desc_set_num_threads(d, 1));
   lnmlp_plan* p = nullptr;
   LNMLP_TEST_CHECK(lnmlp_plan_create(d, &p));
@@ -196,8 +198,8 @@ struct CudaRun {
   std::vector<unsigned char> saved;
 };
 
-inline CudaRun run_cuda(const Problem& pr, int32_t remat) {
-  PlanPtr p = plan_ptr(make_plan(pr, remat, LNMLP_BACKEND_CUDA));
+inline CudaRun run_cuda(const Problem& pr, int32_t remat, int32_t recipe = LNMLP_RECIPE_NONE) {
+  PlanPtr p = plan_ptr(make_plan(pr, remat, LNMLP_BACKEND_CUDA, 0, recipe));
   int64_t saved_bytes = 0;
   LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes(p.get(), &saved_bytes));
   const DeviceInputs in(pr);
@@ -220,8 +222,8 @@ struct CpuRun {
   std::vector<unsigned char> saved;
 };
 
-inline CpuRun run_cpu(const Problem& pr, int32_t remat) {
-  PlanPtr p = plan_ptr(make_plan(pr, remat, LNMLP_BACKEND_CPU));
+inline CpuRun run_cpu(const Problem& pr, int32_t remat, int32_t recipe = LNMLP_RECIPE_NONE) {
+  PlanPtr p = plan_ptr(make_plan(pr, remat, LNMLP_BACKEND_CPU, 0, recipe));
   CpuRun run;
   LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes(p.get(), &run.r.saved_bytes));
   LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes_per_token(p.get(), &run.r.saved_bytes_per_token));

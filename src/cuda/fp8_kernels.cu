@@ -1,0 +1,307 @@
+// FP8 kernels of the CUDA backend (see fp8_kernels.h). The scale arithmetic and the casts are
+// src/numerics/scaling.h's and fp8.h's; the block layouts are the CPU backend's, so the codes and
+// scales a plan saves are the same bits on both backends.
+#include "../numerics/fp8.h"
+#include "../numerics/quantize.h"
+#include "../numerics/scaling.h"
+#include "device_util.cuh"
+#include "fp8_kernels.h"
+
+namespace lnmlp::cuda {
+namespace {
+
+using numerics::Fp8Format;
+
+template <typename Fn> void with_fp8(Fp8Format f, Fn&& fn) {
+  if (f == Fp8Format::E4M3) fn(std::integral_constant<Fp8Format, Fp8Format::E4M3>{});
+  else fn(std::integral_constant<Fp8Format, Fp8Format::E5M2>{});
+}
+
+constexpr int kThreads = 256;
+
+// ---- amax ----------------------------------------------------------------------------------
+
+// The magnitude bits of a float order like |x| for non-NaN values, and every NaN is above +inf,
+// so an integer max is the NaN-propagating amax; atomicMax on integers is order-independent.
+template <DType D> __global__ void __launch_bounds__(kThreads)
+    amax_kernel(const storage_t<D>* __restrict__ x, int64_t n, uint32_t* amax_bits) {
+  uint32_t m = 0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const uint32_t a = float_bits(load<D>(x[i])) & 0x7fffffffu;
+    m = a > m ? a : m;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint32_t other = __shfl_xor_sync(0xffffffffu, m, o);
+    m = other > m ? other : m;
+  }
+  if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(amax_bits, m);
+}
+
+__global__ void per_tensor_scale_kernel(const float* given, const float* state_scale, const uint32_t* amax_bits,
+                                        float fmt_max, bool pow2, float eps, float* scale_out, float* used_out) {
+  float s;
+  if (given != nullptr) s = *given;
+  else if (state_scale != nullptr) s = *state_scale;
+  else s = numerics::current_scale(numerics::amax_from_bits(*amax_bits), fmt_max, pow2, eps);
+  scale_out[0] = s;
+  scale_out[1] = 1.0f / s;
+  if (used_out != nullptr) *used_out = s;
+}
+
+__global__ void delayed_update_kernel(float* state_q, int32_t len, const uint32_t* amax_bits, bool use_max,
+                                      float fmt_max, int32_t margin) {
+  state_q[0] = numerics::delayed_record_and_update(state_q + 1, len, numerics::amax_from_bits(*amax_bits), state_q[0],
+                                                   use_max, fmt_max, margin);
+}
+
+// ---- per-tensor quantization, with the transposed copy -----------------------------------------
+
+constexpr int kTile = 32, kTileRows = 8;
+
+template <DType D, Fp8Format F> __global__ void __launch_bounds__(kTile* kTileRows)
+    quantize_per_tensor_kernel(const storage_t<D>* __restrict__ x, int64_t rows, int64_t cols,
+                               const float* __restrict__ scale, uint8_t* __restrict__ codes,
+                               uint8_t* __restrict__ codes_t) {
+  __shared__ uint8_t tile[kTile][kTile + 1];
+  const float s = scale[0];
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile; r0 < rows; r0 += static_cast<int64_t>(gridDim.y) * kTile) {
+    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+      const int64_t r = r0 + i, c = c0 + threadIdx.x;
+      if (r < rows && c < cols) {
+        const uint8_t q = numerics::float_to_fp8<F>(load<D>(x[r * cols + c]) * s);
+        if (codes != nullptr) codes[r * cols + c] = q;
+        tile[i][threadIdx.x] = q;
+      }
+    }
+    if (codes_t == nullptr) continue;  // uniform over the block
+    __syncthreads();
+    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+      const int64_t c = c0 + i, r = r0 + threadIdx.x;
+      if (r < rows && c < cols) codes_t[c * rows + r] = tile[threadIdx.x][i];
+    }
+    __syncthreads();
+  }
+}
+
+// ---- blocked quantization (BLOCK, MXFP8) ------------------------------------------------------
+
+// The scale of a block from its amax, and what the block's scale slot holds: the fp32 scale_inv
+// (BLOCK) or the E8M0 byte (MXFP8). The same functions as numerics/quantize.h's host loops.
+template <Fp8Format F> struct BlockScaler {
+  bool mx, pow2;
+  float eps;
+  __device__ float scale(float amax) const {
+    if (mx) return numerics::mxfp8_scale_from_exponent(numerics::mxfp8_scale_inv_exponent(amax, numerics::Fp8Traits<F>::max));
+    return numerics::block_scale(amax, numerics::Fp8Traits<F>::max, pow2, eps);
+  }
+  __device__ void store(void* scales, int64_t i, float amax, float s) const {
+    if (mx) static_cast<uint8_t*>(scales)[i] = numerics::mxfp8_scale_e8m0(amax, numerics::Fp8Traits<F>::max);
+    else static_cast<float*>(scales)[i] = 1.0f / s;
+  }
+};
+
+__device__ __forceinline__ uint32_t warp_max(uint32_t m) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint32_t other = __shfl_xor_sync(0xffffffffu, m, o);
+    m = other > m ? other : m;
+  }
+  return m;
+}
+
+// 1 x b blocks along rows: one warp per block (b = 32 or 128).
+template <DType D, Fp8Format F> __global__ void __launch_bounds__(kThreads)
+    quantize_rows_kernel(const storage_t<D>* __restrict__ x, int64_t rows, int64_t cols, int64_t b, BlockScaler<F> sc,
+                         uint8_t* __restrict__ codes, void* scales) {
+  const int64_t nb = (cols + b - 1) / b, blocks = rows * nb;
+  const int warps = kThreads / 32, lane = threadIdx.x & 31;
+  for (int64_t blk = static_cast<int64_t>(blockIdx.x) * warps + (threadIdx.x >> 5); blk < blocks;
+       blk += static_cast<int64_t>(gridDim.x) * warps) {
+    const int64_t r = blk / nb, c0 = (blk % nb) * b, w = cols - c0 < b ? cols - c0 : b;
+    const storage_t<D>* xr = x + r * cols + c0;
+    uint32_t m = 0;
+    for (int64_t i = lane; i < w; i += 32) {
+      const uint32_t a = float_bits(load<D>(xr[i])) & 0x7fffffffu;
+      m = a > m ? a : m;
+    }
+    const float amax = numerics::amax_from_bits(warp_max(m));
+    const float s = sc.scale(amax);
+    if (lane == 0) sc.store(scales, blk, amax, s);
+    for (int64_t i = lane; i < w; i += 32) codes[r * cols + c0 + i] = numerics::float_to_fp8<F>(load<D>(xr[i]) * s);
+  }
+}
+
+// b x 1 blocks down columns: one thread per (band, column), adjacent threads adjacent columns.
+template <DType D, Fp8Format F> __global__ void __launch_bounds__(kThreads)
+    quantize_cols_kernel(const storage_t<D>* __restrict__ x, int64_t rows, int64_t cols, int64_t b, BlockScaler<F> sc,
+                         uint8_t* __restrict__ codes, void* scales) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= cols) return;
+  for (int64_t band = blockIdx.y; band * b < rows; band += gridDim.y) {
+    const int64_t r0 = band * b, r1 = r0 + b < rows ? r0 + b : rows;
+    uint32_t m = 0;
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint32_t a = float_bits(load<D>(x[r * cols + c])) & 0x7fffffffu;
+      m = a > m ? a : m;
+    }
+    const float amax = numerics::amax_from_bits(m);
+    const float s = sc.scale(amax);
+    sc.store(scales, band * cols + c, amax, s);
+    for (int64_t r = r0; r < r1; ++r) codes[r * cols + c] = numerics::float_to_fp8<F>(load<D>(x[r * cols + c]) * s);
+  }
+}
+
+// 128 x 128 weight tiles (BLOCK): one thread block per tile.
+template <DType D, Fp8Format F> __global__ void __launch_bounds__(kThreads)
+    quantize_tiles_kernel(const storage_t<D>* __restrict__ x, int64_t rows, int64_t cols, int64_t b, BlockScaler<F> sc,
+                          uint8_t* __restrict__ codes, void* scales) {
+  __shared__ uint32_t warp_m[kThreads / 32];
+  const int64_t nbc = (cols + b - 1) / b;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * b, c0 = static_cast<int64_t>(blockIdx.x) * b;
+  const int64_t h = rows - r0 < b ? rows - r0 : b, w = cols - c0 < b ? cols - c0 : b;
+  uint32_t m = 0;
+  for (int64_t i = threadIdx.x; i < h * w; i += kThreads) {
+    const uint32_t a = float_bits(load<D>(x[(r0 + i / w) * cols + c0 + i % w])) & 0x7fffffffu;
+    m = a > m ? a : m;
+  }
+  m = warp_max(m);
+  if ((threadIdx.x & 31) == 0) warp_m[threadIdx.x >> 5] = m;
+  __syncthreads();
+  m = 0;
+  for (int i = 0; i < kThreads / 32; ++i) m = warp_m[i] > m ? warp_m[i] : m;
+  const float amax = numerics::amax_from_bits(m);
+  const float s = sc.scale(amax);
+  if (threadIdx.x == 0) sc.store(scales, static_cast<int64_t>(blockIdx.y) * nbc + blockIdx.x, amax, s);
+  for (int64_t i = threadIdx.x; i < h * w; i += kThreads) {
+    const int64_t idx = (r0 + i / w) * cols + c0 + i % w;
+    codes[idx] = numerics::float_to_fp8<F>(load<D>(x[idx]) * s);
+  }
+}
+
+// ---- decoding into GEMM operands ----------------------------------------------------------------
+
+// Where an element's block scale is, as plain values the device can read (QuantKind is host code).
+struct ScaleIndex {
+  enum Mode : int { PerTensor, Tiles, AlongRows, DownColumns } mode;
+  int64_t block;
+  bool e8m0;
+};
+
+template <Fp8Format F, bool F32Out> __global__ void __launch_bounds__(kThreads)
+    decode_kernel(ScaleIndex k, const uint8_t* __restrict__ codes, const void* __restrict__ scales, int64_t rows,
+                  int64_t cols, void* __restrict__ out) {
+  const int64_t n = rows * cols, b = k.block, nb = (cols + b - 1) / b;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t r = i / cols, c = i % cols;
+    float s = 1.0f;
+    if (k.mode != ScaleIndex::PerTensor) {
+      const int64_t si = k.mode == ScaleIndex::Tiles       ? (r / b) * nb + c / b
+                         : k.mode == ScaleIndex::AlongRows ? r * nb + c / b
+                                                           : (r / b) * cols + c;
+      s = k.e8m0 ? numerics::e8m0_to_float(static_cast<const uint8_t*>(scales)[si])
+                 : static_cast<const float*>(scales)[si];
+    }
+    const float v = numerics::fp8_to_float<F>(codes[i]) * s;
+    if (F32Out) static_cast<float*>(out)[i] = v;
+    else static_cast<uint16_t*>(out)[i] = store<DType::BF16>(v);
+  }
+}
+
+template <DType D> __global__ void __launch_bounds__(kThreads)
+    bias_round_kernel(const float* __restrict__ acc, int64_t rows, int64_t cols, const storage_t<D>* __restrict__ bias,
+                      storage_t<D>* __restrict__ out) {
+  const int64_t n = rows * cols;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads)
+    out[i] = store<D>(acc[i] + (bias != nullptr ? load<D>(bias[i % cols]) : 0.0f));
+}
+
+unsigned flat_grid(int64_t n) { return grid_dim((n + kThreads - 1) / kThreads, 8192); }
+
+}  // namespace
+
+void fp8_amax(DType in, const void* x, int64_t n, uint32_t* amax_bits, cudaStream_t stream) {
+  cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), stream);
+  with_dtype(in, [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    amax_kernel<D><<<flat_grid(n), kThreads, 0, stream>>>(static_cast<const storage_t<D>*>(x), n, amax_bits);
+  });
+}
+
+void fp8_per_tensor_scale(const float* given, const float* state_scale, const uint32_t* amax_bits, float fmt_max,
+                          bool power_2_scale, float amax_epsilon, float* scale_out, float* used_out,
+                          cudaStream_t stream) {
+  per_tensor_scale_kernel<<<1, 1, 0, stream>>>(given, state_scale, amax_bits, fmt_max, power_2_scale, amax_epsilon,
+                                               scale_out, used_out);
+}
+
+void fp8_quantize_per_tensor(DType in, Fp8Format f, const void* x, int64_t rows, int64_t cols, const float* scale,
+                             uint8_t* codes, uint8_t* codes_t, cudaStream_t stream) {
+  with_dtype(in, [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    with_fp8(f, [&](auto ft) {
+      constexpr Fp8Format F = decltype(ft)::value;
+      const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), grid_dim((rows + kTile - 1) / kTile, kMaxGridY));
+      quantize_per_tensor_kernel<D, F><<<grid, dim3(kTile, kTileRows), 0, stream>>>(
+          static_cast<const storage_t<D>*>(x), rows, cols, scale, codes, codes_t);
+    });
+  });
+}
+
+void fp8_delayed_update(float* state_q, int32_t history_len, const uint32_t* amax_bits, bool use_max, float fmt_max,
+                        int32_t margin, cudaStream_t stream) {
+  delayed_update_kernel<<<1, 1, 0, stream>>>(state_q, history_len, amax_bits, use_max, fmt_max, margin);
+}
+
+void fp8_quantize_blocked(DType in, const QuantKind& k, const void* x, int64_t rows, int64_t cols, uint8_t* codes,
+                          void* scales, cudaStream_t stream) {
+  with_dtype(in, [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    with_fp8(k.format, [&](auto ft) {
+      constexpr Fp8Format F = decltype(ft)::value;
+      const BlockScaler<F> sc{k.recipe == Recipe::Mxfp8, k.power_2_scale, k.amax_epsilon};
+      const auto* xs = static_cast<const storage_t<D>*>(x);
+      const int64_t b = k.block();
+      if (k.tiles()) {
+        const dim3 grid(static_cast<unsigned>((cols + b - 1) / b), static_cast<unsigned>((rows + b - 1) / b));
+        quantize_tiles_kernel<D, F><<<grid, kThreads, 0, stream>>>(xs, rows, cols, b, sc, codes, scales);
+      } else if (k.contract == Contract::Cols) {
+        const int64_t blocks = rows * ((cols + b - 1) / b);
+        quantize_rows_kernel<D, F><<<grid_dim((blocks + 7) / 8, 8192), kThreads, 0, stream>>>(xs, rows, cols, b, sc,
+                                                                                              codes, scales);
+      } else {
+        const dim3 grid(column_blocks(cols), grid_dim((rows + b - 1) / b, kMaxGridY));
+        quantize_cols_kernel<D, F><<<grid, kThreads, 0, stream>>>(xs, rows, cols, b, sc, codes, scales);
+      }
+    });
+  });
+}
+
+void fp8_decode_operand(const QuantKind& k, const uint8_t* codes, const void* scales, int64_t rows, int64_t cols,
+                        bool f32_out, void* out, cudaStream_t stream) {
+  const ScaleIndex idx{k.per_tensor()                  ? ScaleIndex::PerTensor
+                       : k.tiles()                     ? ScaleIndex::Tiles
+                       : k.contract == Contract::Cols ? ScaleIndex::AlongRows
+                                                       : ScaleIndex::DownColumns,
+                       k.block(), k.recipe == Recipe::Mxfp8};
+  with_fp8(k.format, [&](auto ft) {
+    constexpr Fp8Format F = decltype(ft)::value;
+    if (f32_out) decode_kernel<F, true><<<flat_grid(rows * cols), kThreads, 0, stream>>>(idx, codes, scales, rows, cols, out);
+    else decode_kernel<F, false><<<flat_grid(rows * cols), kThreads, 0, stream>>>(idx, codes, scales, rows, cols, out);
+  });
+}
+
+void fp8_bias_round(DType d, const float* acc, int64_t rows, int64_t cols, const void* bias, void* out,
+                    cudaStream_t stream) {
+  with_dtype(d, [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    bias_round_kernel<D><<<flat_grid(rows * cols), kThreads, 0, stream>>>(
+        acc, rows, cols, static_cast<const storage_t<D>*>(bias), static_cast<storage_t<D>*>(out));
+  });
+}
+
+}  // namespace lnmlp::cuda

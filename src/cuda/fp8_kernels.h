@@ -1,0 +1,54 @@
+// The CUDA backend's FP8 kernels (docs/fp8.md), as host-callable launchers: amax, per-tensor
+// scales and the delayed-scaling update computed on the device (no host synchronization),
+// quantization (per tensor with the transposed copy FP8 GEMMs need, or in blocks laid out as the
+// CPU backend lays them), decoding into GEMM operands for the emulated recipes, and the GEMM
+// epilogues. Every formula is src/numerics/'s (scaling.h, fp8.h), shared with the CPU backend.
+//
+// Inputs named `x` come in `in` (the plan's I/O dtype for weights and dy; F32 for the backend's
+// own fp32 intermediates: the norm output, the activation output, dh).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "../fp8_recipe.h"
+
+namespace lnmlp::cuda {
+
+// *amax_bits = the bits of max |x| over n elements (NaN-propagating, as numerics::amax_of).
+void fp8_amax(DType in, const void* x, int64_t n, uint32_t* amax_bits, cudaStream_t stream);
+
+// The per-tensor scale of a pass, chosen as the CPU backend chooses it: *given (forward's scale,
+// for re-quantization in backward) when given is not NULL, else *state_scale (delayed scaling)
+// when not NULL, else current scaling's scale from *amax_bits. Writes scale_out[0] = scale,
+// scale_out[1] = 1 / scale, and *used_out = scale when used_out is not NULL.
+void fp8_per_tensor_scale(const float* given, const float* state_scale, const uint32_t* amax_bits, float fmt_max,
+                          bool power_2_scale, float amax_epsilon, float* scale_out, float* used_out,
+                          cudaStream_t stream);
+
+// codes [rows, cols] = cast(x * scale[0]) and/or its transpose codes_t [cols, rows] (either may
+// be NULL), in one pass.
+void fp8_quantize_per_tensor(DType in, Fp8Format f, const void* x, int64_t rows, int64_t cols, const float* scale,
+                             uint8_t* codes, uint8_t* codes_t, cudaStream_t stream);
+
+// Delayed scaling after a pass, for one quantizer's state (state_q[0] the scale, state_q[1 ..]
+// the history, newest first): push *amax_bits, reduce, update the scale.
+void fp8_delayed_update(float* state_q, int32_t history_len, const uint32_t* amax_bits, bool use_max, float fmt_max,
+                        int32_t margin, cudaStream_t stream);
+
+// BLOCK and MXFP8: codes [rows, cols] and the block scales (fp32 scale_invs, or E8M0 bytes for
+// mxfp8) in the CPU backend's layouts (src/fp8_recipe.h QuantKind, numerics/quantize.h).
+void fp8_quantize_blocked(DType in, const QuantKind& k, const void* x, int64_t rows, int64_t cols, uint8_t* codes,
+                          void* scales, cudaStream_t stream);
+
+// The GEMM operand of codes + block scales: fp8 value times its block's scale_inv, in bf16
+// (f32_out false: exact for power-of-two scales) or fp32.
+void fp8_decode_operand(const QuantKind& k, const uint8_t* codes, const void* scales, int64_t rows, int64_t cols,
+                        bool f32_out, void* out, cudaStream_t stream);
+
+// out [rows, cols] = rnd_D(acc + bias[col]) (bias NULL: none).
+void fp8_bias_round(DType d, const float* acc, int64_t rows, int64_t cols, const void* bias, void* out,
+                    cudaStream_t stream);
+
+}  // namespace lnmlp::cuda

@@ -1,0 +1,208 @@
+// FP8 recipes on the CUDA backend against the CPU backend on identical inputs (every recipe,
+// bf16 and f32, plain and gated, a shape with partial blocks for the blocked recipes), the saved
+// bytes, recomputation giving SAVE_ALL's bits on the GPU, the delayed-scaling state moving as on
+// the CPU, FP8 in a CUDA graph, and the FP8 shape rule. Skips without a usable GPU.
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+
+namespace lnmlp_gpu_test {
+namespace {
+
+struct Fp8Case {
+  int32_t recipe;
+  int32_t dtype;
+  bool gated;
+  int64_t T, H, F;
+};
+
+const char* recipe_name(int32_t r) {
+  static const char* names[] = {"none", "delayed", "current", "block", "mxfp8"};
+  return names[r];
+}
+
+std::string fp8_case_name(const ::testing::TestParamInfo<Fp8Case>& info) {
+  const Fp8Case& c = info.param;
+  return std::string(recipe_name(c.recipe)) + "_" + dtype_label(c.dtype) + (c.gated ? "_swiglu" : "_gelu") + "_T" +
+         std::to_string(c.T) + "_H" + std::to_string(c.H) + "_F" + std::to_string(c.F);
+}
+void PrintTo(const Fp8Case& c, std::ostream* os) { *os << fp8_case_name(::testing::TestParamInfo<Fp8Case>(c, 0)); }
+
+std::vector<Fp8Case> fp8_cases() {
+  std::vector<Fp8Case> v;
+  for (int32_t r : {LNMLP_RECIPE_DELAYED, LNMLP_RECIPE_CURRENT, LNMLP_RECIPE_BLOCK, LNMLP_RECIPE_MXFP8})
+    for (int32_t dt : {LNMLP_DTYPE_BF16, LNMLP_DTYPE_F32})
+      for (bool gated : {false, true}) v.push_back({r, dt, gated, 256, 128, 192});
+  // Partial 128- and 32-blocks in every dimension (blocked recipes have no shape rule).
+  for (int32_t r : {LNMLP_RECIPE_BLOCK, LNMLP_RECIPE_MXFP8}) v.push_back({r, LNMLP_DTYPE_BF16, true, 200, 144, 176});
+  return v;
+}
+
+Problem fp8_problem(const Fp8Case& k) {
+  lnmlp_ref::Config cfg;
+  cfg.tokens = k.T;
+  cfg.hidden = k.H;
+  cfg.ffn = k.F;
+  cfg.acts = k.gated ? std::vector<int>{LNMLP_ACT_SILU, LNMLP_ACT_LINEAR} : std::vector<int>{LNMLP_ACT_GELU};
+  cfg.has_bias1 = cfg.has_bias2 = true;
+  return make_problem(cfg, k.dtype, hash_name(fp8_case_name(::testing::TestParamInfo<Fp8Case>(k, 0))));
+}
+
+class CudaFp8VsCpu : public ::testing::TestWithParam<Fp8Case> {};
+
+TEST_P(CudaFp8VsCpu, ForwardAndGradientsMatchTheCpuBackend) {
+  SKIP_WITHOUT_GPU();
+  const Fp8Case& k = GetParam();
+  const Problem pr = fp8_problem(k);
+  const CpuRun cpu = run_cpu(pr, LNMLP_REMAT_SAVE_ALL, k.recipe);
+  const CudaRun gpu = run_cuda(pr, LNMLP_REMAT_SAVE_ALL, k.recipe);
+  EXPECT_EQ(gpu.r.saved_bytes, cpu.r.saved_bytes);
+  EXPECT_EQ(gpu.r.saved_bytes_per_token, cpu.r.saved_bytes_per_token);
+  const auto got = named(gpu.r), ref = named(cpu.r);
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (ref[i].buf->empty()) continue;
+    EXPECT_TRUE(within_tolerance(got[i].name, got[i].buf->to_doubles(), ref[i].buf->to_doubles(), nullptr,
+                                 kTolFp8Backends));
+  }
+  // Quantized on the GPU too: far from the unquantized GPU result.
+  const CudaRun plain = run_cuda(pr, LNMLP_REMAT_SAVE_ALL, LNMLP_RECIPE_NONE);
+  EXPECT_GT(compare(gpu.r.y.to_doubles(), plain.r.y.to_doubles()).normalised(), 0.02) << "y looks unquantized";
+}
+
+TEST_P(CudaFp8VsCpu, RecomputationGivesTheBitsOfSaveAll) {
+  SKIP_WITHOUT_GPU();
+  const Fp8Case& k = GetParam();
+  const Problem pr = fp8_problem(k);
+  const CudaRun all = run_cuda(pr, LNMLP_REMAT_SAVE_ALL, k.recipe);
+  for (int32_t remat : {LNMLP_REMAT_SAVE_FFN1, LNMLP_REMAT_SAVE_STATS}) {
+    const CudaRun r = run_cuda(pr, remat, k.recipe);
+    const auto a = named(all.r), b = named(r.r);
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(a[i].name, *a[i].buf, *b[i].buf)) << "remat " << remat;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, CudaFp8VsCpu, ::testing::ValuesIn(fp8_cases()), fp8_case_name);
+
+// Forward + backward twice on one plan; then each quantizer's scale and newest two amaxes.
+std::vector<float> state_after_two_steps(const Problem& pr, int32_t backend, int32_t recipe) {
+  PlanPtr p = plan_ptr(make_plan(pr, LNMLP_REMAT_SAVE_ALL, backend, 0, recipe));
+  int64_t saved_bytes = 0;
+  LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes(p.get(), &saved_bytes));
+  if (backend == LNMLP_BACKEND_CUDA) {
+    const DeviceInputs in(pr);
+    const DeviceOutputs out(pr, saved_bytes);
+    for (int step = 0; step < 2; ++step) {
+      LNMLP_TEST_CHECK(device_forward(p.get(), in, out, nullptr));
+      LNMLP_TEST_CHECK(device_backward(p.get(), in, out, nullptr));
+    }
+    CUDA_TEST_CHECK(cudaDeviceSynchronize());
+  } else {
+    const auto& c = pr.cfg;
+    const size_t T = static_cast<size_t>(c.tokens), H = static_cast<size_t>(c.hidden),
+                 F = static_cast<size_t>(c.ffn), AF = c.acts.size() * F;
+    AlignedMemory saved(saved_bytes, 256, 0);
+    Buffer y(pr.dtype, T * H), dx(pr.dtype, T * H), dg(pr.dtype, H), dbeta(pr.dtype, H), dw1(pr.dtype, H * AF),
+        db1(pr.dtype, AF), dw2(pr.dtype, F * H), db2(pr.dtype, H);
+    for (int step = 0; step < 2; ++step) {
+      LNMLP_TEST_CHECK(lnmlp_plan_forward(p.get(), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(), pr.bw1.data(),
+                                          pr.bb1.data(), pr.bw2.data(), pr.bb2.data(), y.data(), saved.get(), nullptr));
+      LNMLP_TEST_CHECK(lnmlp_plan_backward(p.get(), pr.bdy.data(), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(),
+                                           pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), saved.get(), dx.data(),
+                                           dg.data(), dbeta.data(), dw1.data(), db1.data(), dw2.data(), db2.data(),
+                                           nullptr));
+    }
+  }
+  int32_t len = 0;
+  LNMLP_TEST_CHECK(lnmlp_plan_get_amax_history_length(p.get(), &len));
+  std::vector<float> out;
+  for (int32_t q = 0; q < LNMLP_QUANTIZER_COUNT; ++q) {
+    std::vector<float> h(static_cast<size_t>(len));
+    float scale = 0;
+    LNMLP_TEST_CHECK(lnmlp_plan_get_quantizer_state(p.get(), q, &scale, h.data(), len));
+    out.insert(out.end(), {scale, h[0], h[1]});
+  }
+  return out;
+}
+
+// The quantizers whose tensors are inputs (w1, w2, dy) must move to the same bits on both
+// backends; those of computed tensors (ln_out, act_out, dh) within fp32 rounding.
+TEST(CudaFp8State, DelayedScalingMovesAsOnTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const Fp8Case k{LNMLP_RECIPE_DELAYED, LNMLP_DTYPE_BF16, true, 256, 128, 192};
+  const Problem pr = fp8_problem(k);
+  const std::vector<float> cpu = state_after_two_steps(pr, LNMLP_BACKEND_CPU, k.recipe);
+  const std::vector<float> gpu = state_after_two_steps(pr, LNMLP_BACKEND_CUDA, k.recipe);
+  for (int32_t q = 0; q < LNMLP_QUANTIZER_COUNT; ++q) {
+    SCOPED_TRACE("quantizer " + std::to_string(q));
+    const bool input = q == LNMLP_QUANTIZER_W1 || q == LNMLP_QUANTIZER_W2 || q == LNMLP_QUANTIZER_DY;
+    for (int i = 0; i < 3; ++i) {
+      const float c = cpu[static_cast<size_t>(q * 3 + i)], g = gpu[static_cast<size_t>(q * 3 + i)];
+      if (input) EXPECT_EQ(g, c) << "entry " << i;
+      else EXPECT_NEAR(g, c, 1e-5 * std::fabs(c)) << "entry " << i;
+    }
+    EXPECT_GT(gpu[static_cast<size_t>(q * 3 + 1)], 0.0f);
+    EXPECT_GT(gpu[static_cast<size_t>(q * 3 + 2)], 0.0f);
+  }
+}
+
+// FP8 forward + backward captured into a graph and replayed: the same bits as eager runs (current
+// scaling: stateless, so every replay starts from the same state).
+TEST(CudaFp8Graph, CurrentScalingCapturesAndReplays) {
+  SKIP_WITHOUT_GPU();
+  const Fp8Case k{LNMLP_RECIPE_CURRENT, LNMLP_DTYPE_BF16, true, 256, 128, 192};
+  const Problem pr = fp8_problem(k);
+  PlanPtr p = plan_ptr(make_plan(pr, LNMLP_REMAT_SAVE_ALL, LNMLP_BACKEND_CUDA, 0, k.recipe));
+  int64_t saved_bytes = 0;
+  ASSERT_EQ(lnmlp_plan_get_saved_bytes(p.get(), &saved_bytes), LNMLP_SUCCESS);
+  const DeviceInputs in(pr);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const DeviceOutputs eager(pr, saved_bytes), replayed(pr, saved_bytes);
+  ASSERT_EQ(device_forward(p.get(), in, eager, stream), LNMLP_SUCCESS) << lnmlp_last_error();
+  ASSERT_EQ(device_backward(p.get(), in, eager, stream), LNMLP_SUCCESS) << lnmlp_last_error();
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  const int32_t fst = device_forward(p.get(), in, replayed, stream);
+  const int32_t bst = device_backward(p.get(), in, replayed, stream);
+  const std::string err = lnmlp_last_error();
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(fst, LNMLP_SUCCESS) << err;
+  ASSERT_EQ(bst, LNMLP_SUCCESS) << err;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int rep = 0; rep < 2; ++rep) ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const RunResult a = to_host(pr, eager, true), b = to_host(pr, replayed, true);
+  const auto na = named(a), nb = named(b);
+  for (size_t i = 0; i < na.size(); ++i) EXPECT_TRUE(same_bits(na[i].name, *na[i].buf, *nb[i].buf));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(CudaFp8Errors, PerTensorFp8NeedsMultiplesOf16) {
+  SKIP_WITHOUT_GPU();
+  const Fp8Case k{LNMLP_RECIPE_DELAYED, LNMLP_DTYPE_BF16, false, 100, 128, 192};
+  const Problem pr = fp8_problem(k);
+  const auto& c = pr.cfg;
+  lnmlp_desc* d = nullptr;
+  ASSERT_EQ(lnmlp_desc_create(&d), LNMLP_SUCCESS);
+  lnmlp_desc_set_shape(d, c.tokens, c.hidden, c.ffn);
+  lnmlp_desc_set_dtype(d, pr.dtype);
+  lnmlp_desc_set_backend(d, LNMLP_BACKEND_CUDA, 0);
+  lnmlp_desc_set_recipe(d, LNMLP_RECIPE_DELAYED);
+  lnmlp_plan* p = nullptr;
+  EXPECT_EQ(lnmlp_plan_create(d, &p), LNMLP_ERROR_NOT_SUPPORTED);
+  EXPECT_NE(std::string(lnmlp_last_error()).find("multiples of 16"), std::string::npos) << lnmlp_last_error();
+  EXPECT_EQ(p, nullptr);
+  lnmlp_desc_destroy(d);
+}
+
+}  // namespace
+}  // namespace lnmlp_gpu_test
