@@ -8,6 +8,7 @@ packages=(
   libdnnl-dev                        # oneDNN: the CPU GEMM library (see docs/blas-choice.md)
   libgtest-dev googletest            # tests
   binutils                           # nm / readelf for the exported-symbol check
+  swig openjdk-17-jdk-headless       # the SWIG-generated Java binding and its test
 )
 
 missing=()

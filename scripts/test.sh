@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Every test: set up, then build and run the C/C++ suite in Release, the Python binding's suite
-# and its pip-install check against that build, and the C/C++ suite again under
+# Every test: set up, then build and run the C/C++ suite in Release (with the dlopen example and the
+# Julia and ABI checks), the Python binding's suite and its pip-install check, the Rust crates and
+# the SWIG Java binding against that build, and the C/C++ suite again under
 # AddressSanitizer + UndefinedBehaviorSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +22,11 @@ echo "=== python: binding tests ==="
 bash bindings/python/run_tests.sh
 echo "=== python: pip install ./bindings/python, seed example ==="
 bash bindings/python/check_install.sh
+
+echo "=== rust: cargo test --offline, cargo doc ==="
+LNMLP_LIB_DIR="$PWD/build/release/src" bash bindings/rust/run_tests.sh
+echo "=== swig: the Java binding ==="
+LNMLP_LIB_DIR="$PWD/build/release/src" bash bindings/swig/run_tests.sh
 
 echo "=== asan: build ==="
 cmake --preset asan >/dev/null

@@ -1,0 +1,81 @@
+# FP8: element conversions (lnmlp_fp8_encode / _decode) and the delayed-scaling quantizer state a
+# plan owns (scale + amax history per quantizer; export/import as a checkpoint blob).
+
+const QUANTIZERS = (:ln_out, :w1, :act_out, :w2, :dy, :dh)  # LNMLP_QUANTIZER_* order
+const _FP8 = Dict(:e4m3 => LNMLP_FP8_E4M3, :e5m2 => LNMLP_FP8_E5M2)
+
+function _quantizer(q)
+    q isa Integer && 0 <= q < LNMLP_QUANTIZER_COUNT && return Int32(q)
+    i = findfirst(==(Symbol(q)), QUANTIZERS)
+    i === nothing && argerror("quantizer must be one of $(QUANTIZERS) or 0..5, got $(repr(q))")
+    return Int32(i - 1)
+end
+
+"""`fp8_encode(format, x::Vector{Float32}, scale) -> Vector{UInt8}`: `fp8(x * scale)`, format `:e4m3`/`:e5m2`."""
+function fp8_encode(format, x::Vector{Float32}, scale::Real)
+    ensure_loaded()
+    out = Vector{UInt8}(undef, length(x))
+    GC.@preserve x out check(lnmlp_fp8_encode(_choice("format", format, _FP8), pointer(x), Int64(length(x)),
+                                              Float32(scale), pointer(out)))
+    return out
+end
+
+"""`fp8_decode(format, codes::Vector{UInt8}, scale_inv) -> Vector{Float32}`: `float(code) * scale_inv`."""
+function fp8_decode(format, codes::Vector{UInt8}, scale_inv::Real)
+    ensure_loaded()
+    out = Vector{Float32}(undef, length(codes))
+    GC.@preserve codes out check(lnmlp_fp8_decode(_choice("format", format, _FP8), pointer(codes),
+                                                  Int64(length(codes)), Float32(scale_inv), pointer(out)))
+    return out
+end
+
+function _require_state(p::Plan)
+    p.amax_history_length == 0 && throw(LNMLPError(LNMLP_ERROR_INVALID_ARGUMENT,
+        "this plan's recipe (:$(p.recipe)) keeps no quantizer state; only recipe=:delayed does"))
+end
+
+"""`quantizer_state(plan, q) -> (scale::Float32, amax_history::Vector{Float32})`, newest entry first."""
+function quantizer_state(p::Plan, q)
+    lock(p.lock) do
+        h = _live(p)
+        _require_state(p)
+        scale = Ref{Float32}(0)
+        hist = Vector{Float32}(undef, p.amax_history_length)
+        GC.@preserve hist check(lnmlp_plan_get_quantizer_state(h, _quantizer(q), scale, pointer(hist),
+                                                               Int32(length(hist))))
+        return (scale[], hist)
+    end
+end
+
+"""`set_quantizer_state!(plan, q, scale, amax_history)`: replaces one quantizer's state."""
+function set_quantizer_state!(p::Plan, q, scale::Real, amax_history::AbstractVector)
+    hist = Vector{Float32}(amax_history)
+    lock(p.lock) do
+        h = _live(p)
+        _require_state(p)
+        GC.@preserve hist check(lnmlp_plan_set_quantizer_state(h, _quantizer(q), Float32(scale), pointer(hist),
+                                                               Int32(length(hist))))
+    end
+    return p
+end
+
+"""`export_state(plan) -> Vector{UInt8}`: the whole quantizer state as a versioned blob (empty if stateless)."""
+function export_state(p::Plan)
+    lock(p.lock) do
+        h = _live(p)
+        blob = Vector{UInt8}(undef, p.state_bytes)
+        p.state_bytes == 0 && return blob
+        GC.@preserve blob check(lnmlp_plan_export_state(h, pointer(blob), Int64(length(blob))))
+        return blob
+    end
+end
+
+"""`import_state!(plan, blob)`: restores an [`export_state`](@ref) blob bit for bit (or throws, changing nothing)."""
+function import_state!(p::Plan, blob::Vector{UInt8})
+    lock(p.lock) do
+        h = _live(p)
+        GC.@preserve blob check(lnmlp_plan_import_state(h, isempty(blob) ? C_NULL : pointer(blob),
+                                                        Int64(length(blob))))
+    end
+    return p
+end

@@ -1,0 +1,356 @@
+//! Raw FFI declarations of lnmlp's whole C API, `include/lnmlp.h`, written by hand.
+//!
+//! Every function returns an `i32` status (`LNMLP_SUCCESS` or an `LNMLP_ERROR_*` code), except
+//! [`lnmlp_status_string`] and [`lnmlp_last_error`]; every enum is an `i32`, sizes are `i64`,
+//! booleans are `i32` (0 or 1). See the header for the full contract of each function. The safe
+//! wrapper is the `lnmlp` crate.
+//!
+//! The library is found by this crate's build script: `LNMLP_LIB_DIR`, then `pkg-config lnmlp`,
+//! then the project's CMake build trees (`build/release/src`, `build/rust-lib/src`).
+#![no_std]
+#![allow(non_camel_case_types)]
+#![deny(missing_docs)]
+
+use core::ffi::{c_char, c_void};
+use core::marker::{PhantomData, PhantomPinned};
+
+// ---- Versions ---------------------------------------------------------------------------------
+
+/// The release version's major number this crate was written against.
+pub const LNMLP_VERSION_MAJOR: i32 = 0;
+/// The release version's minor number this crate was written against.
+pub const LNMLP_VERSION_MINOR: i32 = 1;
+/// The release version's patch number this crate was written against.
+pub const LNMLP_VERSION_PATCH: i32 = 0;
+/// The ABI version these declarations match (the SONAME's number, `liblnmlp.so.1`). Compare it
+/// with the `abi` value of [`lnmlp_get_version`].
+pub const LNMLP_ABI_VERSION: i32 = 1;
+
+// ---- Status codes -----------------------------------------------------------------------------
+
+/// Success.
+pub const LNMLP_SUCCESS: i32 = 0;
+/// A value out of its range, an unknown enum, a bad combination.
+pub const LNMLP_ERROR_INVALID_ARGUMENT: i32 = 1;
+/// A required pointer (tensor, handle, output) is NULL.
+pub const LNMLP_ERROR_NULL_POINTER: i32 = 2;
+/// Sizes whose products or byte counts do not fit.
+pub const LNMLP_ERROR_SIZE_OVERFLOW: i32 = 3;
+/// A handle that is not a live descriptor / plan.
+pub const LNMLP_ERROR_INVALID_HANDLE: i32 = 4;
+/// Valid, but not available in this build or on this machine.
+pub const LNMLP_ERROR_NOT_SUPPORTED: i32 = 5;
+/// An allocation failed (only at plan creation).
+pub const LNMLP_ERROR_OUT_OF_MEMORY: i32 = 6;
+/// Attached workspace smaller than `lnmlp_plan_get_workspace_bytes`.
+pub const LNMLP_ERROR_WORKSPACE_TOO_SMALL: i32 = 7;
+/// An external-workspace plan ran before `lnmlp_plan_attach_workspace`.
+pub const LNMLP_ERROR_NO_WORKSPACE: i32 = 8;
+/// A pointer not aligned as the tensor's type or the backend requires.
+pub const LNMLP_ERROR_MISALIGNED: i32 = 9;
+/// The plan is being used by another thread right now.
+pub const LNMLP_ERROR_PLAN_BUSY: i32 = 10;
+/// The BLAS, CUDA or cuBLASLt layer reported a failure.
+pub const LNMLP_ERROR_BACKEND: i32 = 11;
+/// A bug in lnmlp; the message says where.
+pub const LNMLP_ERROR_INTERNAL: i32 = 12;
+
+// ---- Dtypes -----------------------------------------------------------------------------------
+
+/// float32 I/O.
+pub const LNMLP_DTYPE_F32: i32 = 0;
+/// bfloat16 I/O, as `u16` bit patterns.
+pub const LNMLP_DTYPE_BF16: i32 = 1;
+/// IEEE binary16 I/O, as `u16` bit patterns.
+pub const LNMLP_DTYPE_F16: i32 = 2;
+
+// ---- Norms ------------------------------------------------------------------------------------
+
+/// LayerNorm: `n = (x-mu)/sqrt(var+eps)*g + beta`.
+pub const LNMLP_NORM_LAYERNORM: i32 = 0;
+/// RMSNorm: `n = x/sqrt(mean(x^2)+eps)*g`; no beta.
+pub const LNMLP_NORM_RMSNORM: i32 = 1;
+
+// ---- Activations ------------------------------------------------------------------------------
+
+/// `x`.
+pub const LNMLP_ACT_LINEAR: i32 = 0;
+/// `max(x, 0)`.
+pub const LNMLP_ACT_RELU: i32 = 1;
+/// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+pub const LNMLP_ACT_GELU: i32 = 2;
+/// `x sigmoid(x)`.
+pub const LNMLP_ACT_SILU: i32 = 3;
+/// `x sigmoid(1.702 x)`.
+pub const LNMLP_ACT_QUICK_GELU: i32 = 4;
+/// `x > 0 ? x^2 : 0`.
+pub const LNMLP_ACT_SQUARED_RELU: i32 = 5;
+/// `sigmoid(x)`.
+pub const LNMLP_ACT_SIGMOID: i32 = 6;
+/// `a' = min(a, limit); a' sigmoid(alpha a')`; only paired with [`LNMLP_ACT_CLAMPED_LINEAR`].
+pub const LNMLP_ACT_CLAMPED_SILU: i32 = 7;
+/// `clip(b, -limit, limit) + offset`; only paired with [`LNMLP_ACT_CLAMPED_SILU`].
+pub const LNMLP_ACT_CLAMPED_LINEAR: i32 = 8;
+
+// ---- Remat policies ---------------------------------------------------------------------------
+
+/// Save statistics, norm output, GEMM1 output and activation output (the default).
+pub const LNMLP_REMAT_SAVE_ALL: i32 = 0;
+/// Save statistics and the GEMM1 output.
+pub const LNMLP_REMAT_SAVE_FFN1: i32 = 1;
+/// Save only the norm statistics.
+pub const LNMLP_REMAT_SAVE_STATS: i32 = 2;
+/// Save nothing; backward is refused.
+pub const LNMLP_REMAT_FORWARD_ONLY: i32 = 3;
+
+// ---- Backends ---------------------------------------------------------------------------------
+
+/// The embedded CPU backend (host pointers).
+pub const LNMLP_BACKEND_CPU: i32 = 0;
+/// The CUDA backend (device pointers, a `cudaStream_t` stream).
+pub const LNMLP_BACKEND_CUDA: i32 = 1;
+
+// ---- FP8 recipes ------------------------------------------------------------------------------
+
+/// No quantization (the default).
+pub const LNMLP_RECIPE_NONE: i32 = 0;
+/// Per-tensor delayed scaling from an amax history kept in the plan.
+pub const LNMLP_RECIPE_DELAYED: i32 = 1;
+/// Per-tensor current scaling (stateless).
+pub const LNMLP_RECIPE_CURRENT: i32 = 2;
+/// 1x128 / 128x128 block scaling.
+pub const LNMLP_RECIPE_BLOCK: i32 = 3;
+/// MXFP8: 1x32 blocks, E8M0 scales.
+pub const LNMLP_RECIPE_MXFP8: i32 = 4;
+
+// ---- FP8 formats of the quantizers ------------------------------------------------------------
+
+/// The recipe's default format.
+pub const LNMLP_FP8_FORMAT_DEFAULT: i32 = -1;
+/// E4M3 forward, E5M2 gradients.
+pub const LNMLP_FP8_FORMAT_HYBRID: i32 = 0;
+/// E4M3 for all six quantizers.
+pub const LNMLP_FP8_FORMAT_E4M3: i32 = 1;
+
+// ---- Amax algorithms --------------------------------------------------------------------------
+
+/// The largest entry of the whole amax history (default).
+pub const LNMLP_AMAX_ALGO_MAX: i32 = 0;
+/// The newest amax history entry.
+pub const LNMLP_AMAX_ALGO_MOST_RECENT: i32 = 1;
+
+// ---- Quantizers -------------------------------------------------------------------------------
+
+/// Norm output, GEMM1's input (forward).
+pub const LNMLP_QUANTIZER_LN_OUT: i32 = 0;
+/// W1 (forward).
+pub const LNMLP_QUANTIZER_W1: i32 = 1;
+/// Activation output, GEMM2's input (forward).
+pub const LNMLP_QUANTIZER_ACT_OUT: i32 = 2;
+/// W2 (forward).
+pub const LNMLP_QUANTIZER_W2: i32 = 3;
+/// Gradient of the output (backward).
+pub const LNMLP_QUANTIZER_DY: i32 = 4;
+/// Gradient of GEMM1's output, after the activation's derivative (backward).
+pub const LNMLP_QUANTIZER_DH: i32 = 5;
+/// The number of quantizers.
+pub const LNMLP_QUANTIZER_COUNT: i32 = 6;
+
+// ---- FP8 element formats ----------------------------------------------------------------------
+
+/// OCP "e4m3fn": bias 7, 3 mantissa bits, max 448, no infinities.
+pub const LNMLP_FP8_E4M3: i32 = 0;
+/// IEEE-like E5M2: bias 15, 2 mantissa bits, max 57344, infinities.
+pub const LNMLP_FP8_E5M2: i32 = 1;
+
+// ---- Features ---------------------------------------------------------------------------------
+
+/// The backend is compiled in and usable on this machine.
+pub const LNMLP_FEATURE_BACKEND: i32 = 0;
+/// float32 I/O.
+pub const LNMLP_FEATURE_DTYPE_F32: i32 = 1;
+/// bfloat16 I/O.
+pub const LNMLP_FEATURE_DTYPE_BF16: i32 = 2;
+/// float16 I/O.
+pub const LNMLP_FEATURE_DTYPE_F16: i32 = 3;
+/// The DELAYED recipe.
+pub const LNMLP_FEATURE_RECIPE_DELAYED: i32 = 4;
+/// The CURRENT recipe.
+pub const LNMLP_FEATURE_RECIPE_CURRENT: i32 = 5;
+/// The BLOCK recipe.
+pub const LNMLP_FEATURE_RECIPE_BLOCK: i32 = 6;
+/// The MXFP8 recipe.
+pub const LNMLP_FEATURE_RECIPE_MXFP8: i32 = 7;
+/// Tensor-parallel sharding.
+pub const LNMLP_FEATURE_SHARDING: i32 = 8;
+/// Caller-attached workspace.
+pub const LNMLP_FEATURE_EXTERNAL_WORKSPACE: i32 = 9;
+
+// ---- Opaque handles ---------------------------------------------------------------------------
+
+/// An opaque descriptor (`lnmlp_desc`): what to compute. Only used behind a pointer.
+#[repr(C)]
+pub struct lnmlp_desc {
+    _data: [u8; 0],
+    _marker: PhantomData<(*mut u8, PhantomPinned)>,
+}
+
+/// An opaque plan (`lnmlp_plan`): validated, sized, allocated. Only used behind a pointer.
+#[repr(C)]
+pub struct lnmlp_plan {
+    _data: [u8; 0],
+    _marker: PhantomData<(*mut u8, PhantomPinned)>,
+}
+
+extern "C" {
+    // ---- Versions, status, errors ----
+
+    /// Writes the library's version and ABI version; any pointer may be NULL.
+    pub fn lnmlp_get_version(major: *mut i32, minor: *mut i32, patch: *mut i32, abi: *mut i32) -> i32;
+    /// The static name of a status code; never NULL.
+    pub fn lnmlp_status_string(status: i32) -> *const c_char;
+    /// The message of the last failure on the calling thread; never NULL ("" before any failure).
+    pub fn lnmlp_last_error() -> *const c_char;
+
+    // ---- Capability queries ----
+
+    /// Sets `*supported` to 1 when `backend` can run `feature` here, else 0.
+    pub fn lnmlp_query_support(backend: i32, feature: i32, supported: *mut i32) -> i32;
+    /// A static, human-readable description of this build; never NULL.
+    pub fn lnmlp_get_build_info(info: *mut *const c_char) -> i32;
+
+    // ---- FP8 conversions ----
+
+    /// `out[i] = fp8(in[i] * scale)`, round-to-nearest-even, saturating.
+    pub fn lnmlp_fp8_encode(format: i32, input: *const f32, count: i64, scale: f32, out: *mut u8) -> i32;
+    /// `out[i] = float(in[i]) * scale_inv`.
+    pub fn lnmlp_fp8_decode(format: i32, input: *const u8, count: i64, scale_inv: f32, out: *mut f32) -> i32;
+
+    // ---- Descriptor ----
+
+    /// Creates a descriptor with the defaults.
+    pub fn lnmlp_desc_create(desc: *mut *mut lnmlp_desc) -> i32;
+    /// Destroys a descriptor; NULL does nothing.
+    pub fn lnmlp_desc_destroy(desc: *mut lnmlp_desc) -> i32;
+    /// tokens = T, hidden = H, ffn = F; each >= 1.
+    pub fn lnmlp_desc_set_shape(desc: *mut lnmlp_desc, tokens: i64, hidden: i64, ffn: i64) -> i32;
+    /// `LNMLP_NORM_*`.
+    pub fn lnmlp_desc_set_norm(desc: *mut lnmlp_desc, norm_type: i32) -> i32;
+    /// Scale by `gamma + 1` instead of `gamma` when enabled.
+    pub fn lnmlp_desc_set_zero_centered_gamma(desc: *mut lnmlp_desc, enabled: i32) -> i32;
+    /// Epsilon added to the variance (or mean square); finite and >= 0.
+    pub fn lnmlp_desc_set_epsilon(desc: *mut lnmlp_desc, epsilon: f32) -> i32;
+    /// The activation list: `count` 1 or 2 `LNMLP_ACT_*` values.
+    pub fn lnmlp_desc_set_activations(desc: *mut lnmlp_desc, count: i32, activations: *const i32) -> i32;
+    /// Parameters of the clamped SwiGLU pair.
+    pub fn lnmlp_desc_set_clamped_swiglu(desc: *mut lnmlp_desc, limit: f32, alpha: f32, offset: f32) -> i32;
+    /// Whether b1 and b2 exist.
+    pub fn lnmlp_desc_set_bias(desc: *mut lnmlp_desc, has_bias1: i32, has_bias2: i32) -> i32;
+    /// `LNMLP_DTYPE_*`.
+    pub fn lnmlp_desc_set_dtype(desc: *mut lnmlp_desc, dtype: i32) -> i32;
+    /// `LNMLP_REMAT_*`.
+    pub fn lnmlp_desc_set_remat(desc: *mut lnmlp_desc, policy: i32) -> i32;
+    /// `LNMLP_BACKEND_*` and the GPU ordinal (0 for CPU).
+    pub fn lnmlp_desc_set_backend(desc: *mut lnmlp_desc, backend: i32, device: i32) -> i32;
+    /// CPU threads; 0 = every core.
+    pub fn lnmlp_desc_set_num_threads(desc: *mut lnmlp_desc, num_threads: i32) -> i32;
+    /// `LNMLP_RECIPE_*`.
+    pub fn lnmlp_desc_set_recipe(desc: *mut lnmlp_desc, recipe: i32) -> i32;
+    /// `LNMLP_FP8_FORMAT_*`.
+    pub fn lnmlp_desc_set_fp8_format(desc: *mut lnmlp_desc, format: i32) -> i32;
+    /// Delayed scaling: margin, amax history length, `LNMLP_AMAX_ALGO_*`.
+    pub fn lnmlp_desc_set_delayed_scaling(
+        desc: *mut lnmlp_desc,
+        margin: i32,
+        amax_history_len: i32,
+        amax_compute_algo: i32,
+    ) -> i32;
+    /// CURRENT / BLOCK scaling: power-of-two scales (-1 default, 0, 1) and the amax floor.
+    pub fn lnmlp_desc_set_scaling_options(desc: *mut lnmlp_desc, power_2_scale: i32, amax_epsilon: f32) -> i32;
+    /// Tensor-parallel sharding (only group_size 1 in this release).
+    pub fn lnmlp_desc_set_sharding(desc: *mut lnmlp_desc, group_size: i32, rank: i32, sequence_parallel: i32) -> i32;
+    /// Caller-attached workspace instead of a plan-owned one.
+    pub fn lnmlp_desc_set_external_workspace(desc: *mut lnmlp_desc, enabled: i32) -> i32;
+
+    // ---- Plan ----
+
+    /// Validates the descriptor and allocates everything up front.
+    pub fn lnmlp_plan_create(desc: *const lnmlp_desc, plan: *mut *mut lnmlp_plan) -> i32;
+    /// Destroys a plan; NULL does nothing.
+    pub fn lnmlp_plan_destroy(plan: *mut lnmlp_plan) -> i32;
+    /// Bytes of scratch memory the plan needs.
+    pub fn lnmlp_plan_get_workspace_bytes(plan: *const lnmlp_plan, bytes: *mut i64) -> i32;
+    /// Bytes of the saved buffer (0 for FORWARD_ONLY).
+    pub fn lnmlp_plan_get_saved_bytes(plan: *const lnmlp_plan, bytes: *mut i64) -> i32;
+    /// Saved bytes per token, without padding.
+    pub fn lnmlp_plan_get_saved_bytes_per_token(plan: *const lnmlp_plan, bytes: *mut i64) -> i32;
+    /// Alignment of the saved buffer and attached workspace (64 CPU, 256 CUDA).
+    pub fn lnmlp_plan_get_alignment(plan: *const lnmlp_plan, bytes: *mut i64) -> i32;
+    /// Attaches caller-owned workspace to an external-workspace plan.
+    pub fn lnmlp_plan_attach_workspace(plan: *mut lnmlp_plan, workspace: *mut c_void, bytes: i64) -> i32;
+
+    // ---- FP8 quantizer state ----
+
+    /// The amax history length (0 unless DELAYED).
+    pub fn lnmlp_plan_get_amax_history_length(plan: *const lnmlp_plan, length: *mut i32) -> i32;
+    /// Reads one quantizer's scale and history (newest first); history may be NULL.
+    pub fn lnmlp_plan_get_quantizer_state(
+        plan: *const lnmlp_plan,
+        quantizer: i32,
+        scale: *mut f32,
+        amax_history: *mut f32,
+        length: i32,
+    ) -> i32;
+    /// Replaces one quantizer's state.
+    pub fn lnmlp_plan_set_quantizer_state(
+        plan: *mut lnmlp_plan,
+        quantizer: i32,
+        scale: f32,
+        amax_history: *const f32,
+        length: i32,
+    ) -> i32;
+    /// Size of the state blob (0 for stateless recipes).
+    pub fn lnmlp_plan_get_state_bytes(plan: *const lnmlp_plan, bytes: *mut i64) -> i32;
+    /// Writes the state blob.
+    pub fn lnmlp_plan_export_state(plan: *const lnmlp_plan, blob: *mut c_void, bytes: i64) -> i32;
+    /// Restores a state blob, or rejects it changing nothing.
+    pub fn lnmlp_plan_import_state(plan: *mut lnmlp_plan, blob: *const c_void, bytes: i64) -> i32;
+
+    // ---- Execution ----
+
+    /// `y = act(norm(x) @ W1 + b1) @ W2 + b2`, writing `saved` for backward.
+    pub fn lnmlp_plan_forward(
+        plan: *mut lnmlp_plan,
+        x: *const c_void,
+        gamma: *const c_void,
+        beta: *const c_void,
+        w1: *const c_void,
+        b1: *const c_void,
+        w2: *const c_void,
+        b2: *const c_void,
+        y: *mut c_void,
+        saved: *mut c_void,
+        stream: *mut c_void,
+    ) -> i32;
+
+    /// The gradients given `dy` and forward's `saved`.
+    pub fn lnmlp_plan_backward(
+        plan: *mut lnmlp_plan,
+        dy: *const c_void,
+        x: *const c_void,
+        gamma: *const c_void,
+        beta: *const c_void,
+        w1: *const c_void,
+        b1: *const c_void,
+        w2: *const c_void,
+        saved: *const c_void,
+        dx: *mut c_void,
+        dgamma: *mut c_void,
+        dbeta: *mut c_void,
+        dw1: *mut c_void,
+        db1: *mut c_void,
+        dw2: *mut c_void,
+        db2: *mut c_void,
+        stream: *mut c_void,
+    ) -> i32;
+}

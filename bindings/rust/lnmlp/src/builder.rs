@@ -1,0 +1,314 @@
+//! [`PlanBuilder`]: the descriptor's setters, applied when the plan is built.
+
+use std::ptr;
+
+use lnmlp_sys as sys;
+
+use crate::error::check;
+use crate::{
+    Activation, Activations, Backend, ClampedSwiglu, DType, DelayedScaling, Element, Error, Fp8Format, Norm, Plan,
+    Recipe, Remat, Result,
+};
+
+/// Describes a plan: every setter of the C descriptor (`lnmlp_desc_set_*`). Setters chain and
+/// never fail; [`PlanBuilder::build`] creates a C descriptor, applies the settings in the order
+/// given below, creates the plan and destroys the descriptor, returning the first failure with
+/// the library's message. Settings left alone keep the library's defaults: no shape (must be
+/// set), layernorm, gamma not zero-centered, epsilon 1e-6, relu, no biases, f32, save-all, CPU
+/// backend, all cores, no FP8 recipe, no sharding, plan-owned workspace.
+#[derive(Clone, Debug, Default)]
+pub struct PlanBuilder {
+    shape: Option<(i64, i64, i64)>,
+    norm: Option<Norm>,
+    zero_centered_gamma: Option<bool>,
+    epsilon: Option<f32>,
+    activations: Option<Activations>,
+    activation_error: Option<Error>,
+    clamped_swiglu: Option<ClampedSwiglu>,
+    bias: Option<(bool, bool)>,
+    dtype: Option<DType>,
+    remat: Option<Remat>,
+    backend: Option<(Backend, i32)>,
+    num_threads: Option<i32>,
+    recipe: Option<Recipe>,
+    fp8_format: Option<Fp8Format>,
+    delayed: Option<DelayedScaling>,
+    scaling_options: Option<(Option<bool>, f32)>,
+    sharding: Option<(i32, i32, bool)>,
+    external_workspace: Option<bool>,
+}
+
+/// The same builder under the C API's name for it.
+pub type DescriptorBuilder = PlanBuilder;
+
+impl PlanBuilder {
+    /// A builder with the library's defaults.
+    pub fn new() -> PlanBuilder {
+        PlanBuilder::default()
+    }
+
+    /// T (tokens: all leading dims of x flattened), H (hidden) and F (ffn); each must be >= 1.
+    /// Sizes that do not fit an `i64` are rejected at [`PlanBuilder::build`].
+    pub fn shape(mut self, tokens: usize, hidden: usize, ffn: usize) -> Self {
+        let c = |v: usize| i64::try_from(v).unwrap_or(-1);
+        self.shape = Some((c(tokens), c(hidden), c(ffn)));
+        self
+    }
+
+    /// The normalization.
+    pub fn norm(mut self, norm: Norm) -> Self {
+        self.norm = Some(norm);
+        self
+    }
+
+    /// When enabled, the norm scales by `gamma + 1` instead of `gamma`.
+    pub fn zero_centered_gamma(mut self, enabled: bool) -> Self {
+        self.zero_centered_gamma = Some(enabled);
+        self
+    }
+
+    /// Epsilon added to the variance (or mean square); finite and >= 0. Default 1e-6.
+    pub fn epsilon(mut self, epsilon: f32) -> Self {
+        self.epsilon = Some(epsilon);
+        self
+    }
+
+    /// One activation function (A = 1).
+    pub fn activation(mut self, activation: Activation) -> Self {
+        self.activations = Some(Activations::Single(activation));
+        self.activation_error = None;
+        self
+    }
+
+    /// A gated pair `a = f0(h0) * f1(h1)` (A = 2).
+    pub fn gated(mut self, f0: Activation, f1: Activation) -> Self {
+        self.activations = Some(Activations::Gated(f0, f1));
+        self.activation_error = None;
+        self
+    }
+
+    /// The activation list.
+    pub fn activations(mut self, activations: Activations) -> Self {
+        self.activations = Some(activations);
+        self.activation_error = None;
+        self
+    }
+
+    /// The activation list by name: "gelu", a pair such as "swiglu" or "geglu", or
+    /// "silu,linear" (see [`Activations::from_name`]). An unknown name makes
+    /// [`PlanBuilder::build`] fail with [`crate::Status::InvalidArgument`].
+    pub fn activation_name(mut self, name: &str) -> Self {
+        match Activations::from_name(name) {
+            Ok(a) => {
+                self.activations = Some(a);
+                self.activation_error = None;
+            }
+            Err(e) => self.activation_error = Some(e),
+        }
+        self
+    }
+
+    /// Parameters of the clamped SwiGLU pair (ClampedSilu, ClampedLinear).
+    pub fn clamped_swiglu(mut self, params: ClampedSwiglu) -> Self {
+        self.clamped_swiglu = Some(params);
+        self
+    }
+
+    /// Whether b1 and b2 exist (independently). Default: neither.
+    pub fn bias(mut self, has_bias1: bool, has_bias2: bool) -> Self {
+        self.bias = Some((has_bias1, has_bias2));
+        self
+    }
+
+    /// The I/O element type of every tensor.
+    pub fn dtype(mut self, dtype: DType) -> Self {
+        self.dtype = Some(dtype);
+        self
+    }
+
+    /// The I/O element type of every tensor, given as the Rust type (`f32`, `Bf16`, `F16`).
+    pub fn element<T: Element>(self) -> Self {
+        self.dtype(T::DTYPE)
+    }
+
+    /// What forward saves for backward.
+    pub fn remat(mut self, policy: Remat) -> Self {
+        self.remat = Some(policy);
+        self
+    }
+
+    /// The backend and, for CUDA, the GPU ordinal (must be 0 for the CPU).
+    pub fn backend(mut self, backend: Backend, device: i32) -> Self {
+        self.backend = Some((backend, device));
+        self
+    }
+
+    /// CPU backend threads; 0 (default) uses every core the process may run on.
+    pub fn num_threads(mut self, num_threads: i32) -> Self {
+        self.num_threads = Some(num_threads);
+        self
+    }
+
+    /// The FP8 recipe. Default [`Recipe::None`].
+    pub fn recipe(mut self, recipe: Recipe) -> Self {
+        self.recipe = Some(recipe);
+        self
+    }
+
+    /// Which FP8 format each quantizer uses.
+    pub fn fp8_format(mut self, format: Fp8Format) -> Self {
+        self.fp8_format = Some(format);
+        self
+    }
+
+    /// Delayed scaling's margin, amax history length and algorithm (used by [`Recipe::Delayed`]).
+    pub fn delayed_scaling(mut self, options: DelayedScaling) -> Self {
+        self.delayed = Some(options);
+        self
+    }
+
+    /// Current and block scaling's options: `power_2_scale` (`None` = the recipe's default,
+    /// CURRENT: no, BLOCK: yes) rounds each scale down to a power of two; amaxes below
+    /// `amax_epsilon` (>= 0, finite) are taken as it.
+    pub fn scaling_options(mut self, power_2_scale: Option<bool>, amax_epsilon: f32) -> Self {
+        self.scaling_options = Some((power_2_scale, amax_epsilon));
+        self
+    }
+
+    /// Tensor-parallel sharding: rank `rank` of a group of `group_size`. Only group_size 1 is
+    /// accepted in this release; larger groups fail with [`crate::Status::NotSupported`].
+    pub fn sharding(mut self, group_size: i32, rank: i32, sequence_parallel: bool) -> Self {
+        self.sharding = Some((group_size, rank, sequence_parallel));
+        self
+    }
+
+    /// When enabled, the plan allocates no workspace; attach one with
+    /// [`Plan::attach_host_workspace`] or [`Plan::attach_workspace_raw`] before running.
+    pub fn external_workspace(mut self, enabled: bool) -> Self {
+        self.external_workspace = Some(enabled);
+        self
+    }
+
+    /// Creates the plan: validates the whole description, chooses algorithms and allocates every
+    /// workspace up front.
+    pub fn build(&self) -> Result<Plan> {
+        if let Some(e) = &self.activation_error {
+            return Err(e.clone());
+        }
+        let desc = Desc::new()?;
+        let d = desc.0;
+        // SAFETY (every call below): d is a live descriptor owned by `desc`; pointers passed
+        // point to live locals.
+        unsafe {
+            if let Some((b, dev)) = self.backend {
+                check(sys::lnmlp_desc_set_backend(d, b.raw(), dev))?;
+            }
+            if let Some((t, h, f)) = self.shape {
+                check(sys::lnmlp_desc_set_shape(d, t, h, f))?;
+            }
+            if let Some(n) = self.norm {
+                check(sys::lnmlp_desc_set_norm(d, n.raw()))?;
+            }
+            if let Some(z) = self.zero_centered_gamma {
+                check(sys::lnmlp_desc_set_zero_centered_gamma(d, z as i32))?;
+            }
+            if let Some(e) = self.epsilon {
+                check(sys::lnmlp_desc_set_epsilon(d, e))?;
+            }
+            if let Some(a) = self.activations {
+                let raw = a.raw();
+                check(sys::lnmlp_desc_set_activations(d, raw.len() as i32, raw.as_ptr()))?;
+            }
+            if let Some(p) = self.clamped_swiglu {
+                check(sys::lnmlp_desc_set_clamped_swiglu(d, p.limit, p.alpha, p.offset))?;
+            }
+            if let Some((b1, b2)) = self.bias {
+                check(sys::lnmlp_desc_set_bias(d, b1 as i32, b2 as i32))?;
+            }
+            if let Some(t) = self.dtype {
+                check(sys::lnmlp_desc_set_dtype(d, t.raw()))?;
+            }
+            if let Some(r) = self.remat {
+                check(sys::lnmlp_desc_set_remat(d, r.raw()))?;
+            }
+            if let Some(n) = self.num_threads {
+                check(sys::lnmlp_desc_set_num_threads(d, n))?;
+            }
+            if let Some(r) = self.recipe {
+                check(sys::lnmlp_desc_set_recipe(d, r.raw()))?;
+            }
+            if let Some(f) = self.fp8_format {
+                check(sys::lnmlp_desc_set_fp8_format(d, f.raw()))?;
+            }
+            if let Some(o) = self.delayed {
+                check(sys::lnmlp_desc_set_delayed_scaling(d, o.margin, o.amax_history_len, o.amax_compute_algo.raw()))?;
+            }
+            if let Some((p2, eps)) = self.scaling_options {
+                let p = match p2 {
+                    None => -1,
+                    Some(false) => 0,
+                    Some(true) => 1,
+                };
+                check(sys::lnmlp_desc_set_scaling_options(d, p, eps))?;
+            }
+            if let Some((g, r, sp)) = self.sharding {
+                check(sys::lnmlp_desc_set_sharding(d, g, r, sp as i32))?;
+            }
+            if let Some(e) = self.external_workspace {
+                check(sys::lnmlp_desc_set_external_workspace(d, e as i32))?;
+            }
+            let mut plan: *mut sys::lnmlp_plan = ptr::null_mut();
+            check(sys::lnmlp_plan_create(d, &mut plan))?;
+            Plan::from_raw(plan, self)
+        }
+    }
+
+    pub(crate) fn cfg_norm(&self) -> Norm {
+        self.norm.unwrap_or_default()
+    }
+    pub(crate) fn cfg_activations(&self) -> Activations {
+        self.activations.unwrap_or_default()
+    }
+    pub(crate) fn cfg_bias(&self) -> (bool, bool) {
+        self.bias.unwrap_or((false, false))
+    }
+    pub(crate) fn cfg_dtype(&self) -> DType {
+        self.dtype.unwrap_or_default()
+    }
+    pub(crate) fn cfg_remat(&self) -> Remat {
+        self.remat.unwrap_or_default()
+    }
+    pub(crate) fn cfg_backend(&self) -> (Backend, i32) {
+        self.backend.unwrap_or((Backend::Cpu, 0))
+    }
+    pub(crate) fn cfg_recipe(&self) -> Recipe {
+        self.recipe.unwrap_or_default()
+    }
+    pub(crate) fn cfg_shape(&self) -> (i64, i64, i64) {
+        self.shape.unwrap_or((0, 0, 0))
+    }
+    pub(crate) fn cfg_external_workspace(&self) -> bool {
+        self.external_workspace.unwrap_or(false)
+    }
+}
+
+/// Owns a C descriptor for the duration of `build`.
+struct Desc(*mut sys::lnmlp_desc);
+
+impl Desc {
+    fn new() -> Result<Desc> {
+        let mut d: *mut sys::lnmlp_desc = ptr::null_mut();
+        // SAFETY: d is a valid out-pointer.
+        check(unsafe { sys::lnmlp_desc_create(&mut d) })?;
+        Ok(Desc(d))
+    }
+}
+
+impl Drop for Desc {
+    fn drop(&mut self) {
+        // SAFETY: created by lnmlp_desc_create and destroyed once.
+        unsafe {
+            sys::lnmlp_desc_destroy(self.0);
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! Safe Rust bindings of **lnmlp**: a transformer's feed-forward sublayer as one fused,
+//! differentiable unit,
+//!
+//! ```text
+//! y = act( norm(x) @ W1 + b1 ) @ W2 + b2
+//! ```
+//!
+//! forward and backward, in f32, bf16 or f16, optionally with FP8 GEMMs, on the CPU (host slices)
+//! or on a GPU (raw device pointers). It wraps the C API of `include/lnmlp.h` (the raw
+//! declarations are in the `lnmlp-sys` crate).
+//!
+//! Shapes (row-major; T tokens, H hidden, F ffn, A = 1 activation or 2 for a gated pair):
+//! x, y, dx, dy `[T, H]`; gamma, beta `[H]` (no beta for RMSNorm); W1 `[H, A, F]`; b1 `[A, F]`;
+//! W2 `[F, H]`; b2 `[H]`.
+//!
+//! Describe the block with a [`PlanBuilder`], build a [`Plan`] (validated, allocated once), then
+//! run [`Plan::forward`] and [`Plan::backward`] as often as needed. Failures are [`Error`]s with
+//! the library's [`Status`] and message.
+//!
+//! # Example
+//!
+//! ```
+//! use lnmlp::{Activation, Norm, PlanBuilder, Weights};
+//!
+//! # fn main() -> Result<(), lnmlp::Error> {
+//! let (t, h, f) = (4, 8, 16);
+//! let mut plan = PlanBuilder::new()
+//!     .shape(t, h, f)
+//!     .norm(Norm::LayerNorm)
+//!     .activation(Activation::Gelu)
+//!     .bias(true, true)
+//!     .build()?;
+//!
+//! let x: Vec<f32> = (0..t * h).map(|i| (i as f32 * 0.37).sin()).collect();
+//! let gamma = vec![1.0f32; h];
+//! let beta = vec![0.0f32; h];
+//! let w1: Vec<f32> = (0..h * f).map(|i| (i as f32 * 0.11).cos() * 0.1).collect();
+//! let b1 = vec![0.01f32; f];
+//! let w2: Vec<f32> = (0..f * h).map(|i| (i as f32 * 0.23).sin() * 0.1).collect();
+//! let b2 = vec![0.0f32; h];
+//! let weights = Weights {
+//!     gamma: &gamma, beta: Some(&beta), w1: &w1, b1: Some(&b1), w2: &w2, b2: Some(&b2),
+//! };
+//!
+//! let mut y = vec![0.0f32; t * h];
+//! let saved = plan.forward(&x, &weights, &mut y)?;
+//!
+//! let dy = vec![1.0f32; t * h]; // dL/dy for L = sum(y)
+//! let grads = plan.backward(&dy, &x, &weights, &saved)?;
+//! assert_eq!(grads.dw1.len(), h * f);
+//! assert!(grads.db1.is_some() && grads.db2.is_some());
+//!
+//! // A wrong length is caught before the library is called.
+//! let err = plan.forward(&x[..3], &weights, &mut y).unwrap_err();
+//! assert_eq!(err.status(), lnmlp::Status::InvalidArgument);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Finding the library
+//!
+//! `lnmlp-sys`'s build script links `liblnmlp.so` found through `LNMLP_LIB_DIR`, then
+//! `pkg-config lnmlp`, then the project's CMake build trees (`build/release/src`,
+//! `build/rust-lib/src`), and records an rpath to it.
+#![deny(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![allow(clippy::needless_doctest_main)]
+
+mod buffer;
+mod builder;
+mod element;
+mod error;
+mod plan;
+mod types;
+
+use std::ffi::c_char;
+use std::ptr;
+
+use lnmlp_sys as sys;
+
+pub use buffer::Saved;
+pub use builder::{DescriptorBuilder, PlanBuilder};
+pub use element::{convert_from_f32, convert_to_f32, Bf16, Element, F16};
+pub use error::{last_error, status_string, Error, Result, Status};
+pub use plan::{Gradients, GradientsMut, Plan, QuantizerState, Weights};
+pub use types::{
+    Activation, Activations, AmaxAlgo, Backend, ClampedSwiglu, DType, DelayedScaling, Feature, Fp8Encoding, Fp8Format,
+    Norm, Quantizer, Recipe, Remat,
+};
+
+/// Re-export of the raw declarations.
+pub use lnmlp_sys as ffi;
+
+use error::check;
+
+/// The library's release and ABI versions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Version {
+    /// Release major.
+    pub major: i32,
+    /// Release minor.
+    pub minor: i32,
+    /// Release patch.
+    pub patch: i32,
+    /// ABI version (the SONAME's number); these bindings expect [`ffi::LNMLP_ABI_VERSION`].
+    pub abi: i32,
+}
+
+/// The loaded library's version (`lnmlp_get_version`).
+pub fn version() -> Version {
+    let mut v = Version { major: 0, minor: 0, patch: 0, abi: 0 };
+    // SAFETY: four valid out-pointers.
+    let rc = unsafe { sys::lnmlp_get_version(&mut v.major, &mut v.minor, &mut v.patch, &mut v.abi) };
+    debug_assert_eq!(rc, sys::LNMLP_SUCCESS);
+    v
+}
+
+/// A human-readable description of the loaded library's build (version, backends, GEMM library,
+/// threading), for logs and bug reports.
+pub fn build_info() -> &'static str {
+    let mut p: *const c_char = ptr::null();
+    // SAFETY: a valid out-pointer; the string is static.
+    unsafe {
+        if sys::lnmlp_get_build_info(&mut p) != sys::LNMLP_SUCCESS {
+            return "";
+        }
+        error::static_str(p)
+    }
+}
+
+/// Whether `backend` can run `feature` in this build on this machine.
+pub fn query_support(backend: Backend, feature: Feature) -> Result<bool> {
+    let mut s = 0i32;
+    // SAFETY: a valid out-pointer.
+    check(unsafe { sys::lnmlp_query_support(backend.raw(), feature.raw(), &mut s) })?;
+    Ok(s != 0)
+}
+
+/// Quantizes `input` to FP8 codes: `out[i] = fp8(input[i] * scale)`, round-to-nearest-even,
+/// saturating to the format's max finite value; NaN stays NaN. `scale` must be finite and
+/// nonzero.
+pub fn fp8_encode(format: Fp8Encoding, input: &[f32], scale: f32) -> Result<Vec<u8>> {
+    let mut out = vec![0u8; input.len()];
+    fp8_encode_into(format, input, scale, &mut out)?;
+    Ok(out)
+}
+
+/// [`fp8_encode`] into a caller buffer of `input.len()` bytes.
+pub fn fp8_encode_into(format: Fp8Encoding, input: &[f32], scale: f32, out: &mut [u8]) -> Result<()> {
+    if out.len() != input.len() {
+        return Err(Error::invalid(format!("out has {} bytes, but input has {} values", out.len(), input.len())));
+    }
+    // SAFETY: both slices hold input.len() elements and cannot overlap (& and &mut).
+    check(unsafe { sys::lnmlp_fp8_encode(format.raw(), input.as_ptr(), input.len() as i64, scale, out.as_mut_ptr()) })
+}
+
+/// Dequantizes FP8 codes: `out[i] = float(input[i]) * scale_inv` (exact widening). `scale_inv`
+/// must be finite and nonzero.
+pub fn fp8_decode(format: Fp8Encoding, input: &[u8], scale_inv: f32) -> Result<Vec<f32>> {
+    let mut out = vec![0f32; input.len()];
+    fp8_decode_into(format, input, scale_inv, &mut out)?;
+    Ok(out)
+}
+
+/// [`fp8_decode`] into a caller buffer of `input.len()` floats.
+pub fn fp8_decode_into(format: Fp8Encoding, input: &[u8], scale_inv: f32, out: &mut [f32]) -> Result<()> {
+    if out.len() != input.len() {
+        return Err(Error::invalid(format!("out has {} values, but input has {} codes", out.len(), input.len())));
+    }
+    // SAFETY: as in fp8_encode_into.
+    check(unsafe {
+        sys::lnmlp_fp8_decode(format.raw(), input.as_ptr(), input.len() as i64, scale_inv, out.as_mut_ptr())
+    })
+}

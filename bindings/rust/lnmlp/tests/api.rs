@@ -1,0 +1,267 @@
+//! Conversions, queries and every error path the safe API can trigger.
+use lnmlp::*;
+
+fn small() -> PlanBuilder {
+    PlanBuilder::new().shape(2, 8, 16).activation(Activation::Gelu).bias(true, false)
+}
+
+struct Bufs {
+    x: Vec<f32>,
+    gamma: Vec<f32>,
+    beta: Vec<f32>,
+    w1: Vec<f32>,
+    b1: Vec<f32>,
+    w2: Vec<f32>,
+}
+
+fn bufs(t: usize, h: usize, f: usize) -> Bufs {
+    let v = |n: usize, s: f32| (0..n).map(|i| ((i as f32 + 1.0) * s).sin()).collect::<Vec<f32>>();
+    Bufs {
+        x: v(t * h, 0.7),
+        gamma: vec![1.0; h],
+        beta: vec![0.0; h],
+        w1: v(h * f, 0.3),
+        b1: v(f, 0.5),
+        w2: v(f * h, 0.9),
+    }
+}
+
+impl Bufs {
+    fn weights(&self) -> Weights<'_, f32> {
+        Weights { gamma: &self.gamma, beta: Some(&self.beta), w1: &self.w1, b1: Some(&self.b1), w2: &self.w2, b2: None }
+    }
+}
+
+#[test]
+fn version_build_info_and_support() {
+    let v = version();
+    assert_eq!(v.abi, ffi::LNMLP_ABI_VERSION);
+    assert_eq!((v.major, v.minor), (ffi::LNMLP_VERSION_MAJOR, ffi::LNMLP_VERSION_MINOR));
+    assert!(!build_info().is_empty());
+    assert!(query_support(Backend::Cpu, Feature::Backend).unwrap());
+    assert!(query_support(Backend::Cpu, Feature::DTypeBf16).unwrap());
+    assert_eq!(status_string(ffi::LNMLP_ERROR_NULL_POINTER), "LNMLP_ERROR_NULL_POINTER");
+    assert_eq!(Status::from_code(7), Status::WorkspaceTooSmall);
+    assert_eq!(Status::PlanBusy.code(), ffi::LNMLP_ERROR_PLAN_BUSY);
+}
+
+#[test]
+fn bf16_conversions_round_trip_and_round_to_nearest_even() {
+    // every finite bf16 pattern survives bf16 -> f32 -> bf16
+    for bits in 0u16..=u16::MAX {
+        let b = Bf16(bits);
+        let f = b.to_f32();
+        if f.is_nan() {
+            assert!(Bf16::from_f32(f).to_f32().is_nan());
+            continue;
+        }
+        assert_eq!(Bf16::from_f32(f).0, bits, "bf16 {bits:#06x}");
+    }
+    assert_eq!(Bf16::from_f32(1.0).0, 0x3f80);
+    // 1 + 2^-8 is exactly between 1 and 1 + 2^-7: ties to even (1.0)
+    assert_eq!(Bf16::from_f32(1.0 + 1.0 / 256.0).0, 0x3f80);
+    // 1 + 3*2^-8 is between 1+2^-7 (odd) and 1+2^-6: ties to even (up)
+    assert_eq!(Bf16::from_f32(1.0 + 3.0 / 256.0).0, 0x3f82);
+    assert_eq!(Bf16::from_f32(1.0 + 1.0 / 256.0 + 1e-6).0, 0x3f81); // above the tie: up
+    assert_eq!(Bf16::from_f32(f32::MAX).to_f32(), f32::INFINITY); // overflow rounds to inf
+    assert_eq!(Bf16::from_f32(-0.0).0, 0x8000);
+    assert!(Bf16::from_f32(f32::NAN).to_f32().is_nan());
+    let x: f32 = 2.71;
+    assert!((f32::from(Bf16::from(x)) - x).abs() <= x * 2f32.powi(-8)); // half an ulp: 2^-8 of the binade's base <= x
+}
+
+#[test]
+fn f16_conversions_round_trip_and_round_to_nearest_even() {
+    for bits in 0u16..=u16::MAX {
+        let h = F16(bits);
+        let f = h.to_f32();
+        if f.is_nan() {
+            assert!(F16::from_f32(f).to_f32().is_nan());
+            continue;
+        }
+        assert_eq!(F16::from_f32(f).0, bits, "f16 {bits:#06x} = {f}");
+    }
+    assert_eq!(F16::from_f32(1.0).0, 0x3c00);
+    assert_eq!(F16::from_f32(65504.0).0, 0x7bff);
+    assert_eq!(F16::from_f32(65520.0).0, 0x7c00); // the tie above max rounds to inf
+    assert_eq!(F16::from_f32(2f32.powi(-24)).0, 0x0001); // smallest subnormal
+    assert_eq!(F16::from_f32(2f32.powi(-25)).0, 0x0000); // its half ties to even (0)
+    assert_eq!(F16::from_f32(3.0 * 2f32.powi(-25)).0, 0x0002); // 1.5 ulp ties to even (2)
+    assert_eq!(F16::from_f32(1.0 + 2f32.powi(-11)).0, 0x3c00); // tie, to even
+}
+
+#[test]
+fn fp8_encode_decode() {
+    let v = [0.0f32, 1.0, -2.5, 448.0, 1000.0, f32::NAN];
+    let codes = fp8_encode(Fp8Encoding::E4M3, &v, 1.0).unwrap();
+    assert_eq!(codes[1], 0x38);
+    assert_eq!(codes[5] & 0x7f, 0x7f);
+    let back = fp8_decode(Fp8Encoding::E4M3, &codes, 1.0).unwrap();
+    assert_eq!(&back[..4], &[0.0, 1.0, -2.5, 448.0]);
+    assert_eq!(back[4], 448.0); // saturates
+    assert!(back[5].is_nan());
+    let e5 = fp8_encode(Fp8Encoding::E5M2, &[1e9], 1.0).unwrap();
+    assert_eq!(fp8_decode(Fp8Encoding::E5M2, &e5, 1.0).unwrap()[0], Fp8Encoding::E5M2.max_finite());
+    let err = fp8_encode(Fp8Encoding::E4M3, &v, 0.0).unwrap_err();
+    assert_eq!(err.status(), Status::InvalidArgument);
+    assert!(!err.message().is_empty());
+}
+
+#[test]
+fn bad_shape_is_invalid_argument_with_the_library_message() {
+    let err = PlanBuilder::new().shape(0, 8, 16).build().unwrap_err();
+    assert_eq!(err.status(), Status::InvalidArgument);
+    assert!(!err.message().is_empty(), "no message");
+    assert_eq!(err.message(), last_error());
+    let shown = err.to_string();
+    assert!(shown.starts_with("LNMLP_ERROR_INVALID_ARGUMENT: "), "{shown}");
+    let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(err);
+    assert!(!boxed.to_string().is_empty());
+    // no shape at all
+    assert!(PlanBuilder::new().build().is_err());
+}
+
+#[test]
+fn bad_settings_are_reported() {
+    let e = small().epsilon(-1.0).build().unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    let e = small().activation_name("not_an_activation").build().unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.message().contains("not_an_activation"), "{e}");
+    let e = small().gated(Activation::ClampedSilu, Activation::Linear).build().unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+    let e = small().sharding(2, 0, false).build().unwrap_err();
+    assert_eq!(e.status(), Status::NotSupported, "{e}");
+    let e = small().backend(Backend::Cpu, 3).build().unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+    let e = small().clamped_swiglu(ClampedSwiglu { limit: -1.0, ..Default::default() }).build().unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+    // the valid ones build
+    let p = small()
+        .activation_name("clamped_swiglu")
+        .clamped_swiglu(ClampedSwiglu::default())
+        .recipe(Recipe::Current)
+        .fp8_format(Fp8Format::E4M3)
+        .scaling_options(Some(true), 0.0)
+        .sharding(1, 0, false)
+        .build()
+        .unwrap();
+    assert_eq!(p.num_activations(), 2);
+    if !query_support(Backend::Cuda, Feature::Backend).unwrap() {
+        let e = small().backend(Backend::Cuda, 0).build().unwrap_err();
+        assert_eq!(e.status(), Status::NotSupported, "{e}");
+    }
+}
+
+#[test]
+fn activation_names() {
+    assert_eq!(Activations::from_name("swiglu").unwrap(), Activations::Gated(Activation::Silu, Activation::Linear));
+    assert_eq!("GeGLU".parse::<Activations>().unwrap(), Activations::Gated(Activation::Gelu, Activation::Linear));
+    assert_eq!(Activations::from_name("quick-gelu").unwrap(), Activations::Single(Activation::QuickGelu));
+    assert_eq!(
+        Activations::from_name("squared_relu, linear").unwrap(),
+        Activations::Gated(Activation::SquaredRelu, Activation::Linear)
+    );
+    assert!(Activations::from_name("a,b,c").is_err());
+}
+
+#[test]
+fn wrong_lengths_fail_before_the_library_is_called() {
+    let mut plan = small().build().unwrap();
+    let b = bufs(2, 8, 16);
+    // Leave a known library message, then show the checks below never reach the library.
+    let first = PlanBuilder::new().shape(0, 1, 1).build().unwrap_err();
+    let before = last_error();
+    assert_eq!(before, first.message());
+
+    let mut y = vec![0.0f32; 16];
+    let w = b.weights();
+    let cases: Vec<(&str, Error)> = vec![
+        ("x", plan.forward(&b.x[..15], &w, &mut y).unwrap_err()),
+        ("y", plan.forward(&b.x, &w, &mut y[..3]).unwrap_err()),
+        ("gamma", plan.forward(&b.x, &Weights { gamma: &b.gamma[..7], ..w }, &mut y).unwrap_err()),
+        ("w1", plan.forward(&b.x, &Weights { w1: &b.w1[..10], ..w }, &mut y).unwrap_err()),
+        ("w2", plan.forward(&b.x, &Weights { w2: &b.b1, ..w }, &mut y).unwrap_err()),
+        ("b1", plan.forward(&b.x, &Weights { b1: Some(&b.b1[1..]), ..w }, &mut y).unwrap_err()),
+        ("b2", plan.forward(&b.x, &Weights { b2: Some(&b.gamma), ..w }, &mut y).unwrap_err()),
+    ];
+    for (name, e) in &cases {
+        assert_eq!(e.status(), Status::InvalidArgument, "{name}: {e}");
+        assert!(e.message().starts_with(name), "{name}: {e}");
+    }
+    // missing required optional tensors: NullPointer, like the C API
+    let e = plan.forward(&b.x, &Weights { beta: None, ..w }, &mut y).unwrap_err();
+    assert_eq!(e.status(), Status::NullPointer, "{e}");
+    let e = plan.forward(&b.x, &Weights { b1: None, ..w }, &mut y).unwrap_err();
+    assert_eq!(e.status(), Status::NullPointer, "{e}");
+    // wrong element type
+    let xb: Vec<Bf16> = convert_from_f32(&b.x);
+    let gb: Vec<Bf16> = convert_from_f32(&b.gamma);
+    let mut yb = vec![Bf16::default(); 16];
+    let wb = Weights { gamma: &gb, beta: Some(&gb), w1: &gb, b1: None, w2: &gb, b2: None };
+    let e = plan.forward(&xb, &wb, &mut yb).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+    // backward: wrong saved size, wrong dy length, an output of the wrong length
+    let saved = plan.forward(&b.x, &w, &mut y).unwrap();
+    let bad = Saved::new(saved.len() + 64, 64).unwrap();
+    let e = plan.backward(&y, &b.x, &w, &bad).unwrap_err();
+    assert!(e.message().starts_with("saved"), "{e}");
+    let e = plan.backward(&y[..4], &b.x, &w, &saved).unwrap_err();
+    assert!(e.message().starts_with("dy"), "{e}");
+    let mut g = plan.backward(&y, &b.x, &w, &saved).unwrap();
+    g.dw2.pop();
+    let e = plan.backward_into(&y, &b.x, &w, &saved, g.as_mut()).unwrap_err();
+    assert!(e.message().starts_with("dw2"), "{e}");
+    // none of these reached the library: its message is still the one from before
+    assert_eq!(last_error(), before);
+
+    // a copy of saved (e.g. from a checkpoint) works as the original
+    let copy = Saved::from_bytes(saved.as_bytes(), plan.alignment()).unwrap();
+    let g1 = plan.backward(&y, &b.x, &w, &saved).unwrap();
+    let g2 = plan.backward(&y, &b.x, &w, &copy).unwrap();
+    assert_eq!(g1, g2);
+}
+
+#[test]
+fn external_workspace() {
+    let mut plan = small().external_workspace(true).build().unwrap();
+    let b = bufs(2, 8, 16);
+    let mut y = vec![0.0f32; 16];
+    let e = plan.forward(&b.x, &b.weights(), &mut y).unwrap_err();
+    assert_eq!(e.status(), Status::NoWorkspace, "{e}");
+    assert!(!e.message().is_empty());
+    plan.attach_host_workspace().unwrap();
+    plan.forward(&b.x, &b.weights(), &mut y).unwrap();
+    let mut owned = small().build().unwrap();
+    let mut y2 = vec![0.0f32; 16];
+    owned.forward(&b.x, &b.weights(), &mut y2).unwrap();
+    assert_eq!(y, y2);
+}
+
+#[test]
+fn stateless_plans_have_no_fp8_state() {
+    let mut plan = small().build().unwrap();
+    assert_eq!(plan.amax_history_length(), 0);
+    assert!(plan.export_state().unwrap().is_empty());
+    let e = plan.quantizer_state(Quantizer::W1).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+    let e = plan.import_state(b"LNMLPQS1garbage").unwrap_err();
+    assert!(!e.message().is_empty(), "{e}");
+}
+
+#[test]
+fn plan_is_send() {
+    let mut plan = small().num_threads(1).build().unwrap();
+    let b = bufs(2, 8, 16);
+    let mut y0 = vec![0.0f32; 16];
+    plan.forward(&b.x, &b.weights(), &mut y0).unwrap();
+    let (plan, y1) = std::thread::spawn(move || {
+        let mut y = vec![0.0f32; 16];
+        plan.forward(&b.x, &b.weights(), &mut y).unwrap();
+        (plan, y)
+    })
+    .join()
+    .unwrap();
+    assert_eq!(y0, y1);
+    drop(plan);
+}

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Builds (if needed) and tests the Rust bindings: cargo test, cargo doc (warnings are errors) and
+# cargo clippy (if installed), all offline. Cargo's output goes to build/rust-target.
+#
+# The library: $LNMLP_LIB_DIR if set; else build/release/src if the CI already built it there;
+# else a CPU-only build of our own in build/rust-lib.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+start=$(date +%s)
+
+if [[ -z "${LNMLP_LIB_DIR:-}" ]]; then
+  if [[ -f "$root/build/release/src/liblnmlp.so" ]]; then
+    export LNMLP_LIB_DIR="$root/build/release/src"
+  else
+    echo "== building liblnmlp in build/rust-lib"
+    cmake -S "$root" -B "$root/build/rust-lib" -DCMAKE_BUILD_TYPE=Release -DLNMLP_BUILD_TESTS=OFF \
+      -DLNMLP_BUILD_BENCH=OFF -DLNMLP_CUDA=OFF >/dev/null
+    cmake --build "$root/build/rust-lib" -j"${JOBS:-2}" --target lnmlp
+    export LNMLP_LIB_DIR="$root/build/rust-lib/src"
+  fi
+fi
+echo "== using liblnmlp from $LNMLP_LIB_DIR"
+
+# rustup installs cargo in ~/.cargo/bin, which a non-login shell may not have on its PATH.
+[[ -d "$HOME/.cargo/bin" ]] && export PATH="$HOME/.cargo/bin:$PATH"
+command -v cargo >/dev/null || { echo "run_tests.sh: cargo not found (install Rust: rustup)" >&2; exit 1; }
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/build/rust-target}"
+cd "$here"
+
+echo "== cargo test"
+cargo test --offline --locked --workspace
+
+echo "== cargo doc"
+RUSTDOCFLAGS="-Dwarnings" cargo doc --offline --locked --no-deps --workspace
+
+if cargo clippy --version >/dev/null 2>&1; then
+  echo "== cargo clippy"
+  cargo clippy --offline --locked --workspace --all-targets -- -D warnings
+else
+  echo "== cargo clippy: not installed, skipped"
+fi
+
+echo "== rust bindings: all passed in $(( $(date +%s) - start ))s"

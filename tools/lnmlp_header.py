@@ -1,0 +1,123 @@
+"""Parses include/lnmlp.h into the facts the ABI and binding checkers compare (Python 3 stdlib only).
+
+One job: turn the header's text into
+  - functions: name -> (return type, [parameter types]) for every LNMLP_API prototype,
+  - enums:     name -> int for every enumerator of every enum,
+  - opaque:    the names of the opaque handle types (typedef struct X X;),
+  - abi:       the value of #define LNMLP_ABI_VERSION.
+Types are normalized ("const char *" -> "const char*") so that spacing, comments, line breaks
+and parameter names never make two equal signatures look different.
+
+It is a parser for this header's style (a C99 API header), not a general C parser: it strips
+comments and preprocessor lines, then reads `LNMLP_API <type> <name>(<params>);` and
+`enum [tag] { A = 1, B, ... };`. Anything it cannot read makes it raise, rather than silently
+skip a declaration (a checker that misses a function would pass when it should fail).
+"""
+
+import re
+
+_COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
+_PROTO = re.compile(r"\bLNMLP_API\s+([^;{}()]*?)\b(lnmlp_\w+)\s*\(([^()]*)\)\s*;")
+_ENUM = re.compile(r"\benum\s*(\w*)\s*\{([^{}]*)\}\s*\w*\s*;")
+_OPAQUE = re.compile(r"\btypedef\s+struct\s+(\w+)\s+(\w+)\s*;")
+_ABI = re.compile(r"^[ \t]*#[ \t]*define[ \t]+LNMLP_ABI_VERSION[ \t]+(\d+)[ \t]*$", re.M)
+
+
+class HeaderError(Exception):
+    """The header has something the parser cannot read; the message says what."""
+
+
+def strip_comments(text):
+    # Comments become one space so that "int/*x*/y" does not glue tokens together.
+    return _COMMENT.sub(" ", text)
+
+
+def _drop_preprocessor(text):
+    # Join continued lines first, then drop directives (#define LNMLP_API ... would otherwise
+    # look like a prototype).
+    text = re.sub(r"\\\n", " ", text)
+    return "\n".join(l for l in text.split("\n") if not l.lstrip().startswith("#"))
+
+
+def normalize_type(t):
+    """'const  char *' -> 'const char*'; 'lnmlp_desc * *' -> 'lnmlp_desc**'."""
+    t = " ".join(t.split())
+    t = re.sub(r"\s*\*\s*", "*", t)
+    return t.strip()
+
+
+def _split_param(p, fn):
+    """'const float* in' -> 'const float*' (the name dropped; it is not part of the ABI)."""
+    p = normalize_type(p)
+    m = re.match(r"^(.*?[\s*])(\w+)$", p)
+    if not m or not m.group(1).strip():
+        # Prototypes in this header always name their parameters; an unnamed one would make
+        # "int32_t" ambiguous between a type and a name, so refuse it.
+        raise HeaderError(f"{fn}: cannot read parameter '{p}' (expected '<type> <name>')")
+    return normalize_type(m.group(1))
+
+
+def parse_functions(clean):
+    funcs = {}
+    for m in _PROTO.finditer(clean):
+        ret, name, params = normalize_type(m.group(1)), m.group(2), m.group(3).strip()
+        if not ret:
+            raise HeaderError(f"{name}: no return type")
+        if params in ("", "void"):
+            ptypes = []
+        else:
+            ptypes = [_split_param(p, name) for p in params.split(",")]
+        if name in funcs:
+            raise HeaderError(f"{name} is declared twice")
+        funcs[name] = (ret, ptypes)
+    # Cross-check: every LNMLP_API must have produced a prototype (a missed one means the regex
+    # failed on some new syntax, e.g. a function-pointer parameter).
+    n_api = len(re.findall(r"\bLNMLP_API\b", clean))
+    if n_api != len(funcs):
+        raise HeaderError(f"found {n_api} LNMLP_API declarations but could read only {len(funcs)}")
+    return funcs
+
+
+def _int_literal(s, where):
+    s = s.strip()
+    m = re.fullmatch(r"([-+]?)\s*(0[xX][0-9a-fA-F]+|\d+)[uUlL]*", s)
+    if not m:
+        raise HeaderError(f"{where}: enumerator value '{s}' is not an integer literal")
+    v = int(m.group(2), 0)
+    return -v if m.group(1) == "-" else v
+
+
+def parse_enums(clean):
+    enums = {}
+    for m in _ENUM.finditer(clean):
+        nxt = 0  # C rule: an enumerator without a value is the previous one + 1 (first: 0)
+        for item in m.group(2).split(","):
+            item = item.strip()
+            if not item:
+                continue  # a trailing comma
+            name, _, value = item.partition("=")
+            name = name.strip()
+            if not re.fullmatch(r"[A-Za-z_]\w*", name):
+                raise HeaderError(f"cannot read enumerator '{item}'")
+            v = _int_literal(value, name) if value.strip() else nxt
+            if name in enums:
+                raise HeaderError(f"enumerator {name} is defined twice")
+            enums[name] = v
+            nxt = v + 1
+    return enums
+
+
+def parse_header(path):
+    """Reads the header at `path`; returns dict(functions, enums, opaque, abi)."""
+    with open(path, encoding="utf-8") as f:
+        raw = f.read()
+    m = _ABI.search(strip_comments(raw))
+    if not m:
+        raise HeaderError(f"{path}: no '#define LNMLP_ABI_VERSION <n>'")
+    clean = _drop_preprocessor(strip_comments(raw))
+    return {
+        "abi": int(m.group(1)),
+        "functions": parse_functions(clean),
+        "enums": parse_enums(clean),
+        "opaque": sorted(a for a, b in _OPAQUE.findall(clean) if a == b),
+    }
