@@ -18,6 +18,7 @@
 #include "../error.h"
 #include "block_gemms.h"
 #include "gemm.h"
+#include "host_backend.h"
 #include "kernels.h"
 #include "parallel.h"
 
@@ -25,28 +26,7 @@ namespace lnmlp {
 namespace cpu {
 namespace {
 
-constexpr int64_t kCpuAlignment = 64;  // as documented in lnmlp.h (lnmlp_plan_get_alignment); regions inside are 256-aligned
-
-// Calls fn(std::bool_constant<Gated>, f0, f1) with the activation pair compiled in where it is
-// common, so the row kernels do not switch per element.
-template <typename Fn> void with_activations(const Config& c, Fn&& fn) {
-  const ActParams p = c.act_params;
-  dispatch_act(c.acts[0], [&](auto t0) {
-    constexpr Act K0 = decltype(t0)::value;
-    const FixedAct<K0> f0{p};
-    if (!c.gated()) {
-      fn(std::false_type{}, f0, FixedAct<Act::Linear>{p});
-    } else if (c.acts[1] == Act::Linear) {
-      fn(std::true_type{}, f0, FixedAct<Act::Linear>{p});
-    } else if constexpr (K0 == Act::ClampedSilu) {
-      fn(std::true_type{}, f0, FixedAct<Act::ClampedLinear>{p});  // the only valid partner
-    } else {
-      fn(std::true_type{}, f0, RuntimeAct{c.acts[1], p});
-    }
-  });
-}
-
-template <DType D> class CpuBackend final : public Backend {
+template <DType D> class CpuBackend final : public HostMemoryBackend {
   using S = storage_t<D>;
   using O = operand_t<D>;
   static constexpr bool kWiden = gemm_widens(D);  // GEMMs on fp32 copies
@@ -117,17 +97,6 @@ template <DType D> class CpuBackend final : public Backend {
   }
 
   int64_t workspace_bytes() const override { return ws_bytes_; }
-  int64_t alignment() const override { return kCpuAlignment; }
-
-  void* allocate(int64_t bytes) override {
-    void* p = std::aligned_alloc(kRegionAlign, static_cast<size_t>((bytes + kRegionAlign - 1) / kRegionAlign * kRegionAlign));
-    if (p == nullptr) fail(LNMLP_ERROR_OUT_OF_MEMORY, "could not allocate ", bytes, " bytes of workspace");
-    return p;
-  }
-  void release(void* p) noexcept override { std::free(p); }
-  void copy_to_host(void* dst, const void* src, int64_t n) override { std::memcpy(dst, src, static_cast<size_t>(n)); }
-  void copy_from_host(void* dst, const void* src, int64_t n) override { std::memcpy(dst, src, static_cast<size_t>(n)); }
-
   void forward(const ForwardArgs& a, void* ws) override {
     ScopedOmpThreads omp_threads(threads_);
     const int64_t T = c_.tokens, H = c_.hidden, F = c_.ffn, AF = c_.act_width();
@@ -257,10 +226,10 @@ template <DType D> class CpuBackend final : public Backend {
     });
 
     // 7. Parameter-gradient reductions, in chunk order (deterministic).
-    reduce_partials(part_dg, H, static_cast<S*>(a.dgamma));
-    if (part_dbeta) reduce_partials(part_dbeta, H, static_cast<S*>(a.dbeta));
-    if (c_.has_bias1) reduce_partials(part_db1, AF, static_cast<S*>(a.db1));
-    if (c_.has_bias2) reduce_partials(part_db2, H, static_cast<S*>(a.db2));
+    reduce_partials<D>(part_dg, chunks_, H, static_cast<S*>(a.dgamma));
+    if (part_dbeta) reduce_partials<D>(part_dbeta, chunks_, H, static_cast<S*>(a.dbeta));
+    if (c_.has_bias1) reduce_partials<D>(part_db1, chunks_, AF, static_cast<S*>(a.db1));
+    if (c_.has_bias2) reduce_partials<D>(part_db2, chunks_, H, static_cast<S*>(a.db2));
   }
 
  private:
@@ -296,14 +265,6 @@ template <DType D> class CpuBackend final : public Backend {
       float* t = at<float>(tmp, ws);
       g.run(a, b, nullptr, t, scratch);
       parallel_chunks(threads_, chunks_, n, [&](int64_t i0, int64_t i1, int) { narrow<D>(i0, i1, t, static_cast<S*>(out)); });
-    }
-  }
-
-  void reduce_partials(const float* partials, int64_t n, S* out) {
-    for (int64_t j = 0; j < n; ++j) {
-      float s = 0.0f;
-      for (int ch = 0; ch < chunks_; ++ch) s += partials[ch * n + j];
-      out[j] = store<D>(s);
     }
   }
 

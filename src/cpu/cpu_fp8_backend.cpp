@@ -21,6 +21,7 @@
 #include "../fp8_recipe.h"
 #include "fp8_operands.h"
 #include "gemm.h"
+#include "host_backend.h"
 #include "kernels.h"
 #include "parallel.h"
 
@@ -28,26 +29,12 @@ namespace lnmlp {
 namespace cpu {
 namespace {
 
-constexpr int64_t kCpuAlignment = 64;
-
-// Calls fn(std::bool_constant<Gated>, f0, f1), as cpu_backend.cpp's with_activations.
-template <typename Fn> void with_acts(const Config& c, Fn&& fn) {
-  const ActParams p = c.act_params;
-  dispatch_act(c.acts[0], [&](auto t0) {
-    constexpr Act K0 = decltype(t0)::value;
-    const FixedAct<K0> f0{p};
-    if (!c.gated()) fn(std::false_type{}, f0, FixedAct<Act::Linear>{p});
-    else if (c.acts[1] == Act::Linear) fn(std::true_type{}, f0, FixedAct<Act::Linear>{p});
-    else fn(std::true_type{}, f0, RuntimeAct{c.acts[1], p});
-  });
-}
-
 // The workspace regions of one quantized operand: codes, block scales, decoded GEMM operand.
 struct QRegions {
   Region codes, scales, op;
 };
 
-template <DType D> class CpuFp8Backend final : public Backend {
+template <DType D> class CpuFp8Backend final : public HostMemoryBackend {
   using S = storage_t<D>;
 
  public:
@@ -130,16 +117,6 @@ template <DType D> class CpuFp8Backend final : public Backend {
   }
 
   int64_t workspace_bytes() const override { return ws_bytes_; }
-  int64_t alignment() const override { return kCpuAlignment; }
-  void* allocate(int64_t bytes) override {
-    void* p = std::aligned_alloc(kRegionAlign, static_cast<size_t>((bytes + kRegionAlign - 1) / kRegionAlign * kRegionAlign));
-    if (p == nullptr) fail(LNMLP_ERROR_OUT_OF_MEMORY, "could not allocate ", bytes, " bytes of workspace");
-    return p;
-  }
-  void release(void* p) noexcept override { std::free(p); }
-  void copy_to_host(void* dst, const void* src, int64_t n) override { std::memcpy(dst, src, static_cast<size_t>(n)); }
-  void copy_from_host(void* dst, const void* src, int64_t n) override { std::memcpy(dst, src, static_cast<size_t>(n)); }
-
   void forward(const ForwardArgs& args, void* ws) override {
     ScopedOmpThreads omp_threads(threads_);
     const int64_t T = c_.tokens, H = c_.hidden, F = c_.ffn, AF = c_.act_width();
@@ -255,7 +232,7 @@ template <DType D> class CpuFp8Backend final : public Backend {
     float alpha_act_col;
     if (!save_all) {
       float* a = at<float>(bw_.a, ws);
-      with_acts(c_, [&](auto gated, const auto& f0, const auto& f1) {
+      with_activations(c_, [&](auto gated, const auto& f0, const auto& f1) {
         parallel_chunks(threads_, chunks_, T, [&](int64_t r0, int64_t r1, int) {
           act_forward_rows<D, decltype(gated)::value>(F, r0, r1, f0, f1, h, nullptr, nullptr, nullptr, nullptr, a);
         });
@@ -300,7 +277,7 @@ template <DType D> class CpuFp8Backend final : public Backend {
     float* dh = at<float>(bw_.dh, ws);
     float* part_db1 = at<float>(bw_.part_db1, ws);
     if (c_.has_bias1) std::memset(part_db1, 0, sizeof(float) * chunks_ * AF);
-    with_acts(c_, [&](auto gated, const auto& f0, const auto& f1) {
+    with_activations(c_, [&](auto gated, const auto& f0, const auto& f1) {
       parallel_chunks(threads_, chunks_, T, [&](int64_t r0, int64_t r1, int ch) {
         act_backward_rows<D, decltype(gated)::value, false>(F, r0, r1, f0, f1, dact, h, nullptr, nullptr, dh,
                                                             c_.has_bias1 ? part_db1 + ch * AF : nullptr);
@@ -334,10 +311,10 @@ template <DType D> class CpuFp8Backend final : public Backend {
       norm_backward_rows<D>(np_, r0, r1, dn, x, gamma, mu, rs, static_cast<S*>(args.dx), part_dg + ch * H,
                             part_dbeta ? part_dbeta + ch * H : nullptr);
     });
-    reduce_partials(part_dg, H, static_cast<S*>(args.dgamma));
-    if (part_dbeta) reduce_partials(part_dbeta, H, static_cast<S*>(args.dbeta));
-    if (c_.has_bias1) reduce_partials(part_db1, AF, static_cast<S*>(args.db1));
-    if (c_.has_bias2) reduce_partials(part_db2, H, static_cast<S*>(args.db2));
+    reduce_partials<D>(part_dg, chunks_, H, static_cast<S*>(args.dgamma));
+    if (part_dbeta) reduce_partials<D>(part_dbeta, chunks_, H, static_cast<S*>(args.dbeta));
+    if (c_.has_bias1) reduce_partials<D>(part_db1, chunks_, AF, static_cast<S*>(args.db1));
+    if (c_.has_bias2) reduce_partials<D>(part_db2, chunks_, H, static_cast<S*>(args.db2));
 
     // 9. Delayed scaling: the backward quantizers move on.
     if (r_.stateful()) {
@@ -390,7 +367,7 @@ template <DType D> class CpuFp8Backend final : public Backend {
   // h = rnd_D(acc * alpha + b1) and a = act(h) in fp32, in one pass.
   void gemm1_epilogue_and_act(float* acc, float alpha, const S* b1, S* h, float* a) {
     scale_in_place(acc, c_.tokens * c_.act_width(), alpha);
-    with_acts(c_, [&](auto gated, const auto& f0, const auto& f1) {
+    with_activations(c_, [&](auto gated, const auto& f0, const auto& f1) {
       parallel_chunks(threads_, chunks_, c_.tokens, [&](int64_t r0, int64_t r1, int) {
         act_forward_rows<D, decltype(gated)::value>(c_.ffn, r0, r1, f0, f1, nullptr, acc, b1, h, nullptr, a);
       });
@@ -416,14 +393,6 @@ template <DType D> class CpuFp8Backend final : public Backend {
     float* out = at<float>(r, ws);
     parallel_chunks(threads_, chunks_, n, [&](int64_t i0, int64_t i1, int) { widen<D>(i0, i1, static_cast<const S*>(w), out); });
     return out;
-  }
-
-  void reduce_partials(const float* partials, int64_t n, S* out) {
-    for (int64_t j = 0; j < n; ++j) {
-      float s = 0.0f;
-      for (int ch = 0; ch < chunks_; ++ch) s += partials[ch * n + j];
-      out[j] = store<D>(s);
-    }
   }
 
   Config c_;

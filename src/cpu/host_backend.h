@@ -1,0 +1,61 @@
+// What the CPU backend's two paths (unquantized, cpu_backend.cpp; FP8, cpu_fp8_backend.cpp) share:
+// host memory, the activation pair compiled into the row kernels, and the final, fixed-order pass
+// of the deterministic column reductions.
+#pragma once
+
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+#include "../backend.h"
+#include "../error.h"
+#include "kernels.h"
+
+namespace lnmlp::cpu {
+
+// Alignment of the saved buffer and attached workspace (lnmlp_plan_get_alignment); the regions
+// inside them are 256-byte aligned.
+constexpr int64_t kCpuAlignment = 64;
+
+class HostMemoryBackend : public Backend {
+ public:
+  int64_t alignment() const override { return kCpuAlignment; }
+  void* allocate(int64_t bytes) override {
+    void* p = std::aligned_alloc(kRegionAlign, static_cast<size_t>((bytes + kRegionAlign - 1) / kRegionAlign * kRegionAlign));
+    if (p == nullptr) fail(LNMLP_ERROR_OUT_OF_MEMORY, "could not allocate ", bytes, " bytes of workspace");
+    return p;
+  }
+  void release(void* p) noexcept override { std::free(p); }
+  void copy_to_host(void* dst, const void* src, int64_t n) override { std::memcpy(dst, src, static_cast<size_t>(n)); }
+  void copy_from_host(void* dst, const void* src, int64_t n) override { std::memcpy(dst, src, static_cast<size_t>(n)); }
+};
+
+// Calls fn(std::bool_constant<Gated>, f0, f1) with the activation pair compiled in where it is
+// common, so the row kernels do not switch per element.
+template <typename Fn> void with_activations(const Config& c, Fn&& fn) {
+  const ActParams p = c.act_params;
+  dispatch_act(c.acts[0], [&](auto t0) {
+    constexpr Act K0 = decltype(t0)::value;
+    const FixedAct<K0> f0{p};
+    if (!c.gated()) {
+      fn(std::false_type{}, f0, FixedAct<Act::Linear>{p});
+    } else if (c.acts[1] == Act::Linear) {
+      fn(std::true_type{}, f0, FixedAct<Act::Linear>{p});
+    } else if constexpr (K0 == Act::ClampedSilu) {
+      fn(std::true_type{}, f0, FixedAct<Act::ClampedLinear>{p});  // the only valid partner
+    } else {
+      fn(std::true_type{}, f0, RuntimeAct{c.acts[1], p});
+    }
+  });
+}
+
+// out[j] = rnd_D(sum over chunks c, in order, of partials[c * n + j]).
+template <DType D> void reduce_partials(const float* partials, int chunks, int64_t n, storage_t<D>* out) {
+  for (int64_t j = 0; j < n; ++j) {
+    float s = 0.0f;
+    for (int ch = 0; ch < chunks; ++ch) s += partials[ch * n + j];
+    out[j] = store<D>(s);
+  }
+}
+
+}  // namespace lnmlp::cpu
