@@ -227,6 +227,9 @@ struct RunOptions {
   int32_t amax_history_len = 1024;
   int32_t margin = 0;
   int32_t amax_algo = LNMLP_AMAX_ALGO_MAX;
+  // Sharding (tests/sharding_util.h): this plan is rank `rank` of `group_size` over `comm`.
+  int32_t group_size = 1, rank = 0, sequence_parallel = 0;
+  lnmlp_comm* comm = nullptr;
 };
 
 struct RunResult {
@@ -259,6 +262,8 @@ class Plan {
     LNMLP_TEST_CHECK(lnmlp_desc_set_fp8_format(d, o.fp8_format));
     LNMLP_TEST_CHECK(lnmlp_desc_set_scaling_options(d, o.power_2_scale, 0.0f));
     LNMLP_TEST_CHECK(lnmlp_desc_set_delayed_scaling(d, o.margin, o.amax_history_len, o.amax_algo));
+    if (o.comm != nullptr) LNMLP_TEST_CHECK(lnmlp_desc_set_communicator(d, o.comm));
+    LNMLP_TEST_CHECK(lnmlp_desc_set_sharding(d, o.group_size, o.rank, o.sequence_parallel));
     LNMLP_TEST_CHECK(lnmlp_plan_create(d, &plan_));
     LNMLP_TEST_CHECK(lnmlp_plan_get_alignment(plan_, &align_));
     if (o.external_workspace) {
@@ -283,8 +288,10 @@ class Plan {
 // Forward (and backward) of one plan; every output buffer starts poisoned.
 inline RunResult run_library(const Problem& pr, const RunOptions& o) {
   const auto& c = pr.cfg;
-  const size_t T = static_cast<size_t>(c.tokens), H = static_cast<size_t>(c.hidden),
-               F = static_cast<size_t>(c.ffn), AF = c.acts.size() * F;
+  // A sharded plan's tensors are its shard's: F/P, and T/P rows under sequence parallelism.
+  const size_t P = static_cast<size_t>(o.group_size);
+  const size_t T = static_cast<size_t>(c.tokens) / (o.sequence_parallel ? P : 1), H = static_cast<size_t>(c.hidden),
+               F = static_cast<size_t>(c.ffn) / P, AF = c.acts.size() * F;
   const bool ln = c.norm == lnmlp_ref::Norm::LayerNorm;
   Plan plan(pr, o);
   RunResult r;
