@@ -365,8 +365,9 @@ LNMLP_API int32_t lnmlp_desc_set_scaling_options(lnmlp_desc* desc, int32_t power
  * lnmlp_desc_set_shape are the GROUP's (global) sizes, not the shard's.
  * lnmlp_plan_create then requires a communicator (lnmlp_desc_set_communicator) of the same size
  * and rank, F divisible by P and, under sequence parallelism, T divisible by P. Only the CPU
- * backend shards in this release (LNMLP_FEATURE_SHARDING); the CUDA backend refuses group_size > 1
- * with LNMLP_ERROR_NOT_SUPPORTED, and so does the CPU backend under an FP8 recipe.
+ * backend shards in this release (LNMLP_FEATURE_SHARDING), every FP8 recipe included (per-tensor
+ * amaxes are max-reduced over the group, so delayed-scaling state stays identical on every rank);
+ * the CUDA backend refuses group_size > 1 with LNMLP_ERROR_NOT_SUPPORTED.
  * Every rank must call forward and backward in the same order: each call runs collectives. */
 LNMLP_API int32_t lnmlp_desc_set_sharding(lnmlp_desc* desc, int32_t group_size, int32_t rank,
                                           int32_t sequence_parallel);

@@ -12,9 +12,6 @@ void validate_sharding(const Config& c) {
   if (c.backend != BackendKind::Cpu)
     fail(LNMLP_ERROR_NOT_SUPPORTED, "sharding (group_size ", P,
          ") runs on the CPU backend only in this release; use LNMLP_BACKEND_CPU or group_size 1");
-  if (c.quantized())
-    fail(LNMLP_ERROR_NOT_SUPPORTED, "sharding (group_size ", P,
-         ") is not supported with an FP8 recipe in this release; use LNMLP_RECIPE_NONE or group_size 1");
   if (s.comm == nullptr)
     fail(LNMLP_ERROR_INVALID_ARGUMENT, "group_size is ", P,
          " but the descriptor has no communicator; call lnmlp_desc_set_communicator");

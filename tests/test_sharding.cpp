@@ -117,6 +117,102 @@ class PrintWorst : public ::testing::Environment {
 };
 const auto* const kPrintWorst = ::testing::AddGlobalTestEnvironment(new PrintWorst);
 
+// ---- FP8: every recipe sharded, against the unsharded plan and the reference ----
+
+struct Fp8Case {
+  int32_t recipe;
+  bool sp;
+  bool gated;
+  int32_t dtype;
+  int32_t remat;
+};
+
+std::string fp8_name(const Fp8Case& c) {
+  static const char* const names[] = {"none", "delayed", "current", "block", "mxfp8"};
+  return std::string(names[c.recipe]) + (c.gated ? "_swiglu_" : "_gelu_") + dtype_label(c.dtype) +
+         (c.sp ? "_sp" : "_tp") + "_remat" + std::to_string(c.remat);
+}
+
+std::vector<Fp8Case> fp8_cases() {
+  std::vector<Fp8Case> v;
+  int i = 0;
+  for (int32_t recipe : {LNMLP_RECIPE_DELAYED, LNMLP_RECIPE_CURRENT, LNMLP_RECIPE_BLOCK, LNMLP_RECIPE_MXFP8})
+    for (bool sp : {false, true})
+      for (bool gated : {false, true}) {
+        v.push_back({recipe, sp, gated, i % 2 == 0 ? LNMLP_DTYPE_BF16 : LNMLP_DTYPE_F32, i % 3});
+        ++i;
+      }
+  return v;
+}
+
+// The floats of an exported state blob (after the 24-byte header: magic, version, recipe, length, count).
+std::vector<float> state_floats(const std::vector<unsigned char>& blob) {
+  std::vector<float> f(blob.size() > 24 ? (blob.size() - 24) / 4 : 0);
+  if (!f.empty()) std::memcpy(f.data(), blob.data() + 24, f.size() * 4);
+  return f;
+}
+
+class ShardingFp8 : public ::testing::TestWithParam<Fp8Case> {};
+
+TEST_P(ShardingFp8, GroupEqualsUnshardedPlanAndReference) {
+  const Fp8Case& k = GetParam();
+  constexpr int P = 2;
+  lnmlp_ref::Config cfg;
+  cfg.tokens = 32;
+  cfg.hidden = 64;
+  cfg.ffn = 256;  // F/P = 128: each shard is whole blocks of every recipe (see kTolFp8Sharded)
+  cfg.norm = k.gated ? lnmlp_ref::Norm::RmsNorm : lnmlp_ref::Norm::LayerNorm;
+  cfg.acts = k.gated ? std::vector<int>{LNMLP_ACT_SILU, LNMLP_ACT_LINEAR} : std::vector<int>{LNMLP_ACT_GELU};
+  cfg.has_bias1 = cfg.has_bias2 = true;
+  const Problem pr = make_problem(cfg, k.dtype, hash_name(fp8_name(k)));
+  RunOptions o;
+  o.remat = k.remat;
+  o.recipe = k.recipe;
+  o.amax_history_len = 4;
+  o.steps = k.recipe == LNMLP_RECIPE_DELAYED ? 3 : 1;  // delayed: scales from the recorded history
+  const RunResult single = run_library(pr, o);
+
+  InProcessGroup group(P);
+  std::vector<RunResult> ranks(P);
+  group.run([&](int r) {
+    RunOptions ro = o;
+    ro.group_size = P;
+    ro.rank = r;
+    ro.sequence_parallel = k.sp ? 1 : 0;
+    ro.comm = group.comm(r);
+    ranks[static_cast<size_t>(r)] = run_library(shard_problem(pr, P, r, k.sp), ro);
+  });
+  std::string mismatch;
+  const RunResult got = assemble(pr, ranks, k.sp, &mismatch);
+  EXPECT_TRUE(mismatch.empty()) << mismatch;
+
+  // Delayed scaling: the same state, bit for bit, on every rank, and the unsharded plan's values.
+  EXPECT_EQ(ranks[0].state, ranks[1].state);
+  const auto st = state_floats(ranks[0].state), st_ref = state_floats(single.state);
+  ASSERT_EQ(st.size(), st_ref.size());
+  for (size_t i = 0; i < st.size(); ++i) EXPECT_NEAR(st[i], st_ref[i], 1e-4 * std::fabs(st_ref[i])) << "state float " << i;
+
+  const auto y_ref = lnmlp_ref::forward(pr.cfg, pr.x, pr.p);
+  const auto g = lnmlp_ref::backward(pr.cfg, pr.x, pr.p, pr.dy);
+  const std::vector<double>* refs[] = {&y_ref, &g.dx, &g.dgamma, &g.dbeta, &g.dw1, &g.db1, &g.dw2, &g.db2};
+  const auto a = named(got), b = named(single);
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (b[i].buf->empty()) continue;
+    const auto v = a[i].buf->to_doubles();
+    Comparison c1, c2;
+    EXPECT_TRUE(within_tolerance(a[i].name, v, b[i].buf->to_doubles(), nullptr, kTolFp8Sharded, &c1))
+        << "against the unsharded plan";
+    EXPECT_TRUE(within_tolerance(a[i].name, v, *refs[i], nullptr, kTolFp8, &c2)) << "against the reference";
+    double& w1 = worst()[fp8_name(k).substr(0, fp8_name(k).find('_')) + " vs unsharded plan"];
+    double& w2 = worst()[fp8_name(k).substr(0, fp8_name(k).find('_')) + " vs float64 reference"];
+    w1 = std::max(w1, c1.normalised());
+    w2 = std::max(w2, c2.normalised());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, ShardingFp8, ::testing::ValuesIn(fp8_cases()),
+                         [](const ::testing::TestParamInfo<Fp8Case>& i) { return fp8_name(i.param); });
+
 // ---- plan creation: what must agree, and the refusals ----
 
 struct Desc {
@@ -164,12 +260,9 @@ TEST(ShardingPlan, ChecksTheCommunicatorAndTheDivisibility) {
     EXPECT_NE(std::string(lnmlp_last_error()).find("tokens (7"), std::string::npos);
   }
   {
-    Desc d(8, 8);  // FP8 recipes and the CUDA backend do not shard in this release
+    Desc d(8, 8);  // the CUDA backend does not shard in this release
     lnmlp_desc_set_sharding(d.d, 2, 0, 0);
     lnmlp_desc_set_communicator(d.d, group.comm(0));
-    lnmlp_desc_set_recipe(d.d, LNMLP_RECIPE_CURRENT);
-    EXPECT_EQ(d.create(), LNMLP_ERROR_NOT_SUPPORTED);
-    lnmlp_desc_set_recipe(d.d, LNMLP_RECIPE_NONE);
     lnmlp_desc_set_backend(d.d, LNMLP_BACKEND_CUDA, 0);
     EXPECT_EQ(d.create(), LNMLP_ERROR_NOT_SUPPORTED);
   }

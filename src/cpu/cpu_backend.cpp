@@ -25,6 +25,7 @@
 #include "../comm.h"
 #include "../error.h"
 #include "block_gemms.h"
+#include "collectives.h"
 #include "gemm.h"
 #include "kernels.h"
 #include "parallel.h"
@@ -180,12 +181,7 @@ template <DType D> class CpuBackend final : public Backend {
     // GEMM2 in fp32 (f16, or a rank's partial sums), summed over the group, then + b2 and rounded.
     float* y32 = at<float>(fw_.y32, ws);
     g2_->run(act_op, w2, nullptr, y32, at<char>(fw_.scratch, ws));
-    if (sp_) {
-      comm_->reduce_scatter_sum(y32, at<float>(fw_.y_local, ws), c_.rows() * H, CommType::F32, a.stream);
-      y32 = at<float>(fw_.y_local, ws);
-    } else if (comm_ != nullptr) {
-      comm_->all_reduce_sum(y32, y32, T * H, CommType::F32, a.stream);
-    }
+    y32 = group_sum_rows(comm_, sp_, y32, at<float>(fw_.y_local, ws), T, H, a.stream);
     S* y = static_cast<S*>(a.y);
     parallel_chunks(threads_, chunks_, c_.rows(), [&](int64_t r0, int64_t r1, int) {
       for (int64_t r = r0; r < r1; ++r)
@@ -277,12 +273,7 @@ template <DType D> class CpuBackend final : public Backend {
     float* dn = at<float>(bw_.dn, ws);
     g_dn_->run(dh, w1, nullptr, dn, scratch);
     gemm_to_output(*g_dw1_, ln_op, dh, a.dw1, bw_.dw1_32, H * AF, ws);
-    if (sp_) {
-      comm_->reduce_scatter_sum(dn, at<float>(bw_.dn_local, ws), c_.rows() * H, CommType::F32, a.stream);
-      dn = at<float>(bw_.dn_local, ws);
-    } else if (comm_ != nullptr) {
-      comm_->all_reduce_sum(dn, dn, T * H, CommType::F32, a.stream);
-    }
+    dn = group_sum_rows(comm_, sp_, dn, at<float>(bw_.dn_local, ws), T, H, a.stream);
 
     // 6. Norm backward.
     float* part_dg = at<float>(bw_.part_dg, ws);
@@ -339,20 +330,8 @@ template <DType D> class CpuBackend final : public Backend {
     }
   }
 
-  // out = the chunk partials summed; with group (n fp32 of workspace), summed over the group too.
   void reduce_partials(const float* partials, int64_t n, S* out, float* group, void* stream) {
-    auto sum = [&](int64_t j) {
-      float s = 0.0f;
-      for (int ch = 0; ch < chunks_; ++ch) s += partials[ch * n + j];
-      return s;
-    };
-    if (group == nullptr) {
-      for (int64_t j = 0; j < n; ++j) out[j] = store<D>(sum(j));
-      return;
-    }
-    for (int64_t j = 0; j < n; ++j) group[j] = sum(j);
-    comm_->all_reduce_sum(group, group, n, CommType::F32, stream);
-    for (int64_t j = 0; j < n; ++j) out[j] = store<D>(group[j]);
+    finish_param_grad<D>(partials, chunks_, n, out, comm_, group, stream);
   }
 
   // Norm forward (or its recomputation) over the local rows into ln [T, H] (and ln_f32 for f16);

@@ -30,11 +30,12 @@ Buffer part(const Buffer& all, int P, int r) {
 }
 
 int run_case(lnmlp_ref::Norm norm, std::vector<int> acts, int32_t dtype, bool bias, bool sp, int32_t remat,
-             lnmlp_comm* comm, int P, int rank, double* worst) {
+             int32_t recipe, lnmlp_comm* comm, int P, int rank, double* worst) {
+  const bool fp8 = recipe != LNMLP_RECIPE_NONE;
   lnmlp_ref::Config cfg;
-  cfg.tokens = 12;
-  cfg.hidden = 40;
-  cfg.ffn = 24;
+  cfg.tokens = fp8 ? 32 : 12;
+  cfg.hidden = fp8 ? 64 : 40;
+  cfg.ffn = fp8 ? 256 : 24;  // FP8: F/P = 128, whole blocks (tests/tolerances.h, kTolFp8Sharded)
   cfg.norm = norm;
   cfg.acts = acts;
   cfg.has_bias1 = cfg.has_bias2 = bias;
@@ -42,6 +43,9 @@ int run_case(lnmlp_ref::Norm norm, std::vector<int> acts, int32_t dtype, bool bi
   RunOptions o;
   o.remat = remat;
   o.backward = remat != LNMLP_REMAT_FORWARD_ONLY;
+  o.recipe = recipe;
+  o.amax_history_len = 4;
+  o.steps = recipe == LNMLP_RECIPE_DELAYED ? 3 : 1;  // delayed: scales from the recorded history
   const RunResult single = run_library(pr, o);
   RunOptions ro = o;
   ro.group_size = P;
@@ -59,10 +63,16 @@ int run_case(lnmlp_ref::Norm norm, std::vector<int> acts, int32_t dtype, bool bi
   }
   std::string mismatch;
   const RunResult got = assemble(pr, ranks, sp, &mismatch);
+  // Delayed scaling: every rank's state, bit for bit, is rank 0's.
+  Buffer state(LNMLP_DTYPE_F32, 0);
+  state.bytes = mine.state;
+  const Buffer states = gathered(state, P);
+  for (int r = 1; r < P; ++r)
+    if (part(states, P, r).bytes != mine.state) mismatch += "FP8 state differs on rank " + std::to_string(r) + "; ";
   int failures = mismatch.empty() ? 0 : 1;
   if (!mismatch.empty() && rank == 0) std::printf("  replicated outputs differ: %s\n", mismatch.c_str());
 
-  const Tolerance tol = tolerance_for(dtype);
+  const Tolerance tol = fp8 ? kTolFp8Sharded : tolerance_for(dtype), tol_ref = fp8 ? kTolFp8 : tolerance_for(dtype);
   const auto y_ref = lnmlp_ref::forward(pr.cfg, pr.x, pr.p);
   lnmlp_ref::Grads g;
   if (o.backward) g = lnmlp_ref::backward(pr.cfg, pr.x, pr.p, pr.dy);
@@ -73,7 +83,7 @@ int run_case(lnmlp_ref::Norm norm, std::vector<int> acts, int32_t dtype, bool bi
     const auto v = a[i].buf->to_doubles();
     Comparison c1, c2;
     const auto r1 = within_tolerance(a[i].name, v, b[i].buf->to_doubles(), nullptr, tol, &c1);
-    const auto r2 = within_tolerance(a[i].name, v, *refs[i], nullptr, tol, &c2);
+    const auto r2 = within_tolerance(a[i].name, v, *refs[i], nullptr, tol_ref, &c2);
     worst[0] = std::max(worst[0], c1.normalised());
     worst[1] = std::max(worst[1], c2.normalised());
     if (!r1 || !r2) {
@@ -100,7 +110,7 @@ int main(int argc, char** argv) {
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   int failures = 0, n = 0;
-  double worst[3][2] = {};
+  double worst[3][2] = {}, worst_fp8[5][2] = {};
   for (auto norm : {lnmlp_ref::Norm::LayerNorm, lnmlp_ref::Norm::RmsNorm})
     for (const auto& acts : {std::vector<int>{LNMLP_ACT_GELU}, std::vector<int>{LNMLP_ACT_SILU, LNMLP_ACT_LINEAR}})
       for (int32_t dtype : {LNMLP_DTYPE_F32, LNMLP_DTYPE_BF16, LNMLP_DTYPE_F16})
@@ -109,7 +119,7 @@ int main(int argc, char** argv) {
             const int32_t remat = n % 4 == 3 ? LNMLP_REMAT_FORWARD_ONLY : n % 4;
             int f = 0;
             try {
-              f = run_case(norm, acts, dtype, bias, sp, remat, comm, P, rank, worst[dtype]);
+              f = run_case(norm, acts, dtype, bias, sp, remat, LNMLP_RECIPE_NONE, comm, P, rank, worst[dtype]);
             } catch (const std::exception& e) {
               std::printf("rank %d: %s\n", rank, e.what());
               f = 1;
@@ -120,12 +130,35 @@ int main(int argc, char** argv) {
             failures += f;
             ++n;
           }
+  // Every FP8 recipe, with and without sequence parallelism, gated and not (bf16 and f32 alternating).
+  static const char* const recipe_names[] = {"none", "delayed", "current", "block", "mxfp8"};
+  for (int32_t recipe : {LNMLP_RECIPE_DELAYED, LNMLP_RECIPE_CURRENT, LNMLP_RECIPE_BLOCK, LNMLP_RECIPE_MXFP8})
+    for (bool sp : {false, true})
+      for (bool gated : {false, true}) {
+        const int32_t dtype = n % 2 == 0 ? LNMLP_DTYPE_BF16 : LNMLP_DTYPE_F32;
+        int f = 0;
+        try {
+          f = run_case(gated ? lnmlp_ref::Norm::RmsNorm : lnmlp_ref::Norm::LayerNorm,
+                       gated ? std::vector<int>{LNMLP_ACT_SILU, LNMLP_ACT_LINEAR} : std::vector<int>{LNMLP_ACT_GELU},
+                       dtype, true, sp, n % 3, recipe, comm, P, rank, worst_fp8[recipe]);
+        } catch (const std::exception& e) {
+          std::printf("rank %d: %s\n", rank, e.what());
+          f = 1;
+        }
+        if (f != 0 && rank == 0)
+          std::printf("FAILED: %s %s %s sp=%d\n", recipe_names[recipe], gated ? "swiglu" : "gelu", dtype_label(dtype), sp);
+        failures += f;
+        ++n;
+      }
   int all = 0;
   MPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (rank == 0) {
     for (int32_t d : {LNMLP_DTYPE_F32, LNMLP_DTYPE_BF16, LNMLP_DTYPE_F16})
       std::printf("%s: largest normalised error vs unsharded plan %.3g, vs float64 reference %.3g\n", dtype_label(d),
                   worst[d][0], worst[d][1]);
+    for (int32_t r : {LNMLP_RECIPE_DELAYED, LNMLP_RECIPE_CURRENT, LNMLP_RECIPE_BLOCK, LNMLP_RECIPE_MXFP8})
+      std::printf("%s: largest normalised error vs unsharded plan %.3g, vs float64 reference %.3g\n", recipe_names[r],
+                  worst_fp8[r][0], worst_fp8[r][1]);
     std::printf("%d cases on %d ranks: %s\n", n, P, all == 0 ? "all passed" : "FAILURES");
   }
   lnmlp_comm_destroy(comm);
