@@ -427,6 +427,11 @@ LNMLP_API int32_t lnmlp_comm_create_callbacks(const lnmlp_comm_callbacks* table,
  * no MPI (CMake option LNMLP_MPI; lnmlp_get_build_info says which). */
 LNMLP_API int32_t lnmlp_comm_create_mpi(const void* mpi_comm, lnmlp_comm** comm);
 
+/* The NCCL communicator for the CUDA backend: nccl_comm points to an ncclComm_t. Not available in
+ * this release (the CUDA backend does not shard yet): it always returns LNMLP_ERROR_NOT_SUPPORTED
+ * and says so; it is declared so that the ABI already has it. */
+LNMLP_API int32_t lnmlp_comm_create_nccl(const void* nccl_comm, lnmlp_comm** comm);
+
 /* Destroys a communicator handle. NULL does nothing. Descriptors and plans that were given it keep
  * what they need and stay usable. */
 LNMLP_API int32_t lnmlp_comm_destroy(lnmlp_comm* comm);

@@ -342,6 +342,16 @@ LNMLP_API int32_t lnmlp_comm_create_mpi(const void* mpi_comm, lnmlp_comm** comm)
   });
 }
 
+LNMLP_API int32_t lnmlp_comm_create_nccl(const void* nccl_comm, lnmlp_comm** comm) {
+  return api_guard(__func__, [&] {
+    if (nccl_comm == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "nccl_comm is NULL; pass a pointer to an ncclComm_t");
+    require_out(comm, "comm");
+    fail(LNMLP_ERROR_NOT_SUPPORTED,
+         "the NCCL communicator is not available in this release: the CUDA backend does not shard yet; shard on the "
+         "CPU backend with lnmlp_comm_create_mpi or lnmlp_comm_create_callbacks (docs/sharding.md)");
+  });
+}
+
 LNMLP_API int32_t lnmlp_comm_destroy(lnmlp_comm* comm) {
   return api_guard(__func__, [&] {
     if (comm == nullptr) return;

@@ -283,6 +283,10 @@ TEST(ShardingPlan, CommunicatorArgumentsAndLifetime) {
   EXPECT_EQ(c, nullptr);
   EXPECT_EQ(lnmlp_comm_destroy(nullptr), LNMLP_SUCCESS);
   EXPECT_EQ(lnmlp_comm_create_mpi(nullptr, &c), LNMLP_ERROR_NULL_POINTER);
+  int fake_nccl = 0;  // no NCCL communicator in this release
+  EXPECT_EQ(lnmlp_comm_create_nccl(&fake_nccl, &c), LNMLP_ERROR_NOT_SUPPORTED);
+  EXPECT_NE(std::string(lnmlp_last_error()).find("CUDA backend does not shard yet"), std::string::npos);
+  EXPECT_EQ(c, nullptr);
 
   // A plan keeps its communicator: destroying the handle first is fine.
   InProcessGroup group(1);

@@ -159,6 +159,7 @@ LNMLP_RETURNS_HANDLE(lnmlp_plan_create, PlanHandle)
  * pointers, built in C: Java cannot supply them). */
 LNMLP_RETURNS_HANDLE(lnmlp_comm_create_callbacks, CommHandle)
 LNMLP_RETURNS_HANDLE(lnmlp_comm_create_mpi, CommHandle)
+LNMLP_RETURNS_HANDLE(lnmlp_comm_create_nccl, CommHandle)
 LNMLP_RETURNS_VOID(lnmlp_comm_destroy)
 LNMLP_RETURNS_VOID(lnmlp_desc_set_communicator)
 LNMLP_RETURNS(lnmlp_plan_get_workspace_bytes, jlong, long)
@@ -370,7 +371,7 @@ LNMLP_DIRECT(void* DIRECT)
 %apply void* DIRECT { void* saved };
 %apply const void* DIRECT { const void* saved };
 %apply void* PTR { void* stream };
-%apply const void* PTR { const void* mpi_comm };
+%apply const void* PTR { const void* mpi_comm, const void* nccl_comm };
 
 %include "lnmlp.h"
 

@@ -164,6 +164,7 @@ _PROTOTYPES = {
     "lnmlp_desc_set_communicator": (_i32, [_vp, _vp]),
     "lnmlp_comm_create_callbacks": (_i32, [_vp, _P(_vp)]),  # a table of C function pointers
     "lnmlp_comm_create_mpi": (_i32, [_vp, _P(_vp)]),
+    "lnmlp_comm_create_nccl": (_i32, [_vp, _P(_vp)]),
     "lnmlp_comm_destroy": (_i32, [_vp]),
     "lnmlp_desc_set_external_workspace": (_i32, [_vp, _i32]),
     "lnmlp_plan_create": (_i32, [_vp, _P(_vp)]),
@@ -246,7 +247,7 @@ _OPTIONAL = frozenset({
     "lnmlp_plan_import_state",
     # communicators (sharding), newer still
     "lnmlp_desc_set_communicator", "lnmlp_comm_create_callbacks", "lnmlp_comm_create_mpi",
-    "lnmlp_comm_destroy"})
+    "lnmlp_comm_create_nccl", "lnmlp_comm_destroy"})
 
 
 def has_function(name: str) -> bool:

@@ -28,3 +28,15 @@ def test_sharded_plan_over_mpi4py():
                        timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "sharded plan over mpi4py: ok" in r.stdout
+
+
+def test_sharding_arguments_are_checked():
+    with pytest.raises(lnmlp.InvalidArgumentError, match="communicator"):
+        lnmlp.Plan(8, 16, 12, sharding=(2, 0, False))  # a group needs a communicator
+    with pytest.raises(lnmlp.InvalidArgumentError):
+        lnmlp.Plan(8, 16, 12, sharding=(2, 2, False))  # rank out of range
+    with pytest.raises(lnmlp.InvalidArgumentError):
+        lnmlp.Plan(8, 16, 12, sharding=(2, 0))  # not a triple
+    with pytest.raises(lnmlp.InvalidArgumentError, match="mpi4py"):
+        lnmlp.Plan(8, 16, 12, sharding=(1, 0, False), comm="not a communicator")
+    assert lnmlp.query_support("cpu", "sharding") is True

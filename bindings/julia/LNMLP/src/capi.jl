@@ -83,6 +83,8 @@ lnmlp_comm_create_callbacks(table, comm) =
           table, comm)
 lnmlp_comm_create_mpi(mpi_comm, comm) =
     ccall((:lnmlp_comm_create_mpi, liblnmlp), Int32, (Ptr{Cvoid}, Ptr{Ptr{Cvoid}}), mpi_comm, comm)
+lnmlp_comm_create_nccl(nccl_comm, comm) =
+    ccall((:lnmlp_comm_create_nccl, liblnmlp), Int32, (Ptr{Cvoid}, Ptr{Ptr{Cvoid}}), nccl_comm, comm)
 lnmlp_comm_destroy(comm) = ccall((:lnmlp_comm_destroy, liblnmlp), Int32, (Ptr{Cvoid},), comm)
 
 lnmlp_desc_set_external_workspace(desc, enabled) =

@@ -318,6 +318,8 @@ extern "C" {
     pub fn lnmlp_comm_create_callbacks(table: *const lnmlp_comm_callbacks, comm: *mut *mut lnmlp_comm) -> i32;
     /// A communicator over an MPI communicator: `mpi_comm` points to an `MPI_Comm`.
     pub fn lnmlp_comm_create_mpi(mpi_comm: *const c_void, comm: *mut *mut lnmlp_comm) -> i32;
+    /// The NCCL communicator (CUDA backend): not available in this release (LNMLP_ERROR_NOT_SUPPORTED).
+    pub fn lnmlp_comm_create_nccl(nccl_comm: *const c_void, comm: *mut *mut lnmlp_comm) -> i32;
     /// Destroys a communicator handle; NULL does nothing.
     pub fn lnmlp_comm_destroy(comm: *mut lnmlp_comm) -> i32;
     /// Caller-attached workspace instead of a plan-owned one.
