@@ -437,7 +437,9 @@ LNMLP_API int32_t lnmlp_comm_create_nccl(const void* nccl_comm, lnmlp_comm** com
 LNMLP_API int32_t lnmlp_comm_destroy(lnmlp_comm* comm);
 
 /* The communicator a sharded plan uses (NULL = none, the default). The descriptor keeps the
- * communicator alive, and so does every plan created from it. */
+ * communicator alive, and so does every plan created from it. Several plans may share one
+ * communicator, but their forward/backward calls must not overlap in time (each call's collectives
+ * must run in the same order on every rank). */
 LNMLP_API int32_t lnmlp_desc_set_communicator(lnmlp_desc* desc, lnmlp_comm* comm);
 
 /* When enabled, lnmlp_plan_create allocates no workspace; the caller queries
