@@ -26,7 +26,8 @@
  *    device pointers for the CUDA backend. All tensors of a plan share one element type, the
  *    plan's I/O dtype (see lnmlp_desc_set_dtype).
  *
- * Shapes (T = tokens, H = hidden, F = ffn, A = number of activation functions, 1 or 2):
+ * Shapes (T = tokens, H = hidden, F = ffn, A = number of activation functions, 1 or 2; a plan
+ * that is one rank of a sharded group holds the shards lnmlp_desc_set_sharding lists):
  *
  *     x, y, dx, dy    [T, H]
  *     gamma, beta     [H]          beta is absent (NULL) for RMSNorm
@@ -142,7 +143,9 @@ enum {
 };
 
 /* What forward saves for backward ("remat" = rematerialisation). Saved bytes per token are
- * reported by lnmlp_plan_get_saved_bytes_per_token; e = bytes of the I/O dtype.
+ * reported by lnmlp_plan_get_saved_bytes_per_token; e = bytes of the I/O dtype. A sharded plan
+ * saves its shard: F is then F/P, and under sequence parallelism the statistics cover the local
+ * T/P rows while the norm output (SAVE_ALL) is saved gathered, [T, H] (not re-gathered in backward).
  *  SAVE_ALL   (default, what TransformerEngine saves): norm statistics, the norm output,
  *             the GEMM1 output (checkpoint name "ffn1") and the activation output.
  *             Bytes/token: 4 (rmsnorm) or 8 (layernorm) + e*(H + A*F + F).
@@ -345,11 +348,99 @@ LNMLP_API int32_t lnmlp_desc_set_delayed_scaling(lnmlp_desc* desc, int32_t margi
  * scale = fmt_max / max(amax, amax_epsilon); a zero or non-finite amax gives scale 1. */
 LNMLP_API int32_t lnmlp_desc_set_scaling_options(lnmlp_desc* desc, int32_t power_2_scale, float amax_epsilon);
 
-/* Tensor-parallel sharding: this plan is rank `rank` of a group of `group_size`; with
- * sequence_parallel the tokens are split too. Only group_size 1 (no sharding) is accepted in
- * this release; larger groups return LNMLP_ERROR_NOT_SUPPORTED. */
+/* Tensor-parallel sharding (docs/sharding.md): this plan is rank `rank` of a tensor-parallel group
+ * of `group_size` plans, one per rank, that run every forward and backward together. Default:
+ * group_size 1 (no sharding). With group_size P > 1 each rank holds a shard of the weights:
+ *
+ *     W1  [H, A, F/P]   columns rank*F/P .. (rank+1)*F/P - 1 of each of the A halves of W1
+ *     b1  [A, F/P]      the same columns of b1
+ *     W2  [F/P, H]      the same rows of W2
+ *     gamma, beta, b2   [H], replicated (identical on every rank)
+ *
+ * and so do the gradients dW1, db1 and dW2. Without sequence parallelism x, y, dy and dx are
+ * [T, H] and identical on every rank; dgamma, dbeta and db2 come out identical on every rank.
+ * With sequence_parallel = 1 the tokens are split too: x, y, dy and dx are this rank's
+ * [T/P, H] rows (rows rank*T/P .. (rank+1)*T/P - 1 of the group's tensors), and dgamma, dbeta and
+ * db2 are summed over the group (identical on every rank). In both cases T, H and F given to
+ * lnmlp_desc_set_shape are the GROUP's (global) sizes, not the shard's.
+ * lnmlp_plan_create then requires a communicator (lnmlp_desc_set_communicator) of the same size
+ * and rank, F divisible by P and, under sequence parallelism, T divisible by P. Only the CPU
+ * backend shards in this release (LNMLP_FEATURE_SHARDING), every FP8 recipe included (per-tensor
+ * amaxes are max-reduced over the group, so delayed-scaling state stays identical on every rank);
+ * the CUDA backend refuses group_size > 1 with LNMLP_ERROR_NOT_SUPPORTED.
+ * Every rank must call forward and backward in the same order: each call runs collectives. */
 LNMLP_API int32_t lnmlp_desc_set_sharding(lnmlp_desc* desc, int32_t group_size, int32_t rank,
                                           int32_t sequence_parallel);
+
+/* ---------------------------------------------------------------------------------------------
+ * Communicators: how the ranks of a sharded plan exchange data (docs/sharding.md).
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct lnmlp_comm lnmlp_comm;
+
+/* Element types of collective buffers (the `type` argument of the callbacks). lnmlp gathers in
+ * the plan's I/O dtype (F32, BF16, F16) and sums and maxes in F32 only; U8 is reserved for FP8
+ * codes. */
+enum {
+  LNMLP_COMM_F32 = 0,
+  LNMLP_COMM_BF16 = 1,
+  LNMLP_COMM_F16 = 2,
+  LNMLP_COMM_U8 = 3
+};
+
+/* One collective over the group, as a framework implements it. `count` is in elements of `type`;
+ * `user` is the table's user pointer; `stream` is the stream the plan's call was given (NULL on
+ * the CPU backend). It returns 0 on success; any other value makes the plan's call fail with
+ * LNMLP_ERROR_BACKEND (the outputs are then unspecified). The call must be complete (recv
+ * written) when it returns. */
+typedef int32_t (*lnmlp_comm_fn)(const void* send, void* recv, int64_t count, int32_t type, void* user,
+                                 void* stream);
+
+/* A table of collectives for lnmlp_comm_create_callbacks. All four are required.
+ *  size, rank      the group's size (>= 1) and this process's rank in it (0 .. size-1); plans
+ *                  check them against lnmlp_desc_set_sharding.
+ *  all_gather      send: `count` elements; recv: size*count elements, rank r's at r*count.
+ *  reduce_scatter  send: size*count elements; recv: `count` elements, the element-wise sum over
+ *                  the ranks of their send[rank*count ..] slice (sum, fp32).
+ *  all_reduce_sum  recv = element-wise sum over the ranks of send (`count` elements);
+ *                  send == recv (in place) is allowed.
+ *  all_reduce_max  as all_reduce_sum with the maximum (FP8 amaxes).
+ * The results must be identical on every rank (the same order of summation everywhere). */
+typedef struct lnmlp_comm_callbacks {
+  int32_t size;
+  int32_t rank;
+  lnmlp_comm_fn all_gather;
+  lnmlp_comm_fn reduce_scatter;
+  lnmlp_comm_fn all_reduce_sum;
+  lnmlp_comm_fn all_reduce_max;
+  void* user;
+} lnmlp_comm_callbacks;
+
+/* Creates a communicator that calls `table`'s functions (the table is copied; `user` must stay
+ * valid while a plan uses the communicator). For frameworks that own their collectives. */
+LNMLP_API int32_t lnmlp_comm_create_callbacks(const lnmlp_comm_callbacks* table, lnmlp_comm** comm);
+
+/* Creates a communicator from an MPI communicator, for the CPU backend: mpi_comm points to an
+ * MPI_Comm (in Python with mpi4py: MPI._addressof(comm)). MPI must be initialized; the MPI_Comm
+ * is used as it is (not duplicated) and must stay valid while a plan uses it. The group is the
+ * whole MPI communicator (its size and rank). Returns LNMLP_ERROR_NOT_SUPPORTED when this build has
+ * no MPI (CMake option LNMLP_MPI; lnmlp_get_build_info says which). */
+LNMLP_API int32_t lnmlp_comm_create_mpi(const void* mpi_comm, lnmlp_comm** comm);
+
+/* The NCCL communicator for the CUDA backend: nccl_comm points to an ncclComm_t. Not available in
+ * this release (the CUDA backend does not shard yet): it always returns LNMLP_ERROR_NOT_SUPPORTED
+ * and says so; it is declared so that the ABI already has it. */
+LNMLP_API int32_t lnmlp_comm_create_nccl(const void* nccl_comm, lnmlp_comm** comm);
+
+/* Destroys a communicator handle. NULL does nothing. Descriptors and plans that were given it keep
+ * what they need and stay usable. */
+LNMLP_API int32_t lnmlp_comm_destroy(lnmlp_comm* comm);
+
+/* The communicator a sharded plan uses (NULL = none, the default). The descriptor keeps the
+ * communicator alive, and so does every plan created from it. Several plans may share one
+ * communicator, but their forward/backward calls must not overlap in time (each call's collectives
+ * must run in the same order on every rank). */
+LNMLP_API int32_t lnmlp_desc_set_communicator(lnmlp_desc* desc, lnmlp_comm* comm);
 
 /* When enabled, lnmlp_plan_create allocates no workspace; the caller queries
  * lnmlp_plan_get_workspace_bytes and attaches memory it owns with lnmlp_plan_attach_workspace

@@ -9,6 +9,7 @@ packages=(
   libgtest-dev googletest            # tests
   binutils                           # nm / readelf for the exported-symbol check
   swig openjdk-17-jdk-headless       # the SWIG-generated Java binding and its test
+  libopenmpi-dev openmpi-bin         # MPI: lnmlp_comm_create_mpi and the sharding tests under mpirun
 )
 
 missing=()

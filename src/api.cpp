@@ -13,6 +13,7 @@
 #include "lnmlp.h"
 #include "fp8_state.h"
 #include "plan.h"
+#include "sharding.h"
 
 using namespace lnmlp;
 
@@ -86,8 +87,9 @@ LNMLP_API int32_t lnmlp_query_support(int32_t backend, int32_t feature, int32_t*
         case LNMLP_FEATURE_RECIPE_DELAYED:  // emulated exactly (docs/fp8.md)
         case LNMLP_FEATURE_RECIPE_CURRENT:
         case LNMLP_FEATURE_RECIPE_BLOCK:
-        case LNMLP_FEATURE_RECIPE_MXFP8: yes = 1; break;
-        default: yes = 0;  // sharding comes in a later release
+        case LNMLP_FEATURE_RECIPE_MXFP8:
+        case LNMLP_FEATURE_SHARDING: yes = 1; break;  // recipe NONE (docs/sharding.md)
+        default: yes = 0;
       }
     } else {
       yes = cuda_feature_supported(feature);  // loads the CUDA module and probes for a device
@@ -298,14 +300,63 @@ LNMLP_API int32_t lnmlp_desc_set_scaling_options(lnmlp_desc* desc, int32_t power
 LNMLP_API int32_t lnmlp_desc_set_sharding(lnmlp_desc* desc, int32_t group_size, int32_t rank,
                                           int32_t sequence_parallel) {
   return api_guard(__func__, [&] {
-    edit(desc, [&](Config&) {
+    edit(desc, [&](Config& c) {
       if (group_size < 1) fail(LNMLP_ERROR_INVALID_ARGUMENT, "group_size must be >= 1, got ", group_size);
       if (rank < 0 || rank >= group_size)
         fail(LNMLP_ERROR_INVALID_ARGUMENT, "rank must be in [0, group_size = ", group_size, "), got ", rank);
-      as_bool(sequence_parallel, "sequence_parallel");
-      if (group_size != 1)
-        fail(LNMLP_ERROR_NOT_SUPPORTED, "sharding (group_size > 1) is not supported yet in this release");
+      c.shard.sequence_parallel = as_bool(sequence_parallel, "sequence_parallel");
+      c.shard.size = group_size;
+      c.shard.rank = rank;
     });
+  });
+}
+
+LNMLP_API int32_t lnmlp_desc_set_communicator(lnmlp_desc* desc, lnmlp_comm* comm) {
+  return api_guard(__func__, [&] {
+    require_desc(desc);
+    if (comm != nullptr) require_comm(comm);
+    desc->comm = comm != nullptr ? comm->impl : nullptr;
+    desc->cfg.shard.comm = desc->comm.get();
+  });
+}
+
+LNMLP_API int32_t lnmlp_comm_create_callbacks(const lnmlp_comm_callbacks* table, lnmlp_comm** comm) {
+  return api_guard(__func__, [&] {
+    if (table == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "table is NULL");
+    require_out(comm, "comm");
+    auto c = std::make_unique<lnmlp_comm>();
+    c->impl = make_callback_communicator(*table);
+    register_comm(c.get());
+    *comm = c.release();
+  });
+}
+
+LNMLP_API int32_t lnmlp_comm_create_mpi(const void* mpi_comm, lnmlp_comm** comm) {
+  return api_guard(__func__, [&] {
+    if (mpi_comm == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "mpi_comm is NULL; pass a pointer to an MPI_Comm");
+    require_out(comm, "comm");
+    auto c = std::make_unique<lnmlp_comm>();
+    c->impl = make_mpi_communicator(mpi_comm);
+    register_comm(c.get());
+    *comm = c.release();
+  });
+}
+
+LNMLP_API int32_t lnmlp_comm_create_nccl(const void* nccl_comm, lnmlp_comm** comm) {
+  return api_guard(__func__, [&] {
+    if (nccl_comm == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "nccl_comm is NULL; pass a pointer to an ncclComm_t");
+    require_out(comm, "comm");
+    fail(LNMLP_ERROR_NOT_SUPPORTED,
+         "the NCCL communicator is not available in this release: the CUDA backend does not shard yet; shard on the "
+         "CPU backend with lnmlp_comm_create_mpi or lnmlp_comm_create_callbacks (docs/sharding.md)");
+  });
+}
+
+LNMLP_API int32_t lnmlp_comm_destroy(lnmlp_comm* comm) {
+  return api_guard(__func__, [&] {
+    if (comm == nullptr) return;
+    unregister_comm(comm);
+    delete comm;
   });
 }
 
@@ -322,8 +373,10 @@ LNMLP_API int32_t lnmlp_plan_create(const lnmlp_desc* desc, lnmlp_plan** plan) {
     require_desc(desc);
     require_out(plan, "plan");
     validate_config(desc->cfg);
+    validate_sharding(desc->cfg);
     auto p = std::make_unique<lnmlp_plan>();
-    p->cfg = desc->cfg;
+    p->cfg = shard_config(desc->cfg);
+    p->comm = desc->comm;
     p->saved = make_saved_layout(p->cfg);
     p->recipe = resolve_recipe(p->cfg.fp8);
     p->backend = make_backend(p->cfg, p->saved);

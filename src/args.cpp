@@ -28,7 +28,7 @@ struct Sizes {
   int64_t th, h, w1, b1, w2;
   explicit Sizes(const Config& c) {
     const int64_t e = numerics::dtype_bytes(c.dtype);
-    th = c.tokens * c.hidden * e;
+    th = c.rows() * c.hidden * e;  // x, y, dy, dx: the local rows under sequence parallelism
     h = c.hidden * e;
     w1 = c.hidden * c.act_width() * e;
     b1 = c.act_width() * e;

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "comm.h"
 #include "cpu/gemm.h"
 #include "lnmlp.h"
 
@@ -13,10 +14,11 @@ const char* build_info() {
                                   " (ABI " + std::to_string(LNMLP_ABI_VERSION) + "); CPU backend: " +
                                   cpu::gemm_library_description() + "; CUDA backend: " +
 #if defined(LNMLP_CUDA_MODULE_BUILT)
-                                  "module liblnmlp_cuda.so.1 built (loaded on first use)";
+                                  "module liblnmlp_cuda.so.1 built (loaded on first use)"
 #else
-                                  "not built";
+                                  "not built"
 #endif
+                                  + std::string("; MPI communicator: ") + (mpi_built() ? "built" : "not built");
   return info.c_str();
 }
 

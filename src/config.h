@@ -36,9 +36,23 @@ struct Fp8Options {
   float amax_epsilon = 0.0f;        // current, block
 };
 
+class Communicator;  // comm.h
+
+// Tensor-parallel sharding (DESIGN section 4, lnmlp_desc_set_sharding).
+struct Sharding {
+  int32_t size = 1;
+  int32_t rank = 0;
+  bool sequence_parallel = false;
+  Communicator* comm = nullptr;  // kept alive by the descriptor / plan that holds this Config
+  bool active() const { return size > 1; }
+};
+
 // Values match the public LNMLP_BACKEND_* constants.
 enum class BackendKind : int32_t { Cpu = 0, Cuda = 1 };
 
+// A descriptor's Config holds the group's (global) shape; a plan's holds its shard's
+// (shard_config in sharding.h): ffn is then F/P, while tokens stays the group's T (the rows of
+// the GEMMs, which see every token) and rows() gives the rows of x, y, dy and dx.
 struct Config {
   int64_t tokens = 0;  // 0 = not set yet
   int64_t hidden = 0;
@@ -58,7 +72,10 @@ struct Config {
   int32_t num_threads = 0;  // CPU: 0 = every core
   bool external_workspace = false;
   Fp8Options fp8;
+  Sharding shard;
 
+  // Rows of x, y, dy, dx and of the norm statistics: T, or T/P under sequence parallelism.
+  int64_t rows() const { return shard.sequence_parallel ? tokens / shard.size : tokens; }
   bool gated() const { return num_acts == 2; }
   int64_t act_width() const { return num_acts * ffn; }  // A*F, the GEMM1 output width
   bool has_beta() const { return norm == Norm::LayerNorm; }

@@ -12,6 +12,7 @@ struct Registry {
   std::mutex mutex;
   std::unordered_set<const void*> descs;
   std::unordered_set<const void*> plans;
+  std::unordered_set<const void*> comms;
 };
 
 Registry& registry() {
@@ -58,6 +59,22 @@ void require_plan(const lnmlp_plan* p) {
   if (p == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "plan is NULL");
   std::lock_guard<std::mutex> lock(registry().mutex);
   if (registry().plans.count(p) == 0) invalid("plan", p);
+}
+
+void register_comm(lnmlp_comm* c) {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  registry().comms.insert(c);
+}
+
+void unregister_comm(const lnmlp_comm* c) {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  if (registry().comms.erase(c) == 0) invalid("communicator", c);
+}
+
+void require_comm(const lnmlp_comm* c) {
+  if (c == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "comm is NULL");
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  if (registry().comms.count(c) == 0) invalid("communicator", c);
 }
 
 PlanUse::PlanUse(lnmlp_plan* p) : plan_(p) {

@@ -17,6 +17,10 @@ void register_plan(lnmlp_plan* p);
 void unregister_plan(const lnmlp_plan* p);
 void require_plan(const lnmlp_plan* p);
 
+void register_comm(lnmlp_comm* c);
+void unregister_comm(const lnmlp_comm* c);
+void require_comm(const lnmlp_comm* c);
+
 // Marks a live plan busy for the lifetime of the guard; throws PLAN_BUSY if another thread holds it.
 class PlanUse {
  public:

@@ -45,8 +45,9 @@ SavedLayout make_saved_layout(const Config& cfg) {
   const int64_t scale_bytes = r.recipe == Recipe::Mxfp8 ? 1 : 4;
   const int64_t t_blocks = numerics::num_blocks(T, block);
 
-  s.mu = alloc.take_if(saves_stats && cfg.has_beta(), T, 4, "saved mean");
-  s.rs = alloc.take_if(saves_stats, T, 4, "saved rstd");
+  // The statistics are per local row (T/P under sequence parallelism); ln_out is saved gathered.
+  s.mu = alloc.take_if(saves_stats && cfg.has_beta(), cfg.rows(), 4, "saved mean");
+  s.rs = alloc.take_if(saves_stats, cfg.rows(), 4, "saved rstd");
   s.ln_out = alloc.take_if(all && !q, checked_mul(T, H, "saved ln_out"), e, "saved ln_out");
   s.h = alloc.take_if(cfg.remat == Remat::SaveAll || cfg.remat == Remat::SaveFfn1,
                       checked_mul(T, AF, "saved ffn1"), e, "saved ffn1");

@@ -5,16 +5,23 @@
 #include <memory>
 
 #include "backend.h"
+#include "comm.h"
 #include "config.h"
 #include "fp8_recipe.h"
 #include "layout.h"
 
 struct lnmlp_desc {
   lnmlp::Config cfg;
+  std::shared_ptr<lnmlp::Communicator> comm;  // cfg.shard.comm's owner
+};
+
+struct lnmlp_comm {
+  std::shared_ptr<lnmlp::Communicator> impl;
 };
 
 struct lnmlp_plan {
-  lnmlp::Config cfg;
+  lnmlp::Config cfg;  // the shard's (sharding.h)
+  std::shared_ptr<lnmlp::Communicator> comm;  // cfg.shard.comm's owner
   lnmlp::SavedLayout saved;
   lnmlp::ResolvedRecipe recipe;
   std::unique_ptr<lnmlp::Backend> backend;

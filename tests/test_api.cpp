@@ -663,10 +663,6 @@ std::vector<BadSetter> bad_setters() {
       {"rank 2 of 2", [](lnmlp_desc* d) { return lnmlp_desc_set_sharding(d, 2, 2, 0); }, I, "rank"},
       {"rank -1", [](lnmlp_desc* d) { return lnmlp_desc_set_sharding(d, 1, -1, 0); }, I, "rank"},
       {"seq par 2", [](lnmlp_desc* d) { return lnmlp_desc_set_sharding(d, 1, 0, 2); }, I, "sequence_parallel"},
-      {"group 2", [](lnmlp_desc* d) { return lnmlp_desc_set_sharding(d, 2, 0, 0); }, LNMLP_ERROR_NOT_SUPPORTED,
-       "sharding"},
-      {"group 4 sp", [](lnmlp_desc* d) { return lnmlp_desc_set_sharding(d, 4, 1, 1); }, LNMLP_ERROR_NOT_SUPPORTED,
-       "sharding"},
       {"ext ws 2", [](lnmlp_desc* d) { return lnmlp_desc_set_external_workspace(d, 2); }, I, "enabled"},
   };
 }
@@ -1185,11 +1181,11 @@ TEST(Status, QuerySupport) {
   EXPECT_EQ(q(LNMLP_BACKEND_CPU, LNMLP_FEATURE_DTYPE_BF16), 1);
   EXPECT_EQ(q(LNMLP_BACKEND_CPU, LNMLP_FEATURE_DTYPE_F16), 1);
   EXPECT_EQ(q(LNMLP_BACKEND_CPU, LNMLP_FEATURE_EXTERNAL_WORKSPACE), 1);
-  // Every FP8 recipe runs on the CPU (emulated exactly, docs/fp8.md); sharding does not yet.
+  // Every FP8 recipe runs on the CPU (emulated exactly, docs/fp8.md); so does sharding (docs/sharding.md).
   for (int32_t f : {LNMLP_FEATURE_RECIPE_DELAYED, LNMLP_FEATURE_RECIPE_CURRENT, LNMLP_FEATURE_RECIPE_BLOCK,
                     LNMLP_FEATURE_RECIPE_MXFP8})
     EXPECT_EQ(q(LNMLP_BACKEND_CPU, f), 1) << f;
-  EXPECT_EQ(q(LNMLP_BACKEND_CPU, LNMLP_FEATURE_SHARDING), 0);
+  EXPECT_EQ(q(LNMLP_BACKEND_CPU, LNMLP_FEATURE_SHARDING), 1);
   for (int32_t f = LNMLP_FEATURE_BACKEND; f <= LNMLP_FEATURE_EXTERNAL_WORKSPACE; ++f) q(LNMLP_BACKEND_CUDA, f);
   // A backend that is not usable supports nothing.
   if (q(LNMLP_BACKEND_CUDA, LNMLP_FEATURE_BACKEND) == 0) {

@@ -227,11 +227,16 @@ struct RunOptions {
   int32_t amax_history_len = 1024;
   int32_t margin = 0;
   int32_t amax_algo = LNMLP_AMAX_ALGO_MAX;
+  // Sharding (tests/sharding_util.h): this plan is rank `rank` of `group_size` over `comm`.
+  int32_t group_size = 1, rank = 0, sequence_parallel = 0;
+  lnmlp_comm* comm = nullptr;
+  int32_t steps = 1;  // forward (+ backward) this many times on the same plan (delayed scaling moves on)
 };
 
 struct RunResult {
   Buffer y, dx, dgamma, dbeta, dw1, db1, dw2, db2;
   int64_t saved_bytes = 0, saved_bytes_per_token = 0;
+  std::vector<unsigned char> state;  // the plan's exported FP8 state after the last step (delayed)
 };
 
 class Plan {
@@ -259,6 +264,8 @@ class Plan {
     LNMLP_TEST_CHECK(lnmlp_desc_set_fp8_format(d, o.fp8_format));
     LNMLP_TEST_CHECK(lnmlp_desc_set_scaling_options(d, o.power_2_scale, 0.0f));
     LNMLP_TEST_CHECK(lnmlp_desc_set_delayed_scaling(d, o.margin, o.amax_history_len, o.amax_algo));
+    if (o.comm != nullptr) LNMLP_TEST_CHECK(lnmlp_desc_set_communicator(d, o.comm));
+    LNMLP_TEST_CHECK(lnmlp_desc_set_sharding(d, o.group_size, o.rank, o.sequence_parallel));
     LNMLP_TEST_CHECK(lnmlp_plan_create(d, &plan_));
     LNMLP_TEST_CHECK(lnmlp_plan_get_alignment(plan_, &align_));
     if (o.external_workspace) {
@@ -283,8 +290,10 @@ class Plan {
 // Forward (and backward) of one plan; every output buffer starts poisoned.
 inline RunResult run_library(const Problem& pr, const RunOptions& o) {
   const auto& c = pr.cfg;
-  const size_t T = static_cast<size_t>(c.tokens), H = static_cast<size_t>(c.hidden),
-               F = static_cast<size_t>(c.ffn), AF = c.acts.size() * F;
+  // A sharded plan's tensors are its shard's: F/P, and T/P rows under sequence parallelism.
+  const size_t P = static_cast<size_t>(o.group_size);
+  const size_t T = static_cast<size_t>(c.tokens) / (o.sequence_parallel ? P : 1), H = static_cast<size_t>(c.hidden),
+               F = static_cast<size_t>(c.ffn) / P, AF = c.acts.size() * F;
   const bool ln = c.norm == lnmlp_ref::Norm::LayerNorm;
   Plan plan(pr, o);
   RunResult r;
@@ -292,25 +301,31 @@ inline RunResult run_library(const Problem& pr, const RunOptions& o) {
   LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes_per_token(plan.get(), &r.saved_bytes_per_token));
   AlignedMemory saved(r.saved_bytes, plan.alignment(), 0xFF);
 
-  r.y = Buffer(pr.dtype, T * H);
-  r.y.poison();
-  LNMLP_TEST_CHECK(lnmlp_plan_forward(plan.get(), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(), pr.bw1.data(),
-                                      pr.bb1.data(), pr.bw2.data(), pr.bb2.data(), r.y.data(), saved.get(),
-                                      nullptr));
-  if (!o.backward) return r;
+  for (int32_t step = 0; step < o.steps; ++step) {
+    r.y = Buffer(pr.dtype, T * H);
+    r.y.poison();
+    LNMLP_TEST_CHECK(lnmlp_plan_forward(plan.get(), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(), pr.bw1.data(),
+                                        pr.bb1.data(), pr.bw2.data(), pr.bb2.data(), r.y.data(), saved.get(),
+                                        nullptr));
+    if (!o.backward) continue;
 
-  r.dx = Buffer(pr.dtype, T * H);
-  r.dgamma = Buffer(pr.dtype, H);
-  if (ln) r.dbeta = Buffer(pr.dtype, H);
-  r.dw1 = Buffer(pr.dtype, H * AF);
-  if (c.has_bias1) r.db1 = Buffer(pr.dtype, AF);
-  r.dw2 = Buffer(pr.dtype, F * H);
-  if (c.has_bias2) r.db2 = Buffer(pr.dtype, H);
-  for (Buffer* b : {&r.dx, &r.dgamma, &r.dbeta, &r.dw1, &r.db1, &r.dw2, &r.db2}) b->poison();
-  LNMLP_TEST_CHECK(lnmlp_plan_backward(plan.get(), pr.bdy.data(), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(),
-                                       pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), saved.get(), r.dx.data(),
-                                       r.dgamma.data(), r.dbeta.data(), r.dw1.data(), r.db1.data(), r.dw2.data(),
-                                       r.db2.data(), nullptr));
+    r.dx = Buffer(pr.dtype, T * H);
+    r.dgamma = Buffer(pr.dtype, H);
+    if (ln) r.dbeta = Buffer(pr.dtype, H);
+    r.dw1 = Buffer(pr.dtype, H * AF);
+    if (c.has_bias1) r.db1 = Buffer(pr.dtype, AF);
+    r.dw2 = Buffer(pr.dtype, F * H);
+    if (c.has_bias2) r.db2 = Buffer(pr.dtype, H);
+    for (Buffer* b : {&r.dx, &r.dgamma, &r.dbeta, &r.dw1, &r.db1, &r.dw2, &r.db2}) b->poison();
+    LNMLP_TEST_CHECK(lnmlp_plan_backward(plan.get(), pr.bdy.data(), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(),
+                                         pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), saved.get(), r.dx.data(),
+                                         r.dgamma.data(), r.dbeta.data(), r.dw1.data(), r.db1.data(), r.dw2.data(),
+                                         r.db2.data(), nullptr));
+  }
+  int64_t state_bytes = 0;
+  LNMLP_TEST_CHECK(lnmlp_plan_get_state_bytes(plan.get(), &state_bytes));
+  r.state.resize(static_cast<size_t>(state_bytes));
+  if (state_bytes > 0) LNMLP_TEST_CHECK(lnmlp_plan_export_state(plan.get(), r.state.data(), state_bytes));
   return r;
 }
 

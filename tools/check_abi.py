@@ -2,7 +2,7 @@
 """ABI discipline for include/lnmlp.h (Python 3 stdlib only).
 
 The public API of ABI version N is recorded in tests/abi/lnmlp_abi_<N>.txt (one line per function
-signature, enum constant and opaque type). This tool regenerates that description from the header
+signature, enum constant, opaque type and struct layout). This tool regenerates that description from the header
 and compares:
 
   * a function removed or its signature changed, an enum constant removed or its value changed,
@@ -48,6 +48,8 @@ def describe(info):
         d[("enum", name)] = str(value)
     for name in info["opaque"]:
         d[("opaque", name)] = f"typedef struct {name} {name}"
+    for name, fields in info.get("structs", {}).items():  # the layout is the ABI: any change is a break
+        d[("struct", name)] = f"struct {name} {{{'; '.join(fields)};}}"
     return d
 
 
@@ -74,7 +76,7 @@ def read_baseline(path):
             if m:
                 abi = int(m.group(1))
                 continue
-            m = re.fullmatch(r"(function|enum|opaque) (\w+): (.*)", line)
+            m = re.fullmatch(r"(function|enum|opaque|struct) (\w+): (.*)", line)
             if not m:
                 raise ValueError(f"{path}:{n}: cannot read '{line}'")
             d[(m.group(1), m.group(2))] = m.group(3)

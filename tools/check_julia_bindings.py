@@ -150,6 +150,9 @@ _C_BASES = {"int32_t": "Int32", "int64_t": "Int64", "float": "Float32", "uint8_t
             "char": "char", "void": "Cvoid"}
 
 
+_STRUCTS = set()  # the header's struct types (set by check)
+
+
 def c_type(t, opaque):
     """'const lnmlp_desc*' -> ('ptr', 'Cvoid'); 'int64_t' -> 'Int64'."""
     t = lnmlp_header.normalize_type(t)
@@ -158,6 +161,8 @@ def c_type(t, opaque):
     base = " ".join(w for w in t.split() if w != "const")
     if base in opaque:
         return "Cvoid"  # an opaque handle is only ever seen through a pointer: Ptr{Cvoid}
+    if base in _STRUCTS:
+        return base  # a struct passed by pointer: Ref{X} of a Julia struct mirroring it
     if base not in _C_BASES:
         raise ValueError(f"no Julia mapping for the C type '{t}'")
     return _C_BASES[base]
@@ -188,6 +193,8 @@ def check(header, src_dir):
     """List of problems (empty: the binding matches the header)."""
     info = lnmlp_header.parse_header(header)
     funcs, opaque = info["functions"], set(info["opaque"])
+    _STRUCTS.clear()
+    _STRUCTS.update(info.get("structs", {}))
     files = sorted(glob.glob(os.path.join(src_dir, "*.jl")))
     if not files:
         return [f"no .jl files in {src_dir}"], 0, 0, 0

@@ -4,6 +4,7 @@ One job: turn the header's text into
   - functions: name -> (return type, [parameter types]) for every LNMLP_API prototype,
   - enums:     name -> int for every enumerator of every enum,
   - opaque:    the names of the opaque handle types (typedef struct X X;),
+  - structs:   name -> [field declarations] of the structs passed by pointer (typedef struct X { .. } X;),
   - abi:       the value of #define LNMLP_ABI_VERSION.
 Types are normalized ("const char *" -> "const char*") so that spacing, comments, line breaks
 and parameter names never make two equal signatures look different.
@@ -20,6 +21,7 @@ _COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
 _PROTO = re.compile(r"\bLNMLP_API\s+([^;{}()]*?)\b(lnmlp_\w+)\s*\(([^()]*)\)\s*;")
 _ENUM = re.compile(r"\benum\s*(\w*)\s*\{([^{}]*)\}\s*\w*\s*;")
 _OPAQUE = re.compile(r"\btypedef\s+struct\s+(\w+)\s+(\w+)\s*;")
+_STRUCT = re.compile(r"\btypedef\s+struct\s+(\w+)\s*\{([^{}]*)\}\s*(\w+)\s*;")
 _ABI = re.compile(r"^[ \t]*#[ \t]*define[ \t]+LNMLP_ABI_VERSION[ \t]+(\d+)[ \t]*$", re.M)
 
 
@@ -107,6 +109,17 @@ def parse_enums(clean):
     return enums
 
 
+def parse_structs(clean):
+    """{name: ['int32_t size', 'lnmlp_comm_fn all_gather', ...]} in declaration order."""
+    structs = {}
+    for tag, body, name in _STRUCT.findall(clean):
+        if tag != name:
+            raise HeaderError(f"struct {tag} is typedef'd as {name}; use one name")
+        fields = [normalize_type(f) for f in body.split(";") if f.strip()]
+        structs[name] = fields
+    return structs
+
+
 def parse_header(path):
     """Reads the header at `path`; returns dict(functions, enums, opaque, abi)."""
     with open(path, encoding="utf-8") as f:
@@ -120,4 +133,5 @@ def parse_header(path):
         "functions": parse_functions(clean),
         "enums": parse_enums(clean),
         "opaque": sorted(a for a, b in _OPAQUE.findall(clean) if a == b),
+        "structs": parse_structs(clean),
     }

@@ -9,6 +9,11 @@ PYTHON="${PYTHON:-python3}"
 if ! "$PYTHON" -c "import numpy, ml_dtypes, pytest" >/dev/null 2>&1; then
   "$PYTHON" -m pip install -q numpy ml_dtypes pytest
 fi
+# mpi4py for the one MPI test (tests/test_sharding_mpi.py), when an MPI to build it against is
+# here; without it that test skips.
+if command -v mpicc >/dev/null 2>&1 && ! "$PYTHON" -c "import mpi4py" >/dev/null 2>&1; then
+  "$PYTHON" -m pip install -q mpi4py || echo "run_tests.sh: could not install mpi4py; the MPI test will skip" >&2
+fi
 export LNMLP_LIBRARY="${LNMLP_LIBRARY:-$repo/build/release/src/liblnmlp.so}"
 if [ ! -e "$LNMLP_LIBRARY" ]; then
   echo "run_tests.sh: $LNMLP_LIBRARY not found; build it first:" >&2

@@ -88,6 +88,7 @@ static void lnmlp_jni_throw(JNIEnv* jenv, int32_t status) {
 %rename("%(regex:/^(lnmlp|LNMLP)_(.+)$/\\2/)s") "";
 %rename(DescHandle) lnmlp_desc;
 %rename(PlanHandle) lnmlp_plan;
+%rename(CommHandle) lnmlp_comm;
 %javaconst(1);
 
 /* The opaque handles become proxy classes without constructor or destructor: created only by
@@ -96,8 +97,14 @@ static void lnmlp_jni_throw(JNIEnv* jenv, int32_t status) {
 %nodefaultdtor lnmlp_desc;
 %nodefaultctor lnmlp_plan;
 %nodefaultdtor lnmlp_plan;
+%nodefaultctor lnmlp_comm;
+%nodefaultdtor lnmlp_comm;
 struct lnmlp_desc {};
 struct lnmlp_plan {};
+struct lnmlp_comm {};
+/* The callback table holds C function pointers, which Java cannot supply: not wrapped as a class
+ * (comm_create_callbacks takes an opaque pointer to a table built in C). */
+%ignore lnmlp_comm_callbacks;
 
 /* ---- status -> exception ------------------------------------------------------------------------
  * Every int32_t-returning call: skipped when a typemap already left a Java exception pending
@@ -148,6 +155,13 @@ LNMLP_RETURNS(lnmlp_query_support, jboolean, boolean)
 LNMLP_RETURNS(lnmlp_get_build_info, jstring, String)
 LNMLP_RETURNS_HANDLE(lnmlp_desc_create, DescHandle)
 LNMLP_RETURNS_HANDLE(lnmlp_plan_create, PlanHandle)
+/* Communicators: from an MPI_Comm's address (long), or from a callback table (C function
+ * pointers, built in C: Java cannot supply them). */
+LNMLP_RETURNS_HANDLE(lnmlp_comm_create_callbacks, CommHandle)
+LNMLP_RETURNS_HANDLE(lnmlp_comm_create_mpi, CommHandle)
+LNMLP_RETURNS_HANDLE(lnmlp_comm_create_nccl, CommHandle)
+LNMLP_RETURNS_VOID(lnmlp_comm_destroy)
+LNMLP_RETURNS_VOID(lnmlp_desc_set_communicator)
 LNMLP_RETURNS(lnmlp_plan_get_workspace_bytes, jlong, long)
 LNMLP_RETURNS(lnmlp_plan_get_saved_bytes, jlong, long)
 LNMLP_RETURNS(lnmlp_plan_get_saved_bytes_per_token, jlong, long)
@@ -216,6 +230,8 @@ LNMLP_RETURNS_VOID(lnmlp_plan_backward_ptr)
 %typemap(argout) lnmlp_desc** desc "*(lnmlp_desc**)&$result = v$argnum;"
 %typemap(in, numinputs=0) lnmlp_plan** plan (lnmlp_plan* v = NULL) "$1 = &v;"
 %typemap(argout) lnmlp_plan** plan "*(lnmlp_plan**)&$result = v$argnum;"
+%typemap(in, numinputs=0) lnmlp_comm** comm (lnmlp_comm* v = NULL) "$1 = &v;"
+%typemap(argout) lnmlp_comm** comm "*(lnmlp_comm**)&$result = v$argnum;"
 
 %typemap(in, numinputs=0) int64_t* bytes (int64_t v = 0) "$1 = &v;"
 %typemap(argout) int64_t* bytes "$result = (jlong)v$argnum;"
@@ -355,6 +371,7 @@ LNMLP_DIRECT(void* DIRECT)
 %apply void* DIRECT { void* saved };
 %apply const void* DIRECT { const void* saved };
 %apply void* PTR { void* stream };
+%apply const void* PTR { const void* mpi_comm, const void* nccl_comm };
 
 %include "lnmlp.h"
 

@@ -29,15 +29,18 @@ constexpr GemmType gemm_input_type(numerics::DType d) {
 // Whether the GEMMs run on fp32 copies of the operands (f16).
 constexpr bool gemm_widens(numerics::DType d) { return d == numerics::DType::F16; }
 
+// partial_gemm2: GEMM2 writes fp32 without its bias (a rank's partial sums under sharding, reduced
+// over the group before b2 is added and the result rounded).
 inline BlockGemmShapes block_gemm_shapes(int64_t T, int64_t H, int64_t F, int64_t A, numerics::DType d,
-                                         bool has_bias1, bool has_bias2) {
+                                         bool has_bias1, bool has_bias2, bool partial_gemm2 = false) {
   const GemmType in = gemm_input_type(d);
   const GemmType out = gemm_widens(d) ? GemmType::F32 : in;
+  const GemmType out2 = partial_gemm2 ? GemmType::F32 : out;
   const bool fuse_bias = !gemm_widens(d);
   const int64_t AF = A * F;
   return {
       {T, AF, H, false, false, in, out, has_bias1 && fuse_bias},
-      {T, H, F, false, false, in, out, has_bias2 && fuse_bias},
+      {T, H, F, false, false, in, out2, has_bias2 && fuse_bias && !partial_gemm2},
       {T, F, H, false, true, in, GemmType::F32, false},
       {F, H, T, true, false, in, out, false},
       {T, H, AF, false, true, in, GemmType::F32, false},

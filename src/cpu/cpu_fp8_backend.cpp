@@ -9,6 +9,14 @@
 // Backward: dy (fp32), db2 | Q dy | dact = GEMM(dy, w2^T) | dW2 = GEMM(act^T, dy) | dh (fp32), db1
 //           | Q dh | dn = GEMM(dh, w1^T) | dW1 = GEMM(ln^T, dh) | norm backward
 //           | delayed: record dy's and dh's amaxes, update their scales
+//
+// Sharded (docs/sharding.md): the same steps on the F/P shard with cpu_backend.cpp's collectives
+// (collectives.h), and every per-tensor amax max-reduced over the group before its scale is
+// computed (current) or recorded (delayed), so every rank quantizes with the unsharded plan's
+// scales and keeps the same delayed-scaling state. Under sequence parallelism the norm output is
+// quantized on the local rows with that group-wide scale and its FP8 codes are all-gathered
+// (blocked recipes, whose blocks may span ranks' rows: the fp32 output is gathered and quantized
+// whole); backward's recomputation gathers it in fp32, and dy is gathered in the I/O dtype.
 #include <omp.h>
 
 #include <algorithm>
@@ -17,8 +25,10 @@
 #include <type_traits>
 
 #include "../backend.h"
+#include "../comm.h"
 #include "../error.h"
 #include "../fp8_recipe.h"
+#include "collectives.h"
 #include "fp8_operands.h"
 #include "gemm.h"
 #include "host_backend.h"
@@ -41,8 +51,10 @@ template <DType D> class CpuFp8Backend final : public HostMemoryBackend {
   CpuFp8Backend(const Config& cfg, const SavedLayout& saved) : c_(cfg), saved_(saved), r_(resolve_recipe(cfg.fp8)) {
     threads_ = c_.num_threads > 0 ? c_.num_threads : omp_get_max_threads();
     chunks_ = threads_;
-    const int64_t T = c_.tokens, H = c_.hidden, F = c_.ffn, AF = c_.act_width();
+    const int64_t T = c_.tokens, H = c_.hidden, F = c_.ffn, AF = c_.act_width(), Tn = c_.rows();
     np_ = NormParams{c_.norm, c_.zero_centered_gamma, c_.epsilon, H};
+    comm_ = c_.shard.active() ? c_.shard.comm : nullptr;
+    sp_ = comm_ != nullptr && c_.shard.sequence_parallel;
     op_ = fp8_operand_type(r_);
     op_bytes_ = op_ == GemmType::BF16 ? 2 : 4;
 
@@ -64,9 +76,11 @@ template <DType D> class CpuFp8Backend final : public HostMemoryBackend {
     const bool save_all = saved_.ln_q.present();
     {  // forward
       RegionAllocator a;
-      fw_.mu = a.take_if(!saved_.rs.present() && c_.has_beta(), T, 4, "mean");
-      fw_.rs = a.take_if(!saved_.rs.present(), T, 4, "rstd");
+      fw_.mu = a.take_if(!saved_.rs.present() && c_.has_beta(), Tn, 4, "mean");
+      fw_.rs = a.take_if(!saved_.rs.present(), Tn, 4, "rstd");
       fw_.n = a.take(T * H, 4, "ln_out fp32");
+      fw_.n_local = a.take_if(sp_, Tn * H, 4, "local ln_out rows fp32");
+      fw_.ln_local = a.take_if(sp_ && r_.per_tensor(), Tn * H, 1, "local ln_out codes (all-gathered)");
       fw_.ln = take_q(a, kind(kLnOut, Contract::Cols), T, H, !save_all || !r_.per_tensor());
       fw_.w1_32 = a.take(H * AF, 4, "W1 fp32");
       fw_.w1 = take_q(a, kind(kW1, Contract::Rows), H, AF, true);
@@ -77,6 +91,7 @@ template <DType D> class CpuFp8Backend final : public HostMemoryBackend {
       fw_.w2_32 = a.take(F * H, 4, "W2 fp32");
       fw_.w2 = take_q(a, kind(kW2, Contract::Rows), F, H, true);
       fw_.acc2 = a.take(T * H, 4, "GEMM2 fp32");
+      fw_.y_local = a.take_if(sp_, Tn * H, 4, "reduce-scattered GEMM2 rows");
       fw_.work = a.take(work, 1, "column bands");
       fw_.scratch = a.take(scratch, 1, "GEMM scratch");
       ws_bytes_ = a.total();
@@ -85,6 +100,10 @@ template <DType D> class CpuFp8Backend final : public HostMemoryBackend {
       const bool recompute_h = !saved_.h.present();
       RegionAllocator a;
       bw_.n = a.take_if(!save_all, T * H, 4, "ln_out fp32");
+      bw_.n_local = a.take_if(sp_ && !save_all, Tn * H, 4, "local ln_out rows fp32");
+      bw_.dy_full = a.take_if(sp_, T * H, e, "all-gathered dy");
+      bw_.dn_local = a.take_if(sp_, Tn * H, 4, "reduce-scattered dln_out rows");
+      bw_.group_sum = a.take_if(sp_, H, 4, "group-summed parameter gradient");
       bw_.ln_row = take_q(a, kind(kLnOut, Contract::Cols), T, H, recompute_h);
       bw_.ln_col = take_q(a, kind(kLnOut, Contract::Rows), T, H, !save_all);
       bw_.w1_32 = a.take(H * AF, 4, "W1 fp32");
@@ -130,13 +149,26 @@ template <DType D> class CpuFp8Backend final : public HostMemoryBackend {
 
     // 1. n = norm(x) in fp32; Q ln_out (rowwise for GEMM1; columnwise into saved for dW1).
     float* n = at<float>(fw_.n, ws);
-    parallel_chunks(threads_, chunks_, T, [&](int64_t r0, int64_t r1, int) {
+    float* n_rows = sp_ ? at<float>(fw_.n_local, ws) : n;
+    parallel_chunks(threads_, chunks_, c_.rows(), [&](int64_t r0, int64_t r1, int) {
       norm_forward_rows<D>(np_, r0, r1, x, static_cast<const S*>(args.gamma), static_cast<const S*>(args.beta), true,
-                           mu, rs, nullptr, n);
+                           mu, rs, nullptr, n_rows);
     });
     uint8_t* ln_codes = fw_.ln.codes.present() ? at<uint8_t>(fw_.ln.codes, ws) : at<uint8_t>(saved_.ln_q, args.saved);
-    const float alpha_ln = quantize(kLnOut, Contract::Cols, n, T, H, args.fp8_state, nullptr, ln_codes,
-                                    at<void>(fw_.ln.scales, ws), at<void>(fw_.ln.op, ws), work, &used[0], &amax[0]);
+    float alpha_ln;
+    if (sp_ && r_.per_tensor()) {  // local rows quantized with the group's scale; codes gathered
+      const QuantKind k = kind(kLnOut, Contract::Cols);
+      const float scale = tensor_scale(kLnOut, k, n_rows, c_.rows() * H, args.fp8_state, nullptr, &used[0], &amax[0]);
+      uint8_t* local = at<uint8_t>(fw_.ln_local, ws);
+      quantize_operand(threads_, k, n_rows, c_.rows(), H, scale, local, nullptr, work);
+      comm_->all_gather(local, ln_codes, c_.rows() * H, CommType::U8, args.stream);
+      decode_operand(threads_, k, ln_codes, nullptr, T, H, op_, at<void>(fw_.ln.op, ws));
+      alpha_ln = 1.0f / scale;
+    } else {
+      if (sp_) comm_->all_gather(n_rows, n, c_.rows() * H, CommType::F32, args.stream);  // blocked: gather, then quantize
+      alpha_ln = quantize(kLnOut, Contract::Cols, n, T, H, args.fp8_state, nullptr, ln_codes,
+                          at<void>(fw_.ln.scales, ws), at<void>(fw_.ln.op, ws), work, &used[0], &amax[0]);
+    }
     if (saved_.ln_q.present() && r_.blocked())
       quantize_operand(threads_, kind(kLnOut, Contract::Rows), n, T, H, 0.0f, at<uint8_t>(saved_.ln_q, args.saved),
                        at<void>(saved_.ln_q_scale, args.saved), work);
@@ -164,8 +196,9 @@ template <DType D> class CpuFp8Backend final : public HostMemoryBackend {
                                     work, &used[3], &amax[3]);
     float* acc2 = at<float>(fw_.acc2, ws);
     g2_->run(at<void>(fw_.act.op, ws), at<void>(fw_.w2.op, ws), nullptr, acc2, scratch);
-    const float alpha2 = alpha_act * alpha_w2;
-    parallel_chunks(threads_, chunks_, T, [&](int64_t r0, int64_t r1, int) {
+    acc2 = group_sum_rows(comm_, sp_, acc2, at<float>(fw_.y_local, ws), T, H, args.stream);
+    const float alpha2 = alpha_act * alpha_w2;  // the same on every rank (group-wide scales)
+    parallel_chunks(threads_, chunks_, c_.rows(), [&](int64_t r0, int64_t r1, int) {
       scale_bias_rows<D>(H, r0, r1, acc2, alpha2, static_cast<const S*>(args.b2), static_cast<S*>(args.y));
     });
 
@@ -198,9 +231,11 @@ template <DType D> class CpuFp8Backend final : public HostMemoryBackend {
     float alpha_ln_col;
     float* n = at<float>(bw_.n, ws);
     if (!save_all) {
-      parallel_chunks(threads_, chunks_, T, [&](int64_t r0, int64_t r1, int) {
-        norm_forward_rows<D>(np_, r0, r1, x, gamma, static_cast<const S*>(args.beta), false, mu, rs, nullptr, n);
+      float* n_rows = sp_ ? at<float>(bw_.n_local, ws) : n;
+      parallel_chunks(threads_, chunks_, c_.rows(), [&](int64_t r0, int64_t r1, int) {
+        norm_forward_rows<D>(np_, r0, r1, x, gamma, static_cast<const S*>(args.beta), false, mu, rs, nullptr, n_rows);
       });
+      if (sp_) comm_->all_gather(n_rows, n, c_.rows() * H, CommType::F32, args.stream);
       alpha_ln_col = quantize(kLnOut, Contract::Rows, n, T, H, nullptr, fwd(kLnOut), at<uint8_t>(bw_.ln_col.codes, ws),
                               at<void>(bw_.ln_col.scales, ws), at<void>(bw_.ln_col.op, ws), work, nullptr, nullptr);
     } else {
@@ -247,11 +282,21 @@ template <DType D> class CpuFp8Backend final : public HostMemoryBackend {
     }
 
     // 4. dy: fp32 copy, db2, Q dy (rowwise for dact; columnwise for dW2).
+    //    Under sequence parallelism db2 sums the local rows and dy is all-gathered (in D) first.
     float* dy = at<float>(bw_.dy, ws);
     float* part_db2 = at<float>(bw_.part_db2, ws);
+    const S* dy_in = static_cast<const S*>(args.dy);
     if (c_.has_bias2) std::memset(part_db2, 0, sizeof(float) * chunks_ * H);
+    if (sp_) {
+      if (c_.has_bias2)
+        parallel_chunks(threads_, chunks_, c_.rows(), [&](int64_t r0, int64_t r1, int ch) {
+          dy_rows<D>(H, r0, r1, dy_in, part_db2 + ch * H, nullptr);
+        });
+      comm_->all_gather(dy_in, at<S>(bw_.dy_full, ws), c_.rows() * H, comm_type(D), args.stream);
+      dy_in = at<S>(bw_.dy_full, ws);
+    }
     parallel_chunks(threads_, chunks_, T, [&](int64_t r0, int64_t r1, int ch) {
-      dy_rows<D>(H, r0, r1, static_cast<const S*>(args.dy), c_.has_bias2 ? part_db2 + ch * H : nullptr, dy);
+      dy_rows<D>(H, r0, r1, dy_in, c_.has_bias2 && !sp_ ? part_db2 + ch * H : nullptr, dy);
     });
     const float alpha_dy = quantize(kDy, Contract::Cols, dy, T, H, args.fp8_state, nullptr, at<uint8_t>(bw_.dy_row.codes, ws),
                                     at<void>(bw_.dy_row.scales, ws), at<void>(bw_.dy_row.op, ws), work, nullptr, &amax_dy);
@@ -298,6 +343,7 @@ template <DType D> class CpuFp8Backend final : public HostMemoryBackend {
     float* dn = at<float>(bw_.dn, ws);
     g_dn_->run(at<void>(bw_.dh_row.op, ws), at<void>(bw_.w1_row.op, ws), nullptr, dn, scratch);
     scale_in_place(dn, T * H, alpha_dh * alpha_w1);
+    dn = group_sum_rows(comm_, sp_, dn, at<float>(bw_.dn_local, ws), T, H, args.stream);
     float* dw1 = at<float>(bw_.dw1, ws);
     g_dw1_->run(at<void>(bw_.ln_col.op, ws), dh_col_op, nullptr, dw1, scratch);
     to_output(dw1, H, AF, alpha_ln_col * alpha_dh, static_cast<S*>(args.dw1));
@@ -307,14 +353,15 @@ template <DType D> class CpuFp8Backend final : public HostMemoryBackend {
     float* part_dbeta = c_.has_beta() ? at<float>(bw_.part_dbeta, ws) : nullptr;
     std::memset(part_dg, 0, sizeof(float) * chunks_ * H);
     if (part_dbeta) std::memset(part_dbeta, 0, sizeof(float) * chunks_ * H);
-    parallel_chunks(threads_, chunks_, T, [&](int64_t r0, int64_t r1, int ch) {
+    parallel_chunks(threads_, chunks_, c_.rows(), [&](int64_t r0, int64_t r1, int ch) {
       norm_backward_rows<D>(np_, r0, r1, dn, x, gamma, mu, rs, static_cast<S*>(args.dx), part_dg + ch * H,
                             part_dbeta ? part_dbeta + ch * H : nullptr);
     });
-    reduce_partials<D>(part_dg, chunks_, H, static_cast<S*>(args.dgamma));
-    if (part_dbeta) reduce_partials<D>(part_dbeta, chunks_, H, static_cast<S*>(args.dbeta));
-    if (c_.has_bias1) reduce_partials<D>(part_db1, chunks_, AF, static_cast<S*>(args.db1));
-    if (c_.has_bias2) reduce_partials<D>(part_db2, chunks_, H, static_cast<S*>(args.db2));
+    float* group = at<float>(bw_.group_sum, ws);  // sequence parallelism: sums over the group
+    finish_param_grad<D>(part_dg, chunks_, H, static_cast<S*>(args.dgamma), comm_, group, args.stream);
+    if (part_dbeta) finish_param_grad<D>(part_dbeta, chunks_, H, static_cast<S*>(args.dbeta), comm_, group, args.stream);
+    if (c_.has_bias1) finish_param_grad<D>(part_db1, chunks_, AF, static_cast<S*>(args.db1), comm_, nullptr, args.stream);
+    if (c_.has_bias2) finish_param_grad<D>(part_db2, chunks_, H, static_cast<S*>(args.db2), comm_, group, args.stream);
 
     // 9. Delayed scaling: the backward quantizers move on.
     if (r_.stateful()) {
@@ -342,19 +389,26 @@ template <DType D> class CpuFp8Backend final : public HostMemoryBackend {
   float quantize(int q, Contract contract, const float* in, int64_t rows, int64_t cols, const float* state,
                  const float* given, uint8_t* codes, void* scales, void* op, uint32_t* work, float* used, float* amax) {
     const QuantKind k = kind(q, contract);
-    float scale = 0.0f;
-    if (k.per_tensor()) {
-      const bool need_amax = amax != nullptr || (given == nullptr && r_.recipe == Recipe::Current);
-      const float m = need_amax ? parallel_amax(threads_, in, rows * cols) : 0.0f;
-      if (amax != nullptr) *amax = m;
-      if (given != nullptr) scale = *given;
-      else if (r_.recipe == Recipe::Delayed) scale = state[q * r_.state_stride()];
-      else scale = numerics::current_scale(m, numerics::fp8_max(k.format), r_.power_2_scale, r_.amax_epsilon);
-      if (used != nullptr) *used = scale;
-    }
+    const float scale = k.per_tensor() ? tensor_scale(q, k, in, rows * cols, state, given, used, amax) : 0.0f;
     quantize_operand(threads_, k, in, rows, cols, scale, codes, scales, work);
     decode_operand(threads_, k, codes, scales, rows, cols, op_, op);
     return k.per_tensor() ? 1.0f / scale : 1.0f;
+  }
+
+  // A per-tensor quantizer's scale (see quantize), the amax taken over `count` elements of `in` and,
+  // when sharded, max-reduced over the group (every rank then has the unsharded tensor's amax).
+  float tensor_scale(int q, const QuantKind& k, const float* in, int64_t count, const float* state, const float* given,
+                     float* used, float* amax) {
+    const bool need_amax = amax != nullptr || (given == nullptr && r_.recipe == Recipe::Current);
+    float m = need_amax ? parallel_amax(threads_, in, count) : 0.0f;
+    if (need_amax && comm_ != nullptr) comm_->all_reduce_max(&m, &m, 1, CommType::F32, nullptr);
+    if (amax != nullptr) *amax = m;
+    float scale;
+    if (given != nullptr) scale = *given;
+    else if (r_.recipe == Recipe::Delayed) scale = state[q * r_.state_stride()];
+    else scale = numerics::current_scale(m, numerics::fp8_max(k.format), r_.power_2_scale, r_.amax_epsilon);
+    if (used != nullptr) *used = scale;
+    return scale;
   }
 
   // Delayed scaling after a pass: push the amax, reduce the history, update the scale.
@@ -395,6 +449,7 @@ template <DType D> class CpuFp8Backend final : public HostMemoryBackend {
     return out;
   }
 
+
   Config c_;
   SavedLayout saved_;
   ResolvedRecipe r_;
@@ -403,13 +458,16 @@ template <DType D> class CpuFp8Backend final : public HostMemoryBackend {
   int64_t op_bytes_ = 2;
   int threads_ = 1;
   int chunks_ = 1;
+  Communicator* comm_ = nullptr;  // sharded plans only
+  bool sp_ = false;               // sequence parallel
   std::unique_ptr<Gemm> g1_, g2_, g_dact_, g_dw2_, g_dn_, g_dw1_;
   struct {
-    Region mu, rs, n, w1_32, acc1, h, a, w2_32, acc2, work, scratch;
+    Region mu, rs, n, n_local, ln_local, w1_32, acc1, h, a, w2_32, acc2, y_local, work, scratch;
     QRegions ln, w1, act, w2;
   } fw_;
   struct {
-    Region n, w1_32, acc1, h, a, w2_32, dy, dact, dw2, dh, dn, dw1, part_db2, part_db1, part_dg, part_dbeta, work, scratch;
+    Region n, n_local, w1_32, acc1, h, a, w2_32, dy, dact, dw2, dh, dn, dw1, part_db2, part_db1, part_dg, part_dbeta, work,
+        scratch, dy_full, dn_local, group_sum;
     QRegions ln_row, ln_col, w1_col, w1_row, act_col, w2_row, dy_row, dy_col, dh_row, dh_col;
   } bw_;
   int64_t ws_bytes_ = 0;

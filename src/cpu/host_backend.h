@@ -1,6 +1,6 @@
 // What the CPU backend's two paths (unquantized, cpu_backend.cpp; FP8, cpu_fp8_backend.cpp) share:
-// host memory, the activation pair compiled into the row kernels, and the final, fixed-order pass
-// of the deterministic column reductions.
+// host memory and the activation pair compiled into the row kernels (the final pass of the column
+// reductions is collectives.h's finish_param_grad).
 #pragma once
 
 #include <cstdlib>
@@ -49,13 +49,5 @@ template <typename Fn> void with_activations(const Config& c, Fn&& fn) {
   });
 }
 
-// out[j] = rnd_D(sum over chunks c, in order, of partials[c * n + j]).
-template <DType D> void reduce_partials(const float* partials, int chunks, int64_t n, storage_t<D>* out) {
-  for (int64_t j = 0; j < n; ++j) {
-    float s = 0.0f;
-    for (int ch = 0; ch < chunks; ++ch) s += partials[ch * n + j];
-    out[j] = store<D>(s);
-  }
-}
 
 }  // namespace lnmlp::cpu

@@ -161,6 +161,11 @@ _PROTOTYPES = {
     "lnmlp_desc_set_delayed_scaling": (_i32, [_vp, _i32, _i32, _i32]),
     "lnmlp_desc_set_scaling_options": (_i32, [_vp, _i32, _f32]),
     "lnmlp_desc_set_sharding": (_i32, [_vp, _i32, _i32, _i32]),
+    "lnmlp_desc_set_communicator": (_i32, [_vp, _vp]),
+    "lnmlp_comm_create_callbacks": (_i32, [_vp, _P(_vp)]),  # a table of C function pointers
+    "lnmlp_comm_create_mpi": (_i32, [_vp, _P(_vp)]),
+    "lnmlp_comm_create_nccl": (_i32, [_vp, _P(_vp)]),
+    "lnmlp_comm_destroy": (_i32, [_vp]),
     "lnmlp_desc_set_external_workspace": (_i32, [_vp, _i32]),
     "lnmlp_plan_create": (_i32, [_vp, _P(_vp)]),
     "lnmlp_plan_destroy": (_i32, [_vp]),
@@ -233,13 +238,16 @@ def _load():
         "or set LNMLP_LIBRARY to its path. Tried:\n  " + "\n  ".join(tried), status=-1)
 
 
-# FP8-recipe functions a library built before them lacks: the binding still loads, and using a recipe
+# FP8-recipe and communicator functions a library built before them lacks: the binding still loads, and using a recipe
 # raises NotSupportedError (require()).
 _OPTIONAL = frozenset({
     "lnmlp_desc_set_fp8_format", "lnmlp_desc_set_delayed_scaling", "lnmlp_desc_set_scaling_options",
     "lnmlp_plan_get_amax_history_length", "lnmlp_plan_get_quantizer_state",
     "lnmlp_plan_set_quantizer_state", "lnmlp_plan_get_state_bytes", "lnmlp_plan_export_state",
-    "lnmlp_plan_import_state"})
+    "lnmlp_plan_import_state",
+    # communicators (sharding), newer still
+    "lnmlp_desc_set_communicator", "lnmlp_comm_create_callbacks", "lnmlp_comm_create_mpi",
+    "lnmlp_comm_create_nccl", "lnmlp_comm_destroy"})
 
 
 def has_function(name: str) -> bool:

@@ -184,6 +184,34 @@ def device_array_info(name, obj):
 
 
 # --- the plan -------------------------------------------------------------------------------------
+def _normalize_sharding(sharding):
+    """None -> (1, 0, False); (group_size, rank, sequence_parallel) checked for type."""
+    if sharding is None:
+        return (1, 0, False)
+    try:
+        g, r, sp = sharding
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(
+            f"sharding must be (group_size, rank, sequence_parallel), got {sharding!r}") from None
+    for nm, v in (("group_size", g), ("rank", r)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise InvalidArgumentError(f"sharding's {nm} must be an int, got {v!r}")
+    if int(g) < 1 or not 0 <= int(r) < int(g):
+        raise InvalidArgumentError(f"sharding needs group_size >= 1 and 0 <= rank < group_size, got {sharding!r}")
+    return (int(g), int(r), bool(sp))
+
+
+def _mpi_comm_address(comm):
+    """The address of an mpi4py communicator's MPI_Comm (what lnmlp_comm_create_mpi takes)."""
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise InvalidArgumentError("comm must be an mpi4py communicator, but mpi4py is not installed") from None
+    if not isinstance(comm, MPI.Comm):
+        raise InvalidArgumentError(f"comm must be an mpi4py communicator (mpi4py.MPI.Comm), got {type(comm).__name__}")
+    return ctypes.c_void_p(MPI._addressof(comm))
+
+
 class Plan:
     """A fused ``y = act(norm(x) @ W1 + b1) @ W2 + b2`` for one configuration, forward and backward.
 
@@ -202,12 +230,18 @@ class Plan:
     ``forward`` updates ln_out, w1, act_out, w2, ``backward`` dy, dh; read and write them with
     :meth:`quantizer_state` / :meth:`set_quantizer_state`, or checkpoint them with
     :meth:`export_state` / :meth:`import_state`.
+
+    ``sharding=(group_size, rank, sequence_parallel)`` makes the plan one rank of a tensor-parallel
+    group (docs/sharding.md; CPU backend): tokens, hidden and ffn stay the group's sizes, while the
+    arrays are this rank's shard: w1 [H, A, F/P], b1 [A, F/P], w2 [F/P, H], and under sequence
+    parallelism x, y, dy, dx hold tokens/P rows. ``comm`` is the group's communicator: an mpi4py
+    communicator (``MPI.COMM_WORLD``), whose size and rank must match ``sharding``.
     """
 
     def __init__(self, tokens, hidden, ffn, *, norm_type="layernorm", zero_centered_gamma=False,
                  epsilon=1e-6, activation_type=("relu",), act_params=None, use_bias1=False,
                  use_bias2=False, dtype=np.float32, remat="save_all", num_threads=0, backend="cpu",
-                 recipe=None):
+                 recipe=None, sharding=None, comm=None):
         self._handle = None  # set first, so __del__ is safe whatever fails below
         self._lock = threading.RLock()
         lib = _lib.get_lib()
@@ -235,8 +269,13 @@ class Plan:
         backend_v = _choice("backend", backend, _BACKENDS)
         self.num_threads = int(num_threads)
         self.recipe = check_recipe(recipe)
+        self.sharding = _normalize_sharding(sharding)
+        P, _, sp = self.sharding
+        self.local_tokens = self.tokens // P if sp else self.tokens
+        self.local_ffn = self.ffn // P
 
         desc = ctypes.c_void_p()
+        comm_handle = ctypes.c_void_p()
         _lib.check(lib.lnmlp_desc_create(ctypes.byref(desc)))
         try:
             c = _lib.check
@@ -258,11 +297,19 @@ class Plan:
             if self.recipe is not None:
                 _lib.require("lnmlp_desc_set_fp8_format", "FP8 recipes")
                 self.recipe._apply(lib, desc, c)
+            if comm is not None:
+                _lib.require("lnmlp_comm_create_mpi", "communicators")
+                c(lib.lnmlp_comm_create_mpi(_mpi_comm_address(comm), ctypes.byref(comm_handle)))
+                c(lib.lnmlp_desc_set_communicator(desc, comm_handle))
+            if self.sharding != (1, 0, False):
+                c(lib.lnmlp_desc_set_sharding(desc, P, self.sharding[1], int(sp)))
             handle = ctypes.c_void_p()
             c(lib.lnmlp_plan_create(desc, ctypes.byref(handle)))
             self._handle = handle
         finally:
             lib.lnmlp_desc_destroy(desc)
+            if comm_handle.value:
+                lib.lnmlp_comm_destroy(comm_handle)  # the plan keeps the communicator alive
         self.workspace_bytes = self._query(lib.lnmlp_plan_get_workspace_bytes)
         self.saved_bytes = self._query(lib.lnmlp_plan_get_saved_bytes)
         self.saved_bytes_per_token = self._query(lib.lnmlp_plan_get_saved_bytes_per_token)
@@ -317,7 +364,8 @@ class Plan:
         return (f"lnmlp.Plan(tokens={self.tokens}, hidden={self.hidden}, ffn={self.ffn}, "
                 f"norm_type={self.norm_type!r}, activation_type={self.activation_type!r}, "
                 f"dtype={self.dtype.name}, use_bias1={self.use_bias1}, use_bias2={self.use_bias2}, "
-                f"remat={self.remat!r}, backend={self.backend!r}, recipe={self.recipe!r}) [{state}]")
+                f"remat={self.remat!r}, backend={self.backend!r}, recipe={self.recipe!r}, "
+                f"sharding={self.sharding!r}) [{state}]")
 
     # --- FP8 quantizer state (delayed scaling) -----------------------------------------------------
     def _require_state(self):
@@ -436,14 +484,14 @@ class Plan:
         shape = tuple(getattr(arr, "shape", ()))
         if self.backend == "cuda" and not isinstance(arr, np.ndarray):
             shape = device_array_info(name, arr)[1]
-        if len(shape) < 1 or shape[-1] != self.hidden or int(np.prod(shape[:-1], dtype=np.int64)) != self.tokens:
+        if len(shape) < 1 or shape[-1] != self.hidden or int(np.prod(shape[:-1], dtype=np.int64)) != self.local_tokens:
             raise InvalidArgumentError(
                 f"{name} has shape {shape}, but the plan needs [..., {self.hidden}] with "
-                f"{self.tokens} tokens (the product of the leading dims)")
+                f"{self.local_tokens} tokens (the product of the leading dims)")
         return shape
 
     def _param_ptrs(self, gamma, beta, w1, w2):
-        H, A, F = self.hidden, self.num_activations, self.ffn
+        H, A, F = self.hidden, self.num_activations, self.local_ffn
         pg = self._ptr("gamma", gamma, (H,))
         if self.norm_type == "rmsnorm":
             if beta is not None:
@@ -488,7 +536,7 @@ class Plan:
             xshape = self._x_shape("x", x)
             px = self._ptr("x", x, xshape)
             pg, pb, pw1, pw2 = self._param_ptrs(gamma, beta, w1, w2)
-            pb1 = self._opt_ptr("b1", b1, (self.num_activations, self.ffn), self.use_bias1,
+            pb1 = self._opt_ptr("b1", b1, (self.num_activations, self.local_ffn), self.use_bias1,
                                 "the plan has use_bias1=False" if not self.use_bias1 else "use_bias1=True")
             pb2 = self._opt_ptr("b2", b2, (self.hidden,), self.use_bias2,
                                 "the plan has use_bias2=False" if not self.use_bias2 else "use_bias2=True")
@@ -546,10 +594,10 @@ class Plan:
                 raise InvalidArgumentError("b1 was given, but the plan has use_bias1=False; pass None")
             pb1 = None
             if self.use_bias1 and (b1 is not None or need_b1):
-                pb1 = self._opt_ptr("b1", b1, (self.num_activations, self.ffn), True,
+                pb1 = self._opt_ptr("b1", b1, (self.num_activations, self.local_ffn), True,
                                     "remat='save_stats' recomputes GEMM1")
             saved = self._saved_ptr(saved)
-            H, A, F = self.hidden, self.num_activations, self.ffn
+            H, A, F = self.hidden, self.num_activations, self.local_ffn
             dx = self._empty(xshape)
             dgamma = self._empty((H,))
             dbeta = None if self.norm_type == "rmsnorm" else self._empty((H,))

@@ -65,6 +65,28 @@ lnmlp_desc_set_scaling_options(desc, power_2_scale, amax_epsilon) =
 lnmlp_desc_set_sharding(desc, group_size, rank, sequence_parallel) =
     ccall((:lnmlp_desc_set_sharding, liblnmlp), Int32, (Ptr{Cvoid}, Int32, Int32, Int32),
           desc, group_size, rank, sequence_parallel)
+lnmlp_desc_set_communicator(desc, comm) =
+    ccall((:lnmlp_desc_set_communicator, liblnmlp), Int32, (Ptr{Cvoid}, Ptr{Cvoid}), desc, comm)
+
+# ---- communicators (the callback table mirrors the C struct lnmlp_comm_callbacks) ----
+struct lnmlp_comm_callbacks
+    size::Int32
+    rank::Int32
+    all_gather::Ptr{Cvoid}      # @cfunction pointers of lnmlp_comm_fn's signature
+    reduce_scatter::Ptr{Cvoid}
+    all_reduce_sum::Ptr{Cvoid}
+    all_reduce_max::Ptr{Cvoid}
+    user::Ptr{Cvoid}
+end
+lnmlp_comm_create_callbacks(table, comm) =
+    ccall((:lnmlp_comm_create_callbacks, liblnmlp), Int32, (Ref{lnmlp_comm_callbacks}, Ptr{Ptr{Cvoid}}),
+          table, comm)
+lnmlp_comm_create_mpi(mpi_comm, comm) =
+    ccall((:lnmlp_comm_create_mpi, liblnmlp), Int32, (Ptr{Cvoid}, Ptr{Ptr{Cvoid}}), mpi_comm, comm)
+lnmlp_comm_create_nccl(nccl_comm, comm) =
+    ccall((:lnmlp_comm_create_nccl, liblnmlp), Int32, (Ptr{Cvoid}, Ptr{Ptr{Cvoid}}), nccl_comm, comm)
+lnmlp_comm_destroy(comm) = ccall((:lnmlp_comm_destroy, liblnmlp), Int32, (Ptr{Cvoid},), comm)
+
 lnmlp_desc_set_external_workspace(desc, enabled) =
     ccall((:lnmlp_desc_set_external_workspace, liblnmlp), Int32, (Ptr{Cvoid}, Int32), desc, enabled)
 

@@ -78,3 +78,9 @@ const LNMLP_FEATURE_RECIPE_BLOCK = Int32(6)
 const LNMLP_FEATURE_RECIPE_MXFP8 = Int32(7)
 const LNMLP_FEATURE_SHARDING = Int32(8)
 const LNMLP_FEATURE_EXTERNAL_WORKSPACE = Int32(9)
+
+# Element types of communicator callbacks (lnmlp_comm_fn's `type`).
+const LNMLP_COMM_F32 = Int32(0)
+const LNMLP_COMM_BF16 = Int32(1)
+const LNMLP_COMM_F16 = Int32(2)
+const LNMLP_COMM_U8 = Int32(3)

@@ -202,6 +202,46 @@ pub struct lnmlp_plan {
     _marker: PhantomData<(*mut u8, PhantomPinned)>,
 }
 
+/// An opaque communicator (`lnmlp_comm`): how the ranks of a sharded plan exchange data.
+#[repr(C)]
+pub struct lnmlp_comm {
+    _data: [u8; 0],
+    _marker: PhantomData<(*mut u8, PhantomPinned)>,
+}
+
+/// One collective (`lnmlp_comm_fn`): send, recv, element count, `LNMLP_COMM_*` type, user, stream.
+pub type lnmlp_comm_fn =
+    Option<unsafe extern "C" fn(*const c_void, *mut c_void, i64, i32, *mut c_void, *mut c_void) -> i32>;
+
+/// The callback table of [`lnmlp_comm_create_callbacks`] (`lnmlp_comm_callbacks`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct lnmlp_comm_callbacks {
+    /// The group's size.
+    pub size: i32,
+    /// This process's rank in the group.
+    pub rank: i32,
+    /// All-gather (recv: size*count elements in rank order).
+    pub all_gather: lnmlp_comm_fn,
+    /// Reduce-scatter with sum (send: size*count elements).
+    pub reduce_scatter: lnmlp_comm_fn,
+    /// All-reduce with sum (in place allowed).
+    pub all_reduce_sum: lnmlp_comm_fn,
+    /// All-reduce with max (in place allowed).
+    pub all_reduce_max: lnmlp_comm_fn,
+    /// Passed to every callback.
+    pub user: *mut c_void,
+}
+
+/// Collective element type: fp32.
+pub const LNMLP_COMM_F32: i32 = 0;
+/// Collective element type: bfloat16 bits.
+pub const LNMLP_COMM_BF16: i32 = 1;
+/// Collective element type: binary16 bits.
+pub const LNMLP_COMM_F16: i32 = 2;
+/// Collective element type: bytes (FP8 codes).
+pub const LNMLP_COMM_U8: i32 = 3;
+
 extern "C" {
     // ---- Versions, status, errors ----
 
@@ -267,8 +307,21 @@ extern "C" {
     ) -> i32;
     /// CURRENT / BLOCK scaling: power-of-two scales (-1 default, 0, 1) and the amax floor.
     pub fn lnmlp_desc_set_scaling_options(desc: *mut lnmlp_desc, power_2_scale: i32, amax_epsilon: f32) -> i32;
-    /// Tensor-parallel sharding (only group_size 1 in this release).
+    /// Tensor-parallel sharding: rank `rank` of `group_size`, optionally sequence parallel (CPU backend).
     pub fn lnmlp_desc_set_sharding(desc: *mut lnmlp_desc, group_size: i32, rank: i32, sequence_parallel: i32) -> i32;
+    /// The communicator a sharded plan uses (NULL = none).
+    pub fn lnmlp_desc_set_communicator(desc: *mut lnmlp_desc, comm: *mut lnmlp_comm) -> i32;
+
+    // ---- Communicators ----
+
+    /// A communicator calling a table of collectives (the table is copied).
+    pub fn lnmlp_comm_create_callbacks(table: *const lnmlp_comm_callbacks, comm: *mut *mut lnmlp_comm) -> i32;
+    /// A communicator over an MPI communicator: `mpi_comm` points to an `MPI_Comm`.
+    pub fn lnmlp_comm_create_mpi(mpi_comm: *const c_void, comm: *mut *mut lnmlp_comm) -> i32;
+    /// The NCCL communicator (CUDA backend): not available in this release (LNMLP_ERROR_NOT_SUPPORTED).
+    pub fn lnmlp_comm_create_nccl(nccl_comm: *const c_void, comm: *mut *mut lnmlp_comm) -> i32;
+    /// Destroys a communicator handle; NULL does nothing.
+    pub fn lnmlp_comm_destroy(comm: *mut lnmlp_comm) -> i32;
     /// Caller-attached workspace instead of a plan-owned one.
     pub fn lnmlp_desc_set_external_workspace(desc: *mut lnmlp_desc, enabled: i32) -> i32;
 

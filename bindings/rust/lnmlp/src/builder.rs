@@ -175,8 +175,10 @@ impl PlanBuilder {
         self
     }
 
-    /// Tensor-parallel sharding: rank `rank` of a group of `group_size`. Only group_size 1 is
-    /// accepted in this release; larger groups fail with [`crate::Status::NotSupported`].
+    /// Tensor-parallel sharding: rank `rank` of a group of `group_size` (docs/sharding.md). A group
+    /// larger than 1 needs a communicator, which this crate does not wrap yet (use `lnmlp-sys`'s
+    /// `lnmlp_comm_create_*` and `lnmlp_desc_set_communicator`); without one, build() fails with
+    /// [`crate::Status::InvalidArgument`].
     pub fn sharding(mut self, group_size: i32, rank: i32, sequence_parallel: bool) -> Self {
         self.sharding = Some((group_size, rank, sequence_parallel));
         self

@@ -1,0 +1,301 @@
+// Sharded plans (DESIGN section 4) over the callback communicator, with P ranks as P threads of
+// this process (tests/sharding_util.h): the group's assembled outputs and gradients equal the
+// unsharded plan's and the float64 reference's within the dtype's tolerance (tests/tolerances.h;
+// sharding only reorders fp32 sums: GEMM2's and dn's partial sums over F/P, dgamma/dbeta/db2's
+// over T/P rows), and the replicated outputs are bit-identical on every rank. Also the checks at
+// plan creation and the refusals.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <map>
+
+#include "sharding_util.h"
+
+namespace lnmlp_test {
+namespace {
+
+struct Case {
+  lnmlp_ref::Norm norm;
+  std::vector<int> acts;
+  int32_t dtype;
+  bool bias;
+  bool sp;
+  int P;
+  int32_t remat;
+};
+
+std::string case_name(const Case& c) {
+  std::string s = c.norm == lnmlp_ref::Norm::LayerNorm ? "ln" : "rms";
+  s += c.acts.size() == 2 ? "_swiglu" : "_gelu";
+  s += std::string("_") + dtype_label(c.dtype) + (c.bias ? "_bias" : "_nobias") + (c.sp ? "_sp" : "_tp");
+  s += "_P" + std::to_string(c.P) + "_remat" + std::to_string(c.remat);
+  return s;
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  int i = 0;
+  for (auto norm : {lnmlp_ref::Norm::LayerNorm, lnmlp_ref::Norm::RmsNorm})
+    for (const auto& acts : {std::vector<int>{LNMLP_ACT_GELU}, std::vector<int>{LNMLP_ACT_SILU, LNMLP_ACT_LINEAR}})
+      for (int32_t dtype : {LNMLP_DTYPE_F32, LNMLP_DTYPE_BF16, LNMLP_DTYPE_F16})
+        for (bool bias : {false, true})
+          for (bool sp : {false, true}) {
+            const int32_t remat = i % 4 == 3 ? LNMLP_REMAT_FORWARD_ONLY : i % 4;  // every policy
+            v.push_back({norm, acts, dtype, bias, sp, 2, remat});
+            if (i % 4 == 1) v.push_back({norm, acts, dtype, bias, sp, 3, (i / 4) % 3});  // P = 3 on a quarter
+            ++i;
+          }
+  return v;
+}
+
+// The largest normalised errors seen, per dtype, printed at the end (the closing note).
+std::map<std::string, double>& worst() {
+  static std::map<std::string, double> m;
+  return m;
+}
+
+class Sharding : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Sharding, GroupEqualsUnshardedPlanAndReference) {
+  const Case& k = GetParam();
+  lnmlp_ref::Config cfg;
+  cfg.tokens = 12;  // divisible by 2 and 3
+  cfg.hidden = 40;
+  cfg.ffn = 24;
+  cfg.norm = k.norm;
+  cfg.acts = k.acts;
+  cfg.has_bias1 = cfg.has_bias2 = k.bias;
+  const Problem pr = make_problem(cfg, k.dtype, hash_name(case_name(k)));
+  RunOptions o;
+  o.remat = k.remat;
+  o.backward = k.remat != LNMLP_REMAT_FORWARD_ONLY;
+  const RunResult single = run_library(pr, o);
+
+  InProcessGroup group(k.P);
+  std::vector<RunResult> ranks(static_cast<size_t>(k.P));
+  group.run([&](int r) {
+    RunOptions ro = o;
+    ro.group_size = k.P;
+    ro.rank = r;
+    ro.sequence_parallel = k.sp ? 1 : 0;
+    ro.comm = group.comm(r);
+    ranks[static_cast<size_t>(r)] = run_library(shard_problem(pr, k.P, r, k.sp), ro);
+  });
+  std::string mismatch;
+  const RunResult got = assemble(pr, ranks, k.sp, &mismatch);
+  EXPECT_TRUE(mismatch.empty()) << mismatch;
+
+  const Tolerance tol = tolerance_for(k.dtype);
+  const auto y_ref = lnmlp_ref::forward(pr.cfg, pr.x, pr.p);
+  lnmlp_ref::Grads g;
+  if (o.backward) g = lnmlp_ref::backward(pr.cfg, pr.x, pr.p, pr.dy);
+  const std::vector<double>* refs[] = {&y_ref, &g.dx, &g.dgamma, &g.dbeta, &g.dw1, &g.db1, &g.dw2, &g.db2};
+  const auto got_named = named(got), single_named = named(single);
+  for (size_t i = 0; i < got_named.size(); ++i) {
+    if (single_named[i].buf->empty()) continue;
+    const auto v = got_named[i].buf->to_doubles();
+    Comparison c1, c2;
+    EXPECT_TRUE(within_tolerance(got_named[i].name, v, single_named[i].buf->to_doubles(), nullptr, tol, &c1))
+        << "against the unsharded plan";
+    EXPECT_TRUE(within_tolerance(got_named[i].name, v, *refs[i], nullptr, tol, &c2)) << "against the reference";
+    double& w1 = worst()[std::string(dtype_label(k.dtype)) + " vs unsharded plan"];
+    double& w2 = worst()[std::string(dtype_label(k.dtype)) + " vs float64 reference"];
+    w1 = std::max(w1, c1.normalised());
+    w2 = std::max(w2, c2.normalised());
+  }
+  EXPECT_GT(group.calls(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Group, Sharding, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return case_name(i.param); });
+
+class PrintWorst : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    for (const auto& [k, v] : worst()) std::printf("largest normalised error, %s: %.3g\n", k.c_str(), v);
+  }
+};
+const auto* const kPrintWorst = ::testing::AddGlobalTestEnvironment(new PrintWorst);
+
+// ---- FP8: every recipe sharded, against the unsharded plan and the reference ----
+
+struct Fp8Case {
+  int32_t recipe;
+  bool sp;
+  bool gated;
+  int32_t dtype;
+  int32_t remat;
+};
+
+std::string fp8_name(const Fp8Case& c) {
+  static const char* const names[] = {"none", "delayed", "current", "block", "mxfp8"};
+  return std::string(names[c.recipe]) + (c.gated ? "_swiglu_" : "_gelu_") + dtype_label(c.dtype) +
+         (c.sp ? "_sp" : "_tp") + "_remat" + std::to_string(c.remat);
+}
+
+std::vector<Fp8Case> fp8_cases() {
+  std::vector<Fp8Case> v;
+  int i = 0;
+  for (int32_t recipe : {LNMLP_RECIPE_DELAYED, LNMLP_RECIPE_CURRENT, LNMLP_RECIPE_BLOCK, LNMLP_RECIPE_MXFP8})
+    for (bool sp : {false, true})
+      for (bool gated : {false, true}) {
+        v.push_back({recipe, sp, gated, i % 2 == 0 ? LNMLP_DTYPE_BF16 : LNMLP_DTYPE_F32, i % 3});
+        ++i;
+      }
+  return v;
+}
+
+// The floats of an exported state blob (after the 24-byte header: magic, version, recipe, length, count).
+std::vector<float> state_floats(const std::vector<unsigned char>& blob) {
+  std::vector<float> f(blob.size() > 24 ? (blob.size() - 24) / 4 : 0);
+  if (!f.empty()) std::memcpy(f.data(), blob.data() + 24, f.size() * 4);
+  return f;
+}
+
+class ShardingFp8 : public ::testing::TestWithParam<Fp8Case> {};
+
+TEST_P(ShardingFp8, GroupEqualsUnshardedPlanAndReference) {
+  const Fp8Case& k = GetParam();
+  constexpr int P = 2;
+  lnmlp_ref::Config cfg;
+  cfg.tokens = 32;
+  cfg.hidden = 64;
+  cfg.ffn = 256;  // F/P = 128: each shard is whole blocks of every recipe (see kTolFp8Sharded)
+  cfg.norm = k.gated ? lnmlp_ref::Norm::RmsNorm : lnmlp_ref::Norm::LayerNorm;
+  cfg.acts = k.gated ? std::vector<int>{LNMLP_ACT_SILU, LNMLP_ACT_LINEAR} : std::vector<int>{LNMLP_ACT_GELU};
+  cfg.has_bias1 = cfg.has_bias2 = true;
+  const Problem pr = make_problem(cfg, k.dtype, hash_name(fp8_name(k)));
+  RunOptions o;
+  o.remat = k.remat;
+  o.recipe = k.recipe;
+  o.amax_history_len = 4;
+  o.steps = k.recipe == LNMLP_RECIPE_DELAYED ? 3 : 1;  // delayed: scales from the recorded history
+  const RunResult single = run_library(pr, o);
+
+  InProcessGroup group(P);
+  std::vector<RunResult> ranks(P);
+  group.run([&](int r) {
+    RunOptions ro = o;
+    ro.group_size = P;
+    ro.rank = r;
+    ro.sequence_parallel = k.sp ? 1 : 0;
+    ro.comm = group.comm(r);
+    ranks[static_cast<size_t>(r)] = run_library(shard_problem(pr, P, r, k.sp), ro);
+  });
+  std::string mismatch;
+  const RunResult got = assemble(pr, ranks, k.sp, &mismatch);
+  EXPECT_TRUE(mismatch.empty()) << mismatch;
+
+  // Delayed scaling: the same state, bit for bit, on every rank, and the unsharded plan's values.
+  EXPECT_EQ(ranks[0].state, ranks[1].state);
+  const auto st = state_floats(ranks[0].state), st_ref = state_floats(single.state);
+  ASSERT_EQ(st.size(), st_ref.size());
+  for (size_t i = 0; i < st.size(); ++i) EXPECT_NEAR(st[i], st_ref[i], 1e-4 * std::fabs(st_ref[i])) << "state float " << i;
+
+  const auto y_ref = lnmlp_ref::forward(pr.cfg, pr.x, pr.p);
+  const auto g = lnmlp_ref::backward(pr.cfg, pr.x, pr.p, pr.dy);
+  const std::vector<double>* refs[] = {&y_ref, &g.dx, &g.dgamma, &g.dbeta, &g.dw1, &g.db1, &g.dw2, &g.db2};
+  const auto a = named(got), b = named(single);
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (b[i].buf->empty()) continue;
+    const auto v = a[i].buf->to_doubles();
+    Comparison c1, c2;
+    EXPECT_TRUE(within_tolerance(a[i].name, v, b[i].buf->to_doubles(), nullptr, kTolFp8Sharded, &c1))
+        << "against the unsharded plan";
+    EXPECT_TRUE(within_tolerance(a[i].name, v, *refs[i], nullptr, kTolFp8, &c2)) << "against the reference";
+    double& w1 = worst()[fp8_name(k).substr(0, fp8_name(k).find('_')) + " vs unsharded plan"];
+    double& w2 = worst()[fp8_name(k).substr(0, fp8_name(k).find('_')) + " vs float64 reference"];
+    w1 = std::max(w1, c1.normalised());
+    w2 = std::max(w2, c2.normalised());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, ShardingFp8, ::testing::ValuesIn(fp8_cases()),
+                         [](const ::testing::TestParamInfo<Fp8Case>& i) { return fp8_name(i.param); });
+
+// ---- plan creation: what must agree, and the refusals ----
+
+struct Desc {
+  lnmlp_desc* d = nullptr;
+  Desc(int64_t T, int64_t F) {
+    lnmlp_desc_create(&d);
+    lnmlp_desc_set_shape(d, T, 16, F);
+  }
+  ~Desc() { lnmlp_desc_destroy(d); }
+  int32_t create() {
+    lnmlp_plan* p = nullptr;
+    const int32_t st = lnmlp_plan_create(d, &p);
+    lnmlp_plan_destroy(p);
+    return st;
+  }
+};
+
+TEST(ShardingPlan, ChecksTheCommunicatorAndTheDivisibility) {
+  InProcessGroup group(2);
+  {
+    Desc d(8, 6);
+    ASSERT_EQ(lnmlp_desc_set_sharding(d.d, 2, 1, 0), LNMLP_SUCCESS);
+    EXPECT_EQ(d.create(), LNMLP_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(lnmlp_last_error()).find("lnmlp_desc_set_communicator"), std::string::npos);
+    ASSERT_EQ(lnmlp_desc_set_communicator(d.d, group.comm(0)), LNMLP_SUCCESS);  // rank 0, not 1
+    EXPECT_EQ(d.create(), LNMLP_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(lnmlp_last_error()).find("make them agree"), std::string::npos);
+    ASSERT_EQ(lnmlp_desc_set_communicator(d.d, group.comm(1)), LNMLP_SUCCESS);
+    EXPECT_EQ(d.create(), LNMLP_SUCCESS);
+  }
+  {
+    Desc d(8, 7);  // F odd
+    lnmlp_desc_set_sharding(d.d, 2, 0, 0);
+    lnmlp_desc_set_communicator(d.d, group.comm(0));
+    EXPECT_EQ(d.create(), LNMLP_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(lnmlp_last_error()).find("ffn (7) must be divisible by group_size (2)"), std::string::npos);
+  }
+  {
+    Desc d(7, 8);  // T odd: fine without sequence parallelism, refused with it
+    lnmlp_desc_set_sharding(d.d, 2, 0, 0);
+    lnmlp_desc_set_communicator(d.d, group.comm(0));
+    EXPECT_EQ(d.create(), LNMLP_SUCCESS);
+    lnmlp_desc_set_sharding(d.d, 2, 0, 1);
+    EXPECT_EQ(d.create(), LNMLP_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(lnmlp_last_error()).find("tokens (7"), std::string::npos);
+  }
+  {
+    Desc d(8, 8);  // the CUDA backend does not shard in this release
+    lnmlp_desc_set_sharding(d.d, 2, 0, 0);
+    lnmlp_desc_set_communicator(d.d, group.comm(0));
+    lnmlp_desc_set_backend(d.d, LNMLP_BACKEND_CUDA, 0);
+    EXPECT_EQ(d.create(), LNMLP_ERROR_NOT_SUPPORTED);
+  }
+  int32_t yes = 0;
+  ASSERT_EQ(lnmlp_query_support(LNMLP_BACKEND_CPU, LNMLP_FEATURE_SHARDING, &yes), LNMLP_SUCCESS);
+  EXPECT_EQ(yes, 1);
+}
+
+TEST(ShardingPlan, CommunicatorArgumentsAndLifetime) {
+  lnmlp_comm* c = nullptr;
+  EXPECT_EQ(lnmlp_comm_create_callbacks(nullptr, &c), LNMLP_ERROR_NULL_POINTER);
+  lnmlp_comm_callbacks t{};
+  t.size = 2;
+  t.rank = 0;
+  EXPECT_EQ(lnmlp_comm_create_callbacks(&t, &c), LNMLP_ERROR_NULL_POINTER);  // no functions
+  t.rank = 2;
+  EXPECT_EQ(lnmlp_comm_create_callbacks(&t, &c), LNMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(c, nullptr);
+  EXPECT_EQ(lnmlp_comm_destroy(nullptr), LNMLP_SUCCESS);
+  EXPECT_EQ(lnmlp_comm_create_mpi(nullptr, &c), LNMLP_ERROR_NULL_POINTER);
+  int fake_nccl = 0;  // no NCCL communicator in this release
+  EXPECT_EQ(lnmlp_comm_create_nccl(&fake_nccl, &c), LNMLP_ERROR_NOT_SUPPORTED);
+  EXPECT_NE(std::string(lnmlp_last_error()).find("CUDA backend does not shard yet"), std::string::npos);
+  EXPECT_EQ(c, nullptr);
+
+  // A plan keeps its communicator: destroying the handle first is fine.
+  InProcessGroup group(1);
+  Desc d(4, 4);
+  ASSERT_EQ(lnmlp_desc_set_communicator(d.d, group.comm(0)), LNMLP_SUCCESS);
+  EXPECT_EQ(d.create(), LNMLP_SUCCESS);
+  int dummy = 0;
+  EXPECT_EQ(lnmlp_desc_set_communicator(d.d, reinterpret_cast<lnmlp_comm*>(&dummy)), LNMLP_ERROR_INVALID_HANDLE);
+}
+
+}  // namespace
+}  // namespace lnmlp_test
