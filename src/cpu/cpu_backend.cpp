@@ -339,12 +339,7 @@ template <DType D> class CpuBackend final : public HostMemoryBackend {
 }  // namespace cpu
 
 std::unique_ptr<Backend> make_cpu_backend(const Config& cfg, const SavedLayout& saved) {
-  switch (cfg.dtype) {
-    case DType::F32: return std::make_unique<cpu::CpuBackend<DType::F32>>(cfg, saved);
-    case DType::BF16: return std::make_unique<cpu::CpuBackend<DType::BF16>>(cfg, saved);
-    case DType::F16: return std::make_unique<cpu::CpuBackend<DType::F16>>(cfg, saved);
-  }
-  fail(LNMLP_ERROR_INTERNAL, "unhandled dtype ", static_cast<int>(cfg.dtype));
+  return cpu::make_for_dtype<cpu::CpuBackend>(cfg, saved);
 }
 
 }  // namespace lnmlp

@@ -477,12 +477,7 @@ template <DType D> class CpuFp8Backend final : public HostMemoryBackend {
 }  // namespace cpu
 
 std::unique_ptr<Backend> make_cpu_fp8_backend(const Config& cfg, const SavedLayout& saved) {
-  switch (cfg.dtype) {
-    case DType::F32: return std::make_unique<cpu::CpuFp8Backend<DType::F32>>(cfg, saved);
-    case DType::BF16: return std::make_unique<cpu::CpuFp8Backend<DType::BF16>>(cfg, saved);
-    case DType::F16: return std::make_unique<cpu::CpuFp8Backend<DType::F16>>(cfg, saved);
-  }
-  fail(LNMLP_ERROR_INTERNAL, "unhandled dtype ", static_cast<int>(cfg.dtype));
+  return cpu::make_for_dtype<cpu::CpuFp8Backend>(cfg, saved);
 }
 
 }  // namespace lnmlp

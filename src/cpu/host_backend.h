@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 
 #include "../backend.h"
@@ -49,5 +50,15 @@ template <typename Fn> void with_activations(const Config& c, Fn&& fn) {
   });
 }
 
+
+// Backend<D> for the configuration's I/O dtype.
+template <template <DType> class B> std::unique_ptr<Backend> make_for_dtype(const Config& cfg, const SavedLayout& saved) {
+  switch (cfg.dtype) {
+    case DType::F32: return std::make_unique<B<DType::F32>>(cfg, saved);
+    case DType::BF16: return std::make_unique<B<DType::BF16>>(cfg, saved);
+    case DType::F16: return std::make_unique<B<DType::F16>>(cfg, saved);
+  }
+  fail(LNMLP_ERROR_INTERNAL, "unhandled dtype ", static_cast<int>(cfg.dtype));
+}
 
 }  // namespace lnmlp::cpu

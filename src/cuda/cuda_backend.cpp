@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "backward_tail.h"
 #include "check.h"
 #include "device_memory.h"
 #include "device_pointers.h"
@@ -66,7 +67,7 @@ class CudaBackend final : public DeviceMemoryBackend {
                            {"workspace", ws}},
                           device_, kGemmPointerAlignment, st);
     const DType d = c_.dtype;
-    const int64_t T = c_.tokens, H = c_.hidden, AF = c_.act_width();
+    const int64_t T = c_.tokens, H = c_.hidden;
     // saved is read-only here; the const_cast only lets recompute buffers share pointer types.
     void* saved = const_cast<void*>(a.saved);
     const float* mu = at<float>(saved_.mu, saved);
@@ -101,17 +102,10 @@ class CudaBackend final : public DeviceMemoryBackend {
     g_dn_->run(dh, a.w1, nullptr, dn, gws, st);
     g_dw1_->run(ln, dh, nullptr, a.dw1, gws, st);
 
-    // 6. Norm backward: dx per row, dgamma/dbeta partial column sums.
-    norm_backward_dx(d, norm_spec(), dn, a.x, a.gamma, mu, rs, a.dx, st);
-    float* part_dg = at<float>(bw_.part_dg, ws);
-    float* part_dbeta = c_.has_beta() ? at<float>(bw_.part_dbeta, ws) : nullptr;
-    norm_param_grads(d, norm_spec(), chunk_h_, dn, a.x, mu, rs, part_dg, part_dbeta, st);
-
-    // 7. The final pass of every column reduction, chunks in order (deterministic).
-    reduce_partials(d, chunk_h_.chunks, H, part_dg, a.dgamma, st);
-    if (part_dbeta) reduce_partials(d, chunk_h_.chunks, H, part_dbeta, a.dbeta, st);
-    if (c_.has_bias1) reduce_partials(d, chunk_f_.chunks, AF, part_db1, a.db1, st);
-    if (c_.has_bias2) reduce_partials(d, chunk_h_.chunks, H, part_db2, a.db2, st);
+    // 6. Norm backward, and the final pass of every column reduction, chunks in order.
+    finish_backward(c_, norm_spec(), chunk_h_, chunk_f_, dn, mu, rs,
+                    {at<float>(bw_.part_dg, ws), c_.has_beta() ? at<float>(bw_.part_dbeta, ws) : nullptr, part_db1, part_db2},
+                    a, st);
     cuda_check(cudaGetLastError(), "a backward kernel launch");
   }
 

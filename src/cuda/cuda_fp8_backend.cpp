@@ -16,6 +16,7 @@
 #include <memory>
 
 #include "../fp8_recipe.h"
+#include "backward_tail.h"
 #include "check.h"
 #include "cuda_backend.h"
 #include "device_memory.h"
@@ -240,14 +241,9 @@ class CudaFp8Backend final : public DeviceMemoryBackend {
     fp8_bias_round(d, acc_w1, H, AF, nullptr, a.dw1, st_);
 
     // 8. Norm backward and the deterministic column reductions.
-    norm_backward_dx(d, norm_spec(), dn, a.x, a.gamma, mu, rs, a.dx, st_);
-    float* part_dg = at<float>(bw_.part_dg, ws);
-    float* part_dbeta = c_.has_beta() ? at<float>(bw_.part_dbeta, ws) : nullptr;
-    norm_param_grads(d, norm_spec(), chunk_h_, dn, a.x, mu, rs, part_dg, part_dbeta, st_);
-    reduce_partials(d, chunk_h_.chunks, H, part_dg, a.dgamma, st_);
-    if (part_dbeta) reduce_partials(d, chunk_h_.chunks, H, part_dbeta, a.dbeta, st_);
-    if (c_.has_bias1) reduce_partials(d, chunk_f_.chunks, AF, part_db1, a.db1, st_);
-    if (c_.has_bias2) reduce_partials(d, chunk_h_.chunks, H, part_db2, a.db2, st_);
+    finish_backward(c_, norm_spec(), chunk_h_, chunk_f_, dn, mu, rs,
+                    {at<float>(bw_.part_dg, ws), c_.has_beta() ? at<float>(bw_.part_dbeta, ws) : nullptr, part_db1, part_db2},
+                    a, st_);
 
     // 9. Delayed scaling: the backward quantizers move on.
     if (r_.stateful()) {
