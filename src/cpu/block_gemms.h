@@ -1,7 +1,8 @@
 // The six GEMMs of one forward + backward of the block, as the CPU backend runs them: one
 // definition, used by the backend and by lnmlp-bench's "GEMMs alone" peer.
 //
-// bf16 GEMMs run natively; f16 ones on fp32 copies (the CPU libraries have no f16 path). For f32
+// bf16 GEMMs run natively where the CPU has bf16 instructions (else on fp32 copies inside the GEMM,
+// gemm_bf16_on_f32.h); f16 ones on fp32 copies (the CPU libraries have no f16 path). For f32
 // and bf16 the forward GEMMs and the weight gradients write the I/O dtype directly and the forward
 // GEMMs add their bias; for f16 they write fp32 and the following pass adds the bias and rounds.
 #pragma once

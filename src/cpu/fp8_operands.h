@@ -20,8 +20,10 @@ namespace lnmlp::cpu {
 using numerics::Fp8Format;
 
 // The GEMM operand type of a recipe: bf16 holds every FP8 value, and every FP8 value times a
-// power-of-two scale, exactly; only BLOCK with arbitrary fp32 scales needs fp32 operands.
+// power-of-two scale, exactly; only BLOCK with arbitrary fp32 scales needs fp32 operands. Where
+// the CPU has no bf16 GEMM, fp32 operands (the same values) spare the GEMM a widening copy.
 inline GemmType fp8_operand_type(const ResolvedRecipe& r) {
+  if (!gemm_native_bf16()) return GemmType::F32;
   return r.recipe == Recipe::Block && !r.power_2_scale ? GemmType::F32 : GemmType::BF16;
 }
 

@@ -34,6 +34,11 @@ class Gemm {
 
 std::unique_ptr<Gemm> make_gemm(const GemmShape& shape);
 
+// Whether the library multiplies bf16 natively on this CPU. Where it does not, bf16 GEMMs run on
+// fp32 copies of their operands (gemm_bf16_on_f32.h), so callers that can produce fp32 operands
+// directly should.
+bool gemm_native_bf16();
+
 // Name and version of the GEMM library, for lnmlp_get_build_info.
 const char* gemm_library_description();
 

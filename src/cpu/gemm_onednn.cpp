@@ -8,6 +8,7 @@
 
 #include "../error.h"
 #include "gemm.h"
+#include "gemm_bf16_on_f32.h"
 
 namespace lnmlp::cpu {
 namespace {
@@ -75,15 +76,35 @@ class OneDnnGemm final : public Gemm {
   memory a_, b_, c_, bias_, scratch_;
 };
 
+std::unique_ptr<Gemm> make_onednn_gemm(const GemmShape& shape) { return std::make_unique<OneDnnGemm>(shape); }
+
 }  // namespace
 
-std::unique_ptr<Gemm> make_gemm(const GemmShape& shape) { return std::make_unique<OneDnnGemm>(shape); }
+// oneDNN 2.x has a bf16 matmul only from AVX-512 on (natively with AVX512_BF16 or AMX).
+bool gemm_native_bf16() {
+  static const bool ok = [] {
+    const memory::desc md({16, 16}, memory::data_type::bf16, memory::dims{16, 1});
+    try {
+      dnnl::matmul::primitive_desc(dnnl::matmul::desc(md, md, md), cpu_engine());
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return ok;
+}
+
+std::unique_ptr<Gemm> make_gemm(const GemmShape& shape) {
+  if (shape.input == GemmType::BF16 && !gemm_native_bf16()) return make_bf16_on_f32_gemm(shape, make_onednn_gemm);
+  return make_onednn_gemm(shape);
+}
 
 const char* gemm_library_description() {
   static const std::string desc = [] {
     const dnnl_version_t* v = dnnl_version();
     return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
-           " matmul (fp32 and bf16, OpenMP)";
+           (gemm_native_bf16() ? " matmul (fp32 and bf16, OpenMP)"
+                          : " matmul (fp32, OpenMP; bf16 on fp32 copies: no bf16 matmul on this CPU)");
   }();
   return desc.c_str();
 }
