@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <map>
+#include <utility>
 
 #include "sharding_util.h"
 
@@ -213,6 +214,110 @@ TEST_P(ShardingFp8, GroupEqualsUnshardedPlanAndReference) {
 INSTANTIATE_TEST_SUITE_P(Recipes, ShardingFp8, ::testing::ValuesIn(fp8_cases()),
                          [](const ::testing::TestParamInfo<Fp8Case>& i) { return fp8_name(i.param); });
 
+// ---- FP8, blocked recipes with shards that are not a whole number of blocks ----
+//
+// F = 240: F/P = 120 (P = 2) and 80 (P = 3), neither a multiple of BLOCK's 128 nor of MXFP8's 32,
+// so each shard of W1, W2, act_out and dh ends in a partial block, and the unsharded plan's block
+// boundaries (at multiples of the block in the full F) fall inside the shards. The gated cases
+// also put the [H, A, F/P] halves' boundary at a column that is not a block boundary. The scales
+// of MXFP8 (E8M0) and of BLOCK by default are powers of 2, which commute with FP8 rounding, so
+// other blocks change only the subnormal range and the group stays within kTolFp8Sharded of the
+// unsharded plan (measured: at most ~2e-3 over 12 seeds). BLOCK without power-of-2 scales would
+// differ by a whole FP8 rounding (0.03-0.04, the bound itself): plan creation refuses it unless
+// F/P is whole blocks (ShardingPlan.BlockWithoutPowerOf2ScalesNeedsWholeBlocks), and the
+// "nopow2" cases here run it with F = 768 (F/P = 384 or 256, whole blocks) for contrast.
+
+struct Fp8BlockedCase {
+  int32_t recipe;
+  int32_t power_2_scale;  // BLOCK: -1 the default (yes), 0 no
+  int P;
+  bool sp;
+  bool gated;
+  int32_t dtype;
+  int32_t remat;
+  int64_t ffn() const { return power_2_scale == 0 ? 768 : 240; }
+};
+
+std::string fp8_blocked_name(const Fp8BlockedCase& c) {
+  return std::string(c.recipe == LNMLP_RECIPE_BLOCK ? "block" : "mxfp8") + (c.power_2_scale == 0 ? "_nopow2" : "") +
+         "_P" + std::to_string(c.P) + "_F" + std::to_string(c.ffn()) + (c.gated ? "_swiglu_" : "_gelu_") +
+         dtype_label(c.dtype) + (c.sp ? "_sp" : "_tp") + "_remat" + std::to_string(c.remat);
+}
+
+std::vector<Fp8BlockedCase> fp8_blocked_cases() {
+  std::vector<Fp8BlockedCase> v;
+  int i = 0;
+  const std::pair<int32_t, int32_t> recipes[] = {
+      {LNMLP_RECIPE_BLOCK, -1}, {LNMLP_RECIPE_MXFP8, -1}, {LNMLP_RECIPE_BLOCK, 0}};
+  for (const auto& [recipe, p2] : recipes)
+    for (int P : {2, 3})
+      for (bool sp : {false, true}) {
+        v.push_back({recipe, p2, P, sp, i % 2 == 1, i % 3 == 0 ? LNMLP_DTYPE_F32 : LNMLP_DTYPE_BF16, i % 3});
+        ++i;
+      }
+  return v;
+}
+
+class ShardingFp8Blocked : public ::testing::TestWithParam<Fp8BlockedCase> {};
+
+TEST_P(ShardingFp8Blocked, PartialBlocksGroupEqualsUnshardedPlanAndReference) {
+  const Fp8BlockedCase& k = GetParam();
+  lnmlp_ref::Config cfg;
+  cfg.tokens = 48;  // divisible by 2 and 3
+  cfg.hidden = 64;
+  cfg.ffn = k.ffn();  // 240: F/P = 120 or 80, a partial block at the end of every shard (see above)
+  cfg.norm = k.gated ? lnmlp_ref::Norm::RmsNorm : lnmlp_ref::Norm::LayerNorm;
+  cfg.acts = k.gated ? std::vector<int>{LNMLP_ACT_SILU, LNMLP_ACT_LINEAR} : std::vector<int>{LNMLP_ACT_GELU};
+  cfg.has_bias1 = cfg.has_bias2 = true;
+  const int64_t block = k.recipe == LNMLP_RECIPE_BLOCK ? 128 : 32;
+  if (k.power_2_scale == 0)
+    ASSERT_EQ((cfg.ffn / k.P) % block, 0);
+  else
+    ASSERT_NE((cfg.ffn / k.P) % block, 0);
+  const Problem pr = make_problem(cfg, k.dtype, hash_name(fp8_blocked_name(k)));
+  RunOptions o;
+  o.remat = k.remat;
+  o.recipe = k.recipe;
+  o.power_2_scale = k.power_2_scale;
+  const RunResult single = run_library(pr, o);
+
+  InProcessGroup group(k.P);
+  std::vector<RunResult> ranks(static_cast<size_t>(k.P));
+  group.run([&](int r) {
+    RunOptions ro = o;
+    ro.group_size = k.P;
+    ro.rank = r;
+    ro.sequence_parallel = k.sp ? 1 : 0;
+    ro.comm = group.comm(r);
+    ranks[static_cast<size_t>(r)] = run_library(shard_problem(pr, k.P, r, k.sp), ro);
+  });
+  std::string mismatch;
+  const RunResult got = assemble(pr, ranks, k.sp, &mismatch);
+  EXPECT_TRUE(mismatch.empty()) << mismatch;
+
+  const auto y_ref = lnmlp_ref::forward(pr.cfg, pr.x, pr.p);
+  const auto g = lnmlp_ref::backward(pr.cfg, pr.x, pr.p, pr.dy);
+  const std::vector<double>* refs[] = {&y_ref, &g.dx, &g.dgamma, &g.dbeta, &g.dw1, &g.db1, &g.dw2, &g.db2};
+  const auto a = named(got), b = named(single);
+  const std::string key = fp8_blocked_name(k).substr(0, fp8_blocked_name(k).find("_P")) +
+                          (k.power_2_scale == 0 ? ", whole blocks" : ", partial blocks");
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (b[i].buf->empty()) continue;
+    const auto v = a[i].buf->to_doubles();
+    Comparison c1, c2;
+    EXPECT_TRUE(within_tolerance(a[i].name, v, b[i].buf->to_doubles(), nullptr, kTolFp8Sharded, &c1))
+        << "against the unsharded plan";
+    EXPECT_TRUE(within_tolerance(a[i].name, v, *refs[i], nullptr, kTolFp8, &c2)) << "against the reference";
+    double& w1 = worst()[key + " vs unsharded plan"];
+    double& w2 = worst()[key + " vs float64 reference"];
+    w1 = std::max(w1, c1.normalised());
+    w2 = std::max(w2, c2.normalised());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, ShardingFp8Blocked, ::testing::ValuesIn(fp8_blocked_cases()),
+                         [](const ::testing::TestParamInfo<Fp8BlockedCase>& i) { return fp8_blocked_name(i.param); });
+
 // ---- plan creation: what must agree, and the refusals ----
 
 struct Desc {
@@ -269,6 +374,37 @@ TEST(ShardingPlan, ChecksTheCommunicatorAndTheDivisibility) {
   int32_t yes = 0;
   ASSERT_EQ(lnmlp_query_support(LNMLP_BACKEND_CPU, LNMLP_FEATURE_SHARDING, &yes), LNMLP_SUCCESS);
   EXPECT_EQ(yes, 1);
+}
+
+TEST(ShardingPlan, BlockWithoutPowerOf2ScalesNeedsWholeBlocks) {
+  auto create = [&](int64_t F, int P, int32_t recipe, int32_t power_2_scale) {
+    Desc d(6, F);
+    lnmlp_desc_set_recipe(d.d, recipe);
+    lnmlp_desc_set_scaling_options(d.d, power_2_scale, 0.0f);
+    lnmlp_desc_set_sharding(d.d, P, 0, 0);
+    InProcessGroup g(P);
+    lnmlp_desc_set_communicator(d.d, g.comm(0));
+    return d.create();
+  };
+  // F / P = 120 or 80: partial blocks. Refused without power-of-2 scales, with a message saying what to change.
+  for (int P : {2, 3}) {
+    EXPECT_EQ(create(240, P, LNMLP_RECIPE_BLOCK, 0), LNMLP_ERROR_INVALID_ARGUMENT) << "P = " << P;
+    const std::string msg = lnmlp_last_error();
+    EXPECT_NE(msg.find("without power-of-2 scales shards only whole 128-element blocks"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("ffn / group_size = 240 / " + std::to_string(P)), std::string::npos) << msg;
+    EXPECT_NE(msg.find("keep power-of-2 scales"), std::string::npos) << msg;
+    // Power-of-2 scales (BLOCK's default, or asked for) and MXFP8 shard partial blocks.
+    EXPECT_EQ(create(240, P, LNMLP_RECIPE_BLOCK, -1), LNMLP_SUCCESS) << lnmlp_last_error();
+    EXPECT_EQ(create(240, P, LNMLP_RECIPE_BLOCK, 1), LNMLP_SUCCESS) << lnmlp_last_error();
+    EXPECT_EQ(create(240, P, LNMLP_RECIPE_MXFP8, -1), LNMLP_SUCCESS) << lnmlp_last_error();
+    // Whole blocks (F / P = 384 or 256) without power-of-2 scales are fine.
+    EXPECT_EQ(create(768, P, LNMLP_RECIPE_BLOCK, 0), LNMLP_SUCCESS) << lnmlp_last_error();
+  }
+  // Unsharded, any F.
+  Desc d(6, 240);
+  lnmlp_desc_set_recipe(d.d, LNMLP_RECIPE_BLOCK);
+  lnmlp_desc_set_scaling_options(d.d, 0, 0.0f);
+  EXPECT_EQ(d.create(), LNMLP_SUCCESS) << lnmlp_last_error();
 }
 
 TEST(ShardingPlan, CommunicatorArgumentsAndLifetime) {

@@ -6,8 +6,8 @@ use lnmlp_sys as sys;
 
 use crate::error::check;
 use crate::{
-    Activation, Activations, Backend, ClampedSwiglu, DType, DelayedScaling, Element, Error, Fp8Format, Norm, Plan,
-    Recipe, Remat, Result,
+    Activation, Activations, Backend, ClampedSwiglu, Communicator, DType, DelayedScaling, Element, Error, Fp8Format,
+    Norm, Plan, Recipe, Remat, Result,
 };
 
 /// Describes a plan: every setter of the C descriptor (`lnmlp_desc_set_*`). Setters chain and
@@ -15,7 +15,7 @@ use crate::{
 /// given below, creates the plan and destroys the descriptor, returning the first failure with
 /// the library's message. Settings left alone keep the library's defaults: no shape (must be
 /// set), layernorm, gamma not zero-centered, epsilon 1e-6, relu, no biases, f32, save-all, CPU
-/// backend, all cores, no FP8 recipe, no sharding, plan-owned workspace.
+/// backend, all cores, no FP8 recipe, no sharding, no communicator, plan-owned workspace.
 #[derive(Clone, Debug, Default)]
 pub struct PlanBuilder {
     shape: Option<(i64, i64, i64)>,
@@ -35,6 +35,7 @@ pub struct PlanBuilder {
     delayed: Option<DelayedScaling>,
     scaling_options: Option<(Option<bool>, f32)>,
     sharding: Option<(i32, i32, bool)>,
+    communicator: Option<Communicator>,
     external_workspace: Option<bool>,
 }
 
@@ -175,12 +176,25 @@ impl PlanBuilder {
         self
     }
 
-    /// Tensor-parallel sharding: rank `rank` of a group of `group_size` (docs/sharding.md). A group
-    /// larger than 1 needs a communicator, which this crate does not wrap yet (use `lnmlp-sys`'s
-    /// `lnmlp_comm_create_*` and `lnmlp_desc_set_communicator`); without one, build() fails with
-    /// [`crate::Status::InvalidArgument`].
+    /// Tensor-parallel sharding (`lnmlp_desc_set_sharding`, docs/sharding.md): this plan is rank
+    /// `rank` of a group of `group_size` plans (default 1: no sharding). [`PlanBuilder::shape`]
+    /// stays the group's T, H, F; the plan's tensors are its shard: W1 `[H, A, F/P]`, b1
+    /// `[A, F/P]`, W2 `[F/P, H]`, and with `sequence_parallel` x, y, dx, dy `[T/P, H]` (rows
+    /// `rank * T/P ..`); see [`Plan::x_len`] and friends. A group larger than 1 needs a
+    /// [`PlanBuilder::communicator`] of the same size and rank, F divisible by P and, with
+    /// sequence parallelism, T too; otherwise [`PlanBuilder::build`] fails with
+    /// [`crate::Status::InvalidArgument`] and a message saying what to change.
     pub fn sharding(mut self, group_size: i32, rank: i32, sequence_parallel: bool) -> Self {
         self.sharding = Some((group_size, rank, sequence_parallel));
+        self
+    }
+
+    /// The communicator a sharded plan uses (`lnmlp_desc_set_communicator`): the builder and
+    /// every plan built from it keep a reference to it (a clone), so it may be dropped after
+    /// building. Plans sharing one communicator must not run at the same time (every rank runs
+    /// its collectives in the same order).
+    pub fn communicator(mut self, comm: &Communicator) -> Self {
+        self.communicator = Some(comm.clone());
         self
     }
 
@@ -256,6 +270,11 @@ impl PlanBuilder {
             if let Some((g, r, sp)) = self.sharding {
                 check(sys::lnmlp_desc_set_sharding(d, g, r, sp as i32))?;
             }
+            if let Some(c) = &self.communicator {
+                // The C descriptor and plan hold the library's communicator; the Plan holds a
+                // clone of `c`, which keeps a Rust Collectives implementation alive as long.
+                check(sys::lnmlp_desc_set_communicator(d, c.as_raw()))?;
+            }
             if let Some(e) = self.external_workspace {
                 check(sys::lnmlp_desc_set_external_workspace(d, e as i32))?;
             }
@@ -288,6 +307,12 @@ impl PlanBuilder {
     }
     pub(crate) fn cfg_shape(&self) -> (i64, i64, i64) {
         self.shape.unwrap_or((0, 0, 0))
+    }
+    pub(crate) fn cfg_sharding(&self) -> (i32, i32, bool) {
+        self.sharding.unwrap_or((1, 0, false))
+    }
+    pub(crate) fn cfg_communicator(&self) -> Option<Communicator> {
+        self.communicator.clone()
     }
     pub(crate) fn cfg_external_workspace(&self) -> bool {
         self.external_workspace.unwrap_or(false)

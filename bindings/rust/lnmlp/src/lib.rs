@@ -57,6 +57,13 @@
 //! # }
 //! ```
 //!
+//! # Sharding
+//!
+//! A plan can be one rank of a tensor-parallel group (docs/sharding.md): give every rank's
+//! builder [`PlanBuilder::sharding`] and a [`Communicator`] (an MPI communicator, or a Rust
+//! implementation of [`Collectives`]); each rank then passes its shard of the weights (and, under
+//! sequence parallelism, of the tokens), of the lengths [`Plan::w1_len`], [`Plan::x_len`], ...
+//!
 //! # Finding the library
 //!
 //! `lnmlp-sys`'s build script links `liblnmlp.so` found through `LNMLP_LIB_DIR`, then
@@ -68,6 +75,7 @@
 
 mod buffer;
 mod builder;
+mod comm;
 mod element;
 mod error;
 mod plan;
@@ -80,6 +88,7 @@ use lnmlp_sys as sys;
 
 pub use buffer::Saved;
 pub use builder::{DescriptorBuilder, PlanBuilder};
+pub use comm::{Collectives, CommResult, CommType, Communicator};
 pub use element::{convert_from_f32, convert_to_f32, Bf16, Element, F16};
 pub use error::{last_error, status_string, Error, Result, Status};
 pub use plan::{Gradients, GradientsMut, Plan, QuantizerState, Weights};

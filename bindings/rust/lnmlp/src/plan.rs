@@ -9,7 +9,9 @@ use lnmlp_sys as sys;
 
 use crate::buffer::AlignedBuf;
 use crate::error::check;
-use crate::{Backend, DType, Element, Error, Norm, PlanBuilder, Quantizer, Recipe, Remat, Result, Saved, Status};
+use crate::{
+    Backend, Communicator, DType, Element, Error, Norm, PlanBuilder, Quantizer, Recipe, Remat, Result, Saved, Status,
+};
 
 /// The parameters of the block, borrowed: shapes `gamma`, `beta` `[H]`; `w1` `[H, A, F]`; `b1`
 /// `[A, F]`; `w2` `[F, H]`; `b2` `[H]`, row-major. `beta` is `Some` exactly for layernorm; `b1` and
@@ -126,6 +128,13 @@ pub struct Plan {
     alignment: usize,
     amax_history_length: usize,
     state_bytes: usize,
+    group_size: usize,
+    rank: usize,
+    sequence_parallel: bool,
+    /// The communicator of a sharded plan: keeps a Rust Collectives implementation alive while
+    /// the C plan may call it (dropped after the plan is destroyed), and supplies the message of
+    /// a failed collective.
+    comm: Option<Communicator>,
     /// Host workspace attached by attach_host_workspace; freed after the plan (field order).
     host_workspace: Option<AlignedBuf>,
     _not_sync: PhantomData<std::cell::Cell<()>>,
@@ -154,6 +163,8 @@ impl Plan {
         let (t, h, f) = cfg.cfg_shape();
         let (backend, device) = cfg.cfg_backend();
         let (b1, b2) = cfg.cfg_bias();
+        // lnmlp_plan_create accepted the sharding, so group_size >= 1 and 0 <= rank < group_size.
+        let (group_size, rank, sp) = cfg.cfg_sharding();
         let mut plan = Plan {
             raw,
             tokens: t as usize,
@@ -175,6 +186,10 @@ impl Plan {
             alignment: 1,
             amax_history_length: 0,
             state_bytes: 0,
+            group_size: group_size.max(1) as usize,
+            rank: rank.max(0) as usize,
+            sequence_parallel: sp && group_size > 1,
+            comm: cfg.cfg_communicator(),
             host_workspace: None,
             _not_sync: PhantomData,
         };
@@ -203,17 +218,45 @@ impl Plan {
     pub fn as_raw(&self) -> *mut sys::lnmlp_plan {
         self.raw.as_ptr()
     }
-    /// T, the number of tokens.
+    /// T, the number of tokens (the group's, for a sharded plan: see [`Plan::local_tokens`]).
     pub fn tokens(&self) -> usize {
         self.tokens
+    }
+    /// The rows of x, y, dx, dy this plan holds: T / P under sequence parallelism, else T.
+    pub fn local_tokens(&self) -> usize {
+        if self.sequence_parallel {
+            self.tokens / self.group_size
+        } else {
+            self.tokens
+        }
     }
     /// H, the hidden size.
     pub fn hidden(&self) -> usize {
         self.hidden
     }
-    /// F, the ffn size.
+    /// F, the ffn size (the group's, for a sharded plan: see [`Plan::local_ffn`]).
     pub fn ffn(&self) -> usize {
         self.ffn
+    }
+    /// The ffn columns this plan's shard holds: F / P.
+    pub fn local_ffn(&self) -> usize {
+        self.ffn / self.group_size
+    }
+    /// P, the size of the tensor-parallel group (1: not sharded).
+    pub fn group_size(&self) -> usize {
+        self.group_size
+    }
+    /// This plan's rank in its group.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    /// Whether the group is sequence parallel (x, y, dx, dy hold T / P rows).
+    pub fn sequence_parallel(&self) -> bool {
+        self.sequence_parallel
+    }
+    /// The communicator of a sharded plan.
+    pub fn communicator(&self) -> Option<&Communicator> {
+        self.comm.as_ref()
     }
     /// A, the number of activation functions (1, or 2 when gated).
     pub fn num_activations(&self) -> usize {
@@ -267,21 +310,49 @@ impl Plan {
     pub fn state_bytes(&self) -> usize {
         self.state_bytes
     }
-    /// Elements of x, y, dx, dy: T*H.
+    /// Elements of x, y, dx, dy: T*H ([`Plan::local_tokens`] * H when sharded).
     pub fn x_len(&self) -> usize {
-        self.tokens * self.hidden
+        self.local_tokens() * self.hidden
     }
-    /// Elements of W1: H*A*F.
+    /// Elements of W1: H*A*F ([`Plan::local_ffn`] for F when sharded).
     pub fn w1_len(&self) -> usize {
-        self.hidden * self.num_activations * self.ffn
+        self.hidden * self.num_activations * self.local_ffn()
     }
-    /// Elements of b1: A*F.
+    /// Elements of b1: A*F ([`Plan::local_ffn`] for F when sharded).
     pub fn b1_len(&self) -> usize {
-        self.num_activations * self.ffn
+        self.num_activations * self.local_ffn()
     }
-    /// Elements of W2: F*H.
+    /// Elements of W2: F*H ([`Plan::local_ffn`] for F when sharded).
     pub fn w2_len(&self) -> usize {
-        self.ffn * self.hidden
+        self.local_ffn() * self.hidden
+    }
+
+    /// The shapes named in length errors: the shard's when sharded.
+    fn x_shape(&self) -> &'static str {
+        if self.sequence_parallel {
+            "[T/P, H]"
+        } else {
+            "[T, H]"
+        }
+    }
+    fn w_shapes(&self) -> (&'static str, &'static str, &'static str) {
+        if self.group_size > 1 {
+            ("[H, A, F/P]", "[A, F/P]", "[F/P, H]")
+        } else {
+            ("[H, A, F]", "[A, F]", "[F, H]")
+        }
+    }
+
+    /// A failed call of a sharded plan whose Rust collective failed or panicked: the library's
+    /// message plus what the collective reported.
+    fn with_comm_failure(&self, r: Result<()>) -> Result<()> {
+        match (r, &self.comm) {
+            (Err(e), Some(c)) if e.status() == Status::Backend => match c.take_failure() {
+                Some(m) => Err(Error::new(Status::Backend, format!("{}: {m}", e.message()))),
+                None => Err(e),
+            },
+            (r, _) => r,
+        }
     }
 
     /// A zeroed saved buffer of the plan's size and alignment, for [`Plan::forward_into`].
@@ -402,8 +473,9 @@ impl Plan {
             Norm::LayerNorm => Plan::opt_ptr("beta", w.beta, true, h, "[H]", "layernorm needs it", "")?,
             Norm::RmsNorm => Plan::opt_ptr("beta", w.beta, false, h, "[H]", "", "rmsnorm has no beta")?,
         };
-        Plan::check_len("w1", w.w1.len(), self.w1_len(), "[H, A, F]")?;
-        Plan::check_len("w2", w.w2.len(), self.w2_len(), "[F, H]")?;
+        let (w1s, _, w2s) = self.w_shapes();
+        Plan::check_len("w1", w.w1.len(), self.w1_len(), w1s)?;
+        Plan::check_len("w2", w.w2.len(), self.w2_len(), w2s)?;
         Ok([w.gamma.as_ptr() as *const c_void, beta, w.w1.as_ptr() as *const c_void, w.w2.as_ptr() as *const c_void])
     }
 
@@ -450,23 +522,23 @@ impl Plan {
         saved: &mut Saved,
     ) -> Result<()> {
         self.check_host::<T>("forward")?;
-        Plan::check_len("x", x.len(), self.x_len(), "[T, H]")?;
+        Plan::check_len("x", x.len(), self.x_len(), self.x_shape())?;
         let [g, b, w1, w2] = self.weight_ptrs(w)?;
         let b1 = Plan::opt_ptr(
             "b1",
             w.b1,
             self.has_bias1,
             self.b1_len(),
-            "[A, F]",
+            self.w_shapes().1,
             "the plan has b1",
             "the plan has no b1",
         )?;
         let b2 = self.b2_ptr(w)?;
-        Plan::check_len("y", y.len(), self.x_len(), "[T, H]")?;
+        Plan::check_len("y", y.len(), self.x_len(), self.x_shape())?;
         self.check_saved(saved)?;
         // SAFETY: every pointer is NULL where the plan expects NULL, or points to a live slice of
         // the length the plan reads/writes; y and saved are exclusively borrowed.
-        unsafe {
+        let r = unsafe {
             check(sys::lnmlp_plan_forward(
                 self.raw.as_ptr(),
                 x.as_ptr() as *const c_void,
@@ -480,7 +552,8 @@ impl Plan {
                 saved.c_mut_ptr() as *mut c_void,
                 ptr::null_mut(),
             ))
-        }
+        };
+        self.with_comm_failure(r)
     }
 
     /// Forward, allocating `y`. Returns `(y, saved)`.
@@ -524,8 +597,8 @@ impl Plan {
         out: GradientsMut<'_, T>,
     ) -> Result<()> {
         self.check_host::<T>("backward")?;
-        Plan::check_len("dy", dy.len(), self.x_len(), "[T, H]")?;
-        Plan::check_len("x", x.len(), self.x_len(), "[T, H]")?;
+        Plan::check_len("dy", dy.len(), self.x_len(), self.x_shape())?;
+        Plan::check_len("x", x.len(), self.x_len(), self.x_shape())?;
         let [g, b, w1, w2] = self.weight_ptrs(w)?;
         // b1 is read only when SAVE_STATS recomputes GEMM1; otherwise it may be None.
         let b1 = match (w.b1, self.has_bias1) {
@@ -535,7 +608,7 @@ impl Plan {
                 v,
                 en,
                 self.b1_len(),
-                "[A, F]",
+                self.w_shapes().1,
                 "the plan recomputes GEMM1 (Remat::SaveStats)",
                 "the plan has no b1",
             )?,
@@ -545,15 +618,16 @@ impl Plan {
         }
         self.check_saved(saved)?;
         let (h, ln) = (self.hidden, self.norm == Norm::LayerNorm);
-        Plan::check_len("dx", out.dx.len(), self.x_len(), "[T, H]")?;
+        let (w1s, b1s, w2s) = self.w_shapes();
+        Plan::check_len("dx", out.dx.len(), self.x_len(), self.x_shape())?;
         Plan::check_len("dgamma", out.dgamma.len(), h, "[H]")?;
         let dbeta = Plan::opt_mut_ptr("dbeta", out.dbeta, ln, h, "[H]", "rmsnorm has no beta")?;
-        Plan::check_len("dw1", out.dw1.len(), self.w1_len(), "[H, A, F]")?;
-        let db1 = Plan::opt_mut_ptr("db1", out.db1, self.has_bias1, self.b1_len(), "[A, F]", "the plan has no b1")?;
-        Plan::check_len("dw2", out.dw2.len(), self.w2_len(), "[F, H]")?;
+        Plan::check_len("dw1", out.dw1.len(), self.w1_len(), w1s)?;
+        let db1 = Plan::opt_mut_ptr("db1", out.db1, self.has_bias1, self.b1_len(), b1s, "the plan has no b1")?;
+        Plan::check_len("dw2", out.dw2.len(), self.w2_len(), w2s)?;
         let db2 = Plan::opt_mut_ptr("db2", out.db2, self.has_bias2, h, "[H]", "the plan has no b2")?;
         // SAFETY: as in forward_into; the outputs are distinct exclusive borrows.
-        unsafe {
+        let r = unsafe {
             check(sys::lnmlp_plan_backward(
                 self.raw.as_ptr(),
                 dy.as_ptr() as *const c_void,
@@ -573,7 +647,8 @@ impl Plan {
                 db2,
                 ptr::null_mut(),
             ))
-        }
+        };
+        self.with_comm_failure(r)
     }
 
     // ---- execution (raw pointers: device memory) -----------------------------------------------
@@ -585,7 +660,8 @@ impl Plan {
     /// # Safety
     /// Every pointer must be NULL where the C API allows/requires it (beta for RMSNorm, disabled
     /// biases, saved for a plan saving 0 bytes) or point to memory of the plan's backend holding
-    /// the tensor's full size in the plan's dtype, aligned as required (`saved` to
+    /// the tensor's full size in the plan's dtype (a sharded plan's shard: [`Plan::x_len`] and
+    /// friends), aligned as required (`saved` to
     /// [`Plan::alignment`]); `y` must not overlap the inputs; nothing may be accessed
     /// concurrently until the work on `stream` completes.
     #[allow(clippy::too_many_arguments)]
@@ -603,7 +679,10 @@ impl Plan {
         stream: *mut c_void,
     ) -> Result<()> {
         // SAFETY: guaranteed by the caller.
-        check(unsafe { sys::lnmlp_plan_forward(self.raw.as_ptr(), x, gamma, beta, w1, b1, w2, b2, y, saved, stream) })
+        let r = check(unsafe {
+            sys::lnmlp_plan_forward(self.raw.as_ptr(), x, gamma, beta, w1, b1, w2, b2, y, saved, stream)
+        });
+        self.with_comm_failure(r)
     }
 
     /// `lnmlp_plan_backward` with raw pointers (see [`Plan::forward_raw`]).
@@ -632,7 +711,7 @@ impl Plan {
         stream: *mut c_void,
     ) -> Result<()> {
         // SAFETY: guaranteed by the caller.
-        check(unsafe {
+        let r = check(unsafe {
             sys::lnmlp_plan_backward(
                 self.raw.as_ptr(),
                 dy,
@@ -652,7 +731,8 @@ impl Plan {
                 db2,
                 stream,
             )
-        })
+        });
+        self.with_comm_failure(r)
     }
 
     // ---- FP8 state (delayed scaling) -----------------------------------------------------------
@@ -735,6 +815,9 @@ impl fmt::Debug for Plan {
             .field("backend", &self.backend)
             .field("recipe", &self.recipe)
             .field("external_workspace", &self.external_workspace)
+            .field("group_size", &self.group_size)
+            .field("rank", &self.rank)
+            .field("sequence_parallel", &self.sequence_parallel)
             .finish()
     }
 }

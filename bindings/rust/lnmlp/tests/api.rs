@@ -130,7 +130,7 @@ fn bad_settings_are_reported() {
     assert!(e.message().contains("not_an_activation"), "{e}");
     let e = small().gated(Activation::ClampedSilu, Activation::Linear).build().unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument, "{e}");
-    // a group without a communicator (the safe crate does not wrap communicators yet)
+    // a group without a communicator
     let e = small().sharding(2, 0, false).build().unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument, "{e}");
     assert!(e.message().contains("communicator"), "{e}");
