@@ -65,7 +65,8 @@ NcclApi load_nccl() {
   ok = resolve(h, "ncclReduceScatter", a.reduce_scatter) && ok;
   ok = resolve(h, "ncclAllReduce", a.all_reduce) && ok;
   resolve(h, "ncclGetLastError", a.last_error);
-  if (!ok) a.error = "the loaded libnccl.so.2 lacks functions lnmlp needs; it is too old (NCCL 2.10 or newer is needed)";
+  if (!ok)
+    a.error = "the loaded libnccl.so.2 lacks functions lnmlp needs; it is too old (NCCL 2.10 or newer is needed)";
   return a;
 }
 

@@ -47,7 +47,7 @@ class NcclGroup {
     for (int r = 0; r < P; ++r) devs[static_cast<size_t>(r)] = r;
     const ncclResult_t st = ncclCommInitAll(nccl_.data(), P, devs.data());
     if (st != ncclSuccess) throw std::runtime_error(std::string("ncclCommInitAll: ") + ncclGetErrorString(st));
-    for (int r = 0; r < P; ++r) LNMLP_TEST_CHECK(lnmlp_comm_create_nccl(&nccl_[static_cast<size_t>(r)], &comms_[static_cast<size_t>(r)]));
+    for (size_t r = 0; r < nccl_.size(); ++r) LNMLP_TEST_CHECK(lnmlp_comm_create_nccl(&nccl_[r], &comms_[r]));
   }
   ~NcclGroup() {
     for (lnmlp_comm* c : comms_) lnmlp_comm_destroy(c);
@@ -80,7 +80,8 @@ std::vector<Case> cases() {
       {"f32_ln_gelu_bias_saveall", LN, gelu, LNMLP_DTYPE_F32, true, LNMLP_RECIPE_NONE, LNMLP_REMAT_SAVE_ALL},
       {"bf16_rms_swiglu_savestats", RMS, swiglu, LNMLP_DTYPE_BF16, false, LNMLP_RECIPE_NONE, LNMLP_REMAT_SAVE_STATS},
       {"bf16_ln_swiglu_bias_saveffn1", LN, swiglu, LNMLP_DTYPE_BF16, true, LNMLP_RECIPE_NONE, LNMLP_REMAT_SAVE_FFN1},
-      {"fp8_current_ln_gelu_bias_saveall", LN, gelu, LNMLP_DTYPE_BF16, true, LNMLP_RECIPE_CURRENT, LNMLP_REMAT_SAVE_ALL},
+      {"fp8_current_ln_gelu_bias_saveall", LN, gelu, LNMLP_DTYPE_BF16, true, LNMLP_RECIPE_CURRENT,
+       LNMLP_REMAT_SAVE_ALL},
       {"fp8_delayed_rms_swiglu_savestats", RMS, swiglu, LNMLP_DTYPE_BF16, false, LNMLP_RECIPE_DELAYED,
        LNMLP_REMAT_SAVE_STATS},
       {"fp8_block_ln_gelu_bias_saveall", LN, gelu, LNMLP_DTYPE_BF16, true, LNMLP_RECIPE_BLOCK, LNMLP_REMAT_SAVE_ALL},
@@ -221,7 +222,8 @@ TEST_P(CudaSharding, TwoRanksEqualUnshardedPlan) {
       }
     });
   for (auto& t : threads) t.join();
-  for (int r = 0; r < P; ++r) ASSERT_TRUE(errors[static_cast<size_t>(r)].empty()) << "rank " << r << ": " << errors[static_cast<size_t>(r)];
+  for (int r = 0; r < P; ++r)
+    ASSERT_TRUE(errors[static_cast<size_t>(r)].empty()) << "rank " << r << ": " << errors[static_cast<size_t>(r)];
   std::vector<RunResult> results;
   for (const auto& rr : ranks) results.push_back(rr.r);
   std::string mismatch;
