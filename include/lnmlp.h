@@ -364,10 +364,11 @@ LNMLP_API int32_t lnmlp_desc_set_scaling_options(lnmlp_desc* desc, int32_t power
  * db2 are summed over the group (identical on every rank). In both cases T, H and F given to
  * lnmlp_desc_set_shape are the GROUP's (global) sizes, not the shard's.
  * lnmlp_plan_create then requires a communicator (lnmlp_desc_set_communicator) of the same size
- * and rank, F divisible by P and, under sequence parallelism, T divisible by P. Only the CPU
- * backend shards in this release (LNMLP_FEATURE_SHARDING), every FP8 recipe included (per-tensor
- * amaxes are max-reduced over the group, so delayed-scaling state stays identical on every rank);
- * the CUDA backend refuses group_size > 1 with LNMLP_ERROR_NOT_SUPPORTED.
+ * and rank, F divisible by P and, under sequence parallelism, T divisible by P. Both backends
+ * shard (LNMLP_FEATURE_SHARDING), every FP8 recipe included (per-tensor amaxes are max-reduced
+ * over the group, so delayed-scaling state stays identical on every rank): the CPU backend over
+ * an MPI or callback communicator, the CUDA backend over an NCCL one (lnmlp_comm_create_nccl);
+ * any other pairing is refused with LNMLP_ERROR_INVALID_ARGUMENT.
  * Every rank must call forward and backward in the same order: each call runs collectives. */
 LNMLP_API int32_t lnmlp_desc_set_sharding(lnmlp_desc* desc, int32_t group_size, int32_t rank,
                                           int32_t sequence_parallel);
@@ -427,9 +428,21 @@ LNMLP_API int32_t lnmlp_comm_create_callbacks(const lnmlp_comm_callbacks* table,
  * no MPI (CMake option LNMLP_MPI; lnmlp_get_build_info says which). */
 LNMLP_API int32_t lnmlp_comm_create_mpi(const void* mpi_comm, lnmlp_comm** comm);
 
-/* The NCCL communicator for the CUDA backend: nccl_comm points to an ncclComm_t. Not available in
- * this release (the CUDA backend does not shard yet): it always returns LNMLP_ERROR_NOT_SUPPORTED
- * and says so; it is declared so that the ABI already has it. */
+/* Creates a communicator from an NCCL communicator, for the CUDA backend: nccl_comm points to an
+ * initialized ncclComm_t (from ncclCommInitRank or ncclCommInitAll; in Python or Rust, pass the
+ * address of a variable holding the ncclComm_t value). The ncclComm_t is used as it is (not
+ * duplicated, not destroyed) and must stay valid while a plan uses it; the group is the whole NCCL
+ * communicator (its size and rank), and a plan using it must be on its CUDA device
+ * (lnmlp_desc_set_backend). The collectives run on the stream given to forward / backward, over
+ * the plan's device workspace; each rank's forward / backward must be called from its own thread
+ * or process (not inside ncclGroupStart / ncclGroupEnd: a call enqueues collectives and the
+ * kernels that use their results). A CUDA plan given an NCCL
+ * communicator runs its collectives even with group_size 1. liblnmlp does not link NCCL: the CUDA
+ * module loads libnccl.so.2 (the copy already in the process first). Returns
+ * LNMLP_ERROR_NULL_POINTER for a NULL nccl_comm or comm, LNMLP_ERROR_INVALID_ARGUMENT when
+ * *nccl_comm is NULL, and LNMLP_ERROR_NOT_SUPPORTED, creating nothing, when this build has no CUDA
+ * backend, the CUDA module was built without NCCL, NCCL cannot be loaded, or there is no GPU (the
+ * message says which). */
 LNMLP_API int32_t lnmlp_comm_create_nccl(const void* nccl_comm, lnmlp_comm** comm);
 
 /* Destroys a communicator handle. NULL does nothing. Descriptors and plans that were given it keep

@@ -346,9 +346,10 @@ LNMLP_API int32_t lnmlp_comm_create_nccl(const void* nccl_comm, lnmlp_comm** com
   return api_guard(__func__, [&] {
     if (nccl_comm == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "nccl_comm is NULL; pass a pointer to an ncclComm_t");
     require_out(comm, "comm");
-    fail(LNMLP_ERROR_NOT_SUPPORTED,
-         "the NCCL communicator is not available in this release: the CUDA backend does not shard yet; shard on the "
-         "CPU backend with lnmlp_comm_create_mpi or lnmlp_comm_create_callbacks (docs/sharding.md)");
+    auto c = std::make_unique<lnmlp_comm>();
+    c->impl = make_nccl_communicator(nccl_comm);
+    register_comm(c.get());
+    *comm = c.release();
   });
 }
 

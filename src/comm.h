@@ -1,5 +1,6 @@
 // The collectives a sharded plan runs, behind one interface: a caller's callback table
-// (comm_callbacks.cpp) or MPI (comm_mpi.cpp). Failures throw lnmlp::Error (LNMLP_ERROR_BACKEND).
+// (comm_callbacks.cpp), MPI (comm_mpi.cpp) or NCCL (comm_nccl.cpp in the core, forwarding to the
+// CUDA module's cuda/nccl_comm.cpp). Failures throw lnmlp::Error (LNMLP_ERROR_BACKEND).
 #pragma once
 
 #include <cstdint>
@@ -17,9 +18,20 @@ constexpr CommType comm_type(numerics::DType d) {
   return d == numerics::DType::BF16 ? CommType::BF16 : d == numerics::DType::F16 ? CommType::F16 : CommType::F32;
 }
 
+// Which kind of communicator: the CPU backend shards over host memory (callbacks, MPI), the CUDA
+// backend over device memory on a stream (NCCL).
+enum class CommKind : int32_t { Callbacks = 0, Mpi = 1, Nccl = 2 };
+
+constexpr const char* comm_kind_name(CommKind k) {
+  return k == CommKind::Nccl ? "an NCCL communicator (lnmlp_comm_create_nccl)"
+         : k == CommKind::Mpi ? "an MPI communicator (lnmlp_comm_create_mpi)"
+                              : "a callback communicator (lnmlp_comm_create_callbacks)";
+}
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
+  virtual CommKind kind() const = 0;
   virtual int32_t size() const = 0;
   virtual int32_t rank() const = 0;
   // count: elements each rank sends (all_gather) / receives (reduce_scatter) / reduces (all_reduce).
@@ -32,6 +44,8 @@ class Communicator {
 // Both throw lnmlp::Error with a message naming what is wrong.
 std::shared_ptr<Communicator> make_callback_communicator(const lnmlp_comm_callbacks& table);
 std::shared_ptr<Communicator> make_mpi_communicator(const void* mpi_comm);  // NOT_SUPPORTED without MPI
+// NOT_SUPPORTED without the CUDA module, a GPU, or NCCL (comm_nccl.cpp, in the core only).
+std::shared_ptr<Communicator> make_nccl_communicator(const void* nccl_comm);
 // Whether this build has MPI, for lnmlp_get_build_info.
 bool mpi_built();
 

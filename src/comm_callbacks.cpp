@@ -9,6 +9,7 @@ namespace {
 class CallbackCommunicator final : public Communicator {
  public:
   explicit CallbackCommunicator(const lnmlp_comm_callbacks& t) : t_(t) {}
+  CommKind kind() const override { return CommKind::Callbacks; }
   int32_t size() const override { return t_.size; }
   int32_t rank() const override { return t_.rank; }
   void all_gather(const void* s, void* r, int64_t n, CommType t, void* st) override {

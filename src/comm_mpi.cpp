@@ -47,6 +47,7 @@ class MpiCommunicator final : public Communicator {
     check(MPI_Comm_size(c, &size_), "MPI_Comm_size");
     check(MPI_Comm_rank(c, &rank_), "MPI_Comm_rank");
   }
+  CommKind kind() const override { return CommKind::Mpi; }
   int32_t size() const override { return size_; }
   int32_t rank() const override { return rank_; }
   void all_gather(const void* s, void* r, int64_t n, CommType t, void*) override {

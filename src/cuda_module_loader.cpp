@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "comm.h"
 #include "cuda_module.h"
 #include "error.h"
 
@@ -89,7 +90,7 @@ class CudaModuleBackend final : public Backend {
  public:
   CudaModuleBackend(const lnmlp_cuda_module_table& t, const Config& cfg, const SavedLayout& saved) : t_(t) {
     char msg[kMsgCap] = {0};
-    check(t_.create(&cfg, &saved, &b_, msg, kMsgCap), msg);
+    check(t_.create(&cfg, &saved, cuda_module_comm(cfg.shard.comm), &b_, msg, kMsgCap), msg);
   }
   ~CudaModuleBackend() override { t_.destroy(b_); }
   CudaModuleBackend(const CudaModuleBackend&) = delete;
@@ -141,6 +142,8 @@ class CudaModuleBackend final : public Backend {
 
 }  // namespace
 
+const lnmlp_cuda_module_table& cuda_module_table() { return require_module(); }
+
 std::unique_ptr<Backend> make_cuda_backend(const Config& cfg, const SavedLayout& saved) {
   return std::make_unique<CudaModuleBackend>(require_module(), cfg, saved);
 }
@@ -164,7 +167,10 @@ int32_t cuda_feature_supported(int32_t feature) noexcept {
       case LNMLP_FEATURE_RECIPE_CURRENT:
       case LNMLP_FEATURE_RECIPE_BLOCK:
       case LNMLP_FEATURE_RECIPE_MXFP8: return 1;
-      default: return 0;  // sharding: not yet
+      // Over NCCL (lnmlp_comm_create_nccl), when the module was built with NCCL's header; NCCL
+      // itself is loaded when a communicator is created.
+      case LNMLP_FEATURE_SHARDING: return m.table->nccl_built != 0 ? 1 : 0;
+      default: return 0;
     }
   } catch (...) {
     return 0;

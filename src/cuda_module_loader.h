@@ -7,7 +7,18 @@
 
 #include "backend.h"
 
+struct lnmlp_cuda_module_table;  // cuda_module.h
+struct lnmlp_cuda_comm;
+
 namespace lnmlp {
+
+class Communicator;
+
+// The loaded module's table; throws NOT_SUPPORTED (saying why it could not be loaded).
+const lnmlp_cuda_module_table& cuda_module_table();
+
+// The module's communicator behind an NCCL Communicator (comm_nccl.cpp); NULL for any other kind.
+lnmlp_cuda_comm* cuda_module_comm(const Communicator* c);
 
 // A CUDA backend for cfg, from the module; throws lnmlp::Error (NOT_SUPPORTED when the module, the
 // driver or the device is missing) with a message saying what to change.

@@ -8,14 +8,24 @@ namespace lnmlp {
 
 void validate_sharding(const Config& c) {
   const Sharding& s = c.shard;
-  if (!s.active()) return;
   const int32_t P = s.size;
-  if (c.backend != BackendKind::Cpu)
-    fail(LNMLP_ERROR_NOT_SUPPORTED, "sharding (group_size ", P,
-         ") runs on the CPU backend only in this release; use LNMLP_BACKEND_CPU or group_size 1");
+  // The communicator must suit the backend: NCCL runs on the GPU, MPI and callbacks on the host.
+  const bool cuda = c.backend == BackendKind::Cuda;
+  const bool nccl = s.comm != nullptr && s.comm->kind() == CommKind::Nccl;
+  if (!cuda && nccl)
+    fail(LNMLP_ERROR_INVALID_ARGUMENT, "the descriptor's communicator is ", comm_kind_name(CommKind::Nccl),
+         ", which exchanges GPU buffers; the CPU backend shards over an MPI or callback communicator "
+         "(lnmlp_comm_create_mpi, lnmlp_comm_create_callbacks), or select LNMLP_BACKEND_CUDA");
+  if (cuda && s.active() && s.comm != nullptr && !nccl)
+    fail(LNMLP_ERROR_INVALID_ARGUMENT, "the CUDA backend shards over an NCCL communicator, but the descriptor's is ",
+         comm_kind_name(s.comm->kind()), "; create one with lnmlp_comm_create_nccl from your ncclComm_t, or use "
+         "LNMLP_BACKEND_CPU");
+  // An NCCL communicator is used even by a one-rank plan, so its size must agree then too.
+  if (!s.active() && !nccl) return;
   if (s.comm == nullptr)
     fail(LNMLP_ERROR_INVALID_ARGUMENT, "group_size is ", P,
-         " but the descriptor has no communicator; call lnmlp_desc_set_communicator");
+         " but the descriptor has no communicator; call lnmlp_desc_set_communicator",
+         cuda ? " with an NCCL communicator (lnmlp_comm_create_nccl)" : "");
   if (s.comm->size() != P || s.comm->rank() != s.rank)
     fail(LNMLP_ERROR_INVALID_ARGUMENT, "the communicator is rank ", s.comm->rank(), " of ", s.comm->size(),
          " but lnmlp_desc_set_sharding set rank ", s.rank, " of ", P, "; make them agree");

@@ -365,11 +365,12 @@ TEST(ShardingPlan, ChecksTheCommunicatorAndTheDivisibility) {
     EXPECT_NE(std::string(lnmlp_last_error()).find("tokens (7"), std::string::npos);
   }
   {
-    Desc d(8, 8);  // the CUDA backend does not shard in this release
+    Desc d(8, 8);  // the CUDA backend shards over NCCL only (tests/test_sharding_nccl.cpp)
     lnmlp_desc_set_sharding(d.d, 2, 0, 0);
     lnmlp_desc_set_communicator(d.d, group.comm(0));
     lnmlp_desc_set_backend(d.d, LNMLP_BACKEND_CUDA, 0);
-    EXPECT_EQ(d.create(), LNMLP_ERROR_NOT_SUPPORTED);
+    EXPECT_EQ(d.create(), LNMLP_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(lnmlp_last_error()).find("lnmlp_comm_create_nccl"), std::string::npos);
   }
   int32_t yes = 0;
   ASSERT_EQ(lnmlp_query_support(LNMLP_BACKEND_CPU, LNMLP_FEATURE_SHARDING, &yes), LNMLP_SUCCESS);
@@ -419,10 +420,7 @@ TEST(ShardingPlan, CommunicatorArgumentsAndLifetime) {
   EXPECT_EQ(c, nullptr);
   EXPECT_EQ(lnmlp_comm_destroy(nullptr), LNMLP_SUCCESS);
   EXPECT_EQ(lnmlp_comm_create_mpi(nullptr, &c), LNMLP_ERROR_NULL_POINTER);
-  int fake_nccl = 0;  // no NCCL communicator in this release
-  EXPECT_EQ(lnmlp_comm_create_nccl(&fake_nccl, &c), LNMLP_ERROR_NOT_SUPPORTED);
-  EXPECT_NE(std::string(lnmlp_last_error()).find("CUDA backend does not shard yet"), std::string::npos);
-  EXPECT_EQ(c, nullptr);
+  // lnmlp_comm_create_nccl: tests/test_sharding_nccl.cpp.
 
   // A plan keeps its communicator: destroying the handle first is fine.
   InProcessGroup group(1);

@@ -10,6 +10,15 @@
 // Blocked recipes (block, mxfp8) are emulated exactly as the CPU backend does: quantized in the
 // same block layouts (the same bits), decoded into bf16 operands (fp32 for block scales that are
 // not powers of two) and multiplied by cuBLASLt with fp32 accumulation.
+//
+// Sharded (docs/sharding.md), the CPU FP8 backend's steps with NCCL collectives on the plan's
+// stream (collectives.h): every per-tensor amax is max-reduced over the group on the device before
+// its scale is computed (current) or recorded (delayed), so every rank quantizes with the unsharded
+// plan's scales and keeps the same delayed-scaling state. Under sequence parallelism the norm
+// output's local rows are quantized with that group-wide scale and the FP8 codes all-gathered
+// (blocked recipes: the fp32 rows are gathered and quantized whole); backward's recomputation
+// gathers fp32 rows, dy is gathered in the I/O dtype. GEMM2's and dn's fp32 results (the GEMMs
+// apply the per-tensor factors) are summed over the group, then b2 is added and y rounded.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -18,6 +27,7 @@
 #include "../fp8_recipe.h"
 #include "backward_tail.h"
 #include "check.h"
+#include "collectives.h"
 #include "cuda_backend.h"
 #include "device_memory.h"
 #include "device_pointers.h"
@@ -47,6 +57,8 @@ class CudaFp8Backend final : public DeviceMemoryBackend {
   CudaFp8Backend(const Config& cfg, const SavedLayout& saved)
       : DeviceMemoryBackend(cfg.device), c_(cfg), saved_(saved), r_(resolve_recipe(cfg.fp8)) {
     ScopedDevice dev(device_);
+    comm_ = c_.shard.comm;  // the module's NCCL communicator, sharded plans only
+    sp_ = comm_ != nullptr && c_.shard.sequence_parallel;
     native_ = r_.per_tensor();
     const int64_t T = c_.tokens, H = c_.hidden, F = c_.ffn, AF = c_.act_width();
     if (native_) {
@@ -84,11 +96,27 @@ class CudaFp8Backend final : public DeviceMemoryBackend {
     float* used = saved_.fwd_scales.present() ? at<float>(saved_.fwd_scales, a.saved) : nullptr;
     const bool save_all = saved_.ln_q.present();
 
-    // 1. n = norm(x) in fp32; Q ln_out (for GEMM1; for dW1 into the saved buffer).
+    // 1. n = norm(x) in fp32 (the local rows); Q ln_out (for GEMM1; for dW1 into the saved
+    //    buffer). Under sequence parallelism, per tensor: the local rows quantized with the group's
+    //    scale and the codes all-gathered; blocked: the fp32 rows gathered, then quantized whole.
     float* n = at<float>(fw_.n, ws);
-    norm_forward(d, norm_spec(), a.x, a.gamma, a.beta, true, mu, rs, n, st_, true);
-    const GemmIn ln = quantize(kLnOut, Contract::Cols, DType::F32, n, T, H, a.fp8_state, nullptr, used, fw_.ln,
-                               nullptr, save_all && native_ ? at<uint8_t>(saved_.ln_q, a.saved) : nullptr);
+    const int64_t Tn = c_.rows();
+    float* n_rows = sp_ ? at<float>(fw_.n_local, ws) : n;
+    norm_forward(d, norm_spec(), a.x, a.gamma, a.beta, true, mu, rs, n_rows, st_, true);
+    GemmIn ln;
+    if (sp_ && native_) {
+      uint8_t* local = at<uint8_t>(fw_.ln_local, ws);
+      uint8_t* codes = at<uint8_t>(fw_.ln.codes, ws);
+      ln = quantize(kLnOut, Contract::Cols, DType::F32, n_rows, Tn, H, a.fp8_state, nullptr, used, fw_.ln, local,
+                    nullptr);
+      comm_->all_gather(local, codes, Tn * H, CommType::U8, st_);
+      ln.codes = codes;
+      if (save_all) fp8_transpose_codes(codes, T, H, at<uint8_t>(saved_.ln_q, a.saved), st_);
+    } else {
+      if (sp_) comm_->all_gather(n_rows, n, Tn * H, CommType::F32, st_);
+      ln = quantize(kLnOut, Contract::Cols, DType::F32, n, T, H, a.fp8_state, nullptr, used, fw_.ln, nullptr,
+                    save_all && native_ ? at<uint8_t>(saved_.ln_q, a.saved) : nullptr);
+    }
     if (save_all && !native_)
       fp8_quantize_blocked(DType::F32, kind(kLnOut, Contract::Rows), n, T, H, at<uint8_t>(saved_.ln_q, a.saved),
                            at<void>(saved_.ln_q_scale, a.saved), st_);
@@ -113,7 +141,8 @@ class CudaFp8Backend final : public DeviceMemoryBackend {
                                fw_.w2, nullptr, nullptr);
     float* acc2 = at<float>(fw_.acc2, ws);
     gemm(g2_, g2n_, act, w2, acc2, at<char>(fw_.gemm, ws));
-    fp8_bias_round(d, acc2, T, H, a.b2, a.y, st_);
+    acc2 = group_sum_rows(comm_, sp_, acc2, at<float>(fw_.y_local, ws), T, H, st_);
+    fp8_bias_round(d, acc2, Tn, H, a.b2, a.y, st_);
 
     // 4. Delayed scaling: the forward quantizers move on.
     if (r_.stateful())
@@ -146,7 +175,9 @@ class CudaFp8Backend final : public DeviceMemoryBackend {
     GemmIn ln_col, ln_row;
     if (!save_all) {
       float* n = at<float>(bw_.n, ws);
-      norm_forward(d, norm_spec(), a.x, a.gamma, a.beta, false, mu, rs, n, st_, true);
+      float* n_rows = sp_ ? at<float>(bw_.n_local, ws) : n;
+      norm_forward(d, norm_spec(), a.x, a.gamma, a.beta, false, mu, rs, n_rows, st_, true);
+      if (sp_) comm_->all_gather(n_rows, n, c_.rows() * H, CommType::F32, st_);
       if (native_) {
         const GemmIn both = quantize(kLnOut, Contract::Cols, DType::F32, n, T, H, nullptr, given(kLnOut), nullptr,
                                      bw_.ln_row, nullptr, at<uint8_t>(bw_.ln_col.codes_t, ws));
@@ -195,17 +226,23 @@ class CudaFp8Backend final : public DeviceMemoryBackend {
       act_col = from_saved(kActOut, saved_.act_q, saved_.act_q_scale, saved, given(kActOut), bw_.act_col, T, F);
     }
 
-    // 4. dy: db2, Q dy (rowwise for dact, columnwise / transposed for dW2).
+    // 4. dy: db2 (the local rows), Q dy (rowwise for dact, columnwise / transposed for dW2);
+    //    under sequence parallelism dy is all-gathered (in D) first.
     float* part_db2 = at<float>(bw_.part_db2, ws);
-    if (c_.has_bias2) column_sums(d, chunk_h_, T, H, a.dy, part_db2, st_);
+    if (c_.has_bias2) column_sums(d, chunk_h_, c_.rows(), H, a.dy, part_db2, st_);
+    const void* dy = a.dy;
+    if (sp_) {
+      comm_->all_gather(a.dy, at<char>(bw_.dy_full, ws), c_.rows() * H, comm_type(d), st_);
+      dy = at<char>(bw_.dy_full, ws);
+    }
     GemmIn dy_row, dy_col;
     if (native_) {
-      dy_row = quantize(kDy, Contract::Cols, d, a.dy, T, H, a.fp8_state, nullptr, nullptr, bw_.dy_row, nullptr,
+      dy_row = quantize(kDy, Contract::Cols, d, dy, T, H, a.fp8_state, nullptr, nullptr, bw_.dy_row, nullptr,
                         at<uint8_t>(bw_.dy_col.codes_t, ws));
       dy_col = {at<uint8_t>(bw_.dy_col.codes_t, ws), dy_row.scale_inv, nullptr};
     } else {
-      dy_row = quantize(kDy, Contract::Cols, d, a.dy, T, H, nullptr, nullptr, nullptr, bw_.dy_row, nullptr, nullptr);
-      dy_col = quantize(kDy, Contract::Rows, d, a.dy, T, H, nullptr, nullptr, nullptr, bw_.dy_col, nullptr, nullptr);
+      dy_row = quantize(kDy, Contract::Cols, d, dy, T, H, nullptr, nullptr, nullptr, bw_.dy_row, nullptr, nullptr);
+      dy_col = quantize(kDy, Contract::Rows, d, dy, T, H, nullptr, nullptr, nullptr, bw_.dy_col, nullptr, nullptr);
     }
 
     // 5. dact = GEMM(dy, w2^T); dW2 = GEMM(act^T, dy).
@@ -239,11 +276,12 @@ class CudaFp8Backend final : public DeviceMemoryBackend {
     float* acc_w1 = at<float>(bw_.acc_w1, ws);
     gemm(g_dw1_, g_dw1n_, ln_col, dh_col, acc_w1, gws);
     fp8_bias_round(d, acc_w1, H, AF, nullptr, a.dw1, st_);
+    dn = group_sum_rows(comm_, sp_, dn, at<float>(bw_.dn_local, ws), T, H, st_);
 
     // 8. Norm backward and the deterministic column reductions.
     finish_backward(c_, norm_spec(), chunk_h_, chunk_f_, dn, mu, rs,
                     {at<float>(bw_.part_dg, ws), c_.has_beta() ? at<float>(bw_.part_dbeta, ws) : nullptr, part_db1, part_db2},
-                    a, st_);
+                    a, {sp_ ? comm_ : nullptr, sp_ ? at<float>(bw_.group_sum, ws) : nullptr}, st_);
 
     // 9. Delayed scaling: the backward quantizers move on.
     if (r_.stateful()) {
@@ -275,7 +313,11 @@ class CudaFp8Backend final : public DeviceMemoryBackend {
     if (native_) {
       uint32_t* amax = at<uint32_t>(sc_[q].amax, ws_);
       float* scale = at<float>(sc_[q].scale, ws_);
-      if (given == nullptr) fp8_amax(in, x, rows * cols, amax, st_);
+      if (given == nullptr) {
+        fp8_amax(in, x, rows * cols, amax, st_);
+        // Sharded: the group's amax (the bits of a non-negative float order like the float).
+        if (comm_ != nullptr) comm_->all_reduce_max(amax, amax, 1, CommType::F32, st_);
+      }
       const float* state_scale = state != nullptr && r_.stateful() ? state + q * r_.state_stride() : nullptr;
       fp8_per_tensor_scale(given, state_scale, amax, numerics::fp8_max(k.format), r_.power_2_scale, r_.amax_epsilon,
                            scale, used_out, st_);
@@ -358,7 +400,8 @@ class CudaFp8Backend final : public DeviceMemoryBackend {
         make(g_dw1_, s.dw1, "dW1 (ln^T @ dh)");
       }
     }
-    chunk_h_ = column_chunking(T, H);
+    const int64_t Tn = c_.rows();
+    chunk_h_ = column_chunking(Tn, H);  // dgamma, dbeta, db2: over the local rows
     chunk_f_ = column_chunking(T, F);
     const int64_t e = dtype_bytes(c_.dtype);
     const int64_t opb = op_f32_ ? 4 : 2;
@@ -388,9 +431,12 @@ class CudaFp8Backend final : public DeviceMemoryBackend {
     {  // forward
       RegionAllocator al;
       take_scalars(al);
-      fw_.mu = al.take_if(!saved_.rs.present() && c_.has_beta(), T, 4, "mean");
-      fw_.rs = al.take_if(!saved_.rs.present(), T, 4, "rstd");
+      fw_.mu = al.take_if(!saved_.rs.present() && c_.has_beta(), Tn, 4, "mean");
+      fw_.rs = al.take_if(!saved_.rs.present(), Tn, 4, "rstd");
       fw_.n = al.take(T * H, 4, "ln_out fp32");
+      fw_.n_local = al.take_if(sp_, Tn * H, 4, "local ln_out rows fp32");
+      fw_.ln_local = al.take_if(sp_ && native_, Tn * H, 1, "local ln_out codes (all-gathered)");
+      fw_.y_local = al.take_if(sp_, Tn * H, 4, "reduce-scattered GEMM2 rows");
       fw_.ln = take_q(al, kLnOut, Contract::Cols, T, H, true, false);
       fw_.w1 = take_q(al, kW1, Contract::Rows, H, AF, false, true);
       fw_.acc1 = al.take(T * AF, 4, "GEMM1 fp32");
@@ -407,6 +453,10 @@ class CudaFp8Backend final : public DeviceMemoryBackend {
       RegionAllocator al;
       take_scalars(al);
       bw_.n = al.take_if(!save_all, T * H, 4, "ln_out fp32");
+      bw_.n_local = al.take_if(sp_ && !save_all, Tn * H, 4, "local ln_out rows fp32");
+      bw_.dy_full = al.take_if(sp_, T * H, e, "all-gathered dy");
+      bw_.dn_local = al.take_if(sp_, Tn * H, 4, "reduce-scattered dln_out rows");
+      bw_.group_sum = al.take_if(sp_, H, 4, "group-summed parameter gradient");
       bw_.ln_row = take_q(al, kLnOut, Contract::Cols, T, H, recompute_h, false);
       bw_.ln_col = take_q(al, kLnOut, Contract::Rows, T, H, false, !save_all);
       bw_.w1_row = take_q(al, kW1, Contract::Cols, H, AF, true, false);
@@ -441,12 +491,15 @@ class CudaFp8Backend final : public DeviceMemoryBackend {
     lt_ = nullptr;
   }
 
-  NormSpec norm_spec() const { return {c_.norm, c_.zero_centered_gamma, c_.epsilon, c_.tokens, c_.hidden}; }
+  // The norm runs on the rows this rank holds (T/P under sequence parallelism).
+  NormSpec norm_spec() const { return {c_.norm, c_.zero_centered_gamma, c_.epsilon, c_.rows(), c_.hidden}; }
   ActSpec act_spec() const { return {c_.acts[0], c_.acts[1], c_.gated(), c_.act_params, c_.tokens, c_.ffn}; }
 
   Config c_;
   SavedLayout saved_;
   ResolvedRecipe r_;
+  Communicator* comm_ = nullptr;  // sharded plans only (the module's NCCL communicator)
+  bool sp_ = false;               // sequence parallel
   bool native_ = false;   // per-tensor recipes: FP8 tensor cores
   bool op_f32_ = false;   // blocked recipes: fp32 operands (block scales not powers of two)
   cublasLtHandle_t lt_ = nullptr;
@@ -455,11 +508,12 @@ class CudaFp8Backend final : public DeviceMemoryBackend {
   Chunking chunk_h_, chunk_f_;
   QScalars sc_[kQuantizerCount];
   struct {
-    Region mu, rs, n, acc1, h, a, acc2, gemm;
+    Region mu, rs, n, acc1, h, a, acc2, gemm, n_local, ln_local, y_local;
     QRegions ln, w1, act, w2;
   } fw_;
   struct {
     Region n, acc1, h, a, dact, acc_w2, dh, dn, acc_w1, part_db2, part_db1, part_dg, part_dbeta, gemm;
+    Region n_local, dy_full, dn_local, group_sum;
     QRegions ln_row, ln_col, w1_row, w1_col, act_col, dy_row, dy_col, w2_row, dh_row, dh_col;
   } bw_;
   int64_t ws_bytes_ = 0;

@@ -86,6 +86,24 @@ template <DType D, Fp8Format F> __global__ void __launch_bounds__(kTile* kTileRo
   }
 }
 
+__global__ void __launch_bounds__(kTile* kTileRows)
+    transpose_codes_kernel(const uint8_t* __restrict__ codes, int64_t rows, int64_t cols, uint8_t* __restrict__ out) {
+  __shared__ uint8_t tile[kTile][kTile + 1];
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile; r0 < rows; r0 += static_cast<int64_t>(gridDim.y) * kTile) {
+    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+      const int64_t r = r0 + i, c = c0 + threadIdx.x;
+      if (r < rows && c < cols) tile[i][threadIdx.x] = codes[r * cols + c];
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+      const int64_t c = c0 + i, r = r0 + threadIdx.x;
+      if (r < rows && c < cols) out[c * rows + r] = tile[threadIdx.x][i];
+    }
+    __syncthreads();
+  }
+}
+
 // ---- blocked quantization (BLOCK, MXFP8) ------------------------------------------------------
 
 // The scale of a block from its amax, and what the block's scale slot holds: the fp32 scale_inv
@@ -250,6 +268,11 @@ void fp8_quantize_per_tensor(DType in, Fp8Format f, const void* x, int64_t rows,
           static_cast<const storage_t<D>*>(x), rows, cols, scale, codes, codes_t);
     });
   });
+}
+
+void fp8_transpose_codes(const uint8_t* codes, int64_t rows, int64_t cols, uint8_t* out, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), grid_dim((rows + kTile - 1) / kTile, kMaxGridY));
+  transpose_codes_kernel<<<grid, dim3(kTile, kTileRows), 0, stream>>>(codes, rows, cols, out);
 }
 
 void fp8_delayed_update(float* state_q, int32_t history_len, const uint32_t* amax_bits, bool use_max, float fmt_max,

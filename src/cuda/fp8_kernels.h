@@ -32,6 +32,10 @@ void fp8_per_tensor_scale(const float* given, const float* state_scale, const ui
 void fp8_quantize_per_tensor(DType in, Fp8Format f, const void* x, int64_t rows, int64_t cols, const float* scale,
                              uint8_t* codes, uint8_t* codes_t, cudaStream_t stream);
 
+// out [cols, rows] = the transpose of codes [rows, cols] (a sharded plan's all-gathered codes, whose
+// transposed copy forward saves for dW1).
+void fp8_transpose_codes(const uint8_t* codes, int64_t rows, int64_t cols, uint8_t* out, cudaStream_t stream);
+
 // Delayed scaling after a pass, for one quantizer's state (state_q[0] the scale, state_q[1 ..]
 // the history, newest first): push *amax_bits, reduce, update the scale.
 void fp8_delayed_update(float* state_q, int32_t history_len, const uint32_t* amax_bits, bool use_max, float fmt_max,

@@ -7,9 +7,14 @@
 #include "../cuda_module.h"
 #include "../error.h"
 #include "cuda_backend.h"
+#include "nccl_comm.h"
 
 struct lnmlp_cuda_backend {
   std::unique_ptr<lnmlp::Backend> impl;
+};
+
+struct lnmlp_cuda_comm {
+  std::unique_ptr<lnmlp::Communicator> impl;
 };
 
 namespace {
@@ -45,11 +50,14 @@ int32_t probe(int32_t* count, char* msg, int64_t cap) {
   return guard(msg, cap, [&] { *count = lnmlp::cuda::device_count(); });
 }
 
-int32_t create(const lnmlp::Config* cfg, const lnmlp::SavedLayout* saved, lnmlp_cuda_backend** out, char* msg,
-               int64_t cap) {
+int32_t create(const lnmlp::Config* cfg, const lnmlp::SavedLayout* saved, lnmlp_cuda_comm* comm,
+               lnmlp_cuda_backend** out, char* msg, int64_t cap) {
   return guard(msg, cap, [&] {
+    // The core's communicator pointer means nothing here: the module's own one replaces it.
+    lnmlp::Config c = *cfg;
+    c.shard.comm = comm != nullptr ? comm->impl.get() : nullptr;
     auto b = std::make_unique<lnmlp_cuda_backend>();
-    b->impl = lnmlp::cuda::make_cuda_backend(*cfg, *saved);
+    b->impl = lnmlp::cuda::make_cuda_backend(c, *saved);
     *out = b.release();
   });
 }
@@ -89,6 +97,34 @@ int32_t copy_from_host(lnmlp_cuda_backend* b, void* dst, const void* src, int64_
   return guard(msg, cap, [&] { b->impl->copy_from_host(dst, src, n); });
 }
 
+int32_t nccl_create(const void* nccl_comm, lnmlp_cuda_comm** out, int32_t* size, int32_t* rank, int32_t* device,
+                    char* msg, int64_t cap) {
+  return guard(msg, cap, [&] {
+    auto c = std::make_unique<lnmlp_cuda_comm>();
+    c->impl = lnmlp::cuda::make_nccl_communicator(nccl_comm);
+    *size = c->impl->size();
+    *rank = c->impl->rank();
+    *device = lnmlp::cuda::nccl_device(*c->impl);
+    *out = c.release();
+  });
+}
+
+void nccl_destroy(lnmlp_cuda_comm* c) { delete c; }
+
+int32_t nccl_collective(lnmlp_cuda_comm* c, int32_t op, const void* send, void* recv, int64_t count, int32_t type,
+                        void* stream, char* msg, int64_t cap) {
+  return guard(msg, cap, [&] {
+    const auto t = static_cast<lnmlp::CommType>(type);
+    switch (op) {
+      case LNMLP_CUDA_ALL_GATHER: c->impl->all_gather(send, recv, count, t, stream); return;
+      case LNMLP_CUDA_REDUCE_SCATTER_SUM: c->impl->reduce_scatter_sum(send, recv, count, t, stream); return;
+      case LNMLP_CUDA_ALL_REDUCE_SUM: c->impl->all_reduce_sum(send, recv, count, t, stream); return;
+      case LNMLP_CUDA_ALL_REDUCE_MAX: c->impl->all_reduce_max(send, recv, count, t, stream); return;
+      default: lnmlp::fail(LNMLP_ERROR_INTERNAL, "unknown collective ", op);
+    }
+  });
+}
+
 const lnmlp_cuda_module_table kTable = {
     LNMLP_CUDA_MODULE_ABI,
     static_cast<int64_t>(sizeof(lnmlp::Config)),
@@ -105,10 +141,14 @@ const lnmlp_cuda_module_table kTable = {
     release,
     copy_to_host,
     copy_from_host,
+    lnmlp::cuda::nccl_built() ? 1 : 0,
+    nccl_create,
+    nccl_destroy,
+    nccl_collective,
 };
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const lnmlp_cuda_module_table* lnmlp_cuda_module_v1(void) {
+extern "C" __attribute__((visibility("default"))) const lnmlp_cuda_module_table* lnmlp_cuda_module_v2(void) {
   return &kTable;
 }

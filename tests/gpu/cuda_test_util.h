@@ -95,9 +95,15 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// lnmlp_desc_set_sharding's arguments and the communicator (test_cuda_sharding.cpp).
+struct PlanSharding {
+  int32_t group_size = 1, rank = 0, sequence_parallel = 0;
+  lnmlp_comm* comm = nullptr;
+};
+
 // A plan for the problem on one backend.
 inline lnmlp_plan* make_plan(const Problem& pr, int32_t remat, int32_t backend, int32_t device = 0,
-                              int32_t recipe = LNMLP_RECIPE_NONE) {
+                              int32_t recipe = LNMLP_RECIPE_NONE, const PlanSharding& shard = PlanSharding{}) {
   const auto& c = pr.cfg;
   lnmlp_desc* d = nullptr;
   LNMLP_TEST_CHECK(lnmlp_desc_create(&d));
@@ -117,6 +123,8 @@ inline lnmlp_plan* make_plan(const Problem& pr, int32_t remat, int32_t backend, 
   LNMLP_TEST_CHECK(lnmlp_desc_set_backend(d, backend, device));
   LNMLP_TEST_CHECK(lnmlp_desc_set_recipe(d, recipe));
   if (backend == LNMLP_BACKEND_CPU) LNMLP_TEST_CHECK(lnmlp_desc_set_num_threads(d, 1));
+  if (shard.comm != nullptr) LNMLP_TEST_CHECK(lnmlp_desc_set_communicator(d, shard.comm));
+  LNMLP_TEST_CHECK(lnmlp_desc_set_sharding(d, shard.group_size, shard.rank, shard.sequence_parallel));
   lnmlp_plan* p = nullptr;
   LNMLP_TEST_CHECK(lnmlp_plan_create(d, &p));
   return p;

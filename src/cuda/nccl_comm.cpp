@@ -1,0 +1,171 @@
+#include "nccl_comm.h"
+
+#include "../error.h"
+#include "cuda_backend.h"
+
+#if defined(LNMLP_HAVE_NCCL)
+#include <dlfcn.h>
+#include <nccl.h>
+
+#include <string>
+#endif
+
+namespace lnmlp::cuda {
+
+#if defined(LNMLP_HAVE_NCCL)
+namespace {
+
+// The NCCL functions the module calls, resolved from the loaded library.
+struct NcclApi {
+  decltype(&ncclGetErrorString) error_string = nullptr;
+  decltype(&ncclCommCount) count = nullptr;
+  decltype(&ncclCommUserRank) user_rank = nullptr;
+  decltype(&ncclCommCuDevice) cu_device = nullptr;
+  decltype(&ncclAllGather) all_gather = nullptr;
+  decltype(&ncclReduceScatter) reduce_scatter = nullptr;
+  decltype(&ncclAllReduce) all_reduce = nullptr;
+  const char* (*last_error)(ncclComm_t) = nullptr;  // NCCL >= 2.13; optional
+  std::string error;                                // why the others are NULL
+};
+
+template <typename Fn> bool resolve(void* h, const char* name, Fn& fn) {
+  void* sym = dlsym(h, name);
+  static_assert(sizeof(fn) == sizeof(sym), "function and object pointers differ in size");
+  __builtin_memcpy(&fn, &sym, sizeof fn);
+  return sym != nullptr;
+}
+
+NcclApi load_nccl() {
+  NcclApi a;
+  std::string tried;
+  // The copy already in the process (a framework's, which made the ncclComm_t) is found by its
+  // SONAME; else the loader's search path; else the one CMake found at build time.
+  void* h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
+  if (h == nullptr) {
+    const char* e = dlerror();
+    tried += std::string("libnccl.so.2: ") + (e ? e : "unknown error");
+#if defined(LNMLP_NCCL_LIBRARY)
+    h = dlopen(LNMLP_NCCL_LIBRARY, RTLD_NOW | RTLD_GLOBAL);
+    if (h == nullptr) {
+      e = dlerror();
+      tried += std::string("; " LNMLP_NCCL_LIBRARY ": ") + (e ? e : "unknown error");
+    }
+#endif
+  }
+  if (h == nullptr) {
+    a.error = "NCCL could not be loaded (" + tried +
+              "); install NCCL (libnccl2) or put libnccl.so.2 on the loader's search path (LD_LIBRARY_PATH)";
+    return a;
+  }
+  bool ok = resolve(h, "ncclGetErrorString", a.error_string);
+  ok = resolve(h, "ncclCommCount", a.count) && ok;
+  ok = resolve(h, "ncclCommUserRank", a.user_rank) && ok;
+  ok = resolve(h, "ncclCommCuDevice", a.cu_device) && ok;
+  ok = resolve(h, "ncclAllGather", a.all_gather) && ok;
+  ok = resolve(h, "ncclReduceScatter", a.reduce_scatter) && ok;
+  ok = resolve(h, "ncclAllReduce", a.all_reduce) && ok;
+  resolve(h, "ncclGetLastError", a.last_error);
+  if (!ok)
+    a.error = "the loaded libnccl.so.2 lacks functions lnmlp needs; it is too old (NCCL 2.10 or newer is needed)";
+  return a;
+}
+
+const NcclApi& nccl() {
+  static const NcclApi a = load_nccl();  // once, thread-safe
+  if (!a.error.empty()) fail(LNMLP_ERROR_NOT_SUPPORTED, "the NCCL communicator is unavailable: ", a.error);
+  return a;
+}
+
+void nccl_check(ncclResult_t r, ncclComm_t comm, const char* what) {
+  if (r == ncclSuccess) return;
+  const NcclApi& a = nccl();
+  const char* detail = a.last_error != nullptr && comm != nullptr ? a.last_error(comm) : nullptr;
+  fail(r == ncclInvalidArgument || r == ncclInvalidUsage ? LNMLP_ERROR_INVALID_ARGUMENT : LNMLP_ERROR_BACKEND, what,
+       " failed: ", a.error_string(r), detail != nullptr && detail[0] != '\0' ? std::string(" (") + detail + ")" : "");
+}
+
+ncclDataType_t nccl_type(CommType t) {
+  switch (t) {
+    case CommType::F32: return ncclFloat32;
+    case CommType::BF16: return ncclBfloat16;
+    case CommType::F16: return ncclFloat16;
+    case CommType::U8: return ncclUint8;
+  }
+  fail(LNMLP_ERROR_INTERNAL, "unhandled communicator element type ", static_cast<int>(t));
+}
+
+ncclDataType_t reduced_type(CommType t, const char* what) {
+  if (t != CommType::F32) fail(LNMLP_ERROR_INTERNAL, what, " on a non-F32 buffer");  // lnmlp reduces in fp32
+  return ncclFloat32;
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  explicit NcclCommunicator(ncclComm_t c) : comm_(c) {
+    const NcclApi& a = nccl();
+    nccl_check(a.count(c, &size_), c, "ncclCommCount");
+    nccl_check(a.user_rank(c, &rank_), c, "ncclCommUserRank");
+    nccl_check(a.cu_device(c, &device_), c, "ncclCommCuDevice");
+  }
+  CommKind kind() const override { return CommKind::Nccl; }
+  int32_t size() const override { return size_; }
+  int32_t rank() const override { return rank_; }
+  int device() const { return device_; }
+
+  void all_gather(const void* s, void* r, int64_t n, CommType t, void* st) override {
+    nccl_check(nccl().all_gather(s, r, count(n), nccl_type(t), comm_, stream(st)), comm_, "ncclAllGather");
+  }
+  void reduce_scatter_sum(const void* s, void* r, int64_t n, CommType t, void* st) override {
+    nccl_check(nccl().reduce_scatter(s, r, count(n), reduced_type(t, "a sum"), ncclSum, comm_, stream(st)), comm_,
+               "ncclReduceScatter");
+  }
+  void all_reduce_sum(const void* s, void* r, int64_t n, CommType t, void* st) override {
+    nccl_check(nccl().all_reduce(s, r, count(n), reduced_type(t, "a sum"), ncclSum, comm_, stream(st)), comm_,
+               "ncclAllReduce (sum)");
+  }
+  void all_reduce_max(const void* s, void* r, int64_t n, CommType t, void* st) override {
+    nccl_check(nccl().all_reduce(s, r, count(n), reduced_type(t, "a maximum"), ncclMax, comm_, stream(st)), comm_,
+               "ncclAllReduce (max)");
+  }
+
+ private:
+  static size_t count(int64_t n) { return static_cast<size_t>(n); }
+  static cudaStream_t stream(void* st) { return static_cast<cudaStream_t>(st); }
+  ncclComm_t comm_;
+  int size_ = 1, rank_ = 0, device_ = 0;
+};
+
+}  // namespace
+
+bool nccl_built() { return true; }
+
+std::unique_ptr<Communicator> make_nccl_communicator(const void* nccl_comm) {
+  try {
+    device_count();  // NOT_SUPPORTED without a driver or a device: no ncclComm_t can exist then
+  } catch (const Error& e) {
+    fail(e.status(), "an NCCL communicator needs a CUDA device: ", e.what());
+  }
+  nccl();  // NOT_SUPPORTED when NCCL cannot be loaded
+  const ncclComm_t c = *static_cast<const ncclComm_t*>(nccl_comm);
+  if (c == nullptr)
+    fail(LNMLP_ERROR_INVALID_ARGUMENT, "*nccl_comm is NULL: pass the address of an initialized ncclComm_t");
+  return std::make_unique<NcclCommunicator>(c);
+}
+
+int nccl_device(const Communicator& c) { return static_cast<const NcclCommunicator&>(c).device(); }
+
+#else
+
+bool nccl_built() { return false; }
+
+std::unique_ptr<Communicator> make_nccl_communicator(const void*) {
+  fail(LNMLP_ERROR_NOT_SUPPORTED,
+       "the CUDA backend module was built without NCCL (CMake found no nccl.h); install NCCL's development files "
+       "(for example libnccl-dev) and rebuild lnmlp, or shard on the CPU backend");
+}
+
+int nccl_device(const Communicator&) { return 0; }
+
+#endif
+
+}  // namespace lnmlp::cuda
