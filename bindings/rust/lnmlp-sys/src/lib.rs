@@ -318,7 +318,8 @@ extern "C" {
     pub fn lnmlp_comm_create_callbacks(table: *const lnmlp_comm_callbacks, comm: *mut *mut lnmlp_comm) -> i32;
     /// A communicator over an MPI communicator: `mpi_comm` points to an `MPI_Comm`.
     pub fn lnmlp_comm_create_mpi(mpi_comm: *const c_void, comm: *mut *mut lnmlp_comm) -> i32;
-    /// The NCCL communicator (CUDA backend): not available in this release (LNMLP_ERROR_NOT_SUPPORTED).
+    /// A communicator over an NCCL communicator, for the CUDA backend: `nccl_comm` points to an
+    /// `ncclComm_t`. LNMLP_ERROR_NOT_SUPPORTED where the build has no CUDA backend with NCCL or no GPU.
     pub fn lnmlp_comm_create_nccl(nccl_comm: *const c_void, comm: *mut *mut lnmlp_comm) -> i32;
     /// Destroys a communicator handle; NULL does nothing.
     pub fn lnmlp_comm_destroy(comm: *mut lnmlp_comm) -> i32;
