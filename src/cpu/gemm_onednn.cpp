@@ -104,7 +104,11 @@ const char* gemm_library_description() {
     const dnnl_version_t* v = dnnl_version();
     return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
            (gemm_native_bf16() ? " matmul (fp32 and bf16, OpenMP)"
-                          : " matmul (fp32, OpenMP; bf16 on fp32 copies: no bf16 matmul on this CPU)");
+                               // Below AVX-512 oneDNN 2.x's f32 matmul is its sgemm driver, which
+                               // mallocs its packing buffers on every call (sized by the weights'
+                               // dimensions and its blocking, not by the tokens). tests/alloc reads this.
+                               : " matmul (fp32, OpenMP, packing in per-call heap buffers; "
+                                 "bf16 on fp32 copies: no bf16 matmul on this CPU)");
   }();
   return desc.c_str();
 }
