@@ -4,11 +4,15 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include <oneapi/dnnl/dnnl.hpp>
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "../error.h"
 #include "gemm.h"
 #include "gemm_bf16_on_f32.h"
+#include "parallel.h"
 
 namespace lnmlp::cpu {
 namespace {
@@ -76,7 +80,47 @@ class OneDnnGemm final : public Gemm {
   memory a_, b_, c_, bias_, scratch_;
 };
 
-std::unique_ptr<Gemm> make_onednn_gemm(const GemmShape& shape) { return std::make_unique<OneDnnGemm>(shape); }
+// Below AVX-512, oneDNN 2.x's f32 matmul is its sgemm driver. With few rows in A (m <= 256: a
+// small batch) and a plain B (the weights of GEMM1 and GEMM2) that is 32-byte aligned, it takes a
+// kernel 1.6-1.75x slower than with the same B at a 16-byte offset (measured on AMD Zen 3 for
+// m = 64..256, none at m >= 384; docs/cpu-backend.md). Weights are the caller's memory, usually
+// 64-byte aligned (NumPy, PyTorch), so such GEMMs copy an aligned B to a 16-byte offset in their
+// scratch first: k*n floats copied against 2*m*k*n FLOPs.
+class OffsetWeightsGemm final : public Gemm {
+ public:
+  OffsetWeightsGemm(const GemmShape& s, std::unique_ptr<Gemm> inner) : shape_(s), inner_(std::move(inner)) {}
+
+  static bool wanted(const GemmShape& s) {
+    return !gemm_native_bf16() && s.input == GemmType::F32 && !s.trans_b && s.m <= 256;
+  }
+
+  int64_t scratch_bytes() const override { return inner_->scratch_bytes() + kOffset + b_bytes() + 64; }
+
+  void run(const void* a, const void* b, const void* bias, void* c, void* scratch) override {
+    auto* base = static_cast<char*>(scratch);
+    if (reinterpret_cast<uintptr_t>(b) % 32 != 0) return inner_->run(a, b, bias, c, base);
+    char* copy = base + (inner_->scratch_bytes() + 63) / 64 * 64 + kOffset;
+    const auto* src = static_cast<const char*>(b);
+    const int64_t n = b_bytes();
+    const int threads = omp_get_max_threads();
+    parallel_chunks(threads, threads, n, [&](int64_t i0, int64_t i1, int) {
+      std::memcpy(copy + i0, src + i0, static_cast<size_t>(i1 - i0));
+    });
+    inner_->run(a, copy, bias, c, base);
+  }
+
+ private:
+  static constexpr int64_t kOffset = 16;
+  int64_t b_bytes() const { return shape_.k * shape_.n * 4; }
+  GemmShape shape_;
+  std::unique_ptr<Gemm> inner_;
+};
+
+std::unique_ptr<Gemm> make_onednn_gemm(const GemmShape& shape) {
+  auto gemm = std::make_unique<OneDnnGemm>(shape);
+  if (OffsetWeightsGemm::wanted(shape)) return std::make_unique<OffsetWeightsGemm>(shape, std::move(gemm));
+  return gemm;
+}
 
 }  // namespace
 
