@@ -41,6 +41,21 @@ class Communicator {
   virtual void all_reduce_max(const void* send, void* recv, int64_t count, CommType t, void* stream) = 0;
 };
 
+// The collective step of both backends' GEMM2 output and dn (DESIGN section 4): a rank's fp32
+// partial sums [rows, width] (all T rows) summed over the group: in place (all-reduce), or under
+// sequence parallelism into this rank's rows `local` [rows/P, width] (reduce-scatter). Returns
+// where this rank's summed rows are; with comm == NULL (an unsharded plan), partial itself.
+inline float* group_sum_rows(Communicator* comm, bool sp, float* partial, float* local, int64_t rows, int64_t width,
+                             void* stream) {
+  if (comm == nullptr) return partial;
+  if (sp) {
+    comm->reduce_scatter_sum(partial, local, rows / comm->size() * width, CommType::F32, stream);
+    return local;
+  }
+  comm->all_reduce_sum(partial, partial, rows * width, CommType::F32, stream);
+  return partial;
+}
+
 // Both throw lnmlp::Error with a message naming what is wrong.
 std::shared_ptr<Communicator> make_callback_communicator(const lnmlp_comm_callbacks& table);
 std::shared_ptr<Communicator> make_mpi_communicator(const void* mpi_comm);  // NOT_SUPPORTED without MPI

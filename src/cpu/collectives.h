@@ -10,20 +10,6 @@
 
 namespace lnmlp::cpu {
 
-// A rank's fp32 partial sums [rows, width] (all T rows) summed over the group: in place
-// (all-reduce), or under sequence parallelism into this rank's rows `local` [rows/P, width]
-// (reduce-scatter). Returns where this rank's summed rows are.
-inline float* group_sum_rows(Communicator* comm, bool sp, float* partial, float* local, int64_t rows, int64_t width,
-                             void* stream) {
-  if (comm == nullptr) return partial;
-  if (sp) {
-    comm->reduce_scatter_sum(partial, local, rows / comm->size() * width, CommType::F32, stream);
-    return local;
-  }
-  comm->all_reduce_sum(partial, partial, rows * width, CommType::F32, stream);
-  return partial;
-}
-
 // A parameter gradient from the per-chunk partials [chunks, n]: summed in chunk order
 // (deterministic), then, with `group` (n floats of workspace; sequence parallelism), summed over
 // the group, and rounded to D into out.
