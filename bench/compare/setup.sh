@@ -14,7 +14,8 @@ if [[ ! -x "${PY}" ]]; then
   "${PY}" -m pip install -q --upgrade pip
 fi
 
-# module name -> pip requirement (torch: the CPU-only wheels; jax: its CPU jaxlib)
+# module name -> pip requirement, all from PyPI (torch's PyPI wheel runs on the CPU too; it brings
+# NVIDIA's runtime packages with it, about 6 GB in all; jax: its CPU jaxlib)
 declare -A PKG=([numpy]=numpy [ml_dtypes]=ml_dtypes [matplotlib]=matplotlib [torch]=torch [jax]=jax)
 missing=()
 for mod in numpy ml_dtypes matplotlib torch jax; do
@@ -26,9 +27,5 @@ if ((${#missing[@]} == 0)); then
 fi
 for mod in "${missing[@]}"; do
   echo "[setup] installing ${PKG[${mod}]} into ${VENV}"
-  if [[ "${mod}" == torch ]]; then
-    "${PY}" -m pip install -q torch
-  else
-    "${PY}" -m pip install -q "${PKG[${mod}]}"
-  fi
+  "${PY}" -m pip install -q "${PKG[${mod}]}"
 done
