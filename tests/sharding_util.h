@@ -214,4 +214,43 @@ class InProcessGroup {
   int arrived_ = 0, generation_ = 0, calls_ = 0;
 };
 
+// One run of the group: P ranks as P threads over an in-process group, each running its shard of
+// `pr` with `o` plus its rank, size, sequence parallelism and communicator. The ranks' results, in
+// rank order (assemble() puts them together); *calls, when given, the collectives the group ran.
+inline std::vector<RunResult> run_group_in_process(const Problem& pr, const RunOptions& o, int P, bool sp,
+                                                   int* calls = nullptr) {
+  InProcessGroup group(P);
+  std::vector<RunResult> ranks(static_cast<size_t>(P));
+  group.run([&](int r) {
+    RunOptions ro = o;
+    ro.group_size = P;
+    ro.rank = r;
+    ro.sequence_parallel = sp ? 1 : 0;
+    ro.comm = group.comm(r);
+    ranks[static_cast<size_t>(r)] = run_library(shard_problem(pr, P, r, sp), ro);
+  });
+  if (calls != nullptr) *calls = group.calls();
+  return ranks;
+}
+
+// A descriptor of tokens T, hidden 16, ffn F on `backend` for the plan-creation checks; create()
+// answers lnmlp_plan_create's status (destroying the plan).
+struct ShardDesc {
+  lnmlp_desc* d = nullptr;
+  ShardDesc(int64_t T, int64_t F, int32_t backend = LNMLP_BACKEND_CPU) {
+    lnmlp_desc_create(&d);
+    lnmlp_desc_set_shape(d, T, 16, F);
+    lnmlp_desc_set_backend(d, backend, 0);
+  }
+  ~ShardDesc() { lnmlp_desc_destroy(d); }
+  ShardDesc(const ShardDesc&) = delete;
+  ShardDesc& operator=(const ShardDesc&) = delete;
+  int32_t create() {
+    lnmlp_plan* p = nullptr;
+    const int32_t st = lnmlp_plan_create(d, &p);
+    lnmlp_plan_destroy(p);
+    return st;
+  }
+};
+
 }  // namespace lnmlp_test

@@ -50,34 +50,19 @@ TEST(NcclCommunicator, UnavailableOrInvalidCreatesNothing) {
   }
 }
 
-struct Desc {
-  lnmlp_desc* d = nullptr;
-  explicit Desc(int32_t backend) {
-    lnmlp_desc_create(&d);
-    lnmlp_desc_set_shape(d, 8, 16, 8);
-    lnmlp_desc_set_backend(d, backend, 0);
-  }
-  ~Desc() { lnmlp_desc_destroy(d); }
-  int32_t create() {
-    lnmlp_plan* p = nullptr;
-    const int32_t st = lnmlp_plan_create(d, &p);
-    lnmlp_plan_destroy(p);
-    return st;
-  }
-};
 
 // These checks run before the CUDA module is asked for anything, so they hold on any machine.
 TEST(NcclCommunicator, CudaPlanNeedsAnNcclCommunicator) {
   InProcessGroup group(2);
   {
-    Desc d(LNMLP_BACKEND_CUDA);
+    ShardDesc d(8, 8, LNMLP_BACKEND_CUDA);
     ASSERT_EQ(lnmlp_desc_set_sharding(d.d, 2, 0, 1), LNMLP_SUCCESS);
     EXPECT_EQ(d.create(), LNMLP_ERROR_INVALID_ARGUMENT);
     EXPECT_NE(last_error().find("no communicator"), std::string::npos) << last_error();
     EXPECT_NE(last_error().find("lnmlp_comm_create_nccl"), std::string::npos) << last_error();
   }
   {
-    Desc d(LNMLP_BACKEND_CUDA);
+    ShardDesc d(8, 8, LNMLP_BACKEND_CUDA);
     ASSERT_EQ(lnmlp_desc_set_sharding(d.d, 2, 0, 0), LNMLP_SUCCESS);
     ASSERT_EQ(lnmlp_desc_set_communicator(d.d, group.comm(0)), LNMLP_SUCCESS);
     EXPECT_EQ(d.create(), LNMLP_ERROR_INVALID_ARGUMENT);
@@ -87,7 +72,7 @@ TEST(NcclCommunicator, CudaPlanNeedsAnNcclCommunicator) {
         << last_error();
   }
   {  // The same descriptor on the CPU backend is fine: callbacks are a CPU communicator.
-    Desc d(LNMLP_BACKEND_CPU);
+    ShardDesc d(8, 8, LNMLP_BACKEND_CPU);
     ASSERT_EQ(lnmlp_desc_set_sharding(d.d, 2, 0, 0), LNMLP_SUCCESS);
     ASSERT_EQ(lnmlp_desc_set_communicator(d.d, group.comm(0)), LNMLP_SUCCESS);
     EXPECT_EQ(d.create(), LNMLP_SUCCESS) << last_error();

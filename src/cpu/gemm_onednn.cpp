@@ -82,8 +82,8 @@ class OneDnnGemm final : public Gemm {
 
 // Below AVX-512, oneDNN 2.x's f32 matmul is its sgemm driver. With few rows in A (m <= 256: a
 // small batch) and a plain B (the weights of GEMM1 and GEMM2) that is 32-byte aligned, it takes a
-// kernel 1.6-1.75x slower than with the same B at a 16-byte offset (measured on AMD Zen 3 for
-// m = 64..256, none at m >= 384; docs/cpu-backend.md). Weights are the caller's memory, usually
+// kernel 1.5-1.7x slower than with the same B at a 16-byte offset (AMD Zen 3, m = 256:
+// `bash bench/six_gemms/run.sh`; smaller m alike, no effect from m = 384 on). Weights are the caller's memory, usually
 // 64-byte aligned (NumPy, PyTorch), so such GEMMs copy an aligned B to a 16-byte offset in their
 // scratch first: k*n floats copied against 2*m*k*n FLOPs.
 class OffsetWeightsGemm final : public Gemm {
