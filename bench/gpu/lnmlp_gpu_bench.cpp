@@ -25,7 +25,7 @@
 
 #include "cuda/gemm_cublaslt.h"
 #include "cuda/gemm_fp8.h"
-#include "error.h"
+#include "common/error.h"
 #include "lnmlp.h"
 
 namespace {

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "../numerics/dtype.h"
+#include "numerics/dtype.h"
 #include "gemm.h"
 
 namespace lnmlp::cpu {

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "../comm.h"
+#include "comm/comm.h"
 #include "kernels.h"
 
 namespace lnmlp::cpu {

@@ -21,9 +21,9 @@
 #include <new>
 #include <type_traits>
 
-#include "../backend.h"
-#include "../comm.h"
-#include "../error.h"
+#include "block/backend.h"
+#include "comm/comm.h"
+#include "common/error.h"
 #include "block_gemms.h"
 #include "collectives.h"
 #include "gemm.h"

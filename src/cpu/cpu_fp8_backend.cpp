@@ -24,10 +24,10 @@
 #include <cstring>
 #include <type_traits>
 
-#include "../backend.h"
-#include "../comm.h"
-#include "../error.h"
-#include "../fp8_recipe.h"
+#include "block/backend.h"
+#include "comm/comm.h"
+#include "common/error.h"
+#include "plan/fp8_recipe.h"
 #include "collectives.h"
 #include "fp8_operands.h"
 #include "gemm.h"

@@ -9,9 +9,9 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "../fp8_recipe.h"
-#include "../numerics/dtype.h"
-#include "../numerics/quantize.h"
+#include "plan/fp8_recipe.h"
+#include "numerics/dtype.h"
+#include "numerics/quantize.h"
 #include "gemm.h"
 #include "parallel.h"
 

@@ -2,7 +2,7 @@
 
 #include <cstdint>
 
-#include "../numerics/dtype.h"
+#include "numerics/dtype.h"
 #include "parallel.h"
 
 namespace lnmlp::cpu {

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 
-#include "../error.h"
+#include "common/error.h"
 #include "gemm.h"
 #include "gemm_bf16_on_f32.h"
 #include "parallel.h"

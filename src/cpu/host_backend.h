@@ -8,8 +8,8 @@
 #include <memory>
 #include <type_traits>
 
-#include "../backend.h"
-#include "../error.h"
+#include "block/backend.h"
+#include "common/error.h"
 #include "kernels.h"
 
 namespace lnmlp::cpu {

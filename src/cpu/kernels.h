@@ -19,9 +19,9 @@ float tanhf(float) noexcept;
 }
 #endif
 
-#include "../numerics/activation.h"
-#include "../numerics/dtype.h"
-#include "../numerics/norm.h"
+#include "numerics/activation.h"
+#include "numerics/dtype.h"
+#include "numerics/norm.h"
 
 namespace lnmlp::cpu {
 

@@ -6,7 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "../backend.h"
+#include "block/backend.h"
 #include "collectives.h"
 #include "fp8_kernels.h"
 #include "kernels.h"

@@ -4,7 +4,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
-#include "../error.h"
+#include "common/error.h"
 
 namespace lnmlp::cuda {
 

@@ -3,7 +3,7 @@
 // plan's stream.
 #pragma once
 
-#include "../comm.h"
+#include "comm/comm.h"
 
 namespace lnmlp::cuda {
 

@@ -13,7 +13,7 @@
 
 #include <memory>
 
-#include "../backend.h"
+#include "block/backend.h"
 
 namespace lnmlp::cuda {
 

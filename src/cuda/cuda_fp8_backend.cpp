@@ -24,7 +24,7 @@
 #include <algorithm>
 #include <memory>
 
-#include "../fp8_recipe.h"
+#include "plan/fp8_recipe.h"
 #include "backward_tail.h"
 #include "check.h"
 #include "collectives.h"

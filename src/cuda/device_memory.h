@@ -4,7 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "../backend.h"
+#include "block/backend.h"
 #include "check.h"
 
 namespace lnmlp::cuda {

@@ -2,8 +2,8 @@
 // activation chosen at run time (the formulas are src/numerics/activation.h's).
 #pragma once
 
-#include "../numerics/activation.h"
-#include "../numerics/dtype.h"
+#include "numerics/activation.h"
+#include "numerics/dtype.h"
 #include "kernels.h"
 
 namespace lnmlp::cuda {

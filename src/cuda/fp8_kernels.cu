@@ -1,9 +1,9 @@
 // FP8 kernels of the CUDA backend (see fp8_kernels.h). The scale arithmetic and the casts are
 // src/numerics/scaling.h's and fp8.h's; the block layouts are the CPU backend's, so the codes and
 // scales a plan saves are the same bits on both backends.
-#include "../numerics/fp8.h"
-#include "../numerics/quantize.h"
-#include "../numerics/scaling.h"
+#include "numerics/fp8.h"
+#include "numerics/quantize.h"
+#include "numerics/scaling.h"
 #include "device_util.cuh"
 #include "fp8_kernels.h"
 

@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "../fp8_recipe.h"
+#include "plan/fp8_recipe.h"
 
 namespace lnmlp::cuda {
 

@@ -16,7 +16,7 @@
 
 #include <cstdint>
 
-#include "../numerics/dtype.h"
+#include "numerics/dtype.h"
 
 namespace lnmlp::cuda {
 

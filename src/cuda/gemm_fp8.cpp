@@ -1,6 +1,6 @@
 #include "gemm_fp8.h"
 
-#include "../error.h"
+#include "common/error.h"
 #include "check.h"
 #include "gemm_cublaslt.h"
 

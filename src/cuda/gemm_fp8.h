@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "../numerics/fp8.h"
+#include "numerics/fp8.h"
 
 namespace lnmlp::cuda {
 

@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "../config.h"
+#include "plan/config.h"
 
 namespace lnmlp::cuda {
 

@@ -4,8 +4,8 @@
 #include <cstring>
 #include <new>
 
-#include "../cuda_module.h"
-#include "../error.h"
+#include "module/table.h"
+#include "common/error.h"
 #include "cuda_backend.h"
 #include "nccl_comm.h"
 

@@ -1,6 +1,6 @@
 #include "nccl_comm.h"
 
-#include "../error.h"
+#include "common/error.h"
 #include "cuda_backend.h"
 
 #if defined(LNMLP_HAVE_NCCL)

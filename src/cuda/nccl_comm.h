@@ -10,7 +10,7 @@
 
 #include <memory>
 
-#include "../comm.h"
+#include "comm/comm.h"
 
 namespace lnmlp::cuda {
 

@@ -1,6 +1,6 @@
 // A communicator made of a caller's function table (lnmlp_comm_create_callbacks).
 #include "comm.h"
-#include "error.h"
+#include "common/error.h"
 #include "lnmlp.h"
 
 namespace lnmlp {

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "backend.h"
+#include "block/backend.h"
 
 struct lnmlp_cuda_module_table;  // cuda_module.h
 struct lnmlp_cuda_comm;

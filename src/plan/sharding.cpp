@@ -1,7 +1,7 @@
 #include "sharding.h"
 
-#include "comm.h"
-#include "error.h"
+#include "comm/comm.h"
+#include "common/error.h"
 #include "fp8_recipe.h"
 
 namespace lnmlp {

@@ -3,7 +3,7 @@
 #include <mutex>
 #include <unordered_set>
 
-#include "error.h"
+#include "common/error.h"
 
 namespace lnmlp {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <limits>
 
-#include "error.h"
+#include "common/error.h"
 #include "fp8_recipe.h"
 #include "numerics/quantize.h"
 

@@ -5,9 +5,9 @@
 #include <string>
 
 #include "comm.h"
-#include "cuda_module.h"
-#include "cuda_module_loader.h"
-#include "error.h"
+#include "module/table.h"
+#include "module/loader.h"
+#include "common/error.h"
 
 namespace lnmlp {
 namespace {

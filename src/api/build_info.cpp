@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "comm.h"
+#include "comm/comm.h"
 #include "cpu/gemm.h"
 #include "lnmlp.h"
 

@@ -1,15 +1,15 @@
 // Loads the CUDA backend module (liblnmlp_cuda.so.1) on first use: first from the directory that
 // holds this library (found with dladdr), then through the default dynamic-loader search path.
 // The module is never unloaded (plans may outlive any caller's idea of "done").
-#include "cuda_module_loader.h"
+#include "loader.h"
 
 #include <dlfcn.h>
 
 #include <string>
 
-#include "comm.h"
-#include "cuda_module.h"
-#include "error.h"
+#include "comm/comm.h"
+#include "table.h"
+#include "common/error.h"
 
 namespace lnmlp {
 namespace {

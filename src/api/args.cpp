@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "error.h"
+#include "common/error.h"
 
 namespace lnmlp {
 namespace {

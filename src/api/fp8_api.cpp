@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "error.h"
+#include "common/error.h"
 #include "lnmlp.h"
 #include "numerics/fp8.h"
 

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "config.h"
-#include "layout.h"
+#include "plan/config.h"
+#include "plan/layout.h"
 
 namespace lnmlp {
 

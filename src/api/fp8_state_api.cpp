@@ -4,7 +4,7 @@
 #include <cstring>
 #include <vector>
 
-#include "error.h"
+#include "common/error.h"
 #include "fp8_state.h"
 #include "handles.h"
 #include "lnmlp.h"

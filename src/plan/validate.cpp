@@ -1,6 +1,6 @@
 // Validation of a whole configuration at plan creation.
 #include "config.h"
-#include "error.h"
+#include "common/error.h"
 #include "layout.h"
 
 namespace lnmlp {

@@ -1,7 +1,7 @@
 // A communicator over an MPI communicator (lnmlp_comm_create_mpi); compiled with MPI only when
 // CMake found it (LNMLP_HAVE_MPI), otherwise the factory says why it is missing.
 #include "comm.h"
-#include "error.h"
+#include "common/error.h"
 #include "lnmlp.h"
 
 #if defined(LNMLP_HAVE_MPI)

@@ -7,13 +7,13 @@
 
 #include "args.h"
 #include "build_info.h"
-#include "cuda_module_loader.h"
-#include "error.h"
+#include "module/loader.h"
+#include "common/error.h"
 #include "handles.h"
 #include "lnmlp.h"
 #include "fp8_state.h"
 #include "plan.h"
-#include "sharding.h"
+#include "plan/sharding.h"
 
 using namespace lnmlp;
 

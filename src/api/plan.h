@@ -4,11 +4,11 @@
 #include <atomic>
 #include <memory>
 
-#include "backend.h"
-#include "comm.h"
-#include "config.h"
-#include "fp8_recipe.h"
-#include "layout.h"
+#include "block/backend.h"
+#include "comm/comm.h"
+#include "plan/config.h"
+#include "plan/fp8_recipe.h"
+#include "plan/layout.h"
 
 struct lnmlp_desc {
   lnmlp::Config cfg;

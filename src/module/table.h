@@ -17,9 +17,9 @@
 
 #include <cstdint>
 
-#include "backend.h"
-#include "config.h"
-#include "layout.h"
+#include "block/backend.h"
+#include "plan/config.h"
+#include "plan/layout.h"
 
 // Bump when the table or any struct passed through it changes.
 #define LNMLP_CUDA_MODULE_ABI 2

@@ -1,7 +1,7 @@
 // Picks the backend a configuration names.
-#include "backend.h"
-#include "cuda_module_loader.h"
-#include "error.h"
+#include "block/backend.h"
+#include "module/loader.h"
+#include "common/error.h"
 
 namespace lnmlp {
 
