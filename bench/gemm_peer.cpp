@@ -6,8 +6,9 @@
 #include <memory>
 #include <vector>
 
-#include "cpu/block_gemms.h"
+#include "block/gemm_roles.h"
 #include "cpu/gemm.h"
+#include "cpu/gemm_plan.h"
 #include "lnmlp.h"
 
 using lnmlp::cpu::Gemm;
@@ -26,16 +27,23 @@ struct GemmPeer::State {
 GemmPeer::GemmPeer(int64_t T, int64_t H, int64_t F, int32_t A, int32_t dtype, bool bias1, bool bias2,
                    bool recompute_gemm1)
     : s_(std::make_unique<State>()) {
-  // Exactly the GEMMs the CPU backend creates for this configuration.
+  // Exactly the GEMMs the CPU backend creates for this configuration (cpu/gemm_plan.h); the
+  // staged ones write their fp32 result, as the backend's do before its epilogue pass.
   State& s = *s_;
-  const lnmlp::cpu::BlockGemmShapes shapes =
-      lnmlp::cpu::block_gemm_shapes(T, H, F, A, static_cast<lnmlp::numerics::DType>(dtype), bias1, bias2);
-  s.g1 = make_gemm(shapes.gemm1);
-  s.g2 = make_gemm(shapes.gemm2);
-  s.g_dact = make_gemm(shapes.dact);
-  s.g_dw2 = make_gemm(shapes.dw2);
-  s.g_dn = make_gemm(shapes.dn);
-  s.g_dw1 = make_gemm(shapes.dw1);
+  lnmlp::Config c;
+  c.tokens = T, c.hidden = H, c.ffn = F, c.num_acts = A;
+  c.dtype = static_cast<lnmlp::numerics::DType>(dtype);
+  c.has_bias1 = bias1, c.has_bias2 = bias2;
+  auto make = [&](lnmlp::block::GemmRole role) {
+    return make_gemm(lnmlp::cpu::cpu_gemm(lnmlp::block::gemm_spec(role, c), c).shape);
+  };
+  using lnmlp::block::GemmRole;
+  s.g1 = make(GemmRole::Gemm1);
+  s.g2 = make(GemmRole::Gemm2);
+  s.g_dact = make(GemmRole::Dact);
+  s.g_dw2 = make(GemmRole::Dw2);
+  s.g_dn = make(GemmRole::Dn);
+  s.g_dw1 = make(GemmRole::Dw1);
   const int64_t AF = A * F;
   s.recompute_gemm1 = recompute_gemm1;
   int64_t scratch = 0;

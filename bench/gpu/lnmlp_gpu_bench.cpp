@@ -23,8 +23,9 @@
 #include <string>
 #include <vector>
 
+#include "block/gemm_roles.h"
 #include "cuda/gemm_cublaslt.h"
-#include "cuda/gemm_fp8.h"
+#include "cuda/gemm_plan.h"
 #include "common/error.h"
 #include "lnmlp.h"
 
@@ -236,28 +237,20 @@ void run_case(const Case& k, const Options& o, const std::string& device_name, c
   // The peer: the same GEMMs alone (GEMM1 again in backward under save_stats).
   cublasLtHandle_t lt = nullptr;
   if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) die("cublasLtCreate failed");
-  const lnmlp::numerics::DType nd = static_cast<lnmlp::numerics::DType>(dt);
-  const auto shapes = lnmlp::cuda::block_gemm_shapes(T, H, F, A, nd, bias, bias);
+  // Exactly the GEMMs the CUDA backend creates for this configuration (cuda/gemm_plan.h).
+  lnmlp::Config cfg;
+  cfg.tokens = T, cfg.hidden = H, cfg.ffn = F, cfg.num_acts = static_cast<int32_t>(A);
+  cfg.dtype = static_cast<lnmlp::numerics::DType>(dt);
+  cfg.has_bias1 = cfg.has_bias2 = bias;
+  // Blocked recipes are emulated on bf16 GEMMs: their peer is the bf16 GEMMs.
+  cfg.fp8.recipe = fp8_native ? static_cast<lnmlp::Recipe>(recipe) : lnmlp::Recipe::None;
   std::vector<std::unique_ptr<lnmlp::cuda::LtGemm>> g;
-  std::vector<std::unique_ptr<lnmlp::cuda::LtFp8Gemm>> g8;
   int64_t peer_ws = 0;
   try {
-    if (fp8_native) {
-      // The six FP8 GEMMs on K-major codes, HYBRID formats (cuda/gemm_fp8.h): {m, n, k, x, y}.
-      using lnmlp::numerics::Fp8Format;
-      const Fp8Format e4 = Fp8Format::E4M3, e5 = Fp8Format::E5M2;
-      const struct { int64_t m, n, k; Fp8Format x, y; } s8[] = {{T, AF, H, e4, e4}, {T, H, F, e4, e4},
-                                                                {T, F, H, e5, e4}, {F, H, T, e4, e5},
-                                                                {T, H, AF, e5, e4}, {H, AF, T, e4, e5}};
-      for (const auto& s : s8) {
-        g8.push_back(std::make_unique<lnmlp::cuda::LtFp8Gemm>(lt, s.m, s.n, s.k, s.x, s.y, int64_t{32} << 20, "peer"));
-        peer_ws = std::max(peer_ws, g8.back()->workspace_bytes());
-      }
-    } else {
-      for (const auto* s : {&shapes.gemm1, &shapes.gemm2, &shapes.dact, &shapes.dw2, &shapes.dn, &shapes.dw1}) {
-        g.push_back(std::make_unique<lnmlp::cuda::LtGemm>(lt, *s, int64_t{32} << 20, "peer"));
-        peer_ws = std::max(peer_ws, g.back()->workspace_bytes());
-      }
+    for (lnmlp::block::GemmRole role : lnmlp::block::kAllGemmRoles) {
+      const lnmlp::cuda::CudaGemm plan = lnmlp::cuda::cuda_gemm(lnmlp::block::gemm_spec(role, cfg), cfg);
+      g.push_back(std::make_unique<lnmlp::cuda::LtGemm>(lt, plan.shape, int64_t{32} << 20, "peer"));
+      peer_ws = std::max(peer_ws, g.back()->workspace_bytes());
     }
   } catch (const lnmlp::Error& err) {
     die(std::string("peer GEMMs: ") + err.what());
@@ -278,9 +271,8 @@ void run_case(const Case& k, const Options& o, const std::string& device_name, c
   auto peer_once = [&](const Events& ev) {
     if (fp8_native) {
       auto run8 = [&](int i) {
-        g8[static_cast<size_t>(i)]->run(static_cast<const uint8_t*>(q_a.p), static_cast<const float*>(q_scale.p),
-                                        static_cast<const uint8_t*>(q_b.p), static_cast<const float*>(q_scale.p),
-                                        static_cast<float*>(q_out.p), pws.p, stream);
+        const auto* scale = static_cast<const float*>(q_scale.p);
+        g[static_cast<size_t>(i)]->run(q_a.p, q_b.p, nullptr, q_out.p, pws.p, stream, scale, scale);
       };
       cuda_ok(cudaEventRecord(ev.a, stream), "cudaEventRecord");
       run8(0);
@@ -331,7 +323,6 @@ void run_case(const Case& k, const Options& o, const std::string& device_name, c
     die(std::string("peer GEMM: ") + err.what());
   }
   g.clear();
-  g8.clear();
   cublasLtDestroy(lt);
   lnmlp_plan_destroy(plan);
 

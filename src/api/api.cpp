@@ -7,6 +7,7 @@
 
 #include "args.h"
 #include "build_info.h"
+#include "engine_factory.h"
 #include "module/loader.h"
 #include "common/error.h"
 #include "handles.h"
@@ -380,10 +381,10 @@ LNMLP_API int32_t lnmlp_plan_create(const lnmlp_desc* desc, lnmlp_plan** plan) {
     p->comm = desc->comm;
     p->saved = make_saved_layout(p->cfg);
     p->recipe = resolve_recipe(p->cfg.fp8);
-    p->backend = make_backend(p->cfg, p->saved);
-    p->workspace_bytes = p->backend->workspace_bytes();
+    p->engine = make_engine(p->cfg, p->saved);
+    p->workspace_bytes = p->engine->workspace_bytes();
     if (!p->cfg.external_workspace && p->workspace_bytes > 0) {
-      p->owned_workspace = p->backend->allocate(p->workspace_bytes);
+      p->owned_workspace = p->engine->allocate(p->workspace_bytes);
       p->workspace = p->owned_workspace;
     }
     init_fp8_state(*p);
@@ -428,7 +429,7 @@ LNMLP_API int32_t lnmlp_plan_get_alignment(const lnmlp_plan* plan, int64_t* byte
   return api_guard(__func__, [&] {
     require_plan(plan);
     require_out(bytes, "bytes");
-    *bytes = plan->backend->alignment();
+    *bytes = plan->engine->alignment();
   });
 }
 
@@ -442,7 +443,7 @@ LNMLP_API int32_t lnmlp_plan_attach_workspace(lnmlp_plan* plan, void* workspace,
     if (bytes < plan->workspace_bytes)
       fail(LNMLP_ERROR_WORKSPACE_TOO_SMALL, "the workspace has ", bytes, " bytes, but this plan needs ",
            plan->workspace_bytes, " (lnmlp_plan_get_workspace_bytes)");
-    const int64_t align = plan->backend->alignment();
+    const int64_t align = plan->engine->alignment();
     if (reinterpret_cast<uintptr_t>(workspace) % static_cast<uintptr_t>(align) != 0)
       fail(LNMLP_ERROR_MISALIGNED, "workspace (", workspace, ") is not aligned to ", align, " bytes");
     plan->workspace = workspace;
@@ -465,7 +466,7 @@ LNMLP_API int32_t lnmlp_plan_forward(lnmlp_plan* plan, const void* x, const void
     const ForwardArgs args{x, gamma, beta, w1, b1, w2, b2, y, saved, stream, plan->fp8_state};
     check_forward_args(*plan, args);
     require_workspace(plan);
-    plan->backend->forward(args, plan->workspace);
+    plan->engine->forward(args, plan->workspace);
   });
 }
 
@@ -479,7 +480,7 @@ LNMLP_API int32_t lnmlp_plan_backward(lnmlp_plan* plan, const void* dy, const vo
                             plan->fp8_state};
     check_backward_args(*plan, args);
     require_workspace(plan);
-    plan->backend->backward(args, plan->workspace);
+    plan->engine->backward(args, plan->workspace);
   });
 }
 

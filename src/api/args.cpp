@@ -46,7 +46,7 @@ void check_tensors(const lnmlp_plan& plan, std::initializer_list<Tensor> list, c
     if (!t.required && t.ptr != nullptr)
       fail(LNMLP_ERROR_INVALID_ARGUMENT, t.name, " must be NULL for this plan", t.why_null);
     if (t.ptr == nullptr) continue;
-    const int64_t align = (t.name == saved_name) ? plan.backend->alignment() : elem;
+    const int64_t align = (t.name == saved_name) ? plan.engine->alignment() : elem;
     if (reinterpret_cast<uintptr_t>(t.ptr) % static_cast<uintptr_t>(align) != 0)
       fail(LNMLP_ERROR_MISALIGNED, t.name, " (", t.ptr, ") is not aligned to ", align, " bytes");
   }

@@ -1,7 +1,7 @@
 // Checks of the pointers handed to forward / backward, before anything is written.
 #pragma once
 
-#include "block/backend.h"
+#include "plan/call_args.h"
 #include "plan.h"
 
 namespace lnmlp {

@@ -53,7 +53,7 @@ void check_history(const float* h, int64_t n, int q) {
 // The whole state, copied to the host.
 std::vector<float> read_state(const lnmlp_plan& p) {
   std::vector<float> s(static_cast<size_t>(p.recipe.state_floats()));
-  p.backend->copy_to_host(s.data(), p.fp8_state, p.recipe.state_floats() * 4);
+  p.engine->copy_to_host(s.data(), p.fp8_state, p.recipe.state_floats() * 4);
   return s;
 }
 
@@ -68,8 +68,8 @@ void init_fp8_state(lnmlp_plan& p) {
   const int64_t n = p.recipe.state_floats(), stride = p.recipe.state_stride();
   std::vector<float> s(static_cast<size_t>(n), 0.0f);
   for (int q = 0; q < kQuantizerCount; ++q) s[static_cast<size_t>(q * stride)] = 1.0f;
-  p.fp8_state = static_cast<float*>(p.backend->allocate(n * 4));
-  p.backend->copy_from_host(p.fp8_state, s.data(), n * 4);
+  p.fp8_state = static_cast<float*>(p.engine->allocate(n * 4));
+  p.engine->copy_from_host(p.fp8_state, s.data(), n * 4);
 }
 
 }  // namespace lnmlp
@@ -117,7 +117,7 @@ LNMLP_API int32_t lnmlp_plan_set_quantizer_state(lnmlp_plan* plan, int32_t quant
     std::vector<float> q(static_cast<size_t>(stride));
     q[0] = scale;
     std::memcpy(q.data() + 1, amax_history, sizeof(float) * static_cast<size_t>(length));
-    plan->backend->copy_from_host(plan->fp8_state + quantizer * stride, q.data(), stride * 4);
+    plan->engine->copy_from_host(plan->fp8_state + quantizer * stride, q.data(), stride * 4);
   });
 }
 
@@ -181,7 +181,7 @@ LNMLP_API int32_t lnmlp_plan_import_state(lnmlp_plan* plan, const void* blob, in
       check_scale(s[static_cast<size_t>(q * stride)], q);
       check_history(s.data() + q * stride + 1, stride - 1, q);
     }
-    plan->backend->copy_from_host(plan->fp8_state, s.data(), need - static_cast<int64_t>(sizeof h));
+    plan->engine->copy_from_host(plan->fp8_state, s.data(), need - static_cast<int64_t>(sizeof h));
   });
 }
 

@@ -4,7 +4,7 @@
 #include <atomic>
 #include <memory>
 
-#include "block/backend.h"
+#include "block/engine.h"
 #include "comm/comm.h"
 #include "plan/config.h"
 #include "plan/fp8_recipe.h"
@@ -24,15 +24,15 @@ struct lnmlp_plan {
   std::shared_ptr<lnmlp::Communicator> comm;  // cfg.shard.comm's owner
   lnmlp::SavedLayout saved;
   lnmlp::ResolvedRecipe recipe;
-  std::unique_ptr<lnmlp::Backend> backend;
+  std::unique_ptr<lnmlp::block::Engine> engine;  // what forward and backward run
   int64_t workspace_bytes = 0;
   void* owned_workspace = nullptr;  // allocated by the plan (unless external workspace)
   void* workspace = nullptr;        // what execution uses: owned or attached
-  float* fp8_state = nullptr;       // quantizer state in backend memory (fp8_state.h), FP8 recipes only
+  float* fp8_state = nullptr;       // quantizer state in the engine's memory (fp8_state.h), FP8 recipes only
   std::atomic<bool> busy{false};    // set while a thread runs forward/backward or attaches
 
   ~lnmlp_plan() {
-    if (owned_workspace != nullptr) backend->release(owned_workspace);
-    if (fp8_state != nullptr) backend->release(fp8_state);
+    if (owned_workspace != nullptr) engine->release(owned_workspace);
+    if (fp8_state != nullptr) engine->release(fp8_state);
   }
 };

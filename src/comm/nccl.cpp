@@ -1,12 +1,13 @@
 // A communicator over an NCCL communicator (lnmlp_comm_create_nccl). NCCL is the CUDA module's
 // business (cuda/nccl_comm.cpp): the core never links it, it asks the module for an opaque
-// communicator (cuda_module.h) and forwards the collectives to it. The CUDA backend, which runs in
+// communicator (module/table.h) and forwards the collectives to it. The CUDA backend, which runs in
 // the module too, receives that communicator at plan creation (cuda_module_comm).
 #include <string>
 
 #include "comm.h"
 #include "module/table.h"
 #include "module/loader.h"
+#include "nccl.h"
 #include "common/error.h"
 
 namespace lnmlp {

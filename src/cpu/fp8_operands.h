@@ -13,33 +13,27 @@
 #include "numerics/dtype.h"
 #include "numerics/quantize.h"
 #include "gemm.h"
+#include "gemm_plan.h"
 #include "parallel.h"
 
 namespace lnmlp::cpu {
 
 using numerics::Fp8Format;
 
-// The GEMM operand type of a recipe: bf16 holds every FP8 value, and every FP8 value times a
-// power-of-two scale, exactly; only BLOCK with arbitrary fp32 scales needs fp32 operands. Where
-// the CPU has no bf16 GEMM, fp32 operands (the same values) spare the GEMM a widening copy.
-inline GemmType fp8_operand_type(const ResolvedRecipe& r) {
-  if (!gemm_native_bf16()) return GemmType::F32;
-  return r.recipe == Recipe::Block && !r.power_2_scale ? GemmType::F32 : GemmType::BF16;
-}
-
-template <typename Fn> decltype(auto) with_format(Fp8Format f, Fn&& fn) {
-  if (f == Fp8Format::E4M3) return fn(std::integral_constant<Fp8Format, Fp8Format::E4M3>{});
-  return fn(std::integral_constant<Fp8Format, Fp8Format::E5M2>{});
-}
-
-// amax over n fp32 values on the cores (the max is exact in any order).
-inline float parallel_amax(int threads, const float* x, int64_t n) {
-  float part[256];
+// The bits of max |x| over n values of storage type S (the I/O dtype, or fp32) on the cores: the
+// max of their magnitude bits (numerics/quantize.h), exact in any order.
+template <DType D> uint32_t parallel_amax_bits(int threads, const numerics::storage_t<D>* x, int64_t n) {
+  uint32_t part[256];
   const int chunks = threads < 256 ? threads : 256;
-  for (int c = 0; c < chunks; ++c) part[c] = 0.0f;
-  parallel_chunks(threads, chunks, n, [&](int64_t i0, int64_t i1, int c) { part[c] = numerics::amax_of(x + i0, i1 - i0); });
-  float m = 0.0f;
-  for (int c = 0; c < chunks; ++c) m = numerics::amax_max(m, part[c]);
+  for (int c = 0; c < chunks; ++c) part[c] = 0;
+  parallel_chunks(threads, chunks, n, [&](int64_t i0, int64_t i1, int c) {
+    uint32_t m = 0;
+#pragma omp simd reduction(max : m)
+    for (int64_t i = i0; i < i1; ++i) m = numerics::amax_bits_max(m, numerics::magnitude_bits(numerics::load<D>(x[i])));
+    part[c] = m;
+  });
+  uint32_t m = 0;
+  for (int c = 0; c < chunks; ++c) m = numerics::amax_bits_max(m, part[c]);
   return m;
 }
 
@@ -48,7 +42,7 @@ inline float parallel_amax(int threads, const float* x, int64_t n) {
 // threads * cols uint32 (column bands).
 inline void quantize_operand(int threads, const QuantKind& k, const float* in, int64_t rows, int64_t cols, float scale,
                              uint8_t* codes, void* scales, uint32_t* work) {
-  with_format(k.format, [&](auto ft) {
+  numerics::dispatch_fp8(k.format, [&](auto ft) {
     constexpr Fp8Format F = decltype(ft)::value;
     const int64_t b = k.block();
     if (k.per_tensor()) {
@@ -94,10 +88,10 @@ inline void quantize_operand(int threads, const QuantKind& k, const float* in, i
 // tensor: the bare fp8 value; the scale_inv goes to the GEMM's epilogue). bf16 or fp32 per type.
 inline void decode_operand(int threads, const QuantKind& k, const uint8_t* codes, const void* scales, int64_t rows,
                            int64_t cols, GemmType type, void* out) {
-  with_format(k.format, [&](auto ft) {
+  numerics::dispatch_fp8(k.format, [&](auto ft) {
     constexpr Fp8Format F = decltype(ft)::value;
     const int64_t b = k.block();
-    const int64_t nb = numerics::num_blocks(cols, b);
+    const numerics::ScaleLayout layout = k.scale_layout();
     const bool e8m0 = k.recipe == Recipe::Mxfp8;
     const auto* sf = static_cast<const float*>(scales);
     const auto* s8 = static_cast<const uint8_t*>(scales);
@@ -118,16 +112,15 @@ inline void decode_operand(int threads, const QuantKind& k, const uint8_t* codes
     parallel_chunks(threads, threads, rows, [&](int64_t r0, int64_t r1, int) {
       for (int64_t r = r0; r < r1; ++r) {
         const uint8_t* q = codes + r * cols;
-        if (k.per_tensor()) {
+        if (layout == numerics::ScaleLayout::PerTensor) {
           emit(q, r, 0, cols, [](int64_t) { return 1.0f; });
-        } else if (k.tiles() || k.contract == Contract::Cols) {
-          const int64_t first = k.tiles() ? (r / b) * nb : r * nb;  // this row's first block scale
-          for (int64_t blk = 0; blk < nb; ++blk) {
-            const float si = scale_inv(first + blk);
-            emit(q, r, blk * b, std::min(cols, (blk + 1) * b), [si](int64_t) { return si; });
+        } else if (layout != numerics::ScaleLayout::DownColumns) {  // one scale per block of the row
+          for (int64_t c0 = 0; c0 < cols; c0 += b) {
+            const float si = scale_inv(numerics::block_scale_index(layout, r, c0, cols, b));
+            emit(q, r, c0, std::min(cols, c0 + b), [si](int64_t) { return si; });
           }
         } else {  // blocks down the columns: a scale per column, shared by `b` rows
-          const int64_t base = (r / b) * cols;
+          const int64_t base = numerics::block_scale_index(layout, r, 0, cols, b);
           if (e8m0) emit(q, r, 0, cols, [s8, base](int64_t c) { return numerics::e8m0_to_float(s8[base + c]); });
           else emit(q, r, 0, cols, [sf, base](int64_t c) { return sf[base + c]; });
         }

@@ -12,10 +12,11 @@ __global__ void __launch_bounds__(kColumnThreads)
   const int64_t F = s.ffn, AF = s.gated ? 2 * F : F;
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kColumnThreads + threadIdx.x;
   if (j >= F) return;
+  const RuntimeAct f0{s.f0, s.params}, f1{s.f1, s.params};
 #pragma unroll 4
   for (int64_t r = blockIdx.y; r < s.rows; r += gridDim.y) {
-    float a = act_value_rt(s.f0, load<D>(h[r * AF + j]), s.params);
-    if (s.gated) a *= act_value_rt(s.f1, load<D>(h[r * AF + F + j]), s.params);
+    const float v0 = load<D>(h[r * AF + j]);
+    const float a = s.gated ? gated_value(f0, f1, v0, load<D>(h[r * AF + F + j])) : f0.value(v0);
     act[r * F + j] = store<O>(a);
   }
 }
@@ -29,22 +30,21 @@ __global__ void __launch_bounds__(kColumnThreads)
   if (j >= F) return;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * ch.rows_per_chunk;
   const int64_t r1 = r0 + ch.rows_per_chunk < s.rows ? r0 + ch.rows_per_chunk : s.rows;
+  const RuntimeAct f0{s.f0, s.params}, f1{s.f1, s.params};
   float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll 4
   for (int64_t r = r0; r < r1; ++r) {
     const float g = dact[r * F + j];
     const float v0 = load<D>(h[r * AF + j]);
     if (s.gated) {
-      const float v1 = load<D>(h[r * AF + F + j]);
-      // The same products, in the same order, as the CPU backend (src/cpu/kernels.h).
-      const float d0 = g * act_grad_rt(s.f0, v0, s.params) * act_value_rt(s.f1, v1, s.params);
-      const float d1 = g * act_value_rt(s.f0, v0, s.params) * act_grad_rt(s.f1, v1, s.params);
-      dh[r * AF + j] = store<O>(d0);
-      dh[r * AF + F + j] = store<O>(d1);
-      sum0 += d0;
-      sum1 += d1;
+      // The same products, in the same order, as the CPU backend (numerics/activation.h).
+      const GatedGrad d = gated_grad(f0, f1, g, v0, load<D>(h[r * AF + F + j]));
+      dh[r * AF + j] = store<O>(d.d0);
+      dh[r * AF + F + j] = store<O>(d.d1);
+      sum0 += d.d0;
+      sum1 += d.d1;
     } else {
-      const float d0 = g * act_grad_rt(s.f0, v0, s.params);
+      const float d0 = g * f0.grad(v0);
       dh[r * AF + j] = store<O>(d0);
       sum0 += d0;
     }

@@ -6,12 +6,11 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "block/exec.h"
+
 namespace lnmlp::cuda {
 
-struct NamedPointer {
-  const char* name;
-  const void* ptr;  // NULL entries are skipped (the core has checked which may be NULL)
-};
+using block::NamedPointer;  // NULL entries are skipped (the core has checked which may be NULL)
 
 // Fails with LNMLP_ERROR_MISALIGNED for a pointer not aligned to `alignment` bytes, and with
 // LNMLP_ERROR_INVALID_ARGUMENT for plain host memory or memory of another device (detected with

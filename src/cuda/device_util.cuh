@@ -1,5 +1,5 @@
-// Device helpers shared by the CUDA kernels: dtype dispatch, a deterministic block sum, the
-// activation chosen at run time (the formulas are src/numerics/activation.h's).
+// Device helpers shared by the CUDA kernels: a deterministic block sum and grid sizes. The
+// formulas and the dtype and activation dispatch are src/numerics/'s.
 #pragma once
 
 #include "numerics/activation.h"
@@ -10,14 +10,8 @@ namespace lnmlp::cuda {
 
 using namespace lnmlp::numerics;
 
-// Calls fn(std::integral_constant<DType, D>{}) for the runtime dtype.
-template <typename Fn> void with_dtype(DType d, Fn&& fn) {
-  switch (d) {
-    case DType::F32: fn(std::integral_constant<DType, DType::F32>{}); return;
-    case DType::BF16: fn(std::integral_constant<DType, DType::BF16>{}); return;
-    case DType::F16: fn(std::integral_constant<DType, DType::F16>{}); return;
-  }
-}
+// The one dtype switch (numerics/dtype.h), for the launchers.
+template <typename Fn> void with_dtype(DType d, Fn&& fn) { dispatch_dtype(d, fn); }
 
 // Sum of v over the block (blockDim.x == Threads), the same value in every thread. The order is
 // fixed (a butterfly in each warp, then the warps in order), so the result is deterministic.
@@ -33,37 +27,6 @@ template <int Threads> __device__ __forceinline__ float block_sum(float v, float
 #pragma unroll
   for (int w = 0; w < Threads / 32; ++w) s += shm[w];
   return s;
-}
-
-// f(x) and f'(x) for an activation known at run time (uniform across the grid, so no divergence).
-__device__ __forceinline__ float act_value_rt(Act a, float x, const ActParams& p) {
-  switch (a) {
-    case Act::Relu: return act_value<Act::Relu>(x, p);
-    case Act::Gelu: return act_value<Act::Gelu>(x, p);
-    case Act::Silu: return act_value<Act::Silu>(x, p);
-    case Act::QuickGelu: return act_value<Act::QuickGelu>(x, p);
-    case Act::SquaredRelu: return act_value<Act::SquaredRelu>(x, p);
-    case Act::Sigmoid: return act_value<Act::Sigmoid>(x, p);
-    case Act::ClampedSilu: return act_value<Act::ClampedSilu>(x, p);
-    case Act::ClampedLinear: return act_value<Act::ClampedLinear>(x, p);
-    case Act::Linear: break;
-  }
-  return act_value<Act::Linear>(x, p);
-}
-
-__device__ __forceinline__ float act_grad_rt(Act a, float x, const ActParams& p) {
-  switch (a) {
-    case Act::Relu: return act_grad<Act::Relu>(x, p);
-    case Act::Gelu: return act_grad<Act::Gelu>(x, p);
-    case Act::Silu: return act_grad<Act::Silu>(x, p);
-    case Act::QuickGelu: return act_grad<Act::QuickGelu>(x, p);
-    case Act::SquaredRelu: return act_grad<Act::SquaredRelu>(x, p);
-    case Act::Sigmoid: return act_grad<Act::Sigmoid>(x, p);
-    case Act::ClampedSilu: return act_grad<Act::ClampedSilu>(x, p);
-    case Act::ClampedLinear: return act_grad<Act::ClampedLinear>(x, p);
-    case Act::Linear: break;
-  }
-  return act_grad<Act::Linear>(x, p);
 }
 
 // Grid sizes: at most this many blocks along a grid-stride dimension.

@@ -12,39 +12,35 @@ namespace {
 
 using numerics::Fp8Format;
 
-template <typename Fn> void with_fp8(Fp8Format f, Fn&& fn) {
-  if (f == Fp8Format::E4M3) fn(std::integral_constant<Fp8Format, Fp8Format::E4M3>{});
-  else fn(std::integral_constant<Fp8Format, Fp8Format::E5M2>{});
-}
+template <typename Fn> void with_fp8(Fp8Format f, Fn&& fn) { numerics::dispatch_fp8(f, fn); }
 
 constexpr int kThreads = 256;
 
 // ---- amax ----------------------------------------------------------------------------------
 
-// The magnitude bits of a float order like |x| for non-NaN values, and every NaN is above +inf,
-// so an integer max is the NaN-propagating amax; atomicMax on integers is order-independent.
+// max over a warp of magnitude bits (numerics/quantize.h: their integer max is the
+// NaN-propagating amax, in any order).
+__device__ __forceinline__ uint32_t warp_max(uint32_t m) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = numerics::amax_bits_max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  return m;
+}
+
+// Warps' maxima, then atomicMax on integers (order-independent).
 template <DType D> __global__ void __launch_bounds__(kThreads)
     amax_kernel(const storage_t<D>* __restrict__ x, int64_t n, uint32_t* amax_bits) {
   uint32_t m = 0;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const uint32_t a = float_bits(load<D>(x[i])) & 0x7fffffffu;
-    m = a > m ? a : m;
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const uint32_t other = __shfl_xor_sync(0xffffffffu, m, o);
-    m = other > m ? other : m;
-  }
+       i += static_cast<int64_t>(gridDim.x) * kThreads)
+    m = numerics::amax_bits_max(m, numerics::magnitude_bits(load<D>(x[i])));
+  m = warp_max(m);
   if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(amax_bits, m);
 }
 
 __global__ void per_tensor_scale_kernel(const float* given, const float* state_scale, const uint32_t* amax_bits,
                                         float fmt_max, bool pow2, float eps, float* scale_out, float* used_out) {
-  float s;
-  if (given != nullptr) s = *given;
-  else if (state_scale != nullptr) s = *state_scale;
-  else s = numerics::current_scale(numerics::amax_from_bits(*amax_bits), fmt_max, pow2, eps);
+  const float amax = amax_bits != nullptr ? numerics::amax_from_bits(*amax_bits) : 0.0f;
+  const float s = numerics::per_tensor_scale(given, state_scale, amax, fmt_max, pow2, eps);
   scale_out[0] = s;
   scale_out[1] = 1.0f / s;
   if (used_out != nullptr) *used_out = s;
@@ -106,29 +102,19 @@ __global__ void __launch_bounds__(kTile* kTileRows)
 
 // ---- blocked quantization (BLOCK, MXFP8) ------------------------------------------------------
 
-// The scale of a block from its amax, and what the block's scale slot holds: the fp32 scale_inv
-// (BLOCK) or the E8M0 byte (MXFP8). The same functions as numerics/quantize.h's host loops.
+// A block's scale from its amax, and what its scale slot holds: the fp32 scale_inv (BLOCK) or
+// the E8M0 byte (MXFP8), numerics/scaling.h's choice, as the CPU backend makes it.
 template <Fp8Format F> struct BlockScaler {
   bool mx, pow2;
   float eps;
-  __device__ float scale(float amax) const {
-    if (mx) return numerics::mxfp8_scale_from_exponent(numerics::mxfp8_scale_inv_exponent(amax, numerics::Fp8Traits<F>::max));
-    return numerics::block_scale(amax, numerics::Fp8Traits<F>::max, pow2, eps);
+  __device__ numerics::BlockScaleChoice choose(float amax) const {
+    return numerics::choose_block_scale(amax, numerics::Fp8Traits<F>::max, mx, pow2, eps);
   }
-  __device__ void store(void* scales, int64_t i, float amax, float s) const {
-    if (mx) static_cast<uint8_t*>(scales)[i] = numerics::mxfp8_scale_e8m0(amax, numerics::Fp8Traits<F>::max);
-    else static_cast<float*>(scales)[i] = 1.0f / s;
+  __device__ void store(void* scales, int64_t i, const numerics::BlockScaleChoice& c) const {
+    if (mx) static_cast<uint8_t*>(scales)[i] = c.e8m0;
+    else static_cast<float*>(scales)[i] = c.scale_inv;
   }
 };
-
-__device__ __forceinline__ uint32_t warp_max(uint32_t m) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const uint32_t other = __shfl_xor_sync(0xffffffffu, m, o);
-    m = other > m ? other : m;
-  }
-  return m;
-}
 
 // 1 x b blocks along rows: one warp per block (b = 32 or 128).
 template <DType D, Fp8Format F> __global__ void __launch_bounds__(kThreads)
@@ -141,14 +127,11 @@ template <DType D, Fp8Format F> __global__ void __launch_bounds__(kThreads)
     const int64_t r = blk / nb, c0 = (blk % nb) * b, w = cols - c0 < b ? cols - c0 : b;
     const storage_t<D>* xr = x + r * cols + c0;
     uint32_t m = 0;
-    for (int64_t i = lane; i < w; i += 32) {
-      const uint32_t a = float_bits(load<D>(xr[i])) & 0x7fffffffu;
-      m = a > m ? a : m;
-    }
-    const float amax = numerics::amax_from_bits(warp_max(m));
-    const float s = sc.scale(amax);
-    if (lane == 0) sc.store(scales, blk, amax, s);
-    for (int64_t i = lane; i < w; i += 32) codes[r * cols + c0 + i] = numerics::float_to_fp8<F>(load<D>(xr[i]) * s);
+    for (int64_t i = lane; i < w; i += 32) m = numerics::amax_bits_max(m, numerics::magnitude_bits(load<D>(xr[i])));
+    const numerics::BlockScaleChoice ch = sc.choose(numerics::amax_from_bits(warp_max(m)));
+    if (lane == 0) sc.store(scales, blk, ch);
+    for (int64_t i = lane; i < w; i += 32)
+      codes[r * cols + c0 + i] = numerics::float_to_fp8<F>(load<D>(xr[i]) * ch.scale);
   }
 }
 
@@ -161,14 +144,11 @@ template <DType D, Fp8Format F> __global__ void __launch_bounds__(kThreads)
   for (int64_t band = blockIdx.y; band * b < rows; band += gridDim.y) {
     const int64_t r0 = band * b, r1 = r0 + b < rows ? r0 + b : rows;
     uint32_t m = 0;
-    for (int64_t r = r0; r < r1; ++r) {
-      const uint32_t a = float_bits(load<D>(x[r * cols + c])) & 0x7fffffffu;
-      m = a > m ? a : m;
-    }
-    const float amax = numerics::amax_from_bits(m);
-    const float s = sc.scale(amax);
-    sc.store(scales, band * cols + c, amax, s);
-    for (int64_t r = r0; r < r1; ++r) codes[r * cols + c] = numerics::float_to_fp8<F>(load<D>(x[r * cols + c]) * s);
+    for (int64_t r = r0; r < r1; ++r) m = numerics::amax_bits_max(m, numerics::magnitude_bits(load<D>(x[r * cols + c])));
+    const numerics::BlockScaleChoice ch = sc.choose(numerics::amax_from_bits(m));
+    sc.store(scales, band * cols + c, ch);
+    for (int64_t r = r0; r < r1; ++r)
+      codes[r * cols + c] = numerics::float_to_fp8<F>(load<D>(x[r * cols + c]) * ch.scale);
   }
 }
 
@@ -181,47 +161,35 @@ template <DType D, Fp8Format F> __global__ void __launch_bounds__(kThreads)
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * b, c0 = static_cast<int64_t>(blockIdx.x) * b;
   const int64_t h = rows - r0 < b ? rows - r0 : b, w = cols - c0 < b ? cols - c0 : b;
   uint32_t m = 0;
-  for (int64_t i = threadIdx.x; i < h * w; i += kThreads) {
-    const uint32_t a = float_bits(load<D>(x[(r0 + i / w) * cols + c0 + i % w])) & 0x7fffffffu;
-    m = a > m ? a : m;
-  }
+  for (int64_t i = threadIdx.x; i < h * w; i += kThreads)
+    m = numerics::amax_bits_max(m, numerics::magnitude_bits(load<D>(x[(r0 + i / w) * cols + c0 + i % w])));
   m = warp_max(m);
   if ((threadIdx.x & 31) == 0) warp_m[threadIdx.x >> 5] = m;
   __syncthreads();
   m = 0;
-  for (int i = 0; i < kThreads / 32; ++i) m = warp_m[i] > m ? warp_m[i] : m;
-  const float amax = numerics::amax_from_bits(m);
-  const float s = sc.scale(amax);
-  if (threadIdx.x == 0) sc.store(scales, static_cast<int64_t>(blockIdx.y) * nbc + blockIdx.x, amax, s);
+  for (int i = 0; i < kThreads / 32; ++i) m = numerics::amax_bits_max(m, warp_m[i]);
+  const numerics::BlockScaleChoice ch = sc.choose(numerics::amax_from_bits(m));
+  if (threadIdx.x == 0) sc.store(scales, static_cast<int64_t>(blockIdx.y) * nbc + blockIdx.x, ch);
   for (int64_t i = threadIdx.x; i < h * w; i += kThreads) {
     const int64_t idx = (r0 + i / w) * cols + c0 + i % w;
-    codes[idx] = numerics::float_to_fp8<F>(load<D>(x[idx]) * s);
+    codes[idx] = numerics::float_to_fp8<F>(load<D>(x[idx]) * ch.scale);
   }
 }
 
 // ---- decoding into GEMM operands ----------------------------------------------------------------
 
-// Where an element's block scale is, as plain values the device can read (QuantKind is host code).
-struct ScaleIndex {
-  enum Mode : int { PerTensor, Tiles, AlongRows, DownColumns } mode;
-  int64_t block;
-  bool e8m0;
-};
-
+// fp8 value times the scale_inv of its block (numerics/quantize.h's block_scale_index).
 template <Fp8Format F, bool F32Out> __global__ void __launch_bounds__(kThreads)
-    decode_kernel(ScaleIndex k, const uint8_t* __restrict__ codes, const void* __restrict__ scales, int64_t rows,
-                  int64_t cols, void* __restrict__ out) {
-  const int64_t n = rows * cols, b = k.block, nb = (cols + b - 1) / b;
+    decode_kernel(numerics::ScaleLayout layout, int64_t b, bool e8m0, const uint8_t* __restrict__ codes,
+                  const void* __restrict__ scales, int64_t rows, int64_t cols, void* __restrict__ out) {
+  const int64_t n = rows * cols;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const int64_t r = i / cols, c = i % cols;
     float s = 1.0f;
-    if (k.mode != ScaleIndex::PerTensor) {
-      const int64_t si = k.mode == ScaleIndex::Tiles       ? (r / b) * nb + c / b
-                         : k.mode == ScaleIndex::AlongRows ? r * nb + c / b
-                                                           : (r / b) * cols + c;
-      s = k.e8m0 ? numerics::e8m0_to_float(static_cast<const uint8_t*>(scales)[si])
-                 : static_cast<const float*>(scales)[si];
+    if (layout != numerics::ScaleLayout::PerTensor) {
+      const int64_t si = numerics::block_scale_index(layout, i / cols, i % cols, cols, b);
+      s = e8m0 ? numerics::e8m0_to_float(static_cast<const uint8_t*>(scales)[si])
+               : static_cast<const float*>(scales)[si];
     }
     const float v = numerics::fp8_to_float<F>(codes[i]) * s;
     if (F32Out) static_cast<float*>(out)[i] = v;
@@ -306,19 +274,19 @@ void fp8_quantize_blocked(DType in, const QuantKind& k, const void* x, int64_t r
 
 void fp8_decode_operand(const QuantKind& k, const uint8_t* codes, const void* scales, int64_t rows, int64_t cols,
                         bool f32_out, void* out, cudaStream_t stream) {
-  const ScaleIndex idx{k.per_tensor()                  ? ScaleIndex::PerTensor
-                       : k.tiles()                     ? ScaleIndex::Tiles
-                       : k.contract == Contract::Cols ? ScaleIndex::AlongRows
-                                                       : ScaleIndex::DownColumns,
-                       k.block(), k.recipe == Recipe::Mxfp8};
+  const numerics::ScaleLayout layout = k.scale_layout();
+  const bool e8m0 = k.recipe == Recipe::Mxfp8;
   with_fp8(k.format, [&](auto ft) {
     constexpr Fp8Format F = decltype(ft)::value;
-    if (f32_out) decode_kernel<F, true><<<flat_grid(rows * cols), kThreads, 0, stream>>>(idx, codes, scales, rows, cols, out);
-    else decode_kernel<F, false><<<flat_grid(rows * cols), kThreads, 0, stream>>>(idx, codes, scales, rows, cols, out);
+    const unsigned grid = flat_grid(rows * cols);
+    if (f32_out)
+      decode_kernel<F, true><<<grid, kThreads, 0, stream>>>(layout, k.block(), e8m0, codes, scales, rows, cols, out);
+    else
+      decode_kernel<F, false><<<grid, kThreads, 0, stream>>>(layout, k.block(), e8m0, codes, scales, rows, cols, out);
   });
 }
 
-void fp8_bias_round(DType d, const float* acc, int64_t rows, int64_t cols, const void* bias, void* out,
+void bias_round(DType d, const float* acc, int64_t rows, int64_t cols, const void* bias, void* out,
                     cudaStream_t stream) {
   with_dtype(d, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;

@@ -51,8 +51,9 @@ void fp8_quantize_blocked(DType in, const QuantKind& k, const void* x, int64_t r
 void fp8_decode_operand(const QuantKind& k, const uint8_t* codes, const void* scales, int64_t rows, int64_t cols,
                         bool f32_out, void* out, cudaStream_t stream);
 
-// out [rows, cols] = rnd_D(acc + bias[col]) (bias NULL: none).
-void fp8_bias_round(DType d, const float* acc, int64_t rows, int64_t cols, const void* bias, void* out,
+// out [rows, cols] = rnd_D(acc + bias[col]) (bias NULL: none): the epilogue of a GEMM whose result
+// was staged in fp32, or of a collective.
+void bias_round(DType d, const float* acc, int64_t rows, int64_t cols, const void* bias, void* out,
                     cudaStream_t stream);
 
 }  // namespace lnmlp::cuda

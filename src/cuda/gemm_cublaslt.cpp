@@ -7,11 +7,13 @@
 namespace lnmlp::cuda {
 namespace {
 
-cudaDataType_t cuda_type(numerics::DType d) {
-  switch (d) {
-    case numerics::DType::BF16: return CUDA_R_16BF;
-    case numerics::DType::F16: return CUDA_R_16F;
-    case numerics::DType::F32: break;
+cudaDataType_t cuda_type(LtType t) {
+  switch (t) {
+    case LtType::BF16: return CUDA_R_16BF;
+    case LtType::F16: return CUDA_R_16F;
+    case LtType::E4M3: return CUDA_R_8F_E4M3;
+    case LtType::E5M2: return CUDA_R_8F_E5M2;
+    case LtType::F32: break;
   }
   return CUDA_R_32F;
 }
@@ -24,47 +26,54 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t t, int64_t rows, int64_t cols,
   return l;
 }
 
-}  // namespace
-
-BlockGemmShapes block_gemm_shapes(int64_t T, int64_t H, int64_t F, int64_t A, numerics::DType d, bool has_bias1,
-                                  bool has_bias2) {
-  const int64_t AF = A * F;
-  return {
-      {T, AF, H, false, false, d, false, has_bias1},
-      {T, H, F, false, false, d, false, has_bias2},
-      {T, F, H, false, true, d, true, false},
-      {F, H, T, true, false, d, false, false},
-      {T, H, AF, false, true, d, true, false},
-      {H, AF, T, true, false, d, false, false},
-  };
+void set_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void* v, size_t n, const char* what) {
+  cublas_check(cublasLtMatmulDescSetAttribute(d, a, v, n), what);
 }
 
-LtGemm::LtGemm(cublasLtHandle_t handle, const GemmShape& s, int64_t max_workspace, const char* name)
+}  // namespace
+
+const char* lt_type_name(LtType t) {
+  switch (t) {
+    case LtType::BF16: return "bf16";
+    case LtType::F16: return "f16";
+    case LtType::E4M3: return "e4m3";
+    case LtType::E5M2: return "e5m2";
+    case LtType::F32: break;
+  }
+  return "f32";
+}
+
+LtGemm::LtGemm(cublasLtHandle_t handle, const LtShape& s, int64_t max_workspace, const char* name)
     : handle_(handle), shape_(s), name_(name) {
   try {
     cublas_check(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
     // Swapped operands (see the header): cuBLAS's A is our B, cuBLAS's B is our A.
     const cublasOperation_t op_a = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_b = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublas_check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a),
-                 "cublasLtMatmulDescSetAttribute(TRANSA)");
-    cublas_check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b),
-                 "cublasLtMatmulDescSetAttribute(TRANSB)");
+    set_attr(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a, "cublasLtMatmulDescSetAttribute(TRANSA)");
+    set_attr(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b, "cublasLtMatmulDescSetAttribute(TRANSB)");
+    if (is_fp8(s.a) || is_fp8(s.b)) {
+      const int8_t fast_accum = 0;  // exact fp32 accumulation, as the CPU backend's
+      set_attr(desc_, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof fast_accum,
+               "cublasLtMatmulDescSetAttribute(FAST_ACCUM)");
+    }
     if (s.bias) {
       const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-      cublas_check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
-                   "cublasLtMatmulDescSetAttribute(EPILOGUE)");
-      const cudaDataType_t bias_type = cuda_type(s.input);
-      cublas_check(
-          cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type),
-          "cublasLtMatmulDescSetAttribute(BIAS_DATA_TYPE)");
+      set_attr(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi, "cublasLtMatmulDescSetAttribute(EPILOGUE)");
+      const cudaDataType_t bias_type = cuda_type(s.c);
+      set_attr(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type,
+               "cublasLtMatmulDescSetAttribute(BIAS_DATA_TYPE)");
+      // The heuristic reads the bias pointer's alignment: offer the least aligned one the API
+      // accepts (kGemmPointerAlignment), so the algorithm works for every bias. Never read.
+      const void* representative = reinterpret_cast<const void*>(static_cast<uintptr_t>(kGemmPointerAlignment));
+      set_attr(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &representative, sizeof representative,
+               "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
     }
-    const cudaDataType_t in = cuda_type(s.input), out = s.output_f32 ? CUDA_R_32F : in;
-    layout_a_ = s.trans_b ? make_layout(in, s.k, s.n, "cublasLtMatrixLayoutCreate(B)")
-                          : make_layout(in, s.n, s.k, "cublasLtMatrixLayoutCreate(B)");
-    layout_b_ = s.trans_a ? make_layout(in, s.m, s.k, "cublasLtMatrixLayoutCreate(A)")
-                          : make_layout(in, s.k, s.m, "cublasLtMatrixLayoutCreate(A)");
-    layout_c_ = make_layout(out, s.n, s.m, "cublasLtMatrixLayoutCreate(C)");
+    layout_a_ = s.trans_b ? make_layout(cuda_type(s.b), s.k, s.n, "cublasLtMatrixLayoutCreate(B)")
+                          : make_layout(cuda_type(s.b), s.n, s.k, "cublasLtMatrixLayoutCreate(B)");
+    layout_b_ = s.trans_a ? make_layout(cuda_type(s.a), s.m, s.k, "cublasLtMatrixLayoutCreate(A)")
+                          : make_layout(cuda_type(s.a), s.k, s.m, "cublasLtMatrixLayoutCreate(A)");
+    layout_c_ = make_layout(cuda_type(s.c), s.n, s.m, "cublasLtMatrixLayoutCreate(C)");
 
     cublasLtMatmulPreference_t pref = nullptr;
     cublas_check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
@@ -84,9 +93,11 @@ LtGemm::LtGemm(cublasLtHandle_t handle, const GemmShape& s, int64_t max_workspac
     if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED)
       cublas_check(st, "cublasLtMatmulAlgoGetHeuristic");
     if (found < 1)
-      fail(LNMLP_ERROR_NOT_SUPPORTED, "cuBLASLt has no algorithm for the ", name, " GEMM (m ", s.m, ", n ", s.n,
-           ", k ", s.k, ", ", numerics::dtype_name(s.input), s.bias ? " with bias" : "",
-           ") on this GPU; try another dtype or shape (multiples of 8 help)");
+      fail(LNMLP_ERROR_NOT_SUPPORTED, "cuBLASLt has no algorithm for the ", name, " GEMM (m ", s.m, ", n ", s.n, ", k ",
+           s.k, ", ", lt_type_name(s.a), " x ", lt_type_name(s.b), " -> ", lt_type_name(s.c),
+           s.bias ? " with bias" : "", ") on this GPU; ",
+           is_fp8(s.a) ? "FP8 GEMMs need a GPU with FP8 tensor cores (sm_89 or newer)"
+                       : "try another dtype or shape (multiples of 8 help)");
     algo_ = result.algo;
     workspace_bytes_ = static_cast<int64_t>(result.workspaceSize);
   } catch (...) {
@@ -106,10 +117,17 @@ void LtGemm::destroy() noexcept {
   desc_ = nullptr;
 }
 
-void LtGemm::run(const void* a, const void* b, const void* bias, void* c, void* workspace, cudaStream_t stream) {
+void LtGemm::run(const void* a, const void* b, const void* bias, void* c, void* workspace, cudaStream_t stream,
+                 const float* a_scale_inv, const float* b_scale_inv) {
   if (shape_.bias)
-    cublas_check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
-                 "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
+    set_attr(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias, "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
+  // cuBLAS's A is our b, its B our a.
+  if (is_fp8(shape_.b))
+    set_attr(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv, sizeof b_scale_inv,
+             "cublasLtMatmulDescSetAttribute(A_SCALE_POINTER)");
+  if (is_fp8(shape_.a))
+    set_attr(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv, sizeof a_scale_inv,
+             "cublasLtMatmulDescSetAttribute(B_SCALE_POINTER)");
   const float one = 1.0f, zero = 0.0f;
   const cublasStatus_t st = cublasLtMatmul(handle_, desc_, &one, b, layout_a_, a, layout_b_, &zero, c, layout_c_, c,
                                            layout_c_, &algo_, workspace, static_cast<size_t>(workspace_bytes_), stream);

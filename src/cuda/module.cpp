@@ -1,16 +1,17 @@
-// The module's one exported symbol: the C function table of cuda_module.h. Each entry runs the
-// C++ backend inside a guard that turns every exception into a status and a message, so nothing
-// C++ crosses into the core library.
+// The module's one exported symbol: the C function table of module/table.h. Each entry runs the
+// CUDA engine (the block schedule over the CUDA primitives, cuda_exec.h) inside a guard that turns
+// every exception into a status and a message, so nothing C++ crosses into the core library.
 #include <cstring>
 #include <new>
 
 #include "module/table.h"
 #include "common/error.h"
-#include "cuda_backend.h"
+#include "block/engine.h"
+#include "cuda_exec.h"
 #include "nccl_comm.h"
 
-struct lnmlp_cuda_backend {
-  std::unique_ptr<lnmlp::Backend> impl;
+struct lnmlp_cuda_engine {
+  lnmlp::block::BlockEngine impl;
 };
 
 struct lnmlp_cuda_comm {
@@ -51,50 +52,48 @@ int32_t probe(int32_t* count, char* msg, int64_t cap) {
 }
 
 int32_t create(const lnmlp::Config* cfg, const lnmlp::SavedLayout* saved, lnmlp_cuda_comm* comm,
-               lnmlp_cuda_backend** out, char* msg, int64_t cap) {
+               lnmlp_cuda_engine** out, char* msg, int64_t cap) {
   return guard(msg, cap, [&] {
     // The core's communicator pointer means nothing here: the module's own one replaces it.
     lnmlp::Config c = *cfg;
     c.shard.comm = comm != nullptr ? comm->impl.get() : nullptr;
-    auto b = std::make_unique<lnmlp_cuda_backend>();
-    b->impl = lnmlp::cuda::make_cuda_backend(c, *saved);
-    *out = b.release();
+    *out = new lnmlp_cuda_engine{lnmlp::block::BlockEngine(c, *saved, lnmlp::cuda::make_cuda_exec(c))};
   });
 }
 
-void destroy(lnmlp_cuda_backend* b) { delete b; }
+void destroy(lnmlp_cuda_engine* b) { delete b; }
 
-int32_t workspace_bytes(const lnmlp_cuda_backend* b, int64_t* v, char* msg, int64_t cap) {
-  return guard(msg, cap, [&] { *v = b->impl->workspace_bytes(); });
+int32_t workspace_bytes(const lnmlp_cuda_engine* b, int64_t* v, char* msg, int64_t cap) {
+  return guard(msg, cap, [&] { *v = b->impl.workspace_bytes(); });
 }
 
-int32_t alignment(const lnmlp_cuda_backend* b, int64_t* v, char* msg, int64_t cap) {
-  return guard(msg, cap, [&] { *v = b->impl->alignment(); });
+int32_t alignment(const lnmlp_cuda_engine* b, int64_t* v, char* msg, int64_t cap) {
+  return guard(msg, cap, [&] { *v = b->impl.alignment(); });
 }
 
-int32_t forward(lnmlp_cuda_backend* b, const lnmlp::ForwardArgs* a, void* ws, char* msg, int64_t cap) {
-  return guard(msg, cap, [&] { b->impl->forward(*a, ws); });
+int32_t forward(lnmlp_cuda_engine* b, const lnmlp::ForwardArgs* a, void* ws, char* msg, int64_t cap) {
+  return guard(msg, cap, [&] { b->impl.forward(*a, ws); });
 }
 
-int32_t backward(lnmlp_cuda_backend* b, const lnmlp::BackwardArgs* a, void* ws, char* msg, int64_t cap) {
-  return guard(msg, cap, [&] { b->impl->backward(*a, ws); });
+int32_t backward(lnmlp_cuda_engine* b, const lnmlp::BackwardArgs* a, void* ws, char* msg, int64_t cap) {
+  return guard(msg, cap, [&] { b->impl.backward(*a, ws); });
 }
 
-int32_t allocate(lnmlp_cuda_backend* b, int64_t bytes, void** out, char* msg, int64_t cap) {
-  return guard(msg, cap, [&] { *out = b->impl->allocate(bytes); });
+int32_t allocate(lnmlp_cuda_engine* b, int64_t bytes, void** out, char* msg, int64_t cap) {
+  return guard(msg, cap, [&] { *out = b->impl.allocate(bytes); });
 }
 
-int32_t release(lnmlp_cuda_backend* b, void* p) {
-  b->impl->release(p);
+int32_t release(lnmlp_cuda_engine* b, void* p) {
+  b->impl.release(p);
   return LNMLP_SUCCESS;
 }
 
-int32_t copy_to_host(lnmlp_cuda_backend* b, void* dst, const void* src, int64_t n, char* msg, int64_t cap) {
-  return guard(msg, cap, [&] { b->impl->copy_to_host(dst, src, n); });
+int32_t copy_to_host(lnmlp_cuda_engine* b, void* dst, const void* src, int64_t n, char* msg, int64_t cap) {
+  return guard(msg, cap, [&] { b->impl.copy_to_host(dst, src, n); });
 }
 
-int32_t copy_from_host(lnmlp_cuda_backend* b, void* dst, const void* src, int64_t n, char* msg, int64_t cap) {
-  return guard(msg, cap, [&] { b->impl->copy_from_host(dst, src, n); });
+int32_t copy_from_host(lnmlp_cuda_engine* b, void* dst, const void* src, int64_t n, char* msg, int64_t cap) {
+  return guard(msg, cap, [&] { b->impl.copy_from_host(dst, src, n); });
 }
 
 int32_t nccl_create(const void* nccl_comm, lnmlp_cuda_comm** out, int32_t* size, int32_t* rank, int32_t* device,
@@ -149,6 +148,6 @@ const lnmlp_cuda_module_table kTable = {
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const lnmlp_cuda_module_table* lnmlp_cuda_module_v2(void) {
+extern "C" __attribute__((visibility("default"))) const lnmlp_cuda_module_table* lnmlp_cuda_module_v3(void) {
   return &kTable;
 }

@@ -1,7 +1,7 @@
 #include "nccl_comm.h"
 
 #include "common/error.h"
-#include "cuda_backend.h"
+#include "cuda_exec.h"
 
 #if defined(LNMLP_HAVE_NCCL)
 #include <dlfcn.h>

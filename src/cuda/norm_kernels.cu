@@ -23,7 +23,7 @@ __global__ void __launch_bounds__(kRowThreads)
         float sum = 0.0f;
 #pragma unroll 4
         for (int64_t j = threadIdx.x; j < H; j += kRowThreads) sum += load<D>(xr[j]);
-        m = block_sum<kRowThreads>(sum, shm) / static_cast<float>(H);
+        m = norm_row_mean(block_sum<kRowThreads>(sum, shm), H);
       }
       float v = 0.0f;
 #pragma unroll 4
@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(kRowThreads)
         const float dv = load<D>(xr[j]) - m;
         v += dv * dv;
       }
-      rstd = norm_rstd(block_sum<kRowThreads>(v, shm) / static_cast<float>(H), s.eps);
+      rstd = norm_row_rstd(block_sum<kRowThreads>(v, shm), H, s.eps);
       if (threadIdx.x == 0) {
         if (mu != nullptr) mu[r] = m;
         rs[r] = rstd;
@@ -57,7 +57,6 @@ __global__ void __launch_bounds__(kRowThreads)
   __shared__ float shm[kRowThreads / 32];
   const int64_t H = s.hidden;
   const bool ln = s.norm == Norm::LayerNorm;
-  const float inv_h = 1.0f / static_cast<float>(H);
   for (int64_t r = blockIdx.x; r < s.rows; r += gridDim.x) {
     const storage_t<D>* xr = x + r * H;
     const float* dnr = dn + r * H;
@@ -72,13 +71,13 @@ __global__ void __launch_bounds__(kRowThreads)
     }
     s1 = block_sum<kRowThreads>(s1, shm);
     s2 = block_sum<kRowThreads>(s2, shm);
-    const float m1 = ln ? s1 * inv_h : 0.0f, m2 = s2 * inv_h;
+    const NormBackwardMeans means = norm_backward_means(s1, s2, H, ln);
     storage_t<D>* dxr = dx + r * H;
 #pragma unroll 4
     for (int64_t j = threadIdx.x; j < H; j += kRowThreads) {
       const float xh = norm_xhat(load<D>(xr[j]), m, rstd);
       const float dxh = dnr[j] * norm_gain(load<D>(gamma[j]), s.zero_centered);
-      dxr[j] = store<D>(norm_dx(dxh, xh, rstd, m1, m2));
+      dxr[j] = store<D>(norm_dx(dxh, xh, rstd, means.m1, means.m2));
     }
   }
 }

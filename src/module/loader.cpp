@@ -7,12 +7,13 @@
 
 #include <string>
 
-#include "comm/comm.h"
+#include "plan/call_args.h"
 #include "table.h"
 #include "common/error.h"
 
 namespace lnmlp {
 namespace {
+
 
 constexpr int64_t kMsgCap = 1024;
 
@@ -23,7 +24,7 @@ struct Module {
 
 std::string directory_of_this_library() {
   Dl_info info{};
-  if (dladdr(reinterpret_cast<const void*>(&make_cuda_backend), &info) == 0 || info.dli_fname == nullptr) return "";
+  if (dladdr(reinterpret_cast<const void*>(&cuda_feature_supported), &info) == 0 || info.dli_fname == nullptr) return "";
   const std::string path(info.dli_fname);
   const size_t slash = path.rfind('/');
   return slash == std::string::npos ? "" : path.substr(0, slash + 1);
@@ -86,67 +87,9 @@ const lnmlp_cuda_module_table& require_module() {
   return *m.table;
 }
 
-class CudaModuleBackend final : public Backend {
- public:
-  CudaModuleBackend(const lnmlp_cuda_module_table& t, const Config& cfg, const SavedLayout& saved) : t_(t) {
-    char msg[kMsgCap] = {0};
-    check(t_.create(&cfg, &saved, cuda_module_comm(cfg.shard.comm), &b_, msg, kMsgCap), msg);
-  }
-  ~CudaModuleBackend() override { t_.destroy(b_); }
-  CudaModuleBackend(const CudaModuleBackend&) = delete;
-  CudaModuleBackend& operator=(const CudaModuleBackend&) = delete;
-
-  int64_t workspace_bytes() const override {
-    char msg[kMsgCap] = {0};
-    int64_t v = 0;
-    check(t_.workspace_bytes(b_, &v, msg, kMsgCap), msg);
-    return v;
-  }
-  int64_t alignment() const override {
-    char msg[kMsgCap] = {0};
-    int64_t v = 0;
-    check(t_.alignment(b_, &v, msg, kMsgCap), msg);
-    return v;
-  }
-  void forward(const ForwardArgs& args, void* workspace) override {
-    char msg[kMsgCap] = {0};
-    check(t_.forward(b_, &args, workspace, msg, kMsgCap), msg);
-  }
-  void backward(const BackwardArgs& args, void* workspace) override {
-    char msg[kMsgCap] = {0};
-    check(t_.backward(b_, &args, workspace, msg, kMsgCap), msg);
-  }
-  void* allocate(int64_t bytes) override {
-    char msg[kMsgCap] = {0};
-    void* p = nullptr;
-    check(t_.allocate(b_, bytes, &p, msg, kMsgCap), msg);
-    return p;
-  }
-  void release(void* p) noexcept override { t_.release(b_, p); }
-  void copy_to_host(void* host_dst, const void* src, int64_t bytes) override {
-    char msg[kMsgCap] = {0};
-    check(t_.copy_to_host(b_, host_dst, src, bytes, msg, kMsgCap), msg);
-  }
-  void copy_from_host(void* dst, const void* host_src, int64_t bytes) override {
-    char msg[kMsgCap] = {0};
-    check(t_.copy_from_host(b_, dst, host_src, bytes, msg, kMsgCap), msg);
-  }
-
- private:
-  static void check(int32_t status, const char* msg) {
-    if (status != LNMLP_SUCCESS) fail(status, msg[0] != '\0' ? msg : "the CUDA backend failed without a message");
-  }
-  const lnmlp_cuda_module_table& t_;
-  lnmlp_cuda_backend* b_ = nullptr;
-};
-
 }  // namespace
 
 const lnmlp_cuda_module_table& cuda_module_table() { return require_module(); }
-
-std::unique_ptr<Backend> make_cuda_backend(const Config& cfg, const SavedLayout& saved) {
-  return std::make_unique<CudaModuleBackend>(require_module(), cfg, saved);
-}
 
 int32_t cuda_feature_supported(int32_t feature) noexcept {
   try {

@@ -1,28 +1,16 @@
-// The core's side of the CUDA module boundary (cuda_module.h): finding and loading
-// liblnmlp_cuda.so with dlopen, and a Backend that forwards to it.
+// The core's side of the CUDA module boundary (table.h): finding and loading liblnmlp_cuda.so.1
+// with dlopen, once, and checking that it belongs to this build. The plan's proxy engine
+// (api/cuda_engine.cpp) and the NCCL communicator (comm/nccl.cpp) call through the table.
 #pragma once
 
 #include <cstdint>
-#include <memory>
 
-#include "block/backend.h"
-
-struct lnmlp_cuda_module_table;  // cuda_module.h
-struct lnmlp_cuda_comm;
+struct lnmlp_cuda_module_table;  // table.h
 
 namespace lnmlp {
 
-class Communicator;
-
 // The loaded module's table; throws NOT_SUPPORTED (saying why it could not be loaded).
 const lnmlp_cuda_module_table& cuda_module_table();
-
-// The module's communicator behind an NCCL Communicator (comm_nccl.cpp); NULL for any other kind.
-lnmlp_cuda_comm* cuda_module_comm(const Communicator* c);
-
-// A CUDA backend for cfg, from the module; throws lnmlp::Error (NOT_SUPPORTED when the module, the
-// driver or the device is missing) with a message saying what to change.
-std::unique_ptr<Backend> make_cuda_backend(const Config& cfg, const SavedLayout& saved);
 
 // lnmlp_query_support's answer for the CUDA backend: tries to load the module and probe for a
 // device (never throws, never crashes).

@@ -17,18 +17,18 @@
 
 #include <cstdint>
 
-#include "block/backend.h"
+#include "plan/call_args.h"
 #include "plan/config.h"
 #include "plan/layout.h"
 
 // Bump when the table or any struct passed through it changes.
-#define LNMLP_CUDA_MODULE_ABI 2
-#define LNMLP_CUDA_MODULE_ENTRY "lnmlp_cuda_module_v2"
+#define LNMLP_CUDA_MODULE_ABI 3
+#define LNMLP_CUDA_MODULE_ENTRY "lnmlp_cuda_module_v3"
 #define LNMLP_CUDA_MODULE_FILE "liblnmlp_cuda.so.1"
 
 extern "C" {
 
-typedef struct lnmlp_cuda_backend lnmlp_cuda_backend;  // opaque, owned by the module
+typedef struct lnmlp_cuda_engine lnmlp_cuda_engine;  // opaque, owned by the module
 typedef struct lnmlp_cuda_comm lnmlp_cuda_comm;        // opaque, an NCCL communicator of the module
 
 // The collectives of lnmlp_cuda_module_table::nccl_collective (lnmlp::Communicator's four).
@@ -48,19 +48,19 @@ typedef struct lnmlp_cuda_module_table {
   int32_t (*probe)(int32_t* count, char* msg, int64_t msg_cap);
   // comm: the plan's NCCL communicator (from nccl_create), or NULL; the plan keeps it alive.
   int32_t (*create)(const lnmlp::Config* cfg, const lnmlp::SavedLayout* saved, lnmlp_cuda_comm* comm,
-                    lnmlp_cuda_backend** out, char* msg, int64_t msg_cap);
-  void (*destroy)(lnmlp_cuda_backend* b);
-  int32_t (*workspace_bytes)(const lnmlp_cuda_backend* b, int64_t* bytes, char* msg, int64_t msg_cap);
-  int32_t (*alignment)(const lnmlp_cuda_backend* b, int64_t* bytes, char* msg, int64_t msg_cap);
-  int32_t (*forward)(lnmlp_cuda_backend* b, const lnmlp::ForwardArgs* args, void* workspace, char* msg,
+                    lnmlp_cuda_engine** out, char* msg, int64_t msg_cap);
+  void (*destroy)(lnmlp_cuda_engine* b);
+  int32_t (*workspace_bytes)(const lnmlp_cuda_engine* b, int64_t* bytes, char* msg, int64_t msg_cap);
+  int32_t (*alignment)(const lnmlp_cuda_engine* b, int64_t* bytes, char* msg, int64_t msg_cap);
+  int32_t (*forward)(lnmlp_cuda_engine* b, const lnmlp::ForwardArgs* args, void* workspace, char* msg,
                      int64_t msg_cap);
-  int32_t (*backward)(lnmlp_cuda_backend* b, const lnmlp::BackwardArgs* args, void* workspace, char* msg,
+  int32_t (*backward)(lnmlp_cuda_engine* b, const lnmlp::BackwardArgs* args, void* workspace, char* msg,
                       int64_t msg_cap);
-  int32_t (*allocate)(lnmlp_cuda_backend* b, int64_t bytes, void** out, char* msg, int64_t msg_cap);
-  int32_t (*release)(lnmlp_cuda_backend* b, void* p);  // never fails observably
-  int32_t (*copy_to_host)(lnmlp_cuda_backend* b, void* host_dst, const void* src, int64_t bytes, char* msg,
+  int32_t (*allocate)(lnmlp_cuda_engine* b, int64_t bytes, void** out, char* msg, int64_t msg_cap);
+  int32_t (*release)(lnmlp_cuda_engine* b, void* p);  // never fails observably
+  int32_t (*copy_to_host)(lnmlp_cuda_engine* b, void* host_dst, const void* src, int64_t bytes, char* msg,
                           int64_t msg_cap);
-  int32_t (*copy_from_host)(lnmlp_cuda_backend* b, void* dst, const void* host_src, int64_t bytes, char* msg,
+  int32_t (*copy_from_host)(lnmlp_cuda_engine* b, void* dst, const void* host_src, int64_t bytes, char* msg,
                             int64_t msg_cap);
   // 1 when the module was built with NCCL's header (NCCL itself is loaded on first use).
   int32_t nccl_built;

@@ -110,9 +110,12 @@ template <Act K> struct ActTag {
   static constexpr Act value = K;
 };
 
-// Calls fn(ActTag<K>{}) for the runtime value `a`, so that loops can be
-// compiled once per activation instead of switching per element.
-template <typename Fn> decltype(auto) dispatch_act(Act a, Fn&& fn) {
+// Calls fn(ActTag<K>{}) for the runtime value `a`: the one switch over the activations, on the
+// host (loops compiled once per activation instead of switching per element) and on the device.
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <typename Fn> LNMLP_HD decltype(auto) dispatch_act(Act a, Fn&& fn) {
   switch (a) {
     case Act::Relu: return fn(ActTag<Act::Relu>{});
     case Act::Gelu: return fn(ActTag<Act::Gelu>{});
@@ -125,6 +128,39 @@ template <typename Fn> decltype(auto) dispatch_act(Act a, Fn&& fn) {
     case Act::Linear: break;
   }
   return fn(ActTag<Act::Linear>{});
+}
+
+// An activation fixed at compile time (the CPU's hot loops), or chosen at run time (the CUDA
+// kernels, where the choice is uniform over the grid, and rare gated pairs on the CPU). Both have
+// value(x) = f(x) and grad(x) = f'(x).
+template <Act K> struct FixedAct {
+  ActParams p;
+  LNMLP_HD float value(float x) const { return act_value<K>(x, p); }
+  LNMLP_HD float grad(float x) const { return act_grad<K>(x, p); }
+};
+struct RuntimeAct {
+  Act a;
+  ActParams p;
+  LNMLP_HD float value(float x) const {
+    return dispatch_act(a, [&](auto tag) { return act_value<decltype(tag)::value>(x, p); });
+  }
+  LNMLP_HD float grad(float x) const {
+    return dispatch_act(a, [&](auto tag) { return act_grad<decltype(tag)::value>(x, p); });
+  }
+};
+
+// The gated pair a = f0(v0) * f1(v1), with v0 = h[:, 0, :] and v1 = h[:, 1, :], and its
+// gradients for an upstream gradient g by the product rule, multiplied in this order on every
+// backend: d0 = g * f0'(v0) * f1(v1), d1 = g * f0(v0) * f1'(v1).
+template <typename F0, typename F1> LNMLP_HD float gated_value(const F0& f0, const F1& f1, float v0, float v1) {
+  return f0.value(v0) * f1.value(v1);
+}
+struct GatedGrad {
+  float d0, d1;
+};
+template <typename F0, typename F1>
+LNMLP_HD GatedGrad gated_grad(const F0& f0, const F1& f1, float g, float v0, float v1) {
+  return {g * f0.grad(v0) * f1.value(v1), g * f0.value(v0) * f1.grad(v1)};
 }
 
 }  // namespace lnmlp::numerics

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "hd.h"
 
@@ -115,6 +116,17 @@ template <DType T> LNMLP_HD storage_t<T> store(float v) {
   if constexpr (T == DType::F32) return v;
   else if constexpr (T == DType::BF16) return float_to_bf16(v);
   else return float_to_f16(v);
+}
+
+// Calls fn(std::integral_constant<DType, D>{}) for the runtime dtype: the one dtype switch of the
+// host code (kernels and loops are compiled once per dtype).
+template <typename Fn> decltype(auto) dispatch_dtype(DType d, Fn&& fn) {
+  switch (d) {
+    case DType::BF16: return fn(std::integral_constant<DType, DType::BF16>{});
+    case DType::F16: return fn(std::integral_constant<DType, DType::F16>{});
+    case DType::F32: break;
+  }
+  return fn(std::integral_constant<DType, DType::F32>{});
 }
 
 // The value v takes after a round trip through the storage type.

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "dtype.h"
 #include "hd.h"
@@ -47,6 +48,12 @@ constexpr const char* fp8_name(Fp8Format f) { return f == Fp8Format::E4M3 ? "e4m
 constexpr float kFp8E4M3Max = 448.0f;
 constexpr float kFp8E5M2Max = 57344.0f;
 constexpr float fp8_max(Fp8Format f) { return f == Fp8Format::E4M3 ? kFp8E4M3Max : kFp8E5M2Max; }
+
+// Calls fn(std::integral_constant<Fp8Format, F>{}) for the runtime format (host code).
+template <typename Fn> decltype(auto) dispatch_fp8(Fp8Format f, Fn&& fn) {
+  if (f == Fp8Format::E4M3) return fn(std::integral_constant<Fp8Format, Fp8Format::E4M3>{});
+  return fn(std::integral_constant<Fp8Format, Fp8Format::E5M2>{});
+}
 
 // The format's constants. Codes are the magnitude bits (sign excluded).
 template <Fp8Format F> struct Fp8Traits;

@@ -33,9 +33,26 @@ LNMLP_HD float norm_xhat(float x, float mu, float rs) { return (x - mu) * rs; }
 
 LNMLP_HD float norm_out(float xhat, float gain, float beta) { return xhat * gain + beta; }
 
+// A row's statistics from its sums (the backends own how the sums are formed): the mean of
+// `hidden` values from their sum (layernorm; rmsnorm's mean is 0), and rs from the sum of the
+// squared deviations from that mean (the squares themselves for rmsnorm).
+LNMLP_HD float norm_row_mean(float sum, int64_t hidden) { return sum / static_cast<float>(hidden); }
+LNMLP_HD float norm_row_rstd(float sum_sq, int64_t hidden, float eps) {
+  return norm_rstd(sum_sq / static_cast<float>(hidden), eps);
+}
+
 // dx from dxhat, xhat and the row means m1 = mean(dxhat) (use 0 for rmsnorm), m2 = mean(dxhat*xhat).
 LNMLP_HD float norm_dx(float dxhat, float xhat, float rs, float m1, float m2) {
   return rs * (dxhat - m1 - xhat * m2);
+}
+
+// Backward's row means from the row sums s1 = sum(dxhat) and s2 = sum(dxhat * xhat).
+struct NormBackwardMeans {
+  float m1, m2;
+};
+LNMLP_HD NormBackwardMeans norm_backward_means(float s1, float s2, int64_t hidden, bool layernorm) {
+  const float inv_h = 1.0f / static_cast<float>(hidden);
+  return {layernorm ? s1 * inv_h : 0.0f, s2 * inv_h};
 }
 
 }  // namespace lnmlp::numerics

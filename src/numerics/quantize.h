@@ -51,7 +51,21 @@ constexpr int64_t kBlockScalingLength = 128;  // block: 1x128 activations/gradie
 constexpr int64_t kMxfp8BlockLength = 32;     // mxfp8: 1x32
 
 // Number of blocks of length `block` covering n elements (a partial last block counts).
-constexpr int64_t num_blocks(int64_t n, int64_t block) { return (n + block - 1) / block; }
+LNMLP_HD constexpr int64_t num_blocks(int64_t n, int64_t block) { return (n + block - 1) / block; }
+
+// Where the scale of element (r, c) of a [rows, cols] operand is, in the layouts above: one per
+// tensor (index 0), per b x b tile, per 1 x b block along a row, or per b x 1 block down a column
+// (scales [num_blocks(rows, b), cols]).
+enum class ScaleLayout : int32_t { PerTensor, Tiles, AlongRows, DownColumns };
+LNMLP_HD int64_t block_scale_index(ScaleLayout layout, int64_t r, int64_t c, int64_t cols, int64_t b) {
+  switch (layout) {
+    case ScaleLayout::Tiles: return (r / b) * num_blocks(cols, b) + c / b;
+    case ScaleLayout::AlongRows: return r * num_blocks(cols, b) + c / b;
+    case ScaleLayout::DownColumns: return (r / b) * cols + c;
+    case ScaleLayout::PerTensor: break;
+  }
+  return 0;
+}
 
 // ---- per tensor (delayed and current scaling) -------------------------------------------------
 
@@ -62,14 +76,18 @@ constexpr int64_t num_blocks(int64_t n, int64_t block) { return (n + block - 1) 
 // Computed on the magnitude bits as unsigned integers: for non-NaN floats their order is the
 // order of |x|, and every NaN pattern is above +inf, so an integer max reduction (which
 // vectorizes) is exact and propagates NaN.
+//
+// The pieces every backend's amax is made of (host loops here, the CUDA kernels' warps and
+// atomics): the magnitude bits of one value, their running max, and the amax they stand for.
+LNMLP_HD uint32_t magnitude_bits(float x) { return float_bits(x) & 0x7fffffffu; }
+LNMLP_HD uint32_t amax_bits_max(uint32_t m, uint32_t a) { return a > m ? a : m; }
+LNMLP_HD float amax_from_bits(uint32_t m) { return bits_float(m > 0x7f800000u ? 0x7fc00000u : m); }
+
 inline float amax_of(const float* x, int64_t n) {
   uint32_t m = 0;
   LNMLP_QUANT_SIMD_MAX_M
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t a = float_bits(x[i]) & 0x7fffffffu;
-    m = a > m ? a : m;
-  }
-  return bits_float(m > 0x7f800000u ? 0x7fc00000u : m);
+  for (int64_t i = 0; i < n; ++i) m = amax_bits_max(m, magnitude_bits(x[i]));
+  return amax_from_bits(m);
 }
 
 // codes[i] = cast(x[i] * scale): the fp32 product, then float_to_fp8 (nearest even, saturating).
@@ -108,9 +126,10 @@ inline void quantize_rows_blocked(const float* in, int64_t rows, int64_t cols, i
                                   bool power_2_scale, float amax_epsilon, uint8_t* codes,
                                   float* scale_inv) {
   for_each_row_block(rows, cols, block, [&](int64_t i, int64_t off, int64_t w) {
-    const float scale = block_scale(amax_of(in + off, w), Fp8Traits<F>::max, power_2_scale, amax_epsilon);
-    scale_inv[i] = 1.0f / scale;
-    quantize_tensor<F>(in + off, w, scale, codes + off);
+    const BlockScaleChoice b = choose_block_scale(amax_of(in + off, w), Fp8Traits<F>::max, false, power_2_scale,
+                                                  amax_epsilon);
+    scale_inv[i] = b.scale_inv;
+    quantize_tensor<F>(in + off, w, b.scale, codes + off);
   });
 }
 
@@ -144,13 +163,9 @@ inline void column_amax(const float* in, int64_t cols, int64_t r0, int64_t h, ui
   for (int64_t r = r0; r < r0 + h; ++r) {
     const float* row = in + r * cols;
     LNMLP_QUANT_SIMD
-    for (int64_t c = 0; c < cols; ++c) {
-      const uint32_t a = float_bits(row[c]) & 0x7fffffffu;
-      amax_bits[c] = a > amax_bits[c] ? a : amax_bits[c];
-    }
+    for (int64_t c = 0; c < cols; ++c) amax_bits[c] = amax_bits_max(amax_bits[c], magnitude_bits(row[c]));
   }
 }
-LNMLP_HD float amax_from_bits(uint32_t m) { return bits_float(m > 0x7f800000u ? 0x7fc00000u : m); }
 
 // Quantizes rows [r0, r0 + h) of band rb: scale per column from amax_bits (work space, cols
 // entries, reused for the scales' bit patterns).
@@ -159,9 +174,10 @@ inline void quantize_cols_band(const float* in, int64_t cols, int64_t rb, int64_
                                float amax_epsilon, uint8_t* codes, float* scale_inv, uint32_t* work) {
   column_amax(in, cols, r0, h, work);
   for (int64_t c = 0; c < cols; ++c) {
-    const float scale = block_scale(amax_from_bits(work[c]), Fp8Traits<F>::max, power_2_scale, amax_epsilon);
-    scale_inv[rb * cols + c] = 1.0f / scale;
-    work[c] = float_bits(scale);
+    const BlockScaleChoice b =
+        choose_block_scale(amax_from_bits(work[c]), Fp8Traits<F>::max, false, power_2_scale, amax_epsilon);
+    scale_inv[rb * cols + c] = b.scale_inv;
+    work[c] = float_bits(b.scale);
   }
   for (int64_t r = r0; r < r0 + h; ++r) {
     LNMLP_QUANT_SIMD
@@ -176,9 +192,9 @@ inline void quantize_mxfp8_cols_band(const float* in, int64_t cols, int64_t rb, 
                                      uint8_t* codes, uint8_t* scale_e8m0, uint32_t* work) {
   column_amax(in, cols, r0, h, work);
   for (int64_t c = 0; c < cols; ++c) {
-    const float amax = amax_from_bits(work[c]);
-    scale_e8m0[rb * cols + c] = mxfp8_scale_e8m0(amax, Fp8Traits<F>::max);
-    work[c] = float_bits(mxfp8_scale_from_exponent(mxfp8_scale_inv_exponent(amax, Fp8Traits<F>::max)));
+    const BlockScaleChoice b = choose_block_scale(amax_from_bits(work[c]), Fp8Traits<F>::max, true, false, 0.0f);
+    scale_e8m0[rb * cols + c] = b.e8m0;
+    work[c] = float_bits(b.scale);
   }
   for (int64_t r = r0; r < r0 + h; ++r) {
     LNMLP_QUANT_SIMD
@@ -203,9 +219,9 @@ inline void quantize_tiles(const float* in, int64_t rows, int64_t cols, int64_t 
       const int64_t w = cols - c0 < block_cols ? cols - c0 : block_cols;
       float amax = 0.0f;
       for (int64_t r = r0; r < r0 + h; ++r) amax = amax_max(amax, amax_of(in + r * cols + c0, w));
-      const float scale = block_scale(amax, Fp8Traits<F>::max, power_2_scale, amax_epsilon);
-      scale_inv[br * nbc + bc] = 1.0f / scale;
-      for (int64_t r = r0; r < r0 + h; ++r) quantize_tensor<F>(in + r * cols + c0, w, scale, codes + r * cols + c0);
+      const BlockScaleChoice b = choose_block_scale(amax, Fp8Traits<F>::max, false, power_2_scale, amax_epsilon);
+      scale_inv[br * nbc + bc] = b.scale_inv;
+      for (int64_t r = r0; r < r0 + h; ++r) quantize_tensor<F>(in + r * cols + c0, w, b.scale, codes + r * cols + c0);
     }
   }
 }
@@ -237,10 +253,9 @@ template <Fp8Format F>
 inline void quantize_mxfp8_rows(const float* in, int64_t rows, int64_t cols, uint8_t* codes,
                                 uint8_t* scale_e8m0, int64_t block = kMxfp8BlockLength) {
   for_each_row_block(rows, cols, block, [&](int64_t i, int64_t off, int64_t w) {
-    const float amax = amax_of(in + off, w);
-    const int e = mxfp8_scale_inv_exponent(amax, Fp8Traits<F>::max);
-    scale_e8m0[i] = mxfp8_scale_e8m0(amax, Fp8Traits<F>::max);
-    quantize_tensor<F>(in + off, w, mxfp8_scale_from_exponent(e), codes + off);
+    const BlockScaleChoice b = choose_block_scale(amax_of(in + off, w), Fp8Traits<F>::max, true, false, 0.0f);
+    scale_e8m0[i] = b.e8m0;
+    quantize_tensor<F>(in + off, w, b.scale, codes + off);
   });
 }
 

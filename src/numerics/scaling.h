@@ -129,6 +129,17 @@ LNMLP_HD float current_scale(float amax, float fmt_max, bool power_2_scale, floa
   return bits_float(select_bits(positive_finite(a), rounded, float_bits(1.0f)));
 }
 
+// The scale of one per-tensor quantization (delayed or current scaling), as every backend chooses
+// it: *given when given is not NULL (forward's scale, so that backward re-quantizes to forward's
+// codes), else *state_scale when not NULL (delayed scaling's scale), else current scaling's scale
+// from the tensor's amax.
+LNMLP_HD float per_tensor_scale(const float* given, const float* state_scale, float amax, float fmt_max,
+                                bool power_2_scale, float amax_epsilon) {
+  if (given != nullptr) return *given;
+  if (state_scale != nullptr) return *state_scale;
+  return current_scale(amax, fmt_max, power_2_scale, amax_epsilon);
+}
+
 // ---- block scaling (1x128 / 128x128 blocks, fp32 scales) --------------------------------------
 
 // DESIGN "block": each block is scaled as current scaling scales a tensor, from the block's own
@@ -206,6 +217,31 @@ LNMLP_HD uint8_t mxfp8_scale_e8m0(float amax_block, float fmt_max) {
 LNMLP_HD float mxfp8_scale_from_exponent(int e) {
   const float p = pow2_float(-e);  // exact for -e in [-126, 127]
   return bits_float(select_bits(e >= 127, 0x00400000u, float_bits(p)));
+}
+
+// ---- the block-scale choice of both blocked recipes -------------------------------------------
+
+// What a block of a blocked recipe gets from its amax: the scale its elements are multiplied by
+// before the cast, and what its scale slot stores: BLOCK an fp32 scale_inv = 1 / scale
+// (block_scale), MXFP8 the E8M0 byte of scale_inv = 2^e (mxfp8_scale_e8m0) with scale = 2^-e.
+struct BlockScaleChoice {
+  float scale;
+  float scale_inv;  // BLOCK's stored value
+  uint8_t e8m0;     // MXFP8's stored value
+};
+LNMLP_HD BlockScaleChoice choose_block_scale(float amax_block, float fmt_max, bool mxfp8, bool power_2_scale,
+                                             float amax_epsilon) {
+  BlockScaleChoice c;
+  if (mxfp8) {
+    c.scale = mxfp8_scale_from_exponent(mxfp8_scale_inv_exponent(amax_block, fmt_max));
+    c.e8m0 = mxfp8_scale_e8m0(amax_block, fmt_max);
+    c.scale_inv = e8m0_to_float(c.e8m0);
+  } else {
+    c.scale = block_scale(amax_block, fmt_max, power_2_scale, amax_epsilon);
+    c.scale_inv = 1.0f / c.scale;
+    c.e8m0 = 0;
+  }
+  return c;
 }
 
 }  // namespace lnmlp::numerics

@@ -76,6 +76,11 @@ struct Config {
 
   // Rows of x, y, dy, dx and of the norm statistics: T, or T/P under sequence parallelism.
   int64_t rows() const { return shard.sequence_parallel ? tokens / shard.size : tokens; }
+  // Whether the plan runs the collectives of DESIGN section 4. A plan's Config keeps a
+  // communicator only when it shards (shard_config): a group of P > 1, or an NCCL communicator,
+  // which a CUDA plan uses even at P = 1.
+  bool sharded() const { return shard.comm != nullptr; }
+  bool sequence_parallel() const { return sharded() && shard.sequence_parallel; }
   bool gated() const { return num_acts == 2; }
   int64_t act_width() const { return num_acts * ffn; }  // A*F, the GEMM1 output width
   bool has_beta() const { return norm == Norm::LayerNorm; }

@@ -76,6 +76,15 @@ struct QuantKind {
   bool tiles() const { return recipe == Recipe::Block && weight; }
   int64_t block() const { return recipe == Recipe::Mxfp8 ? numerics::kMxfp8BlockLength : numerics::kBlockScalingLength; }
   int64_t scale_bytes() const { return recipe == Recipe::Mxfp8 ? 1 : 4; }
+  // Where an element's scale is (numerics/quantize.h's block_scale_index).
+  numerics::ScaleLayout scale_layout() const {
+    if (per_tensor()) return numerics::ScaleLayout::PerTensor;
+    if (tiles()) return numerics::ScaleLayout::Tiles;
+    return contract == Contract::Cols ? numerics::ScaleLayout::AlongRows : numerics::ScaleLayout::DownColumns;
+  }
+  // Whether a quantization contracting the other dimension gives the same codes and scales: per
+  // tensor, and BLOCK's 128x128 weight tiles.
+  bool orientation_free() const { return per_tensor() || tiles(); }
   // Number of block scales of a [rows, cols] operand (0 per tensor).
   int64_t scale_count(int64_t rows, int64_t cols) const {
     if (per_tensor()) return 0;

@@ -54,6 +54,9 @@ void validate_sharding(const Config& c) {
 Config shard_config(const Config& global) {
   Config c = global;
   c.ffn = global.ffn / global.shard.size;
+  // A one-rank group over callbacks or MPI runs no collectives (an NCCL one does: see sharded()).
+  const bool nccl = c.shard.comm != nullptr && c.shard.comm->kind() == CommKind::Nccl;
+  if (!c.shard.active() && !nccl) c.shard.comm = nullptr;
   return c;
 }
 

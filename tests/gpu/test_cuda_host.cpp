@@ -1,43 +1,63 @@
-// Host-side parts of the CUDA backend that need no GPU, so they run everywhere: the GEMM list is
-// the CPU backend's (src/cpu/block_gemms.h), and the column-reduction chunking covers every row
-// exactly once with a bounded number of chunks.
+// Host-side parts of the CUDA backend that need no GPU, so they run everywhere: both backends
+// run the six GEMMs of one table (block/gemm_roles.h) with the shapes and transposes the block's
+// math needs, and the column-reduction chunking covers every row exactly once with a bounded
+// number of chunks.
 #include <gtest/gtest.h>
 
-#include "cpu/block_gemms.h"
-#include "cuda/gemm_cublaslt.h"
+#include "block/gemm_roles.h"
+#include "cpu/gemm_plan.h"
+#include "cuda/gemm_plan.h"
 #include "cuda/kernels.h"
 
 namespace {
 
+using lnmlp::block::GemmRole;
 using lnmlp::numerics::DType;
 
 TEST(CudaHost, TheSixGemmsAreTheCpuBackends) {
   for (DType d : {DType::F32, DType::BF16, DType::F16})
-    for (int64_t A : {1, 2})
+    for (int32_t A : {1, 2})
       for (bool bias : {false, true}) {
-        const auto g = lnmlp::cuda::block_gemm_shapes(37, 72, 40, A, d, bias, !bias);
-        const auto c = lnmlp::cpu::block_gemm_shapes(37, 72, 40, A, d, bias, !bias);
-        const lnmlp::cuda::GemmShape* gs[] = {&g.gemm1, &g.gemm2, &g.dact, &g.dw2, &g.dn, &g.dw1};
-        const lnmlp::cpu::GemmShape* cs[] = {&c.gemm1, &c.gemm2, &c.dact, &c.dw2, &c.dn, &c.dw1};
-        for (int i = 0; i < 6; ++i) {
+        lnmlp::Config c;
+        c.tokens = 37, c.hidden = 72, c.ffn = 40, c.num_acts = A, c.dtype = d;
+        c.has_bias1 = bias, c.has_bias2 = !bias;
+        const int64_t T = 37, H = 72, F = 40, AF = A * F;
+        // C[m, n] = op(A) op(B): h = ln W1, y = act W2, dact = dy W2^T, dW2 = act^T dy, dn = dh W1^T, dW1 = ln^T dh.
+        const struct {
+          int64_t m, n, k;
+          bool ta, tb, out_f32;
+        } want[] = {{T, AF, H, false, false, false}, {T, H, F, false, false, false}, {T, F, H, false, true, true},
+                    {F, H, T, true, false, false},   {T, H, AF, false, true, true},  {H, AF, T, true, false, false}};
+        for (int i = 0; i < lnmlp::block::kGemmRoles; ++i) {
           SCOPED_TRACE(i);
-          EXPECT_EQ(gs[i]->m, cs[i]->m);
-          EXPECT_EQ(gs[i]->n, cs[i]->n);
-          EXPECT_EQ(gs[i]->k, cs[i]->k);
-          EXPECT_EQ(gs[i]->trans_a, cs[i]->trans_a);
-          EXPECT_EQ(gs[i]->trans_b, cs[i]->trans_b);
-          EXPECT_EQ(gs[i]->input, d);
+          const auto s = lnmlp::block::gemm_spec(lnmlp::block::kAllGemmRoles[i], c);
+          const auto g = lnmlp::cuda::cuda_gemm(s, c).shape;
+          const auto cs = lnmlp::cpu::cpu_gemm(s, c).shape;
+          EXPECT_EQ(s.m, want[i].m);
+          EXPECT_EQ(s.n, want[i].n);
+          EXPECT_EQ(s.k, want[i].k);
+          EXPECT_EQ(s.trans_a, want[i].ta);
+          EXPECT_EQ(s.trans_b, want[i].tb);
+          for (auto m : {g.m, cs.m}) EXPECT_EQ(m, s.m);
+          for (auto n : {g.n, cs.n}) EXPECT_EQ(n, s.n);
+          for (auto k : {g.k, cs.k}) EXPECT_EQ(k, s.k);
+          EXPECT_EQ(g.trans_a, s.trans_a);
+          EXPECT_EQ(g.trans_b, s.trans_b);
+          EXPECT_EQ(cs.trans_a, s.trans_a);
+          EXPECT_EQ(cs.trans_b, s.trans_b);
+          EXPECT_EQ(g.a, lnmlp::cuda::lt_type(d));
           // dact and dn in fp32 on both; the rest in the I/O dtype on the GPU (the CPU backend
           // goes through fp32 for f16 only because its GEMM library has no f16).
-          EXPECT_EQ(gs[i]->output_f32, i == 2 || i == 4);
-          if (i == 2 || i == 4) {
-            EXPECT_EQ(cs[i]->output, lnmlp::cpu::GemmType::F32);
+          EXPECT_EQ(g.c == lnmlp::cuda::LtType::F32, want[i].out_f32 || d == DType::F32);
+          if (want[i].out_f32) {
+            EXPECT_EQ(cs.output, lnmlp::cpu::GemmType::F32);
           }
         }
         // The forward GEMMs add their bias (in the epilogue); nothing else does.
-        EXPECT_EQ(g.gemm1.bias, bias);
-        EXPECT_EQ(g.gemm2.bias, !bias);
-        for (const auto* s : {&g.dact, &g.dw2, &g.dn, &g.dw1}) EXPECT_FALSE(s->bias);
+        EXPECT_EQ(lnmlp::cuda::cuda_gemm(lnmlp::block::gemm_spec(GemmRole::Gemm1, c), c).shape.bias, bias);
+        EXPECT_EQ(lnmlp::cuda::cuda_gemm(lnmlp::block::gemm_spec(GemmRole::Gemm2, c), c).shape.bias, !bias);
+        for (GemmRole r : {GemmRole::Dact, GemmRole::Dw2, GemmRole::Dn, GemmRole::Dw1})
+          EXPECT_FALSE(lnmlp::cuda::cuda_gemm(lnmlp::block::gemm_spec(r, c), c).shape.bias);
       }
 }
 

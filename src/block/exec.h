@@ -1,0 +1,270 @@
+// The primitives a backend provides to the block's schedule (schedule.h). The schedule decides
+// the order of the steps, what forward saves and backward recomputes, which operands are
+// quantized and where the collectives go; an Exec decides how one step runs (CPU: OpenMP row
+// kernels and oneDNN; CUDA: kernels and cuBLASLt on a stream) and what memory its operands need.
+//
+// The grain keeps each backend's fusions: the norm writes its output in the dtype the next step
+// wants (rounded for a GEMM, unrounded fp32 for a quantizer); the activation backward writes dh
+// straight in the GEMM's operand type with db1's partial sums in the same pass; quantization
+// produces every representation a tensor's GEMMs read in one call (a transposed copy in the same
+// pass where the backend can); a GEMM applies its operands' scales, the bias and the output
+// rounding in its epilogue.
+//
+// Memory: every buffer is a region of the plan's workspace (or of the saved buffer) that the
+// schedule hands in; an Exec reports how many bytes it needs for what it materializes
+// (plain_bytes, quantize_bytes, ...) and never allocates while running. At plan creation the
+// schedule runs once over a sizing workspace to count them: then no primitive runs (live() is
+// false) and every pointer is NULL, which is why the public primitives below check live() and the
+// backends implement the protected do_* ones.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "gemm_roles.h"
+#include "numerics/dtype.h"
+#include "plan/config.h"
+
+namespace lnmlp::block {
+
+using numerics::DType;
+
+// A row-major matrix in the backend's memory. Inputs travel in it too (the schedule never writes
+// through an input's Mat).
+struct Mat {
+  void* data = nullptr;
+  DType type = DType::F32;
+  int64_t rows = 0, cols = 0;
+};
+inline Mat mat(const void* data, DType type, int64_t rows, int64_t cols) {
+  return {const_cast<void*>(data), type, rows, cols};
+}
+
+// What one side of a GEMM reads (TransformerEngine's Tensor, small): the values in the
+// representation this backend's GEMM for that side was created for (the tensor itself, a widened
+// copy, FP8 codes, or codes decoded with their block scales), and for per-tensor FP8 the
+// scale_inv the GEMM multiplies by (in backend memory; NULL: 1).
+struct Operand {
+  const void* data = nullptr;
+  const float* scale_inv = nullptr;
+};
+
+// The two representations of a quantized tensor: for GEMMs that contract along its rows' length
+// (rowwise) and down its columns (columnwise). Either may be absent (not asked for).
+struct Quantized {
+  Operand rowwise, columnwise;
+};
+
+// One quantizer's scalars for one pass, in backend memory: the per-tensor scale the quantizer
+// multiplies by, its inverse (what the GEMMs read), and the bits of the tensor's amax (a
+// non-negative float's bits order like the float, so the max is an integer max, also across a
+// group).
+struct QuantScalars {
+  float scale;
+  float scale_inv;
+  uint32_t amax_bits;
+  uint32_t unused;
+};
+
+// The norm's inputs: x and the parameters, its statistics (mu NULL for rmsnorm), rows of x.
+struct NormInputs {
+  const void* x;
+  const void* gamma;
+  const void* beta;
+  float* mu;
+  float* rs;
+  int64_t rows;
+};
+
+// The column reductions of backward, each over a fixed chunking of its rows (deterministic).
+enum class ColumnSum : int32_t { Db2 = 0, Db1, Dgamma, Dbeta };
+
+// Where a per-tensor scale comes from (DESIGN section 2), for tensor_scale.
+struct TensorScale {
+  const float* given = nullptr;        // forward's scale (saved), so backward re-quantizes to its codes
+  const float* state_scale = nullptr;  // delayed scaling: the state's scale
+  const uint32_t* amax_bits = nullptr; // current scaling: the tensor's amax
+  float fmt_max = 0.0f;
+  bool power_2_scale = false;
+  float amax_epsilon = 0.0f;
+  float* out = nullptr;   // {scale, scale_inv}: a QuantScalars
+  float* used = nullptr;  // also the scale here (the saved buffer's forward scales), or NULL
+};
+
+// One quantization: x (the I/O dtype, or fp32) for quantizer q, into the representations asked
+// for. Per tensor, with the scale in *scale (a QuantScalars, from tensor_scale). Where forward
+// saves the tensor for backward (save_columnwise), its columnwise representation (codes, and block
+// scales for blocked recipes) goes to the saved buffer instead of the slot. The slot's size
+// depends on the flags and shapes only, never on the pointers (the sizing run has none).
+struct QuantizeCall {
+  int quantizer = 0;
+  Mat x;
+  bool rowwise = false, columnwise = false;
+  const QuantScalars* scale = nullptr;  // per tensor; NULL for blocked recipes
+  bool save_columnwise = false;
+  uint8_t* saved_codes = nullptr;
+  void* saved_scales = nullptr;
+};
+
+// A pointer with a name, for the CUDA backend's check that the caller's pointers are device memory.
+struct NamedPointer {
+  const char* name;
+  const void* ptr;  // NULL entries are skipped
+};
+
+class Exec {
+ public:
+  virtual ~Exec() = default;
+
+  // ---- facts fixed at plan creation -------------------------------------------------------------
+  // Scratch for one pass: GEMM library workspace and fp32 staging of GEMM results.
+  virtual int64_t scratch_bytes() const = 0;
+  // Partial sums of one column reduction.
+  virtual int64_t partials_floats(ColumnSum which) const = 0;
+  // The type of this backend's plain GEMM operands of an I/O-dtype tensor (CPU f16: fp32).
+  virtual DType operand_type() const = 0;
+  // Bytes of the slot that plain(m), quantize(call), saved_operand and gathered_operands need.
+  virtual int64_t plain_bytes(const Mat& m) const = 0;
+  virtual int64_t quantize_bytes(const QuantizeCall& call) const = 0;
+  virtual int64_t saved_operand_bytes(int quantizer, int64_t rows, int64_t cols) const = 0;
+  virtual int64_t gathered_operands_bytes(int quantizer, int64_t rows, int64_t cols) const = 0;
+
+  // ---- memory of the backend's kind (host or device) --------------------------------------------
+  virtual int64_t alignment() const = 0;  // of the saved buffer and an attached workspace
+  virtual void* allocate(int64_t bytes) = 0;
+  virtual void release(void* p) noexcept = 0;
+  virtual void copy_to_host(void* host_dst, const void* src, int64_t bytes) = 0;  // synchronous
+  virtual void copy_from_host(void* dst, const void* host_src, int64_t bytes) = 0;
+  // Throws when a pointer is not memory this backend executes on (the CUDA backend's device check).
+  virtual void check_pointers(std::initializer_list<NamedPointer> pointers, void* stream) = 0;
+
+  // ---- one pass ---------------------------------------------------------------------------------
+  // begin() before a pass's first primitive (live: a real pass, not the sizing run), end() after
+  // its last, also when it throws (PassScope).
+  void begin(bool live, void* stream, void* scratch) {
+    live_ = live;
+    if (live_) do_begin(stream, scratch);
+  }
+  void end() noexcept {
+    if (live_) do_end();
+    live_ = false;
+  }
+  bool live() const { return live_; }
+  // Throws if the pass's asynchronous work failed to start (the CUDA backend's launch check).
+  void finish() {
+    if (live_) do_finish();
+  }
+
+  // The norm's statistics (compute_stats; else read, for recomputation) and its output into out
+  // [rows, H]: rounded to the I/O dtype (out.type == the dtype) or unrounded fp32 (F32).
+  void norm_forward(const NormInputs& in, bool compute_stats, const Mat& out) {
+    if (live_) do_norm_forward(in, compute_stats, out);
+  }
+  // dx from dn (fp32, this rank's rows), and dgamma's and dbeta's partial sums (dbeta NULL: rmsnorm).
+  void norm_backward(const float* dn, const NormInputs& in, void* dx, float* dgamma_partials, float* dbeta_partials) {
+    if (live_) do_norm_backward(dn, in, dx, dgamma_partials, dbeta_partials);
+  }
+  // act [T, F] = f0(h[:, 0]) (* f1(h[:, 1])) from h [T, A*F] (the dtype, b1 included): rounded to
+  // the dtype or unrounded fp32, by act.type.
+  void act_forward(const Mat& h, const Mat& act) {
+    if (live_) do_act_forward(h, act);
+  }
+  // dh = dact * act'(h), with db1's partial sums (NULL: no bias1). dh.type: the dtype, or F32 with
+  // the values rounded to the dtype (round_to_io: a plain operand of operand_type() F32) or
+  // unrounded (a quantizer's input).
+  void act_backward(const float* dact, const Mat& h, const Mat& dh, bool round_to_io, float* db1_partials) {
+    if (live_) do_act_backward(dact, h, dh, round_to_io, db1_partials);
+  }
+  // Partial column sums of `in` (db2 from dy).
+  void column_sums(ColumnSum which, const Mat& in, float* partials) {
+    if (live_) do_column_sums(which, in, partials);
+  }
+  // out [1, n] = the partial sums summed in chunk order, in out.type (the dtype, or F32 for a sum
+  // over the group that follows).
+  void reduce_partials(ColumnSum which, const float* partials, const Mat& out) {
+    if (live_) do_reduce_partials(which, partials, out);
+  }
+  // out = rnd(acc + bias), bias [cols] in the dtype or NULL: an epilogue after a collective.
+  void bias_round(const Mat& acc, const void* bias, const Mat& out) {
+    if (live_) do_bias_round(acc, bias, out);
+  }
+
+  // The GEMM operand of an unquantized tensor: m itself, or a copy in operand_type() in the slot.
+  Operand plain(const Mat& m, void* slot) { return live_ ? do_plain(m, slot) : Operand{}; }
+
+  // FP8. *amax_bits = the bits of max |x|.
+  void amax(const Mat& x, uint32_t* amax_bits) {
+    if (live_) do_amax(x, amax_bits);
+  }
+  void tensor_scale(const TensorScale& s) {
+    if (live_) do_tensor_scale(s);
+  }
+  Quantized quantize(const QuantizeCall& call, void* slot) { return live_ ? do_quantize(call, slot) : Quantized{}; }
+  // Per tensor, local rows under sequence parallelism: only their rowwise codes, to be gathered.
+  void quantize_codes(int quantizer, const Mat& x, const QuantScalars* scale, uint8_t* codes) {
+    if (live_) do_quantize_codes(quantizer, x, scale, codes);
+  }
+  // The rowwise operand of all-gathered per-tensor codes [rows, cols], and (when saved_codes is not
+  // NULL) their columnwise representation into the saved buffer.
+  Operand gathered_operands(int quantizer, const uint8_t* codes, int64_t rows, int64_t cols, const QuantScalars* scale,
+                            uint8_t* saved_codes, void* slot) {
+    return live_ ? do_gathered_operands(quantizer, codes, rows, cols, scale, saved_codes, slot) : Operand{};
+  }
+  // The columnwise operand of what forward saved (codes and block scales), scale_inv from *scale.
+  Operand saved_operand(int quantizer, const uint8_t* codes, const void* scales, int64_t rows, int64_t cols,
+                        const QuantScalars* scale, void* slot) {
+    return live_ ? do_saved_operand(quantizer, codes, scales, rows, cols, scale, slot) : Operand{};
+  }
+  // Delayed scaling after a pass: push the amax into the quantizer's history, update its scale.
+  void delayed_update(int quantizer, float* state_q, const uint32_t* amax_bits) {
+    if (live_) do_delayed_update(quantizer, state_q, amax_bits);
+  }
+
+  // out = rnd(op(a) @ op(b) * scale_inv_a * scale_inv_b (+ bias)) for the GEMM `role`
+  // (gemm_roles.h), out [m, n] in fp32 or the dtype as the role's spec says.
+  void gemm(GemmRole role, const Operand& a, const Operand& b, const Mat& out, const void* bias) {
+    if (live_) do_gemm(role, a, b, out, bias);
+  }
+
+ protected:
+  virtual void do_begin(void* stream, void* scratch) = 0;
+  virtual void do_end() noexcept = 0;
+  virtual void do_finish() = 0;
+  virtual void do_norm_forward(const NormInputs& in, bool compute_stats, const Mat& out) = 0;
+  virtual void do_norm_backward(const float* dn, const NormInputs& in, void* dx, float* dgamma_partials,
+                                float* dbeta_partials) = 0;
+  virtual void do_act_forward(const Mat& h, const Mat& act) = 0;
+  virtual void do_act_backward(const float* dact, const Mat& h, const Mat& dh, bool round_to_io,
+                               float* db1_partials) = 0;
+  virtual void do_column_sums(ColumnSum which, const Mat& in, float* partials) = 0;
+  virtual void do_reduce_partials(ColumnSum which, const float* partials, const Mat& out) = 0;
+  virtual void do_bias_round(const Mat& acc, const void* bias, const Mat& out) = 0;
+  virtual Operand do_plain(const Mat& m, void* slot) = 0;
+  virtual void do_amax(const Mat& x, uint32_t* amax_bits) = 0;
+  virtual void do_tensor_scale(const TensorScale& s) = 0;
+  virtual Quantized do_quantize(const QuantizeCall& call, void* slot) = 0;
+  virtual void do_quantize_codes(int quantizer, const Mat& x, const QuantScalars* scale, uint8_t* codes) = 0;
+  virtual Operand do_gathered_operands(int quantizer, const uint8_t* codes, int64_t rows, int64_t cols,
+                                       const QuantScalars* scale, uint8_t* saved_codes, void* slot) = 0;
+  virtual Operand do_saved_operand(int quantizer, const uint8_t* codes, const void* scales, int64_t rows,
+                                   int64_t cols, const QuantScalars* scale, void* slot) = 0;
+  virtual void do_delayed_update(int quantizer, float* state_q, const uint32_t* amax_bits) = 0;
+  virtual void do_gemm(GemmRole role, const Operand& a, const Operand& b, const Mat& out, const void* bias) = 0;
+
+ private:
+  bool live_ = false;
+};
+
+// begin() ... end() around one pass, end() also when the pass throws.
+class PassScope {
+ public:
+  PassScope(Exec& x, bool live, void* stream, void* scratch) : x_(x) { x_.begin(live, stream, scratch); }
+  ~PassScope() { x_.end(); }
+  PassScope(const PassScope&) = delete;
+  PassScope& operator=(const PassScope&) = delete;
+
+ private:
+  Exec& x_;
+};
+
+}  // namespace lnmlp::block

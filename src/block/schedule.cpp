@@ -1,0 +1,314 @@
+#include "schedule.h"
+
+#include "comm/comm.h"
+#include "plan/fp8_recipe.h"
+
+namespace lnmlp::block {
+namespace {
+
+// p + i, or NULL for a NULL p (the sizing run has no pointers, and offsetting NULL is undefined).
+template <typename T> T* offset(T* p, int64_t i) { return p != nullptr ? p + i : nullptr; }
+
+// What every step of one pass shares: the backend, the workspace, the collectives and the recipe.
+struct Pass {
+  Pass(Exec& exec, const Config& cfg, const SavedLayout& sv, Workspace& w, void* st, float* state)
+      : x(exec),
+        c(cfg),
+        saved(sv),
+        ws(w),
+        r(resolve_recipe(cfg.fp8)),
+        stream(st),
+        fp8_state(state),
+        T(cfg.tokens),
+        Tn(cfg.rows()),
+        H(cfg.hidden),
+        F(cfg.ffn),
+        AF(cfg.act_width()),
+        D(cfg.dtype),
+        quantized(r.recipe != Recipe::None),
+        sp(cfg.sequence_parallel()) {}
+
+  Exec& x;
+  const Config& c;
+  const SavedLayout& saved;
+  Workspace& ws;
+  const ResolvedRecipe r;
+  void* const stream;
+  float* const fp8_state;  // delayed scaling's state; NULL otherwise
+  const int64_t T, Tn, H, F, AF;
+  const DType D;
+  const bool quantized, sp;
+  QuantScalars* sc = nullptr;           // per quantizer, FP8 recipes
+  float* used_scales = nullptr;         // forward: where the scales it uses are saved for backward
+  const float* forward_scales = nullptr;  // backward: those scales
+
+  Mat io(const void* p, int64_t rows, int64_t cols) const { return mat(p, D, rows, cols); }
+  Mat f32(const void* p, int64_t rows, int64_t cols) const { return mat(p, DType::F32, rows, cols); }
+  Mat take(DType t, int64_t rows, int64_t cols, const char* what) {
+    return mat(ws.take_bytes(checked_mul(rows, cols, what), numerics::dtype_bytes(t), what), t, rows, cols);
+  }
+  // The saved region r as a [rows, cols] tensor in the I/O dtype, or a new workspace region.
+  Mat saved_or_take(const Region& r, const void* base, DType t, int64_t rows, int64_t cols, const char* what) {
+    return r.present() ? mat(saved_at<void>(r, base), t, rows, cols) : take(t, rows, cols, what);
+  }
+  void* slot(int64_t bytes, const char* what) { return ws.take_bytes(bytes, 1, what); }
+  QuantScalars* scalars(int q) const { return offset(sc, q); }
+  uint32_t* amax_of(int q) const { return sc != nullptr ? &sc[q].amax_bits : nullptr; }
+  float* state_of(int q) const { return r.stateful() ? offset(fp8_state, q * r.state_stride()) : nullptr; }
+
+  // Collectives, on the pass's stream; nothing while sizing.
+  void all_gather(const void* send, void* recv, int64_t count, CommType t) {
+    if (ws.live()) c.shard.comm->all_gather(send, recv, count, t, stream);
+  }
+  void all_reduce_max(uint32_t* amax_bits) {
+    if (ws.live()) c.shard.comm->all_reduce_max(amax_bits, amax_bits, 1, CommType::F32, stream);
+  }
+  void all_reduce_sum(float* v, int64_t count) {
+    if (ws.live()) c.shard.comm->all_reduce_sum(v, v, count, CommType::F32, stream);
+  }
+  // A rank's fp32 partial sums [T, width] summed over the group: in place, or under sequence
+  // parallelism into this rank's rows (local [T/P, width]); returns where this rank's rows are.
+  float* group_sum_rows(float* partial, float* local, int64_t width) {
+    if (!c.sharded()) return partial;
+    if (!ws.live()) return sp ? local : partial;
+    return lnmlp::group_sum_rows(c.shard.comm, sp, partial, local, T, width, stream);
+  }
+};
+
+// ---- quantization --------------------------------------------------------------------------------
+
+// The per-tensor scale of a quantization the pass makes of its own tensor x into sc[q]: delayed
+// scaling's state scale or current scaling's, from x's amax, which is measured either way
+// (delayed scaling records it after the pass) and max-reduced over a sharded group, so that every
+// rank quantizes with the unsharded plan's scale and keeps the same state.
+void own_scale(Pass& p, int q, const Mat& x) {
+  QuantScalars* s = p.scalars(q);
+  uint32_t* amax = p.amax_of(q);
+  p.x.amax(x, amax);
+  if (p.c.sharded()) p.all_reduce_max(amax);
+  const float* state = p.state_of(q);
+  p.x.tensor_scale({nullptr, state, amax, numerics::fp8_max(p.r.formats[q]), p.r.power_2_scale, p.r.amax_epsilon,
+                    s != nullptr ? &s->scale : nullptr, offset(p.used_scales, q)});
+}
+
+// Backward: the scale forward used for quantizer q (saved), so a re-quantization gives its codes.
+void forward_scale(Pass& p, int q) {
+  QuantScalars* s = p.scalars(q);
+  p.x.tensor_scale({offset(p.forward_scales, q), nullptr, nullptr, 1.0f, false, 0.0f,
+                    s != nullptr ? &s->scale : nullptr, nullptr});
+}
+
+enum class ScaleFrom { Own, Forward };
+
+// Where forward saves a tensor's columnwise representation for backward.
+struct Saving {
+  bool present = false;
+  uint8_t* codes = nullptr;
+  void* scales = nullptr;
+};
+Saving saving(const Region& codes, const Region& scales, const void* base) {
+  return {codes.present(), saved_at<uint8_t>(codes, base), saved_at<void>(scales, base)};
+}
+
+// The GEMM operands of tensor t, which the GEMMs read as quantizer q's: plain (one operand for
+// both orientations), or quantized into the representations asked for, saving the columnwise one.
+Quantized operands(Pass& p, int q, const Mat& t, bool rowwise, bool columnwise, ScaleFrom from, Saving save = {}) {
+  if (!p.quantized) {
+    const Operand o = p.x.plain(t, p.slot(p.x.plain_bytes(t), quantizer_name(q)));
+    return {o, o};
+  }
+  if (p.r.per_tensor()) {
+    if (from == ScaleFrom::Own) own_scale(p, q, t);
+    else forward_scale(p, q);
+  }
+  const QuantizeCall call{q,    t, rowwise, columnwise || save.present, p.r.per_tensor() ? p.scalars(q) : nullptr,
+                          save.present, save.codes, save.scales};
+  return p.x.quantize(call, p.slot(p.x.quantize_bytes(call), quantizer_name(q)));
+}
+
+// ---- the norm ------------------------------------------------------------------------------------
+
+// The norm over this rank's rows into out [T, H] (rounded to the dtype, or fp32): directly, or
+// under sequence parallelism into local rows that are then all-gathered.
+void norm_gathered(Pass& p, const NormInputs& in, bool compute_stats, const Mat& out) {
+  if (!p.sp) {
+    p.x.norm_forward(in, compute_stats, out);
+    return;
+  }
+  const Mat local = p.take(out.type, p.Tn, p.H, "local ln_out rows (all-gathered)");
+  p.x.norm_forward(in, compute_stats, local);
+  p.all_gather(local.data, out.data, p.Tn * p.H, comm_type(out.type));
+}
+
+// Forward's norm: ln = norm(x) as GEMM1's operand, saving what backward reads of it.
+Operand norm_forward(Pass& p, const NormInputs& in, void* saved) {
+  const Saving save = saving(p.saved.ln_q, p.saved.ln_q_scale, saved);
+  if (p.quantized && p.r.per_tensor() && p.sp) {
+    // This rank's rows quantized with the group's scale; their FP8 codes all-gathered.
+    const Mat local = p.take(DType::F32, p.Tn, p.H, "local ln_out rows fp32");
+    p.x.norm_forward(in, true, local);
+    own_scale(p, kLnOut, local);
+    auto* local_codes = p.ws.take<uint8_t>(p.Tn * p.H, "local ln_out codes (all-gathered)");
+    p.x.quantize_codes(kLnOut, local, p.scalars(kLnOut), local_codes);
+    auto* codes = p.ws.take<uint8_t>(p.T * p.H, "all-gathered ln_out codes");
+    p.all_gather(local_codes, codes, p.Tn * p.H, CommType::U8);
+    return p.x.gathered_operands(kLnOut, codes, p.T, p.H, p.scalars(kLnOut), save.codes,
+                                 p.slot(p.x.gathered_operands_bytes(kLnOut, p.T, p.H), "ln_out operand"));
+  }
+  const Mat ln = p.quantized ? p.take(DType::F32, p.T, p.H, "ln_out fp32")
+                             : p.saved_or_take(p.saved.ln_out, saved, p.D, p.T, p.H, "ln_out");
+  norm_gathered(p, in, true, ln);
+  return operands(p, kLnOut, ln, true, false, ScaleFrom::Own, save).rowwise;
+}
+
+// A parameter gradient from its partial sums, in chunk order; a replicated parameter's under
+// sequence parallelism (group: n floats of workspace) is then summed over the group in fp32 and
+// rounded once.
+void param_grad(Pass& p, ColumnSum which, const float* partials, void* out, int64_t n, bool replicated, float* group) {
+  if (!(replicated && p.sp)) {
+    p.x.reduce_partials(which, partials, p.io(out, 1, n));
+    return;
+  }
+  p.x.reduce_partials(which, partials, p.f32(group, 1, n));
+  p.all_reduce_sum(group, n);
+  p.x.bias_round(p.f32(group, 1, n), nullptr, p.io(out, 1, n));
+}
+
+}  // namespace
+
+void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardArgs& a, Workspace& ws) {
+  Pass p(x, c, sv, ws, a.stream, a.fp8_state);
+  const PassScope scope(x, ws.live(), a.stream, ws.take_bytes(x.scratch_bytes(), 1, "backend scratch"));
+  p.sc = ws.take_if<QuantScalars>(p.quantized, kQuantizerCount, "quantizer scalars");
+  p.used_scales = saved_at<float>(sv.fwd_scales, a.saved);
+  const int64_t T = p.T, Tn = p.Tn, H = p.H, F = p.F, AF = p.AF;
+
+  // 1. Statistics, ln = norm(x) and GEMM1's operand of it.
+  float* mu = sv.mu.present() ? saved_at<float>(sv.mu, a.saved) : ws.take_if<float>(c.has_beta(), Tn, "mean");
+  float* rs = sv.rs.present() ? saved_at<float>(sv.rs, a.saved) : ws.take<float>(Tn, "rstd");
+  const NormInputs in{a.x, a.gamma, a.beta, mu, rs, Tn};
+  const Operand ln = norm_forward(p, in, a.saved);
+
+  // 2. h = ln @ W1 + b1.
+  const Operand w1 = operands(p, kW1, p.io(a.w1, H, AF), false, true, ScaleFrom::Own).columnwise;
+  const Mat h = p.saved_or_take(sv.h, a.saved, p.D, T, AF, "ffn1");
+  x.gemm(GemmRole::Gemm1, ln, w1, h, a.b1);
+
+  // 3. a = act(h), GEMM2's operand of it.
+  const Mat act = p.quantized ? p.take(DType::F32, T, F, "act_out fp32")
+                              : p.saved_or_take(sv.act, a.saved, p.D, T, F, "act_out");
+  x.act_forward(h, act);
+  const Operand act_op =
+      operands(p, kActOut, act, true, false, ScaleFrom::Own, saving(sv.act_q, sv.act_q_scale, a.saved)).rowwise;
+
+  // 4. y = a @ W2 + b2; sharded, the fp32 partial sums summed over the group first.
+  const Operand w2 = operands(p, kW2, p.io(a.w2, F, H), false, true, ScaleFrom::Own).columnwise;
+  if (!c.sharded()) {
+    x.gemm(GemmRole::Gemm2, act_op, w2, p.io(a.y, T, H), a.b2);
+  } else {
+    const Mat y32 = p.take(DType::F32, T, H, "GEMM2 fp32 partial sums");
+    x.gemm(GemmRole::Gemm2, act_op, w2, y32, nullptr);
+    float* local = ws.take_if<float>(p.sp, Tn * H, "reduce-scattered GEMM2 rows");
+    const float* rows = p.group_sum_rows(static_cast<float*>(y32.data), local, H);
+    x.bias_round(p.f32(rows, Tn, H), a.b2, p.io(a.y, Tn, H));
+  }
+
+  // 5. Delayed scaling: the forward quantizers move on.
+  if (p.r.stateful())
+    for (int q = kLnOut; q <= kW2; ++q) x.delayed_update(q, p.state_of(q), p.amax_of(q));
+  x.finish();
+}
+
+void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const BackwardArgs& a, Workspace& ws) {
+  Pass p(x, c, sv, ws, a.stream, a.fp8_state);
+  const PassScope scope(x, ws.live(), a.stream, ws.take_bytes(x.scratch_bytes(), 1, "backend scratch"));
+  p.sc = ws.take_if<QuantScalars>(p.quantized, kQuantizerCount, "quantizer scalars");
+  p.forward_scales = saved_at<float>(sv.fwd_scales, a.saved);
+  const int64_t T = p.T, Tn = p.Tn, H = p.H, F = p.F, AF = p.AF;
+  const bool recompute_h = !sv.h.present();
+  const NormInputs in{a.x, a.gamma, a.beta, saved_at<float>(sv.mu, a.saved), saved_at<float>(sv.rs, a.saved), Tn};
+
+  // 1. ln's operands: for dW1 (columnwise) and, when GEMM1 is recomputed, for it (rowwise) --
+  //    forward's saved codes, or the norm recomputed from the statistics.
+  Quantized ln;
+  if (sv.ln_q.present()) {
+    if (p.r.per_tensor()) forward_scale(p, kLnOut);
+    ln.columnwise = x.saved_operand(kLnOut, saved_at<uint8_t>(sv.ln_q, a.saved), saved_at<void>(sv.ln_q_scale, a.saved),
+                                    T, H, p.scalars(kLnOut),
+                                    p.slot(x.saved_operand_bytes(kLnOut, T, H), "ln_out operand"));
+  } else {
+    const Mat n = sv.ln_out.present() ? p.io(saved_at<void>(sv.ln_out, a.saved), T, H)
+                                      : p.take(p.quantized ? DType::F32 : p.D, T, H, "ln_out");
+    if (!sv.ln_out.present()) norm_gathered(p, in, false, n);
+    ln = operands(p, kLnOut, n, recompute_h, true, ScaleFrom::Forward);
+  }
+
+  // 2. W1's operands (for dn; for GEMM1 when it is recomputed), and h: saved, or GEMM1 again.
+  const Quantized w1 = operands(p, kW1, p.io(a.w1, H, AF), true, recompute_h, ScaleFrom::Forward);
+  Mat h = p.io(saved_at<void>(sv.h, a.saved), T, AF);
+  if (recompute_h) {
+    h = p.take(p.D, T, AF, "ffn1");
+    x.gemm(GemmRole::Gemm1, ln.rowwise, w1.columnwise, h, a.b1);
+  }
+
+  // 3. a's operand for dW2: forward's saved codes, or the activation again.
+  Operand act;
+  if (sv.act_q.present()) {
+    if (p.r.per_tensor()) forward_scale(p, kActOut);
+    act = x.saved_operand(kActOut, saved_at<uint8_t>(sv.act_q, a.saved), saved_at<void>(sv.act_q_scale, a.saved), T, F,
+                          p.scalars(kActOut), p.slot(x.saved_operand_bytes(kActOut, T, F), "act_out operand"));
+  } else {
+    const Mat av = sv.act.present() ? p.io(saved_at<void>(sv.act, a.saved), T, F)
+                                    : p.take(p.quantized ? DType::F32 : p.D, T, F, "act_out");
+    if (!sv.act.present()) x.act_forward(h, av);
+    act = operands(p, kActOut, av, false, true, ScaleFrom::Forward).columnwise;
+  }
+
+  // 4. dy: db2's partial sums over this rank's rows; its operands (all-gathered under sequence
+  //    parallelism).
+  float* part_db2 = ws.take_if<float>(c.has_bias2, x.partials_floats(ColumnSum::Db2), "db2 partials");
+  if (c.has_bias2) x.column_sums(ColumnSum::Db2, p.io(a.dy, Tn, H), part_db2);
+  Mat dy = p.io(a.dy, T, H);
+  if (p.sp) {
+    dy = p.take(p.D, T, H, "all-gathered dy");
+    p.all_gather(a.dy, dy.data, Tn * H, comm_type(p.D));
+  }
+  const Quantized dyq = operands(p, kDy, dy, true, true, ScaleFrom::Own);
+
+  // 5. GEMM2's gradients: dact = dy @ W2^T, dW2 = a^T @ dy.
+  const Quantized w2 = operands(p, kW2, p.io(a.w2, F, H), true, false, ScaleFrom::Forward);
+  const Mat dact = p.take(DType::F32, T, F, "dact");
+  x.gemm(GemmRole::Dact, dyq.rowwise, w2.rowwise, dact, nullptr);
+  x.gemm(GemmRole::Dw2, act, dyq.columnwise, p.io(a.dw2, F, H), nullptr);
+
+  // 6. dh = dact * act'(h) with db1's partial sums: in the GEMMs' operand type, or fp32 for the
+  //    quantizer.
+  float* part_db1 = ws.take_if<float>(c.has_bias1, x.partials_floats(ColumnSum::Db1), "db1 partials");
+  const Mat dh = p.take(p.quantized ? DType::F32 : x.operand_type(), T, AF, "dffn1");
+  x.act_backward(static_cast<const float*>(dact.data), h, dh, !p.quantized, part_db1);
+  const Quantized dhq = operands(p, kDh, dh, true, true, ScaleFrom::Own);
+
+  // 7. GEMM1's gradients: dn = dh @ W1^T (a rank's partial sum when sharded), dW1 = ln^T @ dh.
+  const Mat dn = p.take(DType::F32, T, H, "dln_out");
+  x.gemm(GemmRole::Dn, dhq.rowwise, w1.rowwise, dn, nullptr);
+  x.gemm(GemmRole::Dw1, ln.columnwise, dhq.columnwise, p.io(a.dw1, H, AF), nullptr);
+  float* dn_local = ws.take_if<float>(p.sp, Tn * H, "reduce-scattered dln_out rows");
+  const float* dn_rows = p.group_sum_rows(static_cast<float*>(dn.data), dn_local, H);
+
+  // 8. Norm backward; the parameter gradients (b1 is sharded, so db1 is never summed over the group).
+  float* part_dg = ws.take<float>(x.partials_floats(ColumnSum::Dgamma), "dgamma partials");
+  float* part_dbeta = ws.take_if<float>(c.has_beta(), x.partials_floats(ColumnSum::Dbeta), "dbeta partials");
+  x.norm_backward(dn_rows, in, a.dx, part_dg, part_dbeta);
+  float* group = ws.take_if<float>(p.sp, H, "group-summed parameter gradient");
+  param_grad(p, ColumnSum::Dgamma, part_dg, a.dgamma, H, true, group);
+  if (c.has_beta()) param_grad(p, ColumnSum::Dbeta, part_dbeta, a.dbeta, H, true, group);
+  if (c.has_bias1) param_grad(p, ColumnSum::Db1, part_db1, a.db1, AF, false, nullptr);
+  if (c.has_bias2) param_grad(p, ColumnSum::Db2, part_db2, a.db2, H, true, group);
+
+  // 9. Delayed scaling: the backward quantizers move on.
+  if (p.r.stateful())
+    for (int q : {kDy, kDh}) x.delayed_update(q, p.state_of(q), p.amax_of(q));
+  x.finish();
+}
+
+}  // namespace lnmlp::block

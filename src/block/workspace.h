@@ -1,0 +1,48 @@
+// The workspace of one pass, handed out region by region in the order the schedule asks for it.
+// At plan creation the schedule runs once over a sizing workspace (base NULL: it hands out no
+// memory and only counts), so a plan's workspace is exactly what its schedule takes, by
+// construction, with no second list of regions to keep in step; at run time the same requests,
+// which depend on the configuration only, get the same offsets of the plan's workspace. Forward
+// and backward each start at offset 0 (a plan's workspace is the larger of the two). Regions are
+// 256-byte aligned (plan/layout.h's RegionAllocator, which also checks the sizes for overflow).
+#pragma once
+
+#include <cstdint>
+
+#include "plan/layout.h"
+
+namespace lnmlp::block {
+
+class Workspace {
+ public:
+  // live false: the sizing run (base is then ignored). A live workspace of 0 bytes may be NULL.
+  Workspace(void* base, bool live) : base_(static_cast<char*>(base)), live_(live) {}
+  bool live() const { return live_; }
+
+  // count elements of elem_bytes each; NULL while sizing.
+  void* take_bytes(int64_t count, int64_t elem_bytes, const char* what) {
+    const Region r = alloc_.take(count, elem_bytes, what);
+    return live_ && base_ != nullptr ? base_ + r.offset : nullptr;
+  }
+  template <typename T> T* take(int64_t count, const char* what) {
+    return static_cast<T*>(take_bytes(count, sizeof(T), what));
+  }
+  // NULL (and nothing taken) unless cond.
+  template <typename T> T* take_if(bool cond, int64_t count, const char* what) {
+    return cond ? take<T>(count, what) : nullptr;
+  }
+  int64_t bytes() const { return alloc_.total(); }
+
+ private:
+  char* base_;
+  bool live_;
+  RegionAllocator alloc_;
+};
+
+// The region r of the saved buffer at base, typed; NULL when r is absent or while sizing.
+template <typename T> T* saved_at(const Region& r, const void* base) {
+  return r.present() && base != nullptr ? reinterpret_cast<T*>(static_cast<char*>(const_cast<void*>(base)) + r.offset)
+                                        : nullptr;
+}
+
+}  // namespace lnmlp::block

@@ -1,0 +1,399 @@
+#include "cpu_exec.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+#include "common/error.h"
+#include "fp8_operands.h"
+#include "gemm.h"
+#include "gemm_plan.h"
+#include "kernels.h"
+#include "parallel.h"
+#include "plan/fp8_recipe.h"
+#include "plan/layout.h"
+
+namespace lnmlp::cpu {
+namespace {
+
+using block::ColumnSum;
+using block::GemmRole;
+using block::Mat;
+using block::Operand;
+using block::QuantScalars;
+using block::Quantized;
+
+// Alignment of the saved buffer and attached workspace (lnmlp_plan_get_alignment); the regions
+// inside them are 256-byte aligned.
+constexpr int64_t kCpuAlignment = 64;
+
+// Calls fn(std::bool_constant<Gated>, f0, f1) with the activation pair compiled in where it is
+// common, so the row kernels do not switch per element.
+template <typename Fn> void with_activations(const Config& c, Fn&& fn) {
+  const ActParams p = c.act_params;
+  dispatch_act(c.acts[0], [&](auto t0) {
+    constexpr Act K0 = decltype(t0)::value;
+    const FixedAct<K0> f0{p};
+    if (!c.gated()) {
+      fn(std::false_type{}, f0, FixedAct<Act::Linear>{p});
+    } else if (c.acts[1] == Act::Linear) {
+      fn(std::true_type{}, f0, FixedAct<Act::Linear>{p});
+    } else if constexpr (K0 == Act::ClampedSilu) {
+      fn(std::true_type{}, f0, FixedAct<Act::ClampedLinear>{p});  // the only valid partner
+    } else {
+      fn(std::true_type{}, f0, RuntimeAct{c.acts[1], p});
+    }
+  });
+}
+
+template <typename T> T* typed(const Mat& m) { return static_cast<T*>(m.data); }
+
+class CpuExec final : public block::Exec {
+ public:
+  explicit CpuExec(const Config& cfg) : c_(cfg), r_(resolve_recipe(cfg.fp8)) {
+    threads_ = c_.num_threads > 0 ? c_.num_threads : omp_get_max_threads();
+    chunks_ = threads_;
+    np_ = NormParams{c_.norm, c_.zero_centered_gamma, c_.epsilon, c_.hidden};
+    quantized_ = r_.recipe != Recipe::None;
+    decoded_ = fp8_operand_type(r_);
+    int64_t gemm_scratch = 0, staging = 0;
+    for (GemmRole role : block::kAllGemmRoles) {
+      if (role != GemmRole::Gemm1 && role != GemmRole::Gemm2 && !block::trains(c_)) continue;
+      const CpuGemm g = cpu_gemm(block::gemm_spec(role, c_), c_);
+      Role& slot = gemms_[static_cast<int>(role)];
+      slot.gemm = make_gemm(g.shape);
+      slot.staged = g.staged;
+      slot.n = g.shape.n;
+      gemm_scratch = std::max(gemm_scratch, slot.gemm->scratch_bytes());
+      if (g.staged) staging = std::max(staging, checked_mul(g.shape.m, g.shape.n, "a GEMM's fp32 result") * 4);
+    }
+    // The pass's scratch: the GEMM library's, the staged GEMM results, the quantizers' column bands.
+    RegionAllocator a;
+    gemm_scratch_ = a.take(gemm_scratch, 1, "GEMM scratch");
+    staging_ = a.take(staging, 1, "GEMM fp32 staging");
+    const int64_t widest = std::max({c_.hidden, c_.ffn, c_.act_width()});
+    work_ = a.take_if(quantized_, checked_mul(threads_, widest, "FP8 column bands"), 4, "FP8 column bands");
+    scratch_bytes_ = a.total();
+  }
+
+  // ---- facts ----
+  int64_t scratch_bytes() const override { return scratch_bytes_; }
+  int64_t partials_floats(ColumnSum which) const override { return int64_t{chunks_} * width(which); }
+  DType operand_type() const override { return cpu::operand_type(c_.dtype); }
+  int64_t plain_bytes(const Mat& m) const override {
+    return m.type == operand_type() ? 0 : checked_mul(m.rows, m.cols, "a widened GEMM operand") * 4;
+  }
+  int64_t quantize_bytes(const block::QuantizeCall& call) const override { return QuantizeSlot(*this, call).bytes; }
+  int64_t saved_operand_bytes(int, int64_t rows, int64_t cols) const override { return decoded_bytes(rows, cols); }
+  int64_t gathered_operands_bytes(int, int64_t rows, int64_t cols) const override { return decoded_bytes(rows, cols); }
+
+  // ---- memory ----
+  int64_t alignment() const override { return kCpuAlignment; }
+  void* allocate(int64_t bytes) override {
+    void* p = std::aligned_alloc(kRegionAlign, static_cast<size_t>((bytes + kRegionAlign - 1) / kRegionAlign * kRegionAlign));
+    if (p == nullptr) fail(LNMLP_ERROR_OUT_OF_MEMORY, "could not allocate ", bytes, " bytes of workspace");
+    return p;
+  }
+  void release(void* p) noexcept override { std::free(p); }
+  void copy_to_host(void* dst, const void* src, int64_t n) override { std::memcpy(dst, src, static_cast<size_t>(n)); }
+  void copy_from_host(void* dst, const void* src, int64_t n) override { std::memcpy(dst, src, static_cast<size_t>(n)); }
+  void check_pointers(std::initializer_list<block::NamedPointer>, void*) override {}
+
+ protected:
+  // ---- one pass ----
+  void do_begin(void*, void* scratch) override {
+    previous_threads_ = omp_get_max_threads();
+    omp_set_num_threads(threads_);  // the GEMM library reads it
+    scratch_ = static_cast<char*>(scratch);
+  }
+  void do_end() noexcept override { omp_set_num_threads(previous_threads_); }
+  void do_finish() override {}
+
+  void do_norm_forward(const block::NormInputs& in, bool stats, const Mat& out) override {
+    with_dtype([&](auto d) {
+      constexpr DType D = decltype(d)::value;
+      using S = storage_t<D>;
+      const bool rounded = out.type == D;  // else unrounded fp32
+      parallel_chunks(threads_, chunks_, in.rows, [&](int64_t r0, int64_t r1, int) {
+        norm_forward_rows<D>(np_, r0, r1, static_cast<const S*>(in.x), static_cast<const S*>(in.gamma),
+                             static_cast<const S*>(in.beta), stats, in.mu, in.rs, rounded ? typed<S>(out) : nullptr,
+                             rounded ? nullptr : typed<float>(out));
+      });
+    });
+  }
+
+  void do_norm_backward(const float* dn, const block::NormInputs& in, void* dx, float* dg, float* dbeta) override {
+    const int64_t H = c_.hidden;
+    std::memset(dg, 0, sizeof(float) * chunks_ * H);
+    if (dbeta != nullptr) std::memset(dbeta, 0, sizeof(float) * chunks_ * H);
+    with_dtype([&](auto d) {
+      constexpr DType D = decltype(d)::value;
+      using S = storage_t<D>;
+      parallel_chunks(threads_, chunks_, in.rows, [&](int64_t r0, int64_t r1, int ch) {
+        norm_backward_rows<D>(np_, r0, r1, dn, static_cast<const S*>(in.x), static_cast<const S*>(in.gamma), in.mu,
+                              in.rs, static_cast<S*>(dx), dg + ch * H, dbeta != nullptr ? dbeta + ch * H : nullptr);
+      });
+    });
+  }
+
+  void do_act_forward(const Mat& h, const Mat& act) override {
+    with_dtype([&](auto d) {
+      constexpr DType D = decltype(d)::value;
+      using S = storage_t<D>;
+      const bool rounded = act.type == D;
+      with_activations(c_, [&](auto gated, const auto& f0, const auto& f1) {
+        parallel_chunks(threads_, chunks_, h.rows, [&](int64_t r0, int64_t r1, int) {
+          act_forward_rows<D, decltype(gated)::value>(c_.ffn, r0, r1, f0, f1, typed<const S>(h),
+                                                      rounded ? typed<S>(act) : nullptr,
+                                                      rounded ? nullptr : typed<float>(act));
+        });
+      });
+    });
+  }
+
+  void do_act_backward(const float* dact, const Mat& h, const Mat& dh, bool round_to_io, float* db1) override {
+    const int64_t AF = c_.act_width();
+    if (db1 != nullptr) std::memset(db1, 0, sizeof(float) * chunks_ * AF);
+    with_dtype([&](auto d) {
+      constexpr DType D = decltype(d)::value;
+      using S = storage_t<D>;
+      with_activations(c_, [&](auto gated, const auto& f0, const auto& f1) {
+        constexpr bool G = decltype(gated)::value;
+        parallel_chunks(threads_, chunks_, h.rows, [&](int64_t r0, int64_t r1, int ch) {
+          float* part = db1 != nullptr ? db1 + ch * AF : nullptr;
+          if (round_to_io)  // the GEMM's operand: D, or fp32 holding D's values (f16)
+            act_backward_rows<D, G, true>(c_.ffn, r0, r1, f0, f1, dact, typed<const S>(h), typed<operand_t<D>>(dh), part);
+          else
+            act_backward_rows<D, G, false>(c_.ffn, r0, r1, f0, f1, dact, typed<const S>(h), typed<float>(dh), part);
+        });
+      });
+    });
+  }
+
+  void do_column_sums(ColumnSum which, const Mat& in, float* partials) override {
+    const int64_t n = width(which);
+    std::memset(partials, 0, sizeof(float) * chunks_ * n);
+    with_dtype([&](auto d) {
+      constexpr DType D = decltype(d)::value;
+      parallel_chunks(threads_, chunks_, in.rows, [&](int64_t r0, int64_t r1, int ch) {
+        column_sum_rows<D>(n, r0, r1, typed<const storage_t<D>>(in), partials + ch * n);
+      });
+    });
+  }
+
+  void do_reduce_partials(ColumnSum which, const float* partials, const Mat& out) override {
+    const int64_t n = width(which);
+    numerics::dispatch_dtype(out.type, [&](auto d) {
+      constexpr DType D = decltype(d)::value;
+      auto* o = typed<storage_t<D>>(out);
+      for (int64_t j = 0; j < n; ++j) {  // chunks in order: deterministic
+        float s = 0.0f;
+        for (int ch = 0; ch < chunks_; ++ch) s += partials[ch * n + j];
+        o[j] = store<D>(s);
+      }
+    });
+  }
+
+  void do_bias_round(const Mat& acc, const void* bias, const Mat& out) override {
+    epilogue(typed<const float>(acc), acc.rows, acc.cols, 1.0f, bias, out.data);
+  }
+
+  Operand do_plain(const Mat& m, void* slot) override {
+    if (m.type == operand_type()) return {m.data, nullptr};
+    float* out = static_cast<float*>(slot);
+    with_dtype([&](auto d) {
+      constexpr DType D = decltype(d)::value;
+      parallel_chunks(threads_, chunks_, m.rows * m.cols,
+                      [&](int64_t i0, int64_t i1, int) { widen<D>(i0, i1, typed<const storage_t<D>>(m), out); });
+    });
+    return {out, nullptr};
+  }
+
+  // ---- FP8 ----
+  void do_amax(const Mat& x, uint32_t* amax_bits) override {
+    numerics::dispatch_dtype(x.type, [&](auto d) {
+      constexpr DType D = decltype(d)::value;
+      *amax_bits = parallel_amax_bits<D>(threads_, typed<const storage_t<D>>(x), x.rows * x.cols);
+    });
+  }
+
+  void do_tensor_scale(const block::TensorScale& s) override {
+    const float amax = s.amax_bits != nullptr ? numerics::amax_from_bits(*s.amax_bits) : 0.0f;
+    const float scale = numerics::per_tensor_scale(s.given, s.state_scale, amax, s.fmt_max, s.power_2_scale, s.amax_epsilon);
+    s.out[0] = scale;
+    s.out[1] = 1.0f / scale;
+    if (s.used != nullptr) *s.used = scale;
+  }
+
+  Quantized do_quantize(const block::QuantizeCall& call, void* slot) override {
+    const QuantizeSlot l(*this, call);
+    char* base = static_cast<char*>(slot);
+    const Mat& x = call.x;
+    // The quantizers read fp32: the I/O dtype's values widened first.
+    const float* in = typed<const float>(x);
+    if (x.type != DType::F32) {
+      float* staged = at<float>(l.staging, base);
+      with_dtype([&](auto d) {
+        constexpr DType D = decltype(d)::value;
+        parallel_chunks(threads_, chunks_, x.rows * x.cols,
+                        [&](int64_t i0, int64_t i1, int) { widen<D>(i0, i1, typed<const storage_t<D>>(x), staged); });
+      });
+      in = staged;
+    }
+    const float* scale_inv = call.scale != nullptr ? &call.scale->scale_inv : nullptr;
+    auto one = [&](const QuantKind& k, const QuantizeSlot::Rep& rep, bool to_saved) {
+      uint8_t* codes = to_saved ? call.saved_codes : at<uint8_t>(rep.codes, base);
+      void* scales = to_saved ? call.saved_scales : at<void>(rep.scales, base);
+      void* op = at<void>(rep.op, base);
+      quantize_operand(threads_, k, in, x.rows, x.cols, call.scale != nullptr ? call.scale->scale : 0.0f, codes, scales,
+                       work());
+      decode_operand(threads_, k, codes, scales, x.rows, x.cols, decoded_, op);
+      return Operand{op, scale_inv};
+    };
+    Quantized q;
+    if (l.shared) {  // one representation serves both orientations
+      const Operand o = one(kind(call.quantizer, Contract::Cols), l.row, call.save_columnwise);
+      q.rowwise = call.rowwise ? o : Operand{};
+      q.columnwise = call.columnwise ? o : Operand{};
+      return q;
+    }
+    if (call.rowwise) q.rowwise = one(kind(call.quantizer, Contract::Cols), l.row, false);
+    if (call.columnwise) q.columnwise = one(kind(call.quantizer, Contract::Rows), l.col, call.save_columnwise);
+    return q;
+  }
+
+  void do_quantize_codes(int q, const Mat& x, const QuantScalars* scale, uint8_t* codes) override {
+    quantize_operand(threads_, kind(q, Contract::Cols), typed<const float>(x), x.rows, x.cols, scale->scale, codes,
+                     nullptr, work());
+  }
+
+  Operand do_gathered_operands(int q, const uint8_t* codes, int64_t rows, int64_t cols, const QuantScalars* scale,
+                               uint8_t* saved_codes, void* slot) override {
+    // Per tensor, the columnwise representation is the rowwise codes themselves (the GEMM reads
+    // them transposed).
+    if (saved_codes != nullptr) std::memcpy(saved_codes, codes, static_cast<size_t>(rows * cols));
+    decode_operand(threads_, kind(q, Contract::Cols), codes, nullptr, rows, cols, decoded_, slot);
+    return {slot, &scale->scale_inv};
+  }
+
+  Operand do_saved_operand(int q, const uint8_t* codes, const void* scales, int64_t rows, int64_t cols,
+                           const QuantScalars* scale, void* slot) override {
+    const QuantKind k = kind(q, Contract::Rows);
+    decode_operand(threads_, k, codes, scales, rows, cols, decoded_, slot);
+    return {slot, k.per_tensor() ? &scale->scale_inv : nullptr};
+  }
+
+  void do_delayed_update(int q, float* state_q, const uint32_t* amax_bits) override {
+    state_q[0] = numerics::delayed_record_and_update(state_q + 1, r_.history_len, numerics::amax_from_bits(*amax_bits),
+                                                     state_q[0], r_.amax_max, numerics::fp8_max(r_.formats[q]),
+                                                     r_.margin);
+  }
+
+  // ---- GEMM ----
+  void do_gemm(GemmRole role, const Operand& a, const Operand& b, const Mat& out, const void* bias) override {
+    Role& g = gemms_[static_cast<int>(role)];
+    float alpha = 1.0f;  // the per-tensor scale_invs, applied after the fp32 accumulation
+    if (a.scale_inv != nullptr) alpha = *a.scale_inv;
+    if (b.scale_inv != nullptr) alpha = a.scale_inv != nullptr ? alpha * *b.scale_inv : *b.scale_inv;
+    char* gemm_scratch = at<char>(gemm_scratch_, scratch_);
+    if (!g.staged) {
+      g.gemm->run(a.data, b.data, bias, out.data, gemm_scratch);
+      if (alpha != 1.0f) scale_in_place(typed<float>(out), out.rows * out.cols, alpha);  // an fp32 result
+      return;
+    }
+    float* acc = at<float>(staging_, scratch_);
+    g.gemm->run(a.data, b.data, nullptr, acc, gemm_scratch);
+    epilogue(acc, out.rows, out.cols, alpha, bias, out.data);
+  }
+
+ private:
+  // The slot of one quantization: the fp32 copy of an I/O-dtype input, then each representation's
+  // codes (unless saved), block scales (likewise) and decoded GEMM operand.
+  struct QuantizeSlot {
+    struct Rep {
+      Region codes, scales, op;
+    };
+    bool shared = false;  // one representation for both orientations
+    Region staging;
+    Rep row, col;
+    int64_t bytes = 0;
+
+    QuantizeSlot(const CpuExec& e, const block::QuantizeCall& call) {
+      const Mat& x = call.x;
+      const int64_t n = checked_mul(x.rows, x.cols, "an FP8 operand");
+      RegionAllocator a;
+      staging = a.take_if(x.type != DType::F32, n, 4, "FP8 quantizer input fp32");
+      const QuantKind kr = e.kind(call.quantizer, Contract::Cols), kc = e.kind(call.quantizer, Contract::Rows);
+      shared = kr.orientation_free();
+      auto take = [&](const QuantKind& k, bool to_saved) {
+        Rep r;
+        r.codes = a.take_if(!to_saved, n, 1, "FP8 codes");
+        const int64_t count = k.scale_count(x.rows, x.cols);
+        r.scales = a.take_if(!to_saved && count > 0, count, k.scale_bytes(), "FP8 block scales");
+        r.op = a.take(n, e.decoded_bytes(1, 1), "FP8 GEMM operand");
+        return r;
+      };
+      if (shared) {
+        row = take(kr, call.save_columnwise);
+      } else {
+        if (call.rowwise) row = take(kr, false);
+        if (call.columnwise) col = take(kc, call.save_columnwise);
+      }
+      bytes = a.total();
+    }
+  };
+
+  struct Role {
+    std::unique_ptr<Gemm> gemm;
+    bool staged = false;
+    int64_t n = 0;
+  };
+
+  template <typename Fn> void with_dtype(Fn&& fn) const { numerics::dispatch_dtype(c_.dtype, fn); }
+  QuantKind kind(int q, Contract contract) const { return quant_kind(r_, q, contract); }
+  int64_t decoded_bytes(int64_t rows, int64_t cols) const {
+    return checked_mul(rows, cols, "a decoded FP8 operand") * (decoded_ == GemmType::BF16 ? 2 : 4);
+  }
+  int64_t width(ColumnSum which) const { return which == ColumnSum::Db1 ? c_.act_width() : c_.hidden; }
+  uint32_t* work() const { return at<uint32_t>(work_, scratch_); }
+
+  void scale_in_place(float* v, int64_t n, float alpha) {
+    parallel_chunks(threads_, chunks_, n, [&](int64_t i0, int64_t i1, int) {
+#pragma omp simd
+      for (int64_t i = i0; i < i1; ++i) v[i] *= alpha;
+    });
+  }
+
+  // out [rows, cols] (the I/O dtype) = rnd(acc * alpha + bias).
+  void epilogue(const float* acc, int64_t rows, int64_t cols, float alpha, const void* bias, void* out) {
+    with_dtype([&](auto d) {
+      constexpr DType D = decltype(d)::value;
+      using S = storage_t<D>;
+      parallel_chunks(threads_, chunks_, rows, [&](int64_t r0, int64_t r1, int) {
+        scale_bias_rows<D>(cols, r0, r1, acc, alpha, static_cast<const S*>(bias), static_cast<S*>(out));
+      });
+    });
+  }
+
+  Config c_;
+  ResolvedRecipe r_;
+  NormParams np_{};
+  int threads_ = 1;
+  int chunks_ = 1;
+  int previous_threads_ = 1;
+  bool quantized_ = false;
+  GemmType decoded_ = GemmType::BF16;  // what FP8 codes are decoded into
+  Role gemms_[block::kGemmRoles];
+  Region gemm_scratch_, staging_, work_;
+  int64_t scratch_bytes_ = 0;
+  char* scratch_ = nullptr;  // this pass's
+};
+
+}  // namespace
+
+std::unique_ptr<block::Exec> make_cpu_exec(const Config& cfg) { return std::make_unique<CpuExec>(cfg); }
+
+}  // namespace lnmlp::cpu

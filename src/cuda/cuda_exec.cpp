@@ -1,0 +1,337 @@
+#include "cuda_exec.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+
+#include "check.h"
+#include "device_pointers.h"
+#include "fp8_kernels.h"
+#include "gemm_cublaslt.h"
+#include "gemm_plan.h"
+#include "kernels.h"
+#include "nccl_comm.h"
+#include "plan/fp8_recipe.h"
+#include "plan/layout.h"
+
+namespace lnmlp::cuda {
+namespace {
+
+using block::ColumnSum;
+using block::GemmRole;
+using block::Mat;
+using block::Operand;
+using block::QuantScalars;
+using block::Quantized;
+
+// cuBLASLt workspace offered to the heuristic (32 MiB is what NVIDIA recommends for Hopper).
+constexpr int64_t kMaxGemmWorkspace = int64_t{32} << 20;
+
+class CudaExec final : public block::Exec {
+ public:
+  explicit CudaExec(const Config& cfg) : c_(cfg), r_(resolve_recipe(cfg.fp8)), device_(cfg.device) {
+    ScopedDevice dev(device_);
+    native_ = r_.per_tensor();
+    op_f32_ = r_.recipe == Recipe::Block && !r_.power_2_scale;
+    if (native_) {
+      for (int64_t d : {c_.tokens, c_.hidden, c_.ffn, c_.act_width()})
+        if (d % kFp8GemmDimMultiple != 0)
+          fail(LNMLP_ERROR_NOT_SUPPORTED, "FP8 GEMMs on the GPU need tokens, hidden, ffn and A x ffn to be multiples of ",
+               kFp8GemmDimMultiple, " (got ", c_.tokens, ", ", c_.hidden, ", ", c_.ffn, ", ", c_.act_width(),
+               "); pad the shape, or use LNMLP_RECIPE_NONE");
+    }
+    chunk_h_ = column_chunking(c_.rows(), c_.hidden);  // dgamma, dbeta, db2: over this rank's rows
+    chunk_f_ = column_chunking(c_.tokens, c_.ffn);
+    cublas_check(cublasLtCreate(&lt_), "cublasLtCreate");
+    try {
+      make_gemms();
+    } catch (...) {
+      release_gemms();
+      throw;
+    }
+  }
+  ~CudaExec() override { release_gemms(); }
+  CudaExec(const CudaExec&) = delete;
+  CudaExec& operator=(const CudaExec&) = delete;
+
+  // ---- facts ----
+  int64_t scratch_bytes() const override { return scratch_bytes_; }
+  int64_t partials_floats(ColumnSum which) const override {
+    return which == ColumnSum::Db1 ? chunk_f_.chunks * c_.act_width() : chunk_h_.chunks * c_.hidden;
+  }
+  DType operand_type() const override { return c_.dtype; }
+  int64_t plain_bytes(const Mat&) const override { return 0; }
+  int64_t quantize_bytes(const block::QuantizeCall& call) const override { return QuantizeSlot(*this, call).bytes; }
+  int64_t saved_operand_bytes(int, int64_t rows, int64_t cols) const override {
+    return native_ ? 0 : checked_mul(rows, cols, "a decoded FP8 operand") * decoded_bytes();
+  }
+  int64_t gathered_operands_bytes(int, int64_t, int64_t) const override { return 0; }
+
+  // ---- memory ----
+  int64_t alignment() const override { return kCudaAlignment; }
+  void* allocate(int64_t bytes) override {
+    ScopedDevice dev(device_);
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, static_cast<size_t>(bytes));
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      fail(LNMLP_ERROR_OUT_OF_MEMORY, "could not allocate ", bytes, " bytes of GPU memory on device ", device_, " (",
+           cudaGetErrorString(e), ")");
+    }
+    return p;
+  }
+  void release(void* p) noexcept override {
+    if (p == nullptr) return;
+    int prev = 0;
+    const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device_ && cudaSetDevice(device_) == cudaSuccess;
+    cudaFree(p);
+    if (switched) cudaSetDevice(prev);
+  }
+  void copy_to_host(void* dst, const void* src, int64_t n) override {
+    ScopedDevice dev(device_);
+    cuda_check(cudaMemcpy(dst, src, static_cast<size_t>(n), cudaMemcpyDeviceToHost), "cudaMemcpy (device to host)");
+  }
+  void copy_from_host(void* dst, const void* src, int64_t n) override {
+    ScopedDevice dev(device_);
+    cuda_check(cudaMemcpy(dst, src, static_cast<size_t>(n), cudaMemcpyHostToDevice), "cudaMemcpy (host to device)");
+  }
+  void check_pointers(std::initializer_list<block::NamedPointer> list, void* stream) override {
+    ScopedDevice dev(device_);
+    check_device_pointers(list, device_, kGemmPointerAlignment, static_cast<cudaStream_t>(stream));
+  }
+
+ protected:
+  // ---- one pass ----
+  void do_begin(void* stream, void* scratch) override {
+    cuda_check(cudaGetDevice(&previous_device_), "cudaGetDevice");
+    if (previous_device_ != device_) cuda_check(cudaSetDevice(device_), "cudaSetDevice");
+    st_ = static_cast<cudaStream_t>(stream);
+    scratch_ = static_cast<char*>(scratch);
+  }
+  void do_end() noexcept override {
+    if (previous_device_ != device_) cudaSetDevice(previous_device_);
+  }
+  void do_finish() override { cuda_check(cudaGetLastError(), "a kernel launch of the CUDA backend"); }
+
+  void do_norm_forward(const block::NormInputs& in, bool stats, const Mat& out) override {
+    cuda::norm_forward(c_.dtype, norm_spec(in.rows), in.x, in.gamma, in.beta, stats, in.mu, in.rs, out.data, st_,
+                 out.type != c_.dtype);
+  }
+  void do_norm_backward(const float* dn, const block::NormInputs& in, void* dx, float* dg, float* dbeta) override {
+    const NormSpec s = norm_spec(in.rows);
+    cuda::norm_backward_dx(c_.dtype, s, dn, in.x, in.gamma, in.mu, in.rs, dx, st_);
+    cuda::norm_param_grads(c_.dtype, s, chunk_h_, dn, in.x, in.mu, in.rs, dg, dbeta, st_);
+  }
+  void do_act_forward(const Mat& h, const Mat& act) override {
+    cuda::act_forward(c_.dtype, act_spec(h.rows), h.data, act.data, st_, act.type != c_.dtype);
+  }
+  void do_act_backward(const float* dact, const Mat& h, const Mat& dh, bool, float* db1) override {
+    // dh in the dtype (rounded) or in fp32 (unrounded): this backend's plain operands are the dtype.
+    cuda::act_backward(c_.dtype, act_spec(h.rows), chunk_f_, dact, h.data, dh.data, db1, st_, dh.type != c_.dtype);
+  }
+  void do_column_sums(ColumnSum, const Mat& in, float* partials) override {
+    cuda::column_sums(in.type, chunk_h_, in.rows, in.cols, in.data, partials, st_);
+  }
+  void do_reduce_partials(ColumnSum which, const float* partials, const Mat& out) override {
+    const int64_t chunks = which == ColumnSum::Db1 ? chunk_f_.chunks : chunk_h_.chunks;
+    cuda::reduce_partials(out.type, chunks, out.cols, partials, out.data, st_);
+  }
+  void do_bias_round(const Mat& acc, const void* bias, const Mat& out) override {
+    cuda::bias_round(out.type, static_cast<const float*>(acc.data), acc.rows, acc.cols, bias, out.data, st_);
+  }
+  Operand do_plain(const Mat& m, void*) override { return {m.data, nullptr}; }
+
+  // ---- FP8 ----
+  void do_amax(const Mat& x, uint32_t* amax_bits) override { fp8_amax(x.type, x.data, x.rows * x.cols, amax_bits, st_); }
+  void do_tensor_scale(const block::TensorScale& s) override {
+    fp8_per_tensor_scale(s.given, s.state_scale, s.amax_bits, s.fmt_max, s.power_2_scale, s.amax_epsilon, s.out, s.used,
+                         st_);
+  }
+
+  Quantized do_quantize(const block::QuantizeCall& call, void* slot) override {
+    const QuantizeSlot l(*this, call);
+    char* base = static_cast<char*>(slot);
+    const Mat& x = call.x;
+    Quantized q;
+    if (native_) {  // rowwise codes and their transpose, in one pass
+      const float* scale = &call.scale->scale;
+      uint8_t* codes = at<uint8_t>(l.row.codes, base);
+      uint8_t* codes_t = call.save_columnwise ? call.saved_codes : at<uint8_t>(l.col.codes, base);
+      fp8_quantize_per_tensor(x.type, r_.formats[call.quantizer], x.data, x.rows, x.cols, scale, codes, codes_t, st_);
+      if (call.rowwise) q.rowwise = {codes, &call.scale->scale_inv};
+      if (call.columnwise) q.columnwise = {codes_t, &call.scale->scale_inv};
+      return q;
+    }
+    auto one = [&](const QuantKind& k, const QuantizeSlot::Rep& rep, bool to_saved) {
+      uint8_t* codes = to_saved ? call.saved_codes : at<uint8_t>(rep.codes, base);
+      void* scales = to_saved ? call.saved_scales : at<void>(rep.scales, base);
+      void* op = at<void>(rep.op, base);
+      fp8_quantize_blocked(x.type, k, x.data, x.rows, x.cols, codes, scales, st_);
+      fp8_decode_operand(k, codes, scales, x.rows, x.cols, op_f32_, op, st_);
+      return Operand{op, nullptr};
+    };
+    if (l.shared) {
+      const Operand o = one(kind(call.quantizer, Contract::Cols), l.row, false);
+      q.rowwise = call.rowwise ? o : Operand{};
+      q.columnwise = call.columnwise ? o : Operand{};
+      return q;
+    }
+    if (call.rowwise) q.rowwise = one(kind(call.quantizer, Contract::Cols), l.row, false);
+    if (call.columnwise) q.columnwise = one(kind(call.quantizer, Contract::Rows), l.col, call.save_columnwise);
+    return q;
+  }
+
+  void do_quantize_codes(int q, const Mat& x, const QuantScalars* scale, uint8_t* codes) override {
+    fp8_quantize_per_tensor(x.type, r_.formats[q], x.data, x.rows, x.cols, &scale->scale, codes, nullptr, st_);
+  }
+
+  Operand do_gathered_operands(int, const uint8_t* codes, int64_t rows, int64_t cols, const QuantScalars* scale,
+                               uint8_t* saved_codes, void*) override {
+    if (saved_codes != nullptr) fp8_transpose_codes(codes, rows, cols, saved_codes, st_);  // dW1's K-major codes
+    return {codes, &scale->scale_inv};
+  }
+
+  Operand do_saved_operand(int q, const uint8_t* codes, const void* scales, int64_t rows, int64_t cols,
+                           const QuantScalars* scale, void* slot) override {
+    if (native_) return {codes, &scale->scale_inv};  // forward saved the transposed codes
+    fp8_decode_operand(kind(q, Contract::Rows), codes, scales, rows, cols, op_f32_, slot, st_);
+    return {slot, nullptr};
+  }
+
+  void do_delayed_update(int q, float* state_q, const uint32_t* amax_bits) override {
+    fp8_delayed_update(state_q, r_.history_len, amax_bits, r_.amax_max, numerics::fp8_max(r_.formats[q]), r_.margin,
+                       st_);
+  }
+
+  // ---- GEMM ----
+  void do_gemm(GemmRole role, const Operand& a, const Operand& b, const Mat& out, const void* bias) override {
+    Role& g = gemms_[static_cast<int>(role)];
+    char* gemm_ws = at<char>(lt_workspace_, scratch_);
+    if (!g.staged) {
+      g.lt->run(a.data, b.data, bias, out.data, gemm_ws, st_, a.scale_inv, b.scale_inv);
+      return;
+    }
+    float* acc = at<float>(staging_, scratch_);
+    g.lt->run(a.data, b.data, nullptr, acc, gemm_ws, st_, a.scale_inv, b.scale_inv);
+    cuda::bias_round(out.type, acc, out.rows, out.cols, bias, out.data, st_);
+  }
+
+ private:
+  // The slot of one quantization. Per tensor: the rowwise codes and the transposed codes (unless
+  // saved). Blocked: each representation's codes, block scales (unless saved) and decoded operand.
+  struct QuantizeSlot {
+    struct Rep {
+      Region codes, scales, op;
+    };
+    bool shared = false;
+    Rep row, col;
+    int64_t bytes = 0;
+
+    QuantizeSlot(const CudaExec& e, const block::QuantizeCall& call) {
+      const int64_t n = checked_mul(call.x.rows, call.x.cols, "an FP8 operand");
+      RegionAllocator a;
+      if (e.native_) {
+        row.codes = a.take_if(call.rowwise, n, 1, "FP8 codes");
+        col.codes = a.take_if(call.columnwise && !call.save_columnwise, n, 1, "FP8 transposed codes");
+        bytes = a.total();
+        return;
+      }
+      const QuantKind kr = e.kind(call.quantizer, Contract::Cols), kc = e.kind(call.quantizer, Contract::Rows);
+      shared = kr.orientation_free() && !call.save_columnwise;
+      auto take = [&](const QuantKind& k, bool to_saved) {
+        Rep r;
+        r.codes = a.take_if(!to_saved, n, 1, "FP8 codes");
+        r.scales = a.take_if(!to_saved, std::max<int64_t>(1, k.scale_count(call.x.rows, call.x.cols)), k.scale_bytes(),
+                             "FP8 block scales");
+        r.op = a.take(n, e.decoded_bytes(), "FP8 GEMM operand");
+        return r;
+      };
+      if (shared) {
+        row = take(kr, false);
+      } else {
+        if (call.rowwise) row = take(kr, false);
+        if (call.columnwise) col = take(kc, call.save_columnwise);
+      }
+      bytes = a.total();
+    }
+  };
+
+  struct Role {
+    std::unique_ptr<LtGemm> lt;
+    bool staged = false;  // the result in fp32 staging, then rounded into the dtype
+  };
+
+  void make_gemms() {
+    int64_t lt_ws = 0, staging = 0;
+    for (GemmRole role : block::kAllGemmRoles) {
+      if (role != GemmRole::Gemm1 && role != GemmRole::Gemm2 && !block::trains(c_)) continue;
+      const block::GemmSpec s = block::gemm_spec(role, c_);
+      const CudaGemm plan = cuda_gemm(s, c_);
+      Role& g = gemms_[static_cast<int>(role)];
+      g.lt = std::make_unique<LtGemm>(lt_, plan.shape, kMaxGemmWorkspace, s.name);
+      g.staged = plan.staged;
+      lt_ws = std::max(lt_ws, g.lt->workspace_bytes());
+      if (plan.staged) staging = std::max(staging, checked_mul(s.m, s.n, "a GEMM's fp32 result") * 4);
+    }
+    RegionAllocator a;
+    lt_workspace_ = a.take(lt_ws, 1, "cuBLASLt workspace");
+    staging_ = a.take(staging, 1, "GEMM fp32 staging");
+    scratch_bytes_ = a.total();
+  }
+
+  void release_gemms() noexcept {
+    for (Role& g : gemms_) g.lt.reset();
+    if (lt_ != nullptr) cublasLtDestroy(lt_);
+    lt_ = nullptr;
+  }
+
+  QuantKind kind(int q, Contract contract) const { return quant_kind(r_, q, contract); }
+  int64_t decoded_bytes() const { return op_f32_ ? 4 : 2; }
+  NormSpec norm_spec(int64_t rows) const { return {c_.norm, c_.zero_centered_gamma, c_.epsilon, rows, c_.hidden}; }
+  ActSpec act_spec(int64_t rows) const { return {c_.acts[0], c_.acts[1], c_.gated(), c_.act_params, rows, c_.ffn}; }
+
+  Config c_;
+  ResolvedRecipe r_;
+  int device_;
+  bool native_ = false;  // per-tensor recipes: FP8 tensor cores
+  bool op_f32_ = false;  // blocked recipes: fp32 operands (block scales not powers of two)
+  Chunking chunk_h_, chunk_f_;
+  cublasLtHandle_t lt_ = nullptr;
+  Role gemms_[block::kGemmRoles];
+  Region lt_workspace_, staging_;
+  int64_t scratch_bytes_ = 0;
+  // This pass's.
+  cudaStream_t st_ = nullptr;
+  char* scratch_ = nullptr;
+  int previous_device_ = 0;
+};
+
+}  // namespace
+
+int device_count() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    fail(LNMLP_ERROR_NOT_SUPPORTED, "the CUDA backend cannot run on this machine: ", cudaGetErrorName(e), " (",
+         cudaGetErrorString(e), "); it needs an NVIDIA GPU and driver, or use LNMLP_BACKEND_CPU");
+  }
+  if (n < 1)
+    fail(LNMLP_ERROR_NOT_SUPPORTED, "the CUDA backend found no CUDA device on this machine; use LNMLP_BACKEND_CPU");
+  return n;
+}
+
+std::unique_ptr<block::Exec> make_cuda_exec(const Config& cfg) {
+  const int n = device_count();
+  if (cfg.device >= n)
+    fail(LNMLP_ERROR_NOT_SUPPORTED, "CUDA device ", cfg.device, " does not exist: this machine has ", n,
+         " CUDA device", n == 1 ? "" : "s", " (ordinals 0 to ", n - 1, "); pass one of them to lnmlp_desc_set_backend");
+  if (cfg.shard.comm != nullptr && nccl_device(*cfg.shard.comm) != cfg.device)
+    fail(LNMLP_ERROR_INVALID_ARGUMENT, "the NCCL communicator (rank ", cfg.shard.comm->rank(), ") is on CUDA device ",
+         nccl_device(*cfg.shard.comm), " but the plan is on device ", cfg.device,
+         "; pass the communicator's device to lnmlp_desc_set_backend");
+  return std::make_unique<CudaExec>(cfg);
+}
+
+}  // namespace lnmlp::cuda

@@ -1,0 +1,34 @@
+// The CUDA backend: the block schedule's primitives (block/exec.h) on one GPU, enqueued on the
+// caller's stream without host synchronization (capturable into a CUDA graph). GEMMs go to
+// cuBLASLt (gemm_cublaslt.h); everything else is a kernel of kernels.h or fp8_kernels.h, whose
+// formulas are src/numerics/'s.
+//
+// Operands: plain ones are the tensors themselves (every dtype, f16 included, multiplies natively
+// with fp32 accumulation). Per-tensor FP8 recipes (delayed, current) run on FP8 tensor cores:
+// codes in the K-major orientation each GEMM needs (rowwise, and the transposed copy as the
+// columnwise representation, written in the same pass) with their scale_invs in device memory.
+// Blocked recipes (block, mxfp8) are emulated exactly as the CPU backend does: quantized in the
+// same layouts (the same bits), decoded into bf16 operands (fp32 for block scales that are not
+// powers of two) and multiplied with fp32 accumulation. FP8 GEMMs whose result is in the I/O dtype
+// stage it in fp32 and round it (with the bias) in a second kernel.
+#pragma once
+
+#include <memory>
+
+#include "block/exec.h"
+#include "plan/config.h"
+
+namespace lnmlp::cuda {
+
+// The saved buffer and attached workspace must be aligned to this (lnmlp_plan_get_alignment).
+constexpr int64_t kCudaAlignment = 256;
+
+// Throws lnmlp::Error: NOT_SUPPORTED when cfg.device is not a device of this machine or cuBLASLt
+// has no algorithm for a GEMM; BACKEND for CUDA failures.
+std::unique_ptr<block::Exec> make_cuda_exec(const Config& cfg);
+
+// Number of CUDA devices; throws NOT_SUPPORTED (naming the CUDA error) when there is no usable
+// driver or no device.
+int device_count();
+
+}  // namespace lnmlp::cuda

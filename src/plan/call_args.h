@@ -1,0 +1,42 @@
+// The tensors of one forward or backward call, as the C API receives them (DESIGN section 3),
+// checked before they reach the engine (api/args.h): non-NULL where required, aligned, not
+// overlapping. Host pointers for the CPU backend, device pointers for the CUDA backend.
+#pragma once
+
+namespace lnmlp {
+
+struct ForwardArgs {
+  const void* x;
+  const void* gamma;
+  const void* beta;  // NULL for rmsnorm
+  const void* w1;
+  const void* b1;    // NULL without bias1
+  const void* w2;
+  const void* b2;    // NULL without bias2
+  void* y;
+  void* saved;       // NULL when the plan saves nothing
+  void* stream;
+  float* fp8_state;  // the plan's delayed-scaling state in backend memory (plan/fp8_recipe.h); NULL otherwise
+};
+
+struct BackwardArgs {
+  const void* dy;
+  const void* x;
+  const void* gamma;
+  const void* beta;
+  const void* w1;
+  const void* b1;
+  const void* w2;
+  const void* saved;
+  void* dx;
+  void* dgamma;
+  void* dbeta;
+  void* dw1;
+  void* db1;
+  void* dw2;
+  void* db2;
+  void* stream;
+  float* fp8_state;  // as in ForwardArgs
+};
+
+}  // namespace lnmlp
