@@ -11,6 +11,7 @@
 #include "module/loader.h"
 #include "common/error.h"
 #include "handles.h"
+#include "nccl_communicator.h"
 #include "lnmlp.h"
 #include "fp8_state.h"
 #include "plan.h"

@@ -1,9 +1,9 @@
 #include "cuda_engine.h"
 
-#include "comm/nccl.h"
 #include "common/error.h"
 #include "module/loader.h"
 #include "module/table.h"
+#include "nccl_communicator.h"
 
 namespace lnmlp {
 namespace {

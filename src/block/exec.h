@@ -3,12 +3,14 @@
 // quantized and where the collectives go; an Exec decides how one step runs (CPU: OpenMP row
 // kernels and oneDNN; CUDA: kernels and cuBLASLt on a stream) and what memory its operands need.
 //
-// The grain keeps each backend's fusions: the norm writes its output in the dtype the next step
-// wants (rounded for a GEMM, unrounded fp32 for a quantizer); the activation backward writes dh
-// straight in the GEMM's operand type with db1's partial sums in the same pass; quantization
-// produces every representation a tensor's GEMMs read in one call (a transposed copy in the same
-// pass where the backend can); a GEMM applies its operands' scales, the bias and the output
-// rounding in its epilogue.
+// The grain keeps each backend's fusions: the norm and the activation write their output in the
+// dtype the next step wants (rounded for a GEMM, unrounded fp32 for a quantizer) and, where the
+// backend's GEMM operand of it is a copy (the CPU's f16), that copy in the same pass; GEMM1 and
+// the activation are one primitive, so that a GEMM result staged in fp32 is rounded, biased and
+// activated in one pass; the activation backward writes dh straight in the GEMM's operand type with
+// db1's partial sums; quantization produces every representation a tensor's GEMMs read in one call
+// (a transposed copy in the same pass where the backend can); a GEMM applies its operands' scales,
+// the bias and the output rounding in its epilogue.
 //
 // Memory: every buffer is a region of the plan's workspace (or of the saved buffer) that the
 // schedule hands in; an Exec reports how many bytes it needs for what it materializes
@@ -156,18 +158,26 @@ class Exec {
   }
 
   // The norm's statistics (compute_stats; else read, for recomputation) and its output into out
-  // [rows, H]: rounded to the I/O dtype (out.type == the dtype) or unrounded fp32 (F32).
-  void norm_forward(const NormInputs& in, bool compute_stats, const Mat& out) {
-    if (live_) do_norm_forward(in, compute_stats, out);
+  // [rows, H]: rounded to the I/O dtype (out.type == the dtype) or unrounded fp32 (F32). With
+  // op_slot (plain_bytes(out) bytes), returns out's plain GEMM operand, made in the same pass.
+  Operand norm_forward(const NormInputs& in, bool compute_stats, const Mat& out, void* op_slot = nullptr) {
+    return live_ ? do_norm_forward(in, compute_stats, out, op_slot) : Operand{};
   }
   // dx from dn (fp32, this rank's rows), and dgamma's and dbeta's partial sums (dbeta NULL: rmsnorm).
   void norm_backward(const float* dn, const NormInputs& in, void* dx, float* dgamma_partials, float* dbeta_partials) {
     if (live_) do_norm_backward(dn, in, dx, dgamma_partials, dbeta_partials);
   }
   // act [T, F] = f0(h[:, 0]) (* f1(h[:, 1])) from h [T, A*F] (the dtype, b1 included): rounded to
-  // the dtype or unrounded fp32, by act.type.
-  void act_forward(const Mat& h, const Mat& act) {
-    if (live_) do_act_forward(h, act);
+  // the dtype or unrounded fp32, by act.type. With op_slot, returns act's plain GEMM operand, made in
+  // the same pass.
+  Operand act_forward(const Mat& h, const Mat& act, void* op_slot = nullptr) {
+    return live_ ? do_act_forward(h, act, op_slot) : Operand{};
+  }
+  // h = rnd(ln @ W1 * scale_invs + b1) (GEMM1 and its epilogue), then act = act(h) as act_forward
+  // writes it, in one pass after the GEMM where its result is staged in fp32.
+  Operand gemm1_act(const Operand& ln, const Operand& w1, const void* b1, const Mat& h, const Mat& act,
+                    void* op_slot = nullptr) {
+    return live_ ? do_gemm1_act(ln, w1, b1, h, act, op_slot) : Operand{};
   }
   // dh = dact * act'(h), with db1's partial sums (NULL: no bias1). dh.type: the dtype, or F32 with
   // the values rounded to the dtype (round_to_io: a plain operand of operand_type() F32) or
@@ -230,10 +240,12 @@ class Exec {
   virtual void do_begin(void* stream, void* scratch) = 0;
   virtual void do_end() noexcept = 0;
   virtual void do_finish() = 0;
-  virtual void do_norm_forward(const NormInputs& in, bool compute_stats, const Mat& out) = 0;
+  virtual Operand do_norm_forward(const NormInputs& in, bool compute_stats, const Mat& out, void* op_slot) = 0;
   virtual void do_norm_backward(const float* dn, const NormInputs& in, void* dx, float* dgamma_partials,
                                 float* dbeta_partials) = 0;
-  virtual void do_act_forward(const Mat& h, const Mat& act) = 0;
+  virtual Operand do_act_forward(const Mat& h, const Mat& act, void* op_slot) = 0;
+  virtual Operand do_gemm1_act(const Operand& ln, const Operand& w1, const void* b1, const Mat& h, const Mat& act,
+                               void* op_slot) = 0;
   virtual void do_act_backward(const float* dact, const Mat& h, const Mat& dh, bool round_to_io,
                                float* db1_partials) = 0;
   virtual void do_column_sums(ColumnSum which, const Mat& in, float* partials) = 0;

@@ -140,10 +140,21 @@ void norm_gathered(Pass& p, const NormInputs& in, bool compute_stats, const Mat&
   p.all_gather(local.data, out.data, p.Tn * p.H, comm_type(out.type));
 }
 
+// The norm into ln [T, H] in the dtype (gathered under sequence parallelism) and ln's plain GEMM
+// operand, made in the norm's own pass where no all-gather comes between.
+Operand norm_plain(Pass& p, const NormInputs& in, bool compute_stats, const Mat& ln) {
+  if (p.sp) {
+    norm_gathered(p, in, compute_stats, ln);
+    return p.x.plain(ln, p.slot(p.x.plain_bytes(ln), "ln_out operand"));
+  }
+  return p.x.norm_forward(in, compute_stats, ln, p.slot(p.x.plain_bytes(ln), "ln_out operand"));
+}
+
 // Forward's norm: ln = norm(x) as GEMM1's operand, saving what backward reads of it.
 Operand norm_forward(Pass& p, const NormInputs& in, void* saved) {
+  if (!p.quantized) return norm_plain(p, in, true, p.saved_or_take(p.saved.ln_out, saved, p.D, p.T, p.H, "ln_out"));
   const Saving save = saving(p.saved.ln_q, p.saved.ln_q_scale, saved);
-  if (p.quantized && p.r.per_tensor() && p.sp) {
+  if (p.r.per_tensor() && p.sp) {
     // This rank's rows quantized with the group's scale; their FP8 codes all-gathered.
     const Mat local = p.take(DType::F32, p.Tn, p.H, "local ln_out rows fp32");
     p.x.norm_forward(in, true, local);
@@ -155,10 +166,18 @@ Operand norm_forward(Pass& p, const NormInputs& in, void* saved) {
     return p.x.gathered_operands(kLnOut, codes, p.T, p.H, p.scalars(kLnOut), save.codes,
                                  p.slot(p.x.gathered_operands_bytes(kLnOut, p.T, p.H), "ln_out operand"));
   }
-  const Mat ln = p.quantized ? p.take(DType::F32, p.T, p.H, "ln_out fp32")
-                             : p.saved_or_take(p.saved.ln_out, saved, p.D, p.T, p.H, "ln_out");
-  norm_gathered(p, in, true, ln);
-  return operands(p, kLnOut, ln, true, false, ScaleFrom::Own, save).rowwise;
+  const Mat n = p.take(DType::F32, p.T, p.H, "ln_out fp32");
+  norm_gathered(p, in, true, n);
+  return operands(p, kLnOut, n, true, false, ScaleFrom::Own, save).rowwise;
+}
+
+// Backward: the columnwise operand of what forward saved of quantizer q's tensor (codes, block
+// scales), with forward's per-tensor scale.
+Operand saved_operand(Pass& p, int q, const Region& codes, const Region& scales, const void* saved, int64_t rows,
+                      int64_t cols) {
+  if (p.r.per_tensor()) forward_scale(p, q);
+  return p.x.saved_operand(q, saved_at<uint8_t>(codes, saved), saved_at<void>(scales, saved), rows, cols, p.scalars(q),
+                           p.slot(p.x.saved_operand_bytes(q, rows, cols), quantizer_name(q)));
 }
 
 // A parameter gradient from its partial sums, in chunk order; a replicated parameter's under
@@ -189,17 +208,18 @@ void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardA
   const NormInputs in{a.x, a.gamma, a.beta, mu, rs, Tn};
   const Operand ln = norm_forward(p, in, a.saved);
 
-  // 2. h = ln @ W1 + b1.
+  // 2. h = ln @ W1 + b1; a = act(h), and GEMM2's operand of it.
   const Operand w1 = operands(p, kW1, p.io(a.w1, H, AF), false, true, ScaleFrom::Own).columnwise;
   const Mat h = p.saved_or_take(sv.h, a.saved, p.D, T, AF, "ffn1");
-  x.gemm(GemmRole::Gemm1, ln, w1, h, a.b1);
-
-  // 3. a = act(h), GEMM2's operand of it.
-  const Mat act = p.quantized ? p.take(DType::F32, T, F, "act_out fp32")
-                              : p.saved_or_take(sv.act, a.saved, p.D, T, F, "act_out");
-  x.act_forward(h, act);
-  const Operand act_op =
-      operands(p, kActOut, act, true, false, ScaleFrom::Own, saving(sv.act_q, sv.act_q_scale, a.saved)).rowwise;
+  Operand act_op;
+  if (!p.quantized) {
+    const Mat act = p.saved_or_take(sv.act, a.saved, p.D, T, F, "act_out");
+    act_op = x.gemm1_act(ln, w1, a.b1, h, act, p.slot(x.plain_bytes(act), "act_out operand"));
+  } else {
+    const Mat act = p.take(DType::F32, T, F, "act_out fp32");
+    x.gemm1_act(ln, w1, a.b1, h, act);
+    act_op = operands(p, kActOut, act, true, false, ScaleFrom::Own, saving(sv.act_q, sv.act_q_scale, a.saved)).rowwise;
+  }
 
   // 4. y = a @ W2 + b2; sharded, the fp32 partial sums summed over the group first.
   const Operand w2 = operands(p, kW2, p.io(a.w2, F, H), false, true, ScaleFrom::Own).columnwise;
@@ -229,39 +249,36 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
   const NormInputs in{a.x, a.gamma, a.beta, saved_at<float>(sv.mu, a.saved), saved_at<float>(sv.rs, a.saved), Tn};
 
   // 1. ln's operands: for dW1 (columnwise) and, when GEMM1 is recomputed, for it (rowwise) --
-  //    forward's saved codes, or the norm recomputed from the statistics.
+  //    forward's saved tensor or codes, or the norm recomputed from the statistics.
   Quantized ln;
   if (sv.ln_q.present()) {
-    if (p.r.per_tensor()) forward_scale(p, kLnOut);
-    ln.columnwise = x.saved_operand(kLnOut, saved_at<uint8_t>(sv.ln_q, a.saved), saved_at<void>(sv.ln_q_scale, a.saved),
-                                    T, H, p.scalars(kLnOut),
-                                    p.slot(x.saved_operand_bytes(kLnOut, T, H), "ln_out operand"));
+    ln.columnwise = saved_operand(p, kLnOut, sv.ln_q, sv.ln_q_scale, a.saved, T, H);
+  } else if (sv.ln_out.present()) {
+    ln = operands(p, kLnOut, p.io(saved_at<void>(sv.ln_out, a.saved), T, H), false, true, ScaleFrom::Forward);
+  } else if (!p.quantized) {
+    const Operand o = norm_plain(p, in, false, p.take(p.D, T, H, "ln_out"));
+    ln = {o, o};
   } else {
-    const Mat n = sv.ln_out.present() ? p.io(saved_at<void>(sv.ln_out, a.saved), T, H)
-                                      : p.take(p.quantized ? DType::F32 : p.D, T, H, "ln_out");
-    if (!sv.ln_out.present()) norm_gathered(p, in, false, n);
+    const Mat n = p.take(DType::F32, T, H, "ln_out fp32");
+    norm_gathered(p, in, false, n);
     ln = operands(p, kLnOut, n, recompute_h, true, ScaleFrom::Forward);
   }
 
-  // 2. W1's operands (for dn; for GEMM1 when it is recomputed), and h: saved, or GEMM1 again.
+  // 2. W1's operands (for dn; for GEMM1 when it is recomputed); h and a's operand for dW2:
+  //    forward's saved tensors or codes, or GEMM1 and the activation again. (A policy that
+  //    recomputes h saves no activation either.)
   const Quantized w1 = operands(p, kW1, p.io(a.w1, H, AF), true, recompute_h, ScaleFrom::Forward);
-  Mat h = p.io(saved_at<void>(sv.h, a.saved), T, AF);
-  if (recompute_h) {
-    h = p.take(p.D, T, AF, "ffn1");
-    x.gemm(GemmRole::Gemm1, ln.rowwise, w1.columnwise, h, a.b1);
-  }
-
-  // 3. a's operand for dW2: forward's saved codes, or the activation again.
+  const Mat h = recompute_h ? p.take(p.D, T, AF, "ffn1") : p.io(saved_at<void>(sv.h, a.saved), T, AF);
   Operand act;
   if (sv.act_q.present()) {
-    if (p.r.per_tensor()) forward_scale(p, kActOut);
-    act = x.saved_operand(kActOut, saved_at<uint8_t>(sv.act_q, a.saved), saved_at<void>(sv.act_q_scale, a.saved), T, F,
-                          p.scalars(kActOut), p.slot(x.saved_operand_bytes(kActOut, T, F), "act_out operand"));
+    act = saved_operand(p, kActOut, sv.act_q, sv.act_q_scale, a.saved, T, F);
+  } else if (sv.act.present()) {
+    act = operands(p, kActOut, p.io(saved_at<void>(sv.act, a.saved), T, F), false, true, ScaleFrom::Forward).columnwise;
   } else {
-    const Mat av = sv.act.present() ? p.io(saved_at<void>(sv.act, a.saved), T, F)
-                                    : p.take(p.quantized ? DType::F32 : p.D, T, F, "act_out");
-    if (!sv.act.present()) x.act_forward(h, av);
-    act = operands(p, kActOut, av, false, true, ScaleFrom::Forward).columnwise;
+    const Mat av = p.take(p.quantized ? DType::F32 : p.D, T, F, "act_out");
+    void* op_slot = p.quantized ? nullptr : p.slot(x.plain_bytes(av), "act_out operand");
+    act = recompute_h ? x.gemm1_act(ln.rowwise, w1.columnwise, a.b1, h, av, op_slot) : x.act_forward(h, av, op_slot);
+    if (p.quantized) act = operands(p, kActOut, av, false, true, ScaleFrom::Forward).columnwise;
   }
 
   // 4. dy: db2's partial sums over this rank's rows; its operands (all-gathered under sequence

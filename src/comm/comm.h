@@ -1,5 +1,5 @@
 // The collectives a sharded plan runs, behind one interface: a caller's callback table
-// (comm_callbacks.cpp), MPI (comm_mpi.cpp) or NCCL (comm_nccl.cpp in the core, forwarding to the
+// (callbacks.cpp), MPI (mpi.cpp) or NCCL (the core's api/nccl_communicator.cpp, a proxy for the
 // CUDA module's cuda/nccl_comm.cpp). Failures throw lnmlp::Error (LNMLP_ERROR_BACKEND).
 #pragma once
 
@@ -59,8 +59,6 @@ inline float* group_sum_rows(Communicator* comm, bool sp, float* partial, float*
 // Both throw lnmlp::Error with a message naming what is wrong.
 std::shared_ptr<Communicator> make_callback_communicator(const lnmlp_comm_callbacks& table);
 std::shared_ptr<Communicator> make_mpi_communicator(const void* mpi_comm);  // NOT_SUPPORTED without MPI
-// NOT_SUPPORTED without the CUDA module, a GPU, or NCCL (comm_nccl.cpp, in the core only).
-std::shared_ptr<Communicator> make_nccl_communicator(const void* nccl_comm);
 // Whether this build has MPI, for lnmlp_get_build_info.
 bool mpi_built();
 

@@ -112,7 +112,8 @@ class CpuExec final : public block::Exec {
   void do_end() noexcept override { omp_set_num_threads(previous_threads_); }
   void do_finish() override {}
 
-  void do_norm_forward(const block::NormInputs& in, bool stats, const Mat& out) override {
+  Operand do_norm_forward(const block::NormInputs& in, bool stats, const Mat& out, void* op_slot) override {
+    float* copy = widened_copy(out, op_slot);
     with_dtype([&](auto d) {
       constexpr DType D = decltype(d)::value;
       using S = storage_t<D>;
@@ -120,9 +121,10 @@ class CpuExec final : public block::Exec {
       parallel_chunks(threads_, chunks_, in.rows, [&](int64_t r0, int64_t r1, int) {
         norm_forward_rows<D>(np_, r0, r1, static_cast<const S*>(in.x), static_cast<const S*>(in.gamma),
                              static_cast<const S*>(in.beta), stats, in.mu, in.rs, rounded ? typed<S>(out) : nullptr,
-                             rounded ? nullptr : typed<float>(out));
+                             rounded ? copy : typed<float>(out));
       });
     });
+    return {copy != nullptr ? copy : out.data, nullptr};
   }
 
   void do_norm_backward(const float* dn, const block::NormInputs& in, void* dx, float* dg, float* dbeta) override {
@@ -139,7 +141,8 @@ class CpuExec final : public block::Exec {
     });
   }
 
-  void do_act_forward(const Mat& h, const Mat& act) override {
+  Operand do_act_forward(const Mat& h, const Mat& act, void* op_slot) override {
+    float* copy = widened_copy(act, op_slot);
     with_dtype([&](auto d) {
       constexpr DType D = decltype(d)::value;
       using S = storage_t<D>;
@@ -148,10 +151,37 @@ class CpuExec final : public block::Exec {
         parallel_chunks(threads_, chunks_, h.rows, [&](int64_t r0, int64_t r1, int) {
           act_forward_rows<D, decltype(gated)::value>(c_.ffn, r0, r1, f0, f1, typed<const S>(h),
                                                       rounded ? typed<S>(act) : nullptr,
-                                                      rounded ? nullptr : typed<float>(act));
+                                                      rounded ? copy : typed<float>(act));
         });
       });
     });
+    return {copy != nullptr ? copy : act.data, nullptr};
+  }
+
+  Operand do_gemm1_act(const Operand& ln, const Operand& w1, const void* b1, const Mat& h, const Mat& act,
+                       void* op_slot) override {
+    Role& g = gemms_[static_cast<int>(GemmRole::Gemm1)];
+    if (!g.staged) {  // the GEMM library writes h (f32, bf16) with b1
+      do_gemm(GemmRole::Gemm1, ln, w1, h, b1);
+      return do_act_forward(h, act, op_slot);
+    }
+    float* acc = at<float>(staging_, scratch_);
+    g.gemm->run(ln.data, w1.data, nullptr, acc, at<char>(gemm_scratch_, scratch_));
+    const float alpha = scale_inv_product(ln, w1);
+    float* copy = widened_copy(act, op_slot);
+    with_dtype([&](auto d) {
+      constexpr DType D = decltype(d)::value;
+      using S = storage_t<D>;
+      const bool rounded = act.type == D;
+      with_activations(c_, [&](auto gated, const auto& f0, const auto& f1) {
+        parallel_chunks(threads_, chunks_, h.rows, [&](int64_t r0, int64_t r1, int) {
+          ffn1_act_rows<D, decltype(gated)::value>(c_.ffn, r0, r1, f0, f1, acc, alpha, static_cast<const S*>(b1),
+                                                   typed<S>(h), rounded ? typed<S>(act) : nullptr,
+                                                   rounded ? copy : typed<float>(act));
+        });
+      });
+    });
+    return {copy != nullptr ? copy : act.data, nullptr};
   }
 
   void do_act_backward(const float* dact, const Mat& h, const Mat& dh, bool round_to_io, float* db1) override {
@@ -295,9 +325,7 @@ class CpuExec final : public block::Exec {
   // ---- GEMM ----
   void do_gemm(GemmRole role, const Operand& a, const Operand& b, const Mat& out, const void* bias) override {
     Role& g = gemms_[static_cast<int>(role)];
-    float alpha = 1.0f;  // the per-tensor scale_invs, applied after the fp32 accumulation
-    if (a.scale_inv != nullptr) alpha = *a.scale_inv;
-    if (b.scale_inv != nullptr) alpha = a.scale_inv != nullptr ? alpha * *b.scale_inv : *b.scale_inv;
+    const float alpha = scale_inv_product(a, b);
     char* gemm_scratch = at<char>(gemm_scratch_, scratch_);
     if (!g.staged) {
       g.gemm->run(a.data, b.data, bias, out.data, gemm_scratch);
@@ -353,6 +381,19 @@ class CpuExec final : public block::Exec {
   };
 
   template <typename Fn> void with_dtype(Fn&& fn) const { numerics::dispatch_dtype(c_.dtype, fn); }
+
+  // Where a producer of m (the I/O dtype) also writes m's plain operand: its widened copy in the
+  // slot when this backend's operand is one (f16), else NULL (m itself is the operand).
+  float* widened_copy(const Mat& m, void* op_slot) const {
+    return op_slot != nullptr && m.type != operand_type() ? static_cast<float*>(op_slot) : nullptr;
+  }
+
+  // The product of the operands' per-tensor scale_invs (1 when they have none), which the GEMM's
+  // epilogue multiplies the fp32 accumulation by.
+  static float scale_inv_product(const Operand& a, const Operand& b) {
+    if (a.scale_inv == nullptr) return b.scale_inv != nullptr ? *b.scale_inv : 1.0f;
+    return b.scale_inv != nullptr ? *a.scale_inv * *b.scale_inv : *a.scale_inv;
+  }
   QuantKind kind(int q, Contract contract) const { return quant_kind(r_, q, contract); }
   int64_t decoded_bytes(int64_t rows, int64_t cols) const {
     return checked_mul(rows, cols, "a decoded FP8 operand") * (decoded_ == GemmType::BF16 ? 2 : 4);

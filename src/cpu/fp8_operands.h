@@ -20,18 +20,14 @@ namespace lnmlp::cpu {
 
 using numerics::Fp8Format;
 
-// The bits of max |x| over n values of storage type S (the I/O dtype, or fp32) on the cores: the
-// max of their magnitude bits (numerics/quantize.h), exact in any order.
+// The bits of max |x| over n values of D's storage type (the I/O dtype, or fp32) on the cores:
+// numerics/quantize.h's, exact in any order.
 template <DType D> uint32_t parallel_amax_bits(int threads, const numerics::storage_t<D>* x, int64_t n) {
   uint32_t part[256];
   const int chunks = threads < 256 ? threads : 256;
   for (int c = 0; c < chunks; ++c) part[c] = 0;
-  parallel_chunks(threads, chunks, n, [&](int64_t i0, int64_t i1, int c) {
-    uint32_t m = 0;
-#pragma omp simd reduction(max : m)
-    for (int64_t i = i0; i < i1; ++i) m = numerics::amax_bits_max(m, numerics::magnitude_bits(numerics::load<D>(x[i])));
-    part[c] = m;
-  });
+  parallel_chunks(threads, chunks, n,
+                  [&](int64_t i0, int64_t i1, int c) { part[c] = numerics::amax_bits_of<D>(x + i0, i1 - i0); });
   uint32_t m = 0;
   for (int c = 0; c < chunks; ++c) m = numerics::amax_bits_max(m, part[c]);
   return m;

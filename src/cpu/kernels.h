@@ -47,8 +47,10 @@ struct NormParams {
 };
 
 // Norm forward for rows [r0, r1): computes the statistics (or reads them when compute_stats is
-// false, for recomputation in backward) and writes the output rounded to D into out; or, when out
-// is NULL, unrounded in fp32 into out_f32 (FP8 recipes quantize that). mu may be NULL for rmsnorm.
+// false, for recomputation in backward) and writes the output rounded to D into out, and its
+// widened fp32 copy (the f16 GEMM operand) into out_f32 when that is not NULL; or, when out is
+// NULL, the unrounded fp32 output into out_f32 (FP8 recipes quantize that). mu may be NULL for
+// rmsnorm.
 template <DType D>
 void norm_forward_rows(const NormParams& np, int64_t r0, int64_t r1, const storage_t<D>* x, const storage_t<D>* gamma,
                        const storage_t<D>* beta, bool compute_stats, float* mu, float* rs, storage_t<D>* out,
@@ -94,34 +96,100 @@ void norm_forward_rows(const NormParams& np, int64_t r0, int64_t r1, const stora
       const float n = norm_out(norm_xhat(load<D>(xr[j]), m, rstd), norm_gain(load<D>(gamma[j]), np.zero_centered), b);
       o[j] = store<D>(n);
     }
+    if (out_f32 != nullptr) {
+      float* of = out_f32 + r * H;
+#pragma omp simd
+      for (int64_t j = 0; j < H; ++j) of[j] = load<D>(o[j]);
+    }
+  }
+}
+
+// The activation at column j of one row of the GEMM1 output hr (in D; the gate's half at F + j).
+template <DType D, bool Gated, typename F0, typename F1>
+LNMLP_HD float act_at(const F0& f0, const F1& f1, const storage_t<D>* hr, int64_t F, int64_t j) {
+  if constexpr (Gated) return gated_value(f0, f1, load<D>(hr[j]), load<D>(hr[F + j]));
+  else return f0.value(load<D>(hr[j]));
+}
+
+// A row's activation from hr: rounded to D into ar, and widened into af when af is not NULL (the
+// f16 GEMM operand); or, when ar is NULL, unrounded in fp32 into af (FP8 recipes quantize that).
+// Three plain loops, so that each vectorizes.
+template <DType D, bool Gated, typename F0, typename F1>
+inline void act_row(int64_t F, const F0& f0, const F1& f1, const storage_t<D>* hr, storage_t<D>* ar, float* af) {
+  if (ar == nullptr) {
+#pragma omp simd
+    for (int64_t j = 0; j < F; ++j) af[j] = act_at<D, Gated>(f0, f1, hr, F, j);
+  } else if (af == nullptr) {
+#pragma omp simd
+    for (int64_t j = 0; j < F; ++j) ar[j] = store<D>(act_at<D, Gated>(f0, f1, hr, F, j));
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < F; ++j) {
+      const storage_t<D> a = store<D>(act_at<D, Gated>(f0, f1, hr, F, j));
+      ar[j] = a;
+      af[j] = load<D>(a);
+    }
   }
 }
 
 // Activation forward for rows [r0, r1): act = f0(h[:, 0, :]) (* f1(h[:, 1, :])) from h (the GEMM1
-// output in D, b1 included), rounded to D into act; or, when act is NULL, unrounded in fp32 into
-// act_f32 (FP8 recipes quantize that).
+// output in D, b1 included), written as act_row says.
 template <DType D, bool Gated, typename F0, typename F1>
 void act_forward_rows(int64_t F, int64_t r0, int64_t r1, const F0& f0, const F1& f1, const storage_t<D>* h,
                       storage_t<D>* act, float* act_f32) {
   const int64_t AF = Gated ? 2 * F : F;
   for (int64_t r = r0; r < r1; ++r) {
-    const storage_t<D>* hr = h + r * AF;
-    // The rounding is chosen outside the loop, so that it has no branch and vectorizes.
-    auto pass = [&](auto out) {
+    act_row<D, Gated>(F, f0, f1, h + r * AF, act != nullptr ? act + r * F : nullptr,
+                      act_f32 != nullptr ? act_f32 + r * F : nullptr);
+  }
+}
+
+// h[j] = rnd_D(acc[j] * alpha + b1[j]) (no bias without Bias), as a value of D and as fp32.
+template <DType D, bool Bias>
+LNMLP_HD float round_ffn1(const float* acc, float alpha, const storage_t<D>* b1, storage_t<D>* h, int64_t j) {
+  const storage_t<D> v = store<D>(Bias ? acc[j] * alpha + load<D>(b1[j]) : acc[j] * alpha);
+  h[j] = v;
+  return load<D>(v);
+}
+
+// One row of GEMM1's staged fp32 result: h rounded to D, and the activation of the rounded
+// values, in one loop (the element's h is in a register when its activation is computed).
+template <DType D, bool Gated, bool Bias, typename F0, typename F1>
+inline void ffn1_act_row(int64_t F, const F0& f0, const F1& f1, const float* acc, float alpha, const storage_t<D>* b1,
+                         storage_t<D>* hr, storage_t<D>* ar, float* af) {
+  auto act_of = [&](int64_t j) {
+    const float v0 = round_ffn1<D, Bias>(acc, alpha, b1, hr, j);
+    if constexpr (Gated) return gated_value(f0, f1, v0, round_ffn1<D, Bias>(acc, alpha, b1, hr, F + j));
+    else return f0.value(v0);
+  };
+  if (ar == nullptr) {
 #pragma omp simd
-      for (int64_t j = 0; j < F; ++j) {
-        const float v0 = load<D>(hr[j]);
-        if constexpr (Gated) out(j, gated_value(f0, f1, v0, load<D>(hr[F + j])));
-        else out(j, f0.value(v0));
-      }
-    };
-    if (act != nullptr) {
-      storage_t<D>* ar = act + r * F;
-      pass([ar](int64_t j, float a) { ar[j] = store<D>(a); });
-    } else {
-      float* af = act_f32 + r * F;
-      pass([af](int64_t j, float a) { af[j] = a; });
+    for (int64_t j = 0; j < F; ++j) af[j] = act_of(j);
+  } else if (af == nullptr) {
+#pragma omp simd
+    for (int64_t j = 0; j < F; ++j) ar[j] = store<D>(act_of(j));
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < F; ++j) {
+      const storage_t<D> a = store<D>(act_of(j));
+      ar[j] = a;
+      af[j] = load<D>(a);
     }
+  }
+}
+
+// GEMM1's result staged in fp32 (acc, without bias) to h = rnd_D(acc * alpha + b1) for rows
+// [r0, r1), and the activation of h written as act_row says, in one pass (the f16 and FP8 paths,
+// whose GEMMs cannot round to D themselves). b1 may be NULL.
+template <DType D, bool Gated, typename F0, typename F1>
+void ffn1_act_rows(int64_t F, int64_t r0, int64_t r1, const F0& f0, const F1& f1, const float* acc, float alpha,
+                   const storage_t<D>* b1, storage_t<D>* h, storage_t<D>* act, float* act_f32) {
+  const int64_t AF = Gated ? 2 * F : F;
+  for (int64_t r = r0; r < r1; ++r) {
+    storage_t<D>* ar = act != nullptr ? act + r * F : nullptr;
+    float* af = act_f32 != nullptr ? act_f32 + r * F : nullptr;
+    if (b1 != nullptr) ffn1_act_row<D, Gated, true>(F, f0, f1, acc + r * AF, alpha, b1, h + r * AF, ar, af);
+    else ffn1_act_row<D, Gated, false>(F, f0, f1, acc + r * AF, alpha, b1, h + r * AF, ar, af);
   }
 }
 

@@ -114,17 +114,25 @@ class CudaExec final : public block::Exec {
   }
   void do_finish() override { cuda_check(cudaGetLastError(), "a kernel launch of the CUDA backend"); }
 
-  void do_norm_forward(const block::NormInputs& in, bool stats, const Mat& out) override {
+  // Plain operands are the tensors themselves here: a producer has no copy to make.
+  Operand do_norm_forward(const block::NormInputs& in, bool stats, const Mat& out, void*) override {
     cuda::norm_forward(c_.dtype, norm_spec(in.rows), in.x, in.gamma, in.beta, stats, in.mu, in.rs, out.data, st_,
-                 out.type != c_.dtype);
+                       out.type != c_.dtype);
+    return {out.data, nullptr};
   }
   void do_norm_backward(const float* dn, const block::NormInputs& in, void* dx, float* dg, float* dbeta) override {
     const NormSpec s = norm_spec(in.rows);
     cuda::norm_backward_dx(c_.dtype, s, dn, in.x, in.gamma, in.mu, in.rs, dx, st_);
     cuda::norm_param_grads(c_.dtype, s, chunk_h_, dn, in.x, in.mu, in.rs, dg, dbeta, st_);
   }
-  void do_act_forward(const Mat& h, const Mat& act) override {
+  Operand do_act_forward(const Mat& h, const Mat& act, void*) override {
     cuda::act_forward(c_.dtype, act_spec(h.rows), h.data, act.data, st_, act.type != c_.dtype);
+    return {act.data, nullptr};
+  }
+  Operand do_gemm1_act(const Operand& ln, const Operand& w1, const void* b1, const Mat& h, const Mat& act,
+                       void* op_slot) override {
+    do_gemm(GemmRole::Gemm1, ln, w1, h, b1);
+    return do_act_forward(h, act, op_slot);
   }
   void do_act_backward(const float* dact, const Mat& h, const Mat& dh, bool, float* db1) override {
     // dh in the dtype (rounded) or in fp32 (unrounded): this backend's plain operands are the dtype.

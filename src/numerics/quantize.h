@@ -83,12 +83,16 @@ LNMLP_HD uint32_t magnitude_bits(float x) { return float_bits(x) & 0x7fffffffu; 
 LNMLP_HD uint32_t amax_bits_max(uint32_t m, uint32_t a) { return a > m ? a : m; }
 LNMLP_HD float amax_from_bits(uint32_t m) { return bits_float(m > 0x7f800000u ? 0x7fc00000u : m); }
 
-inline float amax_of(const float* x, int64_t n) {
+// The magnitude-bits max of n values of D's storage type (an I/O dtype, or fp32): what amax_of
+// returns as a float.
+template <DType D> inline uint32_t amax_bits_of(const storage_t<D>* x, int64_t n) {
   uint32_t m = 0;
   LNMLP_QUANT_SIMD_MAX_M
-  for (int64_t i = 0; i < n; ++i) m = amax_bits_max(m, magnitude_bits(x[i]));
-  return amax_from_bits(m);
+  for (int64_t i = 0; i < n; ++i) m = amax_bits_max(m, magnitude_bits(load<D>(x[i])));
+  return m;
 }
+
+inline float amax_of(const float* x, int64_t n) { return amax_from_bits(amax_bits_of<DType::F32>(x, n)); }
 
 // codes[i] = cast(x[i] * scale): the fp32 product, then float_to_fp8 (nearest even, saturating).
 template <Fp8Format F> inline void quantize_tensor(const float* in, int64_t n, float scale, uint8_t* codes) {

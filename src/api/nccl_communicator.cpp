@@ -4,10 +4,10 @@
 // the module too, receives that communicator at plan creation (cuda_module_comm).
 #include <string>
 
-#include "comm.h"
+#include "comm/comm.h"
 #include "module/table.h"
 #include "module/loader.h"
-#include "nccl.h"
+#include "nccl_communicator.h"
 #include "common/error.h"
 
 namespace lnmlp {

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Two builds of lnmlp-bench against each other on the same machine, interleaved.
+
+    python3 bench/ab_compare.py --a OLD/bench/lnmlp-bench --b NEW/bench/lnmlp-bench [--rounds 3]
+                                [--iters 3] [--set standard|quick] [--label-a old --label-b new]
+
+Each configuration runs A then B, `rounds` times (A B A B ...), so a drift of the shared machine
+hits both alike; every run is a whole lnmlp-bench process (its own warm-up, medians of `iters`
+interleaved iterations, and its GEMMs-alone peer timed in the same process). Prints, per
+configuration, the median forward + backward time of each build over the rounds, B / A, and each
+build's share of time outside its GEMMs. The CPU model is printed first: quote it with the figures.
+Uses the Python standard library only.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+STANDARD = [
+    ("T=4096 layernorm gelu f32", ["--dtype", "f32"]),
+    ("T=4096 layernorm gelu bf16", ["--dtype", "bf16"]),
+    ("T=4096 layernorm gelu f16", ["--dtype", "f16"]),
+    ("T=4096 rmsnorm swiglu F=2730 bf16", ["--dtype", "bf16", "--norm", "rmsnorm", "--act", "swiglu", "--ffn", "2730"]),
+    ("T=4096 gelu f32 save_stats", ["--dtype", "f32", "--remat", "save_stats"]),
+    ("T=4096 gelu bf16 fp8 delayed", ["--dtype", "bf16", "--recipe", "delayed"]),
+    ("T=4096 gelu bf16 fp8 block", ["--dtype", "bf16", "--recipe", "block"]),
+    ("T=4096 gelu bf16 fp8 mxfp8", ["--dtype", "bf16", "--recipe", "mxfp8"]),
+    ("T=256 layernorm gelu f32", ["--dtype", "f32", "--tokens", "256"]),
+    ("T=256 layernorm gelu bf16", ["--dtype", "bf16", "--tokens", "256"]),
+]
+QUICK = [c for c in STANDARD if c[0].startswith("T=256")] + [STANDARD[0]]
+FP8 = [c for c in STANDARD if "fp8" in c[0]]
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def run(bench, args, iters):
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as t:
+        path = t.name
+    try:
+        cmd = [bench, "--iters", str(iters), "--check-tokens", "4", "--json", path] + args
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(path) as f:
+            return json.load(f)
+    finally:
+        os.unlink(path)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--a", required=True, help="lnmlp-bench of build A (the baseline)")
+    p.add_argument("--b", required=True, help="lnmlp-bench of build B")
+    p.add_argument("--label-a", default="A")
+    p.add_argument("--label-b", default="B")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--set", choices=["standard", "quick", "fp8"], default="standard")
+    p.add_argument("--only", default="", help="run only the configurations whose name contains this")
+    o = p.parse_args()
+    configs = {"standard": STANDARD, "quick": QUICK, "fp8": FP8}[o.set]
+    configs = [c for c in configs if o.only in c[0]]
+    print(f"{cpu_model()}, {os.cpu_count()} CPUs; {o.rounds} rounds of A B, lnmlp-bench --iters {o.iters} each")
+    print(f"A = {o.label_a}: {o.a}\nB = {o.label_b}: {o.b}")
+    head = f"{'configuration':36} {o.label_a + ' ms':>12} {o.label_b + ' ms':>12} {'B/A':>7} {'outside A':>10} {'outside B':>10}"
+    print(head)
+    print("-" * len(head))
+    for name, args in configs:
+        a, b = [], []
+        for r in range(o.rounds):
+            print(f"  {name}: round {r + 1}/{o.rounds}   ", end="\r", file=sys.stderr, flush=True)
+            a.append(run(o.a, args, o.iters))
+            b.append(run(o.b, args, o.iters))
+        ta = statistics.median(x["total_ms"] for x in a)
+        tb = statistics.median(x["total_ms"] for x in b)
+        ratios = [y["total_ms"] / x["total_ms"] for x, y in zip(a, b)]
+        oa = statistics.median(x["outside_gemms_fraction"] for x in a)
+        ob = statistics.median(x["outside_gemms_fraction"] for x in b)
+        print(f"{name:36} {ta:12.1f} {tb:12.1f} {statistics.median(ratios):7.3f} {100 * oa:9.1f}% {100 * ob:9.1f}%"
+              f"   (B/A per round {min(ratios):.3f}..{max(ratios):.3f})")
+    print("(ms: median over the rounds of each run's median forward + backward; B/A: median of the per-round "
+          "ratios; outside: the block's time outside its GEMMs, from each run's own GEMMs-alone peer)")
+
+
+if __name__ == "__main__":
+    main()
