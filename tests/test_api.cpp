@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -1167,6 +1168,19 @@ TEST(Status, BuildInfo) {
   const char* again = nullptr;
   ASSERT_OK(lnmlp_get_build_info(&again));
   EXPECT_EQ(info, again) << "the build info string is static";
+}
+
+// The build info names the ISA level the CPU kernels run at (src/cpu/isa.h); when a test run asks
+// for a lower level (LNMLP_CPU_ISA, tests/CMakeLists.txt), that is the level running.
+TEST(Status, BuildInfoNamesTheCpuKernelLevel) {
+  const char* info = nullptr;
+  ASSERT_OK(lnmlp_get_build_info(&info));
+  const std::string s(info);
+  EXPECT_NE(s.find("CPU kernels: "), std::string::npos) << s;
+  const char* asked = std::getenv("LNMLP_CPU_ISA");
+  if (asked != nullptr && (std::string(asked) == "x86-64" || std::string(asked) == "x86-64-v3")) {
+    EXPECT_NE(s.find(std::string("CPU kernels: ") + asked + " ("), std::string::npos) << s;
+  }
 }
 
 TEST(Status, QuerySupport) {

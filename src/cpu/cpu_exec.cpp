@@ -1,4 +1,5 @@
 #include "cpu_exec.h"
+#include "isa.h"
 
 #include <omp.h>
 
@@ -7,16 +8,17 @@
 #include <cstring>
 #include <type_traits>
 
-#include "common/error.h"
 #include "fp8_operands.h"
 #include "gemm.h"
 #include "gemm_plan.h"
+#include "host_memory.h"
 #include "kernels.h"
 #include "parallel.h"
 #include "plan/fp8_recipe.h"
 #include "plan/layout.h"
 
 namespace lnmlp::cpu {
+inline namespace LNMLP_CPU_ISA {
 namespace {
 
 using block::ColumnSum;
@@ -25,10 +27,6 @@ using block::Mat;
 using block::Operand;
 using block::QuantScalars;
 using block::Quantized;
-
-// Alignment of the saved buffer and attached workspace (lnmlp_plan_get_alignment); the regions
-// inside them are 256-byte aligned.
-constexpr int64_t kCpuAlignment = 64;
 
 // Calls fn(std::bool_constant<Gated>, f0, f1) with the activation pair compiled in where it is
 // common, so the row kernels do not switch per element.
@@ -92,12 +90,8 @@ class CpuExec final : public block::Exec {
 
   // ---- memory ----
   int64_t alignment() const override { return kCpuAlignment; }
-  void* allocate(int64_t bytes) override {
-    void* p = std::aligned_alloc(kRegionAlign, static_cast<size_t>((bytes + kRegionAlign - 1) / kRegionAlign * kRegionAlign));
-    if (p == nullptr) fail(LNMLP_ERROR_OUT_OF_MEMORY, "could not allocate ", bytes, " bytes of workspace");
-    return p;
-  }
-  void release(void* p) noexcept override { std::free(p); }
+  void* allocate(int64_t bytes) override { return allocate_host(bytes); }
+  void release(void* p) noexcept override { release_host(p); }
   void copy_to_host(void* dst, const void* src, int64_t n) override { std::memcpy(dst, src, static_cast<size_t>(n)); }
   void copy_from_host(void* dst, const void* src, int64_t n) override { std::memcpy(dst, src, static_cast<size_t>(n)); }
   void check_pointers(std::initializer_list<block::NamedPointer>, void*) override {}
@@ -435,6 +429,8 @@ class CpuExec final : public block::Exec {
 
 }  // namespace
 
-std::unique_ptr<block::Exec> make_cpu_exec(const Config& cfg) { return std::make_unique<CpuExec>(cfg); }
+// This level's CPU backend (isa_dispatch.cpp chooses the level).
+std::unique_ptr<block::Exec> make_cpu_exec_at_this_level(const Config& cfg) { return std::make_unique<CpuExec>(cfg); }
 
+}  // namespace LNMLP_CPU_ISA
 }  // namespace lnmlp::cpu

@@ -5,6 +5,8 @@
 // cores.
 #pragma once
 
+#include "isa.h"
+
 #include <cstdint>
 #include <algorithm>
 #include <type_traits>
@@ -17,6 +19,7 @@
 #include "parallel.h"
 
 namespace lnmlp::cpu {
+inline namespace LNMLP_CPU_ISA {
 
 using numerics::Fp8Format;
 
@@ -125,4 +128,5 @@ inline void decode_operand(int threads, const QuantKind& k, const uint8_t* codes
   });
 }
 
+}  // namespace LNMLP_CPU_ISA
 }  // namespace lnmlp::cpu

@@ -10,12 +10,15 @@
 // scales and the bias and rounds (cpu_exec.cpp).
 #pragma once
 
+#include "isa.h"
+
 #include "block/gemm_roles.h"
 #include "gemm.h"
 #include "numerics/dtype.h"
 #include "plan/fp8_recipe.h"
 
 namespace lnmlp::cpu {
+inline namespace LNMLP_CPU_ISA {
 
 using numerics::DType;
 
@@ -45,4 +48,5 @@ inline CpuGemm cpu_gemm(const block::GemmSpec& s, const Config& c) {
   return {{s.m, s.n, s.k, s.trans_a, s.trans_b, in, out, s.bias && !staged}, staged};
 }
 
+}  // namespace LNMLP_CPU_ISA
 }  // namespace lnmlp::cpu

@@ -3,6 +3,8 @@
 // The formulas come from src/numerics/, shared with the CUDA backend.
 #pragma once
 
+#include "isa.h"
+
 #include <cstdint>
 #include <type_traits>
 
@@ -24,6 +26,7 @@ float tanhf(float) noexcept;
 #include "numerics/norm.h"
 
 namespace lnmlp::cpu {
+inline namespace LNMLP_CPU_ISA {
 
 using namespace lnmlp::numerics;
 
@@ -309,4 +312,5 @@ void scale_bias_rows(int64_t n, int64_t r0, int64_t r1, const float* acc, float 
   }
 }
 
+}  // namespace LNMLP_CPU_ISA
 }  // namespace lnmlp::cpu

@@ -1,12 +1,15 @@
 // Row-parallel loops for the CPU backend's own kernels (OpenMP, the runtime oneDNN uses too).
 #pragma once
 
+#include "isa.h"
+
 #include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
 
 namespace lnmlp::cpu {
+inline namespace LNMLP_CPU_ISA {
 
 // Splits [0, n) into `chunks` contiguous ranges and runs body(begin, end, chunk) for each, in
 // parallel on `threads` threads. The split depends only on n and chunks, so per-chunk partial sums
@@ -42,4 +45,5 @@ class ScopedOmpThreads {
   int previous_;
 };
 
+}  // namespace LNMLP_CPU_ISA
 }  // namespace lnmlp::cpu

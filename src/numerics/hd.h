@@ -7,3 +7,8 @@
 #else
 #define LNMLP_HD inline __attribute__((always_inline))
 #endif
+
+// Host-only functions of src/numerics/ with loops (the reference quantizers): always inlined where
+// they are used, so that code compiled for one ISA level (the CPU backend's, src/cpu/isa.h) never
+// calls another level's out-of-line copy of them.
+#define LNMLP_HOST_INLINE inline __attribute__((always_inline))

@@ -85,24 +85,24 @@ LNMLP_HD float amax_from_bits(uint32_t m) { return bits_float(m > 0x7f800000u ? 
 
 // The magnitude-bits max of n values of D's storage type (an I/O dtype, or fp32): what amax_of
 // returns as a float.
-template <DType D> inline uint32_t amax_bits_of(const storage_t<D>* x, int64_t n) {
+template <DType D> LNMLP_HOST_INLINE uint32_t amax_bits_of(const storage_t<D>* x, int64_t n) {
   uint32_t m = 0;
   LNMLP_QUANT_SIMD_MAX_M
   for (int64_t i = 0; i < n; ++i) m = amax_bits_max(m, magnitude_bits(load<D>(x[i])));
   return m;
 }
 
-inline float amax_of(const float* x, int64_t n) { return amax_from_bits(amax_bits_of<DType::F32>(x, n)); }
+LNMLP_HOST_INLINE float amax_of(const float* x, int64_t n) { return amax_from_bits(amax_bits_of<DType::F32>(x, n)); }
 
 // codes[i] = cast(x[i] * scale): the fp32 product, then float_to_fp8 (nearest even, saturating).
-template <Fp8Format F> inline void quantize_tensor(const float* in, int64_t n, float scale, uint8_t* codes) {
+template <Fp8Format F> LNMLP_HOST_INLINE void quantize_tensor(const float* in, int64_t n, float scale, uint8_t* codes) {
   LNMLP_QUANT_SIMD
   for (int64_t i = 0; i < n; ++i) codes[i] = float_to_fp8<F>(in[i] * scale);
 }
 
 // out[i] = fp8_to_float(codes[i]) * scale_inv.
 template <Fp8Format F>
-inline void dequantize_tensor(const uint8_t* codes, int64_t n, float scale_inv, float* out) {
+LNMLP_HOST_INLINE void dequantize_tensor(const uint8_t* codes, int64_t n, float scale_inv, float* out) {
   LNMLP_QUANT_SIMD
   for (int64_t i = 0; i < n; ++i) out[i] = fp8_to_float<F>(codes[i]) * scale_inv;
 }
@@ -112,7 +112,7 @@ inline void dequantize_tensor(const uint8_t* codes, int64_t n, float scale_inv, 
 // Calls fn(block_index, offset, width) for each 1 x block block of row r of a [rows, cols] matrix
 // (offset = r * cols + first column; the last block of a row may be narrower), with block_index
 // = r * num_blocks(cols, block) + b, the block's slot in a row-major scale array.
-template <typename Fn> inline void for_each_row_block(int64_t rows, int64_t cols, int64_t block, Fn&& fn) {
+template <typename Fn> LNMLP_HOST_INLINE void for_each_row_block(int64_t rows, int64_t cols, int64_t block, Fn&& fn) {
   const int64_t nb = num_blocks(cols, block);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t b = 0; b < nb; ++b) {
@@ -126,7 +126,7 @@ template <typename Fn> inline void for_each_row_block(int64_t rows, int64_t cols
 // max(amax, amax_epsilon), optionally a power of two; 1.0 for an all-zero or non-finite block) ->
 // codes [rows, cols] and scale_inv[rows, num_blocks(cols, block)] = 1 / scale.
 template <Fp8Format F>
-inline void quantize_rows_blocked(const float* in, int64_t rows, int64_t cols, int64_t block,
+LNMLP_HOST_INLINE void quantize_rows_blocked(const float* in, int64_t rows, int64_t cols, int64_t block,
                                   bool power_2_scale, float amax_epsilon, uint8_t* codes,
                                   float* scale_inv) {
   for_each_row_block(rows, cols, block, [&](int64_t i, int64_t off, int64_t w) {
@@ -139,7 +139,7 @@ inline void quantize_rows_blocked(const float* in, int64_t rows, int64_t cols, i
 
 // out = codes * scale_inv of the element's block.
 template <Fp8Format F>
-inline void dequantize_rows_blocked(const uint8_t* codes, int64_t rows, int64_t cols, int64_t block,
+LNMLP_HOST_INLINE void dequantize_rows_blocked(const uint8_t* codes, int64_t rows, int64_t cols, int64_t block,
                                     const float* scale_inv, float* out) {
   for_each_row_block(rows, cols, block, [&](int64_t i, int64_t off, int64_t w) {
     dequantize_tensor<F>(codes + off, w, scale_inv[i], out + off);
@@ -154,7 +154,7 @@ inline void dequantize_rows_blocked(const uint8_t* codes, int64_t rows, int64_t 
 // scale_inv is [num_blocks(rows, block), cols] (block-row major). The scales are those
 // quantize_rows_blocked gives the transpose, bit for bit.
 // Calls fn(row_block, r0, height) for each band of `block` rows.
-template <typename Fn> inline void for_each_row_band(int64_t rows, int64_t block, Fn&& fn) {
+template <typename Fn> LNMLP_HOST_INLINE void for_each_row_band(int64_t rows, int64_t block, Fn&& fn) {
   for (int64_t rb = 0; rb * block < rows; ++rb) {
     const int64_t r0 = rb * block;
     fn(rb, r0, rows - r0 < block ? rows - r0 : block);
@@ -162,7 +162,7 @@ template <typename Fn> inline void for_each_row_band(int64_t rows, int64_t block
 }
 
 // The amax of each column over rows [r0, r0 + h) into amax[cols] (NaN-propagating, as amax_of).
-inline void column_amax(const float* in, int64_t cols, int64_t r0, int64_t h, uint32_t* amax_bits) {
+LNMLP_HOST_INLINE void column_amax(const float* in, int64_t cols, int64_t r0, int64_t h, uint32_t* amax_bits) {
   for (int64_t c = 0; c < cols; ++c) amax_bits[c] = 0;
   for (int64_t r = r0; r < r0 + h; ++r) {
     const float* row = in + r * cols;
@@ -174,7 +174,7 @@ inline void column_amax(const float* in, int64_t cols, int64_t r0, int64_t h, ui
 // Quantizes rows [r0, r0 + h) of band rb: scale per column from amax_bits (work space, cols
 // entries, reused for the scales' bit patterns).
 template <Fp8Format F>
-inline void quantize_cols_band(const float* in, int64_t cols, int64_t rb, int64_t r0, int64_t h, bool power_2_scale,
+LNMLP_HOST_INLINE void quantize_cols_band(const float* in, int64_t cols, int64_t rb, int64_t r0, int64_t h, bool power_2_scale,
                                float amax_epsilon, uint8_t* codes, float* scale_inv, uint32_t* work) {
   column_amax(in, cols, r0, h, work);
   for (int64_t c = 0; c < cols; ++c) {
@@ -192,7 +192,7 @@ inline void quantize_cols_band(const float* in, int64_t cols, int64_t rb, int64_
 // mxfp8 down the columns: E8M0 scale bytes [num_blocks(rows, block), cols], as quantize_mxfp8_rows
 // gives the transpose.
 template <Fp8Format F>
-inline void quantize_mxfp8_cols_band(const float* in, int64_t cols, int64_t rb, int64_t r0, int64_t h,
+LNMLP_HOST_INLINE void quantize_mxfp8_cols_band(const float* in, int64_t cols, int64_t rb, int64_t r0, int64_t h,
                                      uint8_t* codes, uint8_t* scale_e8m0, uint32_t* work) {
   column_amax(in, cols, r0, h, work);
   for (int64_t c = 0; c < cols; ++c) {
@@ -211,7 +211,7 @@ inline void quantize_mxfp8_cols_band(const float* in, int64_t cols, int64_t rb, 
 // Quantizes in [rows, cols] in block_rows x block_cols tiles (edge tiles partial), one amax and
 // scale per tile as above; scale_inv [num_blocks(rows, block_rows), num_blocks(cols, block_cols)].
 template <Fp8Format F>
-inline void quantize_tiles(const float* in, int64_t rows, int64_t cols, int64_t block_rows,
+LNMLP_HOST_INLINE void quantize_tiles(const float* in, int64_t rows, int64_t cols, int64_t block_rows,
                            int64_t block_cols, bool power_2_scale, float amax_epsilon,
                            uint8_t* codes, float* scale_inv) {
   const int64_t nbr = num_blocks(rows, block_rows), nbc = num_blocks(cols, block_cols);
@@ -231,7 +231,7 @@ inline void quantize_tiles(const float* in, int64_t rows, int64_t cols, int64_t 
 }
 
 template <Fp8Format F>
-inline void dequantize_tiles(const uint8_t* codes, int64_t rows, int64_t cols, int64_t block_rows,
+LNMLP_HOST_INLINE void dequantize_tiles(const uint8_t* codes, int64_t rows, int64_t cols, int64_t block_rows,
                              int64_t block_cols, const float* scale_inv, float* out) {
   const int64_t nbc = num_blocks(cols, block_cols);
   for (int64_t r = 0; r < rows; ++r) {
@@ -254,7 +254,7 @@ inline void dequantize_tiles(const uint8_t* codes, int64_t rows, int64_t cols, i
 // NaN amax maps to). Every scale is a power of two, so x * 2^-e is
 // exact unless it falls below fp32's normal range, where fp8 rounds it to zero anyway.
 template <Fp8Format F>
-inline void quantize_mxfp8_rows(const float* in, int64_t rows, int64_t cols, uint8_t* codes,
+LNMLP_HOST_INLINE void quantize_mxfp8_rows(const float* in, int64_t rows, int64_t cols, uint8_t* codes,
                                 uint8_t* scale_e8m0, int64_t block = kMxfp8BlockLength) {
   for_each_row_block(rows, cols, block, [&](int64_t i, int64_t off, int64_t w) {
     const BlockScaleChoice b = choose_block_scale(amax_of(in + off, w), Fp8Traits<F>::max, true, false, 0.0f);
@@ -265,7 +265,7 @@ inline void quantize_mxfp8_rows(const float* in, int64_t rows, int64_t cols, uin
 
 // out = codes * 2^e of the element's block (NaN for an 0xFF block).
 template <Fp8Format F>
-inline void dequantize_mxfp8_rows(const uint8_t* codes, int64_t rows, int64_t cols,
+LNMLP_HOST_INLINE void dequantize_mxfp8_rows(const uint8_t* codes, int64_t rows, int64_t cols,
                                   const uint8_t* scale_e8m0, float* out,
                                   int64_t block = kMxfp8BlockLength) {
   for_each_row_block(rows, cols, block, [&](int64_t i, int64_t off, int64_t w) {
@@ -282,7 +282,7 @@ inline void dequantize_mxfp8_rows(const uint8_t* codes, int64_t rows, int64_t co
 // K-block to the next (for 128x128 weight tiles of a [K, N] B: sb = scale_inv + n / 128,
 // sb_stride = num_blocks(N, 128)). mxfp8 callers pass e8m0_to_float of the bytes.
 template <Fp8Format FA, Fp8Format FB>
-inline float block_scaled_dot(const uint8_t* qa, const float* sa, const uint8_t* qb, int64_t qb_stride,
+LNMLP_HOST_INLINE float block_scaled_dot(const uint8_t* qa, const float* sa, const uint8_t* qb, int64_t qb_stride,
                               const float* sb, int64_t sb_stride, int64_t k, int64_t block) {
   float total = 0.0f;
   for (int64_t b = 0; b * block < k; ++b) {
