@@ -21,11 +21,10 @@ if ((${#files[@]} == 0)); then
 fi
 status=0
 
-# 1. clang-format on the changed lines.
-out=$(git clang-format --style=file --extensions h,cpp,cu,cuh,c --diff "$base" -- "${files[@]}" 2>&1 || true)
-if [ -n "$out" ] && ! grep -qE "^(no modified files to format|clang-format did not modify any files)$" <<<"$out"; then
-  echo "$out"
-  echo "check-style: the lines above are not formatted as .clang-format says; run: git clang-format $base"
+# 1. clang-format on the changed lines (rename-aware: a moved file is checked on its edits only).
+if ! python3 tools/check_format_changed.py "$base" "${files[@]}"; then
+  echo "check-style: the changes above are not formatted as .clang-format says; run clang-format on those lines"
+  echo "             (clang-format -i --lines=A:B FILE, or git clang-format $base for files that were not moved)"
   status=1
 else
   echo "check-style: clang-format clean on the lines changed since $base (${#files[@]} files)"

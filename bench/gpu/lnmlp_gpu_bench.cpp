@@ -24,9 +24,9 @@
 #include <vector>
 
 #include "block/gemm_roles.h"
+#include "common/error.h"
 #include "cuda/gemm_cublaslt.h"
 #include "cuda/gemm_plan.h"
-#include "common/error.h"
 #include "lnmlp.h"
 
 namespace {

@@ -7,13 +7,13 @@
 
 #include "args.h"
 #include "build_info.h"
-#include "engine_factory.h"
-#include "module/loader.h"
 #include "common/error.h"
-#include "handles.h"
-#include "nccl_communicator.h"
-#include "lnmlp.h"
+#include "engine_factory.h"
 #include "fp8_state.h"
+#include "handles.h"
+#include "lnmlp.h"
+#include "module/loader.h"
+#include "nccl_communicator.h"
 #include "plan.h"
 #include "plan/sharding.h"
 
@@ -151,9 +151,8 @@ LNMLP_API int32_t lnmlp_desc_set_norm(lnmlp_desc* desc, int32_t norm_type) {
 }
 
 LNMLP_API int32_t lnmlp_desc_set_zero_centered_gamma(lnmlp_desc* desc, int32_t enabled) {
-  return api_guard(__func__, [&] {
-    edit(desc, [&](Config& c) { c.zero_centered_gamma = as_bool(enabled, "enabled"); });
-  });
+  return api_guard(__func__,
+                   [&] { edit(desc, [&](Config& c) { c.zero_centered_gamma = as_bool(enabled, "enabled"); }); });
 }
 
 LNMLP_API int32_t lnmlp_desc_set_epsilon(lnmlp_desc* desc, float epsilon) {
@@ -170,12 +169,12 @@ LNMLP_API int32_t lnmlp_desc_set_activations(lnmlp_desc* desc, int32_t count, co
   return api_guard(__func__, [&] {
     edit(desc, [&](Config& c) {
       if (count != 1 && count != 2)
-        fail(LNMLP_ERROR_INVALID_ARGUMENT, "count must be 1 or 2 (the activation list has 1 or 2 entries), got ", count);
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "count must be 1 or 2 (the activation list has 1 or 2 entries), got ",
+             count);
       if (activations == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "activations is NULL");
       for (int32_t i = 0; i < count; ++i) {
         if (activations[i] < 0 || activations[i] >= numerics::kNumActs)
-          fail(LNMLP_ERROR_INVALID_ARGUMENT, "activations[", i, "] = ", activations[i],
-               " is not an LNMLP_ACT_* value");
+          fail(LNMLP_ERROR_INVALID_ARGUMENT, "activations[", i, "] = ", activations[i], " is not an LNMLP_ACT_* value");
         c.acts[i] = static_cast<Act>(activations[i]);
       }
       c.num_acts = count;
@@ -242,7 +241,8 @@ LNMLP_API int32_t lnmlp_desc_set_backend(lnmlp_desc* desc, int32_t backend, int3
 LNMLP_API int32_t lnmlp_desc_set_num_threads(lnmlp_desc* desc, int32_t num_threads) {
   return api_guard(__func__, [&] {
     edit(desc, [&](Config& c) {
-      if (num_threads < 0) fail(LNMLP_ERROR_INVALID_ARGUMENT, "num_threads must be >= 0 (0 = all cores), got ", num_threads);
+      if (num_threads < 0)
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "num_threads must be >= 0 (0 = all cores), got ", num_threads);
       c.num_threads = num_threads;
     });
   });
@@ -273,9 +273,11 @@ LNMLP_API int32_t lnmlp_desc_set_delayed_scaling(lnmlp_desc* desc, int32_t margi
                                                  int32_t amax_compute_algo) {
   return api_guard(__func__, [&] {
     edit(desc, [&](Config& c) {
-      if (margin < -126 || margin > 127) fail(LNMLP_ERROR_INVALID_ARGUMENT, "margin must be in [-126, 127], got ", margin);
+      if (margin < -126 || margin > 127)
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "margin must be in [-126, 127], got ", margin);
       if (amax_history_len < 1 || amax_history_len > kMaxAmaxHistory)
-        fail(LNMLP_ERROR_INVALID_ARGUMENT, "amax_history_len must be in [1, ", kMaxAmaxHistory, "], got ", amax_history_len);
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "amax_history_len must be in [1, ", kMaxAmaxHistory, "], got ",
+             amax_history_len);
       if (amax_compute_algo != LNMLP_AMAX_ALGO_MAX && amax_compute_algo != LNMLP_AMAX_ALGO_MOST_RECENT)
         fail(LNMLP_ERROR_INVALID_ARGUMENT, "amax_compute_algo must be LNMLP_AMAX_ALGO_MAX or _MOST_RECENT, got ",
              amax_compute_algo);
@@ -290,7 +292,8 @@ LNMLP_API int32_t lnmlp_desc_set_scaling_options(lnmlp_desc* desc, int32_t power
   return api_guard(__func__, [&] {
     edit(desc, [&](Config& c) {
       if (power_2_scale < -1 || power_2_scale > 1)
-        fail(LNMLP_ERROR_INVALID_ARGUMENT, "power_2_scale must be -1 (the recipe's default), 0 or 1, got ", power_2_scale);
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "power_2_scale must be -1 (the recipe's default), 0 or 1, got ",
+             power_2_scale);
       if (!std::isfinite(amax_epsilon) || amax_epsilon < 0.0f)
         fail(LNMLP_ERROR_INVALID_ARGUMENT, "amax_epsilon must be finite and >= 0, got ", amax_epsilon);
       c.fp8.power_2_scale = power_2_scale;
@@ -364,9 +367,8 @@ LNMLP_API int32_t lnmlp_comm_destroy(lnmlp_comm* comm) {
 }
 
 LNMLP_API int32_t lnmlp_desc_set_external_workspace(lnmlp_desc* desc, int32_t enabled) {
-  return api_guard(__func__, [&] {
-    edit(desc, [&](Config& c) { c.external_workspace = as_bool(enabled, "enabled"); });
-  });
+  return api_guard(__func__,
+                   [&] { edit(desc, [&](Config& c) { c.external_workspace = as_bool(enabled, "enabled"); }); });
 }
 
 /* ---- plan ---- */
@@ -439,7 +441,8 @@ LNMLP_API int32_t lnmlp_plan_attach_workspace(lnmlp_plan* plan, void* workspace,
     PlanUse use(plan);
     if (!plan->cfg.external_workspace)
       fail(LNMLP_ERROR_INVALID_ARGUMENT,
-           "this plan owns its workspace; enable lnmlp_desc_set_external_workspace before lnmlp_plan_create to attach your own");
+           "this plan owns its workspace; enable lnmlp_desc_set_external_workspace before lnmlp_plan_create to attach "
+           "your own");
     if (workspace == nullptr && plan->workspace_bytes > 0) fail(LNMLP_ERROR_NULL_POINTER, "workspace is NULL");
     if (bytes < plan->workspace_bytes)
       fail(LNMLP_ERROR_WORKSPACE_TOO_SMALL, "the workspace has ", bytes, " bytes, but this plan needs ",
@@ -454,7 +457,8 @@ LNMLP_API int32_t lnmlp_plan_attach_workspace(lnmlp_plan* plan, void* workspace,
 namespace {
 void require_workspace(const lnmlp_plan* plan) {
   if (plan->workspace == nullptr && plan->workspace_bytes > 0)
-    fail(LNMLP_ERROR_NO_WORKSPACE, "this plan uses external workspace and none is attached; call lnmlp_plan_attach_workspace with ",
+    fail(LNMLP_ERROR_NO_WORKSPACE,
+         "this plan uses external workspace and none is attached; call lnmlp_plan_attach_workspace with ",
          plan->workspace_bytes, " bytes first");
 }
 }  // namespace
@@ -477,8 +481,8 @@ LNMLP_API int32_t lnmlp_plan_backward(lnmlp_plan* plan, const void* dy, const vo
                                       void* dw2, void* db2, void* stream) {
   return api_guard(__func__, [&] {
     PlanUse use(plan);
-    const BackwardArgs args{dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta, dw1, db1, dw2, db2, stream,
-                            plan->fp8_state};
+    const BackwardArgs args{dy,     x,     gamma, beta, w1,  b1,  w2,     saved,          dx,
+                            dgamma, dbeta, dw1,   db1,  dw2, db2, stream, plan->fp8_state};
     check_backward_args(*plan, args);
     require_workspace(plan);
     plan->engine->backward(args, plan->workspace);

@@ -42,7 +42,8 @@ void check_tensors(const lnmlp_plan& plan, std::initializer_list<Tensor> list, c
   const size_t n = list.size();
   const int64_t elem = numerics::dtype_bytes(plan.cfg.dtype);
   for (const Tensor& t : list) {
-    if (t.required && !t.optional && t.ptr == nullptr) fail(LNMLP_ERROR_NULL_POINTER, t.name, " is NULL, but this plan needs it");
+    if (t.required && !t.optional && t.ptr == nullptr)
+      fail(LNMLP_ERROR_NULL_POINTER, t.name, " is NULL, but this plan needs it");
     if (!t.required && t.ptr != nullptr)
       fail(LNMLP_ERROR_INVALID_ARGUMENT, t.name, " must be NULL for this plan", t.why_null);
     if (t.ptr == nullptr) continue;

@@ -1,8 +1,8 @@
 // Checks of the pointers handed to forward / backward, before anything is written.
 #pragma once
 
-#include "plan/call_args.h"
 #include "plan.h"
+#include "plan/call_args.h"
 
 namespace lnmlp {
 

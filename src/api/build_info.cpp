@@ -12,9 +12,9 @@ namespace lnmlp {
 const char* build_info() {
   static const std::string info = std::string("lnmlp ") + std::to_string(LNMLP_VERSION_MAJOR) + "." +
                                   std::to_string(LNMLP_VERSION_MINOR) + "." + std::to_string(LNMLP_VERSION_PATCH) +
-                                  " (ABI " + std::to_string(LNMLP_ABI_VERSION) + "); CPU backend: " +
-                                  cpu::gemm_library_description() + "; CPU kernels: " +
-                                  cpu::cpu_kernels_description() + "; CUDA backend: " +
+                                  " (ABI " + std::to_string(LNMLP_ABI_VERSION) +
+                                  "); CPU backend: " + cpu::gemm_library_description() +
+                                  "; CPU kernels: " + cpu::cpu_kernels_description() + "; CUDA backend: " +
 #if defined(LNMLP_CUDA_MODULE_BUILT)
                                   "module liblnmlp_cuda.so.1 built (loaded on first use)"
 #else

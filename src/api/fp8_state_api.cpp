@@ -39,7 +39,8 @@ void require_quantizer(int32_t q) {
 // A scale the quantizers can use: finite and > 0.
 void check_scale(float s, int q) {
   if (!(std::isfinite(s) && s > 0.0f))
-    fail(LNMLP_ERROR_INVALID_ARGUMENT, "the scale of quantizer ", quantizer_name(q), " must be finite and > 0, got ", s);
+    fail(LNMLP_ERROR_INVALID_ARGUMENT, "the scale of quantizer ", quantizer_name(q), " must be finite and > 0, got ",
+         s);
 }
 
 // An amax as a pass records it: >= 0, +inf or NaN.
@@ -155,7 +156,8 @@ LNMLP_API int32_t lnmlp_plan_import_state(lnmlp_plan* plan, const void* blob, in
     PlanUse use(plan);
     const int64_t need = blob_bytes(*plan);
     if (need == 0) {
-      if (bytes != 0) fail(LNMLP_ERROR_INVALID_ARGUMENT, "this plan's recipe keeps no quantizer state; the blob must be empty");
+      if (bytes != 0)
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "this plan's recipe keeps no quantizer state; the blob must be empty");
       return;
     }
     if (blob == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "blob is NULL");
@@ -166,14 +168,16 @@ LNMLP_API int32_t lnmlp_plan_import_state(lnmlp_plan* plan, const void* blob, in
     if (std::memcmp(h.magic, kBlobMagic, sizeof h.magic) != 0)
       fail(LNMLP_ERROR_INVALID_ARGUMENT, "the blob is not an lnmlp quantizer state (bad magic)");
     if (h.version != kBlobVersion)
-      fail(LNMLP_ERROR_INVALID_ARGUMENT, "the blob's version is ", h.version, "; this library reads version ", kBlobVersion);
+      fail(LNMLP_ERROR_INVALID_ARGUMENT, "the blob's version is ", h.version, "; this library reads version ",
+           kBlobVersion);
     if (h.recipe != static_cast<int32_t>(plan->recipe.recipe) || h.quantizers != kQuantizerCount)
       fail(LNMLP_ERROR_INVALID_ARGUMENT, "the blob holds the state of recipe ", h.recipe, ", not this plan's ",
            static_cast<int32_t>(plan->recipe.recipe));
     if (h.history_len != plan->recipe.history_len)
       fail(LNMLP_ERROR_INVALID_ARGUMENT, "the blob's amax history has ", h.history_len, " entries, this plan's ",
            plan->recipe.history_len);
-    if (bytes != need) fail(LNMLP_ERROR_INVALID_ARGUMENT, "the blob has ", bytes, " bytes; a state of this plan has ", need);
+    if (bytes != need)
+      fail(LNMLP_ERROR_INVALID_ARGUMENT, "the blob has ", bytes, " bytes; a state of this plan has ", need);
     std::vector<float> s(static_cast<size_t>(plan->recipe.state_floats()));
     std::memcpy(s.data(), static_cast<const char*>(blob) + sizeof h, s.size() * sizeof(float));
     const int64_t stride = plan->recipe.state_stride();

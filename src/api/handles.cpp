@@ -51,7 +51,8 @@ void register_plan(lnmlp_plan* p) {
 void unregister_plan(const lnmlp_plan* p) {
   std::lock_guard<std::mutex> lock(registry().mutex);
   if (registry().plans.count(p) == 0) invalid("plan", p);
-  if (p->busy.load()) fail(LNMLP_ERROR_PLAN_BUSY, "the plan is running on another thread; destroy it after that call returns");
+  if (p->busy.load())
+    fail(LNMLP_ERROR_PLAN_BUSY, "the plan is running on another thread; destroy it after that call returns");
   registry().plans.erase(p);
 }
 

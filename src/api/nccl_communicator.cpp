@@ -5,10 +5,10 @@
 #include <string>
 
 #include "comm/comm.h"
-#include "module/table.h"
-#include "module/loader.h"
-#include "nccl_communicator.h"
 #include "common/error.h"
+#include "module/loader.h"
+#include "module/table.h"
+#include "nccl_communicator.h"
 
 namespace lnmlp {
 namespace {
@@ -64,8 +64,8 @@ std::shared_ptr<Communicator> make_nccl_communicator(const void* nccl_comm) {
   try {
     t = &cuda_module_table();
   } catch (const Error& e) {
-    fail(LNMLP_ERROR_NOT_SUPPORTED, "the NCCL communicator runs in the CUDA backend module, which is unavailable: ",
-         e.what());
+    fail(LNMLP_ERROR_NOT_SUPPORTED,
+         "the NCCL communicator runs in the CUDA backend module, which is unavailable: ", e.what());
   }
   if (t->nccl_built == 0)
     fail(LNMLP_ERROR_NOT_SUPPORTED,

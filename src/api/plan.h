@@ -20,7 +20,7 @@ struct lnmlp_comm {
 };
 
 struct lnmlp_plan {
-  lnmlp::Config cfg;  // the shard's (sharding.h)
+  lnmlp::Config cfg;                          // the shard's (sharding.h)
   std::shared_ptr<lnmlp::Communicator> comm;  // cfg.shard.comm's owner
   lnmlp::SavedLayout saved;
   lnmlp::ResolvedRecipe recipe;

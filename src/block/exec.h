@@ -83,9 +83,9 @@ enum class ColumnSum : int32_t { Db2 = 0, Db1, Dgamma, Dbeta };
 
 // Where a per-tensor scale comes from (DESIGN section 2), for tensor_scale.
 struct TensorScale {
-  const float* given = nullptr;        // forward's scale (saved), so backward re-quantizes to its codes
-  const float* state_scale = nullptr;  // delayed scaling: the state's scale
-  const uint32_t* amax_bits = nullptr; // current scaling: the tensor's amax
+  const float* given = nullptr;         // forward's scale (saved), so backward re-quantizes to its codes
+  const float* state_scale = nullptr;   // delayed scaling: the state's scale
+  const uint32_t* amax_bits = nullptr;  // current scaling: the tensor's amax
   float fmt_max = 0.0f;
   bool power_2_scale = false;
   float amax_epsilon = 0.0f;
@@ -258,8 +258,8 @@ class Exec {
   virtual void do_quantize_codes(int quantizer, const Mat& x, const QuantScalars* scale, uint8_t* codes) = 0;
   virtual Operand do_gathered_operands(int quantizer, const uint8_t* codes, int64_t rows, int64_t cols,
                                        const QuantScalars* scale, uint8_t* saved_codes, void* slot) = 0;
-  virtual Operand do_saved_operand(int quantizer, const uint8_t* codes, const void* scales, int64_t rows,
-                                   int64_t cols, const QuantScalars* scale, void* slot) = 0;
+  virtual Operand do_saved_operand(int quantizer, const uint8_t* codes, const void* scales, int64_t rows, int64_t cols,
+                                   const QuantScalars* scale, void* slot) = 0;
   virtual void do_delayed_update(int quantizer, float* state_q, const uint32_t* amax_bits) = 0;
   virtual void do_gemm(GemmRole role, const Operand& a, const Operand& b, const Mat& out, const void* bias) = 0;
 

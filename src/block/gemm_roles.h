@@ -37,8 +37,8 @@ struct GemmSpec {
   int64_t m, n, k;
   bool trans_a, trans_b;
   int quantizer_a, quantizer_b;  // plan/fp8_recipe.h's Quantizer of each side
-  bool out_f32;  // C in fp32: dact, dn, and GEMM2's partial sums when sharded; else the I/O dtype
-  bool bias;     // GEMM1 adds b1; GEMM2 adds b2 unless sharded (then after the group's sum)
+  bool out_f32;                  // C in fp32: dact, dn, and GEMM2's partial sums when sharded; else the I/O dtype
+  bool bias;                     // GEMM1 adds b1; GEMM2 adds b2 unless sharded (then after the group's sum)
 
   // Which representation of a quantized side this GEMM reads.
   bool a_columnwise() const { return trans_a; }

@@ -38,8 +38,8 @@ struct Pass {
   const int64_t T, Tn, H, F, AF;
   const DType D;
   const bool quantized, sp;
-  QuantScalars* sc = nullptr;           // per quantizer, FP8 recipes
-  float* used_scales = nullptr;         // forward: where the scales it uses are saved for backward
+  QuantScalars* sc = nullptr;             // per quantizer, FP8 recipes
+  float* used_scales = nullptr;           // forward: where the scales it uses are saved for backward
   const float* forward_scales = nullptr;  // backward: those scales
 
   Mat io(const void* p, int64_t rows, int64_t cols) const { return mat(p, D, rows, cols); }
@@ -94,8 +94,8 @@ void own_scale(Pass& p, int q, const Mat& x) {
 // Backward: the scale forward used for quantizer q (saved), so a re-quantization gives its codes.
 void forward_scale(Pass& p, int q) {
   QuantScalars* s = p.scalars(q);
-  p.x.tensor_scale({offset(p.forward_scales, q), nullptr, nullptr, 1.0f, false, 0.0f,
-                    s != nullptr ? &s->scale : nullptr, nullptr});
+  p.x.tensor_scale(
+      {offset(p.forward_scales, q), nullptr, nullptr, 1.0f, false, 0.0f, s != nullptr ? &s->scale : nullptr, nullptr});
 }
 
 enum class ScaleFrom { Own, Forward };
@@ -121,8 +121,15 @@ Quantized operands(Pass& p, int q, const Mat& t, bool rowwise, bool columnwise, 
     if (from == ScaleFrom::Own) own_scale(p, q, t);
     else forward_scale(p, q);
   }
-  const QuantizeCall call{q,    t, rowwise, columnwise || save.present, p.r.per_tensor() ? p.scalars(q) : nullptr,
-                          save.present, save.codes, save.scales};
+  QuantizeCall call;
+  call.quantizer = q;
+  call.x = t;
+  call.rowwise = rowwise;
+  call.columnwise = columnwise || save.present;
+  call.scale = p.r.per_tensor() ? p.scalars(q) : nullptr;
+  call.save_columnwise = save.present;
+  call.saved_codes = save.codes;
+  call.saved_scales = save.scales;
   return p.x.quantize(call, p.slot(p.x.quantize_bytes(call), quantizer_name(q)));
 }
 

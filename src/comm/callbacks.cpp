@@ -29,8 +29,8 @@ class CallbackCommunicator final : public Communicator {
   void call(lnmlp_comm_fn fn, const char* name, const void* s, void* r, int64_t n, CommType t, void* st) {
     const int32_t status = fn(s, r, n, static_cast<int32_t>(t), t_.user, st);
     if (status != 0)
-      fail(LNMLP_ERROR_BACKEND, "the communicator's ", name, " callback returned ", status, " (rank ", t_.rank,
-           " of ", t_.size, ")");
+      fail(LNMLP_ERROR_BACKEND, "the communicator's ", name, " callback returned ", status, " (rank ", t_.rank, " of ",
+           t_.size, ")");
   }
   lnmlp_comm_callbacks t_;
 };
@@ -49,7 +49,8 @@ std::shared_ptr<Communicator> make_callback_communicator(const lnmlp_comm_callba
              {t.all_reduce_sum, "all_reduce_sum"},
              {t.all_reduce_max, "all_reduce_max"}};
   for (const auto& f : fns)
-    if (f.fn == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "table->", f.name, " is NULL; all four collectives are required");
+    if (f.fn == nullptr)
+      fail(LNMLP_ERROR_NULL_POINTER, "table->", f.name, " is NULL; all four collectives are required");
   return std::make_shared<CallbackCommunicator>(t);
 }
 

@@ -23,7 +23,7 @@ constexpr CommType comm_type(numerics::DType d) {
 enum class CommKind : int32_t { Callbacks = 0, Mpi = 1, Nccl = 2 };
 
 constexpr const char* comm_kind_name(CommKind k) {
-  return k == CommKind::Nccl ? "an NCCL communicator (lnmlp_comm_create_nccl)"
+  return k == CommKind::Nccl  ? "an NCCL communicator (lnmlp_comm_create_nccl)"
          : k == CommKind::Mpi ? "an MPI communicator (lnmlp_comm_create_mpi)"
                               : "a callback communicator (lnmlp_comm_create_callbacks)";
 }

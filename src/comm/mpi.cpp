@@ -57,8 +57,12 @@ class MpiCommunicator final : public Communicator {
     check(MPI_Reduce_scatter_block(s, r, as_int(n), mpi_type(t), sum_or_max(t, MPI_SUM, "a sum"), comm_),
           "MPI_Reduce_scatter_block");
   }
-  void all_reduce_sum(const void* s, void* r, int64_t n, CommType t, void*) override { all_reduce(s, r, n, t, MPI_SUM); }
-  void all_reduce_max(const void* s, void* r, int64_t n, CommType t, void*) override { all_reduce(s, r, n, t, MPI_MAX); }
+  void all_reduce_sum(const void* s, void* r, int64_t n, CommType t, void*) override {
+    all_reduce(s, r, n, t, MPI_SUM);
+  }
+  void all_reduce_max(const void* s, void* r, int64_t n, CommType t, void*) override {
+    all_reduce(s, r, n, t, MPI_MAX);
+  }
 
  private:
   void all_reduce(const void* s, void* r, int64_t n, CommType t, MPI_Op op) {

@@ -25,8 +25,8 @@ using block::ColumnSum;
 using block::GemmRole;
 using block::Mat;
 using block::Operand;
-using block::QuantScalars;
 using block::Quantized;
+using block::QuantScalars;
 
 // Calls fn(std::bool_constant<Gated>, f0, f1) with the activation pair compiled in where it is
 // common, so the row kernels do not switch per element.
@@ -188,10 +188,12 @@ class CpuExec final : public block::Exec {
         constexpr bool G = decltype(gated)::value;
         parallel_chunks(threads_, chunks_, h.rows, [&](int64_t r0, int64_t r1, int ch) {
           float* part = db1 != nullptr ? db1 + ch * AF : nullptr;
-          if (round_to_io)  // the GEMM's operand: D, or fp32 holding D's values (f16)
-            act_backward_rows<D, G, true>(c_.ffn, r0, r1, f0, f1, dact, typed<const S>(h), typed<operand_t<D>>(dh), part);
-          else
-            act_backward_rows<D, G, false>(c_.ffn, r0, r1, f0, f1, dact, typed<const S>(h), typed<float>(dh), part);
+          const auto* hs = typed<const S>(h);
+          if (round_to_io) {  // the GEMM's operand: D, or fp32 holding D's values (f16)
+            act_backward_rows<D, G, true>(c_.ffn, r0, r1, f0, f1, dact, hs, typed<operand_t<D>>(dh), part);
+          } else {
+            act_backward_rows<D, G, false>(c_.ffn, r0, r1, f0, f1, dact, hs, typed<float>(dh), part);
+          }
         });
       });
     });
@@ -246,7 +248,8 @@ class CpuExec final : public block::Exec {
 
   void do_tensor_scale(const block::TensorScale& s) override {
     const float amax = s.amax_bits != nullptr ? numerics::amax_from_bits(*s.amax_bits) : 0.0f;
-    const float scale = numerics::per_tensor_scale(s.given, s.state_scale, amax, s.fmt_max, s.power_2_scale, s.amax_epsilon);
+    const float scale =
+        numerics::per_tensor_scale(s.given, s.state_scale, amax, s.fmt_max, s.power_2_scale, s.amax_epsilon);
     s.out[0] = scale;
     s.out[1] = 1.0f / scale;
     if (s.used != nullptr) *s.used = scale;
@@ -311,9 +314,9 @@ class CpuExec final : public block::Exec {
   }
 
   void do_delayed_update(int q, float* state_q, const uint32_t* amax_bits) override {
-    state_q[0] = numerics::delayed_record_and_update(state_q + 1, r_.history_len, numerics::amax_from_bits(*amax_bits),
-                                                     state_q[0], r_.amax_max, numerics::fp8_max(r_.formats[q]),
-                                                     r_.margin);
+    state_q[0] =
+        numerics::delayed_record_and_update(state_q + 1, r_.history_len, numerics::amax_from_bits(*amax_bits),
+                                            state_q[0], r_.amax_max, numerics::fp8_max(r_.formats[q]), r_.margin);
   }
 
   // ---- GEMM ----

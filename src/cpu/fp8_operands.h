@@ -11,12 +11,12 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "plan/fp8_recipe.h"
-#include "numerics/dtype.h"
-#include "numerics/quantize.h"
 #include "gemm.h"
 #include "gemm_plan.h"
+#include "numerics/dtype.h"
+#include "numerics/quantize.h"
 #include "parallel.h"
+#include "plan/fp8_recipe.h"
 
 namespace lnmlp::cpu {
 inline namespace LNMLP_CPU_ISA {

@@ -42,7 +42,8 @@ inline CpuGemm cpu_gemm(const block::GemmSpec& s, const Config& c) {
   const ResolvedRecipe r = resolve_recipe(c.fp8);
   const bool quantized = r.recipe != Recipe::None;
   const GemmType io = c.dtype == DType::BF16 ? GemmType::BF16 : GemmType::F32;
-  const GemmType in = quantized ? fp8_operand_type(r) : (operand_type(c.dtype) == DType::BF16 ? GemmType::BF16 : GemmType::F32);
+  const GemmType in =
+      quantized ? fp8_operand_type(r) : (operand_type(c.dtype) == DType::BF16 ? GemmType::BF16 : GemmType::F32);
   const bool staged = !s.out_f32 && (quantized || c.dtype == DType::F16);
   const GemmType out = s.out_f32 || staged ? GemmType::F32 : io;
   return {{s.m, s.n, s.k, s.trans_a, s.trans_b, in, out, s.bias && !staged}, staged};

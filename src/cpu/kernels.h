@@ -202,7 +202,8 @@ void ffn1_act_rows(int64_t F, int64_t r0, int64_t r1, const F0& f0, const F1& f1
 // With RoundDh false, dh is written unrounded in fp32 (FP8 recipes quantize that).
 template <DType D, bool Gated, bool RoundDh = true, typename F0, typename F1>
 void act_backward_rows(int64_t F, int64_t r0, int64_t r1, const F0& f0, const F1& f1, const float* dact,
-                       const storage_t<D>* h, std::conditional_t<RoundDh, operand_t<D>, float>* dh, float* db1_partial) {
+                       const storage_t<D>* h, std::conditional_t<RoundDh, operand_t<D>, float>* dh,
+                       float* db1_partial) {
   using DhT = std::conditional_t<RoundDh, operand_t<D>, float>;
   auto out = [](float v) -> DhT {
     if constexpr (RoundDh) return to_operand<D>(v);

@@ -22,8 +22,8 @@ using block::ColumnSum;
 using block::GemmRole;
 using block::Mat;
 using block::Operand;
-using block::QuantScalars;
 using block::Quantized;
+using block::QuantScalars;
 
 // cuBLASLt workspace offered to the heuristic (32 MiB is what NVIDIA recommends for Hopper).
 constexpr int64_t kMaxGemmWorkspace = int64_t{32} << 20;
@@ -37,8 +37,9 @@ class CudaExec final : public block::Exec {
     if (native_) {
       for (int64_t d : {c_.tokens, c_.hidden, c_.ffn, c_.act_width()})
         if (d % kFp8GemmDimMultiple != 0)
-          fail(LNMLP_ERROR_NOT_SUPPORTED, "FP8 GEMMs on the GPU need tokens, hidden, ffn and A x ffn to be multiples of ",
-               kFp8GemmDimMultiple, " (got ", c_.tokens, ", ", c_.hidden, ", ", c_.ffn, ", ", c_.act_width(),
+          fail(LNMLP_ERROR_NOT_SUPPORTED,
+               "FP8 GEMMs on the GPU need tokens, hidden, ffn and A x ffn to be multiples of ", kFp8GemmDimMultiple,
+               " (got ", c_.tokens, ", ", c_.hidden, ", ", c_.ffn, ", ", c_.act_width(),
                "); pad the shape, or use LNMLP_RECIPE_NONE");
     }
     chunk_h_ = column_chunking(c_.rows(), c_.hidden);  // dgamma, dbeta, db2: over this rank's rows
@@ -84,7 +85,8 @@ class CudaExec final : public block::Exec {
   void release(void* p) noexcept override {
     if (p == nullptr) return;
     int prev = 0;
-    const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device_ && cudaSetDevice(device_) == cudaSuccess;
+    const bool switched =
+        cudaGetDevice(&prev) == cudaSuccess && prev != device_ && cudaSetDevice(device_) == cudaSuccess;
     cudaFree(p);
     if (switched) cudaSetDevice(prev);
   }
@@ -151,7 +153,9 @@ class CudaExec final : public block::Exec {
   Operand do_plain(const Mat& m, void*) override { return {m.data, nullptr}; }
 
   // ---- FP8 ----
-  void do_amax(const Mat& x, uint32_t* amax_bits) override { fp8_amax(x.type, x.data, x.rows * x.cols, amax_bits, st_); }
+  void do_amax(const Mat& x, uint32_t* amax_bits) override {
+    fp8_amax(x.type, x.data, x.rows * x.cols, amax_bits, st_);
+  }
   void do_tensor_scale(const block::TensorScale& s) override {
     fp8_per_tensor_scale(s.given, s.state_scale, s.amax_bits, s.fmt_max, s.power_2_scale, s.amax_epsilon, s.out, s.used,
                          st_);
@@ -333,8 +337,8 @@ int device_count() {
 std::unique_ptr<block::Exec> make_cuda_exec(const Config& cfg) {
   const int n = device_count();
   if (cfg.device >= n)
-    fail(LNMLP_ERROR_NOT_SUPPORTED, "CUDA device ", cfg.device, " does not exist: this machine has ", n,
-         " CUDA device", n == 1 ? "" : "s", " (ordinals 0 to ", n - 1, "); pass one of them to lnmlp_desc_set_backend");
+    fail(LNMLP_ERROR_NOT_SUPPORTED, "CUDA device ", cfg.device, " does not exist: this machine has ", n, " CUDA device",
+         n == 1 ? "" : "s", " (ordinals 0 to ", n - 1, "); pass one of them to lnmlp_desc_set_backend");
   if (cfg.shard.comm != nullptr && nccl_device(*cfg.shard.comm) != cfg.device)
     fail(LNMLP_ERROR_INVALID_ARGUMENT, "the NCCL communicator (rank ", cfg.shard.comm->rank(), ") is on CUDA device ",
          nccl_device(*cfg.shard.comm), " but the plan is on device ", cfg.device,

@@ -2,9 +2,9 @@
 // formulas and the dtype and activation dispatch are src/numerics/'s.
 #pragma once
 
+#include "kernels.h"
 #include "numerics/activation.h"
 #include "numerics/dtype.h"
-#include "kernels.h"
 
 namespace lnmlp::cuda {
 

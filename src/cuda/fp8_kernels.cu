@@ -1,11 +1,11 @@
 // FP8 kernels of the CUDA backend (see fp8_kernels.h). The scale arithmetic and the casts are
 // src/numerics/scaling.h's and fp8.h's; the block layouts are the CPU backend's, so the codes and
 // scales a plan saves are the same bits on both backends.
+#include "device_util.cuh"
+#include "fp8_kernels.h"
 #include "numerics/fp8.h"
 #include "numerics/quantize.h"
 #include "numerics/scaling.h"
-#include "device_util.cuh"
-#include "fp8_kernels.h"
 
 namespace lnmlp::cuda {
 namespace {
@@ -144,7 +144,8 @@ template <DType D, Fp8Format F> __global__ void __launch_bounds__(kThreads)
   for (int64_t band = blockIdx.y; band * b < rows; band += gridDim.y) {
     const int64_t r0 = band * b, r1 = r0 + b < rows ? r0 + b : rows;
     uint32_t m = 0;
-    for (int64_t r = r0; r < r1; ++r) m = numerics::amax_bits_max(m, numerics::magnitude_bits(load<D>(x[r * cols + c])));
+    for (int64_t r = r0; r < r1; ++r)
+      m = numerics::amax_bits_max(m, numerics::magnitude_bits(load<D>(x[r * cols + c])));
     const numerics::BlockScaleChoice ch = sc.choose(numerics::amax_from_bits(m));
     sc.store(scales, band * cols + c, ch);
     for (int64_t r = r0; r < r1; ++r)
@@ -287,7 +288,7 @@ void fp8_decode_operand(const QuantKind& k, const uint8_t* codes, const void* sc
 }
 
 void bias_round(DType d, const float* acc, int64_t rows, int64_t cols, const void* bias, void* out,
-                    cudaStream_t stream) {
+                cudaStream_t stream) {
   with_dtype(d, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     bias_round_kernel<D><<<flat_grid(rows * cols), kThreads, 0, stream>>>(

@@ -54,6 +54,6 @@ void fp8_decode_operand(const QuantKind& k, const uint8_t* codes, const void* sc
 // out [rows, cols] = rnd_D(acc + bias[col]) (bias NULL: none): the epilogue of a GEMM whose result
 // was staged in fp32, or of a collective.
 void bias_round(DType d, const float* acc, int64_t rows, int64_t cols, const void* bias, void* out,
-                    cudaStream_t stream);
+                cudaStream_t stream);
 
 }  // namespace lnmlp::cuda

@@ -64,8 +64,10 @@ LtGemm::LtGemm(cublasLtHandle_t handle, const LtShape& s, int64_t max_workspace,
       set_attr(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type,
                "cublasLtMatmulDescSetAttribute(BIAS_DATA_TYPE)");
       // The heuristic reads the bias pointer's alignment: offer the least aligned one the API
-      // accepts (kGemmPointerAlignment), so the algorithm works for every bias. Never read.
-      const void* representative = reinterpret_cast<const void*>(static_cast<uintptr_t>(kGemmPointerAlignment));
+      // accepts (kGemmPointerAlignment bytes, not more), so the algorithm works for every bias.
+      // Never read.
+      alignas(256) static const char kBiasAlignment[256 + kGemmPointerAlignment] = {};
+      const void* representative = kBiasAlignment + kGemmPointerAlignment;
       set_attr(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &representative, sizeof representative,
                "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
     }
@@ -120,7 +122,8 @@ void LtGemm::destroy() noexcept {
 void LtGemm::run(const void* a, const void* b, const void* bias, void* c, void* workspace, cudaStream_t stream,
                  const float* a_scale_inv, const float* b_scale_inv) {
   if (shape_.bias)
-    set_attr(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias, "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
+    set_attr(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias,
+             "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
   // cuBLAS's A is our b, its B our a.
   if (is_fp8(shape_.b))
     set_attr(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv, sizeof b_scale_inv,

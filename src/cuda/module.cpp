@@ -4,10 +4,10 @@
 #include <cstring>
 #include <new>
 
-#include "module/table.h"
-#include "common/error.h"
 #include "block/engine.h"
+#include "common/error.h"
 #include "cuda_exec.h"
+#include "module/table.h"
 #include "nccl_comm.h"
 
 struct lnmlp_cuda_engine {

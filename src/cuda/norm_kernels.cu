@@ -1,7 +1,7 @@
 // LayerNorm / RMSNorm forward and the row part of backward (dx): one block per row, fp32
 // statistics with deterministic block sums, the arithmetic from src/numerics/norm.h.
-#include "numerics/norm.h"
 #include "device_util.cuh"
+#include "numerics/norm.h"
 
 namespace lnmlp::cuda {
 namespace {

@@ -7,13 +7,12 @@
 
 #include <string>
 
+#include "common/error.h"
 #include "plan/call_args.h"
 #include "table.h"
-#include "common/error.h"
 
 namespace lnmlp {
 namespace {
-
 
 constexpr int64_t kMsgCap = 1024;
 
@@ -24,7 +23,8 @@ struct Module {
 
 std::string directory_of_this_library() {
   Dl_info info{};
-  if (dladdr(reinterpret_cast<const void*>(&cuda_feature_supported), &info) == 0 || info.dli_fname == nullptr) return "";
+  if (dladdr(reinterpret_cast<const void*>(&cuda_feature_supported), &info) == 0 || info.dli_fname == nullptr)
+    return "";
   const std::string path(info.dli_fname);
   const size_t slash = path.rfind('/');
   return slash == std::string::npos ? "" : path.substr(0, slash + 1);

@@ -29,7 +29,7 @@
 extern "C" {
 
 typedef struct lnmlp_cuda_engine lnmlp_cuda_engine;  // opaque, owned by the module
-typedef struct lnmlp_cuda_comm lnmlp_cuda_comm;        // opaque, an NCCL communicator of the module
+typedef struct lnmlp_cuda_comm lnmlp_cuda_comm;      // opaque, an NCCL communicator of the module
 
 // The collectives of lnmlp_cuda_module_table::nccl_collective (lnmlp::Communicator's four).
 enum {
@@ -52,8 +52,7 @@ typedef struct lnmlp_cuda_module_table {
   void (*destroy)(lnmlp_cuda_engine* b);
   int32_t (*workspace_bytes)(const lnmlp_cuda_engine* b, int64_t* bytes, char* msg, int64_t msg_cap);
   int32_t (*alignment)(const lnmlp_cuda_engine* b, int64_t* bytes, char* msg, int64_t msg_cap);
-  int32_t (*forward)(lnmlp_cuda_engine* b, const lnmlp::ForwardArgs* args, void* workspace, char* msg,
-                     int64_t msg_cap);
+  int32_t (*forward)(lnmlp_cuda_engine* b, const lnmlp::ForwardArgs* args, void* workspace, char* msg, int64_t msg_cap);
   int32_t (*backward)(lnmlp_cuda_engine* b, const lnmlp::BackwardArgs* args, void* workspace, char* msg,
                       int64_t msg_cap);
   int32_t (*allocate)(lnmlp_cuda_engine* b, int64_t bytes, void** out, char* msg, int64_t msg_cap);
@@ -66,13 +65,13 @@ typedef struct lnmlp_cuda_module_table {
   int32_t nccl_built;
   // A communicator over *(const ncclComm_t*)nccl_comm (used as given, not duplicated or
   // destroyed): its size, rank and CUDA device. NOT_SUPPORTED without NCCL or a GPU.
-  int32_t (*nccl_create)(const void* nccl_comm, lnmlp_cuda_comm** out, int32_t* size, int32_t* rank,
-                         int32_t* device, char* msg, int64_t msg_cap);
+  int32_t (*nccl_create)(const void* nccl_comm, lnmlp_cuda_comm** out, int32_t* size, int32_t* rank, int32_t* device,
+                         char* msg, int64_t msg_cap);
   void (*nccl_destroy)(lnmlp_cuda_comm* c);
   // One LNMLP_CUDA_* collective over device buffers, enqueued on `stream` (a cudaStream_t); type
   // is an lnmlp::CommType, count as in lnmlp::Communicator.
-  int32_t (*nccl_collective)(lnmlp_cuda_comm* c, int32_t op, const void* send, void* recv, int64_t count,
-                             int32_t type, void* stream, char* msg, int64_t msg_cap);
+  int32_t (*nccl_collective)(lnmlp_cuda_comm* c, int32_t op, const void* send, void* recv, int64_t count, int32_t type,
+                             void* stream, char* msg, int64_t msg_cap);
 } lnmlp_cuda_module_table;
 
 typedef const lnmlp_cuda_module_table* (*lnmlp_cuda_module_entry_fn)(void);

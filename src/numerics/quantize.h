@@ -127,20 +127,19 @@ template <typename Fn> LNMLP_HOST_INLINE void for_each_row_block(int64_t rows, i
 // codes [rows, cols] and scale_inv[rows, num_blocks(cols, block)] = 1 / scale.
 template <Fp8Format F>
 LNMLP_HOST_INLINE void quantize_rows_blocked(const float* in, int64_t rows, int64_t cols, int64_t block,
-                                  bool power_2_scale, float amax_epsilon, uint8_t* codes,
-                                  float* scale_inv) {
+                                             bool power_2_scale, float amax_epsilon, uint8_t* codes, float* scale_inv) {
   for_each_row_block(rows, cols, block, [&](int64_t i, int64_t off, int64_t w) {
-    const BlockScaleChoice b = choose_block_scale(amax_of(in + off, w), Fp8Traits<F>::max, false, power_2_scale,
-                                                  amax_epsilon);
+    const BlockScaleChoice b =
+        choose_block_scale(amax_of(in + off, w), Fp8Traits<F>::max, false, power_2_scale, amax_epsilon);
     scale_inv[i] = b.scale_inv;
     quantize_tensor<F>(in + off, w, b.scale, codes + off);
   });
 }
 
 // out = codes * scale_inv of the element's block.
-template <Fp8Format F>
-LNMLP_HOST_INLINE void dequantize_rows_blocked(const uint8_t* codes, int64_t rows, int64_t cols, int64_t block,
-                                    const float* scale_inv, float* out) {
+template <Fp8Format F> LNMLP_HOST_INLINE void dequantize_rows_blocked(const uint8_t* codes, int64_t rows, int64_t cols,
+                                                                      int64_t block, const float* scale_inv,
+                                                                      float* out) {
   for_each_row_block(rows, cols, block, [&](int64_t i, int64_t off, int64_t w) {
     dequantize_tensor<F>(codes + off, w, scale_inv[i], out + off);
   });
@@ -173,9 +172,9 @@ LNMLP_HOST_INLINE void column_amax(const float* in, int64_t cols, int64_t r0, in
 
 // Quantizes rows [r0, r0 + h) of band rb: scale per column from amax_bits (work space, cols
 // entries, reused for the scales' bit patterns).
-template <Fp8Format F>
-LNMLP_HOST_INLINE void quantize_cols_band(const float* in, int64_t cols, int64_t rb, int64_t r0, int64_t h, bool power_2_scale,
-                               float amax_epsilon, uint8_t* codes, float* scale_inv, uint32_t* work) {
+template <Fp8Format F> LNMLP_HOST_INLINE void quantize_cols_band(const float* in, int64_t cols, int64_t rb, int64_t r0,
+                                                                 int64_t h, bool power_2_scale, float amax_epsilon,
+                                                                 uint8_t* codes, float* scale_inv, uint32_t* work) {
   column_amax(in, cols, r0, h, work);
   for (int64_t c = 0; c < cols; ++c) {
     const BlockScaleChoice b =
@@ -191,9 +190,9 @@ LNMLP_HOST_INLINE void quantize_cols_band(const float* in, int64_t cols, int64_t
 
 // mxfp8 down the columns: E8M0 scale bytes [num_blocks(rows, block), cols], as quantize_mxfp8_rows
 // gives the transpose.
-template <Fp8Format F>
-LNMLP_HOST_INLINE void quantize_mxfp8_cols_band(const float* in, int64_t cols, int64_t rb, int64_t r0, int64_t h,
-                                     uint8_t* codes, uint8_t* scale_e8m0, uint32_t* work) {
+template <Fp8Format F> LNMLP_HOST_INLINE void quantize_mxfp8_cols_band(const float* in, int64_t cols, int64_t rb,
+                                                                       int64_t r0, int64_t h, uint8_t* codes,
+                                                                       uint8_t* scale_e8m0, uint32_t* work) {
   column_amax(in, cols, r0, h, work);
   for (int64_t c = 0; c < cols; ++c) {
     const BlockScaleChoice b = choose_block_scale(amax_from_bits(work[c]), Fp8Traits<F>::max, true, false, 0.0f);
@@ -210,10 +209,9 @@ LNMLP_HOST_INLINE void quantize_mxfp8_cols_band(const float* in, int64_t cols, i
 
 // Quantizes in [rows, cols] in block_rows x block_cols tiles (edge tiles partial), one amax and
 // scale per tile as above; scale_inv [num_blocks(rows, block_rows), num_blocks(cols, block_cols)].
-template <Fp8Format F>
-LNMLP_HOST_INLINE void quantize_tiles(const float* in, int64_t rows, int64_t cols, int64_t block_rows,
-                           int64_t block_cols, bool power_2_scale, float amax_epsilon,
-                           uint8_t* codes, float* scale_inv) {
+template <Fp8Format F> LNMLP_HOST_INLINE void quantize_tiles(const float* in, int64_t rows, int64_t cols,
+                                                             int64_t block_rows, int64_t block_cols, bool power_2_scale,
+                                                             float amax_epsilon, uint8_t* codes, float* scale_inv) {
   const int64_t nbr = num_blocks(rows, block_rows), nbc = num_blocks(cols, block_cols);
   for (int64_t br = 0; br < nbr; ++br) {
     const int64_t r0 = br * block_rows;
@@ -230,9 +228,9 @@ LNMLP_HOST_INLINE void quantize_tiles(const float* in, int64_t rows, int64_t col
   }
 }
 
-template <Fp8Format F>
-LNMLP_HOST_INLINE void dequantize_tiles(const uint8_t* codes, int64_t rows, int64_t cols, int64_t block_rows,
-                             int64_t block_cols, const float* scale_inv, float* out) {
+template <Fp8Format F> LNMLP_HOST_INLINE void dequantize_tiles(const uint8_t* codes, int64_t rows, int64_t cols,
+                                                               int64_t block_rows, int64_t block_cols,
+                                                               const float* scale_inv, float* out) {
   const int64_t nbc = num_blocks(cols, block_cols);
   for (int64_t r = 0; r < rows; ++r) {
     const float* s = scale_inv + (r / block_rows) * nbc;
@@ -253,9 +251,9 @@ LNMLP_HOST_INLINE void dequantize_tiles(const uint8_t* codes, int64_t rows, int6
 // dequantizes to NaN throughout whatever its codes; they are coded with e = 127, the exponent a
 // NaN amax maps to). Every scale is a power of two, so x * 2^-e is
 // exact unless it falls below fp32's normal range, where fp8 rounds it to zero anyway.
-template <Fp8Format F>
-LNMLP_HOST_INLINE void quantize_mxfp8_rows(const float* in, int64_t rows, int64_t cols, uint8_t* codes,
-                                uint8_t* scale_e8m0, int64_t block = kMxfp8BlockLength) {
+template <Fp8Format F> LNMLP_HOST_INLINE void quantize_mxfp8_rows(const float* in, int64_t rows, int64_t cols,
+                                                                  uint8_t* codes, uint8_t* scale_e8m0,
+                                                                  int64_t block = kMxfp8BlockLength) {
   for_each_row_block(rows, cols, block, [&](int64_t i, int64_t off, int64_t w) {
     const BlockScaleChoice b = choose_block_scale(amax_of(in + off, w), Fp8Traits<F>::max, true, false, 0.0f);
     scale_e8m0[i] = b.e8m0;
@@ -264,10 +262,9 @@ LNMLP_HOST_INLINE void quantize_mxfp8_rows(const float* in, int64_t rows, int64_
 }
 
 // out = codes * 2^e of the element's block (NaN for an 0xFF block).
-template <Fp8Format F>
-LNMLP_HOST_INLINE void dequantize_mxfp8_rows(const uint8_t* codes, int64_t rows, int64_t cols,
-                                  const uint8_t* scale_e8m0, float* out,
-                                  int64_t block = kMxfp8BlockLength) {
+template <Fp8Format F> LNMLP_HOST_INLINE void dequantize_mxfp8_rows(const uint8_t* codes, int64_t rows, int64_t cols,
+                                                                    const uint8_t* scale_e8m0, float* out,
+                                                                    int64_t block = kMxfp8BlockLength) {
   for_each_row_block(rows, cols, block, [&](int64_t i, int64_t off, int64_t w) {
     dequantize_tensor<F>(codes + off, w, e8m0_to_float(scale_e8m0[i]), out + off);
   });
@@ -283,7 +280,7 @@ LNMLP_HOST_INLINE void dequantize_mxfp8_rows(const uint8_t* codes, int64_t rows,
 // sb_stride = num_blocks(N, 128)). mxfp8 callers pass e8m0_to_float of the bytes.
 template <Fp8Format FA, Fp8Format FB>
 LNMLP_HOST_INLINE float block_scaled_dot(const uint8_t* qa, const float* sa, const uint8_t* qb, int64_t qb_stride,
-                              const float* sb, int64_t sb_stride, int64_t k, int64_t block) {
+                                         const float* sb, int64_t sb_stride, int64_t k, int64_t block) {
   float total = 0.0f;
   for (int64_t b = 0; b * block < k; ++b) {
     const int64_t k0 = b * block;

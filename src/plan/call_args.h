@@ -10,11 +10,11 @@ struct ForwardArgs {
   const void* gamma;
   const void* beta;  // NULL for rmsnorm
   const void* w1;
-  const void* b1;    // NULL without bias1
+  const void* b1;  // NULL without bias1
   const void* w2;
-  const void* b2;    // NULL without bias2
+  const void* b2;  // NULL without bias2
   void* y;
-  void* saved;       // NULL when the plan saves nothing
+  void* saved;  // NULL when the plan saves nothing
   void* stream;
   float* fp8_state;  // the plan's delayed-scaling state in backend memory (plan/fp8_recipe.h); NULL otherwise
 };

@@ -74,7 +74,9 @@ struct QuantKind {
 
   bool per_tensor() const { return recipe == Recipe::Delayed || recipe == Recipe::Current; }
   bool tiles() const { return recipe == Recipe::Block && weight; }
-  int64_t block() const { return recipe == Recipe::Mxfp8 ? numerics::kMxfp8BlockLength : numerics::kBlockScalingLength; }
+  int64_t block() const {
+    return recipe == Recipe::Mxfp8 ? numerics::kMxfp8BlockLength : numerics::kBlockScalingLength;
+  }
   int64_t scale_bytes() const { return recipe == Recipe::Mxfp8 ? 1 : 4; }
   // Where an element's scale is (numerics/quantize.h's block_scale_index).
   numerics::ScaleLayout scale_layout() const {

@@ -49,8 +49,8 @@ SavedLayout make_saved_layout(const Config& cfg) {
   s.mu = alloc.take_if(saves_stats && cfg.has_beta(), cfg.rows(), 4, "saved mean");
   s.rs = alloc.take_if(saves_stats, cfg.rows(), 4, "saved rstd");
   s.ln_out = alloc.take_if(all && !q, checked_mul(T, H, "saved ln_out"), e, "saved ln_out");
-  s.h = alloc.take_if(cfg.remat == Remat::SaveAll || cfg.remat == Remat::SaveFfn1,
-                      checked_mul(T, AF, "saved ffn1"), e, "saved ffn1");
+  s.h = alloc.take_if(cfg.remat == Remat::SaveAll || cfg.remat == Remat::SaveFfn1, checked_mul(T, AF, "saved ffn1"), e,
+                      "saved ffn1");
   s.act = alloc.take_if(all && !q, checked_mul(T, F, "saved act_out"), e, "saved act_out");
   s.fwd_scales = alloc.take_if(saves_stats && r.per_tensor(), 4, 4, "saved FP8 scales");
   s.ln_q = alloc.take_if(all && q, checked_mul(T, H, "saved ln_out codes"), 1, "saved ln_out codes");

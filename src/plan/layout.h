@@ -39,16 +39,16 @@ class RegionAllocator {
 // and activation outputs are saved as the FP8 codes backward's weight-gradient GEMMs read, with
 // their scales (docs/fp8.md), instead of ln_out and act.
 struct SavedLayout {
-  Region mu;      // [T] fp32, layernorm only
-  Region rs;      // [T] fp32, 1/sqrt(var+eps)
-  Region ln_out;  // [T, H] norm output (GEMM1 input)
-  Region h;       // [T, A, F] GEMM1 output + b1 ("ffn1")
-  Region act;     // [T, F] activation output (GEMM2 input)
-  Region fwd_scales;  // FP8 per-tensor recipes: float[4], the scales forward used (ln_out, w1, act_out, w2)
-  Region ln_q;        // FP8: [T, H] codes of ln_out, quantized along T for blocked recipes
-  Region ln_q_scale;  // blocked: its scale_invs, [ceil(T/block), H] (fp32; E8M0 bytes for mxfp8)
-  Region act_q;       // FP8: [T, F] codes of act_out, as ln_q
-  Region act_q_scale; // blocked: [ceil(T/block), F]
+  Region mu;           // [T] fp32, layernorm only
+  Region rs;           // [T] fp32, 1/sqrt(var+eps)
+  Region ln_out;       // [T, H] norm output (GEMM1 input)
+  Region h;            // [T, A, F] GEMM1 output + b1 ("ffn1")
+  Region act;          // [T, F] activation output (GEMM2 input)
+  Region fwd_scales;   // FP8 per-tensor recipes: float[4], the scales forward used (ln_out, w1, act_out, w2)
+  Region ln_q;         // FP8: [T, H] codes of ln_out, quantized along T for blocked recipes
+  Region ln_q_scale;   // blocked: its scale_invs, [ceil(T/block), H] (fp32; E8M0 bytes for mxfp8)
+  Region act_q;        // FP8: [T, F] codes of act_out, as ln_q
+  Region act_q_scale;  // blocked: [ceil(T/block), F]
   int64_t total_bytes = 0;
   int64_t bytes_per_token = 0;  // without padding
 };

@@ -18,7 +18,8 @@ void validate_sharding(const Config& c) {
          "(lnmlp_comm_create_mpi, lnmlp_comm_create_callbacks), or select LNMLP_BACKEND_CUDA");
   if (cuda && s.active() && s.comm != nullptr && !nccl)
     fail(LNMLP_ERROR_INVALID_ARGUMENT, "the CUDA backend shards over an NCCL communicator, but the descriptor's is ",
-         comm_kind_name(s.comm->kind()), "; create one with lnmlp_comm_create_nccl from your ncclComm_t, or use "
+         comm_kind_name(s.comm->kind()),
+         "; create one with lnmlp_comm_create_nccl from your ncclComm_t, or use "
          "LNMLP_BACKEND_CPU");
   // An NCCL communicator is used even by a one-rank plan, so its size must agree then too.
   if (!s.active() && !nccl) return;
@@ -46,9 +47,10 @@ void validate_sharding(const Config& c) {
   const ResolvedRecipe r = resolve_recipe(c.fp8);
   if (r.recipe == Recipe::Block && !r.power_2_scale && (c.ffn / P) % numerics::kBlockScalingLength != 0)
     fail(LNMLP_ERROR_INVALID_ARGUMENT, "the BLOCK recipe without power-of-2 scales shards only whole ",
-         numerics::kBlockScalingLength, "-element blocks, but ffn / group_size = ", c.ffn, " / ", P, " = ",
-         c.ffn / P, "; keep power-of-2 scales (lnmlp_desc_set_scaling_options power_2_scale -1 or 1) or "
-         "choose ffn and group_size with ffn / group_size a multiple of ", numerics::kBlockScalingLength);
+         numerics::kBlockScalingLength, "-element blocks, but ffn / group_size = ", c.ffn, " / ", P, " = ", c.ffn / P,
+         "; keep power-of-2 scales (lnmlp_desc_set_scaling_options power_2_scale -1 or 1) or "
+         "choose ffn and group_size with ffn / group_size a multiple of ",
+         numerics::kBlockScalingLength);
 }
 
 Config shard_config(const Config& global) {

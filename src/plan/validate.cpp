@@ -1,6 +1,6 @@
 // Validation of a whole configuration at plan creation.
-#include "config.h"
 #include "common/error.h"
+#include "config.h"
 #include "layout.h"
 
 namespace lnmlp {
