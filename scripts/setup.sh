@@ -7,7 +7,8 @@ packages=(
   build-essential cmake pkg-config   # toolchain
   libdnnl-dev                        # oneDNN: the CPU GEMM library (see docs/blas-choice.md)
   libgtest-dev googletest            # tests
-  binutils                           # nm / readelf for the exported-symbol check
+  binutils                           # nm / readelf for the exported-symbol and CPU-level checks
+  clang-format clang-tidy            # scripts/check-style.sh (.clang-format, .clang-tidy)
   swig openjdk-17-jdk-headless       # the SWIG-generated Java binding and its test
   libopenmpi-dev openmpi-bin         # MPI: lnmlp_comm_create_mpi and the sharding tests under mpirun
 )

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every test: set up, then build and run the C/C++ suite in Release (with the dlopen example and the
-# Julia and ABI checks), the Python binding's suite and its pip-install check, the Rust crates and
-# the SWIG Java binding against that build, and the C/C++ suite again under
-# AddressSanitizer + UndefinedBehaviorSanitizer.
+# Julia and ABI checks), the style check of the last change (scripts/check-style.sh), the Python
+# binding's suite and its pip-install check, the Rust crates and the SWIG Java binding against
+# that build, and the C/C++ suite again under AddressSanitizer + UndefinedBehaviorSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -17,6 +17,8 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
 fi
 echo "=== release: test ==="
 ctest --preset release
+echo "=== style: clang-format and clang-tidy on what the last change touched ==="
+bash scripts/check-style.sh
 
 echo "=== python: binding tests ==="
 bash bindings/python/run_tests.sh

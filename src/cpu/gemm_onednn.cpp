@@ -129,8 +129,8 @@ bool gemm_native_bf16() {
   static const bool ok = [] {
     const memory::desc md({16, 16}, memory::data_type::bf16, memory::dims{16, 1});
     try {
-      dnnl::matmul::primitive_desc(dnnl::matmul::desc(md, md, md), cpu_engine());
-      return true;
+      const dnnl::matmul::primitive_desc probe(dnnl::matmul::desc(md, md, md), cpu_engine());
+      return static_cast<bool>(probe);
     } catch (const dnnl::error&) {
       return false;
     }

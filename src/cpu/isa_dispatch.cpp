@@ -30,6 +30,7 @@ std::unique_ptr<block::Exec> make_cpu_exec_at_this_level(const Config& cfg);
 
 namespace {
 
+#if defined(LNMLP_CPU_X86_LEVELS)
 // GCC names the x86-64 levels; clang before 16 (the linter's) knows single features only, and
 // these pin the levels on every CPU that has them (each AVX2 + FMA + BMI2 CPU also has the rest of
 // x86-64-v3: F16C, LZCNT, MOVBE).
@@ -39,13 +40,15 @@ bool has_v3() {
          __builtin_cpu_supports("bmi2");
 }
 bool has_v4() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512cd") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && has_v3();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vl") && has_v3();
 }
 #else
 bool has_v4() { return __builtin_cpu_supports("x86-64-v4") != 0; }
 bool has_v3() { return __builtin_cpu_supports("x86-64-v3") != 0; }
 #endif
+#endif  // LNMLP_CPU_X86_LEVELS
 
 struct Level {
   const char* name;

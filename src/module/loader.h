@@ -1,6 +1,6 @@
 // The core's side of the CUDA module boundary (table.h): finding and loading liblnmlp_cuda.so.1
 // with dlopen, once, and checking that it belongs to this build. The plan's proxy engine
-// (api/cuda_engine.cpp) and the NCCL communicator (comm/nccl.cpp) call through the table.
+// (api/cuda_engine.cpp) and the NCCL communicator (api/nccl_communicator.cpp) call through the table.
 #pragma once
 
 #include <cstdint>
