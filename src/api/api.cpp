@@ -15,6 +15,7 @@
 #include "module/loader.h"
 #include "nccl_communicator.h"
 #include "plan.h"
+#include "plan/features.h"
 #include "plan/sharding.h"
 
 using namespace lnmlp;
@@ -80,19 +81,8 @@ LNMLP_API int32_t lnmlp_query_support(int32_t backend, int32_t feature, int32_t*
       fail(LNMLP_ERROR_INVALID_ARGUMENT, "unknown feature ", feature);
     int32_t yes = 0;
     if (backend == LNMLP_BACKEND_CPU) {
-      switch (feature) {
-        case LNMLP_FEATURE_BACKEND:
-        case LNMLP_FEATURE_DTYPE_F32:
-        case LNMLP_FEATURE_DTYPE_BF16:
-        case LNMLP_FEATURE_DTYPE_F16:
-        case LNMLP_FEATURE_EXTERNAL_WORKSPACE:
-        case LNMLP_FEATURE_RECIPE_DELAYED:  // emulated exactly (docs/fp8.md)
-        case LNMLP_FEATURE_RECIPE_CURRENT:
-        case LNMLP_FEATURE_RECIPE_BLOCK:
-        case LNMLP_FEATURE_RECIPE_MXFP8:
-        case LNMLP_FEATURE_SHARDING: yes = 1; break;  // recipe NONE (docs/sharding.md)
-        default: yes = 0;
-      }
+      // Sharding over MPI or callbacks (docs/sharding.md), every recipe included.
+      yes = every_backend_supports(feature) || feature == LNMLP_FEATURE_SHARDING ? 1 : 0;
     } else {
       yes = cuda_feature_supported(feature);  // loads the CUDA module and probes for a device
     }

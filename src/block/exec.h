@@ -108,6 +108,23 @@ struct QuantizeCall {
   void* saved_scales = nullptr;
 };
 
+// The representations a quantization makes, through one(columnwise, to_saved) -> Operand, which
+// quantizes x for one orientation (the saved buffer's memory when to_saved): once for both when
+// the quantizer's blocks do not depend on the orientation (`shared`: per tensor on the CPU,
+// BLOCK's 128x128 weight tiles), else once for each orientation asked for.
+template <typename One> Quantized quantize_representations(const QuantizeCall& call, bool shared, One&& one) {
+  Quantized q;
+  if (shared) {
+    const Operand o = one(false, call.save_columnwise);
+    if (call.rowwise) q.rowwise = o;
+    if (call.columnwise) q.columnwise = o;
+    return q;
+  }
+  if (call.rowwise) q.rowwise = one(false, false);
+  if (call.columnwise) q.columnwise = one(true, call.save_columnwise);
+  return q;
+}
+
 // A pointer with a name, for the CUDA backend's check that the caller's pointers are device memory.
 struct NamedPointer {
   const char* name;
@@ -142,7 +159,7 @@ class Exec {
 
   // ---- one pass ---------------------------------------------------------------------------------
   // begin() before a pass's first primitive (live: a real pass, not the sizing run), end() after
-  // its last, also when it throws (PassScope).
+  // its last, also when it throws (the schedule's Pass does both).
   void begin(bool live, void* stream, void* scratch) {
     live_ = live;
     if (live_) do_begin(stream, scratch);
@@ -265,18 +282,6 @@ class Exec {
 
  private:
   bool live_ = false;
-};
-
-// begin() ... end() around one pass, end() also when the pass throws.
-class PassScope {
- public:
-  PassScope(Exec& x, bool live, void* stream, void* scratch) : x_(x) { x_.begin(live, stream, scratch); }
-  ~PassScope() { x_.end(); }
-  PassScope(const PassScope&) = delete;
-  PassScope& operator=(const PassScope&) = delete;
-
- private:
-  Exec& x_;
 };
 
 }  // namespace lnmlp::block

@@ -10,6 +10,8 @@ namespace {
 template <typename T> T* offset(T* p, int64_t i) { return p != nullptr ? p + i : nullptr; }
 
 // What every step of one pass shares: the backend, the workspace, the collectives and the recipe.
+// Its life is the pass's: it takes the backend's scratch and the quantizers' scalars first, and
+// begins the backend's pass (ending it when the pass returns or throws).
 struct Pass {
   Pass(Exec& exec, const Config& cfg, const SavedLayout& sv, Workspace& w, void* st, float* state)
       : x(exec),
@@ -26,7 +28,14 @@ struct Pass {
         AF(cfg.act_width()),
         D(cfg.dtype),
         quantized(r.recipe != Recipe::None),
-        sp(cfg.sequence_parallel()) {}
+        sp(cfg.sequence_parallel()) {
+    void* scratch = ws.take_bytes(x.scratch_bytes(), 1, "backend scratch");
+    sc = ws.take_if<QuantScalars>(quantized, kQuantizerCount, "quantizer scalars");
+    x.begin(ws.live(), stream, scratch);
+  }
+  ~Pass() { x.end(); }
+  Pass(const Pass&) = delete;
+  Pass& operator=(const Pass&) = delete;
 
   Exec& x;
   const Config& c;
@@ -204,8 +213,6 @@ void param_grad(Pass& p, ColumnSum which, const float* partials, void* out, int6
 
 void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardArgs& a, Workspace& ws) {
   Pass p(x, c, sv, ws, a.stream, a.fp8_state);
-  const PassScope scope(x, ws.live(), a.stream, ws.take_bytes(x.scratch_bytes(), 1, "backend scratch"));
-  p.sc = ws.take_if<QuantScalars>(p.quantized, kQuantizerCount, "quantizer scalars");
   p.used_scales = saved_at<float>(sv.fwd_scales, a.saved);
   const int64_t T = p.T, Tn = p.Tn, H = p.H, F = p.F, AF = p.AF;
 
@@ -248,8 +255,6 @@ void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardA
 
 void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const BackwardArgs& a, Workspace& ws) {
   Pass p(x, c, sv, ws, a.stream, a.fp8_state);
-  const PassScope scope(x, ws.live(), a.stream, ws.take_bytes(x.scratch_bytes(), 1, "backend scratch"));
-  p.sc = ws.take_if<QuantScalars>(p.quantized, kQuantizerCount, "quantizer scalars");
   p.forward_scales = saved_at<float>(sv.fwd_scales, a.saved);
   const int64_t T = p.T, Tn = p.Tn, H = p.H, F = p.F, AF = p.AF;
   const bool recompute_h = !sv.h.present();

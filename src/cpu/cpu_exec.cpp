@@ -8,6 +8,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "block/quantized_slot.h"
 #include "fp8_operands.h"
 #include "gemm.h"
 #include "gemm_plan.h"
@@ -137,17 +138,13 @@ class CpuExec final : public block::Exec {
 
   Operand do_act_forward(const Mat& h, const Mat& act, void* op_slot) override {
     float* copy = widened_copy(act, op_slot);
-    with_dtype([&](auto d) {
+    act_pass(h.rows, [&](auto d, auto gated, const auto& f0, const auto& f1, int64_t r0, int64_t r1, int) {
       constexpr DType D = decltype(d)::value;
       using S = storage_t<D>;
       const bool rounded = act.type == D;
-      with_activations(c_, [&](auto gated, const auto& f0, const auto& f1) {
-        parallel_chunks(threads_, chunks_, h.rows, [&](int64_t r0, int64_t r1, int) {
-          act_forward_rows<D, decltype(gated)::value>(c_.ffn, r0, r1, f0, f1, typed<const S>(h),
-                                                      rounded ? typed<S>(act) : nullptr,
-                                                      rounded ? copy : typed<float>(act));
-        });
-      });
+      act_forward_rows<D, decltype(gated)::value>(c_.ffn, r0, r1, f0, f1, typed<const S>(h),
+                                                  rounded ? typed<S>(act) : nullptr,
+                                                  rounded ? copy : typed<float>(act));
     });
     return {copy != nullptr ? copy : act.data, nullptr};
   }
@@ -163,17 +160,13 @@ class CpuExec final : public block::Exec {
     g.gemm->run(ln.data, w1.data, nullptr, acc, at<char>(gemm_scratch_, scratch_));
     const float alpha = scale_inv_product(ln, w1);
     float* copy = widened_copy(act, op_slot);
-    with_dtype([&](auto d) {
+    act_pass(h.rows, [&](auto d, auto gated, const auto& f0, const auto& f1, int64_t r0, int64_t r1, int) {
       constexpr DType D = decltype(d)::value;
       using S = storage_t<D>;
       const bool rounded = act.type == D;
-      with_activations(c_, [&](auto gated, const auto& f0, const auto& f1) {
-        parallel_chunks(threads_, chunks_, h.rows, [&](int64_t r0, int64_t r1, int) {
-          ffn1_act_rows<D, decltype(gated)::value>(c_.ffn, r0, r1, f0, f1, acc, alpha, static_cast<const S*>(b1),
-                                                   typed<S>(h), rounded ? typed<S>(act) : nullptr,
-                                                   rounded ? copy : typed<float>(act));
-        });
-      });
+      ffn1_act_rows<D, decltype(gated)::value>(c_.ffn, r0, r1, f0, f1, acc, alpha, static_cast<const S*>(b1),
+                                               typed<S>(h), rounded ? typed<S>(act) : nullptr,
+                                               rounded ? copy : typed<float>(act));
     });
     return {copy != nullptr ? copy : act.data, nullptr};
   }
@@ -181,21 +174,16 @@ class CpuExec final : public block::Exec {
   void do_act_backward(const float* dact, const Mat& h, const Mat& dh, bool round_to_io, float* db1) override {
     const int64_t AF = c_.act_width();
     if (db1 != nullptr) std::memset(db1, 0, sizeof(float) * chunks_ * AF);
-    with_dtype([&](auto d) {
+    act_pass(h.rows, [&](auto d, auto gated, const auto& f0, const auto& f1, int64_t r0, int64_t r1, int ch) {
       constexpr DType D = decltype(d)::value;
-      using S = storage_t<D>;
-      with_activations(c_, [&](auto gated, const auto& f0, const auto& f1) {
-        constexpr bool G = decltype(gated)::value;
-        parallel_chunks(threads_, chunks_, h.rows, [&](int64_t r0, int64_t r1, int ch) {
-          float* part = db1 != nullptr ? db1 + ch * AF : nullptr;
-          const auto* hs = typed<const S>(h);
-          if (round_to_io) {  // the GEMM's operand: D, or fp32 holding D's values (f16)
-            act_backward_rows<D, G, true>(c_.ffn, r0, r1, f0, f1, dact, hs, typed<operand_t<D>>(dh), part);
-          } else {
-            act_backward_rows<D, G, false>(c_.ffn, r0, r1, f0, f1, dact, hs, typed<float>(dh), part);
-          }
-        });
-      });
+      constexpr bool G = decltype(gated)::value;
+      float* part = db1 != nullptr ? db1 + ch * AF : nullptr;
+      const auto* hs = typed<const storage_t<D>>(h);
+      if (round_to_io) {  // the GEMM's operand: D, or fp32 holding D's values (f16)
+        act_backward_rows<D, G, true>(c_.ffn, r0, r1, f0, f1, dact, hs, typed<operand_t<D>>(dh), part);
+      } else {
+        act_backward_rows<D, G, false>(c_.ffn, r0, r1, f0, f1, dact, hs, typed<float>(dh), part);
+      }
     });
   }
 
@@ -271,7 +259,9 @@ class CpuExec final : public block::Exec {
       in = staged;
     }
     const float* scale_inv = call.scale != nullptr ? &call.scale->scale_inv : nullptr;
-    auto one = [&](const QuantKind& k, const QuantizeSlot::Rep& rep, bool to_saved) {
+    return block::quantize_representations(call, l.reps.shared, [&](bool columnwise, bool to_saved) {
+      const QuantKind k = kind(call.quantizer, columnwise ? Contract::Rows : Contract::Cols);
+      const block::DecodedRegions& rep = columnwise ? l.reps.col : l.reps.row;
       uint8_t* codes = to_saved ? call.saved_codes : at<uint8_t>(rep.codes, base);
       void* scales = to_saved ? call.saved_scales : at<void>(rep.scales, base);
       void* op = at<void>(rep.op, base);
@@ -279,17 +269,7 @@ class CpuExec final : public block::Exec {
                        work());
       decode_operand(threads_, k, codes, scales, x.rows, x.cols, decoded_, op);
       return Operand{op, scale_inv};
-    };
-    Quantized q;
-    if (l.shared) {  // one representation serves both orientations
-      const Operand o = one(kind(call.quantizer, Contract::Cols), l.row, call.save_columnwise);
-      q.rowwise = call.rowwise ? o : Operand{};
-      q.columnwise = call.columnwise ? o : Operand{};
-      return q;
-    }
-    if (call.rowwise) q.rowwise = one(kind(call.quantizer, Contract::Cols), l.row, false);
-    if (call.columnwise) q.columnwise = one(kind(call.quantizer, Contract::Rows), l.col, call.save_columnwise);
-    return q;
+    });
   }
 
   void do_quantize_codes(int q, const Mat& x, const QuantScalars* scale, uint8_t* codes) override {
@@ -335,38 +315,18 @@ class CpuExec final : public block::Exec {
   }
 
  private:
-  // The slot of one quantization: the fp32 copy of an I/O-dtype input, then each representation's
-  // codes (unless saved), block scales (likewise) and decoded GEMM operand.
+  // The slot of one quantization: the fp32 copy of an I/O-dtype input (the quantizers read fp32),
+  // then the representations' codes, scales and decoded operands (block/quantized_slot.h).
   struct QuantizeSlot {
-    struct Rep {
-      Region codes, scales, op;
-    };
-    bool shared = false;  // one representation for both orientations
     Region staging;
-    Rep row, col;
+    block::DecodedSlot reps;
     int64_t bytes = 0;
 
     QuantizeSlot(const CpuExec& e, const block::QuantizeCall& call) {
-      const Mat& x = call.x;
-      const int64_t n = checked_mul(x.rows, x.cols, "an FP8 operand");
       RegionAllocator a;
-      staging = a.take_if(x.type != DType::F32, n, 4, "FP8 quantizer input fp32");
-      const QuantKind kr = e.kind(call.quantizer, Contract::Cols), kc = e.kind(call.quantizer, Contract::Rows);
-      shared = kr.orientation_free();
-      auto take = [&](const QuantKind& k, bool to_saved) {
-        Rep r;
-        r.codes = a.take_if(!to_saved, n, 1, "FP8 codes");
-        const int64_t count = k.scale_count(x.rows, x.cols);
-        r.scales = a.take_if(!to_saved && count > 0, count, k.scale_bytes(), "FP8 block scales");
-        r.op = a.take(n, e.decoded_bytes(1, 1), "FP8 GEMM operand");
-        return r;
-      };
-      if (shared) {
-        row = take(kr, call.save_columnwise);
-      } else {
-        if (call.rowwise) row = take(kr, false);
-        if (call.columnwise) col = take(kc, call.save_columnwise);
-      }
+      staging = a.take_if(call.x.type != DType::F32, checked_mul(call.x.rows, call.x.cols, "an FP8 operand"), 4,
+                          "FP8 quantizer input fp32");
+      reps = block::take_decoded_slot(a, e.r_, call, e.decoded_bytes(1, 1));
       bytes = a.total();
     }
   };
@@ -378,6 +338,17 @@ class CpuExec final : public block::Exec {
   };
 
   template <typename Fn> void with_dtype(Fn&& fn) const { numerics::dispatch_dtype(c_.dtype, fn); }
+
+  // A pass of an activation kernel over `rows` rows: fn(dtype tag, gated tag, f0, f1, r0, r1,
+  // chunk) for each chunk of rows, with the plan's dtype and activation pair compiled in.
+  template <typename Fn> void act_pass(int64_t rows, Fn&& fn) const {
+    with_dtype([&](auto d) {
+      with_activations(c_, [&](auto gated, const auto& f0, const auto& f1) {
+        parallel_chunks(threads_, chunks_, rows,
+                        [&](int64_t r0, int64_t r1, int ch) { fn(d, gated, f0, f1, r0, r1, ch); });
+      });
+    });
+  }
 
   // Where a producer of m (the I/O dtype) also writes m's plain operand: its widened copy in the
   // slot when this backend's operand is one (f16), else NULL (m itself is the operand).

@@ -72,11 +72,8 @@ inline void quantize_operand(int threads, const QuantKind& k, const float* in, i
         uint32_t* w = work + c * cols;
         for (int64_t band = b0; band < b1; ++band) {
           const int64_t r0 = band * b, h = rows - r0 < b ? rows - r0 : b;
-          if (k.recipe == Recipe::Mxfp8)
-            numerics::quantize_mxfp8_cols_band<F>(in, cols, band, r0, h, codes, static_cast<uint8_t*>(scales), w);
-          else
-            numerics::quantize_cols_band<F>(in, cols, band, r0, h, k.power_2_scale, k.amax_epsilon, codes,
-                                            static_cast<float*>(scales), w);
+          numerics::quantize_cols_band<F>(in, cols, band, r0, h, k.recipe == Recipe::Mxfp8, k.power_2_scale,
+                                          k.amax_epsilon, codes, scales, w);
         }
       });
     }

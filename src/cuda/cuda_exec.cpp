@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "block/quantized_slot.h"
 #include "check.h"
 #include "device_pointers.h"
 #include "fp8_kernels.h"
@@ -168,30 +169,23 @@ class CudaExec final : public block::Exec {
     Quantized q;
     if (native_) {  // rowwise codes and their transpose, in one pass
       const float* scale = &call.scale->scale;
-      uint8_t* codes = at<uint8_t>(l.row.codes, base);
-      uint8_t* codes_t = call.save_columnwise ? call.saved_codes : at<uint8_t>(l.col.codes, base);
+      uint8_t* codes = at<uint8_t>(l.codes, base);
+      uint8_t* codes_t = call.save_columnwise ? call.saved_codes : at<uint8_t>(l.codes_t, base);
       fp8_quantize_per_tensor(x.type, r_.formats[call.quantizer], x.data, x.rows, x.cols, scale, codes, codes_t, st_);
       if (call.rowwise) q.rowwise = {codes, &call.scale->scale_inv};
       if (call.columnwise) q.columnwise = {codes_t, &call.scale->scale_inv};
       return q;
     }
-    auto one = [&](const QuantKind& k, const QuantizeSlot::Rep& rep, bool to_saved) {
+    return block::quantize_representations(call, l.reps.shared, [&](bool columnwise, bool to_saved) {
+      const QuantKind k = kind(call.quantizer, columnwise ? Contract::Rows : Contract::Cols);
+      const block::DecodedRegions& rep = columnwise ? l.reps.col : l.reps.row;
       uint8_t* codes = to_saved ? call.saved_codes : at<uint8_t>(rep.codes, base);
       void* scales = to_saved ? call.saved_scales : at<void>(rep.scales, base);
       void* op = at<void>(rep.op, base);
       fp8_quantize_blocked(x.type, k, x.data, x.rows, x.cols, codes, scales, st_);
       fp8_decode_operand(k, codes, scales, x.rows, x.cols, op_f32_, op, st_);
       return Operand{op, nullptr};
-    };
-    if (l.shared) {
-      const Operand o = one(kind(call.quantizer, Contract::Cols), l.row, false);
-      q.rowwise = call.rowwise ? o : Operand{};
-      q.columnwise = call.columnwise ? o : Operand{};
-      return q;
-    }
-    if (call.rowwise) q.rowwise = one(kind(call.quantizer, Contract::Cols), l.row, false);
-    if (call.columnwise) q.columnwise = one(kind(call.quantizer, Contract::Rows), l.col, call.save_columnwise);
-    return q;
+    });
   }
 
   void do_quantize_codes(int q, const Mat& x, const QuantScalars* scale, uint8_t* codes) override {
@@ -231,39 +225,21 @@ class CudaExec final : public block::Exec {
 
  private:
   // The slot of one quantization. Per tensor: the rowwise codes and the transposed codes (unless
-  // saved). Blocked: each representation's codes, block scales (unless saved) and decoded operand.
+  // saved). Blocked: the representations' codes, scales and decoded operands
+  // (block/quantized_slot.h).
   struct QuantizeSlot {
-    struct Rep {
-      Region codes, scales, op;
-    };
-    bool shared = false;
-    Rep row, col;
+    Region codes, codes_t;
+    block::DecodedSlot reps;
     int64_t bytes = 0;
 
     QuantizeSlot(const CudaExec& e, const block::QuantizeCall& call) {
-      const int64_t n = checked_mul(call.x.rows, call.x.cols, "an FP8 operand");
       RegionAllocator a;
       if (e.native_) {
-        row.codes = a.take_if(call.rowwise, n, 1, "FP8 codes");
-        col.codes = a.take_if(call.columnwise && !call.save_columnwise, n, 1, "FP8 transposed codes");
-        bytes = a.total();
-        return;
-      }
-      const QuantKind kr = e.kind(call.quantizer, Contract::Cols), kc = e.kind(call.quantizer, Contract::Rows);
-      shared = kr.orientation_free() && !call.save_columnwise;
-      auto take = [&](const QuantKind& k, bool to_saved) {
-        Rep r;
-        r.codes = a.take_if(!to_saved, n, 1, "FP8 codes");
-        r.scales = a.take_if(!to_saved, std::max<int64_t>(1, k.scale_count(call.x.rows, call.x.cols)), k.scale_bytes(),
-                             "FP8 block scales");
-        r.op = a.take(n, e.decoded_bytes(), "FP8 GEMM operand");
-        return r;
-      };
-      if (shared) {
-        row = take(kr, false);
+        const int64_t n = checked_mul(call.x.rows, call.x.cols, "an FP8 operand");
+        codes = a.take_if(call.rowwise, n, 1, "FP8 codes");
+        codes_t = a.take_if(call.columnwise && !call.save_columnwise, n, 1, "FP8 transposed codes");
       } else {
-        if (call.rowwise) row = take(kr, false);
-        if (call.columnwise) col = take(kc, call.save_columnwise);
+        reps = block::take_decoded_slot(a, e.r_, call, e.decoded_bytes());
       }
       bytes = a.total();
     }

@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "plan/call_args.h"
+#include "plan/features.h"
 #include "table.h"
 
 namespace lnmlp {
@@ -98,23 +99,12 @@ int32_t cuda_feature_supported(int32_t feature) noexcept {
     char msg[kMsgCap] = {0};
     int32_t count = 0;
     if (m.table->probe(&count, msg, kMsgCap) != LNMLP_SUCCESS || count < 1) return 0;
-    switch (feature) {
-      case LNMLP_FEATURE_BACKEND:
-      case LNMLP_FEATURE_DTYPE_F32:
-      case LNMLP_FEATURE_DTYPE_BF16:
-      case LNMLP_FEATURE_DTYPE_F16:
-      case LNMLP_FEATURE_EXTERNAL_WORKSPACE:
-      // FP8: per-tensor recipes on FP8 tensor cores (sm_89 and newer; an older GPU gets
-      // NOT_SUPPORTED from lnmlp_plan_create, naming why), blocked recipes emulated exactly.
-      case LNMLP_FEATURE_RECIPE_DELAYED:
-      case LNMLP_FEATURE_RECIPE_CURRENT:
-      case LNMLP_FEATURE_RECIPE_BLOCK:
-      case LNMLP_FEATURE_RECIPE_MXFP8: return 1;
-      // Over NCCL (lnmlp_comm_create_nccl), when the module was built with NCCL's header; NCCL
-      // itself is loaded when a communicator is created.
-      case LNMLP_FEATURE_SHARDING: return m.table->nccl_built != 0 ? 1 : 0;
-      default: return 0;
-    }
+    // Sharding over NCCL (lnmlp_comm_create_nccl), when the module was built with NCCL's header
+    // (NCCL itself is loaded when a communicator is created). FP8: per-tensor recipes on FP8
+    // tensor cores (sm_89 and newer; an older GPU gets NOT_SUPPORTED from lnmlp_plan_create,
+    // naming why), blocked recipes emulated exactly.
+    if (feature == LNMLP_FEATURE_SHARDING) return m.table->nccl_built != 0 ? 1 : 0;
+    return every_backend_supports(feature) ? 1 : 0;
   } catch (...) {
     return 0;
   }

@@ -170,33 +170,19 @@ LNMLP_HOST_INLINE void column_amax(const float* in, int64_t cols, int64_t r0, in
   }
 }
 
-// Quantizes rows [r0, r0 + h) of band rb: scale per column from amax_bits (work space, cols
-// entries, reused for the scales' bit patterns).
+// Quantizes rows [r0, r0 + h) of band rb: scale per column from its amax (work: cols entries,
+// reused for the scales' bit patterns). The band's scales go to scales[rb * cols + c]: fp32
+// scale_invs (block scaling), or E8M0 bytes (mxfp8, as quantize_mxfp8_rows gives the transpose).
 template <Fp8Format F> LNMLP_HOST_INLINE void quantize_cols_band(const float* in, int64_t cols, int64_t rb, int64_t r0,
-                                                                 int64_t h, bool power_2_scale, float amax_epsilon,
-                                                                 uint8_t* codes, float* scale_inv, uint32_t* work) {
+                                                                 int64_t h, bool mxfp8, bool power_2_scale,
+                                                                 float amax_epsilon, uint8_t* codes, void* scales,
+                                                                 uint32_t* work) {
   column_amax(in, cols, r0, h, work);
   for (int64_t c = 0; c < cols; ++c) {
     const BlockScaleChoice b =
-        choose_block_scale(amax_from_bits(work[c]), Fp8Traits<F>::max, false, power_2_scale, amax_epsilon);
-    scale_inv[rb * cols + c] = b.scale_inv;
-    work[c] = float_bits(b.scale);
-  }
-  for (int64_t r = r0; r < r0 + h; ++r) {
-    LNMLP_QUANT_SIMD
-    for (int64_t c = 0; c < cols; ++c) codes[r * cols + c] = float_to_fp8<F>(in[r * cols + c] * bits_float(work[c]));
-  }
-}
-
-// mxfp8 down the columns: E8M0 scale bytes [num_blocks(rows, block), cols], as quantize_mxfp8_rows
-// gives the transpose.
-template <Fp8Format F> LNMLP_HOST_INLINE void quantize_mxfp8_cols_band(const float* in, int64_t cols, int64_t rb,
-                                                                       int64_t r0, int64_t h, uint8_t* codes,
-                                                                       uint8_t* scale_e8m0, uint32_t* work) {
-  column_amax(in, cols, r0, h, work);
-  for (int64_t c = 0; c < cols; ++c) {
-    const BlockScaleChoice b = choose_block_scale(amax_from_bits(work[c]), Fp8Traits<F>::max, true, false, 0.0f);
-    scale_e8m0[rb * cols + c] = b.e8m0;
+        choose_block_scale(amax_from_bits(work[c]), Fp8Traits<F>::max, mxfp8, power_2_scale, amax_epsilon);
+    if (mxfp8) static_cast<uint8_t*>(scales)[rb * cols + c] = b.e8m0;
+    else static_cast<float*>(scales)[rb * cols + c] = b.scale_inv;
     work[c] = float_bits(b.scale);
   }
   for (int64_t r = r0; r < r0 + h; ++r) {

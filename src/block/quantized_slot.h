@@ -1,0 +1,48 @@
+// The workspace slot of a quantization whose representations a backend decodes for its GEMMs (the
+// CPU backend's, and the CUDA backend's blocked recipes): for each representation made, its codes
+// and block scales (unless forward saves them, exec.h's QuantizeCall) and the decoded operand. One
+// layout, so that both backends make the same representations as quantize_representations says.
+#pragma once
+
+#include <cstdint>
+
+#include "exec.h"
+#include "plan/fp8_recipe.h"
+#include "plan/layout.h"
+
+namespace lnmlp::block {
+
+struct DecodedRegions {
+  Region codes, scales, op;
+};
+
+struct DecodedSlot {
+  bool shared = false;      // one representation for both orientations (QuantKind::orientation_free)
+  DecodedRegions row, col;  // the rowwise (also the shared) and the columnwise representation
+};
+
+// Takes the slot's regions after whatever `a` already holds; op_bytes: bytes of a decoded element.
+inline DecodedSlot take_decoded_slot(RegionAllocator& a, const ResolvedRecipe& r, const QuantizeCall& call,
+                                     int64_t op_bytes) {
+  const int64_t n = checked_mul(call.x.rows, call.x.cols, "an FP8 operand");
+  auto take = [&](const QuantKind& k, bool to_saved) {
+    DecodedRegions d;
+    d.codes = a.take_if(!to_saved, n, 1, "FP8 codes");
+    const int64_t count = k.scale_count(call.x.rows, call.x.cols);
+    d.scales = a.take_if(!to_saved && count > 0, count, k.scale_bytes(), "FP8 block scales");
+    d.op = a.take(n, op_bytes, "FP8 GEMM operand");
+    return d;
+  };
+  DecodedSlot s;
+  const QuantKind rowwise = quant_kind(r, call.quantizer, Contract::Cols);
+  s.shared = rowwise.orientation_free();
+  if (s.shared) {
+    s.row = take(rowwise, call.save_columnwise);
+    return s;
+  }
+  if (call.rowwise) s.row = take(rowwise, false);
+  if (call.columnwise) s.col = take(quant_kind(r, call.quantizer, Contract::Rows), call.save_columnwise);
+  return s;
+}
+
+}  // namespace lnmlp::block
