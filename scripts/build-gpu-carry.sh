@@ -6,7 +6,7 @@
 #   build/gpu/         what travels (well under 60 MiB):
 #       lib/           liblnmlp.so.1, liblnmlp_cuda.so.1, and what the GPU machine lacks: oneDNN
 #                      (libdnnl.so.2) and its libOpenCL.so.1 loader stub, libgomp.so.1
-#       bin/           lnmlp_gpu_tests, lnmlp-gpu-bench (stripped)
+#       bin/           lnmlp_gpu_kernel_tests, lnmlp_gpu_tests, lnmlp-gpu-bench (stripped)
 #       env.sh         sets LD_LIBRARY_PATH for them
 #       MANIFEST       what was built, from which commit, with which CUDA
 #
@@ -18,12 +18,12 @@ carry=build/gpu
 
 cmake -S . -B "$tree" -DCMAKE_BUILD_TYPE=Release -DLNMLP_NATIVE=OFF -DLNMLP_BUILD_BENCH=ON -DLNMLP_BUILD_TESTS=ON \
   -DLNMLP_CUDA=ON ${LNMLP_CUDA_ARCHS:+-DCMAKE_CUDA_ARCHITECTURES="$LNMLP_CUDA_ARCHS"} >/dev/null
-cmake --build "$tree" -j"$(nproc)" --target lnmlp lnmlp_cuda lnmlp_gpu_tests lnmlp-gpu-bench
+cmake --build "$tree" -j"$(nproc)" --target lnmlp lnmlp_cuda lnmlp_gpu_kernel_tests lnmlp_gpu_tests lnmlp-gpu-bench
 
 rm -rf "$carry"
 mkdir -p "$carry/lib" "$carry/bin"
 cp -L "$tree/src/liblnmlp.so.1" "$tree/src/liblnmlp_cuda.so.1" "$carry/lib/"
-cp "$tree/tests/gpu/lnmlp_gpu_tests" "$tree/bench/gpu/lnmlp-gpu-bench" "$carry/bin/"
+cp "$tree/tests/gpu/lnmlp_gpu_kernel_tests" "$tree/tests/gpu/lnmlp_gpu_tests" "$tree/bench/gpu/lnmlp-gpu-bench" "$carry/bin/"
 # What the GPU machine lacks (no oneDNN there): the libraries liblnmlp needs beyond glibc/libstdc++.
 for dep in libdnnl.so.2 libOpenCL.so.1 libgomp.so.1; do
   path=$(ldd "$tree/src/liblnmlp.so.1" | awk -v d="$dep" '$1 == d { print $3 }')

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The GPU check, on a machine with an NVIDIA GPU (each step has a timeout: at most 8 minutes in all on an H200):
+#   0. the FP8 kernels against the CPU backend's quantizers, bit for bit (a failure names its kernel);
 #   1. the GPU test suite (CUDA backend against the CPU backend, CUDA graphs, error paths);
 #   2. compute-sanitizer --tool memcheck on a small configuration (a test filter);
 #   3. lnmlp-gpu-bench (the block and its GEMMs alone, in the same run);
 #   4. the framework peers (bench/gpu/torch_peer.py: PyTorch eager, torch.compile, JAX), if installed.
-# Writes at most 8 flat files into ${OUT:-./gpu-check-out}: summary.json and one log per step.
+# Writes at most 9 flat files into ${OUT:-./gpu-check-out}: summary.json and one log per step.
 #
 # Binaries: LNMLP_GPU_BUILD (default build/gpu) made by scripts/build-gpu-carry.sh and carried
 # here; if it is missing, this script builds one (that needs oneDNN, CUDA and GoogleTest here).
@@ -49,6 +50,16 @@ log "GPU: $(head -n1 "$out/nvidia-smi.txt")"
 log "ldd lnmlp_cuda: $(ldd "$carry/lib/liblnmlp_cuda.so.1" 2>&1 | grep -E 'not found|cublasLt' | tr '\n' ' ')"
 
 status_of() { if [ "$1" -eq 0 ]; then echo pass; elif [ "$1" -eq 124 ]; then echo timeout; else echo "fail($1)"; fi; }
+
+# 0. Kernel tests.
+kernels_rc=0
+if [ -x "$carry/bin/lnmlp_gpu_kernel_tests" ]; then
+  log "0/4 lnmlp_gpu_kernel_tests"
+  timeout 60 "$carry/bin/lnmlp_gpu_kernel_tests" --gtest_brief=1 > "$out/gpu-kernel-tests.log" 2>&1
+  kernels_rc=$?
+  grep -q "no CUDA device" "$out/gpu-kernel-tests.log" && kernels_rc=3
+  log "   $(status_of $kernels_rc): $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/gpu-kernel-tests.log" | tr '\n' ' ')"
+fi
 
 # 1. GPU tests.
 log "1/4 lnmlp_gpu_tests"
@@ -95,9 +106,9 @@ grep -v '^{' "$out/peers.log" | tee -a "$out/gpu-check.log"
 
 # Summary.
 python3 - "$out" "$tests_rc" "$memcheck_rc" "$bench_rc" "$peers_rc" "$tests_summary" "$memcheck_summary" \
-  "$(($(date +%s) - t_start))" <<'PY'
+  "$(($(date +%s) - t_start))" "$kernels_rc" <<'PY'
 import json, sys
-out, t_rc, m_rc, b_rc, p_rc, t_sum, m_sum, secs = sys.argv[1:]
+out, t_rc, m_rc, b_rc, p_rc, t_sum, m_sum, secs, k_rc = sys.argv[1:]
 def lines(name):
     try:
         return [json.loads(l) for l in open(f"{out}/{name}") if l.startswith("{")]
@@ -106,15 +117,16 @@ def lines(name):
 gpu = open(f"{out}/nvidia-smi.txt").read().strip()
 summary = {
     "gpu": gpu,
+    "gpu_kernel_tests": {"rc": int(k_rc)},
     "gpu_tests": {"rc": int(t_rc), "summary": t_sum.strip()},
     "memcheck": {"rc": int(m_rc), "summary": m_sum.strip()},
     "bench": {"rc": int(b_rc), "cases": lines("gpu-bench.log")},
     "peers": {"rc": int(p_rc), "cases": lines("peers.log")},
     "seconds": int(secs),
-    "ok": int(t_rc) == 0 and int(m_rc) == 0 and int(b_rc) == 0,
+    "ok": int(k_rc) == 0 and int(t_rc) == 0 and int(m_rc) == 0 and int(b_rc) == 0,
 }
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
 print("summary.json:", "ok" if summary["ok"] else "NOT ok")
 PY
 log "done; files in $out: $(ls "$out" | tr '\n' ' ')"
-[ "$tests_rc" -eq 0 ] && [ "$memcheck_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+[ "$kernels_rc" -eq 0 ] && [ "$tests_rc" -eq 0 ] && [ "$memcheck_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]

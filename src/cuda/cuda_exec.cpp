@@ -7,7 +7,7 @@
 
 #include "block/quantized_slot.h"
 #include "check.h"
-#include "device_pointers.h"
+#include "devices.h"
 #include "fp8_kernels.h"
 #include "gemm_cublaslt.h"
 #include "gemm_plan.h"
@@ -296,19 +296,6 @@ class CudaExec final : public block::Exec {
 };
 
 }  // namespace
-
-int device_count() {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    fail(LNMLP_ERROR_NOT_SUPPORTED, "the CUDA backend cannot run on this machine: ", cudaGetErrorName(e), " (",
-         cudaGetErrorString(e), "); it needs an NVIDIA GPU and driver, or use LNMLP_BACKEND_CPU");
-  }
-  if (n < 1)
-    fail(LNMLP_ERROR_NOT_SUPPORTED, "the CUDA backend found no CUDA device on this machine; use LNMLP_BACKEND_CPU");
-  return n;
-}
 
 std::unique_ptr<block::Exec> make_cuda_exec(const Config& cfg) {
   const int n = device_count();

@@ -27,8 +27,4 @@ constexpr int64_t kCudaAlignment = 256;
 // has no algorithm for a GEMM; BACKEND for CUDA failures.
 std::unique_ptr<block::Exec> make_cuda_exec(const Config& cfg);
 
-// Number of CUDA devices; throws NOT_SUPPORTED (naming the CUDA error) when there is no usable
-// driver or no device.
-int device_count();
-
 }  // namespace lnmlp::cuda

@@ -7,6 +7,7 @@
 #include "block/engine.h"
 #include "common/error.h"
 #include "cuda_exec.h"
+#include "devices.h"
 #include "module/table.h"
 #include "nccl_comm.h"
 

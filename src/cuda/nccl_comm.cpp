@@ -1,7 +1,7 @@
 #include "nccl_comm.h"
 
 #include "common/error.h"
-#include "cuda_exec.h"
+#include "devices.h"
 
 #if defined(LNMLP_HAVE_NCCL)
 #include <dlfcn.h>

@@ -1,4 +1,5 @@
-// Checks that pointers handed to a CUDA plan are memory its device can use, before anything runs.
+// The CUDA devices of this machine, and the check that pointers handed to a CUDA plan are memory
+// its device can use, before anything runs.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,6 +12,10 @@
 namespace lnmlp::cuda {
 
 using block::NamedPointer;  // NULL entries are skipped (the core has checked which may be NULL)
+
+// Number of CUDA devices; throws NOT_SUPPORTED (naming the CUDA error) when there is no usable
+// driver or no device.
+int device_count();
 
 // Fails with LNMLP_ERROR_MISALIGNED for a pointer not aligned to `alignment` bytes, and with
 // LNMLP_ERROR_INVALID_ARGUMENT for plain host memory or memory of another device (detected with

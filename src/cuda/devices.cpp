@@ -1,10 +1,23 @@
-#include "device_pointers.h"
+#include "devices.h"
 
 #include <cstdint>
 
 #include "check.h"
 
 namespace lnmlp::cuda {
+
+int device_count() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    fail(LNMLP_ERROR_NOT_SUPPORTED, "the CUDA backend cannot run on this machine: ", cudaGetErrorName(e), " (",
+         cudaGetErrorString(e), "); it needs an NVIDIA GPU and driver, or use LNMLP_BACKEND_CPU");
+  }
+  if (n < 1)
+    fail(LNMLP_ERROR_NOT_SUPPORTED, "the CUDA backend found no CUDA device on this machine; use LNMLP_BACKEND_CPU");
+  return n;
+}
 
 void check_device_pointers(std::initializer_list<NamedPointer> list, int device, int64_t alignment,
                            cudaStream_t stream) {
