@@ -94,9 +94,10 @@ struct TensorScale {
 };
 
 // One quantization: x (the I/O dtype, or fp32) for quantizer q, into the representations asked
-// for. Per tensor, with the scale in *scale (a QuantScalars, from tensor_scale). Where forward
-// saves the tensor for backward (save_columnwise), its columnwise representation (codes, and block
-// scales for blocked recipes) goes to the saved buffer instead of the slot. The slot's size
+// for as GEMM operands (rowwise, columnwise). Per tensor, with the scale in *scale (a
+// QuantScalars, from tensor_scale). Where forward saves the tensor for backward (save_columnwise),
+// its columnwise representation (codes, and block scales for blocked recipes) goes to the saved
+// buffer instead of the slot, whether or not it is also wanted as an operand. The slot's size
 // depends on the flags and shapes only, never on the pointers (the sizing run has none).
 struct QuantizeCall {
   int quantizer = 0;
@@ -108,20 +109,21 @@ struct QuantizeCall {
   void* saved_scales = nullptr;
 };
 
-// The representations a quantization makes, through one(columnwise, to_saved) -> Operand, which
-// quantizes x for one orientation (the saved buffer's memory when to_saved): once for both when
-// the quantizer's blocks do not depend on the orientation (`shared`: per tensor on the CPU,
-// BLOCK's 128x128 weight tiles), else once for each orientation asked for.
+// The representations a quantization makes, through one(columnwise, to_saved, operand) -> Operand,
+// which quantizes x for one orientation (into the saved buffer when to_saved) and, when operand,
+// makes its GEMM operand: once for both orientations when the quantizer's blocks do not depend on
+// it (`shared`: per tensor on the CPU, BLOCK's 128x128 weight tiles), else once for each
+// orientation asked for or saved.
 template <typename One> Quantized quantize_representations(const QuantizeCall& call, bool shared, One&& one) {
   Quantized q;
   if (shared) {
-    const Operand o = one(false, call.save_columnwise);
+    const Operand o = one(false, call.save_columnwise, call.rowwise || call.columnwise);
     if (call.rowwise) q.rowwise = o;
     if (call.columnwise) q.columnwise = o;
     return q;
   }
-  if (call.rowwise) q.rowwise = one(false, false);
-  if (call.columnwise) q.columnwise = one(true, call.save_columnwise);
+  if (call.rowwise) q.rowwise = one(false, false, true);
+  if (call.columnwise || call.save_columnwise) q.columnwise = one(true, call.save_columnwise, call.columnwise);
   return q;
 }
 

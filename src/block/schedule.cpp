@@ -134,7 +134,7 @@ Quantized operands(Pass& p, int q, const Mat& t, bool rowwise, bool columnwise, 
   call.quantizer = q;
   call.x = t;
   call.rowwise = rowwise;
-  call.columnwise = columnwise || save.present;
+  call.columnwise = columnwise;
   call.scale = p.r.per_tensor() ? p.scalars(q) : nullptr;
   call.save_columnwise = save.present;
   call.saved_codes = save.codes;

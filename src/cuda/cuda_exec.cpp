@@ -176,13 +176,14 @@ class CudaExec final : public block::Exec {
       if (call.columnwise) q.columnwise = {codes_t, &call.scale->scale_inv};
       return q;
     }
-    return block::quantize_representations(call, l.reps.shared, [&](bool columnwise, bool to_saved) {
+    return block::quantize_representations(call, l.reps.shared, [&](bool columnwise, bool to_saved, bool operand) {
       const QuantKind k = kind(call.quantizer, columnwise ? Contract::Rows : Contract::Cols);
       const block::DecodedRegions& rep = columnwise ? l.reps.col : l.reps.row;
       uint8_t* codes = to_saved ? call.saved_codes : at<uint8_t>(rep.codes, base);
       void* scales = to_saved ? call.saved_scales : at<void>(rep.scales, base);
       void* op = at<void>(rep.op, base);
       fp8_quantize_blocked(x.type, k, x.data, x.rows, x.cols, codes, scales, st_);
+      if (!operand) return Operand{};
       fp8_decode_operand(k, codes, scales, x.rows, x.cols, op_f32_, op, st_);
       return Operand{op, nullptr};
     });

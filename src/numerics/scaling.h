@@ -232,9 +232,10 @@ struct BlockScaleChoice {
 LNMLP_HD BlockScaleChoice choose_block_scale(float amax_block, float fmt_max, bool mxfp8, bool power_2_scale,
                                              float amax_epsilon) {
   BlockScaleChoice c;
-  if (mxfp8) {
-    c.scale = mxfp8_scale_from_exponent(mxfp8_scale_inv_exponent(amax_block, fmt_max));
-    c.e8m0 = mxfp8_scale_e8m0(amax_block, fmt_max);
+  if (mxfp8) {  // mxfp8_scale_e8m0's byte, with the exponent computed once
+    const int e = mxfp8_scale_inv_exponent(amax_block, fmt_max);
+    c.scale = mxfp8_scale_from_exponent(e);
+    c.e8m0 = static_cast<uint8_t>(select_bits(amax_block != amax_block, kE8M0Nan, e8m0_encode(e)));
     c.scale_inv = e8m0_to_float(c.e8m0);
   } else {
     c.scale = block_scale(amax_block, fmt_max, power_2_scale, amax_epsilon);
