@@ -5,13 +5,16 @@ Like `git clang-format --diff BASE`, but rename-aware: a file moved with `git mv
 checked on its edited lines only, not as a whole new file. Prints clang-format's proposed diff for
 every changed range it would reformat; exit 1 if there is one.
 
-Usage: python3 tools/check_format_changed.py [--fix] BASE FILE [FILE ...]
+Usage: python3 tools/check_format_changed.py [--fix] BASE FILE [FILE ...]   (non-C/C++ files are skipped)
   --fix  format those lines in place instead
 """
 import difflib
 import re
 import subprocess
 import sys
+
+
+SOURCES = (".h", ".hpp", ".c", ".cc", ".cpp", ".cu", ".cuh")
 
 
 def changed_ranges(base, files):
@@ -37,7 +40,8 @@ def main():
     if len(argv) < 2:
         print(__doc__)
         return 2
-    base, files = argv[0], argv[1:]
+    base = argv[0]
+    files = [f for f in argv[1:] if f.endswith(SOURCES)]  # clang-format formats anything as C++
     bad = 0
     for path, spans in sorted(changed_ranges(base, files).items()):
         args = ["clang-format", "--style=file"] + [f"--lines={a}:{b}" for a, b in spans] + [path]
