@@ -42,6 +42,8 @@ def main():
         return 2
     base = argv[0]
     files = [f for f in argv[1:] if f.endswith(SOURCES)]  # clang-format formats anything as C++
+    if not files:
+        return 0  # (an empty path list would make git diff cover every file)
     bad = 0
     for path, spans in sorted(changed_ranges(base, files).items()):
         args = ["clang-format", "--style=file"] + [f"--lines={a}:{b}" for a, b in spans] + [path]
