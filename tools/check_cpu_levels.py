@@ -23,7 +23,9 @@ def code_symbols(obj):
     syms = set()
     for line in out.splitlines():
         parts = line.split()
-        if len(parts) == 3 and parts[1] in "TtWw":
+        # Global and weak code: what the linker can hand from one object to another. Local symbols
+        # (t, such as each object's static initializers) are the object's own.
+        if len(parts) == 3 and parts[1] in "TW":
             syms.add(parts[2])
     return syms
 

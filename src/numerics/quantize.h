@@ -109,18 +109,10 @@ LNMLP_HOST_INLINE void dequantize_tensor(const uint8_t* codes, int64_t n, float 
 
 // ---- block scaling: 1xK blocks along rows -----------------------------------------------------
 
-// Calls fn(block_index, offset, width) for each 1 x block block of row r of a [rows, cols] matrix
-// (offset = r * cols + first column; the last block of a row may be narrower), with block_index
-// = r * num_blocks(cols, block) + b, the block's slot in a row-major scale array.
-template <typename Fn> LNMLP_HOST_INLINE void for_each_row_block(int64_t rows, int64_t cols, int64_t block, Fn&& fn) {
-  const int64_t nb = num_blocks(cols, block);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t b = 0; b < nb; ++b) {
-      const int64_t c0 = b * block;
-      fn(r * nb + b, r * cols + c0, cols - c0 < block ? cols - c0 : block);
-    }
-  }
-}
+// The 1 x block blocks of a [rows, cols] matrix, row by row: block b of row r starts at column
+// b * block, its scale's slot is r * num_blocks(cols, block) + b, and the last block of a row may
+// be narrower. (Plain loops in every function below, no callbacks: see LNMLP_HOST_INLINE.)
+LNMLP_HD int64_t block_width(int64_t cols, int64_t c0, int64_t block) { return cols - c0 < block ? cols - c0 : block; }
 
 // Quantizes in [rows, cols] in 1 x block blocks: per block amax -> block_scale (fmt_max /
 // max(amax, amax_epsilon), optionally a power of two; 1.0 for an all-zero or non-finite block) ->
@@ -128,21 +120,27 @@ template <typename Fn> LNMLP_HOST_INLINE void for_each_row_block(int64_t rows, i
 template <Fp8Format F>
 LNMLP_HOST_INLINE void quantize_rows_blocked(const float* in, int64_t rows, int64_t cols, int64_t block,
                                              bool power_2_scale, float amax_epsilon, uint8_t* codes, float* scale_inv) {
-  for_each_row_block(rows, cols, block, [&](int64_t i, int64_t off, int64_t w) {
-    const BlockScaleChoice b =
-        choose_block_scale(amax_of(in + off, w), Fp8Traits<F>::max, false, power_2_scale, amax_epsilon);
-    scale_inv[i] = b.scale_inv;
-    quantize_tensor<F>(in + off, w, b.scale, codes + off);
-  });
+  const int64_t nb = num_blocks(cols, block);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c0 = 0, i = r * nb; c0 < cols; c0 += block, ++i) {
+      const int64_t off = r * cols + c0, w = block_width(cols, c0, block);
+      const BlockScaleChoice b =
+          choose_block_scale(amax_of(in + off, w), Fp8Traits<F>::max, false, power_2_scale, amax_epsilon);
+      scale_inv[i] = b.scale_inv;
+      quantize_tensor<F>(in + off, w, b.scale, codes + off);
+    }
 }
 
 // out = codes * scale_inv of the element's block.
 template <Fp8Format F> LNMLP_HOST_INLINE void dequantize_rows_blocked(const uint8_t* codes, int64_t rows, int64_t cols,
                                                                       int64_t block, const float* scale_inv,
                                                                       float* out) {
-  for_each_row_block(rows, cols, block, [&](int64_t i, int64_t off, int64_t w) {
-    dequantize_tensor<F>(codes + off, w, scale_inv[i], out + off);
-  });
+  const int64_t nb = num_blocks(cols, block);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c0 = 0, i = r * nb; c0 < cols; c0 += block, ++i) {
+      const int64_t off = r * cols + c0, w = block_width(cols, c0, block);
+      dequantize_tensor<F>(codes + off, w, scale_inv[i], out + off);
+    }
 }
 
 // ---- block scaling: Kx1 blocks along columns ---------------------------------------------------
@@ -152,13 +150,6 @@ template <Fp8Format F> LNMLP_HOST_INLINE void dequantize_rows_blocked(const uint
 // dimension is its rows (the weight-gradient GEMMs' A^T B). Codes stay in the [rows, cols] layout;
 // scale_inv is [num_blocks(rows, block), cols] (block-row major). The scales are those
 // quantize_rows_blocked gives the transpose, bit for bit.
-// Calls fn(row_block, r0, height) for each band of `block` rows.
-template <typename Fn> LNMLP_HOST_INLINE void for_each_row_band(int64_t rows, int64_t block, Fn&& fn) {
-  for (int64_t rb = 0; rb * block < rows; ++rb) {
-    const int64_t r0 = rb * block;
-    fn(rb, r0, rows - r0 < block ? rows - r0 : block);
-  }
-}
 
 // The amax of each column over rows [r0, r0 + h) into amax[cols] (NaN-propagating, as amax_of).
 LNMLP_HOST_INLINE void column_amax(const float* in, int64_t cols, int64_t r0, int64_t h, uint32_t* amax_bits) {
@@ -240,20 +231,26 @@ template <Fp8Format F> LNMLP_HOST_INLINE void dequantize_tiles(const uint8_t* co
 template <Fp8Format F> LNMLP_HOST_INLINE void quantize_mxfp8_rows(const float* in, int64_t rows, int64_t cols,
                                                                   uint8_t* codes, uint8_t* scale_e8m0,
                                                                   int64_t block = kMxfp8BlockLength) {
-  for_each_row_block(rows, cols, block, [&](int64_t i, int64_t off, int64_t w) {
-    const BlockScaleChoice b = choose_block_scale(amax_of(in + off, w), Fp8Traits<F>::max, true, false, 0.0f);
-    scale_e8m0[i] = b.e8m0;
-    quantize_tensor<F>(in + off, w, b.scale, codes + off);
-  });
+  const int64_t nb = num_blocks(cols, block);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c0 = 0, i = r * nb; c0 < cols; c0 += block, ++i) {
+      const int64_t off = r * cols + c0, w = block_width(cols, c0, block);
+      const BlockScaleChoice b = choose_block_scale(amax_of(in + off, w), Fp8Traits<F>::max, true, false, 0.0f);
+      scale_e8m0[i] = b.e8m0;
+      quantize_tensor<F>(in + off, w, b.scale, codes + off);
+    }
 }
 
 // out = codes * 2^e of the element's block (NaN for an 0xFF block).
 template <Fp8Format F> LNMLP_HOST_INLINE void dequantize_mxfp8_rows(const uint8_t* codes, int64_t rows, int64_t cols,
                                                                     const uint8_t* scale_e8m0, float* out,
                                                                     int64_t block = kMxfp8BlockLength) {
-  for_each_row_block(rows, cols, block, [&](int64_t i, int64_t off, int64_t w) {
-    dequantize_tensor<F>(codes + off, w, e8m0_to_float(scale_e8m0[i]), out + off);
-  });
+  const int64_t nb = num_blocks(cols, block);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c0 = 0, i = r * nb; c0 < cols; c0 += block, ++i) {
+      const int64_t off = r * cols + c0, w = block_width(cols, c0, block);
+      dequantize_tensor<F>(codes + off, w, e8m0_to_float(scale_e8m0[i]), out + off);
+    }
 }
 
 // ---- the GEMM contract for one output element -------------------------------------------------
