@@ -235,7 +235,7 @@ void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardA
     act_op = operands(p, kActOut, act, true, false, ScaleFrom::Own, saving(sv.act_q, sv.act_q_scale, a.saved)).rowwise;
   }
 
-  // 4. y = a @ W2 + b2; sharded, the fp32 partial sums summed over the group first.
+  // 3. y = a @ W2 + b2; sharded, the fp32 partial sums summed over the group first.
   const Operand w2 = operands(p, kW2, p.io(a.w2, F, H), false, true, ScaleFrom::Own).columnwise;
   if (!c.sharded()) {
     x.gemm(GemmRole::Gemm2, act_op, w2, p.io(a.y, T, H), a.b2);
@@ -247,7 +247,7 @@ void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardA
     x.bias_round(p.f32(rows, Tn, H), a.b2, p.io(a.y, Tn, H));
   }
 
-  // 5. Delayed scaling: the forward quantizers move on.
+  // 4. Delayed scaling: the forward quantizers move on.
   if (p.r.stateful())
     for (int q = kLnOut; q <= kW2; ++q) x.delayed_update(q, p.state_of(q), p.amax_of(q));
   x.finish();
@@ -293,7 +293,7 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
     if (p.quantized) act = operands(p, kActOut, av, false, true, ScaleFrom::Forward).columnwise;
   }
 
-  // 4. dy: db2's partial sums over this rank's rows; its operands (all-gathered under sequence
+  // 3. dy: db2's partial sums over this rank's rows; its operands (all-gathered under sequence
   //    parallelism).
   float* part_db2 = ws.take_if<float>(c.has_bias2, x.partials_floats(ColumnSum::Db2), "db2 partials");
   if (c.has_bias2) x.column_sums(ColumnSum::Db2, p.io(a.dy, Tn, H), part_db2);
@@ -304,27 +304,27 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
   }
   const Quantized dyq = operands(p, kDy, dy, true, true, ScaleFrom::Own);
 
-  // 5. GEMM2's gradients: dact = dy @ W2^T, dW2 = a^T @ dy.
+  // 4. GEMM2's gradients: dact = dy @ W2^T, dW2 = a^T @ dy.
   const Quantized w2 = operands(p, kW2, p.io(a.w2, F, H), true, false, ScaleFrom::Forward);
   const Mat dact = p.take(DType::F32, T, F, "dact");
   x.gemm(GemmRole::Dact, dyq.rowwise, w2.rowwise, dact, nullptr);
   x.gemm(GemmRole::Dw2, act, dyq.columnwise, p.io(a.dw2, F, H), nullptr);
 
-  // 6. dh = dact * act'(h) with db1's partial sums: in the GEMMs' operand type, or fp32 for the
+  // 5. dh = dact * act'(h) with db1's partial sums: in the GEMMs' operand type, or fp32 for the
   //    quantizer.
   float* part_db1 = ws.take_if<float>(c.has_bias1, x.partials_floats(ColumnSum::Db1), "db1 partials");
   const Mat dh = p.take(p.quantized ? DType::F32 : x.operand_type(), T, AF, "dffn1");
   x.act_backward(static_cast<const float*>(dact.data), h, dh, !p.quantized, part_db1);
   const Quantized dhq = operands(p, kDh, dh, true, true, ScaleFrom::Own);
 
-  // 7. GEMM1's gradients: dn = dh @ W1^T (a rank's partial sum when sharded), dW1 = ln^T @ dh.
+  // 6. GEMM1's gradients: dn = dh @ W1^T (a rank's partial sum when sharded), dW1 = ln^T @ dh.
   const Mat dn = p.take(DType::F32, T, H, "dln_out");
   x.gemm(GemmRole::Dn, dhq.rowwise, w1.rowwise, dn, nullptr);
   x.gemm(GemmRole::Dw1, ln.columnwise, dhq.columnwise, p.io(a.dw1, H, AF), nullptr);
   float* dn_local = ws.take_if<float>(p.sp, Tn * H, "reduce-scattered dln_out rows");
   const float* dn_rows = p.group_sum_rows(static_cast<float*>(dn.data), dn_local, H);
 
-  // 8. Norm backward; the parameter gradients (b1 is sharded, so db1 is never summed over the group).
+  // 7. Norm backward; the parameter gradients (b1 is sharded, so db1 is never summed over the group).
   float* part_dg = ws.take<float>(x.partials_floats(ColumnSum::Dgamma), "dgamma partials");
   float* part_dbeta = ws.take_if<float>(c.has_beta(), x.partials_floats(ColumnSum::Dbeta), "dbeta partials");
   x.norm_backward(dn_rows, in, a.dx, part_dg, part_dbeta);
@@ -334,7 +334,7 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
   if (c.has_bias1) param_grad(p, ColumnSum::Db1, part_db1, a.db1, AF, false, nullptr);
   if (c.has_bias2) param_grad(p, ColumnSum::Db2, part_db2, a.db2, H, true, group);
 
-  // 9. Delayed scaling: the backward quantizers move on.
+  // 8. Delayed scaling: the backward quantizers move on.
   if (p.r.stateful())
     for (int q : {kDy, kDh}) x.delayed_update(q, p.state_of(q), p.amax_of(q));
   x.finish();
