@@ -2,7 +2,11 @@
 """Two builds of lnmlp-bench against each other on the same machine, interleaved.
 
     python3 bench/ab_compare.py --a OLD/bench/lnmlp-bench --b NEW/bench/lnmlp-bench [--rounds 3]
-                                [--iters 3] [--set standard|quick] [--label-a old --label-b new]
+                                [--iters 3] [--set standard|quick|fp8] [--only TEXT]
+                                [--label-a old --label-b new] [--env-a VAR=VALUE] [--env-b VAR=VALUE]
+
+--env-b LNMLP_CPU_ISA=x86-64 with the same binary as --a compares the CPU kernels' baseline
+level against the level the CPU gets (what a build without run-time dispatch would run).
 
 Each configuration runs A then B, `rounds` times (A B A B ...), so a drift of the shared machine
 hits both alike; every run is a whole lnmlp-bench process (its own warm-up, medians of `iters`
@@ -46,12 +50,13 @@ def cpu_model():
     return "unknown CPU"
 
 
-def run(bench, args, iters):
+def run(bench, args, iters, env):
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as t:
         path = t.name
     try:
         cmd = [bench, "--iters", str(iters), "--check-tokens", "4", "--json", path] + args
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       env=dict(os.environ, **env))
         with open(path) as f:
             return json.load(f)
     finally:
@@ -64,15 +69,19 @@ def main():
     p.add_argument("--b", required=True, help="lnmlp-bench of build B")
     p.add_argument("--label-a", default="A")
     p.add_argument("--label-b", default="B")
+    p.add_argument("--env-a", action="append", default=[], metavar="VAR=VALUE", help="environment of A's runs")
+    p.add_argument("--env-b", action="append", default=[], metavar="VAR=VALUE", help="environment of B's runs")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--set", choices=["standard", "quick", "fp8"], default="standard")
     p.add_argument("--only", default="", help="run only the configurations whose name contains this")
     o = p.parse_args()
+    env_a = dict(e.split("=", 1) for e in o.env_a)
+    env_b = dict(e.split("=", 1) for e in o.env_b)
     configs = {"standard": STANDARD, "quick": QUICK, "fp8": FP8}[o.set]
     configs = [c for c in configs if o.only in c[0]]
     print(f"{cpu_model()}, {os.cpu_count()} CPUs; {o.rounds} rounds of A B, lnmlp-bench --iters {o.iters} each")
-    print(f"A = {o.label_a}: {o.a}\nB = {o.label_b}: {o.b}")
+    print(f"A = {o.label_a}: {o.a} {' '.join(o.env_a)}\nB = {o.label_b}: {o.b} {' '.join(o.env_b)}")
     head = f"{'configuration':36} {o.label_a + ' ms':>12} {o.label_b + ' ms':>12} {'B/A':>7} {'outside A':>10} {'outside B':>10}"
     print(head)
     print("-" * len(head))
@@ -80,8 +89,8 @@ def main():
         a, b = [], []
         for r in range(o.rounds):
             print(f"  {name}: round {r + 1}/{o.rounds}   ", end="\r", file=sys.stderr, flush=True)
-            a.append(run(o.a, args, o.iters))
-            b.append(run(o.b, args, o.iters))
+            a.append(run(o.a, args, o.iters, env_a))
+            b.append(run(o.b, args, o.iters, env_b))
         ta = statistics.median(x["total_ms"] for x in a)
         tb = statistics.median(x["total_ms"] for x in b)
         ratios = [y["total_ms"] / x["total_ms"] for x, y in zip(a, b)]

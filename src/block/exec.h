@@ -163,8 +163,8 @@ class Exec {
   // begin() before a pass's first primitive (live: a real pass, not the sizing run), end() after
   // its last, also when it throws (the schedule's Pass does both).
   void begin(bool live, void* stream, void* scratch) {
-    live_ = live;
-    if (live_) do_begin(stream, scratch);
+    if (live) do_begin(stream, scratch);
+    live_ = live;  // only once the backend's pass has begun: end() undoes what began
   }
   void end() noexcept {
     if (live_) do_end();

@@ -39,10 +39,6 @@ struct GemmSpec {
   int quantizer_a, quantizer_b;  // plan/fp8_recipe.h's Quantizer of each side
   bool out_f32;                  // C in fp32: dact, dn, and GEMM2's partial sums when sharded; else the I/O dtype
   bool bias;                     // GEMM1 adds b1; GEMM2 adds b2 unless sharded (then after the group's sum)
-
-  // Which representation of a quantized side this GEMM reads.
-  bool a_columnwise() const { return trans_a; }
-  bool b_columnwise() const { return !trans_b; }
 };
 
 // The GEMM `role` of the plan whose (shard's) Config is c.

@@ -4,7 +4,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -65,7 +64,6 @@ class CpuExec final : public block::Exec {
       Role& slot = gemms_[static_cast<int>(role)];
       slot.gemm = make_gemm(g.shape);
       slot.staged = g.staged;
-      slot.n = g.shape.n;
       gemm_scratch = std::max(gemm_scratch, slot.gemm->scratch_bytes());
       if (g.staged) staging = std::max(staging, checked_mul(g.shape.m, g.shape.n, "a GEMM's fp32 result") * 4);
     }
@@ -335,7 +333,6 @@ class CpuExec final : public block::Exec {
   struct Role {
     std::unique_ptr<Gemm> gemm;
     bool staged = false;
-    int64_t n = 0;
   };
 
   template <typename Fn> void with_dtype(Fn&& fn) const { numerics::dispatch_dtype(c_.dtype, fn); }

@@ -52,7 +52,6 @@ class LtGemm {
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;
 
-  const LtShape& shape() const { return shape_; }
   // Workspace bytes the chosen algorithm needs.
   int64_t workspace_bytes() const { return workspace_bytes_; }
   // Enqueues the GEMM on stream. bias: NULL unless the shape has one. a_scale_inv, b_scale_inv:
