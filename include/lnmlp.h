@@ -405,7 +405,9 @@ typedef int32_t (*lnmlp_comm_fn)(const void* send, void* recv, int64_t count, in
  *                  the ranks of their send[rank*count ..] slice (sum, fp32).
  *  all_reduce_sum  recv = element-wise sum over the ranks of send (`count` elements);
  *                  send == recv (in place) is allowed.
- *  all_reduce_max  as all_reduce_sum with the maximum (FP8 amaxes).
+ *  all_reduce_max  as all_reduce_sum with the maximum (FP8 amaxes: >= 0, +inf or NaN). A NaN
+ *                  on any rank must give NaN on every rank, as lnmlp's own communicators do by
+ *                  taking the maximum of the bit patterns as uint32 (every NaN is above +inf).
  * The results must be identical on every rank (the same order of summation everywhere). */
 typedef struct lnmlp_comm_callbacks {
   int32_t size;
@@ -495,7 +497,10 @@ LNMLP_API int32_t lnmlp_plan_attach_workspace(lnmlp_plan* plan, void* workspace,
  * first). Forward updates the forward quantizers (LN_OUT, W1, ACT_OUT, W2) after it has used
  * their scales; backward updates DY and DH. Plans of other recipes keep no state: their history
  * length is 0, their state is 0 bytes, and the per-quantizer functions answer
- * LNMLP_ERROR_INVALID_ARGUMENT. On the CUDA backend these functions copy synchronously. */
+ * LNMLP_ERROR_INVALID_ARGUMENT. On the CUDA backend these functions synchronize the plan's device
+ * (cudaDeviceSynchronize) before and after their copy, so they see every forward and backward
+ * enqueued before them, on any stream (non-blocking ones included), and every later call sees
+ * what they wrote; they must not be called while a stream of that device is being captured. */
 
 /* The amax history length of a DELAYED plan; 0 for any other recipe. */
 LNMLP_API int32_t lnmlp_plan_get_amax_history_length(const lnmlp_plan* plan, int32_t* length);

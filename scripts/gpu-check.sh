@@ -1,132 +1,318 @@
 #!/usr/bin/env bash
-# The GPU check, on a machine with an NVIDIA GPU (each step has a timeout: at most 8 minutes in all on an H200):
-#   0. the FP8 kernels against the CPU backend's quantizers, bit for bit (a failure names its kernel);
-#   1. the GPU test suite (CUDA backend against the CPU backend, CUDA graphs, error paths);
-#   2. compute-sanitizer --tool memcheck on a small configuration (a test filter);
-#   3. lnmlp-gpu-bench (the block and its GEMMs alone, in the same run);
-#   4. the framework peers (bench/gpu/torch_peer.py: PyTorch eager, torch.compile, JAX), if installed.
-# Writes at most 9 flat files into ${OUT:-./gpu-check-out}: summary.json and one log per step.
+# The GPU check: runs on a machine with an NVIDIA GPU what scripts/build-gpu-carry.sh built
+# elsewhere (this script builds nothing), in about 5 minutes at most, so that a rerun fits a lent
+# GPU's time. Steps, each under a timeout and all under one budget (LNMLP_GPU_CHECK_BUDGET, 300 s):
+#   libraries  every carried binary loads (the carried libraries, the machine's cuBLASLt 13);
+#   kernels    lnmlp_gpu_kernel_tests: each kernel against src/numerics on the host, so that a
+#              failure names its kernel (first, before anything runs a whole plan);
+#   tests      lnmlp_gpu_tests: the CUDA backend against the CPU backend, CUDA graphs, stream
+#              ordering, error paths;
+#   nccl       the one-rank NCCL tests (lnmlp_gpu_sharding_tests), where the machine has
+#              libnccl.so.2 (218 MB: it cannot travel in the carry);
+#   memcheck   compute-sanitizer --tool memcheck on a small set of the tests;
+#   bench      lnmlp-gpu-bench --quick (the block and its GEMMs alone, in one run);
+#   peers      bench/gpu/torch_peer.py --quick (PyTorch eager, torch.compile, JAX), where installed.
+# Writes into ${OUT:-./gpu-check-out}: summary.json (always, also when a step fails or the script
+# is interrupted), gpu-check.log, one log per step, and the carried build's MANIFEST (the commit
+# it was built from).
 #
-# Binaries: LNMLP_GPU_BUILD (default build/gpu) made by scripts/build-gpu-carry.sh and carried
-# here; if it is missing, this script builds one (that needs oneDNN, CUDA and GoogleTest here).
+#   OUT=dir bash scripts/gpu-check.sh             on the GPU machine (carry build/gpu.tar.gz there)
+#   OUT=dir bash scripts/gpu-check.sh --dry-run   here, without a GPU: every step that can run
+#                                                 without one runs, the rest say "skipped: no GPU";
+#                                                 exit status 0 when nothing failed (CI runs it)
+#
+# The carried build: LNMLP_GPU_BUILD (default build/gpu), or its archive build/gpu.tar.gz, which
+# is unpacked beside it. LD_LIBRARY_PATH may be unset.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+
+dry_run=0
+for a in "$@"; do
+  case "$a" in
+    --dry-run) dry_run=1 ;;
+    *) echo "usage: OUT=dir bash scripts/gpu-check.sh [--dry-run]" >&2; exit 2 ;;
+  esac
+done
 out=${OUT:-./gpu-check-out}
 mkdir -p "$out"
 carry=${LNMLP_GPU_BUILD:-build/gpu}
+budget=${LNMLP_GPU_CHECK_BUDGET:-300}
+export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
 t_start=$(date +%s)
-log() { echo "[gpu-check $(($(date +%s) - t_start))s] $*" | tee -a "$out/gpu-check.log"; }
+elapsed() { echo $(($(date +%s) - t_start)); }
 : > "$out/gpu-check.log"
+log() { echo "[gpu-check $(elapsed)s] $*" | tee -a "$out/gpu-check.log"; }
 
-if [ ! -x "$carry/bin/lnmlp_gpu_tests" ]; then
-  log "no prebuilt $carry; building it here (scripts/build-gpu-carry.sh)"
-  if ! bash scripts/build-gpu-carry.sh >> "$out/gpu-check.log" 2>&1; then
-    log "build failed (see gpu-check.log); build $carry elsewhere with scripts/build-gpu-carry.sh and carry it"
+# ---- results, and the summary written whatever happens ----------------------------------------
+steps=(libraries kernels tests nccl memcheck bench peers)
+declare -A status detail seconds
+for s in "${steps[@]}"; do status[$s]="not run"; detail[$s]=""; seconds[$s]=0; done
+gpu_name="none"
+built_from="unknown"
+tree_commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+
+json_string() {  # a JSON string literal of $1 (quotes, backslashes and control characters escaped)
+  local s=$1
+  s=${s//\\/\\\\}
+  s=${s//\"/\\\"}
+  s=$(printf '%s' "$s" | tr '\000-\037' ' ')
+  printf '"%s"' "$s"
+}
+json_lines() {  # the JSON object lines of a log, as a JSON array
+  local first=1
+  printf '['
+  if [ -f "$1" ]; then
+    while IFS= read -r line; do
+      case "$line" in
+        '{'*'}') if [ $first -eq 0 ]; then printf ','; fi; printf '\n  %s' "$line"; first=0 ;;
+      esac
+    done < "$1"
   fi
+  printf ']'
+}
+all_ok() {
+  local s
+  for s in "${steps[@]}"; do
+    case "${status[$s]}" in fail* | timeout*) return 1 ;; esac
+  done
+  return 0
+}
+write_summary() {
+  local ok=false s first=1
+  all_ok && ok=true
+  {
+    printf '{\n "dry_run": %s,\n "gpu": %s,\n' "$([ $dry_run -eq 1 ] && echo true || echo false)" "$(json_string "$gpu_name")"
+    printf ' "carried_build": %s,\n "tree_commit": %s,\n' "$(json_string "$built_from")" "$(json_string "$tree_commit")"
+    printf ' "seconds": %d,\n "ok": %s,\n "steps": {' "$(elapsed)" "$ok"
+    for s in "${steps[@]}"; do
+      if [ $first -eq 0 ]; then printf ','; fi
+      first=0
+      printf '\n  %s: {"status": %s, "seconds": %d, "detail": %s}' "$(json_string "$s")" \
+        "$(json_string "${status[$s]}")" "${seconds[$s]}" "$(json_string "${detail[$s]}")"
+    done
+    printf '\n },\n "bench_cases": '
+    json_lines "$out/bench.log"
+    printf ',\n "peer_cases": '
+    json_lines "$out/peers.log"
+    printf '\n}\n'
+  } > "$out/summary.json"
+}
+finish() {
+  write_summary
+  log "summary.json: $(all_ok && echo ok || echo 'NOT ok'); files in $out: $(ls "$out" | tr '\n' ' ')"
+}
+trap finish EXIT
+trap 'log "interrupted"; exit 130' INT TERM
+
+skip_all_from() {  # marks every step not yet run as skipped, with the reason $1
+  local s
+  for s in "${steps[@]}"; do [ "${status[$s]}" = "not run" ] && status[$s]="skipped: $1"; done
+}
+
+# Runs step $1's command (the rest of the arguments) under min($2 s, what is left of the budget),
+# its output into $out/$1.log; sets rc and the step's seconds. Returns 1 (and marks the step) when
+# the budget is spent.
+rc=0
+run_step() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$((budget - $(elapsed) - 5))
+  if [ "$left" -lt 10 ]; then
+    status[$name]="skipped: the check's ${budget}s budget is spent"
+    return 1
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local t0
+  t0=$(date +%s)
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1
+  rc=$?
+  seconds[$name]=$(($(date +%s) - t0))
+  return 0
+}
+verdict() {  # pass, timeout or fail(rc) from rc
+  if [ "$rc" -eq 0 ]; then echo pass; elif [ "$rc" -eq 124 ]; then echo "timeout"; else echo "fail(rc $rc)"; fi
+}
+gtest_counts() {  # "N passed, M skipped, K failed" from a GoogleTest log's summary lines
+  local p s f
+  p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$1" 2>/dev/null | tail -n1)
+  s=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$1" 2>/dev/null | tail -n1)
+  f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$1" 2>/dev/null | tail -n1)
+  echo "${p:-0} passed, ${s:-0} skipped, ${f:-0} failed$(grep -m1 -E 'no usable GPU|no CUDA device' "$1" 2>/dev/null | sed 's/^[^:]*: */; /' | cut -c1-240)"
+}
+
+# ---- the carried build -----------------------------------------------------------------------
+if [ ! -x "$carry/bin/lnmlp_gpu_tests" ] && [ -f "$carry.tar.gz" ]; then
+  log "unpacking $carry.tar.gz"
+  tar -C "$(dirname "$carry")" -xzf "$carry.tar.gz" || log "could not unpack $carry.tar.gz"
 fi
-if [ -f "$carry/env.sh" ]; then
-  # shellcheck disable=SC1091
-  source "$carry/env.sh"
+if [ ! -x "$carry/bin/lnmlp_gpu_tests" ]; then
+  log "no carried build at $carry: run scripts/build-gpu-carry.sh on a build machine and carry build/gpu.tar.gz"
+  status[libraries]="fail(no carried build at $carry)"
+  skip_all_from "no carried build"
+  exit 1
 fi
-# cuBLASLt 13 is not carried (500 MB): find the machine's (toolkit, or the pip wheels of torch/jax).
-cublas_dirs=$(
-  { ldconfig -p 2>/dev/null | awk '/libcublasLt\.so\.13/ { print $NF }' | xargs -r -n1 dirname
-    ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-13*/lib64 2>/dev/null
-    python3 - <<'PY' 2>/dev/null
-import glob, site, sys
-for base in site.getsitepackages() + [site.getusersitepackages()]:
-    for d in glob.glob(base + "/nvidia/*/lib") + glob.glob(base + "/nvidia/cu13/lib"):
+cp "$carry/MANIFEST" "$out/MANIFEST" 2>/dev/null
+built_from=$(head -n1 "$carry/MANIFEST" 2>/dev/null || echo unknown)
+log "carried build: $built_from; this tree: $tree_commit"
+case "$built_from" in
+  "commit $tree_commit"*) ;;
+  *) [ "$tree_commit" != unknown ] && log "note: the carried build is not from this tree's commit" ;;
+esac
+# shellcheck disable=SC1091
+source "$carry/env.sh"
+
+# ---- the GPU ---------------------------------------------------------------------------------
+have_gpu=0
+if [ $dry_run -eq 1 ]; then
+  gpu_name="none (dry run)"
+elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L > "$out/nvidia-smi.txt" 2>&1 && grep -q '^GPU ' "$out/nvidia-smi.txt"; then
+  have_gpu=1
+  gpu_name=$(nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>/dev/null | head -n1)
+  [ -n "$gpu_name" ] || gpu_name=$(head -n1 "$out/nvidia-smi.txt")
+else
+  gpu_name="none (nvidia-smi found no GPU)"
+fi
+log "GPU: $gpu_name"
+
+# A library's directory on this machine: the loader's cache, the CUDA toolkit, pip wheels (torch's
+# and jax's nvidia-* packages).
+find_lib_dir() {
+  local name=$1
+  {
+    ldconfig -p 2>/dev/null | awk -v n="$name" '$1 == n { print $NF }' | xargs -r -n1 dirname
+    ls -d /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
+      /usr/local/cuda-1[2-9]*/lib64 /usr/local/cuda-1[2-9]*/lib /usr/lib/x86_64-linux-gnu 2>/dev/null
+    for py in python3 python; do
+      command -v "$py" >/dev/null 2>&1 || continue
+      "$py" - <<'PY' 2>/dev/null
+import glob, site
+bases = site.getsitepackages() + [site.getusersitepackages()]
+for b in bases:
+    for d in glob.glob(b + "/nvidia/*/lib") + glob.glob(b + "/nvidia/cu1*/lib"):
         print(d)
 PY
-  } | while read -r d; do [ -e "$d/libcublasLt.so.13" ] && echo "$d"; done | awk '!seen[$0]++' | head -n 1)
-if [ -n "$cublas_dirs" ]; then
-  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$cublas_dirs"
-  log "libcublasLt.so.13 from $cublas_dirs"
-else
-  log "libcublasLt.so.13 not found on this machine; the CUDA module will not load"
-fi
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/nvidia-smi.txt" 2>&1 || true
-log "GPU: $(head -n1 "$out/nvidia-smi.txt")"
-log "ldd lnmlp_cuda: $(ldd "$carry/lib/liblnmlp_cuda.so.1" 2>&1 | grep -E 'not found|cublasLt' | tr '\n' ' ')"
-
-status_of() { if [ "$1" -eq 0 ]; then echo pass; elif [ "$1" -eq 124 ]; then echo timeout; else echo "fail($1)"; fi; }
-
-# 0. Kernel tests.
-kernels_rc=0
-if [ -x "$carry/bin/lnmlp_gpu_kernel_tests" ]; then
-  log "0/4 lnmlp_gpu_kernel_tests"
-  timeout 60 "$carry/bin/lnmlp_gpu_kernel_tests" --gtest_brief=1 > "$out/gpu-kernel-tests.log" 2>&1
-  kernels_rc=$?
-  grep -q "no CUDA device" "$out/gpu-kernel-tests.log" && kernels_rc=3
-  log "   $(status_of $kernels_rc): $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/gpu-kernel-tests.log" | tr '\n' ' ')"
-fi
-
-# 1. GPU tests.
-log "1/4 lnmlp_gpu_tests"
-timeout 150 "$carry/bin/lnmlp_gpu_tests" --gtest_brief=1 > "$out/gpu-tests.log" 2>&1
-tests_rc=$?
-tests_summary=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/gpu-tests.log" | tr '\n' ' ' | sed 's/"/'"'"'/g')
-# On a GPU machine, tests that skipped for want of a GPU are a failure of the check (the module did
-# not load, cuBLASLt is missing, the driver is too old): the reason is in the log.
-if grep -q "no usable GPU" "$out/gpu-tests.log"; then
-  tests_rc=3
-  tests_summary="$tests_summary; skipped: $(grep -m1 'no usable GPU' "$out/gpu-tests.log" | sed 's/"/'"'"'/g')"
-fi
-log "   $(status_of $tests_rc): $tests_summary"
-
-# 2. memcheck on a small configuration.
-sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-13*/bin/compute-sanitizer 2>/dev/null | head -n1)
-if [ -n "$sanitizer" ]; then
-  log "2/4 compute-sanitizer memcheck"
-  timeout 120 "$sanitizer" --tool memcheck --error-exitcode 9 \
-    "$carry/bin/lnmlp_gpu_tests" --gtest_brief=1 \
-    --gtest_filter='All/CudaVsCpu.EveryRematPolicyMatchesTheCpuBackend/bf16_layernorm_gelu_b1_b2_T37:All/CudaVsCpu.EveryRematPolicyMatchesTheCpuBackend/f16_rmsnorm_clamped_swiglu_b1_T37:CudaGraph.*:CudaErrors.*:All/CudaFp8VsCpu.ForwardAndGradientsMatchTheCpuBackend/delayed_bf16_swiglu_T256_H128_F192:All/CudaFp8VsCpu.ForwardAndGradientsMatchTheCpuBackend/mxfp8_bf16_swiglu_T200_H144_F176:CudaFp8Graph.*' \
-    > "$out/memcheck.log" 2>&1
-  memcheck_rc=$?
-else
-  echo "compute-sanitizer not found" > "$out/memcheck.log"
-  memcheck_rc=127
-fi
-memcheck_summary=$(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -n1)
-log "   $(status_of $memcheck_rc): $memcheck_summary"
-
-# 3. The GPU benchmark.
-log "3/4 lnmlp-gpu-bench"
-timeout 150 "$carry/bin/lnmlp-gpu-bench" --quick --iters 5 --warmup 2 > "$out/gpu-bench.log" 2>&1
-bench_rc=$?
-log "   $(status_of $bench_rc)"
-cat "$out/gpu-bench.log" | grep -v '^{' | tee -a "$out/gpu-check.log"
-
-# 4. Framework peers (short: hidden 4096 only).
-log "4/4 torch_peer.py --quick"
-timeout 75 python3 bench/gpu/torch_peer.py --quick --iters 5 --warmup 2 > "$out/peers.log" 2>&1
-peers_rc=$?
-log "   $(status_of $peers_rc)"
-grep -v '^{' "$out/peers.log" | tee -a "$out/gpu-check.log"
-
-# Summary.
-python3 - "$out" "$tests_rc" "$memcheck_rc" "$bench_rc" "$peers_rc" "$tests_summary" "$memcheck_summary" \
-  "$(($(date +%s) - t_start))" "$kernels_rc" <<'PY'
-import json, sys
-out, t_rc, m_rc, b_rc, p_rc, t_sum, m_sum, secs, k_rc = sys.argv[1:]
-def lines(name):
-    try:
-        return [json.loads(l) for l in open(f"{out}/{name}") if l.startswith("{")]
-    except OSError:
-        return []
-gpu = open(f"{out}/nvidia-smi.txt").read().strip()
-summary = {
-    "gpu": gpu,
-    "gpu_kernel_tests": {"rc": int(k_rc)},
-    "gpu_tests": {"rc": int(t_rc), "summary": t_sum.strip()},
-    "memcheck": {"rc": int(m_rc), "summary": m_sum.strip()},
-    "bench": {"rc": int(b_rc), "cases": lines("gpu-bench.log")},
-    "peers": {"rc": int(p_rc), "cases": lines("peers.log")},
-    "seconds": int(secs),
-    "ok": int(k_rc) == 0 and int(t_rc) == 0 and int(m_rc) == 0 and int(b_rc) == 0,
+      break
+    done
+  } | while read -r d; do [ -e "$d/$name" ] && echo "$d"; done | awk '!seen[$0]++' | head -n1
 }
-json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
-print("summary.json:", "ok" if summary["ok"] else "NOT ok")
-PY
-log "done; files in $out: $(ls "$out" | tr '\n' ' ')"
-[ "$kernels_rc" -eq 0 ] && [ "$tests_rc" -eq 0 ] && [ "$memcheck_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+
+# ---- libraries -------------------------------------------------------------------------------
+cublas_dir=$(find_lib_dir libcublasLt.so.13)
+if [ -n "$cublas_dir" ]; then
+  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$cublas_dir"
+  log "libcublasLt.so.13 from $cublas_dir"
+fi
+nccl_dir=$(find_lib_dir libnccl.so.2)
+missing() {  # what the loader cannot resolve for the carried files (libnccl aside)
+  local f
+  for f in "$carry"/lib/*.so* "$carry"/bin/*; do
+    ldd "$f" 2>&1 | grep -E 'not found' | grep -v libnccl | sed "s|^|$(basename "$f"): |"
+  done
+}
+t0=$(date +%s)
+miss=$(missing)
+if echo "$miss" | grep -q "GLIBCXX\|GCC_\|CXXABI"; then
+  log "this machine's libstdc++ is older than the build's: using the carried one (lib/compat)"
+  export LD_LIBRARY_PATH="$carry/lib/compat:$LD_LIBRARY_PATH"
+  miss=$(missing)
+fi
+seconds[libraries]=$(($(date +%s) - t0))
+if [ -z "$miss" ]; then
+  status[libraries]=pass
+  detail[libraries]="cuBLASLt from ${cublas_dir:-nowhere}; NCCL from ${nccl_dir:-nowhere}"
+else
+  status[libraries]="fail(unresolved libraries)"
+  detail[libraries]=$(echo "$miss" | sort -u | head -n 8 | tr '\n' ';')
+  [ -n "$cublas_dir" ] || detail[libraries]="libcublasLt.so.13 is not on this machine; ${detail[libraries]}"
+fi
+log "libraries: ${status[libraries]} ${detail[libraries]}"
+
+# ---- kernels ---------------------------------------------------------------------------------
+log "kernels: lnmlp_gpu_kernel_tests"
+if run_step kernels 40 "$carry/bin/lnmlp_gpu_kernel_tests" --gtest_brief=1; then
+  detail[kernels]=$(gtest_counts "$out/kernels.log")
+  status[kernels]=$(verdict)
+  if [ "$rc" -eq 0 ] && grep -q "no CUDA device" "$out/kernels.log"; then
+    if [ $have_gpu -eq 1 ]; then status[kernels]="fail(the GPU is not usable by the tests)"; else status[kernels]="skipped: no GPU"; fi
+  fi
+fi
+log "   ${status[kernels]}: ${detail[kernels]}"
+
+# ---- tests -----------------------------------------------------------------------------------
+log "tests: lnmlp_gpu_tests"
+if run_step tests 100 "$carry/bin/lnmlp_gpu_tests" --gtest_brief=1; then
+  detail[tests]=$(gtest_counts "$out/tests.log")
+  status[tests]=$(verdict)
+  # With a GPU, tests that skipped for want of one are a failure of the check (the module did not
+  # load, cuBLASLt is missing, the driver is too old): the reason is in the log.
+  if [ "$rc" -eq 0 ] && grep -q "no usable GPU" "$out/tests.log"; then
+    if [ $have_gpu -eq 1 ]; then status[tests]="fail(the CUDA backend is not usable)"; else status[tests]="pass; GPU tests skipped: no GPU"; fi
+  fi
+fi
+log "   ${status[tests]}: ${detail[tests]}"
+
+# ---- nccl ------------------------------------------------------------------------------------
+if [ ! -x "$carry/bin/lnmlp_gpu_sharding_tests" ]; then
+  status[nccl]="skipped: the carried build has no NCCL tests (no NCCL where it was built)"
+elif [ -z "$nccl_dir" ]; then
+  status[nccl]="skipped: libnccl.so.2 is not on this machine, and it cannot travel (218 MB, 187 MB compressed)"
+else
+  log "nccl: lnmlp_gpu_sharding_tests (one rank; two-rank tests need two GPUs and skip otherwise)"
+  if LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$nccl_dir" run_step nccl 40 "$carry/bin/lnmlp_gpu_sharding_tests" --gtest_brief=1; then
+    detail[nccl]="NCCL from $nccl_dir; $(gtest_counts "$out/nccl.log")"
+    status[nccl]=$(verdict)
+    if [ "$rc" -eq 0 ] && [ $have_gpu -eq 0 ]; then status[nccl]="skipped: no GPU"; fi
+  fi
+fi
+log "   nccl: ${status[nccl]} ${detail[nccl]}"
+
+# ---- memcheck --------------------------------------------------------------------------------
+memcheck_filter='All/CudaVsCpu.EveryRematPolicyMatchesTheCpuBackend/bf16_layernorm_gelu_b1_b2_T37:All/CudaVsCpu.EveryRematPolicyMatchesTheCpuBackend/f16_rmsnorm_clamped_swiglu_b1_T37:CudaGraph.*:CudaErrors.*:All/CudaFp8VsCpu.ForwardAndGradientsMatchTheCpuBackend/delayed_bf16_swiglu_T256_H128_F192:All/CudaFp8VsCpu.ForwardAndGradientsMatchTheCpuBackend/block_bf16_swiglu_T256_H128_F192:All/CudaFp8VsCpu.ForwardAndGradientsMatchTheCpuBackend/mxfp8_bf16_swiglu_T200_H144_F176:CudaFp8Graph.*'
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-1[2-9]*/bin/compute-sanitizer 2>/dev/null | head -n1)
+if [ $have_gpu -eq 0 ]; then
+  status[memcheck]="skipped: no GPU"
+elif [ -z "$sanitizer" ]; then
+  status[memcheck]="skipped: compute-sanitizer is not on this machine"
+else
+  log "memcheck: $sanitizer --tool memcheck"
+  if run_step memcheck 75 "$sanitizer" --tool memcheck --error-exitcode 9 "$carry/bin/lnmlp_gpu_tests" --gtest_brief=1 \
+    --gtest_filter="$memcheck_filter"; then
+    detail[memcheck]=$(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -n1)
+    status[memcheck]=$(verdict)
+    if [ -z "${detail[memcheck]}" ] && [ "$rc" -ne 124 ]; then
+      # The sanitizer did not get to run the tests (it refused this GPU or driver): not a result.
+      status[memcheck]="skipped: compute-sanitizer could not run here"
+      detail[memcheck]=$(grep -m1 -iE 'error|unsupported|not supported|failed' "$out/memcheck.log" | cut -c1-300)
+    fi
+  fi
+fi
+log "   memcheck: ${status[memcheck]} ${detail[memcheck]}"
+
+# ---- bench -----------------------------------------------------------------------------------
+if [ $have_gpu -eq 0 ]; then
+  status[bench]="skipped: no GPU"
+else
+  log "bench: lnmlp-gpu-bench --quick"
+  if run_step bench 60 "$carry/bin/lnmlp-gpu-bench" --quick --iters 5 --warmup 2; then
+    status[bench]=$(verdict)
+    grep -v '^{' "$out/bench.log" | tee -a "$out/gpu-check.log"
+  fi
+fi
+log "   bench: ${status[bench]}"
+
+# ---- peers -----------------------------------------------------------------------------------
+if [ $have_gpu -eq 0 ]; then
+  status[peers]="skipped: no GPU"
+elif ! command -v python3 >/dev/null 2>&1; then
+  status[peers]="skipped: no python3 on this machine"
+else
+  log "peers: bench/gpu/torch_peer.py --quick"
+  # The frameworks bring their own CUDA libraries: not the carried ones.
+  if LD_LIBRARY_PATH="" run_step peers 40 python3 bench/gpu/torch_peer.py --quick --iters 5 --warmup 2; then
+    status[peers]=$(verdict)
+    grep -v '^{' "$out/peers.log" | tee -a "$out/gpu-check.log"
+  fi
+fi
+log "   peers: ${status[peers]}"
+
+all_ok

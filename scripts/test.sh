@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every test: set up, then build and run the C/C++ suite in Release (with the dlopen example and the
-# Julia and ABI checks), the style check of the last change (scripts/check-style.sh), the Python
-# binding's suite and its pip-install check, the Rust crates and the SWIG Java binding against
-# that build, and the C/C++ suite again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# Julia and ABI checks), the GPU check rehearsed without a GPU (where nvcc is), the style check of
+# the last change (scripts/check-style.sh), the Python binding's suite and its pip-install check,
+# the Rust crates and the SWIG Java binding against that build, and the C/C++ suite again under
+# AddressSanitizer + UndefinedBehaviorSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -17,6 +18,15 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
 fi
 echo "=== release: test ==="
 ctest --preset release
+# The GPU check rehearsed without a GPU: the build a GPU machine gets (scripts/build-gpu-carry.sh)
+# loads with LD_LIBRARY_PATH unset, its test binaries run (their GPU tests skip), and
+# scripts/gpu-check.sh writes its summary and says "skipped: no GPU" for the rest.
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  echo "=== gpu check: the carried build, rehearsed without a GPU ==="
+  bash scripts/build-gpu-carry.sh > build/gpu-carry.log 2>&1 || { tail -n 40 build/gpu-carry.log; exit 1; }
+  rm -rf build/gpu-check-dry-run
+  env -u LD_LIBRARY_PATH OUT=build/gpu-check-dry-run bash scripts/gpu-check.sh --dry-run
+fi
 echo "=== style: clang-format and clang-tidy on what the last change touched ==="
 bash scripts/check-style.sh
 

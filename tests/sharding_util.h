@@ -4,6 +4,8 @@
 #pragma once
 
 #include <condition_variable>
+#include <cstring>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -201,8 +203,14 @@ class InProcessGroup {
   static int32_t all_reduce_sum(const void* s, void* r, int64_t count, int32_t type, void* user, void*) {
     return reduce(s, r, count, type, user, 0, [](float a, float b) { return a + b; });
   }
+  // Amaxes (>= 0 or NaN): the maximum of the bit patterns as uint32, so a NaN wins (lnmlp.h).
   static int32_t all_reduce_max(const void* s, void* r, int64_t count, int32_t type, void* user, void*) {
-    return reduce(s, r, count, type, user, 0, [](float a, float b) { return std::max(a, b); });
+    return reduce(s, r, count, type, user, 0, [](float a, float b) {
+      uint32_t ua = 0, ub = 0;
+      std::memcpy(&ua, &a, 4);
+      std::memcpy(&ub, &b, 4);
+      return ua >= ub ? a : b;
+    });
   }
 
   int P_;
@@ -231,6 +239,39 @@ inline std::vector<RunResult> run_group_in_process(const Problem& pr, const RunO
   });
   if (calls != nullptr) *calls = group.calls();
   return ranks;
+}
+
+// A NaN amax on one rank must reach every rank, as a local amax propagates it: a delayed-scaling
+// problem (T 32, H 64, F 256, gelu, bf16) whose W1 holds one NaN, in the last of P ranks' columns
+// only, so only that rank measures a NaN W1 amax before the group's max-reduction.
+inline Problem nan_in_last_shard_problem() {
+  lnmlp_ref::Config cfg;
+  cfg.tokens = 32;
+  cfg.hidden = 64;
+  cfg.ffn = 256;
+  cfg.acts = {LNMLP_ACT_GELU};
+  Problem pr = make_problem(cfg, LNMLP_DTYPE_BF16, 77);
+  pr.p.w1[static_cast<size_t>(cfg.ffn - 1)] = std::numeric_limits<double>::quiet_NaN();  // row 0, last column
+  pr.bw1 = Buffer::from(pr.p.w1, pr.dtype);  // the last column is in the last rank's shard
+  return pr;
+}
+inline RunOptions nan_in_last_shard_options() {
+  RunOptions o;
+  o.recipe = LNMLP_RECIPE_DELAYED;
+  o.amax_history_len = 4;
+  o.backward = false;
+  return o;
+}
+
+// The newest recorded amax of quantizer q in an exported delayed-scaling state (lnmlp.h: a 24-byte
+// header, then per quantizer its scale and history, newest first); 0 for an empty state.
+inline float newest_amax(const std::vector<unsigned char>& state, int32_t q) {
+  constexpr size_t kHeader = 24;
+  if (state.size() <= kHeader) return 0.0f;
+  const size_t stride = (state.size() - kHeader) / sizeof(float) / LNMLP_QUANTIZER_COUNT;  // 1 + history
+  float v = 0.0f;
+  std::memcpy(&v, state.data() + kHeader + (static_cast<size_t>(q) * stride + 1) * sizeof(float), sizeof v);
+  return v;
 }
 
 // A descriptor of tokens T, hidden 16, ffn F on `backend` for the plan-creation checks; create()

@@ -6,6 +6,7 @@
 // plan creation and the refusals.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <utility>
@@ -294,6 +295,18 @@ INSTANTIATE_TEST_SUITE_P(Recipes, ShardingFp8Blocked, ::testing::ValuesIn(fp8_bl
 
 // ---- plan creation: what must agree, and the refusals ----
 
+// A NaN in one rank's W1 shard makes every rank's W1 amax NaN (the group's max-reduction
+// propagates it as a local amax does), and every rank records the same state.
+TEST(ShardingFp8State, ANaNAmaxOnOneRankReachesEveryRank) {
+  const Problem pr = nan_in_last_shard_problem();
+  const RunOptions o = nan_in_last_shard_options();
+  const std::vector<RunResult> ranks = run_group_in_process(pr, o, 2, false);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    EXPECT_TRUE(std::isnan(newest_amax(ranks[r].state, LNMLP_QUANTIZER_W1))) << "rank " << r;
+    EXPECT_GT(newest_amax(ranks[r].state, LNMLP_QUANTIZER_W2), 0.0f) << "rank " << r;
+    EXPECT_EQ(ranks[r].state, ranks[0].state) << "rank " << r;
+  }
+}
 
 TEST(ShardingPlan, ChecksTheCommunicatorAndTheDivisibility) {
   InProcessGroup group(2);

@@ -58,16 +58,18 @@ class MpiCommunicator final : public Communicator {
           "MPI_Reduce_scatter_block");
   }
   void all_reduce_sum(const void* s, void* r, int64_t n, CommType t, void*) override {
-    all_reduce(s, r, n, t, MPI_SUM);
+    all_reduce(s, r, n, mpi_type(t), sum_or_max(t, MPI_SUM, "a sum"));
   }
+  // Amaxes only (non-negative floats or NaN): max-reduced as their bit patterns, unsigned integers
+  // in which every NaN is above +inf, so a NaN on any rank reaches every rank as it does locally
+  // (MPI_MAX on floats need not propagate it).
   void all_reduce_max(const void* s, void* r, int64_t n, CommType t, void*) override {
-    all_reduce(s, r, n, t, MPI_MAX);
+    all_reduce(s, r, n, MPI_UINT32_T, sum_or_max(t, MPI_MAX, "a maximum"));
   }
 
  private:
-  void all_reduce(const void* s, void* r, int64_t n, CommType t, MPI_Op op) {
-    check(MPI_Allreduce(s == r ? MPI_IN_PLACE : s, r, as_int(n), mpi_type(t), sum_or_max(t, op, "a reduction"), comm_),
-          "MPI_Allreduce");
+  void all_reduce(const void* s, void* r, int64_t n, MPI_Datatype type, MPI_Op op) {
+    check(MPI_Allreduce(s == r ? MPI_IN_PLACE : s, r, as_int(n), type, op, comm_), "MPI_Allreduce");
   }
   MPI_Comm comm_;
   int size_ = 1, rank_ = 0;

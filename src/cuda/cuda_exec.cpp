@@ -91,13 +91,19 @@ class CudaExec final : public block::Exec {
     cudaFree(p);
     if (switched) cudaSetDevice(prev);
   }
+  // The FP8 state's copies (the C API's get/set/export/import, and its first upload), ordered
+  // against the plan's passes on every stream: a plain cudaMemcpy waits only for the legacy
+  // default stream, so a read could see the state before a backward still running on a
+  // non-blocking stream (PyTorch's, JAX's), and that backward could overwrite a write; and a copy
+  // from pageable memory may return before the data lands. So the device is synchronized before
+  // the copy (every pass enqueued so far has finished) and after it (the data is there before any
+  // later pass starts). These copies are rare (checkpoints), so the full synchronization costs
+  // nothing that matters.
   void copy_to_host(void* dst, const void* src, int64_t n) override {
-    ScopedDevice dev(device_);
-    cuda_check(cudaMemcpy(dst, src, static_cast<size_t>(n), cudaMemcpyDeviceToHost), "cudaMemcpy (device to host)");
+    ordered_copy(dst, src, n, cudaMemcpyDeviceToHost, "cudaMemcpy (device to host)");
   }
   void copy_from_host(void* dst, const void* src, int64_t n) override {
-    ScopedDevice dev(device_);
-    cuda_check(cudaMemcpy(dst, src, static_cast<size_t>(n), cudaMemcpyHostToDevice), "cudaMemcpy (host to device)");
+    ordered_copy(dst, src, n, cudaMemcpyHostToDevice, "cudaMemcpy (host to device)");
   }
   void check_pointers(std::initializer_list<block::NamedPointer> list, void* stream) override {
     ScopedDevice dev(device_);
@@ -273,6 +279,13 @@ class CudaExec final : public block::Exec {
     for (Role& g : gemms_) g.lt.reset();
     if (lt_ != nullptr) cublasLtDestroy(lt_);
     lt_ = nullptr;
+  }
+
+  void ordered_copy(void* dst, const void* src, int64_t n, cudaMemcpyKind kind, const char* what) {
+    ScopedDevice dev(device_);
+    cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before a state copy)");
+    cuda_check(cudaMemcpy(dst, src, static_cast<size_t>(n), kind), what);
+    cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (after a state copy)");
   }
 
   QuantKind kind(int q, Contract contract) const { return quant_kind(r_, q, contract); }

@@ -8,6 +8,7 @@
 #include <nccl.h>
 
 #include <string>
+#include <thread>
 #endif
 
 namespace lnmlp::cuda {
@@ -24,6 +25,7 @@ struct NcclApi {
   decltype(&ncclAllGather) all_gather = nullptr;
   decltype(&ncclReduceScatter) reduce_scatter = nullptr;
   decltype(&ncclAllReduce) all_reduce = nullptr;
+  decltype(&ncclCommGetAsyncError) async_error = nullptr;
   const char* (*last_error)(ncclComm_t) = nullptr;  // NCCL >= 2.13; optional
   std::string error;                                // why the others are NULL
 };
@@ -64,6 +66,7 @@ NcclApi load_nccl() {
   ok = resolve(h, "ncclAllGather", a.all_gather) && ok;
   ok = resolve(h, "ncclReduceScatter", a.reduce_scatter) && ok;
   ok = resolve(h, "ncclAllReduce", a.all_reduce) && ok;
+  ok = resolve(h, "ncclCommGetAsyncError", a.async_error) && ok;
   resolve(h, "ncclGetLastError", a.last_error);
   if (!ok)
     a.error = "the loaded libnccl.so.2 lacks functions lnmlp needs; it is too old (NCCL 2.10 or newer is needed)";
@@ -79,6 +82,17 @@ const NcclApi& nccl() {
 void nccl_check(ncclResult_t r, ncclComm_t comm, const char* what) {
   if (r == ncclSuccess) return;
   const NcclApi& a = nccl();
+  if (r == ncclInProgress && comm != nullptr) {
+    // A non-blocking communicator (ncclConfig_t.blocking = 0) may still be enqueueing the
+    // operation when the call returns: it is done once the communicator's state leaves
+    // ncclInProgress (NCCL's documented protocol), which is also where a failure shows.
+    do {
+      std::this_thread::yield();
+      const ncclResult_t q = a.async_error(comm, &r);
+      if (q != ncclSuccess) r = q;
+    } while (r == ncclInProgress);
+    if (r == ncclSuccess) return;
+  }
   const char* detail = a.last_error != nullptr && comm != nullptr ? a.last_error(comm) : nullptr;
   fail(r == ncclInvalidArgument || r == ncclInvalidUsage ? LNMLP_ERROR_INVALID_ARGUMENT : LNMLP_ERROR_BACKEND, what,
        " failed: ", a.error_string(r), detail != nullptr && detail[0] != '\0' ? std::string(" (") + detail + ")" : "");
@@ -123,9 +137,12 @@ class NcclCommunicator final : public Communicator {
     nccl_check(nccl().all_reduce(s, r, count(n), reduced_type(t, "a sum"), ncclSum, comm_, stream(st)), comm_,
                "ncclAllReduce (sum)");
   }
+  // lnmlp max-reduces amaxes only: non-negative floats or NaN (numerics/quantize.h), whose bit
+  // patterns order as unsigned integers, every NaN above +inf. Reduced as those integers, a NaN on
+  // any rank reaches every rank, as a local amax propagates it (NCCL's float max need not).
   void all_reduce_max(const void* s, void* r, int64_t n, CommType t, void* st) override {
-    nccl_check(nccl().all_reduce(s, r, count(n), reduced_type(t, "a maximum"), ncclMax, comm_, stream(st)), comm_,
-               "ncclAllReduce (max)");
+    reduced_type(t, "a maximum");
+    nccl_check(nccl().all_reduce(s, r, count(n), ncclUint32, ncclMax, comm_, stream(st)), comm_, "ncclAllReduce (max)");
   }
 
  private:

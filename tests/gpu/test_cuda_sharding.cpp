@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <cmath>
 #include <thread>
 
 #include "cuda_test_util.h"
@@ -61,6 +62,38 @@ class NcclGroup {
  private:
   std::vector<ncclComm_t> nccl_;
   std::vector<lnmlp_comm*> comms_;
+};
+
+// A one-rank non-blocking NCCL communicator (ncclConfig_t.blocking = 0) on device 0, whose calls
+// may return ncclInProgress while NCCL is still enqueueing (lnmlp waits for the state to settle).
+class NonBlockingNccl {
+ public:
+  NonBlockingNccl() {
+    ncclUniqueId id;
+    check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    CUDA_TEST_CHECK(cudaSetDevice(0));
+    ncclResult_t st = ncclCommInitRankConfig(&nccl_, 1, id, 0, &config);
+    while (st == ncclInProgress) check(ncclCommGetAsyncError(nccl_, &st), "ncclCommGetAsyncError");
+    check(st, "ncclCommInitRankConfig (non-blocking)");
+    LNMLP_TEST_CHECK(lnmlp_comm_create_nccl(&nccl_, &comm_));
+  }
+  ~NonBlockingNccl() {
+    lnmlp_comm_destroy(comm_);
+    if (nccl_ != nullptr) ncclCommDestroy(nccl_);
+  }
+  NonBlockingNccl(const NonBlockingNccl&) = delete;
+  NonBlockingNccl& operator=(const NonBlockingNccl&) = delete;
+  lnmlp_comm* comm() const { return comm_; }
+
+ private:
+  static void check(ncclResult_t st, const char* what) {
+    if (st != ncclSuccess && st != ncclInProgress)
+      throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(st));
+  }
+  ncclComm_t nccl_ = nullptr;
+  lnmlp_comm* comm_ = nullptr;
 };
 
 struct Case {
@@ -237,6 +270,56 @@ INSTANTIATE_TEST_SUITE_P(Nccl, CudaSharding, ::testing::Combine(::testing::Value
                          [](const ::testing::TestParamInfo<std::tuple<Case, bool>>& i) {
                            return std::string(std::get<0>(i.param).name) + (std::get<1>(i.param) ? "_sp" : "_tp");
                          });
+
+// A plan over a non-blocking communicator: every collective (the gathers, the reduce-scatters,
+// the sums and the amax maximum of delayed scaling, with and without sequence parallelism) goes
+// through ncclInProgress's protocol and must give the unsharded plan's results.
+TEST(CudaShardingNonBlocking, OneRankEqualsUnshardedPlan) {
+  SKIP_WITHOUT_NCCL();
+  const Case k{
+      "nonblocking_delayed", lnmlp_ref::Norm::RmsNorm, {LNMLP_ACT_SILU, LNMLP_ACT_LINEAR}, LNMLP_DTYPE_BF16, true,
+      LNMLP_RECIPE_DELAYED,  LNMLP_REMAT_SAVE_STATS};
+  std::string why;
+  if (fp8_unsupported(k, &why)) GTEST_SKIP() << why;
+  const Problem pr = problem_for(k);
+  const RankResult single = run_unsharded(pr, k, 3);
+  NonBlockingNccl nb;
+  for (bool sp : {false, true}) {
+    const RankResult one = run_rank(pr, geometry(pr, 1, 0, sp), k, 0, {1, 0, sp ? 1 : 0, nb.comm()}, 3);
+    compare(k, one.r, single.r, sp ? "non-blocking NCCL, sequence parallel" : "non-blocking NCCL");
+    EXPECT_EQ(one.state, single.state);
+  }
+}
+
+// A NaN in rank 1's W1 shard makes both ranks' W1 amax NaN (lnmlp max-reduces the amaxes' bits,
+// NCCL's float maximum need not propagate a NaN).
+TEST(CudaShardingFp8, ANaNAmaxOnOneRankReachesEveryRank) {
+  SKIP_WITHOUT_NCCL();
+  if (device_count() < 2) GTEST_SKIP() << "one GPU: the two-rank NCCL group needs two";
+  const Problem pr = nan_in_last_shard_problem();
+  const Case k{"nan_delayed", pr.cfg.norm, pr.cfg.acts, pr.dtype, false, LNMLP_RECIPE_DELAYED, LNMLP_REMAT_SAVE_ALL};
+  std::string why;
+  if (fp8_unsupported(k, &why)) GTEST_SKIP() << why;
+  constexpr int P = 2;
+  NcclGroup group(P);
+  std::vector<RankResult> ranks(P);
+  std::vector<std::string> errors(P);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < P; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        ranks[static_cast<size_t>(r)] =
+            run_rank(shard_problem(pr, P, r, false), geometry(pr, P, r, false), k, r, {P, r, 0, group.comm(r)}, 1);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < P; ++r) {
+    ASSERT_TRUE(errors[static_cast<size_t>(r)].empty()) << "rank " << r << ": " << errors[static_cast<size_t>(r)];
+    EXPECT_TRUE(std::isnan(newest_amax(ranks[static_cast<size_t>(r)].state, LNMLP_QUANTIZER_W1))) << "rank " << r;
+  }
+}
 
 // ---- what needs a real NCCL communicator to check ----
 

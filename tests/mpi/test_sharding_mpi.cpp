@@ -5,6 +5,7 @@
 // outputs bit-identical on every rank. Exit status 0 when every case passes on every rank.
 #include <mpi.h>
 
+#include <cmath>
 #include <cstdio>
 
 #include "../sharding_util.h"
@@ -150,6 +151,22 @@ int main(int argc, char** argv) {
         failures += f;
         ++n;
       }
+  // A NaN in the last rank's W1 shard reaches every rank's W1 amax (MPI_MAX on floats need not
+  // propagate it; lnmlp's MPI communicator max-reduces the amaxes' bits).
+  {
+    const Problem pr = nan_in_last_shard_problem();
+    RunOptions o = nan_in_last_shard_options();
+    o.group_size = P;
+    o.rank = rank;
+    o.comm = comm;
+    const RunResult mine = run_library(shard_problem(pr, P, rank, false), o);
+    const bool nan = std::isnan(newest_amax(mine.state, LNMLP_QUANTIZER_W1));
+    if (!nan) {
+      std::printf("FAILED: rank %d's W1 amax is not NaN though the last rank's shard holds a NaN\n", rank);
+      ++failures;
+    }
+    ++n;
+  }
   int all = 0;
   MPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (rank == 0) {
