@@ -8,9 +8,11 @@
 // backend's GEMM operand of it is a copy (the CPU's f16), that copy in the same pass; GEMM1 and
 // the activation are one primitive, so that a GEMM result staged in fp32 is rounded, biased and
 // activated in one pass; the activation backward writes dh straight in the GEMM's operand type with
-// db1's partial sums; quantization produces every representation a tensor's GEMMs read in one call
-// (a transposed copy in the same pass where the backend can); a GEMM applies its operands' scales,
-// the bias and the output rounding in its epilogue.
+// db1's partial sums; a producer of a tensor that a per-tensor quantizer reads measures its amax
+// in its own pass, and quantizes it there too when the scale is known in advance (ProducerFp8);
+// quantization produces every representation a tensor's GEMMs read in one call (a transposed copy
+// in the same pass where the backend can); a GEMM applies its operands' scales, the bias and the
+// output rounding in its epilogue.
 //
 // Memory: every buffer is a region of the plan's workspace (or of the saved buffer) that the
 // schedule hands in; an Exec reports how many bytes it needs for what it materializes
@@ -127,6 +129,22 @@ template <typename One> Quantized quantize_representations(const QuantizeCall& c
   return q;
 }
 
+// What the producer of one of the block's own fp32 tensors (the norm's ln_out, the activation's
+// act_out, its backward's dh) does in its own pass for the per-tensor quantizer that reads the
+// tensor (TransformerEngine's fused casts: activation + amax + quantize, quantize_dact_dbias):
+//  - amax_bits: measures the tensor's amax into it (NULL: not measured here);
+//  - quantize: quantizes the tensor as that call says, its scale known before the tensor exists
+//    (delayed scaling's state scale, or forward's scale in backward), into `slot`
+//    (quantize_bytes(*quantize) bytes), and leaves the representations it made in `made`. The
+//    call's x is where the fp32 tensor goes: fused_output_bytes(x) bytes, 0 for a backend that
+//    quantizes without writing it (NULL data then).
+struct ProducerFp8 {
+  uint32_t* amax_bits = nullptr;
+  const QuantizeCall* quantize = nullptr;
+  void* slot = nullptr;
+  Quantized made;
+};
+
 // A pointer with a name, for the CUDA backend's check that the caller's pointers are device memory.
 struct NamedPointer {
   const char* name;
@@ -149,6 +167,8 @@ class Exec {
   virtual int64_t quantize_bytes(const QuantizeCall& call) const = 0;
   virtual int64_t saved_operand_bytes(int quantizer, int64_t rows, int64_t cols) const = 0;
   virtual int64_t gathered_operands_bytes(int quantizer, int64_t rows, int64_t cols) const = 0;
+  // Bytes of the fp32 tensor out that a quantizing producer writes (ProducerFp8::quantize).
+  virtual int64_t fused_output_bytes(const Mat& out) const = 0;
 
   // ---- memory of the backend's kind (host or device) --------------------------------------------
   virtual int64_t alignment() const = 0;  // of the saved buffer and an attached workspace
@@ -179,8 +199,10 @@ class Exec {
   // The norm's statistics (compute_stats; else read, for recomputation) and its output into out
   // [rows, H]: rounded to the I/O dtype (out.type == the dtype) or unrounded fp32 (F32). With
   // op_slot (plain_bytes(out) bytes), returns out's plain GEMM operand, made in the same pass.
-  Operand norm_forward(const NormInputs& in, bool compute_stats, const Mat& out, void* op_slot = nullptr) {
-    return live_ ? do_norm_forward(in, compute_stats, out, op_slot) : Operand{};
+  // An fp32 output may come with its quantizer's work (fp8, ProducerFp8).
+  Operand norm_forward(const NormInputs& in, bool compute_stats, const Mat& out, void* op_slot = nullptr,
+                       ProducerFp8* fp8 = nullptr) {
+    return live_ ? do_norm_forward(in, compute_stats, out, op_slot, fp8) : Operand{};
   }
   // dx from dn (fp32, this rank's rows), and dgamma's and dbeta's partial sums (dbeta NULL: rmsnorm).
   void norm_backward(const float* dn, const NormInputs& in, void* dx, float* dgamma_partials, float* dbeta_partials) {
@@ -188,21 +210,22 @@ class Exec {
   }
   // act [T, F] = f0(h[:, 0]) (* f1(h[:, 1])) from h [T, A*F] (the dtype, b1 included): rounded to
   // the dtype or unrounded fp32, by act.type. With op_slot, returns act's plain GEMM operand, made in
-  // the same pass.
-  Operand act_forward(const Mat& h, const Mat& act, void* op_slot = nullptr) {
-    return live_ ? do_act_forward(h, act, op_slot) : Operand{};
+  // the same pass. An fp32 act may come with its quantizer's work (fp8).
+  Operand act_forward(const Mat& h, const Mat& act, void* op_slot = nullptr, ProducerFp8* fp8 = nullptr) {
+    return live_ ? do_act_forward(h, act, op_slot, fp8) : Operand{};
   }
   // h = rnd(ln @ W1 * scale_invs + b1) (GEMM1 and its epilogue), then act = act(h) as act_forward
   // writes it, in one pass after the GEMM where its result is staged in fp32.
   Operand gemm1_act(const Operand& ln, const Operand& w1, const void* b1, const Mat& h, const Mat& act,
-                    void* op_slot = nullptr) {
-    return live_ ? do_gemm1_act(ln, w1, b1, h, act, op_slot) : Operand{};
+                    void* op_slot = nullptr, ProducerFp8* fp8 = nullptr) {
+    return live_ ? do_gemm1_act(ln, w1, b1, h, act, op_slot, fp8) : Operand{};
   }
   // dh = dact * act'(h), with db1's partial sums (NULL: no bias1). dh.type: the dtype, or F32 with
   // the values rounded to the dtype (round_to_io: a plain operand of operand_type() F32) or
-  // unrounded (a quantizer's input).
-  void act_backward(const float* dact, const Mat& h, const Mat& dh, bool round_to_io, float* db1_partials) {
-    if (live_) do_act_backward(dact, h, dh, round_to_io, db1_partials);
+  // unrounded (a quantizer's input, which may come with the quantizer's work: fp8).
+  void act_backward(const float* dact, const Mat& h, const Mat& dh, bool round_to_io, float* db1_partials,
+                    ProducerFp8* fp8 = nullptr) {
+    if (live_) do_act_backward(dact, h, dh, round_to_io, db1_partials, fp8);
   }
   // Partial column sums of `in` (db2 from dy).
   void column_sums(ColumnSum which, const Mat& in, float* partials) {
@@ -259,14 +282,15 @@ class Exec {
   virtual void do_begin(void* stream, void* scratch) = 0;
   virtual void do_end() noexcept = 0;
   virtual void do_finish() = 0;
-  virtual Operand do_norm_forward(const NormInputs& in, bool compute_stats, const Mat& out, void* op_slot) = 0;
+  virtual Operand do_norm_forward(const NormInputs& in, bool compute_stats, const Mat& out, void* op_slot,
+                                  ProducerFp8* fp8) = 0;
   virtual void do_norm_backward(const float* dn, const NormInputs& in, void* dx, float* dgamma_partials,
                                 float* dbeta_partials) = 0;
-  virtual Operand do_act_forward(const Mat& h, const Mat& act, void* op_slot) = 0;
+  virtual Operand do_act_forward(const Mat& h, const Mat& act, void* op_slot, ProducerFp8* fp8) = 0;
   virtual Operand do_gemm1_act(const Operand& ln, const Operand& w1, const void* b1, const Mat& h, const Mat& act,
-                               void* op_slot) = 0;
-  virtual void do_act_backward(const float* dact, const Mat& h, const Mat& dh, bool round_to_io,
-                               float* db1_partials) = 0;
+                               void* op_slot, ProducerFp8* fp8) = 0;
+  virtual void do_act_backward(const float* dact, const Mat& h, const Mat& dh, bool round_to_io, float* db1_partials,
+                               ProducerFp8* fp8) = 0;
   virtual void do_column_sums(ColumnSum which, const Mat& in, float* partials) = 0;
   virtual void do_reduce_partials(ColumnSum which, const float* partials, const Mat& out) = 0;
   virtual void do_bias_round(const Mat& acc, const void* bias, const Mat& out) = 0;

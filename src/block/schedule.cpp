@@ -88,16 +88,25 @@ struct Pass {
 
 // The per-tensor scale of a quantization the pass makes of its own tensor x into sc[q]: delayed
 // scaling's state scale or current scaling's, from x's amax, which is measured either way
-// (delayed scaling records it after the pass) and max-reduced over a sharded group, so that every
-// rank quantizes with the unsharded plan's scale and keeps the same state.
-void own_scale(Pass& p, int q, const Mat& x) {
+// (delayed scaling records it after the pass; already measured: x's producer did it) and
+// max-reduced over a sharded group, so that every rank quantizes with the unsharded plan's scale
+// and keeps the same state.
+void own_scale(Pass& p, int q, const Mat& x, bool amax_measured = false) {
   QuantScalars* s = p.scalars(q);
   uint32_t* amax = p.amax_of(q);
-  p.x.amax(x, amax);
+  if (!amax_measured) p.x.amax(x, amax);
   if (p.c.sharded()) p.all_reduce_max(amax);
   const float* state = p.state_of(q);
   p.x.tensor_scale({nullptr, state, amax, numerics::fp8_max(p.r.formats[q]), p.r.power_2_scale, p.r.amax_epsilon,
                     s != nullptr ? &s->scale : nullptr, offset(p.used_scales, q)});
+}
+
+// Delayed scaling: the state's scale for quantizer q, which needs no amax (the amax is recorded
+// after the pass), so it is known before the tensor exists.
+void state_scale(Pass& p, int q) {
+  QuantScalars* s = p.scalars(q);
+  p.x.tensor_scale({nullptr, p.state_of(q), nullptr, numerics::fp8_max(p.r.formats[q]), p.r.power_2_scale,
+                    p.r.amax_epsilon, s != nullptr ? &s->scale : nullptr, offset(p.used_scales, q)});
 }
 
 // Backward: the scale forward used for quantizer q (saved), so a re-quantization gives its codes.
@@ -119,17 +128,7 @@ Saving saving(const Region& codes, const Region& scales, const void* base) {
   return {codes.present(), saved_at<uint8_t>(codes, base), saved_at<void>(scales, base)};
 }
 
-// The GEMM operands of tensor t, which the GEMMs read as quantizer q's: plain (one operand for
-// both orientations), or quantized into the representations asked for, saving the columnwise one.
-Quantized operands(Pass& p, int q, const Mat& t, bool rowwise, bool columnwise, ScaleFrom from, Saving save = {}) {
-  if (!p.quantized) {
-    const Operand o = p.x.plain(t, p.slot(p.x.plain_bytes(t), quantizer_name(q)));
-    return {o, o};
-  }
-  if (p.r.per_tensor()) {
-    if (from == ScaleFrom::Own) own_scale(p, q, t);
-    else forward_scale(p, q);
-  }
+QuantizeCall quantize_call(Pass& p, int q, const Mat& t, bool rowwise, bool columnwise, const Saving& save) {
   QuantizeCall call;
   call.quantizer = q;
   call.x = t;
@@ -139,16 +138,65 @@ Quantized operands(Pass& p, int q, const Mat& t, bool rowwise, bool columnwise, 
   call.save_columnwise = save.present;
   call.saved_codes = save.codes;
   call.saved_scales = save.scales;
+  return call;
+}
+
+// The GEMM operands of tensor t, which the GEMMs read as quantizer q's: plain (one operand for
+// both orientations), or quantized into the representations asked for, saving the columnwise one
+// (amax_measured: t's producer measured its amax into the quantizer's scalars).
+Quantized operands(Pass& p, int q, const Mat& t, bool rowwise, bool columnwise, ScaleFrom from, Saving save = {},
+                   bool amax_measured = false) {
+  if (!p.quantized) {
+    const Operand o = p.x.plain(t, p.slot(p.x.plain_bytes(t), quantizer_name(q)));
+    return {o, o};
+  }
+  if (p.r.per_tensor()) {
+    if (from == ScaleFrom::Own) own_scale(p, q, t, amax_measured);
+    else forward_scale(p, q);
+  }
+  const QuantizeCall call = quantize_call(p, q, t, rowwise, columnwise, save);
   return p.x.quantize(call, p.slot(p.x.quantize_bytes(call), quantizer_name(q)));
+}
+
+// The GEMM operands (FP8 recipes) of a tensor [rows, cols] the pass makes itself in fp32 (ln_out,
+// act_out, dh) for quantizer q: produce(out, fp8) writes it, with `fp8` the quantizer's work done
+// in the producer's pass (ProducerFp8) or NULL. Per tensor, where the producer writes the whole
+// tensor in one pass (`whole`: no all-gather comes between), it measures the amax; and where the
+// scale is known before the tensor exists (delayed scaling's state, or forward's scale in
+// backward) it quantizes the tensor as well, so that the fp32 tensor is not read back (nor, on a
+// backend that can, written).
+template <typename Produce> Quantized produced_operands(Pass& p, int q, int64_t rows, int64_t cols, bool rowwise,
+                                                        bool columnwise, ScaleFrom from, const Saving& save, bool whole,
+                                                        const char* what, Produce&& produce) {
+  ProducerFp8 fp8;
+  const bool own = from == ScaleFrom::Own;
+  if (p.r.per_tensor() && whole && (!own || p.r.stateful())) {
+    if (own) state_scale(p, q);
+    else forward_scale(p, q);
+    const int64_t out_bytes = p.x.fused_output_bytes(mat(nullptr, DType::F32, rows, cols));
+    void* out = out_bytes > 0 ? p.slot(out_bytes, what) : nullptr;
+    const QuantizeCall call = quantize_call(p, q, mat(out, DType::F32, rows, cols), rowwise, columnwise, save);
+    fp8.amax_bits = own ? p.amax_of(q) : nullptr;
+    fp8.quantize = &call;
+    fp8.slot = p.slot(p.x.quantize_bytes(call), quantizer_name(q));
+    produce(call.x, &fp8);
+    if (own && p.c.sharded()) p.all_reduce_max(fp8.amax_bits);
+    return fp8.made;
+  }
+  const Mat t = p.take(DType::F32, rows, cols, what);
+  fp8.amax_bits = p.r.per_tensor() && whole && own ? p.amax_of(q) : nullptr;
+  produce(t, fp8.amax_bits != nullptr ? &fp8 : nullptr);
+  return operands(p, q, t, rowwise, columnwise, from, save, fp8.amax_bits != nullptr);
 }
 
 // ---- the norm ------------------------------------------------------------------------------------
 
-// The norm over this rank's rows into out [T, H] (rounded to the dtype, or fp32): directly, or
-// under sequence parallelism into local rows that are then all-gathered.
-void norm_gathered(Pass& p, const NormInputs& in, bool compute_stats, const Mat& out) {
+// The norm over this rank's rows into out [T, H] (rounded to the dtype, or fp32, with its
+// quantizer's work: fp8): directly, or under sequence parallelism into local rows that are then
+// all-gathered (fp8 NULL then: a producer of part of the rows does no quantizer's work).
+void norm_gathered(Pass& p, const NormInputs& in, bool compute_stats, const Mat& out, ProducerFp8* fp8 = nullptr) {
   if (!p.sp) {
-    p.x.norm_forward(in, compute_stats, out);
+    p.x.norm_forward(in, compute_stats, out, nullptr, fp8);
     return;
   }
   const Mat local = p.take(out.type, p.Tn, p.H, "local ln_out rows (all-gathered)");
@@ -182,9 +230,9 @@ Operand norm_forward(Pass& p, const NormInputs& in, void* saved) {
     return p.x.gathered_operands(kLnOut, codes, p.T, p.H, p.scalars(kLnOut), save.codes,
                                  p.slot(p.x.gathered_operands_bytes(kLnOut, p.T, p.H), "ln_out operand"));
   }
-  const Mat n = p.take(DType::F32, p.T, p.H, "ln_out fp32");
-  norm_gathered(p, in, true, n);
-  return operands(p, kLnOut, n, true, false, ScaleFrom::Own, save).rowwise;
+  return produced_operands(p, kLnOut, p.T, p.H, true, false, ScaleFrom::Own, save, !p.sp, "ln_out fp32",
+                           [&](const Mat& out, ProducerFp8* fp8) { norm_gathered(p, in, true, out, fp8); })
+      .rowwise;
 }
 
 // Backward: the columnwise operand of what forward saved of quantizer q's tensor (codes, block
@@ -230,9 +278,11 @@ void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardA
     const Mat act = p.saved_or_take(sv.act, a.saved, p.D, T, F, "act_out");
     act_op = x.gemm1_act(ln, w1, a.b1, h, act, p.slot(x.plain_bytes(act), "act_out operand"));
   } else {
-    const Mat act = p.take(DType::F32, T, F, "act_out fp32");
-    x.gemm1_act(ln, w1, a.b1, h, act);
-    act_op = operands(p, kActOut, act, true, false, ScaleFrom::Own, saving(sv.act_q, sv.act_q_scale, a.saved)).rowwise;
+    act_op =
+        produced_operands(p, kActOut, T, F, true, false, ScaleFrom::Own, saving(sv.act_q, sv.act_q_scale, a.saved),
+                          true, "act_out fp32",
+                          [&](const Mat& out, ProducerFp8* fp8) { x.gemm1_act(ln, w1, a.b1, h, out, nullptr, fp8); })
+            .rowwise;
   }
 
   // 3. y = a @ W2 + b2; sharded, the fp32 partial sums summed over the group first.
@@ -271,9 +321,8 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
     const Operand o = norm_plain(p, in, false, p.take(p.D, T, H, "ln_out"));
     ln = {o, o};
   } else {
-    const Mat n = p.take(DType::F32, T, H, "ln_out fp32");
-    norm_gathered(p, in, false, n);
-    ln = operands(p, kLnOut, n, recompute_h, true, ScaleFrom::Forward);
+    ln = produced_operands(p, kLnOut, T, H, recompute_h, true, ScaleFrom::Forward, {}, !p.sp, "ln_out fp32",
+                           [&](const Mat& out, ProducerFp8* fp8) { norm_gathered(p, in, false, out, fp8); });
   }
 
   // 2. W1's operands (for dn; for GEMM1 when it is recomputed); h and a's operand for dW2:
@@ -286,11 +335,17 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
     act = saved_operand(p, kActOut, sv.act_q, sv.act_q_scale, a.saved, T, F);
   } else if (sv.act.present()) {
     act = operands(p, kActOut, p.io(saved_at<void>(sv.act, a.saved), T, F), false, true, ScaleFrom::Forward).columnwise;
-  } else {
-    const Mat av = p.take(p.quantized ? DType::F32 : p.D, T, F, "act_out");
-    void* op_slot = p.quantized ? nullptr : p.slot(x.plain_bytes(av), "act_out operand");
+  } else if (!p.quantized) {
+    const Mat av = p.take(p.D, T, F, "act_out");
+    void* op_slot = p.slot(x.plain_bytes(av), "act_out operand");
     act = recompute_h ? x.gemm1_act(ln.rowwise, w1.columnwise, a.b1, h, av, op_slot) : x.act_forward(h, av, op_slot);
-    if (p.quantized) act = operands(p, kActOut, av, false, true, ScaleFrom::Forward).columnwise;
+  } else {
+    act = produced_operands(p, kActOut, T, F, false, true, ScaleFrom::Forward, {}, true, "act_out fp32",
+                            [&](const Mat& out, ProducerFp8* fp8) {
+                              if (recompute_h) x.gemm1_act(ln.rowwise, w1.columnwise, a.b1, h, out, nullptr, fp8);
+                              else x.act_forward(h, out, nullptr, fp8);
+                            })
+              .columnwise;
   }
 
   // 3. dy: db2's partial sums over this rank's rows; its operands (all-gathered under sequence
@@ -313,9 +368,17 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
   // 5. dh = dact * act'(h) with db1's partial sums: in the GEMMs' operand type, or fp32 for the
   //    quantizer.
   float* part_db1 = ws.take_if<float>(c.has_bias1, x.partials_floats(ColumnSum::Db1), "db1 partials");
-  const Mat dh = p.take(p.quantized ? DType::F32 : x.operand_type(), T, AF, "dffn1");
-  x.act_backward(static_cast<const float*>(dact.data), h, dh, !p.quantized, part_db1);
-  const Quantized dhq = operands(p, kDh, dh, true, true, ScaleFrom::Own);
+  const auto* dact32 = static_cast<const float*>(dact.data);
+  Quantized dhq;
+  if (!p.quantized) {
+    const Mat dh = p.take(x.operand_type(), T, AF, "dffn1");
+    x.act_backward(dact32, h, dh, true, part_db1);
+    dhq = operands(p, kDh, dh, true, true, ScaleFrom::Own);
+  } else {
+    dhq = produced_operands(
+        p, kDh, T, AF, true, true, ScaleFrom::Own, {}, true, "dffn1 fp32",
+        [&](const Mat& out, ProducerFp8* fp8) { x.act_backward(dact32, h, out, false, part_db1, fp8); });
+  }
 
   // 6. GEMM1's gradients: dn = dh @ W1^T (a rank's partial sum when sharded), dW1 = ln^T @ dh.
   const Mat dn = p.take(DType::F32, T, H, "dln_out");

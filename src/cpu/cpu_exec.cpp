@@ -86,6 +86,10 @@ class CpuExec final : public block::Exec {
   int64_t quantize_bytes(const block::QuantizeCall& call) const override { return QuantizeSlot(*this, call).bytes; }
   int64_t saved_operand_bytes(int, int64_t rows, int64_t cols) const override { return decoded_bytes(rows, cols); }
   int64_t gathered_operands_bytes(int, int64_t rows, int64_t cols) const override { return decoded_bytes(rows, cols); }
+  // A producer writes its fp32 tensor, which this backend's quantizers then read.
+  int64_t fused_output_bytes(const Mat& out) const override {
+    return checked_mul(out.rows, out.cols, "an FP8 quantizer's input") * 4;
+  }
 
   // ---- memory ----
   int64_t alignment() const override { return kCpuAlignment; }
@@ -105,7 +109,8 @@ class CpuExec final : public block::Exec {
   void do_end() noexcept override { omp_set_num_threads(previous_threads_); }
   void do_finish() override {}
 
-  Operand do_norm_forward(const block::NormInputs& in, bool stats, const Mat& out, void* op_slot) override {
+  Operand do_norm_forward(const block::NormInputs& in, bool stats, const Mat& out, void* op_slot,
+                          block::ProducerFp8* fp8) override {
     float* copy = widened_copy(out, op_slot);
     with_dtype([&](auto d) {
       constexpr DType D = decltype(d)::value;
@@ -117,6 +122,7 @@ class CpuExec final : public block::Exec {
                              rounded ? copy : typed<float>(out));
       });
     });
+    producer_fp8(out, fp8);
     return {copy != nullptr ? copy : out.data, nullptr};
   }
 
@@ -134,7 +140,7 @@ class CpuExec final : public block::Exec {
     });
   }
 
-  Operand do_act_forward(const Mat& h, const Mat& act, void* op_slot) override {
+  Operand do_act_forward(const Mat& h, const Mat& act, void* op_slot, block::ProducerFp8* fp8) override {
     float* copy = widened_copy(act, op_slot);
     act_pass(h.rows, [&](auto d, auto gated, const auto& f0, const auto& f1, int64_t r0, int64_t r1, int) {
       constexpr DType D = decltype(d)::value;
@@ -144,15 +150,16 @@ class CpuExec final : public block::Exec {
                                                   rounded ? typed<S>(act) : nullptr,
                                                   rounded ? copy : typed<float>(act));
     });
+    producer_fp8(act, fp8);
     return {copy != nullptr ? copy : act.data, nullptr};
   }
 
   Operand do_gemm1_act(const Operand& ln, const Operand& w1, const void* b1, const Mat& h, const Mat& act,
-                       void* op_slot) override {
+                       void* op_slot, block::ProducerFp8* fp8) override {
     Role& g = gemms_[static_cast<int>(GemmRole::Gemm1)];
     if (!g.staged) {  // the GEMM library writes h (f32, bf16) with b1
       do_gemm(GemmRole::Gemm1, ln, w1, h, b1);
-      return do_act_forward(h, act, op_slot);
+      return do_act_forward(h, act, op_slot, fp8);
     }
     float* acc = at<float>(staging_, scratch_);
     g.gemm->run(ln.data, w1.data, nullptr, acc, at<char>(gemm_scratch_, scratch_));
@@ -166,10 +173,12 @@ class CpuExec final : public block::Exec {
                                                typed<S>(h), rounded ? typed<S>(act) : nullptr,
                                                rounded ? copy : typed<float>(act));
     });
+    producer_fp8(act, fp8);
     return {copy != nullptr ? copy : act.data, nullptr};
   }
 
-  void do_act_backward(const float* dact, const Mat& h, const Mat& dh, bool round_to_io, float* db1) override {
+  void do_act_backward(const float* dact, const Mat& h, const Mat& dh, bool round_to_io, float* db1,
+                       block::ProducerFp8* fp8) override {
     const int64_t AF = c_.act_width();
     if (db1 != nullptr) std::memset(db1, 0, sizeof(float) * chunks_ * AF);
     act_pass(h.rows, [&](auto d, auto gated, const auto& f0, const auto& f1, int64_t r0, int64_t r1, int ch) {
@@ -183,6 +192,7 @@ class CpuExec final : public block::Exec {
         act_backward_rows<D, G, false>(c_.ffn, r0, r1, f0, f1, dact, hs, typed<float>(dh), part);
       }
     });
+    producer_fp8(dh, fp8);
   }
 
   void do_column_sums(ColumnSum which, const Mat& in, float* partials) override {
@@ -346,6 +356,14 @@ class CpuExec final : public block::Exec {
                         [&](int64_t r0, int64_t r1, int ch) { fn(d, gated, f0, f1, r0, r1, ch); });
       });
     });
+  }
+
+  // A producer's quantizer work (block/exec.h's ProducerFp8) after it has written its fp32 tensor
+  // `out`: the amax over it, then the quantization.
+  void producer_fp8(const Mat& out, block::ProducerFp8* fp8) {
+    if (fp8 == nullptr) return;
+    if (fp8->amax_bits != nullptr) do_amax(out, fp8->amax_bits);
+    if (fp8->quantize != nullptr) fp8->made = do_quantize(*fp8->quantize, fp8->slot);
   }
 
   // Where a producer of m (the I/O dtype) also writes m's plain operand: its widened copy in the

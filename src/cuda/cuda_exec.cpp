@@ -69,6 +69,9 @@ class CudaExec final : public block::Exec {
     return native_ ? 0 : checked_mul(rows, cols, "a decoded FP8 operand") * decoded_bytes();
   }
   int64_t gathered_operands_bytes(int, int64_t, int64_t) const override { return 0; }
+  int64_t fused_output_bytes(const Mat& out) const override {
+    return checked_mul(out.rows, out.cols, "an FP8 quantizer's input") * 4;
+  }
 
   // ---- memory ----
   int64_t alignment() const override { return kCudaAlignment; }
@@ -124,9 +127,11 @@ class CudaExec final : public block::Exec {
   void do_finish() override { cuda_check(cudaGetLastError(), "a kernel launch of the CUDA backend"); }
 
   // Plain operands are the tensors themselves here: a producer has no copy to make.
-  Operand do_norm_forward(const block::NormInputs& in, bool stats, const Mat& out, void*) override {
+  Operand do_norm_forward(const block::NormInputs& in, bool stats, const Mat& out, void*,
+                          block::ProducerFp8* fp8) override {
     cuda::norm_forward(c_.dtype, norm_spec(in.rows), in.x, in.gamma, in.beta, stats, in.mu, in.rs, out.data, st_,
                        out.type != c_.dtype);
+    producer_fp8(out, fp8);
     return {out.data, nullptr};
   }
   void do_norm_backward(const float* dn, const block::NormInputs& in, void* dx, float* dg, float* dbeta) override {
@@ -134,18 +139,21 @@ class CudaExec final : public block::Exec {
     cuda::norm_backward_dx(c_.dtype, s, dn, in.x, in.gamma, in.mu, in.rs, dx, st_);
     cuda::norm_param_grads(c_.dtype, s, chunk_h_, dn, in.x, in.mu, in.rs, dg, dbeta, st_);
   }
-  Operand do_act_forward(const Mat& h, const Mat& act, void*) override {
+  Operand do_act_forward(const Mat& h, const Mat& act, void*, block::ProducerFp8* fp8) override {
     cuda::act_forward(c_.dtype, act_spec(h.rows), h.data, act.data, st_, act.type != c_.dtype);
+    producer_fp8(act, fp8);
     return {act.data, nullptr};
   }
   Operand do_gemm1_act(const Operand& ln, const Operand& w1, const void* b1, const Mat& h, const Mat& act,
-                       void* op_slot) override {
+                       void* op_slot, block::ProducerFp8* fp8) override {
     do_gemm(GemmRole::Gemm1, ln, w1, h, b1);
-    return do_act_forward(h, act, op_slot);
+    return do_act_forward(h, act, op_slot, fp8);
   }
-  void do_act_backward(const float* dact, const Mat& h, const Mat& dh, bool, float* db1) override {
+  void do_act_backward(const float* dact, const Mat& h, const Mat& dh, bool, float* db1,
+                       block::ProducerFp8* fp8) override {
     // dh in the dtype (rounded) or in fp32 (unrounded): this backend's plain operands are the dtype.
     cuda::act_backward(c_.dtype, act_spec(h.rows), chunk_f_, dact, h.data, dh.data, db1, st_, dh.type != c_.dtype);
+    producer_fp8(dh, fp8);
   }
   void do_column_sums(ColumnSum, const Mat& in, float* partials) override {
     cuda::column_sums(in.type, chunk_h_, in.rows, in.cols, in.data, partials, st_);
@@ -279,6 +287,12 @@ class CudaExec final : public block::Exec {
     for (Role& g : gemms_) g.lt.reset();
     if (lt_ != nullptr) cublasLtDestroy(lt_);
     lt_ = nullptr;
+  }
+
+  void producer_fp8(const Mat& out, block::ProducerFp8* fp8) {
+    if (fp8 == nullptr) return;
+    if (fp8->amax_bits != nullptr) do_amax(out, fp8->amax_bits);
+    if (fp8->quantize != nullptr) fp8->made = do_quantize(*fp8->quantize, fp8->slot);
   }
 
   void ordered_copy(void* dst, const void* src, int64_t n, cudaMemcpyKind kind, const char* what) {
