@@ -247,8 +247,22 @@ enum {
   LNMLP_FEATURE_EXTERNAL_WORKSPACE = 9
 };
 
-/* Sets *supported to 1 when `backend` can run `feature` in this build on this machine, else 0.
- * Unknown backend or feature values are LNMLP_ERROR_INVALID_ARGUMENT. */
+/* lnmlp_query_support's answers. */
+enum {
+  LNMLP_UNSUPPORTED = 0,
+  LNMLP_SUPPORTED = 1,
+  LNMLP_SUPPORTED_EMULATED = 2 /* an FP8 recipe whose quantized GEMMs are emulated exactly: codes
+                                * decoded and multiplied in bf16/fp32 with fp32 accumulation, the
+                                * values FP8 hardware gives (up to the order of sums), slower */
+};
+
+/* Sets *supported to LNMLP_SUPPORTED when `backend` can run `feature` in this build on this machine,
+ * else LNMLP_UNSUPPORTED; for the LNMLP_FEATURE_RECIPE_* features LNMLP_SUPPORTED means that the
+ * recipe's GEMMs run on FP8 tensor cores, and LNMLP_SUPPORTED_EMULATED that they are emulated
+ * (the CPU backend: every recipe; the CUDA backend: MXFP8, and BLOCK except on Hopper (sm_90) with
+ * cuBLASLt 12.9 or newer; per-tensor recipes need sm_89 or newer). On the CUDA backend the answer
+ * is device 0's; BLOCK runs natively only where every plan dimension is a multiple of 16, and is
+ * emulated for other shapes. Unknown backend or feature values are LNMLP_ERROR_INVALID_ARGUMENT. */
 LNMLP_API int32_t lnmlp_query_support(int32_t backend, int32_t feature, int32_t* supported);
 
 /* A static, human-readable description of this build (version, backends compiled in, the GEMM

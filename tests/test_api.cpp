@@ -1187,7 +1187,7 @@ TEST(Status, QuerySupport) {
   auto q = [](int32_t backend, int32_t feature) {
     int32_t v = -1;
     EXPECT_OK(lnmlp_query_support(backend, feature, &v));
-    EXPECT_TRUE(v == 0 || v == 1) << v;
+    EXPECT_TRUE(v == LNMLP_UNSUPPORTED || v == LNMLP_SUPPORTED || v == LNMLP_SUPPORTED_EMULATED) << v;
     return v;
   };
   EXPECT_EQ(q(LNMLP_BACKEND_CPU, LNMLP_FEATURE_BACKEND), 1);
@@ -1195,10 +1195,14 @@ TEST(Status, QuerySupport) {
   EXPECT_EQ(q(LNMLP_BACKEND_CPU, LNMLP_FEATURE_DTYPE_BF16), 1);
   EXPECT_EQ(q(LNMLP_BACKEND_CPU, LNMLP_FEATURE_DTYPE_F16), 1);
   EXPECT_EQ(q(LNMLP_BACKEND_CPU, LNMLP_FEATURE_EXTERNAL_WORKSPACE), 1);
-  // Every FP8 recipe runs on the CPU (emulated exactly, docs/fp8.md); so does sharding (docs/sharding.md).
+  // Every FP8 recipe runs on the CPU, emulated exactly (docs/fp8.md); so does sharding (docs/sharding.md).
   for (int32_t f : {LNMLP_FEATURE_RECIPE_DELAYED, LNMLP_FEATURE_RECIPE_CURRENT, LNMLP_FEATURE_RECIPE_BLOCK,
                     LNMLP_FEATURE_RECIPE_MXFP8})
-    EXPECT_EQ(q(LNMLP_BACKEND_CPU, f), 1) << f;
+    EXPECT_EQ(q(LNMLP_BACKEND_CPU, f), LNMLP_SUPPORTED_EMULATED) << f;
+  // Only FP8 recipes are ever emulated.
+  for (int32_t f :
+       {LNMLP_FEATURE_BACKEND, LNMLP_FEATURE_DTYPE_F32, LNMLP_FEATURE_SHARDING, LNMLP_FEATURE_EXTERNAL_WORKSPACE})
+    for (int32_t backend : {LNMLP_BACKEND_CPU, LNMLP_BACKEND_CUDA}) EXPECT_NE(q(backend, f), LNMLP_SUPPORTED_EMULATED);
   EXPECT_EQ(q(LNMLP_BACKEND_CPU, LNMLP_FEATURE_SHARDING), 1);
   for (int32_t f = LNMLP_FEATURE_BACKEND; f <= LNMLP_FEATURE_EXTERNAL_WORKSPACE; ++f) q(LNMLP_BACKEND_CUDA, f);
   // A backend that is not usable supports nothing.

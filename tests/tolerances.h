@@ -113,6 +113,21 @@ constexpr double kFp8ComputedAmaxRtol = 1e-3;
 // same reason.
 constexpr Tolerance kTolFp8Sharded = kTolFp8Backends;
 
+// The CUDA kernels, each against the host's arithmetic (tests/gpu/test_cuda_kernels.cpp), where
+// they cannot agree bit for bit (everything else there is compared bitwise):
+//  - a transcendental activation (gelu's tanhf, silu's and sigmoid's expf, ...): CUDA's expf and
+//    tanhf are within 2 ulp of the correctly rounded value and glibc's within 1, and an activation
+//    (and its derivative, and the gated product) takes a handful of operations on top, so the
+//    fp32 results differ by a few ulp (2^-23 relative each). 1e-5 relative (about 80 ulp) bounds
+//    that and is orders of magnitude below the error of a wrong formula or constant (1e-3 and up).
+constexpr double kKernelTranscendentalRtol = 1e-5;
+//  - a sum in another order (a norm row's statistics over up to 4100 elements, a column's sum over
+//    a chunk's rows): either order's rounding error is below n * 2^-24 of the sum of the terms'
+//    magnitudes in the worst case (2.4e-4 at n = 4100) and about sqrt(n) * 2^-24 in practice
+//    (4e-6); 1e-4, relative to the sum of magnitudes (or to 1 for the norm's O(1) outputs), bounds
+//    the practice with margin, while a wrong term or a missed row is off by the size of a term.
+constexpr double kKernelSumRtol = 1e-4;
+
 // Unit roundoff of each dtype (half an ulp, relative): used to size the kink windows.
 inline double unit_roundoff(int32_t dtype) {
   switch (dtype) {

@@ -8,9 +8,11 @@
 //                   [--iters N] [--warmup N] [--quick] [--device N]
 // Without --hidden it runs the standard cases: T = 16384, H = 4096 and 8192, gelu with F = 4H and
 // Llama-style swiglu with F = 3.5H, in bf16 (or --dtype), without FP8 and under each FP8 recipe.
-// The peer of a per-tensor FP8 recipe (delayed, current) is the six FP8 GEMMs alone (cuBLASLt,
-// E4M3 x E4M3 forward, E5M2 x E4M3 backward), and its fraction is of the dense FP8 peak; the
-// blocked recipes (emulated on Hopper: bf16 GEMMs on decoded operands) are set against bf16.
+// The peer of an FP8 recipe whose GEMMs run on FP8 tensor cores (delayed, current; BLOCK on Hopper
+// with cuBLASLt 12.9, with its 1 x 128 and 128 x 128 block scales) is the six FP8 GEMMs alone
+// (cuBLASLt, E4M3 x E4M3 forward, E5M2 x E4M3 backward), and its fraction is of the dense FP8
+// peak; an emulated blocked recipe (MXFP8, BLOCK elsewhere: bf16 GEMMs on decoded operands) is set
+// against bf16.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -198,9 +200,15 @@ double median(std::vector<double> v) {
 
 void run_case(const Case& k, const Options& o, const std::string& device_name, cudaStream_t stream) {
   const int32_t dt = dtype_of(k.dtype), remat = remat_of(k.remat), recipe = recipe_of(k.recipe);
-  const bool fp8_native = recipe == LNMLP_RECIPE_DELAYED || recipe == LNMLP_RECIPE_CURRENT;
   const std::vector<int32_t> acts = acts_of(k.act);
   const int64_t A = static_cast<int64_t>(acts.size()), T = k.T, H = k.H, F = k.F, AF = A * F;
+  int32_t block_support = LNMLP_UNSUPPORTED;
+  lnmlp_ok(lnmlp_query_support(LNMLP_BACKEND_CUDA, LNMLP_FEATURE_RECIPE_BLOCK, &block_support), "query_support");
+  // As the backend decides (cuda/cuda_exec.cpp): BLOCK native where cuBLASLt has block scaling and
+  // every dimension is a multiple of 16.
+  const bool native_block =
+      recipe == LNMLP_RECIPE_BLOCK && block_support == LNMLP_SUPPORTED && T % 16 == 0 && H % 16 == 0 && F % 16 == 0;
+  const bool fp8_native = recipe == LNMLP_RECIPE_DELAYED || recipe == LNMLP_RECIPE_CURRENT || native_block;
   const int64_t e = dt == LNMLP_DTYPE_F32 ? 4 : 2;
 
   lnmlp_desc* d = nullptr;
@@ -242,26 +250,40 @@ void run_case(const Case& k, const Options& o, const std::string& device_name, c
   cfg.tokens = T, cfg.hidden = H, cfg.ffn = F, cfg.num_acts = static_cast<int32_t>(A);
   cfg.dtype = static_cast<lnmlp::numerics::DType>(dt);
   cfg.has_bias1 = cfg.has_bias2 = bias;
-  // Blocked recipes are emulated on bf16 GEMMs: their peer is the bf16 GEMMs.
+  // Emulated blocked recipes run bf16 GEMMs on decoded operands: their peer is the bf16 GEMMs.
   cfg.fp8.recipe = fp8_native ? static_cast<lnmlp::Recipe>(recipe) : lnmlp::Recipe::None;
   std::vector<std::unique_ptr<lnmlp::cuda::LtGemm>> g;
-  int64_t peer_ws = 0;
+  std::vector<bool> peer_bias;
+  int64_t peer_ws = 0, scales = 1;
   try {
     for (lnmlp::block::GemmRole role : lnmlp::block::kAllGemmRoles) {
-      const lnmlp::cuda::CudaGemm plan = lnmlp::cuda::cuda_gemm(lnmlp::block::gemm_spec(role, cfg), cfg);
-      g.push_back(std::make_unique<lnmlp::cuda::LtGemm>(lt, plan.shape, int64_t{32} << 20, "peer"));
+      const lnmlp::block::GemmSpec s = lnmlp::block::gemm_spec(role, cfg);
+      lnmlp::cuda::CudaGemm plan = lnmlp::cuda::cuda_gemm(s, cfg, native_block);
+      try {
+        g.push_back(std::make_unique<lnmlp::cuda::LtGemm>(lt, plan.shape, int64_t{32} << 20, "peer"));
+      } catch (const lnmlp::Error& err) {  // as the backend: staged in fp32 where no algorithm fuses the output
+        if (err.status() != LNMLP_ERROR_NOT_SUPPORTED) throw;
+        plan = lnmlp::cuda::cuda_gemm(s, cfg, native_block, false);
+        g.push_back(std::make_unique<lnmlp::cuda::LtGemm>(lt, plan.shape, int64_t{32} << 20, "peer"));
+      }
+      peer_bias.push_back(plan.shape.bias);
       peer_ws = std::max(peer_ws, g.back()->workspace_bytes());
+      if (native_block)
+        for (const auto& [outer, tiles] : {std::pair{s.m, plan.shape.scale_a == lnmlp::cuda::LtScale::Blk128},
+                                           std::pair{s.n, plan.shape.scale_b == lnmlp::cuda::LtScale::Blk128}})
+          scales = std::max(scales, lnmlp::numerics::gemm_block_scale_count(tiles, outer, s.k));
     }
   } catch (const lnmlp::Error& err) {
     die(std::string("peer GEMMs: ") + err.what());
   }
-  // FP8 peer operands: codes of every operand (both orientations have the same sizes), fp32 outputs.
+  // FP8 peer operands: codes of every operand (both orientations have the same sizes), scale_invs
+  // of 1 (per tensor, or per block), results in fp32 (large enough for every output type).
   const size_t big = static_cast<size_t>(std::max({T * AF, H * AF, T * H, F * H, T * F}));
   DeviceTensor q_a(fp8_native ? big : 0, 1, 1.0f, 12), q_b(fp8_native ? big : 0, 1, 1.0f, 13),
-      q_out(fp8_native ? big : 0, 4, 0.0f, 0), q_scale(fp8_native ? 1 : 0, 4, 0.0f, 0);
+      q_out(fp8_native ? big : 0, 4, 0.0f, 0), q_scale(fp8_native ? static_cast<size_t>(scales) : 0, 4, 0.0f, 0);
   if (fp8_native) {
-    const float one = 1.0f;
-    cuda_ok(cudaMemcpy(q_scale.p, &one, 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+    const std::vector<float> ones(static_cast<size_t>(scales), 1.0f);
+    cuda_ok(cudaMemcpy(q_scale.p, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
   }
   DeviceTensor pws(static_cast<size_t>(std::max<int64_t>(peer_ws, 256)), 1, 0.0f, 0);
   DeviceTensor f32_dact(static_cast<size_t>(T * F), 4, 0.0f, 0), f32_dn(TH, 4, 0.0f, 0),
@@ -272,7 +294,8 @@ void run_case(const Case& k, const Options& o, const std::string& device_name, c
     if (fp8_native) {
       auto run8 = [&](int i) {
         const auto* scale = static_cast<const float*>(q_scale.p);
-        g[static_cast<size_t>(i)]->run(q_a.p, q_b.p, nullptr, q_out.p, pws.p, stream, scale, scale);
+        const void* b = !peer_bias[static_cast<size_t>(i)] ? nullptr : i == 0 ? b1.p : b2.p;  // GEMM1, GEMM2
+        g[static_cast<size_t>(i)]->run(q_a.p, q_b.p, b, q_out.p, pws.p, stream, scale, scale);
       };
       cuda_ok(cudaEventRecord(ev.a, stream), "cudaEventRecord");
       run8(0);

@@ -81,8 +81,11 @@ LNMLP_API int32_t lnmlp_query_support(int32_t backend, int32_t feature, int32_t*
       fail(LNMLP_ERROR_INVALID_ARGUMENT, "unknown feature ", feature);
     int32_t yes = 0;
     if (backend == LNMLP_BACKEND_CPU) {
-      // Sharding over MPI or callbacks (docs/sharding.md), every recipe included.
-      yes = every_backend_supports(feature) || feature == LNMLP_FEATURE_SHARDING ? 1 : 0;
+      // Sharding over MPI or callbacks (docs/sharding.md), every recipe included; every recipe's
+      // GEMMs emulated exactly (docs/fp8.md).
+      yes = feature_recipe(feature) != Recipe::None                                ? LNMLP_SUPPORTED_EMULATED
+            : every_backend_supports(feature) || feature == LNMLP_FEATURE_SHARDING ? LNMLP_SUPPORTED
+                                                                                   : LNMLP_UNSUPPORTED;
     } else {
       yes = cuda_feature_supported(feature);  // loads the CUDA module and probes for a device
     }

@@ -109,6 +109,7 @@ struct QuantizeCall {
   bool save_columnwise = false;
   uint8_t* saved_codes = nullptr;
   void* saved_scales = nullptr;
+  bool in_producer = false;  // made by x's producer in its own pass (ProducerFp8), not by quantize()
 };
 
 // The representations a quantization makes, through one(columnwise, to_saved, operand) -> Operand,

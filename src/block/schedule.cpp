@@ -175,7 +175,8 @@ template <typename Produce> Quantized produced_operands(Pass& p, int q, int64_t 
     else forward_scale(p, q);
     const int64_t out_bytes = p.x.fused_output_bytes(mat(nullptr, DType::F32, rows, cols));
     void* out = out_bytes > 0 ? p.slot(out_bytes, what) : nullptr;
-    const QuantizeCall call = quantize_call(p, q, mat(out, DType::F32, rows, cols), rowwise, columnwise, save);
+    QuantizeCall call = quantize_call(p, q, mat(out, DType::F32, rows, cols), rowwise, columnwise, save);
+    call.in_producer = true;
     fp8.amax_bits = own ? p.amax_of(q) : nullptr;
     fp8.quantize = &call;
     fp8.slot = p.slot(p.x.quantize_bytes(call), quantizer_name(q));

@@ -1,87 +1,135 @@
-// Activation forward (h -> act) and backward fused with db1's column sums. Thread = column j of
-// the activation output; the second function of a gated pair reads column F + j of h.
-#include "device_util.cuh"
+// Activation forward (h -> act) and backward fused with db1's column sums, on tiles (tile.cuh):
+// a block covers 64 columns of act (and the matching columns of both halves of a gated h and dh)
+// by 64 rows at a time, so that the producer writes its output once, in whatever the next step
+// reads: the dtype, fp32, or FP8 codes and their transposed copy (with the amax), never fp32 that
+// a quantizer reads back.
+#include "tile.cuh"
 
 namespace lnmlp::cuda {
 namespace {
 
-// O: the output's dtype, D (rounded) or F32 (unrounded, for FP8 recipes, which quantize that).
-template <DType D, DType O>
-__global__ void __launch_bounds__(kColumnThreads)
-    act_forward_kernel(ActSpec s, const storage_t<D>* __restrict__ h, storage_t<O>* __restrict__ act) {
+template <DType D, bool Vec> __global__ void __launch_bounds__(kTileThreads)
+    act_forward_kernel(ActSpec s, const storage_t<D>* __restrict__ h, void* act, bool act_f32, Fp8Out o) {
+  __shared__ TileCodes smem;
   const int64_t F = s.ffn, AF = s.gated ? 2 * F : F;
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * kColumnThreads + threadIdx.x;
-  if (j >= F) return;
   const RuntimeAct f0{s.f0, s.params}, f1{s.f1, s.params};
-#pragma unroll 4
-  for (int64_t r = blockIdx.y; r < s.rows; r += gridDim.y) {
-    const float v0 = load<D>(h[r * AF + j]);
-    const float a = s.gated ? gated_value(f0, f1, v0, load<D>(h[r * AF + F + j])) : f0.value(v0);
-    act[r * F + j] = store<O>(a);
+  const float scale = o.scale != nullptr ? *o.scale : 1.0f;
+  const TileThread th;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTileDim, c = th.col(c0);
+  const int n = valid4(c, F);
+  uint32_t amax = 0;
+  for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTileDim; r0 < s.rows;
+       r0 += static_cast<int64_t>(gridDim.y) * kTileDim) {
+    float v[4][4] = {};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t r = th.row(r0, i);
+      if (r >= s.rows || n == 0) continue;
+      float a[4], b[4];
+      load4<D, Vec>(h + r * AF + c, n, a);
+      if (s.gated) load4<D, Vec>(h + r * AF + F + c, n, b);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[i][j] = s.gated ? gated_value(f0, f1, a[j], b[j]) : f0.value(a[j]);
+    }
+    write_tile<D, Vec>(v, r0, c0, s.rows, F, F, 0, act, act_f32, o, scale, amax, smem);
   }
+  block_amax_to<kTileThreads>(amax, o.amax_bits);
 }
 
-template <DType D, DType O>
-__global__ void __launch_bounds__(kColumnThreads)
+// Block (x, y) covers columns [64 x, 64 x + 64) of act and chunk y of the rows, tile by tile; each
+// thread sums its columns' dh over its rows in row order, and the 16 threads of a column are then
+// summed in order: db1's partial sums, deterministic.
+template <DType D, bool Vec> __global__ void __launch_bounds__(kTileThreads)
     act_backward_kernel(ActSpec s, Chunking ch, const float* __restrict__ dact, const storage_t<D>* __restrict__ h,
-                        storage_t<O>* __restrict__ dh, float* __restrict__ db1_partials) {
+                        void* dh, bool dh_f32, Fp8Out o, float* __restrict__ db1_partials) {
+  __shared__ TileCodes smem;
+  __shared__ float sums[kTileRowStep][kTileDim];
   const int64_t F = s.ffn, AF = s.gated ? 2 * F : F;
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * kColumnThreads + threadIdx.x;
-  if (j >= F) return;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * ch.rows_per_chunk;
-  const int64_t r1 = r0 + ch.rows_per_chunk < s.rows ? r0 + ch.rows_per_chunk : s.rows;
   const RuntimeAct f0{s.f0, s.params}, f1{s.f1, s.params};
-  float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll 4
-  for (int64_t r = r0; r < r1; ++r) {
-    const float g = dact[r * F + j];
-    const float v0 = load<D>(h[r * AF + j]);
-    if (s.gated) {
-      // The same products, in the same order, as the CPU backend (numerics/activation.h).
-      const GatedGrad d = gated_grad(f0, f1, g, v0, load<D>(h[r * AF + F + j]));
-      dh[r * AF + j] = store<O>(d.d0);
-      dh[r * AF + F + j] = store<O>(d.d1);
-      sum0 += d.d0;
-      sum1 += d.d1;
-    } else {
-      const float d0 = g * f0.grad(v0);
-      dh[r * AF + j] = store<O>(d0);
-      sum0 += d0;
+  const float scale = o.scale != nullptr ? *o.scale : 1.0f;
+  const TileThread th;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTileDim, c = th.col(c0);
+  const int n = valid4(c, F);
+  const int64_t r_begin = static_cast<int64_t>(blockIdx.y) * ch.rows_per_chunk;
+  const int64_t r_end = r_begin + ch.rows_per_chunk < s.rows ? r_begin + ch.rows_per_chunk : s.rows;
+  float sum0[4] = {}, sum1[4] = {};
+  uint32_t amax = 0;
+  for (int64_t r0 = r_begin; r0 < r_end; r0 += kTileDim) {  // whole tiles: chunks are multiples of 64 rows
+    float d0[4][4] = {}, d1[4][4] = {};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t r = th.row(r0, i);
+      if (r >= r_end || n == 0) continue;
+      float g[4], a[4], b[4];
+      load4<DType::F32, Vec>(dact + r * F + c, n, g);
+      load4<D, Vec>(h + r * AF + c, n, a);
+      if (s.gated) load4<D, Vec>(h + r * AF + F + c, n, b);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (j >= n) continue;
+        if (s.gated) {
+          // The same products, in the same order, as the CPU backend (numerics/activation.h).
+          const GatedGrad gd = gated_grad(f0, f1, g[j], a[j], b[j]);
+          d0[i][j] = gd.d0;
+          d1[i][j] = gd.d1;
+        } else {
+          d0[i][j] = g[j] * f0.grad(a[j]);
+        }
+        sum0[j] += d0[i][j];
+        sum1[j] += d1[i][j];
+      }
+    }
+    write_tile<D, Vec>(d0, r0, c0, s.rows, F, AF, 0, dh, dh_f32, o, scale, amax, smem);
+    if (s.gated) write_tile<D, Vec>(d1, r0, c0, s.rows, F, AF, F, dh, dh_f32, o, scale, amax, smem);
+  }
+  if (db1_partials != nullptr) {  // uniform over the grid
+    float* part = db1_partials + static_cast<int64_t>(blockIdx.y) * AF;
+    for (int half = 0; half < (s.gated ? 2 : 1); ++half) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) sums[th.ty][4 * th.tx + j] = half == 0 ? sum0[j] : sum1[j];
+      __syncthreads();
+      if (threadIdx.x < kTileDim && c0 + threadIdx.x < F) {
+        float t = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kTileRowStep; ++k) t += sums[k][threadIdx.x];
+        part[half * F + c0 + threadIdx.x] = t;
+      }
+      __syncthreads();
     }
   }
-  if (db1_partials != nullptr) {
-    db1_partials[blockIdx.y * AF + j] = sum0;
-    if (s.gated) db1_partials[blockIdx.y * AF + F + j] = sum1;
-  }
+  block_amax_to<kTileThreads>(amax, o.amax_bits);
+}
+
+void zero_amax(const Fp8Out& o, cudaStream_t stream) {
+  if (o.amax_bits != nullptr) cudaMemsetAsync(o.amax_bits, 0, sizeof(uint32_t), stream);
 }
 
 }  // namespace
 
-void act_forward(DType d, const ActSpec& s, const void* h, void* act, cudaStream_t stream, bool act_f32) {
+void act_forward(DType d, const ActSpec& s, const void* h, void* act, bool act_f32, const Fp8Out& fp8,
+                 cudaStream_t stream) {
+  zero_amax(fp8, stream);
   with_dtype(d, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
-    using S = storage_t<D>;
-    const dim3 grid(column_blocks(s.ffn), grid_dim((s.rows + kRowsPerThread - 1) / kRowsPerThread, kMaxGridY));
-    if (act_f32)
-      act_forward_kernel<D, DType::F32><<<grid, kColumnThreads, 0, stream>>>(s, static_cast<const S*>(h),
-                                                                             static_cast<float*>(act));
-    else
-      act_forward_kernel<D, D><<<grid, kColumnThreads, 0, stream>>>(s, static_cast<const S*>(h), static_cast<S*>(act));
+    const auto* hs = static_cast<const storage_t<D>*>(h);
+    const dim3 grid(static_cast<unsigned>((s.ffn + kTileDim - 1) / kTileDim),
+                    grid_dim((s.rows + kTileDim - 1) / kTileDim, kMaxGridY));
+    if (vec4(s.ffn)) act_forward_kernel<D, true><<<grid, kTileThreads, 0, stream>>>(s, hs, act, act_f32, fp8);
+    else act_forward_kernel<D, false><<<grid, kTileThreads, 0, stream>>>(s, hs, act, act_f32, fp8);
   });
 }
 
 void act_backward(DType d, const ActSpec& s, const Chunking& ch, const float* dact, const void* h, void* dh,
-                  float* db1_partials, cudaStream_t stream, bool dh_f32) {
+                  bool dh_f32, const Fp8Out& fp8, float* db1_partials, cudaStream_t stream) {
+  zero_amax(fp8, stream);
   with_dtype(d, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
-    using S = storage_t<D>;
-    const dim3 grid(column_blocks(s.ffn), static_cast<unsigned>(ch.chunks));
-    if (dh_f32)
-      act_backward_kernel<D, DType::F32><<<grid, kColumnThreads, 0, stream>>>(s, ch, dact, static_cast<const S*>(h),
-                                                                              static_cast<float*>(dh), db1_partials);
+    const auto* hs = static_cast<const storage_t<D>*>(h);
+    const dim3 grid(static_cast<unsigned>((s.ffn + kTileDim - 1) / kTileDim), static_cast<unsigned>(ch.chunks));
+    if (vec4(s.ffn))
+      act_backward_kernel<D, true><<<grid, kTileThreads, 0, stream>>>(s, ch, dact, hs, dh, dh_f32, fp8, db1_partials);
     else
-      act_backward_kernel<D, D><<<grid, kColumnThreads, 0, stream>>>(s, ch, dact, static_cast<const S*>(h),
-                                                                     static_cast<S*>(dh), db1_partials);
+      act_backward_kernel<D, false><<<grid, kTileThreads, 0, stream>>>(s, ch, dact, hs, dh, dh_f32, fp8, db1_partials);
   });
 }
 

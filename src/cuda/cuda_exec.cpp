@@ -23,37 +23,51 @@ using block::ColumnSum;
 using block::GemmRole;
 using block::Mat;
 using block::Operand;
+using block::ProducerFp8;
 using block::Quantized;
 using block::QuantScalars;
 
 // cuBLASLt workspace offered to the heuristic (32 MiB is what NVIDIA recommends for Hopper).
 constexpr int64_t kMaxGemmWorkspace = int64_t{32} << 20;
 
+// How the plan's FP8 recipe runs (cuda_exec.h): per-tensor recipes on FP8 tensor cores with
+// per-tensor scales; BLOCK on cuBLASLt's block-scaled GEMMs where the GPU and cuBLASLt have them
+// and every dimension is a multiple of 16; the blocked recipes otherwise emulated.
+enum class Fp8Path { None, PerTensor, NativeBlock, Emulated };
+
 class CudaExec final : public block::Exec {
  public:
   explicit CudaExec(const Config& cfg) : c_(cfg), r_(resolve_recipe(cfg.fp8)), device_(cfg.device) {
     ScopedDevice dev(device_);
-    native_ = r_.per_tensor();
+    const bool dims16 = c_.tokens % kFp8GemmDimMultiple == 0 && c_.hidden % kFp8GemmDimMultiple == 0 &&
+                        c_.ffn % kFp8GemmDimMultiple == 0 && c_.act_width() % kFp8GemmDimMultiple == 0;
+    path_ = r_.recipe == Recipe::None                                              ? Fp8Path::None
+            : r_.per_tensor()                                                      ? Fp8Path::PerTensor
+            : r_.recipe == Recipe::Block && dims16 && cublaslt_has_block_scaling() ? Fp8Path::NativeBlock
+                                                                                   : Fp8Path::Emulated;
+    if (path_ == Fp8Path::PerTensor && !dims16)
+      fail(LNMLP_ERROR_NOT_SUPPORTED, "FP8 GEMMs on the GPU need tokens, hidden, ffn and A x ffn to be multiples of ",
+           kFp8GemmDimMultiple, " (got ", c_.tokens, ", ", c_.hidden, ", ", c_.ffn, ", ", c_.act_width(),
+           "); pad the shape, or use LNMLP_RECIPE_NONE");
     op_f32_ = r_.recipe == Recipe::Block && !r_.power_2_scale;
-    if (native_) {
-      for (int64_t d : {c_.tokens, c_.hidden, c_.ffn, c_.act_width()})
-        if (d % kFp8GemmDimMultiple != 0)
-          fail(LNMLP_ERROR_NOT_SUPPORTED,
-               "FP8 GEMMs on the GPU need tokens, hidden, ffn and A x ffn to be multiples of ", kFp8GemmDimMultiple,
-               " (got ", c_.tokens, ", ", c_.hidden, ", ", c_.ffn, ", ", c_.act_width(),
-               "); pad the shape, or use LNMLP_RECIPE_NONE");
-    }
     chunk_h_ = column_chunking(c_.rows(), c_.hidden);  // dgamma, dbeta, db2: over this rank's rows
-    chunk_f_ = column_chunking(c_.tokens, c_.ffn);
+    chunk_f_ = tile_chunking(c_.tokens, c_.ffn);       // db1: act_backward's tiles
     cublas_check(cublasLtCreate(&lt_), "cublasLtCreate");
     try {
-      make_gemms();
+      try {
+        make_gemms();
+      } catch (const Error& e) {
+        // No block-scaled GEMM here after all (not Hopper): BLOCK emulated, as elsewhere.
+        if (path_ != Fp8Path::NativeBlock || e.status() != LNMLP_ERROR_NOT_SUPPORTED) throw;
+        path_ = Fp8Path::Emulated;
+        make_gemms();
+      }
     } catch (...) {
-      release_gemms();
+      release();
       throw;
     }
   }
-  ~CudaExec() override { release_gemms(); }
+  ~CudaExec() override { release(); }
   CudaExec(const CudaExec&) = delete;
   CudaExec& operator=(const CudaExec&) = delete;
 
@@ -66,12 +80,11 @@ class CudaExec final : public block::Exec {
   int64_t plain_bytes(const Mat&) const override { return 0; }
   int64_t quantize_bytes(const block::QuantizeCall& call) const override { return QuantizeSlot(*this, call).bytes; }
   int64_t saved_operand_bytes(int, int64_t rows, int64_t cols) const override {
-    return native_ ? 0 : checked_mul(rows, cols, "a decoded FP8 operand") * decoded_bytes();
+    return path_ == Fp8Path::Emulated ? checked_mul(rows, cols, "a decoded FP8 operand") * decoded_bytes() : 0;
   }
   int64_t gathered_operands_bytes(int, int64_t, int64_t) const override { return 0; }
-  int64_t fused_output_bytes(const Mat& out) const override {
-    return checked_mul(out.rows, out.cols, "an FP8 quantizer's input") * 4;
-  }
+  // A quantizing producer writes codes, never its fp32 tensor.
+  int64_t fused_output_bytes(const Mat&) const override { return 0; }
 
   // ---- memory ----
   int64_t alignment() const override { return kCudaAlignment; }
@@ -126,12 +139,19 @@ class CudaExec final : public block::Exec {
   }
   void do_finish() override { cuda_check(cudaGetLastError(), "a kernel launch of the CUDA backend"); }
 
-  // Plain operands are the tensors themselves here: a producer has no copy to make.
-  Operand do_norm_forward(const block::NormInputs& in, bool stats, const Mat& out, void*,
-                          block::ProducerFp8* fp8) override {
-    cuda::norm_forward(c_.dtype, norm_spec(in.rows), in.x, in.gamma, in.beta, stats, in.mu, in.rs, out.data, st_,
-                       out.type != c_.dtype);
-    producer_fp8(out, fp8);
+  // Plain operands are the tensors themselves here: a producer has no copy to make. A producer of
+  // a quantizer's tensor writes its codes (and amax) in its own pass (fp8_out).
+  Operand do_norm_forward(const block::NormInputs& in, bool stats, const Mat& out, void*, ProducerFp8* fp8) override {
+    // The norm writes its rows' codes (into the slot's staging when only the transposed ones are
+    // wanted); their transposed copy follows from them.
+    uint8_t* staging = nullptr;
+    Fp8Out o = fp8_out(fp8, &staging);
+    uint8_t* codes_t = o.codes_t;
+    o.codes_t = nullptr;
+    if (codes_t != nullptr) o.codes = staging;
+    cuda::norm_forward(c_.dtype, norm_spec(in.rows), in.x, in.gamma, in.beta, stats, in.mu, in.rs, out.data,
+                       out.type != c_.dtype, o, st_);
+    if (codes_t != nullptr) fp8_transpose_codes(staging, out.rows, out.cols, codes_t, st_);
     return {out.data, nullptr};
   }
   void do_norm_backward(const float* dn, const block::NormInputs& in, void* dx, float* dg, float* dbeta) override {
@@ -139,21 +159,19 @@ class CudaExec final : public block::Exec {
     cuda::norm_backward_dx(c_.dtype, s, dn, in.x, in.gamma, in.mu, in.rs, dx, st_);
     cuda::norm_param_grads(c_.dtype, s, chunk_h_, dn, in.x, in.mu, in.rs, dg, dbeta, st_);
   }
-  Operand do_act_forward(const Mat& h, const Mat& act, void*, block::ProducerFp8* fp8) override {
-    cuda::act_forward(c_.dtype, act_spec(h.rows), h.data, act.data, st_, act.type != c_.dtype);
-    producer_fp8(act, fp8);
+  Operand do_act_forward(const Mat& h, const Mat& act, void*, ProducerFp8* fp8) override {
+    cuda::act_forward(c_.dtype, act_spec(h.rows), h.data, act.data, act.type != c_.dtype, fp8_out(fp8), st_);
     return {act.data, nullptr};
   }
   Operand do_gemm1_act(const Operand& ln, const Operand& w1, const void* b1, const Mat& h, const Mat& act,
-                       void* op_slot, block::ProducerFp8* fp8) override {
+                       void* op_slot, ProducerFp8* fp8) override {
     do_gemm(GemmRole::Gemm1, ln, w1, h, b1);
     return do_act_forward(h, act, op_slot, fp8);
   }
-  void do_act_backward(const float* dact, const Mat& h, const Mat& dh, bool, float* db1,
-                       block::ProducerFp8* fp8) override {
+  void do_act_backward(const float* dact, const Mat& h, const Mat& dh, bool, float* db1, ProducerFp8* fp8) override {
     // dh in the dtype (rounded) or in fp32 (unrounded): this backend's plain operands are the dtype.
-    cuda::act_backward(c_.dtype, act_spec(h.rows), chunk_f_, dact, h.data, dh.data, db1, st_, dh.type != c_.dtype);
-    producer_fp8(dh, fp8);
+    cuda::act_backward(c_.dtype, act_spec(h.rows), chunk_f_, dact, h.data, dh.data, dh.type != c_.dtype, fp8_out(fp8),
+                       db1, st_);
   }
   void do_column_sums(ColumnSum, const Mat& in, float* partials) override {
     cuda::column_sums(in.type, chunk_h_, in.rows, in.cols, in.data, partials, st_);
@@ -180,22 +198,23 @@ class CudaExec final : public block::Exec {
     const QuantizeSlot l(*this, call);
     char* base = static_cast<char*>(slot);
     const Mat& x = call.x;
-    Quantized q;
-    if (native_) {  // rowwise codes and their transpose, in one pass
-      const float* scale = &call.scale->scale;
-      uint8_t* codes = at<uint8_t>(l.codes, base);
-      uint8_t* codes_t = call.save_columnwise ? call.saved_codes : at<uint8_t>(l.codes_t, base);
-      fp8_quantize_per_tensor(x.type, r_.formats[call.quantizer], x.data, x.rows, x.cols, scale, codes, codes_t, st_);
-      if (call.rowwise) q.rowwise = {codes, &call.scale->scale_inv};
-      if (call.columnwise) q.columnwise = {codes_t, &call.scale->scale_inv};
-      return q;
+    const Representations rep = representations(call, l, base);
+    if (path_ == Fp8Path::PerTensor) {  // rowwise codes and their transpose, in one pass
+      fp8_quantize_per_tensor(x.type, r_.formats[call.quantizer], x.data, x.rows, x.cols, &call.scale->scale,
+                              call.rowwise ? rep.codes : nullptr, rep.codes_t, st_);
+      return rep.operands;
+    }
+    if (path_ == Fp8Path::NativeBlock) {
+      fp8_quantize_blocked_native(x.type, kind(call.quantizer, Contract::Cols), x.data, x.rows, x.cols, rep.codes,
+                                  rep.scales, rep.codes_t, rep.scales_t, st_);
+      return rep.operands;
     }
     return block::quantize_representations(call, l.reps.shared, [&](bool columnwise, bool to_saved, bool operand) {
       const QuantKind k = kind(call.quantizer, columnwise ? Contract::Rows : Contract::Cols);
-      const block::DecodedRegions& rep = columnwise ? l.reps.col : l.reps.row;
-      uint8_t* codes = to_saved ? call.saved_codes : at<uint8_t>(rep.codes, base);
-      void* scales = to_saved ? call.saved_scales : at<void>(rep.scales, base);
-      void* op = at<void>(rep.op, base);
+      const block::DecodedRegions& d = columnwise ? l.reps.col : l.reps.row;
+      uint8_t* codes = to_saved ? call.saved_codes : at<uint8_t>(d.codes, base);
+      void* scales = to_saved ? call.saved_scales : at<void>(d.scales, base);
+      void* op = at<void>(d.op, base);
       fp8_quantize_blocked(x.type, k, x.data, x.rows, x.cols, codes, scales, st_);
       if (!operand) return Operand{};
       fp8_decode_operand(k, codes, scales, x.rows, x.cols, op_f32_, op, st_);
@@ -215,7 +234,10 @@ class CudaExec final : public block::Exec {
 
   Operand do_saved_operand(int q, const uint8_t* codes, const void* scales, int64_t rows, int64_t cols,
                            const QuantScalars* scale, void* slot) override {
-    if (native_) return {codes, &scale->scale_inv};  // forward saved the transposed codes
+    // Forward saved the K-major (transposed) codes the weight-gradient GEMMs read, and for BLOCK
+    // their block scales in cuBLASLt's layout.
+    if (path_ == Fp8Path::PerTensor) return {codes, &scale->scale_inv};
+    if (path_ == Fp8Path::NativeBlock) return {codes, static_cast<const float*>(scales)};
     fp8_decode_operand(kind(q, Contract::Rows), codes, scales, rows, cols, op_f32_, slot, st_);
     return {slot, nullptr};
   }
@@ -227,32 +249,46 @@ class CudaExec final : public block::Exec {
 
   // ---- GEMM ----
   void do_gemm(GemmRole role, const Operand& a, const Operand& b, const Mat& out, const void* bias) override {
-    Role& g = gemms_[static_cast<int>(role)];
+    const Role& g = gemms_[static_cast<int>(role)];
     char* gemm_ws = at<char>(lt_workspace_, scratch_);
-    if (!g.staged) {
-      g.lt->run(a.data, b.data, bias, out.data, gemm_ws, st_, a.scale_inv, b.scale_inv);
+    if (g.staged) {
+      float* acc = at<float>(staging_, scratch_);
+      g.lt->run(a.data, b.data, nullptr, acc, gemm_ws, st_, a.scale_inv, b.scale_inv);
+      cuda::bias_round(out.type, acc, out.rows, out.cols, bias, out.data, st_);
       return;
     }
-    float* acc = at<float>(staging_, scratch_);
-    g.lt->run(a.data, b.data, nullptr, acc, gemm_ws, st_, a.scale_inv, b.scale_inv);
-    cuda::bias_round(out.type, acc, out.rows, out.cols, bias, out.data, st_);
+    g.lt->run(a.data, b.data, g.bias_in_epilogue ? bias : nullptr, out.data, gemm_ws, st_, a.scale_inv, b.scale_inv);
+    if (g.bias_after && bias != nullptr)
+      cuda::bias_round(out.type, static_cast<const float*>(out.data), out.rows, out.cols, bias, out.data, st_);
   }
 
  private:
   // The slot of one quantization. Per tensor: the rowwise codes and the transposed codes (unless
-  // saved). Blocked: the representations' codes, scales and decoded operands
-  // (block/quantized_slot.h).
+  // saved); a producer that cannot transpose (the norm) stages its rowwise codes here even when
+  // only the transposed ones are wanted. Native BLOCK: each representation's K-major codes and
+  // block scales (the columnwise one unless saved). Emulated: the representations' codes, scales
+  // and decoded operands (block/quantized_slot.h).
   struct QuantizeSlot {
-    Region codes, codes_t;
+    Region codes, codes_t, scales, scales_t;
     block::DecodedSlot reps;
     int64_t bytes = 0;
 
     QuantizeSlot(const CudaExec& e, const block::QuantizeCall& call) {
       RegionAllocator a;
-      if (e.native_) {
-        const int64_t n = checked_mul(call.x.rows, call.x.cols, "an FP8 operand");
+      const int64_t rows = call.x.rows, cols = call.x.cols;
+      const int64_t n = checked_mul(rows, cols, "an FP8 operand");
+      const bool col_here = call.columnwise && !call.save_columnwise;
+      if (e.path_ == Fp8Path::PerTensor) {
+        codes = a.take_if(call.rowwise || (call.in_producer && (call.columnwise || call.save_columnwise)), n, 1,
+                          "FP8 codes");
+        codes_t = a.take_if(col_here, n, 1, "FP8 transposed codes");
+      } else if (e.path_ == Fp8Path::NativeBlock) {
+        const bool tiles = e.kind(call.quantizer, Contract::Cols).tiles();
         codes = a.take_if(call.rowwise, n, 1, "FP8 codes");
-        codes_t = a.take_if(call.columnwise && !call.save_columnwise, n, 1, "FP8 transposed codes");
+        scales = a.take_if(call.rowwise, numerics::gemm_block_scale_count(tiles, rows, cols), 4, "FP8 block scales");
+        codes_t = a.take_if(col_here, n, 1, "FP8 transposed codes");
+        scales_t =
+            a.take_if(col_here, numerics::gemm_block_scale_count(tiles, cols, rows), 4, "FP8 transposed block scales");
       } else {
         reps = block::take_decoded_slot(a, e.r_, call, e.decoded_bytes());
       }
@@ -260,20 +296,73 @@ class CudaExec final : public block::Exec {
     }
   };
 
+  // Where a per-tensor or native BLOCK quantization writes, and the GEMM operands it makes.
+  struct Representations {
+    uint8_t *codes = nullptr, *codes_t = nullptr;
+    float *scales = nullptr, *scales_t = nullptr;
+    Quantized operands;
+  };
+  Representations representations(const block::QuantizeCall& call, const QuantizeSlot& l, char* base) const {
+    Representations rep;
+    const bool col = call.columnwise || call.save_columnwise;
+    rep.codes = at<uint8_t>(l.codes, base);
+    rep.scales = at<float>(l.scales, base);
+    if (col) {
+      rep.codes_t = call.save_columnwise ? call.saved_codes : at<uint8_t>(l.codes_t, base);
+      rep.scales_t = call.save_columnwise ? static_cast<float*>(call.saved_scales) : at<float>(l.scales_t, base);
+    }
+    const float* row_scale = path_ == Fp8Path::PerTensor ? &call.scale->scale_inv : rep.scales;
+    const float* col_scale = path_ == Fp8Path::PerTensor ? &call.scale->scale_inv : rep.scales_t;
+    if (call.rowwise) rep.operands.rowwise = {rep.codes, row_scale};
+    if (call.columnwise) rep.operands.columnwise = {rep.codes_t, col_scale};
+    return rep;
+  }
+
+  // A producer's FP8 work (block/exec.h's ProducerFp8) as its kernel's outputs (kernels.h); where
+  // its rowwise codes go even when they are not wanted (*row_staging, for the norm).
+  Fp8Out fp8_out(ProducerFp8* fp8, uint8_t** row_staging = nullptr) const {
+    Fp8Out o;
+    if (fp8 == nullptr) return o;
+    o.amax_bits = fp8->amax_bits;
+    if (fp8->quantize == nullptr) return o;
+    const block::QuantizeCall& call = *fp8->quantize;
+    const Representations rep = representations(call, QuantizeSlot(*this, call), static_cast<char*>(fp8->slot));
+    o.scale = &call.scale->scale;
+    o.e5m2 = r_.formats[call.quantizer] == Fp8Format::E5M2;
+    o.codes = call.rowwise ? rep.codes : nullptr;
+    o.codes_t = rep.codes_t;
+    if (row_staging != nullptr) *row_staging = rep.codes;
+    fp8->made = rep.operands;
+    return o;
+  }
+
   struct Role {
     std::unique_ptr<LtGemm> lt;
-    bool staged = false;  // the result in fp32 staging, then rounded into the dtype
+    bool staged = false;            // the result in fp32 staging, then rounded into the dtype
+    bool bias_in_epilogue = false;  // cuBLASLt adds the bias
+    bool bias_after = false;        // a kernel adds it after, in place
   };
 
   void make_gemms() {
+    release_gemms();
     int64_t lt_ws = 0, staging = 0;
     for (GemmRole role : block::kAllGemmRoles) {
       if (role != GemmRole::Gemm1 && role != GemmRole::Gemm2 && !block::trains(c_)) continue;
       const block::GemmSpec s = block::gemm_spec(role, c_);
-      const CudaGemm plan = cuda_gemm(s, c_);
+      const bool native_block = path_ == Fp8Path::NativeBlock;
+      CudaGemm plan = cuda_gemm(s, c_, native_block);
       Role& g = gemms_[static_cast<int>(role)];
-      g.lt = std::make_unique<LtGemm>(lt_, plan.shape, kMaxGemmWorkspace, s.name);
+      try {
+        g.lt = std::make_unique<LtGemm>(lt_, plan.shape, kMaxGemmWorkspace, s.name);
+      } catch (const Error& e) {
+        // No algorithm writes this result type with this bias: stage it in fp32 instead.
+        if (e.status() != LNMLP_ERROR_NOT_SUPPORTED || plan.shape.c == LtType::F32) throw;
+        plan = cuda_gemm(s, c_, native_block, false);
+        g.lt = std::make_unique<LtGemm>(lt_, plan.shape, kMaxGemmWorkspace, s.name);
+      }
       g.staged = plan.staged;
+      g.bias_in_epilogue = plan.shape.bias;
+      g.bias_after = plan.bias_after;
       lt_ws = std::max(lt_ws, g.lt->workspace_bytes());
       if (plan.staged) staging = std::max(staging, checked_mul(s.m, s.n, "a GEMM's fp32 result") * 4);
     }
@@ -284,15 +373,12 @@ class CudaExec final : public block::Exec {
   }
 
   void release_gemms() noexcept {
-    for (Role& g : gemms_) g.lt.reset();
+    for (Role& g : gemms_) g = Role{};
+  }
+  void release() noexcept {
+    release_gemms();
     if (lt_ != nullptr) cublasLtDestroy(lt_);
     lt_ = nullptr;
-  }
-
-  void producer_fp8(const Mat& out, block::ProducerFp8* fp8) {
-    if (fp8 == nullptr) return;
-    if (fp8->amax_bits != nullptr) do_amax(out, fp8->amax_bits);
-    if (fp8->quantize != nullptr) fp8->made = do_quantize(*fp8->quantize, fp8->slot);
   }
 
   void ordered_copy(void* dst, const void* src, int64_t n, cudaMemcpyKind kind, const char* what) {
@@ -310,8 +396,8 @@ class CudaExec final : public block::Exec {
   Config c_;
   ResolvedRecipe r_;
   int device_;
-  bool native_ = false;  // per-tensor recipes: FP8 tensor cores
-  bool op_f32_ = false;  // blocked recipes: fp32 operands (block scales not powers of two)
+  Fp8Path path_ = Fp8Path::None;
+  bool op_f32_ = false;  // emulated BLOCK: fp32 operands (block scales not powers of two)
   Chunking chunk_h_, chunk_f_;
   cublasLtHandle_t lt_ = nullptr;
   Role gemms_[block::kGemmRoles];
@@ -335,6 +421,23 @@ std::unique_ptr<block::Exec> make_cuda_exec(const Config& cfg) {
          nccl_device(*cfg.shard.comm), " but the plan is on device ", cfg.device,
          "; pass the communicator's device to lnmlp_desc_set_backend");
   return std::make_unique<CudaExec>(cfg);
+}
+
+int32_t fp8_support(Recipe recipe, int device) {
+  if (recipe == Recipe::None) return LNMLP_SUPPORTED;
+  device_count();  // NOT_SUPPORTED without a driver or a device
+  ScopedDevice dev(device);
+  cudaDeviceProp p{};
+  cuda_check(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
+  switch (recipe) {
+    case Recipe::Delayed:
+    case Recipe::Current: return 10 * p.major + p.minor >= 89 ? LNMLP_SUPPORTED : LNMLP_UNSUPPORTED;
+    case Recipe::Block:
+      return p.major == 9 && cublaslt_has_block_scaling() ? LNMLP_SUPPORTED : LNMLP_SUPPORTED_EMULATED;
+    case Recipe::Mxfp8:
+    case Recipe::None: break;
+  }
+  return LNMLP_SUPPORTED_EMULATED;  // MXFP8: decoded, on every GPU so far
 }
 
 }  // namespace lnmlp::cuda

@@ -27,4 +27,11 @@ constexpr int64_t kCudaAlignment = 256;
 // has no algorithm for a GEMM; BACKEND for CUDA failures.
 std::unique_ptr<block::Exec> make_cuda_exec(const Config& cfg);
 
+// How `recipe` runs on `device` (lnmlp_query_support's answer): LNMLP_SUPPORTED where its GEMMs
+// run on FP8 tensor cores (per-tensor recipes from sm_89; BLOCK's block-scaled GEMMs on sm_90 with
+// cuBLASLt 12.9, for shapes whose dimensions are multiples of 16), LNMLP_SUPPORTED_EMULATED where
+// they are emulated exactly (MXFP8 everywhere; BLOCK elsewhere), LNMLP_UNSUPPORTED where they
+// cannot run (per-tensor recipes below sm_89).
+int32_t fp8_support(Recipe recipe, int device);
+
 }  // namespace lnmlp::cuda

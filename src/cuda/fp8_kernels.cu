@@ -1,11 +1,13 @@
 // FP8 kernels of the CUDA backend (see fp8_kernels.h). The scale arithmetic and the casts are
-// src/numerics/scaling.h's and fp8.h's; the block layouts are the CPU backend's, so the codes and
-// scales a plan saves are the same bits on both backends.
-#include "device_util.cuh"
+// src/numerics/scaling.h's and fp8.h's; the emulated recipes' block layouts are the CPU backend's,
+// so the codes and scales a plan saves are the same bits on both backends. Reads and writes go
+// four elements at a time where the row length allows (device_util.cuh), amaxes fold into one
+// atomic per block, and no kernel divides 64-bit integers per element.
 #include "fp8_kernels.h"
 #include "numerics/fp8.h"
 #include "numerics/quantize.h"
 #include "numerics/scaling.h"
+#include "tile.cuh"
 
 namespace lnmlp::cuda {
 namespace {
@@ -16,25 +18,21 @@ template <typename Fn> void with_fp8(Fp8Format f, Fn&& fn) { numerics::dispatch_
 
 constexpr int kThreads = 256;
 
-// ---- amax ----------------------------------------------------------------------------------
+// ---- amax, scales, the delayed update ----------------------------------------------------------
 
-// max over a warp of magnitude bits (numerics/quantize.h: their integer max is the
-// NaN-propagating amax, in any order).
-__device__ __forceinline__ uint32_t warp_max(uint32_t m) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = numerics::amax_bits_max(m, __shfl_xor_sync(0xffffffffu, m, o));
-  return m;
-}
-
-// Warps' maxima, then atomicMax on integers (order-independent).
-template <DType D> __global__ void __launch_bounds__(kThreads)
+template <DType D, bool Vec> __global__ void __launch_bounds__(kThreads)
     amax_kernel(const storage_t<D>* __restrict__ x, int64_t n, uint32_t* amax_bits) {
   uint32_t m = 0;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * kThreads)
-    m = numerics::amax_bits_max(m, numerics::magnitude_bits(load<D>(x[i])));
-  m = warp_max(m);
-  if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(amax_bits, m);
+  for (int64_t i = 4 * (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x); i < n;
+       i += 4 * static_cast<int64_t>(gridDim.x) * kThreads) {
+    float v[4];
+    const int k = valid4(i, n);
+    load4<D, Vec>(x + i, k, v);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (j < k) m = amax_bits_max(m, magnitude_bits(v[j]));
+  }
+  block_amax_to<kThreads>(m, amax_bits);
 }
 
 __global__ void per_tensor_scale_kernel(const float* given, const float* state_scale, const uint32_t* amax_bits,
@@ -46,61 +44,89 @@ __global__ void per_tensor_scale_kernel(const float* given, const float* state_s
   if (used_out != nullptr) *used_out = s;
 }
 
-__global__ void delayed_update_kernel(float* state_q, int32_t len, const uint32_t* amax_bits, bool use_max,
-                                      float fmt_max, int32_t margin) {
-  state_q[0] = numerics::delayed_record_and_update(state_q + 1, len, numerics::amax_from_bits(*amax_bits), state_q[0],
-                                                   use_max, fmt_max, margin);
+// numerics::delayed_record_and_update with the history's entries in parallel: the push moves
+// segments of kHistoryThreads entries, oldest segment first, each entry reading its new value
+// (history_pushed_entry: the entry before it) before any entry of its segment is written, so the
+// shift is in place without a race; the reduction is the max of the new entries' magnitude bits
+// (history_reduce's value: the same max, NaN if any entry is NaN), or the newest entry.
+constexpr int kHistoryThreads = 1024;
+
+__global__ void __launch_bounds__(kHistoryThreads)
+    delayed_update_kernel(float* state_q, int32_t len, const uint32_t* amax_bits, bool use_max, float fmt_max,
+                          int32_t margin) {
+  __shared__ uint32_t warps[kHistoryThreads / 32];
+  float* hist = state_q + 1;
+  const float newest = numerics::amax_from_bits(*amax_bits);
+  uint32_t m = 0;
+  for (int base = (len - 1) / kHistoryThreads * kHistoryThreads; base >= 0; base -= kHistoryThreads) {
+    const int i = base + static_cast<int>(threadIdx.x);
+    const float v = i < len ? numerics::history_pushed_entry(hist, i, newest) : 0.0f;
+    __syncthreads();
+    if (i < len) {
+      hist[i] = v;
+      m = amax_bits_max(m, magnitude_bits(v));
+    }
+    __syncthreads();
+  }
+  m = warp_max_bits(m);
+  if ((threadIdx.x & 31) == 0) warps[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  uint32_t all = 0;
+  for (int w = 0; w < kHistoryThreads / 32; ++w) all = amax_bits_max(all, warps[w]);
+  const float amax_h = use_max ? numerics::amax_from_bits(all) : newest;
+  state_q[0] = numerics::delayed_scale_update(state_q[0], amax_h, fmt_max, margin);
 }
 
 // ---- per-tensor quantization, with the transposed copy -----------------------------------------
 
-constexpr int kTile = 32, kTileRows = 8;
-
-template <DType D, Fp8Format F> __global__ void __launch_bounds__(kTile* kTileRows)
-    quantize_per_tensor_kernel(const storage_t<D>* __restrict__ x, int64_t rows, int64_t cols,
-                               const float* __restrict__ scale, uint8_t* __restrict__ codes,
-                               uint8_t* __restrict__ codes_t) {
-  __shared__ uint8_t tile[kTile][kTile + 1];
-  const float s = scale[0];
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile; r0 < rows; r0 += static_cast<int64_t>(gridDim.y) * kTile) {
-    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
-      const int64_t r = r0 + i, c = c0 + threadIdx.x;
-      if (r < rows && c < cols) {
-        const uint8_t q = numerics::float_to_fp8<F>(load<D>(x[r * cols + c]) * s);
-        if (codes != nullptr) codes[r * cols + c] = q;
-        tile[i][threadIdx.x] = q;
-      }
+template <DType D, bool Vec> __global__ void __launch_bounds__(kTileThreads)
+    quantize_tile_kernel(const storage_t<D>* __restrict__ x, int64_t rows, int64_t cols, Fp8Out o) {
+  __shared__ TileCodes smem;
+  const float scale = *o.scale;
+  const TileThread th;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTileDim, c = th.col(c0);
+  const int n = valid4(c, cols);
+  uint32_t amax = 0;  // not wanted (o.amax_bits is NULL): the amax came first
+  for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTileDim; r0 < rows;
+       r0 += static_cast<int64_t>(gridDim.y) * kTileDim) {
+    float v[4][4] = {};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t r = th.row(r0, i);
+      if (r < rows && n > 0) load4<D, Vec>(x + r * cols + c, n, v[i]);
     }
-    if (codes_t == nullptr) continue;  // uniform over the block
-    __syncthreads();
-    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
-      const int64_t c = c0 + i, r = r0 + threadIdx.x;
-      if (r < rows && c < cols) codes_t[c * rows + r] = tile[threadIdx.x][i];
-    }
-    __syncthreads();
+    write_tile<D, Vec>(v, r0, c0, rows, cols, cols, 0, nullptr, false, o, scale, amax, smem);
   }
 }
 
-__global__ void __launch_bounds__(kTile* kTileRows)
+template <bool Vec> __global__ void __launch_bounds__(kTileThreads)
     transpose_codes_kernel(const uint8_t* __restrict__ codes, int64_t rows, int64_t cols, uint8_t* __restrict__ out) {
-  __shared__ uint8_t tile[kTile][kTile + 1];
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile; r0 < rows; r0 += static_cast<int64_t>(gridDim.y) * kTile) {
-    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
-      const int64_t r = r0 + i, c = c0 + threadIdx.x;
-      if (r < rows && c < cols) tile[i][threadIdx.x] = codes[r * cols + c];
+  __shared__ TileCodes smem;
+  const TileThread th;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTileDim, c = th.col(c0);
+  const int n = valid4(c, cols);
+  for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTileDim; r0 < rows;
+       r0 += static_cast<int64_t>(gridDim.y) * kTileDim) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t r = th.row(r0, i);
+      if (r >= rows || n == 0) continue;
+      const uint8_t* src = codes + r * cols + c;
+      uint32_t w = 0;
+      if (Vec) {
+        w = *reinterpret_cast<const uint32_t*>(src);
+      } else {
+        for (int j = 0; j < n; ++j) w |= static_cast<uint32_t>(src[j]) << (8 * j);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) smem[th.ty + kTileRowStep * i][4 * th.tx + j] = static_cast<uint8_t>(w >> (8 * j));
     }
-    __syncthreads();
-    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
-      const int64_t c = c0 + i, r = r0 + threadIdx.x;
-      if (r < rows && c < cols) out[c * rows + r] = tile[threadIdx.x][i];
-    }
-    __syncthreads();
+    write_transposed_codes<kTileDim>(smem, r0, c0, rows, cols, 0, out);
   }
 }
 
-// ---- blocked quantization (BLOCK, MXFP8) ------------------------------------------------------
+// ---- blocked quantization ----------------------------------------------------------------------
 
 // A block's scale from its amax, and what its scale slot holds: the fp32 scale_inv (BLOCK) or
 // the E8M0 byte (MXFP8), numerics/scaling.h's choice, as the CPU backend makes it.
@@ -116,26 +142,44 @@ template <Fp8Format F> struct BlockScaler {
   }
 };
 
-// 1 x b blocks along rows: one warp per block (b = 32 or 128).
-template <DType D, Fp8Format F> __global__ void __launch_bounds__(kThreads)
-    quantize_rows_kernel(const storage_t<D>* __restrict__ x, int64_t rows, int64_t cols, int64_t b, BlockScaler<F> sc,
-                         uint8_t* __restrict__ codes, void* scales) {
-  const int64_t nb = (cols + b - 1) / b, blocks = rows * nb;
-  const int warps = kThreads / 32, lane = threadIdx.x & 31;
+// 1 x B blocks along rows, one warp per block (B = 32: a lane per element; B = 128: four), block
+// kb of row r's scale at r * s_row + kb * s_block: the CPU backend's layout (s_row = blocks per
+// row, s_block = 1) or cuBLASLt's (s_row = 1, s_block = rows rounded up to 4).
+template <DType D, Fp8Format F, int B, bool Vec> __global__ void __launch_bounds__(kThreads)
+    quantize_rows_kernel(const storage_t<D>* __restrict__ x, int64_t rows, int64_t cols, BlockScaler<F> sc,
+                         uint8_t* __restrict__ codes, void* scales, int64_t s_row, int64_t s_block) {
+  static_assert(B == 32 || B == 128, "the recipes' block lengths");
+  constexpr int E = B / 32;  // elements per lane
+  const int64_t nb = (cols + B - 1) / B, blocks = rows * nb;
+  const int warps = kThreads / 32, lane = static_cast<int>(threadIdx.x & 31);
   for (int64_t blk = static_cast<int64_t>(blockIdx.x) * warps + (threadIdx.x >> 5); blk < blocks;
        blk += static_cast<int64_t>(gridDim.x) * warps) {
-    const int64_t r = blk / nb, c0 = (blk % nb) * b, w = cols - c0 < b ? cols - c0 : b;
-    const storage_t<D>* xr = x + r * cols + c0;
+    const int64_t r = blk / nb, kb = blk - r * nb, c0 = kb * B, w = cols - c0 < B ? cols - c0 : B;
+    const int64_t at = r * cols + c0 + E * lane;
+    const int n = min(valid4(E * lane, w), E);
+    float v[4] = {};
+    if (n > 0) {  // a lane past a partial block's end reads and writes nothing
+      if constexpr (E == 4) load4<D, Vec>(x + at, n, v);
+      else v[0] = load<D>(x[at]);
+    }
     uint32_t m = 0;
-    for (int64_t i = lane; i < w; i += 32) m = numerics::amax_bits_max(m, numerics::magnitude_bits(load<D>(xr[i])));
-    const numerics::BlockScaleChoice ch = sc.choose(numerics::amax_from_bits(warp_max(m)));
-    if (lane == 0) sc.store(scales, blk, ch);
-    for (int64_t i = lane; i < w; i += 32)
-      codes[r * cols + c0 + i] = numerics::float_to_fp8<F>(load<D>(xr[i]) * ch.scale);
+#pragma unroll
+    for (int j = 0; j < E; ++j)
+      if (j < n) m = amax_bits_max(m, magnitude_bits(v[j]));
+    const numerics::BlockScaleChoice ch = sc.choose(numerics::amax_from_bits(warp_max_bits(m)));
+    if (lane == 0) sc.store(scales, r * s_row + kb * s_block, ch);
+    uint8_t q[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) q[j] = numerics::float_to_fp8<F>(v[j] * ch.scale);
+    if (n > 0) {
+      if constexpr (E == 4) store_codes4<Vec>(codes + at, n, q);
+      else codes[at] = q[0];
+    }
   }
 }
 
-// b x 1 blocks down columns: one thread per (band, column), adjacent threads adjacent columns.
+// b x 1 blocks down columns, in place (the CPU backend's columnwise layout, emulated recipes): one
+// thread per (band, column), adjacent threads adjacent columns.
 template <DType D, Fp8Format F> __global__ void __launch_bounds__(kThreads)
     quantize_cols_kernel(const storage_t<D>* __restrict__ x, int64_t rows, int64_t cols, int64_t b, BlockScaler<F> sc,
                          uint8_t* __restrict__ codes, void* scales) {
@@ -144,8 +188,7 @@ template <DType D, Fp8Format F> __global__ void __launch_bounds__(kThreads)
   for (int64_t band = blockIdx.y; band * b < rows; band += gridDim.y) {
     const int64_t r0 = band * b, r1 = r0 + b < rows ? r0 + b : rows;
     uint32_t m = 0;
-    for (int64_t r = r0; r < r1; ++r)
-      m = numerics::amax_bits_max(m, numerics::magnitude_bits(load<D>(x[r * cols + c])));
+    for (int64_t r = r0; r < r1; ++r) m = amax_bits_max(m, magnitude_bits(load<D>(x[r * cols + c])));
     const numerics::BlockScaleChoice ch = sc.choose(numerics::amax_from_bits(m));
     sc.store(scales, band * cols + c, ch);
     for (int64_t r = r0; r < r1; ++r)
@@ -153,61 +196,173 @@ template <DType D, Fp8Format F> __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// 128 x 128 weight tiles (BLOCK): one thread block per tile.
-template <DType D, Fp8Format F> __global__ void __launch_bounds__(kThreads)
-    quantize_tiles_kernel(const storage_t<D>* __restrict__ x, int64_t rows, int64_t cols, int64_t b, BlockScaler<F> sc,
-                          uint8_t* __restrict__ codes, void* scales) {
-  __shared__ uint32_t warp_m[kThreads / 32];
-  const int64_t nbc = (cols + b - 1) / b;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * b, c0 = static_cast<int64_t>(blockIdx.x) * b;
-  const int64_t h = rows - r0 < b ? rows - r0 : b, w = cols - c0 < b ? cols - c0 : b;
+// 128 x 1 blocks down columns, written transposed (cuBLASLt's K-major columnwise operand): a block
+// of threads takes a band of 128 rows by 32 columns through shared memory; column c of band b gets
+// its scale at b * s_band + c and its 128 codes at codes_t[c * rows + 128 b ..], 16 bytes a thread.
+constexpr int kBandCols = 32;
+template <DType D, Fp8Format F, bool Vec> __global__ void __launch_bounds__(kThreads)
+    quantize_cols_transposed_kernel(const storage_t<D>* __restrict__ x, int64_t rows, int64_t cols, BlockScaler<F> sc,
+                                    uint8_t* __restrict__ codes_t, void* scales_t, int64_t s_band) {
+  constexpr int B = static_cast<int>(numerics::kBlockScalingLength);
+  __shared__ float tile[B][kBandCols + 1];
+  const int t = static_cast<int>(threadIdx.x);
+  const int64_t band = blockIdx.y, r0 = band * B, c0 = static_cast<int64_t>(blockIdx.x) * kBandCols;
+  {  // 8 threads read a row's 32 columns, four each; 32 rows per step
+    const int64_t c = c0 + 4 * (t & 7);
+    const int n = valid4(c, cols);
+#pragma unroll
+    for (int i = 0; i < B / 32; ++i) {
+      const int tr = (t >> 3) + 32 * i;
+      const int64_t r = r0 + tr;
+      float v[4] = {};
+      if (r < rows && n > 0) load4<D, Vec>(x + r * cols + c, n, v);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) tile[tr][4 * (t & 7) + j] = v[j];  // outside the tensor: 0
+    }
+  }
+  __syncthreads();
+  const int k = t >> 3, g = t & 7;  // column k of the band, rows 16 g .. 16 g + 15
   uint32_t m = 0;
-  for (int64_t i = threadIdx.x; i < h * w; i += kThreads)
-    m = numerics::amax_bits_max(m, numerics::magnitude_bits(load<D>(x[(r0 + i / w) * cols + c0 + i % w])));
-  m = warp_max(m);
-  if ((threadIdx.x & 31) == 0) warp_m[threadIdx.x >> 5] = m;
+#pragma unroll
+  for (int e = 0; e < 16; ++e) m = amax_bits_max(m, magnitude_bits(tile[16 * g + e][k]));
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) m = amax_bits_max(m, __shfl_xor_sync(0xffffffffu, m, o));  // the column's 8 threads
+  const numerics::BlockScaleChoice ch = sc.choose(numerics::amax_from_bits(m));
+  const int64_t c = c0 + k, r = r0 + 16 * g;
+  if (c >= cols || r >= rows) return;
+  if (g == 0) sc.store(scales_t, band * s_band + c, ch);
+  alignas(16) uint8_t q[16];
+#pragma unroll
+  for (int e = 0; e < 16; ++e) q[e] = numerics::float_to_fp8<F>(tile[16 * g + e][k] * ch.scale);
+  uint8_t* dst = codes_t + c * rows + r;
+  if (rows % 16 == 0) {
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(q);
+  } else {
+    for (int e = 0; e < 16 && r + e < rows; ++e) dst[e] = q[e];
+  }
+}
+
+// 128 x 128 weight tiles (BLOCK), one block of threads per tile: its codes in place (codes, the
+// scale at tile_row * s_tile_row + tile_col) and/or transposed (codes_t, the scale at
+// tile_col * s_tile_row_t + tile_row). 32 threads read a row's 128 columns, four each.
+template <DType D, Fp8Format F, bool Vec> __global__ void __launch_bounds__(kThreads)
+    quantize_tiles_kernel(const storage_t<D>* __restrict__ x, int64_t rows, int64_t cols, BlockScaler<F> sc,
+                          uint8_t* __restrict__ codes, void* scales, int64_t s_tile_row, uint8_t* __restrict__ codes_t,
+                          void* scales_t, int64_t s_tile_row_t) {
+  constexpr int B = static_cast<int>(numerics::kBlockScalingLength);
+  constexpr int kRowsPerStep = kThreads / 32;
+  __shared__ uint8_t tile[B][B + 4];
+  __shared__ uint32_t warp_m[kThreads / 32];
+  const int tx = static_cast<int>(threadIdx.x & 31), ty = static_cast<int>(threadIdx.x >> 5);
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * B, c0 = static_cast<int64_t>(blockIdx.x) * B;
+  const int64_t c = c0 + 4 * tx;
+  const int n = valid4(c, cols);
+  uint32_t m = 0;
+  for (int i = 0; i < B / kRowsPerStep; ++i) {
+    const int64_t r = r0 + ty + kRowsPerStep * i;
+    if (r >= rows || n == 0) continue;
+    float v[4];
+    load4<D, Vec>(x + r * cols + c, n, v);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (j < n) m = amax_bits_max(m, magnitude_bits(v[j]));
+  }
+  m = warp_max_bits(m);
+  if (tx == 0) warp_m[ty] = m;
   __syncthreads();
   m = 0;
-  for (int i = 0; i < kThreads / 32; ++i) m = numerics::amax_bits_max(m, warp_m[i]);
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) m = amax_bits_max(m, warp_m[w]);
   const numerics::BlockScaleChoice ch = sc.choose(numerics::amax_from_bits(m));
-  if (threadIdx.x == 0) sc.store(scales, static_cast<int64_t>(blockIdx.y) * nbc + blockIdx.x, ch);
-  for (int64_t i = threadIdx.x; i < h * w; i += kThreads) {
-    const int64_t idx = (r0 + i / w) * cols + c0 + i % w;
-    codes[idx] = numerics::float_to_fp8<F>(load<D>(x[idx]) * ch.scale);
+  if (threadIdx.x == 0) {
+    if (codes != nullptr) sc.store(scales, static_cast<int64_t>(blockIdx.y) * s_tile_row + blockIdx.x, ch);
+    if (codes_t != nullptr) sc.store(scales_t, static_cast<int64_t>(blockIdx.x) * s_tile_row_t + blockIdx.y, ch);
   }
+  for (int i = 0; i < B / kRowsPerStep; ++i) {
+    const int tr = ty + kRowsPerStep * i;
+    const int64_t r = r0 + tr;
+    if (r >= rows || n == 0) continue;
+    float v[4];
+    load4<D, Vec>(x + r * cols + c, n, v);
+    uint8_t q[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) q[j] = numerics::float_to_fp8<F>(v[j] * ch.scale);
+    if (codes != nullptr) store_codes4<Vec>(codes + r * cols + c, n, q);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) tile[tr][4 * tx + j] = q[j];
+  }
+  if (codes_t != nullptr) write_transposed_codes<B, kThreads>(tile, r0, c0, rows, cols, 0, codes_t);  // uniform
 }
 
-// ---- decoding into GEMM operands ----------------------------------------------------------------
+// ---- decoding into GEMM operands (emulated recipes) --------------------------------------------
 
-// fp8 value times the scale_inv of its block (numerics/quantize.h's block_scale_index).
-template <Fp8Format F, bool F32Out> __global__ void __launch_bounds__(kThreads)
-    decode_kernel(numerics::ScaleLayout layout, int64_t b, bool e8m0, const uint8_t* __restrict__ codes,
+// fp8 value times the scale_inv of its block (numerics/quantize.h's block_scale_index, with the
+// block length a constant, so the index costs shifts): rows over the grid's y, four columns a thread.
+template <Fp8Format F, bool F32Out, int B> __global__ void __launch_bounds__(kThreads)
+    decode_kernel(numerics::ScaleLayout layout, bool e8m0, const uint8_t* __restrict__ codes,
                   const void* __restrict__ scales, int64_t rows, int64_t cols, void* __restrict__ out) {
-  const int64_t n = rows * cols;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    float s = 1.0f;
-    if (layout != numerics::ScaleLayout::PerTensor) {
-      const int64_t si = numerics::block_scale_index(layout, i / cols, i % cols, cols, b);
-      s = e8m0 ? numerics::e8m0_to_float(static_cast<const uint8_t*>(scales)[si])
-               : static_cast<const float*>(scales)[si];
+  const bool vec = cols % 4 == 0;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int64_t c = 4 * (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x); c < cols;
+         c += 4 * static_cast<int64_t>(gridDim.x) * kThreads) {
+      const int n = valid4(c, cols);
+      const uint8_t* src = codes + r * cols + c;
+      uint32_t w = 0;
+      if (vec) {
+        w = *reinterpret_cast<const uint32_t*>(src);
+      } else {
+        for (int j = 0; j < n; ++j) w |= static_cast<uint32_t>(src[j]) << (8 * j);
+      }
+      float v[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float s = 1.0f;
+        if (layout != numerics::ScaleLayout::PerTensor) {
+          const int64_t si = numerics::block_scale_index(layout, r, c + j, cols, B);
+          s = e8m0 ? numerics::e8m0_to_float(static_cast<const uint8_t*>(scales)[si])
+                   : static_cast<const float*>(scales)[si];
+        }
+        v[j] = j < n ? numerics::fp8_to_float<F>(static_cast<uint8_t>(w >> (8 * j))) * s : 0.0f;
+      }
+      if (F32Out) {
+        if (vec) store4<DType::F32, true>(static_cast<float*>(out) + r * cols + c, n, v);
+        else store4<DType::F32, false>(static_cast<float*>(out) + r * cols + c, n, v);
+      } else {
+        auto* o = static_cast<uint16_t*>(out) + r * cols + c;
+        if (vec) store4<DType::BF16, true>(o, n, v);
+        else store4<DType::BF16, false>(o, n, v);
+      }
     }
-    const float v = numerics::fp8_to_float<F>(codes[i]) * s;
-    if (F32Out) static_cast<float*>(out)[i] = v;
-    else static_cast<uint16_t*>(out)[i] = store<DType::BF16>(v);
-  }
 }
 
-template <DType D> __global__ void __launch_bounds__(kThreads)
-    bias_round_kernel(const float* __restrict__ acc, int64_t rows, int64_t cols, const storage_t<D>* __restrict__ bias,
-                      storage_t<D>* __restrict__ out) {
-  const int64_t n = rows * cols;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * kThreads)
-    out[i] = store<D>(acc[i] + (bias != nullptr ? load<D>(bias[i % cols]) : 0.0f));
+// acc and out may be the same memory: each thread reads its elements before writing them.
+template <DType D, bool Vec> __global__ void __launch_bounds__(kThreads)
+    bias_round_kernel(const float* acc, int64_t rows, int64_t cols, const storage_t<D>* __restrict__ bias,
+                      storage_t<D>* out) {
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int64_t c = 4 * (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x); c < cols;
+         c += 4 * static_cast<int64_t>(gridDim.x) * kThreads) {
+      const int n = valid4(c, cols);
+      float a[4], b[4] = {};
+      load4<DType::F32, Vec>(acc + r * cols + c, n, a);
+      if (bias != nullptr) load4<D, Vec>(bias + c, n, b);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) a[j] += b[j];
+      store4<D, Vec>(out + r * cols + c, n, a);
+    }
 }
 
-unsigned flat_grid(int64_t n) { return grid_dim((n + kThreads - 1) / kThreads, 8192); }
+unsigned flat_grid(int64_t n) { return grid_dim((n + 4 * kThreads - 1) / (4 * kThreads), 8192); }
+
+// Rows over y, four columns a thread over x.
+dim3 row_grid(int64_t rows, int64_t cols) {
+  return dim3(grid_dim((cols + 4 * kThreads - 1) / (4 * kThreads), 64), grid_dim(rows, kMaxGridY));
+}
+
+dim3 tile_grid(int64_t rows, int64_t cols) {
+  return dim3(static_cast<unsigned>((cols + kTileDim - 1) / kTileDim),
+              grid_dim((rows + kTileDim - 1) / kTileDim, kMaxGridY));
+}
 
 }  // namespace
 
@@ -215,7 +370,9 @@ void fp8_amax(DType in, const void* x, int64_t n, uint32_t* amax_bits, cudaStrea
   cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), stream);
   with_dtype(in, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
-    amax_kernel<D><<<flat_grid(n), kThreads, 0, stream>>>(static_cast<const storage_t<D>*>(x), n, amax_bits);
+    const auto* xs = static_cast<const storage_t<D>*>(x);
+    if (vec4(n)) amax_kernel<D, true><<<flat_grid(n), kThreads, 0, stream>>>(xs, n, amax_bits);
+    else amax_kernel<D, false><<<flat_grid(n), kThreads, 0, stream>>>(xs, n, amax_bits);
   });
 }
 
@@ -228,26 +385,65 @@ void fp8_per_tensor_scale(const float* given, const float* state_scale, const ui
 
 void fp8_quantize_per_tensor(DType in, Fp8Format f, const void* x, int64_t rows, int64_t cols, const float* scale,
                              uint8_t* codes, uint8_t* codes_t, cudaStream_t stream) {
+  Fp8Out o;
+  o.scale = scale;
+  o.e5m2 = f == Fp8Format::E5M2;
+  o.codes = codes;
+  o.codes_t = codes_t;
   with_dtype(in, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
-    with_fp8(f, [&](auto ft) {
-      constexpr Fp8Format F = decltype(ft)::value;
-      const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), grid_dim((rows + kTile - 1) / kTile, kMaxGridY));
-      quantize_per_tensor_kernel<D, F><<<grid, dim3(kTile, kTileRows), 0, stream>>>(
-          static_cast<const storage_t<D>*>(x), rows, cols, scale, codes, codes_t);
-    });
+    const auto* xs = static_cast<const storage_t<D>*>(x);
+    if (vec4(cols))
+      quantize_tile_kernel<D, true><<<tile_grid(rows, cols), kTileThreads, 0, stream>>>(xs, rows, cols, o);
+    else quantize_tile_kernel<D, false><<<tile_grid(rows, cols), kTileThreads, 0, stream>>>(xs, rows, cols, o);
   });
 }
 
 void fp8_transpose_codes(const uint8_t* codes, int64_t rows, int64_t cols, uint8_t* out, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), grid_dim((rows + kTile - 1) / kTile, kMaxGridY));
-  transpose_codes_kernel<<<grid, dim3(kTile, kTileRows), 0, stream>>>(codes, rows, cols, out);
+  if (vec4(cols))
+    transpose_codes_kernel<true><<<tile_grid(rows, cols), kTileThreads, 0, stream>>>(codes, rows, cols, out);
+  else transpose_codes_kernel<false><<<tile_grid(rows, cols), kTileThreads, 0, stream>>>(codes, rows, cols, out);
 }
 
 void fp8_delayed_update(float* state_q, int32_t history_len, const uint32_t* amax_bits, bool use_max, float fmt_max,
                         int32_t margin, cudaStream_t stream) {
-  delayed_update_kernel<<<1, 1, 0, stream>>>(state_q, history_len, amax_bits, use_max, fmt_max, margin);
+  delayed_update_kernel<<<1, kHistoryThreads, 0, stream>>>(state_q, history_len, amax_bits, use_max, fmt_max, margin);
 }
+
+namespace {
+
+// The 1 x B row kernel for the block length of k, over rows x cols.
+template <DType D, Fp8Format F> void launch_rows(const QuantKind& k, const storage_t<D>* x, int64_t rows, int64_t cols,
+                                                 const BlockScaler<F>& sc, uint8_t* codes, void* scales, int64_t s_row,
+                                                 int64_t s_block, cudaStream_t stream) {
+  const int64_t blocks = rows * ((cols + k.block() - 1) / k.block());
+  const unsigned grid = grid_dim((blocks + 7) / 8, 8192);
+  if (k.block() == 32)
+    quantize_rows_kernel<D, F, 32, false>
+        <<<grid, kThreads, 0, stream>>>(x, rows, cols, sc, codes, scales, s_row, s_block);
+  else if (vec4(cols))
+    quantize_rows_kernel<D, F, 128, true>
+        <<<grid, kThreads, 0, stream>>>(x, rows, cols, sc, codes, scales, s_row, s_block);
+  else
+    quantize_rows_kernel<D, F, 128, false>
+        <<<grid, kThreads, 0, stream>>>(x, rows, cols, sc, codes, scales, s_row, s_block);
+}
+
+template <DType D, Fp8Format F> void launch_tiles(const storage_t<D>* x, int64_t rows, int64_t cols,
+                                                  const BlockScaler<F>& sc, uint8_t* codes, void* scales,
+                                                  int64_t s_tile_row, uint8_t* codes_t, void* scales_t,
+                                                  int64_t s_tile_row_t, cudaStream_t stream) {
+  const int64_t b = numerics::kBlockScalingLength;
+  const dim3 grid(static_cast<unsigned>((cols + b - 1) / b), static_cast<unsigned>((rows + b - 1) / b));
+  if (vec4(cols))
+    quantize_tiles_kernel<D, F, true>
+        <<<grid, kThreads, 0, stream>>>(x, rows, cols, sc, codes, scales, s_tile_row, codes_t, scales_t, s_tile_row_t);
+  else
+    quantize_tiles_kernel<D, F, false>
+        <<<grid, kThreads, 0, stream>>>(x, rows, cols, sc, codes, scales, s_tile_row, codes_t, scales_t, s_tile_row_t);
+}
+
+}  // namespace
 
 void fp8_quantize_blocked(DType in, const QuantKind& k, const void* x, int64_t rows, int64_t cols, uint8_t* codes,
                           void* scales, cudaStream_t stream) {
@@ -259,15 +455,46 @@ void fp8_quantize_blocked(DType in, const QuantKind& k, const void* x, int64_t r
       const auto* xs = static_cast<const storage_t<D>*>(x);
       const int64_t b = k.block();
       if (k.tiles()) {
-        const dim3 grid(static_cast<unsigned>((cols + b - 1) / b), static_cast<unsigned>((rows + b - 1) / b));
-        quantize_tiles_kernel<D, F><<<grid, kThreads, 0, stream>>>(xs, rows, cols, b, sc, codes, scales);
+        launch_tiles<D, F>(xs, rows, cols, sc, codes, scales, numerics::num_blocks(cols, b), nullptr, nullptr, 0,
+                           stream);
       } else if (k.contract == Contract::Cols) {
-        const int64_t blocks = rows * ((cols + b - 1) / b);
-        quantize_rows_kernel<D, F><<<grid_dim((blocks + 7) / 8, 8192), kThreads, 0, stream>>>(xs, rows, cols, b, sc,
-                                                                                              codes, scales);
+        launch_rows<D, F>(k, xs, rows, cols, sc, codes, scales, numerics::num_blocks(cols, b), 1, stream);
       } else {
         const dim3 grid(column_blocks(cols), grid_dim((rows + b - 1) / b, kMaxGridY));
         quantize_cols_kernel<D, F><<<grid, kThreads, 0, stream>>>(xs, rows, cols, b, sc, codes, scales);
+      }
+    });
+  });
+}
+
+void fp8_quantize_blocked_native(DType in, const QuantKind& k, const void* x, int64_t rows, int64_t cols,
+                                 uint8_t* codes, float* scales, uint8_t* codes_t, float* scales_t,
+                                 cudaStream_t stream) {
+  using numerics::num_blocks;
+  using numerics::round_up4;
+  const int64_t b = numerics::kBlockScalingLength;
+  with_dtype(in, [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    with_fp8(k.format, [&](auto ft) {
+      constexpr Fp8Format F = decltype(ft)::value;
+      const BlockScaler<F> sc{false, k.power_2_scale, k.amax_epsilon};
+      const auto* xs = static_cast<const storage_t<D>*>(x);
+      if (k.tiles()) {  // [rows, cols] with K = cols, and [cols, rows] with K = rows
+        launch_tiles<D, F>(xs, rows, cols, sc, codes, scales, round_up4(num_blocks(cols, b)), codes_t, scales_t,
+                           round_up4(num_blocks(rows, b)), stream);
+        return;
+      }
+      if (codes != nullptr)  // [outer = rows, K = cols]: scale (c / 128) * round_up4(rows) + r
+        launch_rows<D, F>(k, xs, rows, cols, sc, codes, scales, 1, round_up4(rows), stream);
+      if (codes_t != nullptr) {  // [outer = cols, K = rows]: scale (r / 128) * round_up4(cols) + c
+        const dim3 grid(static_cast<unsigned>((cols + kBandCols - 1) / kBandCols),
+                        grid_dim(num_blocks(rows, b), kMaxGridY));
+        if (vec4(cols))
+          quantize_cols_transposed_kernel<D, F, true>
+              <<<grid, kThreads, 0, stream>>>(xs, rows, cols, sc, codes_t, scales_t, round_up4(cols));
+        else
+          quantize_cols_transposed_kernel<D, F, false>
+              <<<grid, kThreads, 0, stream>>>(xs, rows, cols, sc, codes_t, scales_t, round_up4(cols));
       }
     });
   });
@@ -277,13 +504,17 @@ void fp8_decode_operand(const QuantKind& k, const uint8_t* codes, const void* sc
                         bool f32_out, void* out, cudaStream_t stream) {
   const numerics::ScaleLayout layout = k.scale_layout();
   const bool e8m0 = k.recipe == Recipe::Mxfp8;
+  const dim3 grid = row_grid(rows, cols);
   with_fp8(k.format, [&](auto ft) {
     constexpr Fp8Format F = decltype(ft)::value;
-    const unsigned grid = flat_grid(rows * cols);
-    if (f32_out)
-      decode_kernel<F, true><<<grid, kThreads, 0, stream>>>(layout, k.block(), e8m0, codes, scales, rows, cols, out);
-    else
-      decode_kernel<F, false><<<grid, kThreads, 0, stream>>>(layout, k.block(), e8m0, codes, scales, rows, cols, out);
+    auto launch = [&](auto b) {
+      constexpr int B = decltype(b)::value;
+      if (f32_out)
+        decode_kernel<F, true, B><<<grid, kThreads, 0, stream>>>(layout, e8m0, codes, scales, rows, cols, out);
+      else decode_kernel<F, false, B><<<grid, kThreads, 0, stream>>>(layout, e8m0, codes, scales, rows, cols, out);
+    };
+    if (k.block() == 32) launch(std::integral_constant<int, 32>{});
+    else launch(std::integral_constant<int, 128>{});
   });
 }
 
@@ -291,8 +522,10 @@ void bias_round(DType d, const float* acc, int64_t rows, int64_t cols, const voi
                 cudaStream_t stream) {
   with_dtype(d, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
-    bias_round_kernel<D><<<flat_grid(rows * cols), kThreads, 0, stream>>>(
-        acc, rows, cols, static_cast<const storage_t<D>*>(bias), static_cast<storage_t<D>*>(out));
+    const auto* b = static_cast<const storage_t<D>*>(bias);
+    auto* o = static_cast<storage_t<D>*>(out);
+    if (vec4(cols)) bias_round_kernel<D, true><<<row_grid(rows, cols), kThreads, 0, stream>>>(acc, rows, cols, b, o);
+    else bias_round_kernel<D, false><<<row_grid(rows, cols), kThreads, 0, stream>>>(acc, rows, cols, b, o);
   });
 }
 

@@ -30,18 +30,20 @@ void set_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const vo
   cublas_check(cublasLtMatmulDescSetAttribute(d, a, v, n), what);
 }
 
+#if CUBLAS_VERSION >= 120900
+constexpr bool kBuiltWithBlockScaling = true;
+cublasLtMatmulMatrixScale_t scale_mode(LtScale s) {
+  return s == LtScale::Vec128   ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+         : s == LtScale::Blk128 ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+}
+#else
+constexpr bool kBuiltWithBlockScaling = false;
+#endif
+
 }  // namespace
 
-const char* lt_type_name(LtType t) {
-  switch (t) {
-    case LtType::BF16: return "bf16";
-    case LtType::F16: return "f16";
-    case LtType::E4M3: return "e4m3";
-    case LtType::E5M2: return "e5m2";
-    case LtType::F32: break;
-  }
-  return "f32";
-}
+bool cublaslt_has_block_scaling() { return kBuiltWithBlockScaling && cublasLtGetVersion() >= 120900; }
 
 LtGemm::LtGemm(cublasLtHandle_t handle, const LtShape& s, int64_t max_workspace, const char* name)
     : handle_(handle), shape_(s), name_(name) {
@@ -56,6 +58,19 @@ LtGemm::LtGemm(cublasLtHandle_t handle, const LtShape& s, int64_t max_workspace,
       const int8_t fast_accum = 0;  // exact fp32 accumulation, as the CPU backend's
       set_attr(desc_, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof fast_accum,
                "cublasLtMatmulDescSetAttribute(FAST_ACCUM)");
+    }
+    if (s.scale_a != LtScale::Tensor || s.scale_b != LtScale::Tensor) {
+      if (!cublaslt_has_block_scaling())
+        fail(LNMLP_ERROR_NOT_SUPPORTED, "the ", name, " GEMM needs cuBLASLt's block-scaled FP8 GEMMs (12.9 or newer); ",
+             "this is ", cublaslt_description());
+#if CUBLAS_VERSION >= 120900
+      // Swapped operands (see the header): cuBLAS's A is our B.
+      const cublasLtMatmulMatrixScale_t mode_a = scale_mode(s.scale_b), mode_b = scale_mode(s.scale_a);
+      set_attr(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof mode_a,
+               "cublasLtMatmulDescSetAttribute(A_SCALE_MODE)");
+      set_attr(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof mode_b,
+               "cublasLtMatmulDescSetAttribute(B_SCALE_MODE)");
+#endif
     }
     if (s.bias) {
       const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
@@ -98,8 +113,9 @@ LtGemm::LtGemm(cublasLtHandle_t handle, const LtShape& s, int64_t max_workspace,
       fail(LNMLP_ERROR_NOT_SUPPORTED, "cuBLASLt has no algorithm for the ", name, " GEMM (m ", s.m, ", n ", s.n, ", k ",
            s.k, ", ", lt_type_name(s.a), " x ", lt_type_name(s.b), " -> ", lt_type_name(s.c),
            s.bias ? " with bias" : "", ") on this GPU; ",
-           is_fp8(s.a) ? "FP8 GEMMs need a GPU with FP8 tensor cores (sm_89 or newer)"
-                       : "try another dtype or shape (multiples of 8 help)");
+           s.scale_a != LtScale::Tensor ? "block-scaled FP8 GEMMs run on Hopper (sm_90) only"
+           : is_fp8(s.a)                ? "FP8 GEMMs need a GPU with FP8 tensor cores (sm_89 or newer)"
+                                        : "try another dtype or shape (multiples of 8 help)");
     algo_ = result.algo;
     workspace_bytes_ = static_cast<int64_t>(result.workspaceSize);
   } catch (...) {

@@ -7,8 +7,10 @@
 //   op(B) is [k, n]: B stored [k, n], or [n, k] when trans_b.
 //
 // A and B are bf16, f16 or fp32 (plain operands, or FP8 codes decoded with their block scales),
-// or FP8 codes (E4M3 / E5M2) with per-tensor scale_invs sa, sb that cuBLASLt reads from device
-// memory (so the scales never travel through the host). Hopper's FP8 kernels take only K-major
+// or FP8 codes (E4M3 / E5M2) with scale_invs sa, sb that cuBLASLt reads from device memory (so the
+// scales never travel through the host): one per tensor, or (CUDA 12.9, sm_90) one per 1 x 128
+// block along K or per 128 x 128 tile, in the layouts of numerics/quantize.h's
+// gemm_vec128_scale_index / gemm_blk128_scale_index. Hopper's FP8 kernels take only K-major
 // operands: FP8 GEMMs are created with trans_a false and trans_b true (A [m, k], B [n, k]), which
 // is why the FP8 quantizers also write transposed codes. FP8 accumulates in fp32 without the fast
 // accumulation mode.
@@ -27,12 +29,16 @@ namespace lnmlp::cuda {
 
 enum class LtType : int32_t { F32, BF16, F16, E4M3, E5M2 };
 
+// How an FP8 side's scale_invs apply: one per tensor, per 1 x 128 block along K, per 128 x 128 tile.
+enum class LtScale : int32_t { Tensor, Vec128, Blk128 };
+
 struct LtShape {
   int64_t m = 0, n = 0, k = 0;
   bool trans_a = false, trans_b = false;
-  LtType a = LtType::F32, b = LtType::F32;  // FP8 sides come with a per-tensor scale_inv each
+  LtType a = LtType::F32, b = LtType::F32;  // FP8 sides come with scale_invs
   LtType c = LtType::F32;                   // F32, BF16 or F16
   bool bias = false;                        // the BIAS epilogue, a bias[n] of type c
+  LtScale scale_a = LtScale::Tensor, scale_b = LtScale::Tensor;  // FP8 sides only
 };
 
 // The alignment cuBLASLt may assume of every pointer it is given (the heuristic is asked for
@@ -46,7 +52,8 @@ class LtGemm {
  public:
   // Chooses the algorithm (the heuristic's first) for at most max_workspace bytes of cuBLASLt
   // workspace; throws LNMLP_ERROR_NOT_SUPPORTED naming `name` if cuBLASLt has none (for example
-  // an FP8 GEMM on a GPU without FP8 tensor cores).
+  // an FP8 GEMM on a GPU without FP8 tensor cores, or block scaling off Hopper or before cuBLASLt
+  // 12.9).
   LtGemm(cublasLtHandle_t handle, const LtShape& shape, int64_t max_workspace, const char* name);
   ~LtGemm();
   LtGemm(const LtGemm&) = delete;
@@ -55,7 +62,7 @@ class LtGemm {
   // Workspace bytes the chosen algorithm needs.
   int64_t workspace_bytes() const { return workspace_bytes_; }
   // Enqueues the GEMM on stream. bias: NULL unless the shape has one. a_scale_inv, b_scale_inv:
-  // one float each in device memory for FP8 sides, else NULL.
+  // for FP8 sides, their scale_invs in device memory (one float, or the block scales), else NULL.
   void run(const void* a, const void* b, const void* bias, void* c, void* workspace, cudaStream_t stream,
            const float* a_scale_inv = nullptr, const float* b_scale_inv = nullptr);
 
@@ -72,7 +79,16 @@ class LtGemm {
 };
 
 inline bool is_fp8(LtType t) { return t == LtType::E4M3 || t == LtType::E5M2; }
-const char* lt_type_name(LtType t);
+constexpr const char* lt_type_name(LtType t) {
+  return t == LtType::BF16   ? "bf16"
+         : t == LtType::F16  ? "f16"
+         : t == LtType::E4M3 ? "e4m3"
+         : t == LtType::E5M2 ? "e5m2"
+                             : "f32";
+}
+
+// Whether this build and the loaded cuBLASLt have the block-scaled FP8 GEMMs (12.9 and newer).
+bool cublaslt_has_block_scaling();
 
 // Name and version of cuBLASLt, for the build info.
 const char* cublaslt_description();

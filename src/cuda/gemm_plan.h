@@ -2,11 +2,18 @@
 // (gemm_cublaslt.h): one definition, used by the backend (cuda_exec.cpp) and by lnmlp-gpu-bench's
 // "GEMMs alone" peer.
 //
-// Unquantized: operands and result in the I/O dtype (fp32 for dact, dn and sharded GEMM2's
-// partial sums), the forward GEMMs' bias in the epilogue. Per-tensor FP8: K-major codes (A [m, k],
-// B [n, k]) in the quantizers' formats; blocked FP8: decoded bf16 (fp32 for BLOCK without
-// power-of-2 scales) in the role's own orientation. FP8 results in the I/O dtype are staged in
-// fp32 and rounded, with the bias, by a second kernel.
+// Operands. Unquantized: the I/O dtype (fp32 results for dact, dn and sharded GEMM2's partial
+// sums). Per-tensor FP8: K-major codes (A [m, k], B [n, k]) in the quantizers' formats, with
+// per-tensor scale_invs. BLOCK on cuBLASLt's block-scaled GEMMs (native_block: sm_90, cuBLASLt
+// 12.9, every dimension a multiple of 16): K-major codes too, with 1 x 128 block scales, or
+// 128 x 128 tile scales for the weights. Emulated blocked recipes (MXFP8; BLOCK elsewhere): codes
+// decoded into bf16 (fp32 for BLOCK without power-of-2 scales), in the role's own orientation.
+//
+// Results. Written by cuBLASLt in their own type, with the forward GEMMs' bias in its epilogue
+// where it takes one: the result and the bias in bf16 or f16, or an unquantized fp32 plan. An FP8
+// GEMM of an fp32 plan takes no fp32 bias, so its bias is added after, in place (bias_after).
+// Where cuBLASLt has no algorithm for that (fused_epilogue false, the backend's fallback), the
+// result goes to fp32 staging and a kernel rounds it, with the bias, into the dtype (staged).
 #pragma once
 
 #include "block/gemm_roles.h"
@@ -22,24 +29,43 @@ inline LtType lt_type(numerics::Fp8Format f) { return f == numerics::Fp8Format::
 
 struct CudaGemm {
   LtShape shape;
-  bool staged;  // the result in fp32 staging, then rounded into the I/O dtype
+  bool staged = false;      // the result in fp32 staging, then rounded (with the bias) into the I/O dtype
+  bool bias_after = false;  // the bias added by a kernel after the GEMM, in place
 };
 
-inline CudaGemm cuda_gemm(const block::GemmSpec& s, const Config& c) {
+// Whether the plan's FP8 GEMMs read FP8 codes (per-tensor recipes; BLOCK when native_block).
+inline bool fp8_codes_gemm(const ResolvedRecipe& r, bool native_block) {
+  return r.per_tensor() || (r.recipe == Recipe::Block && native_block);
+}
+
+inline CudaGemm cuda_gemm(const block::GemmSpec& s, const Config& c, bool native_block = false,
+                          bool fused_epilogue = true) {
   const LtType io = lt_type(c.dtype);
-  CudaGemm g{{s.m, s.n, s.k, s.trans_a, s.trans_b, io, io, s.out_f32 ? LtType::F32 : io, s.bias}, false};
+  CudaGemm g;
+  g.shape = {s.m, s.n, s.k, s.trans_a, s.trans_b, io, io, s.out_f32 ? LtType::F32 : io, s.bias};
   const ResolvedRecipe r = resolve_recipe(c.fp8);
   if (r.recipe == Recipe::None) return g;
-  g.staged = !s.out_f32;
-  g.shape.c = LtType::F32;
-  g.shape.bias = false;
-  if (r.per_tensor()) {
+  const bool codes = fp8_codes_gemm(r, native_block);
+  if (codes) {
     g.shape.trans_a = false;
     g.shape.trans_b = true;
     g.shape.a = lt_type(r.formats[s.quantizer_a]);
     g.shape.b = lt_type(r.formats[s.quantizer_b]);
+    if (r.recipe == Recipe::Block) {
+      const auto weight = [](int q) { return q == kW1 || q == kW2; };
+      g.shape.scale_a = weight(s.quantizer_a) ? LtScale::Blk128 : LtScale::Vec128;
+      g.shape.scale_b = weight(s.quantizer_b) ? LtScale::Blk128 : LtScale::Vec128;
+    }
   } else {
     g.shape.a = g.shape.b = r.recipe == Recipe::Block && !r.power_2_scale ? LtType::F32 : LtType::BF16;
+  }
+  if (!fused_epilogue) {
+    g.staged = !s.out_f32;
+    g.shape.c = LtType::F32;
+    g.shape.bias = false;
+  } else if (codes && g.shape.bias && g.shape.c == LtType::F32) {
+    g.shape.bias = false;
+    g.bias_after = true;
   }
   return g;
 }

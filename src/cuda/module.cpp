@@ -52,6 +52,10 @@ int32_t probe(int32_t* count, char* msg, int64_t cap) {
   return guard(msg, cap, [&] { *count = lnmlp::cuda::device_count(); });
 }
 
+int32_t fp8_support(int32_t recipe, int32_t* answer, char* msg, int64_t cap) {
+  return guard(msg, cap, [&] { *answer = lnmlp::cuda::fp8_support(static_cast<lnmlp::Recipe>(recipe), 0); });
+}
+
 int32_t create(const lnmlp::Config* cfg, const lnmlp::SavedLayout* saved, lnmlp_cuda_comm* comm,
                lnmlp_cuda_engine** out, char* msg, int64_t cap) {
   return guard(msg, cap, [&] {
@@ -131,6 +135,7 @@ const lnmlp_cuda_module_table kTable = {
     static_cast<int64_t>(sizeof(lnmlp::SavedLayout)),
     static_cast<int64_t>(sizeof(lnmlp::ForwardArgs) + sizeof(lnmlp::BackwardArgs)),
     probe,
+    fp8_support,
     create,
     destroy,
     workspace_bytes,
@@ -149,6 +154,6 @@ const lnmlp_cuda_module_table kTable = {
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const lnmlp_cuda_module_table* lnmlp_cuda_module_v3(void) {
+extern "C" __attribute__((visibility("default"))) const lnmlp_cuda_module_table* lnmlp_cuda_module_v4(void) {
   return &kTable;
 }

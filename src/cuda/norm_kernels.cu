@@ -1,37 +1,49 @@
-// LayerNorm / RMSNorm forward and the row part of backward (dx): one block per row, fp32
-// statistics with deterministic block sums, the arithmetic from src/numerics/norm.h.
+// LayerNorm / RMSNorm forward and the row part of backward (dx): one block per row, four elements
+// per access where the row length allows (device_util.cuh), fp32 statistics with deterministic
+// block sums, the arithmetic from src/numerics/norm.h. The forward writes its output in whatever
+// the next step reads: the dtype, fp32, or FP8 codes (with the amax), in the same pass.
 #include "device_util.cuh"
 #include "numerics/norm.h"
 
 namespace lnmlp::cuda {
 namespace {
 
-// O: the output's dtype, D (rounded) or F32 (unrounded, for FP8 recipes, which quantize that).
-template <DType D, DType O>
-__global__ void __launch_bounds__(kRowThreads)
+constexpr int64_t kRowStride = 4 * kRowThreads;  // elements a block's threads cover per step
+
+template <DType D, bool Vec> __global__ void __launch_bounds__(kRowThreads)
     norm_forward_kernel(NormSpec s, const storage_t<D>* __restrict__ x, const storage_t<D>* __restrict__ gamma,
-                        const storage_t<D>* __restrict__ beta, bool compute_stats, float* mu, float* rs,
-                        storage_t<O>* __restrict__ out) {
+                        const storage_t<D>* __restrict__ beta, bool compute_stats, float* mu, float* rs, void* out,
+                        bool out_f32, Fp8Out o) {
   __shared__ float shm[kRowThreads / 32];
-  const int64_t H = s.hidden;
+  const int64_t H = s.hidden, j0 = 4 * static_cast<int64_t>(threadIdx.x);
   const bool ln = s.norm == Norm::LayerNorm;
+  const float scale = o.scale != nullptr ? *o.scale : 1.0f;
+  uint32_t amax = 0;
   for (int64_t r = blockIdx.x; r < s.rows; r += gridDim.x) {
     const storage_t<D>* xr = x + r * H;
     float m = 0.0f, rstd;
     if (compute_stats) {
       if (ln) {
         float sum = 0.0f;
-#pragma unroll 4
-        for (int64_t j = threadIdx.x; j < H; j += kRowThreads) sum += load<D>(xr[j]);
+        for (int64_t j = j0; j < H; j += kRowStride) {
+          float v[4];
+          load4<D, Vec>(xr + j, valid4(j, H), v);
+          sum += (v[0] + v[1]) + (v[2] + v[3]);
+        }
         m = norm_row_mean(block_sum<kRowThreads>(sum, shm), H);
       }
-      float v = 0.0f;
-#pragma unroll 4
-      for (int64_t j = threadIdx.x; j < H; j += kRowThreads) {
-        const float dv = load<D>(xr[j]) - m;
-        v += dv * dv;
+      float var = 0.0f;
+      for (int64_t j = j0; j < H; j += kRowStride) {
+        float v[4];
+        const int n = valid4(j, H);
+        load4<D, Vec>(xr + j, n, v);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float dv = k < n ? v[k] - m : 0.0f;
+          var += dv * dv;
+        }
       }
-      rstd = norm_row_rstd(block_sum<kRowThreads>(v, shm), H, s.eps);
+      rstd = norm_row_rstd(block_sum<kRowThreads>(var, shm), H, s.eps);
       if (threadIdx.x == 0) {
         if (mu != nullptr) mu[r] = m;
         rs[r] = rstd;
@@ -40,44 +52,82 @@ __global__ void __launch_bounds__(kRowThreads)
       m = ln ? mu[r] : 0.0f;
       rstd = rs[r];
     }
-    storage_t<O>* o = out + r * H;
-#pragma unroll 4
-    for (int64_t j = threadIdx.x; j < H; j += kRowThreads) {
-      const float b = ln ? load<D>(beta[j]) : 0.0f;
-      o[j] = store<O>(norm_out(norm_xhat(load<D>(xr[j]), m, rstd), norm_gain(load<D>(gamma[j]), s.zero_centered), b));
+    for (int64_t j = j0; j < H; j += kRowStride) {
+      const int n = valid4(j, H);
+      float v[4], g[4], b[4] = {};
+      load4<D, Vec>(xr + j, n, v);
+      load4<D, Vec>(gamma + j, n, g);
+      if (ln) load4<D, Vec>(beta + j, n, b);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] = norm_out(norm_xhat(v[k], m, rstd), norm_gain(g[k], s.zero_centered), b[k]);
+      const int64_t at = r * H + j;
+      if (out != nullptr) {
+        if (out_f32) store4<DType::F32, Vec>(static_cast<float*>(out) + at, n, v);
+        else store4<D, Vec>(static_cast<storage_t<D>*>(out) + at, n, v);
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        if (k < n) amax = amax_bits_max(amax, magnitude_bits(v[k]));
+      if (o.codes != nullptr) {
+        uint8_t q[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) q[k] = fp8_code(v[k], scale, o.e5m2);
+        store_codes4<Vec>(o.codes + at, n, q);
+      }
     }
+  }
+  block_amax_to<kRowThreads>(amax, o.amax_bits);
+}
+
+// xhat and dxhat = dn * gain at the four columns from j of row xr (n of them in the row).
+template <DType D, bool Vec> __device__ __forceinline__ void dx_terms(const NormSpec& s, const storage_t<D>* xr,
+                                                                      const storage_t<D>* gamma, const float* dnr,
+                                                                      int64_t j, int n, float m, float rstd,
+                                                                      float (&xh)[4], float (&dxh)[4]) {
+  float v[4], g[4], d[4];
+  load4<D, Vec>(xr + j, n, v);
+  load4<D, Vec>(gamma + j, n, g);
+  load4<DType::F32, Vec>(dnr + j, n, d);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    xh[k] = norm_xhat(v[k], m, rstd);
+    dxh[k] = d[k] * norm_gain(g[k], s.zero_centered);
   }
 }
 
-template <DType D>
-__global__ void __launch_bounds__(kRowThreads)
+template <DType D, bool Vec> __global__ void __launch_bounds__(kRowThreads)
     norm_dx_kernel(NormSpec s, const float* __restrict__ dn, const storage_t<D>* __restrict__ x,
                    const storage_t<D>* __restrict__ gamma, const float* __restrict__ mu, const float* __restrict__ rs,
                    storage_t<D>* __restrict__ dx) {
   __shared__ float shm[kRowThreads / 32];
-  const int64_t H = s.hidden;
+  const int64_t H = s.hidden, j0 = 4 * static_cast<int64_t>(threadIdx.x);
   const bool ln = s.norm == Norm::LayerNorm;
   for (int64_t r = blockIdx.x; r < s.rows; r += gridDim.x) {
     const storage_t<D>* xr = x + r * H;
     const float* dnr = dn + r * H;
     const float m = ln ? mu[r] : 0.0f, rstd = rs[r];
     float s1 = 0.0f, s2 = 0.0f;
-#pragma unroll 4
-    for (int64_t j = threadIdx.x; j < H; j += kRowThreads) {
-      const float xh = norm_xhat(load<D>(xr[j]), m, rstd);
-      const float dxh = dnr[j] * norm_gain(load<D>(gamma[j]), s.zero_centered);
-      s1 += dxh;
-      s2 += dxh * xh;
+    for (int64_t j = j0; j < H; j += kRowStride) {
+      const int n = valid4(j, H);
+      float xh[4], dxh[4];
+      dx_terms<D, Vec>(s, xr, gamma, dnr, j, n, m, rstd, xh, dxh);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        if (k >= n) continue;
+        s1 += dxh[k];
+        s2 += dxh[k] * xh[k];
+      }
     }
     s1 = block_sum<kRowThreads>(s1, shm);
     s2 = block_sum<kRowThreads>(s2, shm);
     const NormBackwardMeans means = norm_backward_means(s1, s2, H, ln);
-    storage_t<D>* dxr = dx + r * H;
-#pragma unroll 4
-    for (int64_t j = threadIdx.x; j < H; j += kRowThreads) {
-      const float xh = norm_xhat(load<D>(xr[j]), m, rstd);
-      const float dxh = dnr[j] * norm_gain(load<D>(gamma[j]), s.zero_centered);
-      dxr[j] = store<D>(norm_dx(dxh, xh, rstd, means.m1, means.m2));
+    for (int64_t j = j0; j < H; j += kRowStride) {
+      const int n = valid4(j, H);
+      float xh[4], dxh[4], v[4];
+      dx_terms<D, Vec>(s, xr, gamma, dnr, j, n, m, rstd, xh, dxh);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] = norm_dx(dxh[k], xh[k], rstd, means.m1, means.m2);
+      store4<D, Vec>(dx + r * H + j, n, v);
     }
   }
 }
@@ -108,19 +158,19 @@ __global__ void __launch_bounds__(kColumnThreads)
 }  // namespace
 
 void norm_forward(DType d, const NormSpec& s, const void* x, const void* gamma, const void* beta, bool compute_stats,
-                  float* mu, float* rs, void* out, cudaStream_t stream, bool out_f32) {
+                  float* mu, float* rs, void* out, bool out_f32, const Fp8Out& fp8, cudaStream_t stream) {
+  if (fp8.amax_bits != nullptr) cudaMemsetAsync(fp8.amax_bits, 0, sizeof(uint32_t), stream);
   with_dtype(d, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     using S = storage_t<D>;
     const unsigned grid = grid_dim(s.rows, kMaxGridX);
-    if (out_f32)
-      norm_forward_kernel<D, DType::F32><<<grid, kRowThreads, 0, stream>>>(
-          s, static_cast<const S*>(x), static_cast<const S*>(gamma), static_cast<const S*>(beta), compute_stats, mu,
-          rs, static_cast<float*>(out));
+    const auto *xs = static_cast<const S*>(x), *gs = static_cast<const S*>(gamma), *bs = static_cast<const S*>(beta);
+    if (vec4(s.hidden))
+      norm_forward_kernel<D, true>
+          <<<grid, kRowThreads, 0, stream>>>(s, xs, gs, bs, compute_stats, mu, rs, out, out_f32, fp8);
     else
-      norm_forward_kernel<D, D><<<grid, kRowThreads, 0, stream>>>(
-          s, static_cast<const S*>(x), static_cast<const S*>(gamma), static_cast<const S*>(beta), compute_stats, mu,
-          rs, static_cast<S*>(out));
+      norm_forward_kernel<D, false>
+          <<<grid, kRowThreads, 0, stream>>>(s, xs, gs, bs, compute_stats, mu, rs, out, out_f32, fp8);
   });
 }
 
@@ -129,8 +179,11 @@ void norm_backward_dx(DType d, const NormSpec& s, const float* dn, const void* x
   with_dtype(d, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     using S = storage_t<D>;
-    norm_dx_kernel<D><<<grid_dim(s.rows, kMaxGridX), kRowThreads, 0, stream>>>(
-        s, dn, static_cast<const S*>(x), static_cast<const S*>(gamma), mu, rs, static_cast<S*>(dx));
+    const unsigned grid = grid_dim(s.rows, kMaxGridX);
+    const auto *xs = static_cast<const S*>(x), *gs = static_cast<const S*>(gamma);
+    if (vec4(s.hidden))
+      norm_dx_kernel<D, true><<<grid, kRowThreads, 0, stream>>>(s, dn, xs, gs, mu, rs, static_cast<S*>(dx));
+    else norm_dx_kernel<D, false><<<grid, kRowThreads, 0, stream>>>(s, dn, xs, gs, mu, rs, static_cast<S*>(dx));
   });
 }
 

@@ -100,11 +100,17 @@ int32_t cuda_feature_supported(int32_t feature) noexcept {
     int32_t count = 0;
     if (m.table->probe(&count, msg, kMsgCap) != LNMLP_SUCCESS || count < 1) return 0;
     // Sharding over NCCL (lnmlp_comm_create_nccl), when the module was built with NCCL's header
-    // (NCCL itself is loaded when a communicator is created). FP8: per-tensor recipes on FP8
-    // tensor cores (sm_89 and newer; an older GPU gets NOT_SUPPORTED from lnmlp_plan_create,
-    // naming why), blocked recipes emulated exactly.
-    if (feature == LNMLP_FEATURE_SHARDING) return m.table->nccl_built != 0 ? 1 : 0;
-    return every_backend_supports(feature) ? 1 : 0;
+    // (NCCL itself is loaded when a communicator is created). FP8: the module's answer for the
+    // GPU (native or emulated, cuda/cuda_exec.h's fp8_support).
+    if (feature == LNMLP_FEATURE_SHARDING) return m.table->nccl_built != 0 ? LNMLP_SUPPORTED : LNMLP_UNSUPPORTED;
+    const Recipe recipe = feature_recipe(feature);
+    if (recipe != Recipe::None) {
+      int32_t answer = LNMLP_UNSUPPORTED;
+      return m.table->fp8_support(static_cast<int32_t>(recipe), &answer, msg, kMsgCap) == LNMLP_SUCCESS
+                 ? answer
+                 : LNMLP_UNSUPPORTED;
+    }
+    return every_backend_supports(feature) ? LNMLP_SUPPORTED : LNMLP_UNSUPPORTED;
   } catch (...) {
     return 0;
   }

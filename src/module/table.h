@@ -22,8 +22,8 @@
 #include "plan/layout.h"
 
 // Bump when the table or any struct passed through it changes.
-#define LNMLP_CUDA_MODULE_ABI 3
-#define LNMLP_CUDA_MODULE_ENTRY "lnmlp_cuda_module_v3"
+#define LNMLP_CUDA_MODULE_ABI 4
+#define LNMLP_CUDA_MODULE_ENTRY "lnmlp_cuda_module_v4"
 #define LNMLP_CUDA_MODULE_FILE "liblnmlp_cuda.so.1"
 
 extern "C" {
@@ -46,6 +46,9 @@ typedef struct lnmlp_cuda_module_table {
   int64_t args_size;    // sizeof(lnmlp::ForwardArgs) + sizeof(lnmlp::BackwardArgs)
   // LNMLP_SUCCESS when a CUDA driver and at least one device are present; *count = device count.
   int32_t (*probe)(int32_t* count, char* msg, int64_t msg_cap);
+  // How an FP8 recipe (an lnmlp::Recipe) runs on device 0: *answer = LNMLP_SUPPORTED (natively,
+  // on FP8 tensor cores), LNMLP_SUPPORTED_EMULATED or LNMLP_UNSUPPORTED (lnmlp_query_support).
+  int32_t (*fp8_support)(int32_t recipe, int32_t* answer, char* msg, int64_t msg_cap);
   // comm: the plan's NCCL communicator (from nccl_create), or NULL; the plan keeps it alive.
   int32_t (*create)(const lnmlp::Config* cfg, const lnmlp::SavedLayout* saved, lnmlp_cuda_comm* comm,
                     lnmlp_cuda_engine** out, char* msg, int64_t msg_cap);

@@ -67,6 +67,30 @@ LNMLP_HD int64_t block_scale_index(ScaleLayout layout, int64_t r, int64_t c, int
   return 0;
 }
 
+// ---- the block-scale layouts of cuBLASLt's block-scaled FP8 GEMMs (Hopper) -------------------
+//
+// cuBLASLt's native block scaling (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F, BLK128x128_32F; CUDA
+// 12.9, sm_90) multiplies operands stored K-major, [outer, K] row-major (a tensor's rowwise codes,
+// or the transposed codes of its columnwise representation), with one fp32 scale_inv per 1 x 128
+// block along K or per 128 x 128 tile, laid out as cuBLASLt reads them (TransformerEngine's
+// "GEMM-ready" layouts): by K-block, the outer dimension padded to a multiple of 4 (1 x 128), or
+// by outer tile, the K-tiles padded to a multiple of 4 (128 x 128). The scales are the same values
+// as the compact layouts above, only placed elsewhere.
+LNMLP_HD constexpr int64_t round_up4(int64_t n) { return (n + 3) / 4 * 4; }
+// 1 x 128 blocks along K: the scale of element (o, k) of a [outer, K] operand.
+LNMLP_HD int64_t gemm_vec128_scale_index(int64_t o, int64_t k, int64_t outer) {
+  return (k / kBlockScalingLength) * round_up4(outer) + o;
+}
+// 128 x 128 tiles: the scale of element (o, k) of a [outer, K] operand.
+LNMLP_HD int64_t gemm_blk128_scale_index(int64_t o, int64_t k, int64_t K) {
+  return (o / kBlockScalingLength) * round_up4(num_blocks(K, kBlockScalingLength)) + k / kBlockScalingLength;
+}
+// Scales of a [outer, K] operand in those layouts (tiles: 128 x 128; else 1 x 128), padding included.
+LNMLP_HD int64_t gemm_block_scale_count(bool tiles, int64_t outer, int64_t K) {
+  return tiles ? num_blocks(outer, kBlockScalingLength) * round_up4(num_blocks(K, kBlockScalingLength))
+               : num_blocks(K, kBlockScalingLength) * round_up4(outer);
+}
+
 // ---- per tensor (delayed and current scaling) -------------------------------------------------
 
 // amax = max |x[i]| over n elements (0 for n = 0). NaN-PROPAGATING: any NaN makes the amax NaN

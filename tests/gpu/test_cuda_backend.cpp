@@ -274,6 +274,24 @@ TEST(CudaErrors, CapabilitiesOfAUsableGpu) {
     ASSERT_EQ(lnmlp_query_support(LNMLP_BACKEND_CUDA, f, &v), LNMLP_SUCCESS);
     EXPECT_EQ(v, 1) << f;
   }
+  // FP8: per-tensor recipes on FP8 tensor cores from sm_89; BLOCK's block-scaled GEMMs on Hopper;
+  // MXFP8 emulated.
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  const int cc = 10 * prop.major + prop.minor;
+  auto recipe = [](int32_t f) {
+    int32_t v = -1;
+    EXPECT_EQ(lnmlp_query_support(LNMLP_BACKEND_CUDA, f, &v), LNMLP_SUCCESS);
+    return v;
+  };
+  for (int32_t f : {LNMLP_FEATURE_RECIPE_DELAYED, LNMLP_FEATURE_RECIPE_CURRENT})
+    EXPECT_EQ(recipe(f), cc >= 89 ? LNMLP_SUPPORTED : LNMLP_UNSUPPORTED) << f;
+  EXPECT_EQ(recipe(LNMLP_FEATURE_RECIPE_MXFP8), LNMLP_SUPPORTED_EMULATED);
+  if (prop.major != 9) {
+    EXPECT_EQ(recipe(LNMLP_FEATURE_RECIPE_BLOCK), LNMLP_SUPPORTED_EMULATED);
+  } else {
+    EXPECT_NE(recipe(LNMLP_FEATURE_RECIPE_BLOCK), LNMLP_UNSUPPORTED);  // native with cuBLASLt 12.9+
+  }
   PlanPtr p = plan_ptr(make_plan(problem_for(kErrCase), LNMLP_REMAT_SAVE_ALL, LNMLP_BACKEND_CUDA));
   int64_t align = 0;
   ASSERT_EQ(lnmlp_plan_get_alignment(p.get(), &align), LNMLP_SUCCESS);

@@ -1,102 +1,35 @@
 // The CUDA backend's FP8 kernels against the CPU backend's quantizers on identical inputs, bit for
 // bit: where the two backends are meant to agree exactly (codes and block scales of every layout
 // and format, per-tensor codes and their transpose, amax, the per-tensor scale, the delayed
-// update, decoded operands), a difference in any element fails. The host side is the CPU
-// backend's own code (src/cpu/fp8_operands.h over src/numerics/), the device side the kernels the
-// CUDA module runs (src/cuda/fp8_kernels.cu, compiled into this test). Skips without a GPU.
+// update, decoded operands, the bias epilogue), a difference in any element fails. Native block
+// scaling's layouts (cuBLASLt's) hold the CPU backend's codes and scales, moved. The host side is
+// the CPU backend's own code (src/cpu/fp8_operands.h over src/numerics/), the device side the
+// kernels the CUDA module runs (src/cuda/fp8_kernels.cu, compiled into this test). Shapes include
+// partial tiles and rows whose length is not a multiple of 4 (the kernels' element-by-element
+// path). Skips without a GPU.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "cpu/fp8_operands.h"
+#include "cpu/kernels.h"
 #include "cuda/fp8_kernels.h"
+#include "kernel_test_util.h"
 #include "numerics/scaling.h"
 
 namespace {
 
+using namespace lnmlp_kernel_test;
 using lnmlp::Contract;
 using lnmlp::QuantKind;
 using lnmlp::Recipe;
-using lnmlp::numerics::DType;
-using lnmlp::numerics::Fp8Format;
 
-#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
-
-bool have_gpu() {
-  int n = 0;
-  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-  cudaGetLastError();
-  return ok;
-}
-
-#define SKIP_WITHOUT_DEVICE() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: the FP8 kernel tests need one"
-
-template <typename T> struct Device {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Device(size_t count) : n(count) {
-    cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(1, n) * sizeof(T));
-  }
-  Device(const std::vector<T>& host) : Device(host.size()) {
-    cudaMemcpy(p, host.data(), n * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  ~Device() { cudaFree(p); }
-  Device(const Device&) = delete;
-  Device& operator=(const Device&) = delete;
-  std::vector<T> host() const {
-    std::vector<T> h(n);
-    cudaDeviceSynchronize();
-    cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
-    return h;
-  }
-};
-
-// A [rows, cols] input with the values quantizers must get right: normal values at several
-// scales per block, an all-zero block, NaN and +-inf in one block each, values near the formats'
-// limits, and fp32 subnormals.
-std::vector<float> input(int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(rows * cols));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c)
-      x[r * cols + c] = n(rng) * std::ldexp(1.0f, static_cast<int>((r + c / 7) % 40) - 20);
-  for (int64_t c = 0; c < std::min<int64_t>(cols, 128); ++c) x[c] = 0.0f;  // a zero block (row 0)
-  if (rows > 2 && cols > 3) {
-    x[2 * cols + 1] = std::numeric_limits<float>::quiet_NaN();
-    x[1 * cols + 3] = std::numeric_limits<float>::infinity();
-    x[(rows - 1) * cols + cols - 1] = -std::numeric_limits<float>::infinity();
-    x[2 * cols + cols - 2] = 57344.0f * 1.5f;
-    x[(rows - 2) * cols + 5] = 1e-40f;
-    x[(rows - 3) * cols + 6] = 448.0f;
-  }
-  return x;
-}
-
-std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
-  std::vector<uint16_t> b(x.size());
-  for (size_t i = 0; i < x.size(); ++i) b[i] = lnmlp::numerics::float_to_bf16(x[i]);
-  return b;
-}
-std::vector<float> from_bf16(const std::vector<uint16_t>& b) {
-  std::vector<float> x(b.size());
-  for (size_t i = 0; i < b.size(); ++i) x[i] = lnmlp::numerics::bf16_to_float(b[i]);
-  return x;
-}
-
-template <typename T> int64_t first_difference(const std::vector<T>& a, const std::vector<T>& b) {
-  if (a.size() != b.size()) return 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return static_cast<int64_t>(i);
-  return -1;
-}
+std::vector<float> input(int64_t rows, int64_t cols, uint32_t seed) { return fp8_input(rows, cols, seed); }
 
 struct BlockedCase {
   Recipe recipe;
@@ -236,6 +169,171 @@ TEST(CudaFp8KernelsPerTensor, DelayedUpdateIsTheCpuBackends) {
       lnmlp::cuda::fp8_delayed_update(dstate.p, len, damax.p, use_max, 448.0f, 1, nullptr);
       CUDA_OK(cudaGetLastError());
       EXPECT_EQ(first_difference(host, dstate.host()), -1);
+    }
+}
+
+// Per tensor, on the shapes of both kernel paths: rows whose length is not a multiple of 4 (element
+// by element), partial 64 x 64 tiles, and an I/O-dtype input.
+TEST(CudaFp8KernelsPerTensor, CodesAndTransposeOnEveryPath) {
+  SKIP_WITHOUT_DEVICE();
+  struct Shape {
+    int64_t rows, cols;
+    DType in;
+  };
+  for (const Shape sh : {Shape{70, 37, DType::F32}, Shape{200, 300, DType::F32}, Shape{5, 3, DType::F32},
+                         Shape{192, 64, DType::BF16}, Shape{130, 66, DType::BF16}})
+    for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+      SCOPED_TRACE(std::to_string(sh.rows) + " x " + std::to_string(sh.cols) + " " + lnmlp::numerics::fp8_name(f) +
+                   (sh.in == DType::BF16 ? " bf16" : " f32"));
+      std::vector<float> x = input(sh.rows, sh.cols, 21);
+      const std::vector<uint16_t> xb = to_bf16(x);
+      if (sh.in == DType::BF16) x = from_bf16(xb);
+      const float scale = 0.75f;
+      const std::vector<uint8_t> codes = host_codes(x, scale, f);
+      Device<float> dx(x), dscale(std::vector<float>{scale, 1.0f / scale});
+      Device<uint16_t> dxb(xb);
+      const void* in = sh.in == DType::BF16 ? static_cast<const void*>(dxb.p) : static_cast<const void*>(dx.p);
+      Device<uint8_t> dcodes(codes.size()), dcodes_t(codes.size()), donly_t(codes.size()), dtrans(codes.size());
+      lnmlp::cuda::fp8_quantize_per_tensor(sh.in, f, in, sh.rows, sh.cols, dscale.p, dcodes.p, dcodes_t.p, nullptr);
+      lnmlp::cuda::fp8_quantize_per_tensor(sh.in, f, in, sh.rows, sh.cols, dscale.p, nullptr, donly_t.p, nullptr);
+      lnmlp::cuda::fp8_transpose_codes(dcodes.p, sh.rows, sh.cols, dtrans.p, nullptr);
+      CUDA_OK(cudaGetLastError());
+      const std::vector<uint8_t> want_t = transposed(codes, sh.rows, sh.cols);
+      EXPECT_EQ(first_difference(codes, dcodes.host()), -1) << "rowwise codes";
+      EXPECT_EQ(first_difference(want_t, dcodes_t.host()), -1) << "transposed codes, in the same pass";
+      EXPECT_EQ(first_difference(want_t, donly_t.host()), -1) << "transposed codes alone";
+      EXPECT_EQ(first_difference(want_t, dtrans.host()), -1) << "the transpose kernel";
+
+      Device<uint32_t> damax(1);
+      lnmlp::cuda::fp8_amax(sh.in, in, sh.rows * sh.cols, damax.p, nullptr);
+      EXPECT_EQ(damax.host()[0], host_amax_bits(x)) << "amax";
+    }
+}
+
+// The delayed update moves the history in parallel segments of 1024 entries: lengths around the
+// segment size and the API's largest, a NaN in the history, both reductions and margins.
+TEST(CudaFp8KernelsPerTensor, DelayedUpdateOfLongHistoriesIsTheCpuBackends) {
+  SKIP_WITHOUT_DEVICE();
+  for (int32_t len : {1, 2, 1023, 1024, 1025, 3000, 65536})
+    for (bool use_max : {true, false})
+      for (bool nan_inside : {false, true}) {
+        SCOPED_TRACE("history " + std::to_string(len) + (use_max ? " max" : " most_recent") +
+                     (nan_inside ? " with a NaN" : ""));
+        std::vector<float> state(static_cast<size_t>(1 + len));
+        state[0] = 3.0f;
+        for (int32_t i = 0; i < len; ++i)
+          state[static_cast<size_t>(1 + i)] = static_cast<float>((i * 37) % 1001) * 0.125f + 0.5f;
+        if (nan_inside && len > 1) state[static_cast<size_t>(len / 2 + 1)] = std::numeric_limits<float>::quiet_NaN();
+        const float amax = 17.25f;
+        std::vector<float> host = state;
+        host[0] = lnmlp::numerics::delayed_record_and_update(host.data() + 1, len, amax, host[0], use_max, 57344.0f, 2);
+        Device<float> dstate(state);
+        Device<uint32_t> damax(std::vector<uint32_t>{lnmlp::numerics::float_bits(amax)});
+        lnmlp::cuda::fp8_delayed_update(dstate.p, len, damax.p, use_max, 57344.0f, 2, nullptr);
+        CUDA_OK(cudaGetLastError());
+        EXPECT_EQ(first_difference(host, dstate.host()), -1) << "0: the scale; i > 0: history entry i - 1";
+      }
+}
+
+// Native block scaling (cuBLASLt's block-scaled GEMMs): the K-major representations hold the CPU
+// backend's codes and scales, moved to cuBLASLt's layouts (numerics/quantize.h): rowwise codes in
+// place with their 1 x 128 scales by K-block; columnwise codes transposed with the scales of the
+// 128 x 1 blocks down the columns; 128 x 128 weight tiles in both orientations from one pass.
+TEST(CudaFp8KernelsNativeBlock, LayoutsHoldTheCpuBackendsCodesAndScales) {
+  SKIP_WITHOUT_DEVICE();
+  using lnmlp::numerics::gemm_blk128_scale_index;
+  using lnmlp::numerics::gemm_block_scale_count;
+  using lnmlp::numerics::gemm_vec128_scale_index;
+  const int64_t rows = 272, cols = 400;  // multiples of 16, partial 128-blocks both ways
+  for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2})
+    for (bool pow2 : {false, true})
+      for (DType in : {DType::F32, DType::BF16})
+        for (bool weight : {false, true}) {
+          SCOPED_TRACE(std::string(lnmlp::numerics::fp8_name(f)) + (pow2 ? " pow2" : " fp32 scales") +
+                       (in == DType::BF16 ? " bf16" : " f32") + (weight ? " tiles" : " 1x128"));
+          std::vector<float> x = input(rows, cols, 31);
+          const std::vector<uint16_t> xb = to_bf16(x);
+          if (in == DType::BF16) x = from_bf16(xb);
+          const QuantKind row_kind{Recipe::Block, f, Contract::Cols, weight, pow2, 0.0f};
+          const QuantKind col_kind{Recipe::Block, f, Contract::Rows, weight, pow2, 0.0f};
+          std::vector<uint32_t> work(static_cast<size_t>(cols));
+          const int64_t n = rows * cols;
+          // The CPU backend's compact layouts.
+          std::vector<uint8_t> rcodes(static_cast<size_t>(n)), ccodes(static_cast<size_t>(n));
+          std::vector<float> rscales(static_cast<size_t>(row_kind.scale_count(rows, cols)));
+          std::vector<float> cscales(static_cast<size_t>(col_kind.scale_count(rows, cols)));
+          lnmlp::cpu::quantize_operand(1, row_kind, x.data(), rows, cols, 0.0f, rcodes.data(), rscales.data(),
+                                       work.data());
+          lnmlp::cpu::quantize_operand(1, col_kind, x.data(), rows, cols, 0.0f, ccodes.data(), cscales.data(),
+                                       work.data());
+          // ... and cuBLASLt's, from the device.
+          Device<float> dx(x);
+          Device<uint16_t> dxb(xb);
+          const void* dev_in = in == DType::BF16 ? static_cast<const void*>(dxb.p) : static_cast<const void*>(dx.p);
+          Device<uint8_t> dcodes(static_cast<size_t>(n)), dcodes_t(static_cast<size_t>(n));
+          Device<float> dscales(static_cast<size_t>(gemm_block_scale_count(weight, rows, cols)));
+          Device<float> dscales_t(static_cast<size_t>(gemm_block_scale_count(weight, cols, rows)));
+          lnmlp::cuda::fp8_quantize_blocked_native(in, row_kind, dev_in, rows, cols, dcodes.p, dscales.p, dcodes_t.p,
+                                                   dscales_t.p, nullptr);
+          CUDA_OK(cudaGetLastError());
+          const auto gcodes = dcodes.host(), gcodes_t = dcodes_t.host();
+          const auto gscales = dscales.host(), gscales_t = dscales_t.host();
+          EXPECT_EQ(first_difference(rcodes, gcodes), -1) << "rowwise codes";
+          // Tiles: one quantization serves both orientations; 1 x 128: the columnwise blocks' codes.
+          EXPECT_EQ(first_difference(transposed(weight ? rcodes : ccodes, rows, cols), gcodes_t), -1)
+              << "columnwise codes, transposed";
+          int64_t bad_row = -1, bad_col = -1;
+          const int64_t b = lnmlp::numerics::kBlockScalingLength, nbc = lnmlp::numerics::num_blocks(cols, b);
+          for (int64_t r = 0; r < rows && (bad_row < 0 || bad_col < 0); ++r)
+            for (int64_t c = 0; c < cols; ++c) {
+              // The CPU's scale of element (r, c), rowwise and columnwise, against cuBLASLt's slots.
+              const float want_row = weight ? rscales[static_cast<size_t>((r / b) * nbc + c / b)]
+                                            : rscales[static_cast<size_t>(r * nbc + c / b)];
+              const float want_col = weight ? want_row : cscales[static_cast<size_t>((r / b) * cols + c)];
+              const int64_t at_row = weight ? gemm_blk128_scale_index(r, c, cols) : gemm_vec128_scale_index(r, c, rows);
+              const int64_t at_col = weight ? gemm_blk128_scale_index(c, r, rows) : gemm_vec128_scale_index(c, r, cols);
+              if (bad_row < 0 && lnmlp::numerics::float_bits(gscales[static_cast<size_t>(at_row)]) !=
+                                     lnmlp::numerics::float_bits(want_row))
+                bad_row = r * cols + c;
+              if (bad_col < 0 && lnmlp::numerics::float_bits(gscales_t[static_cast<size_t>(at_col)]) !=
+                                     lnmlp::numerics::float_bits(want_col))
+                bad_col = r * cols + c;
+            }
+          EXPECT_EQ(bad_row, -1) << "first element whose rowwise scale differs";
+          EXPECT_EQ(bad_col, -1) << "first element whose columnwise scale differs";
+
+          // One representation at a time writes only its own.
+          Device<uint8_t> dalone(static_cast<size_t>(n));
+          Device<float> dalone_s(static_cast<size_t>(gemm_block_scale_count(weight, cols, rows)));
+          lnmlp::cuda::fp8_quantize_blocked_native(in, row_kind, dev_in, rows, cols, nullptr, nullptr, dalone.p,
+                                                   dalone_s.p, nullptr);
+          EXPECT_EQ(first_difference(gcodes_t, dalone.host()), -1) << "columnwise codes alone";
+        }
+}
+
+// The GEMM epilogue after a collective or an fp32 staging: rnd(acc + bias), also in place.
+TEST(CudaFp8KernelsEpilogue, BiasRoundIsTheCpuBackendsAlsoInPlace) {
+  SKIP_WITHOUT_DEVICE();
+  for (int64_t cols : {int64_t{64}, int64_t{37}})
+    for (bool with_bias : {true, false}) {
+      SCOPED_TRACE(std::to_string(cols) + (with_bias ? " with bias" : " without bias"));
+      const int64_t rows = 33;
+      const std::vector<float> acc = normal_input(static_cast<size_t>(rows * cols), 3.0f, 5);
+      const std::vector<float> bias = normal_input(static_cast<size_t>(cols), 1.0f, 6);
+      const std::vector<uint16_t> bias_b = to_bf16(bias);
+      std::vector<uint16_t> want_b(acc.size());
+      std::vector<float> want_f(acc.size());
+      lnmlp::cpu::scale_bias_rows<DType::BF16>(cols, 0, rows, acc.data(), 1.0f, with_bias ? bias_b.data() : nullptr,
+                                               want_b.data());
+      lnmlp::cpu::scale_bias_rows<DType::F32>(cols, 0, rows, acc.data(), 1.0f, with_bias ? bias.data() : nullptr,
+                                              want_f.data());
+      Device<float> dacc(acc), dbias(bias), dinplace(acc);
+      Device<uint16_t> dbias_b(bias_b), dout_b(acc.size());
+      lnmlp::cuda::bias_round(DType::BF16, dacc.p, rows, cols, with_bias ? dbias_b.p : nullptr, dout_b.p, nullptr);
+      lnmlp::cuda::bias_round(DType::F32, dinplace.p, rows, cols, with_bias ? dbias.p : nullptr, dinplace.p, nullptr);
+      CUDA_OK(cudaGetLastError());
+      EXPECT_EQ(first_difference(want_b, dout_b.host()), -1) << "bf16";
+      EXPECT_EQ(first_difference(want_f, dinplace.host()), -1) << "fp32, in place";
     }
 }
 

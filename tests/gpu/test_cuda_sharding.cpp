@@ -180,6 +180,27 @@ RankResult run_rank(const Problem& shard, const ShardGeometry& g, const Case& k,
   return rr;
 }
 
+// P ranks, rank r on device r in its own thread over `group`, each running its shard of pr.
+std::vector<RankResult> run_ranks(const Problem& pr, const Case& k, const NcclGroup& group, int P, bool sp, int steps) {
+  std::vector<RankResult> ranks(static_cast<size_t>(P));
+  std::vector<std::string> errors(static_cast<size_t>(P));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < P; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        ranks[static_cast<size_t>(r)] = run_rank(shard_problem(pr, P, r, sp), geometry(pr, P, r, sp), k, r,
+                                                 {P, r, sp ? 1 : 0, group.comm(r)}, steps);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < P; ++r)
+    if (!errors[static_cast<size_t>(r)].empty())
+      throw std::runtime_error("rank " + std::to_string(r) + ": " + errors[static_cast<size_t>(r)]);
+  return ranks;
+}
+
 // The unsharded CUDA plan on device 0 (P = 1, no communicator).
 RankResult run_unsharded(const Problem& pr, const Case& k, int steps) {
   return run_rank(pr, geometry(pr, 1, 0, false), k, 0, PlanSharding{}, steps);
@@ -242,21 +263,7 @@ TEST_P(CudaSharding, TwoRanksEqualUnshardedPlan) {
   const RankResult single = run_unsharded(pr, k, steps);
   constexpr int P = 2;
   NcclGroup group(P);
-  std::vector<RankResult> ranks(P);
-  std::vector<std::string> errors(P);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < P; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        ranks[static_cast<size_t>(r)] = run_rank(shard_problem(pr, P, r, sp), geometry(pr, P, r, sp), k, r,
-                                                 {P, r, sp ? 1 : 0, group.comm(r)}, steps);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < P; ++r)
-    ASSERT_TRUE(errors[static_cast<size_t>(r)].empty()) << "rank " << r << ": " << errors[static_cast<size_t>(r)];
+  const std::vector<RankResult> ranks = run_ranks(pr, k, group, P, sp, steps);
   std::vector<RunResult> results;
   for (const auto& rr : ranks) results.push_back(rr.r);
   std::string mismatch;
@@ -302,23 +309,9 @@ TEST(CudaShardingFp8, ANaNAmaxOnOneRankReachesEveryRank) {
   if (fp8_unsupported(k, &why)) GTEST_SKIP() << why;
   constexpr int P = 2;
   NcclGroup group(P);
-  std::vector<RankResult> ranks(P);
-  std::vector<std::string> errors(P);
-  std::vector<std::thread> threads;
+  const std::vector<RankResult> ranks = run_ranks(pr, k, group, P, false, 1);
   for (int r = 0; r < P; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        ranks[static_cast<size_t>(r)] =
-            run_rank(shard_problem(pr, P, r, false), geometry(pr, P, r, false), k, r, {P, r, 0, group.comm(r)}, 1);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < P; ++r) {
-    ASSERT_TRUE(errors[static_cast<size_t>(r)].empty()) << "rank " << r << ": " << errors[static_cast<size_t>(r)];
     EXPECT_TRUE(std::isnan(newest_amax(ranks[static_cast<size_t>(r)].state, LNMLP_QUANTIZER_W1))) << "rank " << r;
-  }
 }
 
 // ---- what needs a real NCCL communicator to check ----

@@ -79,6 +79,11 @@ const LNMLP_FEATURE_RECIPE_MXFP8 = Int32(7)
 const LNMLP_FEATURE_SHARDING = Int32(8)
 const LNMLP_FEATURE_EXTERNAL_WORKSPACE = Int32(9)
 
+# lnmlp_query_support's answers
+const LNMLP_UNSUPPORTED = Int32(0)
+const LNMLP_SUPPORTED = Int32(1)
+const LNMLP_SUPPORTED_EMULATED = Int32(2)  # an FP8 recipe whose GEMMs are emulated exactly
+
 # Element types of communicator callbacks (lnmlp_comm_fn's `type`).
 const LNMLP_COMM_F32 = Int32(0)
 const LNMLP_COMM_BF16 = Int32(1)

@@ -337,5 +337,5 @@ function query_support(backend=:cpu, feature=:backend)
     b = _choice("backend", backend, Dict(:cpu => LNMLP_BACKEND_CPU, :cuda => LNMLP_BACKEND_CUDA))
     out = Ref{Int32}(0)
     check(lnmlp_query_support(b, _choice("feature", feature, _FEATURES), out))
-    return out[] == 1
+    return out[] != 0  # LNMLP_SUPPORTED, or LNMLP_SUPPORTED_EMULATED for an FP8 recipe
 end
