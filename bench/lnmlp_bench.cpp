@@ -243,23 +243,35 @@ int main(int argc, char** argv) {
   GemmPeer peer(T, H, F, A, dtype, true, true, remat == LNMLP_REMAT_SAVE_STATS);
 
   // Warm-up, then timed iterations with a progress indicator on stderr.
-  std::vector<double> fwd_secs, bwd_secs, peer_fwd_secs, peer_bwd_secs;
+  std::vector<double> fwd_secs, bwd_secs, peer_fwd_secs, peer_bwd_secs, reuse_secs;
   for (int it = -1; it < o.iters; ++it) {
     std::fprintf(stderr, "\r%s %d/%d ", it < 0 ? "warm-up  " : "iteration", std::max(it + 1, 0), o.iters);
     std::fflush(stderr);
     auto t0 = std::chrono::steady_clock::now();
-    check(lnmlp_plan_forward(plan, x.data(), gamma.data(), beta_ptr, w1.data(), b1.data(), w2.data(), b2.data(),
-                             y.data(), saved_ptr, nullptr),
+    check(lnmlp_plan_forward(plan, static_cast<int64_t>(T), x.data(), gamma.data(), beta_ptr, w1.data(), b1.data(),
+                             w2.data(), b2.data(), y.data(), saved_ptr, nullptr, LNMLP_CALL_DEFAULT, nullptr),
           "forward");
     const double f = seconds_since(t0);
     t0 = std::chrono::steady_clock::now();
-    check(lnmlp_plan_backward(plan, dy.data(), x.data(), gamma.data(), beta_ptr, w1.data(), b1.data(), w2.data(),
-                              saved_ptr, dx.data(), dgamma.data(), dbeta_ptr, dw1.data(), db1.data(), dw2.data(),
-                              db2.data(), nullptr),
+    check(lnmlp_plan_backward(plan, static_cast<int64_t>(T), dy.data(), x.data(), gamma.data(), beta_ptr, w1.data(),
+                              b1.data(), w2.data(), saved_ptr, dx.data(), dgamma.data(), dbeta_ptr, dw1.data(),
+                              db1.data(), dw2.data(), db2.data(), nullptr, LNMLP_CALL_DEFAULT, nullptr),
           "backward");
     const double b = seconds_since(t0);
+    // The same step again with the weights declared unchanged: the plan's kept weight copies
+    // (widened or FP8-quantized) are reused, in forward and in backward.
+    t0 = std::chrono::steady_clock::now();
+    check(lnmlp_plan_forward(plan, static_cast<int64_t>(T), x.data(), gamma.data(), beta_ptr, w1.data(), b1.data(),
+                             w2.data(), b2.data(), y.data(), saved_ptr, nullptr, LNMLP_CALL_WEIGHTS_UNCHANGED, nullptr),
+          "forward");
+    check(lnmlp_plan_backward(plan, static_cast<int64_t>(T), dy.data(), x.data(), gamma.data(), beta_ptr, w1.data(),
+                              b1.data(), w2.data(), saved_ptr, dx.data(), dgamma.data(), dbeta_ptr, dw1.data(),
+                              db1.data(), dw2.data(), db2.data(), nullptr, LNMLP_CALL_WEIGHTS_UNCHANGED, nullptr),
+          "backward");
+    const double r = seconds_since(t0);
     const GemmPeerTimes p = peer.run_once();
     if (it >= 0) {
+      reuse_secs.push_back(r);
       fwd_secs.push_back(f);
       bwd_secs.push_back(b);
       peer_fwd_secs.push_back(p.forward_s);
@@ -323,6 +335,11 @@ int main(int argc, char** argv) {
   row("backward", tb, 2 * gemm_flops_fwd, pb, 2 * gemm_flops_fwd + recompute);
   row("forward + backward", tt, flops, pt, flops + recompute);
   std::printf("(medians of %d interleaved runs; GFLOP/s count 3x the forward GEMM FLOPs for forward + backward)\n", o.iters);
+  const double tr = median(reuse_secs);
+  std::printf(
+      "weights reused       %9.2f ms  forward + backward with LNMLP_CALL_WEIGHTS_UNCHANGED: saves %.2f ms "
+      "(%.1f %%)\n",
+      tr * 1e3, (tt - tr) * 1e3, 100.0 * (tt - tr) / tt);
   std::printf("work outside GEMMs   %9.1f %% of the block's time\n", 100.0 * std::max(0.0, tt - pt) / tt);
   std::printf("machine peak         %9.1f GFLOP/s (%s, %d threads, measured now)\n", peak.gflops, peak.what, threads);
   if (peak.gflops > 0) std::printf("fraction of peak     %9.1f %%\n", 100.0 * flops / tt * 1e-9 / peak.gflops);
@@ -341,14 +358,15 @@ int main(int argc, char** argv) {
                  "{\"tokens\": %lld, \"hidden\": %lld, \"ffn\": %lld, \"act\": \"%s\", \"norm\": \"%s\", "
                  "\"dtype\": \"%s\", \"recipe\": \"%s\", \"remat\": \"%s\", \"threads\": %d, \"iters\": %d,\n"
                  " \"forward_ms\": %.4f, \"backward_ms\": %.4f, \"total_ms\": %.4f, \"gemms_alone_ms\": %.4f,\n"
+                 " \"weights_reused_total_ms\": %.4f,\n"
                  " \"outside_gemms_fraction\": %.5f, \"gflops\": %.3f, \"peak_gflops\": %.3f, \"peak_what\": \"%s\",\n"
                  " \"saved_bytes_per_token\": %lld, \"workspace_bytes\": %lld, \"plan_create_ms\": %.3f,\n"
                  " \"err_y\": %.3e, \"err_dx\": %.3e, \"build_info\": \"%s\"}\n",
                  static_cast<long long>(T), static_cast<long long>(H), static_cast<long long>(F), o.act.c_str(),
                  o.norm.c_str(), o.dtype.c_str(), o.recipe.c_str(), o.remat.c_str(), threads, o.iters, tf * 1e3,
-                 tb * 1e3, tt * 1e3, pt * 1e3, std::max(0.0, tt - pt) / tt, flops / tt * 1e-9, peak.gflops, peak.what,
-                 static_cast<long long>(saved_per_token), static_cast<long long>(ws_bytes), plan_secs * 1e3, err_y,
-                 err_dx, info);
+                 tb * 1e3, tt * 1e3, pt * 1e3, tr * 1e3, std::max(0.0, tt - pt) / tt, flops / tt * 1e-9, peak.gflops,
+                 peak.what, static_cast<long long>(saved_per_token), static_cast<long long>(ws_bytes), plan_secs * 1e3,
+                 err_y, err_dx, info);
     std::fclose(f);
   }
   lnmlp_plan_destroy(plan);

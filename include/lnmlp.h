@@ -26,8 +26,9 @@
  *    device pointers for the CUDA backend. All tensors of a plan share one element type, the
  *    plan's I/O dtype (see lnmlp_desc_set_dtype).
  *
- * Shapes (T = tokens, H = hidden, F = ffn, A = number of activation functions, 1 or 2; a plan
- * that is one rank of a sharded group holds the shards lnmlp_desc_set_sharding lists):
+ * Shapes (T = the call's tokens, at most the plan's; H = hidden, F = ffn, A = number of
+ * activation functions, 1 or 2; a plan that is one rank of a sharded group holds the shards
+ * lnmlp_desc_set_sharding lists; lnmlp_plan_get_tensor_shape gives every one of them):
  *
  *     x, y, dx, dy    [T, H]
  *     gamma, beta     [H]          beta is absent (NULL) for RMSNorm
@@ -67,14 +68,15 @@ extern "C" {
 
 /* The library's release version. */
 #define LNMLP_VERSION_MAJOR 0
-#define LNMLP_VERSION_MINOR 1
+#define LNMLP_VERSION_MINOR 2
 #define LNMLP_VERSION_PATCH 0
 
 /* The ABI version. It changes whenever a change to this header would break a program compiled
- * against an older one; it is the number in the shared library's SONAME (liblnmlp.so.1).
+ * against an older one; it is the number in the shared library's SONAME (liblnmlp.so.2). CHANGELOG.md lists what each
+ * version changed.
  * A program that loads the library with dlopen compares lnmlp_get_version()'s abi value with
  * the LNMLP_ABI_VERSION it was compiled with and refuses a mismatch. */
-#define LNMLP_ABI_VERSION 1
+#define LNMLP_ABI_VERSION 2
 
 /* Writes the library's version and ABI version. Any pointer may be NULL (that value is skipped). */
 LNMLP_API int32_t lnmlp_get_version(int32_t* major, int32_t* minor, int32_t* patch, int32_t* abi);
@@ -172,7 +174,7 @@ enum {
                           * driver or the device) */
 };
 
-/* FP8 recipes (see the project's DESIGN, section 2, and docs/fp8.md). Six tensors are quantized
+/* FP8 recipes (see docs/design.md, "FP8", and docs/fp8.md). Six tensors are quantized
  * (LNMLP_QUANTIZER_*): the inputs of the four GEMM operand roles in forward and the two gradients
  * in backward. Every quantized GEMM is computed as FP8 hardware computes it: quantized operands,
  * products of FP8 values accumulated in fp32, the scales applied; biases, norms, activations and
@@ -210,7 +212,7 @@ enum {
   LNMLP_AMAX_ALGO_MOST_RECENT = 1 /* the newest entry */
 };
 
-/* The six quantizers, named after the data they quantize (DESIGN section 2). */
+/* The six quantizers, named after the data they quantize (docs/design.md, "FP8"). */
 enum {
   LNMLP_QUANTIZER_LN_OUT = 0,  /* norm output, GEMM1's input          (forward) */
   LNMLP_QUANTIZER_W1 = 1,      /* W1                                   (forward) */
@@ -270,7 +272,7 @@ LNMLP_API int32_t lnmlp_query_support(int32_t backend, int32_t feature, int32_t*
 LNMLP_API int32_t lnmlp_get_build_info(const char** info);
 
 /* ---------------------------------------------------------------------------------------------
- * FP8 conversions (host arrays, either backend's build; see the project's DESIGN, section 2)
+ * FP8 conversions (host arrays, either backend's build; see docs/design.md, "FP8")
  * ------------------------------------------------------------------------------------------- */
 
 /* Quantizes: out[i] = fp8(in[i] * scale), the product taken in fp32, for i < count; format is
@@ -303,7 +305,9 @@ LNMLP_API int32_t lnmlp_desc_create(lnmlp_desc** desc);
 /* Destroys a descriptor. NULL is accepted and does nothing. Plans created from it live on. */
 LNMLP_API int32_t lnmlp_desc_destroy(lnmlp_desc* desc);
 
-/* tokens = T (all leading dims of x flattened), hidden = H, ffn = F. Each must be >= 1. */
+/* tokens = T, the most tokens (all leading dims of x flattened) one call may take, hidden = H,
+ * ffn = F. Each must be >= 1. Every forward / backward then takes its own token count, from 0 to
+ * T: the workspace and the saved buffer are sized for T, and nothing is allocated per call. */
 LNMLP_API int32_t lnmlp_desc_set_shape(lnmlp_desc* desc, int64_t tokens, int64_t hidden, int64_t ffn);
 
 /* norm_type: LNMLP_NORM_*. */
@@ -337,6 +341,20 @@ LNMLP_API int32_t lnmlp_desc_set_backend(lnmlp_desc* desc, int32_t backend, int3
 
 /* CPU backend threads: 0 (default) uses every core the process may run on. */
 LNMLP_API int32_t lnmlp_desc_set_num_threads(lnmlp_desc* desc, int32_t num_threads);
+
+/* The parameter gradients dW1, db1, dW2 and db2 (the weights' and biases' gradients):
+ *   accumulate  0 (default): backward overwrites them. 1: backward adds into them (dW += ...),
+ *               for gradient accumulation over micro-batches: each element becomes
+ *               rnd(old + this call's gradient), the gradient in fp32 and rounded once to the
+ *               buffer's dtype (inside the GEMM where the GEMM library can), as
+ *               TransformerEngine's fuse_wgrad_accumulation does. A call with no tokens leaves them
+ *               as they are.
+ *   dtype       -1 (default): the plan's I/O dtype; or LNMLP_DTYPE_F32, for an fp32 gradient (a
+ *               "main_grad") while the I/O dtype is bf16 or f16. lnmlp_plan_create refuses any
+ *               other dtype than these two.
+ * dgamma, dbeta and dx are always overwritten, in the I/O dtype. lnmlp_plan_get_tensor_shape
+ * reports each gradient's dtype. */
+LNMLP_API int32_t lnmlp_desc_set_weight_gradients(lnmlp_desc* desc, int32_t accumulate, int32_t dtype);
 
 /* recipe: LNMLP_RECIPE_*. Default NONE. The recipe's options keep their values when the recipe
  * changes; the ones a recipe does not use are ignored. */
@@ -492,7 +510,9 @@ LNMLP_API int32_t lnmlp_plan_destroy(lnmlp_plan* plan);
 /* Bytes of scratch memory the plan needs while running (owned or attached). */
 LNMLP_API int32_t lnmlp_plan_get_workspace_bytes(const lnmlp_plan* plan, int64_t* bytes);
 
-/* Bytes of the buffer forward writes and backward reads (0 for FORWARD_ONLY). */
+/* Bytes of the buffer forward writes and backward reads for the plan's most tokens (0 for
+ * FORWARD_ONLY): a buffer this large serves every call. The bytes a call with fewer tokens uses
+ * are lnmlp_plan_get_tensor_shape's LNMLP_TENSOR_SAVED. */
 LNMLP_API int32_t lnmlp_plan_get_saved_bytes(const lnmlp_plan* plan, int64_t* bytes);
 
 /* The saved buffer's bytes per token, without alignment padding (see LNMLP_REMAT_*). */
@@ -506,15 +526,85 @@ LNMLP_API int32_t lnmlp_plan_get_alignment(const lnmlp_plan* plan, int64_t* byte
  * The memory must outlive every later forward/backward call; attaching again replaces it. */
 LNMLP_API int32_t lnmlp_plan_attach_workspace(lnmlp_plan* plan, void* workspace, int64_t bytes);
 
+/* ---- Shapes of a call's tensors ----------------------------------------------------------- */
+
+/* The tensors of forward and backward, for lnmlp_plan_get_tensor_shape. */
+enum {
+  LNMLP_TENSOR_X = 0,
+  LNMLP_TENSOR_GAMMA = 1,
+  LNMLP_TENSOR_BETA = 2,
+  LNMLP_TENSOR_W1 = 3,
+  LNMLP_TENSOR_B1 = 4,
+  LNMLP_TENSOR_W2 = 5,
+  LNMLP_TENSOR_B2 = 6,
+  LNMLP_TENSOR_Y = 7,
+  LNMLP_TENSOR_SAVED = 8, /* bytes (LNMLP_DTYPE_U8), [saved bytes of the call] */
+  LNMLP_TENSOR_DY = 9,
+  LNMLP_TENSOR_DX = 10,
+  LNMLP_TENSOR_DGAMMA = 11,
+  LNMLP_TENSOR_DBETA = 12,
+  LNMLP_TENSOR_DW1 = 13,
+  LNMLP_TENSOR_DB1 = 14,
+  LNMLP_TENSOR_DW2 = 15,
+  LNMLP_TENSOR_DB2 = 16,
+  LNMLP_TENSOR_FP8_STATE = 17, /* float32 [LNMLP_QUANTIZER_COUNT, 1 + amax history length] */
+  LNMLP_TENSOR_COUNT = 18
+};
+
+/* Element type of the saved buffer in lnmlp_plan_get_tensor_shape (the LNMLP_DTYPE_* above
+ * are the plan's I/O types). */
+enum { LNMLP_DTYPE_U8 = 3 };
+
+/* The most dimensions a tensor of lnmlp_plan_get_tensor_shape has (W1 and dW1: [H, A, F]). */
+#define LNMLP_MAX_TENSOR_RANK 3
+
+/* lnmlp_plan_get_tensor_shape's `tokens` for the plan's most tokens. */
+#define LNMLP_TOKENS_MAX (-1)
+
+/* The shape of one tensor of a call with `tokens` tokens (0 .. the plan's most, as forward and
+ * backward take it, or LNMLP_TOKENS_MAX): writes its number of dimensions to *rank, the
+ * dimensions to dims[0 .. *rank - 1] (dims holds LNMLP_MAX_TENSOR_RANK values; the rest are
+ * set to 0) and its element type (LNMLP_DTYPE_*) to *dtype. The shapes are this rank's under
+ * sharding (W1 [H, A, F/P], x [T, H] with T this rank's rows under sequence parallelism).
+ * A tensor the plan does not take (beta and dbeta with RMSNorm, a disabled bias and its
+ * gradient, saved for a plan that saves nothing, the FP8 state for a recipe other than DELAYED)
+ * has *rank = -1: pass NULL for it. */
+LNMLP_API int32_t lnmlp_plan_get_tensor_shape(const lnmlp_plan* plan, int32_t tensor, int64_t tokens, int32_t* rank,
+                                              int64_t* dims, int32_t* dtype);
+
 /* ---- FP8 quantizer state (DELAYED scaling) -----------------------------------------------
- * A plan with the DELAYED recipe owns each quantizer's scale and amax history (newest entry
- * first). Forward updates the forward quantizers (LN_OUT, W1, ACT_OUT, W2) after it has used
- * their scales; backward updates DY and DH. Plans of other recipes keep no state: their history
- * length is 0, their state is 0 bytes, and the per-quantizer functions answer
- * LNMLP_ERROR_INVALID_ARGUMENT. On the CUDA backend these functions synchronize the plan's device
- * (cudaDeviceSynchronize) before and after their copy, so they see every forward and backward
- * enqueued before them, on any stream (non-blocking ones included), and every later call sees
- * what they wrote; they must not be called while a stream of that device is being captured. */
+ * A plan with the DELAYED recipe has, per quantizer, a scale and an amax history. Forward
+ * updates the forward quantizers (LN_OUT, W1, ACT_OUT, W2) after it has used their scales;
+ * backward updates DY and DH. Plans of other recipes keep no state: their history length is 0,
+ * their state is 0 bytes, and the per-quantizer functions answer LNMLP_ERROR_INVALID_ARGUMENT.
+ *
+ * Layout: one float32 array [LNMLP_QUANTIZER_COUNT, 1 + history length], quantizers in
+ * LNMLP_QUANTIZER_* order; row q holds quantizer q's scale, then its amax history, newest first
+ * (LNMLP_TENSOR_FP8_STATE's shape). A fresh state has every scale 1 and every history entry 0.
+ * The scale_inv a GEMM applies is 1/scale, computed by lnmlp where it is used (in fp32, as
+ * TransformerEngine computes it), so it is not stored.
+ *
+ * Where it lives: by default the plan owns it (allocated at plan creation, fresh). A caller that
+ * holds the state itself -- a framework that carries it functionally, as ordinary arrays or
+ * tensors -- either attaches its array to the plan (lnmlp_plan_attach_fp8_state) or passes it to
+ * each forward and backward (their fp8_state argument), which read and update it in place on
+ * the call's stream with no host synchronisation or copy. The array is host memory for the CPU
+ * backend and device memory for the CUDA backend, 16-byte aligned (4 on the CPU); lnmlp never
+ * frees it. Its values are the caller's to keep valid: scales finite and > 0, history entries
+ * >= 0, +inf or NaN (the state functions below check what they are given; forward and backward
+ * read the array as it is).
+ *
+ * The functions below read and write the plan's state: the attached array, else the plan's own.
+ * On the CUDA backend they synchronize the plan's device (cudaDeviceSynchronize) before and
+ * after their copy, so they see every forward and backward enqueued before them, on any stream
+ * (non-blocking ones included), and every later call sees what they wrote; they must not be
+ * called while a stream of that device is being captured. */
+
+/* Makes `state` (the layout above, caller memory, see above) the plan's state from now on, in
+ * place of the state the plan owns, which keeps its values and is used again after
+ * lnmlp_plan_attach_fp8_state(plan, NULL). The array must outlive every call that uses it.
+ * Only DELAYED plans have state: other plans answer LNMLP_ERROR_INVALID_ARGUMENT. */
+LNMLP_API int32_t lnmlp_plan_attach_fp8_state(lnmlp_plan* plan, void* state);
 
 /* The amax history length of a DELAYED plan; 0 for any other recipe. */
 LNMLP_API int32_t lnmlp_plan_get_amax_history_length(const lnmlp_plan* plan, int32_t* length);
@@ -540,24 +630,56 @@ LNMLP_API int32_t lnmlp_plan_get_state_bytes(const lnmlp_plan* plan, int64_t* by
 LNMLP_API int32_t lnmlp_plan_export_state(const lnmlp_plan* plan, void* blob, int64_t bytes);
 LNMLP_API int32_t lnmlp_plan_import_state(lnmlp_plan* plan, const void* blob, int64_t bytes);
 
-/* Forward: y = act(norm(x) @ W1 + b1) @ W2 + b2, and writes `saved` (lnmlp_plan_get_saved_bytes
- * bytes, aligned to lnmlp_plan_get_alignment) for backward; `saved` may be NULL only when the
- * plan saves 0 bytes. beta must be NULL for RMSNorm and non-NULL for LayerNorm; b1 and b2 must
- * be NULL exactly when the descriptor disabled them. y must not overlap the inputs.
- * `stream` is ignored by the CPU backend. */
-LNMLP_API int32_t lnmlp_plan_forward(lnmlp_plan* plan, const void* x, const void* gamma, const void* beta,
-                                     const void* w1, const void* b1, const void* w2, const void* b2,
-                                     void* y, void* saved, void* stream);
+/* ---- Execution -------------------------------------------------------------------------- */
 
-/* Backward, given dy = dL/dy and the `saved` buffer written by forward with the same x and weights:
- * writes dx, dgamma, dbeta (RMSNorm: must be NULL), dW1, db1 and db2 (NULL exactly when the bias is
- * disabled), dW2. Gradients overwrite their buffers (they are not accumulated into). b1 is needed
- * only when the plan recomputes GEMM1 (SAVE_STATS) and the descriptor enabled it; otherwise it
- * may be NULL. Outputs must not overlap each other or the inputs. */
-LNMLP_API int32_t lnmlp_plan_backward(lnmlp_plan* plan, const void* dy, const void* x, const void* gamma,
-                                      const void* beta, const void* w1, const void* b1, const void* w2,
-                                      const void* saved, void* dx, void* dgamma, void* dbeta, void* dw1,
-                                      void* db1, void* dw2, void* db2, void* stream);
+/* Flags of a forward or backward call (OR'ed; other bits are LNMLP_ERROR_INVALID_ARGUMENT).
+ *  LNMLP_CALL_DEFAULT            none.
+ *  LNMLP_CALL_WEIGHTS_UNCHANGED  W1 and W2 hold the values they had in the plan's call that made
+ *      the plan's copies of them -- the widened copies (f16; bf16 on a CPU without bf16 GEMMs) or
+ *      the FP8-quantized ones with their scales -- so the call uses those copies instead of
+ *      making them again (TransformerEngine's is_first_microbatch=False: for micro-batches after
+ *      the first, and for the backward of a forward with the same weights). Under delayed scaling
+ *      the reused copies keep the scale they were made with, and the weights' amaxes recorded
+ *      are the ones measured then. Every call keeps the copies it makes (in the plan's workspace,
+ *      whose bytes count them), so the flag costs nothing to ask for: a copy not made yet, or
+ *      made in another workspace (lnmlp_plan_attach_workspace), is made. A call without the flag
+ *      makes its copies afresh. Under sharding every rank passes the same flags. */
+enum { LNMLP_CALL_DEFAULT = 0, LNMLP_CALL_WEIGHTS_UNCHANGED = 1 };
+
+/* Forward: y = act(norm(x) @ W1 + b1) @ W2 + b2 for `tokens` tokens, and writes `saved` for
+ * backward: aligned to lnmlp_plan_get_alignment, of at least the call's LNMLP_TENSOR_SAVED bytes
+ * (lnmlp_plan_get_saved_bytes, the maximum, serves every call); `saved` may be NULL only when the
+ * plan saves 0 bytes or the call has no tokens.
+ *  tokens     the rows of x and y in this call: 0 .. the plan's T (this rank's rows under
+ *             sequence parallelism, and then the same on every rank of the group). A call with
+ *             fewer tokens computes exactly what a plan made for that many tokens computes; with
+ *             0 tokens forward reads and writes nothing and the FP8 state does not change.
+ *  beta       must be NULL for RMSNorm and non-NULL for LayerNorm; b1 and b2 must be NULL exactly
+ *             when the descriptor disabled them. y must not overlap the inputs.
+ *  fp8_state  NULL: the plan's state (attached or owned). Otherwise a DELAYED plan's state array
+ *             for this call only (see the FP8 quantizer state above).
+ *  flags      LNMLP_CALL_* values, OR'ed.
+ *  stream     a cudaStream_t for the CUDA backend (NULL = default); ignored by the CPU backend.
+ * A backend prepares its GEMMs for a token count the first time a call has that count (host
+ * memory: oneDNN primitives, cuBLASLt descriptors and algorithms; kept for the plan's 32 most
+ * recent counts besides its maximum); every other buffer is the plan's. */
+LNMLP_API int32_t lnmlp_plan_forward(lnmlp_plan* plan, int64_t tokens, const void* x, const void* gamma,
+                                     const void* beta, const void* w1, const void* b1, const void* w2, const void* b2,
+                                     void* y, void* saved, void* fp8_state, int32_t flags, void* stream);
+
+/* Backward, given dy = dL/dy and the `saved` buffer written by the forward with the same tokens, x
+ * and weights: writes dx, dgamma, dbeta (RMSNorm: must be NULL), dW1, db1 and db2 (NULL exactly when
+ * the bias is disabled), dW2. Gradients overwrite their buffers, except dW1, db1, dW2 and db2 where the
+ * descriptor asked them to accumulate (lnmlp_desc_set_weight_gradients); those four have the
+ * dtype set there.
+ * b1 is needed only when the plan recomputes GEMM1 (SAVE_STATS) and the descriptor enabled it;
+ * otherwise it may be NULL. Outputs must not overlap each other or the inputs. tokens, fp8_state,
+ * flags and stream as for forward; with 0 tokens the parameter gradients are zeros (dW1, db1, dW2
+ * and db2 stay as they are when they accumulate) and the FP8 state does not change. */
+LNMLP_API int32_t lnmlp_plan_backward(lnmlp_plan* plan, int64_t tokens, const void* dy, const void* x,
+                                      const void* gamma, const void* beta, const void* w1, const void* b1,
+                                      const void* w2, const void* saved, void* dx, void* dgamma, void* dbeta, void* dw1,
+                                      void* db1, void* dw2, void* db2, void* fp8_state, int32_t flags, void* stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

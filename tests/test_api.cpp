@@ -1,6 +1,7 @@
-// The public C API's contract, tested through lnmlp.h only: every bad input of DESIGN section 5
-// returns its own status and a message naming the argument, and leaves descriptors, plans and
-// output buffers exactly as they were; handles, workspace, threads, versions and queries.
+// The public C API's contract, tested through lnmlp.h only: every bad input of docs/design.md,
+// "Errors, safety and threads", returns its own status and a message naming the argument, and
+// leaves descriptors, plans and output buffers exactly as they were; handles, workspace,
+// threads, versions and queries.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -162,12 +163,23 @@ struct BwdArgs {
   void* p[kNumBwd];
 };
 
+// The most tokens a call of the plan may take (-1 for a handle that is not a plan: the call under
+// test then reports the handle).
+int64_t plan_tokens(const lnmlp_plan* plan) {
+  int32_t rank = 0, dtype = 0;
+  int64_t dims[LNMLP_MAX_TENSOR_RANK] = {-1, 0, 0};
+  lnmlp_plan_get_tensor_shape(plan, LNMLP_TENSOR_X, LNMLP_TOKENS_MAX, &rank, dims, &dtype);
+  return dims[0];
+}
+
 int32_t call_forward(lnmlp_plan* plan, const FwdArgs& a) {
-  return lnmlp_plan_forward(plan, a.p[0], a.p[1], a.p[2], a.p[3], a.p[4], a.p[5], a.p[6], a.p[7], a.p[8], nullptr);
+  return lnmlp_plan_forward(plan, plan_tokens(plan), a.p[0], a.p[1], a.p[2], a.p[3], a.p[4], a.p[5], a.p[6], a.p[7],
+                            a.p[8], nullptr, LNMLP_CALL_DEFAULT, nullptr);
 }
 int32_t call_backward(lnmlp_plan* plan, const BwdArgs& a) {
-  return lnmlp_plan_backward(plan, a.p[0], a.p[1], a.p[2], a.p[3], a.p[4], a.p[5], a.p[6], a.p[7], a.p[8], a.p[9],
-                             a.p[10], a.p[11], a.p[12], a.p[13], a.p[14], nullptr);
+  return lnmlp_plan_backward(plan, plan_tokens(plan), a.p[0], a.p[1], a.p[2], a.p[3], a.p[4], a.p[5], a.p[6], a.p[7],
+                             a.p[8], a.p[9], a.p[10], a.p[11], a.p[12], a.p[13], a.p[14], nullptr, LNMLP_CALL_DEFAULT,
+                             nullptr);
 }
 
 // Everything one run produces.

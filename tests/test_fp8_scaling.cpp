@@ -1,6 +1,6 @@
 // The FP8 recipe arithmetic (src/numerics/scaling.h) and the reference quantizers
-// (src/numerics/quantize.h) against expectations computed here, in double, from DESIGN.md
-// section 2. Only numerics/fp8.h's float_to_fp8 / fp8_to_float (verified in test_fp8_formats.cpp)
+// (src/numerics/quantize.h) against expectations computed here, in double, from
+// docs/design.md, "FP8". Only numerics/fp8.h's float_to_fp8 / fp8_to_float (verified in test_fp8_formats.cpp)
 // are reused, for the final element casts.
 #include <gtest/gtest.h>
 

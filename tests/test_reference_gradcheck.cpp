@@ -169,8 +169,8 @@ TEST(ReferenceActivations, KinksAreWhereTheDerivativeJumps) {
   EXPECT_EQ(lnmlp_ref::act_kinks(LNMLP_ACT_CLAMPED_LINEAR, c).size(), 2u);
 }
 
-// Values from outside this code (computed independently in Python's math module from the DESIGN
-// table's formulas), so that a wrong constant in the reference cannot go unnoticed.
+// Values from outside this code (computed independently in Python's math module from the activation
+// table's formulas in docs/design.md), so that a wrong constant in the reference cannot go unnoticed.
 TEST(ReferenceActivations, KnownValues) {
   Config c;  // limit 7, alpha 1.702, offset 1
   EXPECT_NEAR(lnmlp_ref::act_value(LNMLP_ACT_GELU, 1.0, c), 0.8411919906082768, 1e-14);     // tanh approximation

@@ -1,4 +1,4 @@
-// Sharded plans (DESIGN section 4) over the callback communicator, with P ranks as P threads of
+// Sharded plans (docs/design.md, "Sharding") over the callback communicator, with P ranks as P threads of
 // this process (tests/sharding_util.h): the group's assembled outputs and gradients equal the
 // unsharded plan's and the float64 reference's within the dtype's tolerance (tests/tolerances.h;
 // sharding only reorders fp32 sums: GEMM2's and dn's partial sums over F/P, dgamma/dbeta/db2's
@@ -297,6 +297,36 @@ INSTANTIATE_TEST_SUITE_P(Recipes, ShardingFp8Blocked, ::testing::ValuesIn(fp8_bl
 
 // A NaN in one rank's W1 shard makes every rank's W1 amax NaN (the group's max-reduction
 // propagates it as a local amax does), and every rank records the same state.
+// ABI 2's tokens per call, per rank: a group whose plans were made for more tokens than the call
+// has gives, rank by rank, the bits of a group made for exactly the call's tokens (with and
+// without sequence parallelism, where a rank's call has its T/P rows).
+TEST(ShardingTokensPerCall, AGroupCallComputesWhatAGroupMadeForItsTokensComputes) {
+  lnmlp_ref::Config cfg;
+  cfg.tokens = 10;  // the call's, the group's: 5 rows per rank under sequence parallelism
+  cfg.hidden = 32;
+  cfg.ffn = 48;
+  cfg.acts = {LNMLP_ACT_SILU, LNMLP_ACT_LINEAR};
+  cfg.has_bias1 = cfg.has_bias2 = true;
+  for (int32_t recipe : {LNMLP_RECIPE_NONE, LNMLP_RECIPE_DELAYED}) {
+    for (bool sp : {false, true}) {
+      SCOPED_TRACE(std::string("recipe ") + std::to_string(recipe) + (sp ? ", sequence parallel" : ""));
+      const Problem pr = make_problem(cfg, LNMLP_DTYPE_BF16, 77);
+      RunOptions o;
+      o.recipe = recipe;
+      o.amax_history_len = 4;
+      o.steps = 2;
+      const std::vector<RunResult> exact = run_group_in_process(pr, o, 2, sp);
+      o.max_tokens = 32;
+      const std::vector<RunResult> call = run_group_in_process(pr, o, 2, sp);
+      for (size_t r = 0; r < 2; ++r) {
+        const auto a = named(call[r]), b = named(exact[r]);
+        for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(a[i].name, *a[i].buf, *b[i].buf)) << "rank " << r;
+        EXPECT_EQ(call[r].state, exact[r].state) << "rank " << r;
+      }
+    }
+  }
+}
+
 TEST(ShardingFp8State, ANaNAmaxOnOneRankReachesEveryRank) {
   const Problem pr = nan_in_last_shard_problem();
   const RunOptions o = nan_in_last_shard_options();

@@ -64,6 +64,16 @@ inline uint64_t hash_name(const std::string& s) {
 // ---------------------------------------------------------------------------------------------
 inline int64_t dtype_size(int32_t dtype) { return dtype == LNMLP_DTYPE_F32 ? 4 : 2; }
 
+// The most tokens a call of the plan may take (this rank's rows under sequence parallelism); -1
+// for an invalid handle.
+inline int64_t plan_tokens(const lnmlp_plan* plan) {
+  int32_t rank = 0, dtype = 0;
+  int64_t dims[LNMLP_MAX_TENSOR_RANK] = {0, 0, 0};
+  if (lnmlp_plan_get_tensor_shape(plan, LNMLP_TENSOR_X, LNMLP_TOKENS_MAX, &rank, dims, &dtype) != LNMLP_SUCCESS)
+    return -1;
+  return dims[0];
+}
+
 inline const char* dtype_label(int32_t dtype) {
   return dtype == LNMLP_DTYPE_F32 ? "f32" : dtype == LNMLP_DTYPE_BF16 ? "bf16" : "f16";
 }
@@ -231,6 +241,12 @@ struct RunOptions {
   int32_t group_size = 1, rank = 0, sequence_parallel = 0;
   lnmlp_comm* comm = nullptr;
   int32_t steps = 1;  // forward (+ backward) this many times on the same plan (delayed scaling moves on)
+  // The plan's most tokens (the group's), when larger than the problem's: every call then has
+  // fewer tokens than the plan was made for. 0: the problem's.
+  int64_t max_tokens = 0;
+  // Delayed scaling's state in a caller-owned array (lnmlp.h's layout) instead of the plan's:
+  // passed to every call, or attached to the plan.
+  enum class State { Plan, PerCall, Attached } state = State::Plan;
 };
 
 struct RunResult {
@@ -246,7 +262,7 @@ class Plan {
     lnmlp_desc* d = nullptr;
     LNMLP_TEST_CHECK(lnmlp_desc_create(&d));
     std::unique_ptr<lnmlp_desc, int32_t (*)(lnmlp_desc*)> guard(d, lnmlp_desc_destroy);
-    LNMLP_TEST_CHECK(lnmlp_desc_set_shape(d, c.tokens, c.hidden, c.ffn));
+    LNMLP_TEST_CHECK(lnmlp_desc_set_shape(d, o.max_tokens > 0 ? o.max_tokens : c.tokens, c.hidden, c.ffn));
     LNMLP_TEST_CHECK(lnmlp_desc_set_norm(
         d, c.norm == lnmlp_ref::Norm::LayerNorm ? LNMLP_NORM_LAYERNORM : LNMLP_NORM_RMSNORM));
     LNMLP_TEST_CHECK(lnmlp_desc_set_zero_centered_gamma(d, c.zero_centered_gamma ? 1 : 0));
@@ -300,13 +316,25 @@ inline RunResult run_library(const Problem& pr, const RunOptions& o) {
   LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes(plan.get(), &r.saved_bytes));
   LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes_per_token(plan.get(), &r.saved_bytes_per_token));
   AlignedMemory saved(r.saved_bytes, plan.alignment(), 0xFF);
+  // A caller-owned FP8 state: a fresh one (every scale 1, every history entry 0).
+  std::vector<float> state;
+  if (o.state != RunOptions::State::Plan) {
+    int32_t rank = 0, type = 0;
+    int64_t dims[LNMLP_MAX_TENSOR_RANK] = {0, 0, 0};
+    LNMLP_TEST_CHECK(lnmlp_plan_get_tensor_shape(plan.get(), LNMLP_TENSOR_FP8_STATE, 0, &rank, dims, &type));
+    if (rank != 2 || type != LNMLP_DTYPE_F32) throw std::runtime_error("the FP8 state is not a float32 matrix");
+    state.assign(static_cast<size_t>(dims[0] * dims[1]), 0.0f);
+    for (int64_t q = 0; q < dims[0]; ++q) state[static_cast<size_t>(q * dims[1])] = 1.0f;
+    if (o.state == RunOptions::State::Attached) LNMLP_TEST_CHECK(lnmlp_plan_attach_fp8_state(plan.get(), state.data()));
+  }
+  float* call_state = o.state == RunOptions::State::PerCall ? state.data() : nullptr;
 
   for (int32_t step = 0; step < o.steps; ++step) {
     r.y = Buffer(pr.dtype, T * H);
     r.y.poison();
-    LNMLP_TEST_CHECK(lnmlp_plan_forward(plan.get(), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(), pr.bw1.data(),
-                                        pr.bb1.data(), pr.bw2.data(), pr.bb2.data(), r.y.data(), saved.get(),
-                                        nullptr));
+    LNMLP_TEST_CHECK(lnmlp_plan_forward(plan.get(), static_cast<int64_t>(T), pr.bx.data(), pr.bgamma.data(),
+                                        pr.bbeta.data(), pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), pr.bb2.data(),
+                                        r.y.data(), saved.get(), call_state, LNMLP_CALL_DEFAULT, nullptr));
     if (!o.backward) continue;
 
     r.dx = Buffer(pr.dtype, T * H);
@@ -317,11 +345,14 @@ inline RunResult run_library(const Problem& pr, const RunOptions& o) {
     r.dw2 = Buffer(pr.dtype, F * H);
     if (c.has_bias2) r.db2 = Buffer(pr.dtype, H);
     for (Buffer* b : {&r.dx, &r.dgamma, &r.dbeta, &r.dw1, &r.db1, &r.dw2, &r.db2}) b->poison();
-    LNMLP_TEST_CHECK(lnmlp_plan_backward(plan.get(), pr.bdy.data(), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(),
-                                         pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), saved.get(), r.dx.data(),
-                                         r.dgamma.data(), r.dbeta.data(), r.dw1.data(), r.db1.data(), r.dw2.data(),
-                                         r.db2.data(), nullptr));
+    LNMLP_TEST_CHECK(lnmlp_plan_backward(
+        plan.get(), static_cast<int64_t>(T), pr.bdy.data(), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(),
+        pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), saved.get(), r.dx.data(), r.dgamma.data(), r.dbeta.data(),
+        r.dw1.data(), r.db1.data(), r.dw2.data(), r.db2.data(), call_state, LNMLP_CALL_DEFAULT, nullptr));
   }
+  // The state the run left, exported as a blob: a caller's array is attached first, so the export
+  // reads it.
+  if (call_state != nullptr) LNMLP_TEST_CHECK(lnmlp_plan_attach_fp8_state(plan.get(), call_state));
   int64_t state_bytes = 0;
   LNMLP_TEST_CHECK(lnmlp_plan_get_state_bytes(plan.get(), &state_bytes));
   r.state.resize(static_cast<size_t>(state_bytes));

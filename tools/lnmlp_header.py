@@ -135,3 +135,106 @@ def parse_header(path):
         "opaque": sorted(a for a, b in _OPAQUE.findall(clean) if a == b),
         "structs": parse_structs(clean),
     }
+
+
+# ---- the declarations with their names and documentation, for tools/gen_bindings.py ------------
+
+_FNPTR = re.compile(r"\btypedef\s+([^;{}()]*?)\(\s*\*\s*(\w+)\s*\)\s*\(([^()]*)\)\s*;")
+_DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(LNMLP_\w+)[ \t]+\(?[ \t]*(-?\d+)[ \t]*\)?[ \t]*$", re.M)
+
+
+def _mask(text):
+    """text with every comment and preprocessor line blanked out, character for character, so
+    that positions found in it are positions in the original."""
+    def blank(m):
+        return re.sub(r"[^\n]", " ", m.group(0))
+    masked = _COMMENT.sub(blank, text)
+    return re.sub(r"^[ \t]*#[^\n]*(?:\\\n[^\n]*)*", blank, masked, flags=re.M)
+
+
+def _comment_text(c):
+    """'/* a\n * b */' -> 'a\nb'."""
+    body = c[2:-2] if c.startswith("/*") else c[2:]
+    lines = [re.sub(r"^\s*\*? ?", "", l).rstrip() for l in body.split("\n")]
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return "\n".join(lines)
+
+
+def _doc_before(raw, pos):
+    """The comment that ends right before pos (only white space between), or ''."""
+    head = raw[:pos].rstrip()
+    if not head.endswith("*/"):
+        return ""
+    start = head.rfind("/*")
+    return _comment_text(head[start:]) if start >= 0 else ""
+
+
+def _named_params(params, where):
+    params = params.strip()
+    if params in ("", "void"):
+        return []
+    out = []
+    for p in params.split(","):
+        p = normalize_type(p)
+        m = re.match(r"^(.*?[\s*])(\w+)$", p)
+        if not m or not m.group(1).strip():
+            raise HeaderError(f"{where}: cannot read parameter '{p}' (expected '<type> <name>')")
+        out.append((normalize_type(m.group(1)), m.group(2)))
+    return out
+
+
+def parse_api(path):
+    """The header's declarations in order, with names and documentation: dict(defines,
+    enumerators [(name, value, doc)], functions {name: (ret, [(type, name)])}, opaque, fnptrs
+    {name: (ret, [(type, name)])}, structs {name: [(type, name)]}, docs {name: text})."""
+    with open(path, encoding="utf-8") as f:
+        raw = f.read()
+    masked = _mask(raw)
+    docs = {}
+    defines = [(n, int(v)) for n, v in _DEFINE.findall(raw)]
+    for n, _ in defines:
+        m = re.search(r"#[ \t]*define[ \t]+" + n + r"\b", raw)
+        docs[n] = _doc_before(raw, m.start())
+
+    enumerators = []
+    for m in _ENUM.finditer(masked):
+        nxt = 0
+        body_start = m.start(2)
+        items = list(re.finditer(r"([A-Za-z_]\w*)\s*(?:=\s*([^,]+?))?\s*(?:,|$)", m.group(2)))
+        for i, it in enumerate(items):
+            name = it.group(1)
+            value = _int_literal(it.group(2), name) if it.group(2) else nxt
+            nxt = value + 1
+            # Its comment: the first one after it and before the next enumerator.
+            end = body_start + (items[i + 1].start() if i + 1 < len(items) else len(m.group(2)))
+            seg = raw[body_start + it.end(): end]
+            c = re.search(r"/\*.*?\*/", seg, re.S)
+            enumerators.append((name, value, _comment_text(c.group(0)) if c else ""))
+
+    functions = {}
+    for m in _PROTO.finditer(masked):
+        functions[m.group(2)] = (normalize_type(m.group(1)), _named_params(m.group(3), m.group(2)))
+        docs[m.group(2)] = _doc_before(raw, m.start())
+    n_api = len(re.findall(r"\bLNMLP_API\b", masked))
+    if n_api != len(functions):
+        raise HeaderError(f"found {n_api} LNMLP_API declarations but could read only {len(functions)}")
+
+    fnptrs = {}
+    for m in _FNPTR.finditer(masked):
+        fnptrs[m.group(2)] = (normalize_type(m.group(1)), _named_params(m.group(3), m.group(2)))
+        docs[m.group(2)] = _doc_before(raw, m.start())
+    structs = {}
+    for m in _STRUCT.finditer(masked):
+        fields = []
+        for f in m.group(2).split(";"):
+            if f.strip():
+                t, n = _named_params(f, m.group(3))[0]
+                fields.append((t, n))
+        structs[m.group(3)] = fields
+        docs[m.group(3)] = _doc_before(raw, m.start())
+    opaque = [a for a, b in _OPAQUE.findall(masked) if a == b]
+    return {"defines": defines, "enumerators": enumerators, "functions": functions, "opaque": opaque,
+            "fnptrs": fnptrs, "structs": structs, "docs": docs}

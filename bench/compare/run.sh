@@ -14,6 +14,6 @@ fi
 cmake --build --preset release -j"$(nproc)" --target lnmlp lnmlp-bench
 bash bench/compare/setup.sh
 VENV="${BENCH_VENV:-${REPO}/build/bench-venv}"
-export LNMLP_LIBRARY="${LNMLP_LIBRARY:-${REPO}/build/release/src/liblnmlp.so.1}"
+export LNMLP_LIBRARY="${LNMLP_LIBRARY:-${REPO}/build/release/src/liblnmlp.so.2}"
 export PYTHONPATH="${REPO}/bindings/python${PYTHONPATH:+:${PYTHONPATH}}"
 exec "${VENV}/bin/python" bench/compare/compare.py "$@"

@@ -6,7 +6,7 @@ Every implementation computes the same thing on the same inputs (docs/cpu-compar
     y = act(norm(x) @ W1 + b1) @ W2 + b2, then dx, dgamma, dbeta, dW1, db1, dW2, db2 given dy,
 
 with W1 stored [H, A, F] (A = 2 for a gated pair: h[:, 0, :] goes through silu, h[:, 1, :] is
-linear, as in the project's DESIGN and TransformerEngine) and gelu the tanh approximation. Only
+linear, as in the project's docs/design.md and TransformerEngine) and gelu the tanh approximation. Only
 the worker's own framework is imported; compare.py has pinned the process to its CPUs.
 """
 
@@ -140,18 +140,18 @@ class Lnmlp:
                 "block": lm.Float8BlockScaling, "mxfp8": lm.MXFP8BlockScaling}[self.cfg.recipe]
 
     def prepare(self):
-        cfg, inp = self.cfg, self.inp
+        cfg, dtype = self.cfg, numpy_dtype(self.cfg.dtype)
         recipe = self._recipe()
         self.plan = self.lnmlp.Plan(
             cfg.tokens, cfg.hidden, cfg.ffn, norm_type=cfg.norm, activation_type=cfg.act,
-            use_bias1=True, use_bias2=True, dtype=numpy_dtype(cfg.dtype), num_threads=self.threads,
+            use_bias1=True, use_bias2=True, dtype=dtype, num_threads=self.threads,
             recipe=None if recipe is None else recipe())
-        self.out = {k: np.empty_like(inp[v]) for k, v in
-                    (("y", "x"), ("dx", "x"), ("dgamma", "gamma"), ("dw1", "w1"), ("db1", "b1"),
-                     ("dw2", "w2"), ("db2", "b2"))}
+        # outputs sized as the library gives their shapes (lnmlp_plan_get_tensor_shape)
+        self.out = {k: np.empty(self.plan.tensor_shape(k, cfg.tokens), dtype)
+                    for k in ("y", "dx", "dgamma", "dw1", "db1", "dw2", "db2")}
         if cfg.has_beta:
-            self.out["dbeta"] = np.empty_like(inp["beta"])
-        self.saved = aligned_bytes(self.plan.saved_bytes, self.plan.alignment)
+            self.out["dbeta"] = np.empty(self.plan.tensor_shape("dbeta"), dtype)
+        self.saved = aligned_bytes(self.plan.tensor_shape("saved", cfg.tokens)[0], self.plan.alignment)
         self._bind_calls()
 
     def _bind_calls(self):
@@ -159,10 +159,12 @@ class Lnmlp:
         lib, h, i, o = _lib.get_lib(), self.plan._handle, self.inp, self.out
         p = lambda a: None if a is None else a.ctypes.data  # noqa: E731
         params = [p(i["x"]), p(i["gamma"]), p(i.get("beta")), p(i["w1"]), p(i["b1"]), p(i["w2"])]
-        self._fwd = (lib.lnmlp_plan_forward, h, *params, p(i["b2"]), p(o["y"]), p(self.saved), None)
-        self._bwd = (lib.lnmlp_plan_backward, h, p(i["dy"]), *params, p(self.saved), p(o["dx"]),
+        T = self.cfg.tokens  # every call takes the plan's tokens; the plan's own FP8 state; no flags
+        self._fwd = (lib.lnmlp_plan_forward, h, T, *params, p(i["b2"]), p(o["y"]), p(self.saved),
+                     None, _lib.CALL_DEFAULT, None)
+        self._bwd = (lib.lnmlp_plan_backward, h, T, p(i["dy"]), *params, p(self.saved), p(o["dx"]),
                      p(o["dgamma"]), p(o.get("dbeta")), p(o["dw1"]), p(o["db1"]), p(o["dw2"]),
-                     p(o["db2"]), None)
+                     p(o["db2"]), None, _lib.CALL_DEFAULT, None)
         self._check = _lib.check
 
     def step(self):

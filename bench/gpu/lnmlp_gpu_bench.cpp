@@ -319,11 +319,12 @@ void run_case(const Case& k, const Options& o, const std::string& device_name, c
   };
   auto block_once = [&](const Events& ev) {
     cuda_ok(cudaEventRecord(ev.a, stream), "cudaEventRecord");
-    lnmlp_ok(lnmlp_plan_forward(plan, x.p, gamma.p, nz(beta), w1.p, nz(b1), w2.p, nz(b2), y.p, nz(saved), stream),
+    lnmlp_ok(lnmlp_plan_forward(plan, T, x.p, gamma.p, nz(beta), w1.p, nz(b1), w2.p, nz(b2), y.p, nz(saved), nullptr,
+                                LNMLP_CALL_DEFAULT, stream),
              "lnmlp_plan_forward");
     cuda_ok(cudaEventRecord(ev.b, stream), "cudaEventRecord");
-    lnmlp_ok(lnmlp_plan_backward(plan, dy.p, x.p, gamma.p, nz(beta), w1.p, nz(b1), w2.p, nz(saved), dx.p, dgamma.p,
-                                 nz(dbeta), dw1.p, nz(db1), dw2.p, nz(db2), stream),
+    lnmlp_ok(lnmlp_plan_backward(plan, T, dy.p, x.p, gamma.p, nz(beta), w1.p, nz(b1), w2.p, nz(saved), dx.p, dgamma.p,
+                                 nz(dbeta), dw1.p, nz(db1), dw2.p, nz(db2), nullptr, LNMLP_CALL_DEFAULT, stream),
              "lnmlp_plan_backward");
     cuda_ok(cudaEventRecord(ev.c, stream), "cudaEventRecord");
   };

@@ -2,7 +2,7 @@
 self-contained. Metadata lives in pyproject.toml.
 
 The library copied is, in order: $LNMLP_LIBRARY (at build time), else
-<repo>/build/release/src/liblnmlp.so.1 (symlinks resolved). Its original path is also recorded in
+<repo>/build/release/src/liblnmlp.so.2 (symlinks resolved). Its original path is also recorded in
 lnmlp/_build_config.py as a fallback for the loader. Without a built library the package is
 pure Python and finds the library at run time (see lnmlp/_lib.py).
 """
@@ -17,11 +17,12 @@ from setuptools.dist import Distribution
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+SONAME = "liblnmlp.so.2"  # the library's SONAME for the ABI version lnmlp/_lib.py checks (ABI_VERSION)
 
 
 def built_library():
     env = os.environ.get("LNMLP_LIBRARY")
-    for path in ([env] if env else []) + [os.path.join(REPO, "build", "release", "src", "liblnmlp.so.1")]:
+    for path in ([env] if env else []) + [os.path.join(REPO, "build", "release", "src", SONAME)]:
         if path and os.path.exists(path):
             return os.path.abspath(path)
     return None
@@ -36,7 +37,7 @@ class BuildPy(build_py):
             sys.stderr.write("lnmlp: no built liblnmlp found; the package will look for it at run "
                              "time (LNMLP_LIBRARY, the build tree, the system loader)\n")
             return
-        shutil.copyfile(os.path.realpath(lib), os.path.join(pkg, "liblnmlp.so.1"))
+        shutil.copyfile(os.path.realpath(lib), os.path.join(pkg, SONAME))
         with open(os.path.join(pkg, "_build_config.py"), "w") as f:
             f.write(f"# written by setup.py at build time\nLIBRARY_PATH = {lib!r}\n")
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds (if needed) and tests the Rust bindings: cargo test, cargo doc (warnings are errors) and
-# cargo clippy (if installed), all offline. Cargo's output goes to build/rust-target.
+# Builds (if needed) and tests the Rust bindings: cargo test, cargo doc (warnings are errors),
+# cargo clippy -D warnings and cargo fmt --check (these two if installed), all offline. Cargo's
+# output goes to build/rust-target.
 #
 # The library: $LNMLP_LIB_DIR if set; else build/release/src if the CI already built it there;
 # else a CPU-only build of our own in build/rust-lib.
@@ -40,6 +41,13 @@ if cargo clippy --version >/dev/null 2>&1; then
   cargo clippy --offline --locked --workspace --all-targets -- -D warnings
 else
   echo "== cargo clippy: not installed, skipped"
+fi
+
+if cargo fmt --version >/dev/null 2>&1; then
+  echo "== cargo fmt --check"
+  cargo fmt --all --check
+else
+  echo "== cargo fmt: not installed, skipped"
 fi
 
 echo "== rust bindings: all passed in $(( $(date +%s) - start ))s"

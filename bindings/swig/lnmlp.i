@@ -21,15 +21,27 @@
  *      desc_set_activations(desc, int[]), fp8_encode(format, float[] in, scale, byte[] out),
  *      plan_set_quantizer_state(plan, q, scale, float[]), plan_export_state(plan, byte[]),
  *      plan_import_state(plan, byte[]), plan_attach_workspace(plan, direct ByteBuffer);
- *  - tensors of plan_forward / plan_backward are float[] (f32 plans; null = C NULL); the saved
- *    buffer is a direct java.nio.ByteBuffer aligned to plan_get_alignment (its address is used,
- *    not its position); stream is a long (a cudaStream_t value, 0 for the CPU backend).
+ *  - plan_forward / plan_backward take the call's tokens (long, 0 .. the plan's most) as C does;
+ *    their tensors are float[] (f32 plans; null = C NULL); the saved buffer is a direct
+ *    java.nio.ByteBuffer aligned to plan_get_alignment (its address is used, not its position);
+ *    fp8_state is a float[] (DELAYED plans; null = the plan's state), read and written back;
+ *    flags is an int (CALL_* OR'ed: CALL_DEFAULT, CALL_WEIGHTS_UNCHANGED); stream is a long (a
+ *    cudaStream_t value, 0 for the CPU backend). Gradient arrays are read as well as written
+ *    (their values go in and come back), so a plan that accumulates (desc_set_weight_gradients)
+ *    adds into the Java arrays it is given.
  *    Variants: plan_forward_u16 / plan_backward_u16 (short[] bit patterns, bf16/f16 plans),
+ *    plan_backward_u16_f32grad (bf16/f16 plans whose dW1, db1, dW2, db2 are F32: those four are
+ *    float[], the rest short[]),
  *    plan_forward_direct / plan_backward_direct (direct ByteBuffers, any dtype, zero copy),
- *    plan_forward_ptr / plan_backward_ptr (raw addresses as long, e.g. CUDA device pointers).
+ *    plan_forward_ptr / plan_backward_ptr (raw addresses as long, e.g. CUDA device pointers);
+ *  - plan_get_tensor_shape(plan, tensor, tokens, int[] dtype) -> long[] dims (its length is the
+ *    rank; null where C says rank -1, the tensor not taken); dtype: null, or an int[1] that
+ *    receives the element type;
+ *  - plan_attach_fp8_state(plan, direct ByteBuffer or null): the array must stay put while
+ *    attached, which a Java array does not; plan_attach_fp8_state_ptr takes a raw address.
  *
- * Like the C API, the low-level tensor functions do not know the plan's shapes and so cannot
- * check array lengths: an array shorter than the plan needs is read or written out of bounds.
+ * Like the C API, the low-level tensor functions do not check array lengths: an array shorter
+ * than the call needs (plan_get_tensor_shape) is read or written out of bounds.
  * org.lnmlp.Plan checks every length; use it unless you need the raw calls.
  */
 %module LnmlpNative
@@ -169,6 +181,7 @@ LNMLP_RETURNS(lnmlp_plan_get_alignment, jlong, long)
 LNMLP_RETURNS(lnmlp_plan_get_state_bytes, jlong, long)
 LNMLP_RETURNS(lnmlp_plan_get_amax_history_length, jint, int)
 LNMLP_RETURNS(lnmlp_plan_get_quantizer_state, jfloat, float)
+LNMLP_RETURNS(lnmlp_plan_get_tensor_shape, jlongArray, long[])
 
 LNMLP_RETURNS_VOID(lnmlp_fp8_encode)
 LNMLP_RETURNS_VOID(lnmlp_fp8_decode)
@@ -189,9 +202,12 @@ LNMLP_RETURNS_VOID(lnmlp_desc_set_fp8_format)
 LNMLP_RETURNS_VOID(lnmlp_desc_set_delayed_scaling)
 LNMLP_RETURNS_VOID(lnmlp_desc_set_scaling_options)
 LNMLP_RETURNS_VOID(lnmlp_desc_set_sharding)
+LNMLP_RETURNS_VOID(lnmlp_desc_set_weight_gradients)
 LNMLP_RETURNS_VOID(lnmlp_desc_set_external_workspace)
 LNMLP_RETURNS_VOID(lnmlp_plan_destroy)
 LNMLP_RETURNS_VOID(lnmlp_plan_attach_workspace)
+LNMLP_RETURNS_VOID(lnmlp_plan_attach_fp8_state)
+LNMLP_RETURNS_VOID(lnmlp_plan_attach_fp8_state_ptr)
 LNMLP_RETURNS_VOID(lnmlp_plan_set_quantizer_state)
 LNMLP_RETURNS_VOID(lnmlp_plan_export_state)
 LNMLP_RETURNS_VOID(lnmlp_plan_import_state)
@@ -199,6 +215,7 @@ LNMLP_RETURNS_VOID(lnmlp_plan_forward)
 LNMLP_RETURNS_VOID(lnmlp_plan_backward)
 LNMLP_RETURNS_VOID(lnmlp_plan_forward_u16)
 LNMLP_RETURNS_VOID(lnmlp_plan_backward_u16)
+LNMLP_RETURNS_VOID(lnmlp_plan_backward_u16_f32grad)
 LNMLP_RETURNS_VOID(lnmlp_plan_forward_direct)
 LNMLP_RETURNS_VOID(lnmlp_plan_backward_direct)
 LNMLP_RETURNS_VOID(lnmlp_plan_forward_ptr)
@@ -239,6 +256,38 @@ LNMLP_RETURNS_VOID(lnmlp_plan_backward_ptr)
 %typemap(argout) int32_t* length "$result = (jint)v$argnum;"
 %typemap(in, numinputs=0) float* scale (float v = 0.0f) "$1 = &v;"
 %typemap(argout) float* scale "$result = (jfloat)v$argnum;"
+
+/* plan_get_tensor_shape: (rank, dims) become the returned long[] (length rank; null for rank -1);
+ * dtype is an optional int[] (null, or at least 1 element) that receives the element type. */
+%typemap(in, numinputs=0) (int32_t* rank, int64_t* dims)
+    (int32_t v_rank = -1, int64_t v_dims[LNMLP_MAX_TENSOR_RANK]) {
+  $1 = &v_rank;
+  $2 = v_dims;
+}
+%typemap(argout) (int32_t* rank, int64_t* dims) {
+  if (!(*jenv)->ExceptionCheck(jenv) && v_rank$argnum >= 0) {
+    jlong v[LNMLP_MAX_TENSOR_RANK];
+    int32_t k;
+    for (k = 0; k < v_rank$argnum && k < LNMLP_MAX_TENSOR_RANK; ++k) v[k] = (jlong)v_dims$argnum[k];
+    $result = (*jenv)->NewLongArray(jenv, (jsize)k);
+    if ($result) (*jenv)->SetLongArrayRegion(jenv, $result, 0, (jsize)k, v);
+  }
+}
+%typemap(jni) int32_t* dtype "jintArray"
+%typemap(jtype) int32_t* dtype "int[]"
+%typemap(jstype) int32_t* dtype "int[]"
+%typemap(javain) int32_t* dtype "$javainput"
+%typemap(in) int32_t* dtype (int32_t v = 0) {
+  $1 = &v;
+  if ($input && !(*jenv)->ExceptionCheck(jenv) && (*jenv)->GetArrayLength(jenv, $input) < 1)
+    SWIG_JavaThrowException(jenv, SWIG_JavaIllegalArgumentException, "dtype must be null or an int[1]");
+}
+%typemap(argout) int32_t* dtype {
+  if ($input && !(*jenv)->ExceptionCheck(jenv)) {
+    jint d = (jint)v$argnum;
+    (*jenv)->SetIntArrayRegion(jenv, $input, 0, 1, &d);
+  }
+}
 
 /* ---- Java arrays ----------------------------------------------------------------------------
  * ARRAY_IN / ARRAY_OUT: a Java primitive array (null -> NULL), pinned or copied with
@@ -363,12 +412,13 @@ LNMLP_DIRECT(void* DIRECT)
 %typemap(javain) void* PTR, const void* PTR "$javainput"
 %typemap(in) void* PTR, const void* PTR "$1 = ($1_ltype)(intptr_t)$input;"
 
-/* plan_forward / plan_backward: float[] tensors, direct saved buffer, long stream. */
+/* plan_forward / plan_backward: float[] tensors, direct saved buffer, float[] fp8_state (written
+ * back: the call updates it), long stream. attach_fp8_state: a direct buffer (it must not move). */
 %apply const void* F32_IN { const void* x, const void* gamma, const void* beta, const void* w1,
                             const void* b1, const void* w2, const void* b2, const void* dy };
 %apply void* F32_OUT { void* y, void* dx, void* dgamma, void* dbeta, void* dw1, void* db1,
-                       void* dw2, void* db2 };
-%apply void* DIRECT { void* saved };
+                       void* dw2, void* db2, void* fp8_state };
+%apply void* DIRECT { void* saved, void* state };
 %apply const void* DIRECT { const void* saved };
 %apply void* PTR { void* stream };
 %apply const void* PTR { const void* mpi_comm, const void* nccl_comm };
@@ -379,29 +429,54 @@ LNMLP_DIRECT(void* DIRECT)
 %clear const void* x, const void* gamma, const void* beta, const void* w1, const void* b1,
        const void* w2, const void* b2, const void* dy;
 %clear void* y, void* dx, void* dgamma, void* dbeta, void* dw1, void* db1, void* dw2, void* db2;
+/* fp8_state too: the _direct / _ptr variants' lnmlp_direct_t* / lnmlp_address_t* fp8_state would
+ * otherwise reduce to void* fp8_state and pick up the float[] argout (a Release of a non-array). */
+%clear void* fp8_state;
+%apply void* F32_OUT { float* fp8_state };
 
-/* bf16 / f16 plans: uint16_t bit patterns as short[]. */
+/* bf16 / f16 plans: uint16_t bit patterns as short[] (the FP8 state stays a float[]). */
 %apply const uint16_t* U16_IN { const uint16_t* x, const uint16_t* gamma, const uint16_t* beta,
                                 const uint16_t* w1, const uint16_t* b1, const uint16_t* w2,
                                 const uint16_t* b2, const uint16_t* dy };
 %apply uint16_t* U16_OUT { uint16_t* y, uint16_t* dx, uint16_t* dgamma, uint16_t* dbeta,
                            uint16_t* dw1, uint16_t* db1, uint16_t* dw2, uint16_t* db2 };
 %inline %{
-int32_t lnmlp_plan_forward_u16(lnmlp_plan* plan, const uint16_t* x, const uint16_t* gamma,
-                               const uint16_t* beta, const uint16_t* w1, const uint16_t* b1,
-                               const uint16_t* w2, const uint16_t* b2, uint16_t* y, void* saved,
+int32_t lnmlp_plan_forward_u16(lnmlp_plan* plan, int64_t tokens, const uint16_t* x,
+                               const uint16_t* gamma, const uint16_t* beta, const uint16_t* w1,
+                               const uint16_t* b1, const uint16_t* w2, const uint16_t* b2,
+                               uint16_t* y, void* saved, float* fp8_state, int32_t flags,
                                void* stream) {
-  return lnmlp_plan_forward(plan, x, gamma, beta, w1, b1, w2, b2, y, saved, stream);
+  return lnmlp_plan_forward(plan, tokens, x, gamma, beta, w1, b1, w2, b2, y, saved, fp8_state,
+                            flags, stream);
 }
-int32_t lnmlp_plan_backward_u16(lnmlp_plan* plan, const uint16_t* dy, const uint16_t* x,
-                                const uint16_t* gamma, const uint16_t* beta, const uint16_t* w1,
-                                const uint16_t* b1, const uint16_t* w2, const void* saved,
-                                uint16_t* dx, uint16_t* dgamma, uint16_t* dbeta, uint16_t* dw1,
-                                uint16_t* db1, uint16_t* dw2, uint16_t* db2, void* stream) {
-  return lnmlp_plan_backward(plan, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta, dw1,
-                             db1, dw2, db2, stream);
+int32_t lnmlp_plan_backward_u16(lnmlp_plan* plan, int64_t tokens, const uint16_t* dy,
+                                const uint16_t* x, const uint16_t* gamma, const uint16_t* beta,
+                                const uint16_t* w1, const uint16_t* b1, const uint16_t* w2,
+                                const void* saved, uint16_t* dx, uint16_t* dgamma,
+                                uint16_t* dbeta, uint16_t* dw1, uint16_t* db1, uint16_t* dw2,
+                                uint16_t* db2, float* fp8_state, int32_t flags, void* stream) {
+  return lnmlp_plan_backward(plan, tokens, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma,
+                             dbeta, dw1, db1, dw2, db2, fp8_state, flags, stream);
 }
 %}
+
+/* bf16 / f16 plans whose weight gradients are fp32 (desc_set_weight_gradients(desc, accumulate,
+ * DTYPE_F32), a "main_grad"): dW1, db1, dW2 and db2 are float[], the other tensors short[]. Like
+ * every raw call it trusts the plan's dtypes: org.lnmlp.Plan checks them (the shape query's). */
+%apply void* F32_OUT { float* dw1, float* db1, float* dw2, float* db2 };
+%inline %{
+int32_t lnmlp_plan_backward_u16_f32grad(lnmlp_plan* plan, int64_t tokens, const uint16_t* dy,
+                                        const uint16_t* x, const uint16_t* gamma,
+                                        const uint16_t* beta, const uint16_t* w1,
+                                        const uint16_t* b1, const uint16_t* w2, const void* saved,
+                                        uint16_t* dx, uint16_t* dgamma, uint16_t* dbeta,
+                                        float* dw1, float* db1, float* dw2, float* db2,
+                                        float* fp8_state, int32_t flags, void* stream) {
+  return lnmlp_plan_backward(plan, tokens, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma,
+                             dbeta, dw1, db1, dw2, db2, fp8_state, flags, stream);
+}
+%}
+%clear float* dw1, float* db1, float* dw2, float* db2;
 
 /* Any dtype, zero copy: every tensor a direct ByteBuffer in native byte order. */
 %{
@@ -415,40 +490,50 @@ typedef void lnmlp_address_t;
 %apply const void* PTR { const lnmlp_address_t* };
 %apply void* PTR { lnmlp_address_t* };
 %inline %{
-int32_t lnmlp_plan_forward_direct(lnmlp_plan* plan, const lnmlp_direct_t* x,
+int32_t lnmlp_plan_forward_direct(lnmlp_plan* plan, int64_t tokens, const lnmlp_direct_t* x,
                                   const lnmlp_direct_t* gamma, const lnmlp_direct_t* beta,
                                   const lnmlp_direct_t* w1, const lnmlp_direct_t* b1,
                                   const lnmlp_direct_t* w2, const lnmlp_direct_t* b2,
-                                  lnmlp_direct_t* y, lnmlp_direct_t* saved, void* stream) {
-  return lnmlp_plan_forward(plan, x, gamma, beta, w1, b1, w2, b2, y, saved, stream);
+                                  lnmlp_direct_t* y, lnmlp_direct_t* saved,
+                                  lnmlp_direct_t* fp8_state, int32_t flags, void* stream) {
+  return lnmlp_plan_forward(plan, tokens, x, gamma, beta, w1, b1, w2, b2, y, saved, fp8_state,
+                            flags, stream);
 }
-int32_t lnmlp_plan_backward_direct(lnmlp_plan* plan, const lnmlp_direct_t* dy,
+int32_t lnmlp_plan_backward_direct(lnmlp_plan* plan, int64_t tokens, const lnmlp_direct_t* dy,
                                    const lnmlp_direct_t* x, const lnmlp_direct_t* gamma,
                                    const lnmlp_direct_t* beta, const lnmlp_direct_t* w1,
                                    const lnmlp_direct_t* b1, const lnmlp_direct_t* w2,
                                    const lnmlp_direct_t* saved, lnmlp_direct_t* dx,
                                    lnmlp_direct_t* dgamma, lnmlp_direct_t* dbeta,
                                    lnmlp_direct_t* dw1, lnmlp_direct_t* db1, lnmlp_direct_t* dw2,
-                                   lnmlp_direct_t* db2, void* stream) {
-  return lnmlp_plan_backward(plan, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta, dw1,
-                             db1, dw2, db2, stream);
+                                   lnmlp_direct_t* db2, lnmlp_direct_t* fp8_state, int32_t flags,
+                                   void* stream) {
+  return lnmlp_plan_backward(plan, tokens, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma,
+                             dbeta, dw1, db1, dw2, db2, fp8_state, flags, stream);
 }
-int32_t lnmlp_plan_forward_ptr(lnmlp_plan* plan, const lnmlp_address_t* x,
+int32_t lnmlp_plan_forward_ptr(lnmlp_plan* plan, int64_t tokens, const lnmlp_address_t* x,
                                const lnmlp_address_t* gamma, const lnmlp_address_t* beta,
                                const lnmlp_address_t* w1, const lnmlp_address_t* b1,
                                const lnmlp_address_t* w2, const lnmlp_address_t* b2,
-                               lnmlp_address_t* y, lnmlp_address_t* saved, void* stream) {
-  return lnmlp_plan_forward(plan, x, gamma, beta, w1, b1, w2, b2, y, saved, stream);
+                               lnmlp_address_t* y, lnmlp_address_t* saved,
+                               lnmlp_address_t* fp8_state, int32_t flags, void* stream) {
+  return lnmlp_plan_forward(plan, tokens, x, gamma, beta, w1, b1, w2, b2, y, saved, fp8_state,
+                            flags, stream);
 }
-int32_t lnmlp_plan_backward_ptr(lnmlp_plan* plan, const lnmlp_address_t* dy,
+int32_t lnmlp_plan_backward_ptr(lnmlp_plan* plan, int64_t tokens, const lnmlp_address_t* dy,
                                 const lnmlp_address_t* x, const lnmlp_address_t* gamma,
                                 const lnmlp_address_t* beta, const lnmlp_address_t* w1,
                                 const lnmlp_address_t* b1, const lnmlp_address_t* w2,
                                 const lnmlp_address_t* saved, lnmlp_address_t* dx,
                                 lnmlp_address_t* dgamma, lnmlp_address_t* dbeta,
                                 lnmlp_address_t* dw1, lnmlp_address_t* db1, lnmlp_address_t* dw2,
-                                lnmlp_address_t* db2, void* stream) {
-  return lnmlp_plan_backward(plan, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta, dw1,
-                             db1, dw2, db2, stream);
+                                lnmlp_address_t* db2, lnmlp_address_t* fp8_state, int32_t flags,
+                                void* stream) {
+  return lnmlp_plan_backward(plan, tokens, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma,
+                             dbeta, dw1, db1, dw2, db2, fp8_state, flags, stream);
+}
+/* attach_fp8_state with a raw address (device memory for the CUDA backend; 0 = the plan's own). */
+int32_t lnmlp_plan_attach_fp8_state_ptr(lnmlp_plan* plan, lnmlp_address_t* state) {
+  return lnmlp_plan_attach_fp8_state(plan, state);
 }
 %}

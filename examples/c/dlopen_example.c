@@ -7,7 +7,7 @@
  * every output against a float64 reference written below.
  *
  *   cc -std=c99 -I include examples/c/dlopen_example.c -o dlopen_example -ldl -lm
- *   ./dlopen_example [path/to/liblnmlp.so.1]     (default: $LNMLP_LIBRARY, else "liblnmlp.so.1")
+ *   ./dlopen_example [path/to/liblnmlp.so.2]     (default: $LNMLP_LIBRARY, else "liblnmlp.so.2")
  *
  * Exit status: 0 when everything matches, 1 otherwise.
  */
@@ -33,11 +33,12 @@ typedef int32_t (*desc_set_bias_fn)(lnmlp_desc*, int32_t, int32_t);
 typedef int32_t (*plan_create_fn)(const lnmlp_desc*, lnmlp_plan**);
 typedef int32_t (*plan_destroy_fn)(lnmlp_plan*);
 typedef int32_t (*plan_get_i64_fn)(const lnmlp_plan*, int64_t*); /* saved bytes, alignment */
-typedef int32_t (*plan_forward_fn)(lnmlp_plan*, const void*, const void*, const void*, const void*,
-                                   const void*, const void*, const void*, void*, void*, void*);
-typedef int32_t (*plan_backward_fn)(lnmlp_plan*, const void*, const void*, const void*, const void*,
-                                    const void*, const void*, const void*, const void*, void*, void*,
-                                    void*, void*, void*, void*, void*, void*);
+/* forward/backward (ABI 2): plan, the call's tokens, the tensors, fp8_state, flags, stream. */
+typedef int32_t (*plan_forward_fn)(lnmlp_plan*, int64_t, const void*, const void*, const void*, const void*,
+                                   const void*, const void*, const void*, void*, void*, void*, int32_t, void*);
+typedef int32_t (*plan_backward_fn)(lnmlp_plan*, int64_t, const void*, const void*, const void*, const void*,
+                                    const void*, const void*, const void*, const void*, void*, void*, void*, void*,
+                                    void*, void*, void*, void*, int32_t, void*);
 
 /* Compile-time proof that each typedef matches the header's prototype: comparing pointers of
  * incompatible function types is a constraint violation, so a drift fails the build (-Werror).
@@ -230,7 +231,7 @@ int main(int argc, char** argv) {
   int k, bad = 1; /* pessimistic until the end */
   unsigned seed = 12345u;
 
-  if (path == NULL || path[0] == '\0') path = "liblnmlp.so.1";
+  if (path == NULL || path[0] == '\0') path = "liblnmlp.so.2";
   lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (lib == NULL) {
     fprintf(stderr, "dlopen(%s) failed: %s\n", path, dlerror());
@@ -271,9 +272,11 @@ int main(int argc, char** argv) {
   {
     unsigned char* p = (unsigned char*)saved;
     unsigned char* aligned = p + ((size_t)align - (size_t)((uintptr_t)p % (size_t)align)) % (size_t)align;
-    CALL(api.plan_forward(plan, in.x, in.gamma, in.beta, in.w1, in.b1, in.w2, in.b2, y, aligned, NULL));
-    CALL(api.plan_backward(plan, in.dy, in.x, in.gamma, in.beta, in.w1, in.b1, in.w2, aligned, dx, dgamma,
-                           dbeta, dw1, db1, dw2, db2, NULL));
+    /* All T tokens (a call may take 0 .. T); fp8_state NULL (no FP8 recipe), flags 0, stream NULL. */
+    CALL(api.plan_forward(plan, T, in.x, in.gamma, in.beta, in.w1, in.b1, in.w2, in.b2, y, aligned, NULL,
+                          LNMLP_CALL_DEFAULT, NULL));
+    CALL(api.plan_backward(plan, T, in.dy, in.x, in.gamma, in.beta, in.w1, in.b1, in.w2, aligned, dx, dgamma, dbeta,
+                           dw1, db1, dw2, db2, NULL, LNMLP_CALL_DEFAULT, NULL));
   }
 
   reference(&in, &want);

@@ -241,6 +241,18 @@ LNMLP_API int32_t lnmlp_desc_set_num_threads(lnmlp_desc* desc, int32_t num_threa
   });
 }
 
+LNMLP_API int32_t lnmlp_desc_set_weight_gradients(lnmlp_desc* desc, int32_t accumulate, int32_t dtype) {
+  return api_guard(__func__, [&] {
+    edit(desc, [&](Config& c) {
+      if (dtype != -1 && dtype != LNMLP_DTYPE_F32 && dtype != LNMLP_DTYPE_BF16 && dtype != LNMLP_DTYPE_F16)
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "dtype must be -1 (the plan's dtype) or an LNMLP_DTYPE_* value, got ",
+             dtype);
+      c.accumulate_grads = as_bool(accumulate, "accumulate");
+      c.param_grad_dtype = dtype;
+    });
+  });
+}
+
 LNMLP_API int32_t lnmlp_desc_set_recipe(lnmlp_desc* desc, int32_t recipe) {
   return api_guard(__func__, [&] {
     edit(desc, [&](Config& c) {
@@ -456,27 +468,33 @@ void require_workspace(const lnmlp_plan* plan) {
 }
 }  // namespace
 
-LNMLP_API int32_t lnmlp_plan_forward(lnmlp_plan* plan, const void* x, const void* gamma, const void* beta,
-                                     const void* w1, const void* b1, const void* w2, const void* b2, void* y,
-                                     void* saved, void* stream) {
+LNMLP_API int32_t lnmlp_plan_forward(lnmlp_plan* plan, int64_t tokens, const void* x, const void* gamma,
+                                     const void* beta, const void* w1, const void* b1, const void* w2, const void* b2,
+                                     void* y, void* saved, void* fp8_state, int32_t flags, void* stream) {
   return api_guard(__func__, [&] {
     PlanUse use(plan);
-    const ForwardArgs args{x, gamma, beta, w1, b1, w2, b2, y, saved, stream, plan->fp8_state};
+    const bool unchanged = check_call_flags(flags);
+    ForwardArgs args{tokens,   x, gamma, beta, w1, b1, w2, b2, y, saved, stream, static_cast<float*>(fp8_state),
+                     unchanged};
     check_forward_args(*plan, args);
+    if (args.fp8_state == nullptr) args.fp8_state = plan->state();
     require_workspace(plan);
     plan->engine->forward(args, plan->workspace);
   });
 }
 
-LNMLP_API int32_t lnmlp_plan_backward(lnmlp_plan* plan, const void* dy, const void* x, const void* gamma,
-                                      const void* beta, const void* w1, const void* b1, const void* w2,
-                                      const void* saved, void* dx, void* dgamma, void* dbeta, void* dw1, void* db1,
-                                      void* dw2, void* db2, void* stream) {
+LNMLP_API int32_t lnmlp_plan_backward(lnmlp_plan* plan, int64_t tokens, const void* dy, const void* x,
+                                      const void* gamma, const void* beta, const void* w1, const void* b1,
+                                      const void* w2, const void* saved, void* dx, void* dgamma, void* dbeta, void* dw1,
+                                      void* db1, void* dw2, void* db2, void* fp8_state, int32_t flags, void* stream) {
   return api_guard(__func__, [&] {
     PlanUse use(plan);
-    const BackwardArgs args{dy,     x,     gamma, beta, w1,  b1,  w2,     saved,          dx,
-                            dgamma, dbeta, dw1,   db1,  dw2, db2, stream, plan->fp8_state};
+    const bool unchanged = check_call_flags(flags);
+    BackwardArgs args{tokens,   dy,     x,     gamma, beta, w1,  b1,  w2,     saved,
+                      dx,       dgamma, dbeta, dw1,   db1,  dw2, db2, stream, static_cast<float*>(fp8_state),
+                      unchanged};
     check_backward_args(*plan, args);
+    if (args.fp8_state == nullptr) args.fp8_state = plan->state();
     require_workspace(plan);
     plan->engine->backward(args, plan->workspace);
   });

@@ -4,6 +4,8 @@
 #include <initializer_list>
 
 #include "common/error.h"
+#include "lnmlp.h"
+#include "plan/layout.h"
 
 namespace lnmlp {
 namespace {
@@ -16,6 +18,7 @@ struct Tensor {
   bool output;
   const char* why_null = "";  // why a NULL is required, when it is
   bool optional = false;      // with required: NULL is accepted too (the backend does not read it)
+  int64_t align = 0;          // the alignment it needs; 0: its element's (the I/O dtype)
 };
 
 constexpr const char* kNoBeta = " (RMSNorm has no beta)";
@@ -25,14 +28,22 @@ constexpr const char* kNoSaved = " (this plan saves nothing)";
 
 // Byte sizes of every tensor of the block in the plan's dtype.
 struct Sizes {
-  int64_t th, h, w1, b1, w2;
-  explicit Sizes(const Config& c) {
+  int64_t th, h, w1, b1, w2, saved;
+  int64_t g, dw1, db1, dw2, db2;  // dW1, db1, dW2, db2 in their dtype (g: its element's bytes)
+  Sizes(const lnmlp_plan& plan, int64_t tokens) {
+    const Config& c = plan.cfg;
     const int64_t e = numerics::dtype_bytes(c.dtype);
-    th = c.rows() * c.hidden * e;  // x, y, dy, dx: the local rows under sequence parallelism
+    th = tokens * c.hidden * e;  // x, y, dy, dx: the call's rows (this rank's under sequence parallelism)
+    saved = tokens == c.rows() ? plan.saved.total_bytes : make_saved_layout(c.for_call(tokens)).total_bytes;
     h = c.hidden * e;
     w1 = c.hidden * c.act_width() * e;
     b1 = c.act_width() * e;
     w2 = c.ffn * c.hidden * e;
+    g = numerics::dtype_bytes(c.param_grad_type());
+    dw1 = w1 / e * g;
+    db1 = b1 / e * g;
+    dw2 = w2 / e * g;
+    db2 = h / e * g;
   }
 };
 
@@ -47,7 +58,7 @@ void check_tensors(const lnmlp_plan& plan, std::initializer_list<Tensor> list, c
     if (!t.required && t.ptr != nullptr)
       fail(LNMLP_ERROR_INVALID_ARGUMENT, t.name, " must be NULL for this plan", t.why_null);
     if (t.ptr == nullptr) continue;
-    const int64_t align = (t.name == saved_name) ? plan.engine->alignment() : elem;
+    const int64_t align = (t.name == saved_name) ? plan.engine->alignment() : t.align > 0 ? t.align : elem;
     if (reinterpret_cast<uintptr_t>(t.ptr) % static_cast<uintptr_t>(align) != 0)
       fail(LNMLP_ERROR_MISALIGNED, t.name, " (", t.ptr, ") is not aligned to ", align, " bytes");
   }
@@ -67,23 +78,47 @@ void check_tensors(const lnmlp_plan& plan, std::initializer_list<Tensor> list, c
   }
 }
 
+// The call's token count, flags and FP8 state.
+void check_call(const lnmlp_plan& plan, int64_t tokens, const float* fp8_state) {
+  const int64_t most = plan.cfg.rows();
+  if (tokens < 0 || tokens > most)
+    fail(LNMLP_ERROR_INVALID_ARGUMENT, "tokens must be in [0, ", most, "] (the plan's ",
+         plan.cfg.sequence_parallel() ? "rows per rank" : "most tokens", "), got ", tokens);
+  if (fp8_state == nullptr) return;
+  if (!plan.recipe.stateful())
+    fail(LNMLP_ERROR_INVALID_ARGUMENT,
+         "fp8_state must be NULL: this plan's recipe keeps no quantizer state (only LNMLP_RECIPE_DELAYED does)");
+  if (reinterpret_cast<uintptr_t>(fp8_state) % alignof(float) != 0)
+    fail(LNMLP_ERROR_MISALIGNED, "fp8_state (", static_cast<const void*>(fp8_state), ") is not aligned to ",
+         alignof(float), " bytes");
+}
+
 }  // namespace
+
+bool check_call_flags(int32_t flags) {
+  if ((flags & ~LNMLP_CALL_WEIGHTS_UNCHANGED) != 0)
+    fail(LNMLP_ERROR_INVALID_ARGUMENT, "flags must be LNMLP_CALL_* values (LNMLP_CALL_DEFAULT, ",
+         "LNMLP_CALL_WEIGHTS_UNCHANGED), got ", flags);
+  return (flags & LNMLP_CALL_WEIGHTS_UNCHANGED) != 0;
+}
 
 void check_forward_args(const lnmlp_plan& plan, const ForwardArgs& a) {
   const Config& c = plan.cfg;
-  const Sizes s(c);
+  check_call(plan, a.tokens, a.fp8_state);
+  const Sizes s(plan, a.tokens);
+  const bool none = a.tokens == 0;  // a call with no tokens reads and writes no token's tensor: NULL is fine
   const bool saves = plan.saved.total_bytes > 0;
   static const char* const kSaved = "saved";
   check_tensors(plan,
-                {{"x", a.x, s.th, true, false},
+                {{"x", a.x, s.th, true, false, "", none},
                  {"gamma", a.gamma, s.h, true, false},
                  {"beta", a.beta, s.h, c.has_beta(), false, kNoBeta},
                  {"w1", a.w1, s.w1, true, false},
                  {"b1", a.b1, s.b1, c.has_bias1, false, kNoBias1},
                  {"w2", a.w2, s.w2, true, false},
                  {"b2", a.b2, s.h, c.has_bias2, false, kNoBias2},
-                 {"y", a.y, s.th, true, true},
-                 {kSaved, a.saved, plan.saved.total_bytes, saves, true, kNoSaved}},
+                 {"y", a.y, s.th, true, true, "", none},
+                 {kSaved, a.saved, s.saved, saves, true, kNoSaved, none}},
                 kSaved);
 }
 
@@ -93,25 +128,27 @@ void check_backward_args(const lnmlp_plan& plan, const BackwardArgs& a) {
     fail(LNMLP_ERROR_INVALID_ARGUMENT,
          "this plan was created with LNMLP_REMAT_FORWARD_ONLY and saves nothing for backward; "
          "create the plan with another remat policy to train");
-  const Sizes s(c);
+  check_call(plan, a.tokens, a.fp8_state);
+  const Sizes s(plan, a.tokens);
+  const bool none = a.tokens == 0;
   static const char* const kSaved = "saved";
   check_tensors(plan,
-                {{"dy", a.dy, s.th, true, false},
-                 {"x", a.x, s.th, true, false},
+                {{"dy", a.dy, s.th, true, false, "", none},
+                 {"x", a.x, s.th, true, false, "", none},
                  {"gamma", a.gamma, s.h, true, false},
                  {"beta", a.beta, s.h, c.has_beta(), false, kNoBeta},
                  {"w1", a.w1, s.w1, true, false},
                  // b1 is read only when GEMM1 is recomputed (SAVE_STATS); otherwise it may be NULL.
                  {"b1", a.b1, s.b1, c.has_bias1, false, kNoBias1, c.remat != Remat::SaveStats},
                  {"w2", a.w2, s.w2, true, false},
-                 {kSaved, a.saved, plan.saved.total_bytes, true, false},
-                 {"dx", a.dx, s.th, true, true},
+                 {kSaved, a.saved, s.saved, true, false, "", none},
+                 {"dx", a.dx, s.th, true, true, "", none},
                  {"dgamma", a.dgamma, s.h, true, true},
                  {"dbeta", a.dbeta, s.h, c.has_beta(), true, kNoBeta},
-                 {"dw1", a.dw1, s.w1, true, true},
-                 {"db1", a.db1, s.b1, c.has_bias1, true, kNoBias1},
-                 {"dw2", a.dw2, s.w2, true, true},
-                 {"db2", a.db2, s.h, c.has_bias2, true, kNoBias2}},
+                 {"dw1", a.dw1, s.dw1, true, true, "", false, s.g},
+                 {"db1", a.db1, s.db1, c.has_bias1, true, kNoBias1, false, s.g},
+                 {"dw2", a.dw2, s.dw2, true, true, "", false, s.g},
+                 {"db2", a.db2, s.db2, c.has_bias2, true, kNoBias2, false, s.g}},
                 kSaved);
 }
 

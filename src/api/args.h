@@ -1,11 +1,17 @@
-// Checks of the pointers handed to forward / backward, before anything is written.
+// Checks of what forward / backward are handed, before anything is written.
 #pragma once
+
+#include <cstdint>
 
 #include "plan.h"
 #include "plan/call_args.h"
 
 namespace lnmlp {
 
+// Throws unless flags are LNMLP_CALL_* flags this version knows; returns whether the weights are
+// unchanged (LNMLP_CALL_WEIGHTS_UNCHANGED).
+bool check_call_flags(int32_t flags);
+// Also check the call's token count and FP8 state.
 void check_forward_args(const lnmlp_plan& plan, const ForwardArgs& a);
 void check_backward_args(const lnmlp_plan& plan, const BackwardArgs& a);
 

@@ -54,7 +54,7 @@ void check_history(const float* h, int64_t n, int q) {
 // The whole state, copied to the host.
 std::vector<float> read_state(const lnmlp_plan& p) {
   std::vector<float> s(static_cast<size_t>(p.recipe.state_floats()));
-  p.engine->copy_to_host(s.data(), p.fp8_state, p.recipe.state_floats() * 4);
+  p.engine->copy_to_host(s.data(), p.state(), p.recipe.state_floats() * 4);
   return s;
 }
 
@@ -76,6 +76,17 @@ void init_fp8_state(lnmlp_plan& p) {
 }  // namespace lnmlp
 
 extern "C" {
+
+LNMLP_API int32_t lnmlp_plan_attach_fp8_state(lnmlp_plan* plan, void* state) {
+  return api_guard(__func__, [&] {
+    PlanUse use(plan);
+    require_stateful(*plan);
+    const uintptr_t align = plan->cfg.backend == BackendKind::Cuda ? 16 : alignof(float);
+    if (reinterpret_cast<uintptr_t>(state) % align != 0)
+      fail(LNMLP_ERROR_MISALIGNED, "state (", state, ") is not aligned to ", align, " bytes");
+    plan->attached_fp8_state = static_cast<float*>(state);
+  });
+}
 
 LNMLP_API int32_t lnmlp_plan_get_amax_history_length(const lnmlp_plan* plan, int32_t* length) {
   return api_guard(__func__, [&] {
@@ -118,7 +129,7 @@ LNMLP_API int32_t lnmlp_plan_set_quantizer_state(lnmlp_plan* plan, int32_t quant
     std::vector<float> q(static_cast<size_t>(stride));
     q[0] = scale;
     std::memcpy(q.data() + 1, amax_history, sizeof(float) * static_cast<size_t>(length));
-    plan->engine->copy_from_host(plan->fp8_state + quantizer * stride, q.data(), stride * 4);
+    plan->engine->copy_from_host(plan->state() + quantizer * stride, q.data(), stride * 4);
   });
 }
 
@@ -185,7 +196,7 @@ LNMLP_API int32_t lnmlp_plan_import_state(lnmlp_plan* plan, const void* blob, in
       check_scale(s[static_cast<size_t>(q * stride)], q);
       check_history(s.data() + q * stride + 1, stride - 1, q);
     }
-    plan->engine->copy_from_host(plan->fp8_state, s.data(), need - static_cast<int64_t>(sizeof h));
+    plan->engine->copy_from_host(plan->state(), s.data(), need - static_cast<int64_t>(sizeof h));
   });
 }
 

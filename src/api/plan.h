@@ -28,7 +28,11 @@ struct lnmlp_plan {
   int64_t workspace_bytes = 0;
   void* owned_workspace = nullptr;  // allocated by the plan (unless external workspace)
   void* workspace = nullptr;        // what execution uses: owned or attached
-  float* fp8_state = nullptr;       // quantizer state in the engine's memory (fp8_state.h), FP8 recipes only
+  float* fp8_state = nullptr;       // the plan's own quantizer state in the engine's memory (fp8_state.h), DELAYED only
+  float* attached_fp8_state = nullptr;  // the caller's, in use instead when attached (lnmlp_plan_attach_fp8_state)
+
+  // The state forward, backward and the state functions use when a call passes none.
+  float* state() const { return attached_fp8_state != nullptr ? attached_fp8_state : fp8_state; }
   std::atomic<bool> busy{false};    // set while a thread runs forward/backward or attaches
 
   ~lnmlp_plan() {

@@ -1,6 +1,7 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "schedule.h"
 
@@ -11,13 +12,31 @@ BlockEngine::BlockEngine(const Config& cfg, const SavedLayout& saved, std::uniqu
   // Size the workspace: the schedule, run without running anything (forward and backward each
   // from offset 0, over the same memory).
   Workspace fw(nullptr, false);
-  run_forward(*exec_, cfg_, saved_, ForwardArgs{}, fw);
+  run_forward(*exec_, cfg_, saved_, ForwardArgs{}, fw, nullptr);
   workspace_bytes_ = fw.bytes();
   if (trains(cfg_)) {
     Workspace bw(nullptr, false);
-    run_backward(*exec_, cfg_, saved_, BackwardArgs{}, bw);
+    run_backward(*exec_, cfg_, saved_, BackwardArgs{}, bw, nullptr);
     workspace_bytes_ = std::max(workspace_bytes_, bw.bytes());
   }
+}
+
+template <typename Args, typename Pass> void BlockEngine::run_call(const Args& a, void* workspace, Pass pass) {
+  const Config c = cfg_.for_call(a.tokens);
+  const SavedLayout saved = make_saved_layout(c);
+  exec_->prepare_tokens(c.tokens);
+  Workspace ws(workspace, true, workspace_bytes_);
+  try {
+    pass(*exec_, c, saved, a, ws, &weights_);
+  } catch (...) {
+    weights_.forget();  // a failed pass may have left a copy half made
+    throw;
+  }
+}
+
+void BlockEngine::keep_weights(bool unchanged, const void* workspace) {
+  if (!unchanged || weights_.workspace != workspace) weights_.forget();
+  weights_.workspace = workspace;
 }
 
 void BlockEngine::forward(const ForwardArgs& a, void* workspace) {
@@ -30,10 +49,12 @@ void BlockEngine::forward(const ForwardArgs& a, void* workspace) {
                          {"b2", a.b2},
                          {"y", a.y},
                          {"saved", a.saved},
+                         {"fp8_state", a.fp8_state},
                          {"workspace", workspace}},
                         a.stream);
-  Workspace ws(workspace, true);
-  run_forward(*exec_, cfg_, saved_, a, ws);
+  keep_weights(a.weights_unchanged, workspace);
+  if (a.tokens == 0) return;  // nothing to read or write; the FP8 state stays as it is
+  run_call(a, workspace, run_forward);
 }
 
 void BlockEngine::backward(const BackwardArgs& a, void* workspace) {
@@ -52,10 +73,22 @@ void BlockEngine::backward(const BackwardArgs& a, void* workspace) {
                          {"db1", a.db1},
                          {"dw2", a.dw2},
                          {"db2", a.db2},
+                         {"fp8_state", a.fp8_state},
                          {"workspace", workspace}},
                         a.stream);
-  Workspace ws(workspace, true);
-  run_backward(*exec_, cfg_, saved_, a, ws);
+  keep_weights(a.weights_unchanged, workspace);
+  if (a.tokens == 0) {
+    // No tokens: the parameters' gradients are zeros (on every rank: the group's calls all have
+    // no tokens), accumulating ones stay as they are, and nothing else is read or written.
+    const int64_t e = numerics::dtype_bytes(cfg_.dtype), H = cfg_.hidden, AF = cfg_.act_width();
+    const int64_t g = cfg_.accumulate_grads ? 0 : numerics::dtype_bytes(cfg_.param_grad_type());
+    const std::pair<void*, int64_t> grads[] = {{a.dgamma, H * e}, {a.dbeta, H * e},          {a.dw1, H * AF * g},
+                                               {a.db1, AF * g},   {a.dw2, cfg_.ffn * H * g}, {a.db2, H * g}};
+    for (const auto& [p, bytes] : grads)
+      if (p != nullptr && bytes > 0) exec_->zero(p, bytes, a.stream);
+    return;
+  }
+  run_call(a, workspace, run_backward);
 }
 
 }  // namespace lnmlp::block

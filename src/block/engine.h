@@ -11,6 +11,7 @@
 #include "plan/call_args.h"
 #include "plan/config.h"
 #include "plan/layout.h"
+#include "weight_copies.h"
 
 namespace lnmlp::block {
 
@@ -20,6 +21,7 @@ class Engine {
   virtual int64_t workspace_bytes() const = 0;
   // Alignment required of the saved buffer and of an attached workspace.
   virtual int64_t alignment() const = 0;
+  // One call of args.tokens rows (0 .. the plan's; checked by the C API).
   virtual void forward(const ForwardArgs& args, void* workspace) = 0;
   virtual void backward(const BackwardArgs& args, void* workspace) = 0;
   // Memory of the kind the engine executes on (host or device), and synchronous copies between it
@@ -50,10 +52,17 @@ class BlockEngine final : public Engine {
   }
 
  private:
+  // Forgets the kept weight copies unless the call's weights are unchanged and its workspace is
+  // the one they live in.
+  void keep_weights(bool unchanged, const void* workspace);
+  // One pass (run_forward or run_backward) of a call with a.tokens > 0 tokens.
+  template <typename Args, typename Pass> void run_call(const Args& a, void* workspace, Pass pass);
+
   Config cfg_;
   SavedLayout saved_;
   std::unique_ptr<Exec> exec_;
   int64_t workspace_bytes_ = 0;
+  WeightCopies weights_;
 };
 
 }  // namespace lnmlp::block

@@ -39,9 +39,12 @@ struct Mat {
   void* data = nullptr;
   DType type = DType::F32;
   int64_t rows = 0, cols = 0;
+  // An output the result is added into: each element becomes rnd(old + result), the result in
+  // fp32 (the parameter gradients under accumulation, lnmlp_desc_set_weight_gradients).
+  bool accumulate = false;
 };
 inline Mat mat(const void* data, DType type, int64_t rows, int64_t cols) {
-  return {const_cast<void*>(data), type, rows, cols};
+  return {const_cast<void*>(data), type, rows, cols, false};
 }
 
 // What one side of a GEMM reads (TransformerEngine's Tensor, small): the values in the
@@ -83,7 +86,7 @@ struct NormInputs {
 // The column reductions of backward, each over a fixed chunking of its rows (deterministic).
 enum class ColumnSum : int32_t { Db2 = 0, Db1, Dgamma, Dbeta };
 
-// Where a per-tensor scale comes from (DESIGN section 2), for tensor_scale.
+// Where a per-tensor scale comes from (docs/design.md, "FP8"), for tensor_scale.
 struct TensorScale {
   const float* given = nullptr;         // forward's scale (saved), so backward re-quantizes to its codes
   const float* state_scale = nullptr;   // delayed scaling: the state's scale
@@ -170,6 +173,9 @@ class Exec {
   virtual int64_t gathered_operands_bytes(int quantizer, int64_t rows, int64_t cols) const = 0;
   // Bytes of the fp32 tensor out that a quantizing producer writes (ProducerFp8::quantize).
   virtual int64_t fused_output_bytes(const Mat& out) const = 0;
+  // Whether one quantization of quantizer q's tensor gives one GEMM operand for both orientations
+  // (quantize_representations' `shared`).
+  virtual bool one_operand_for_both(int quantizer) const = 0;
 
   // ---- memory of the backend's kind (host or device) --------------------------------------------
   virtual int64_t alignment() const = 0;  // of the saved buffer and an attached workspace
@@ -179,6 +185,15 @@ class Exec {
   virtual void copy_from_host(void* dst, const void* host_src, int64_t bytes) = 0;
   // Throws when a pointer is not memory this backend executes on (the CUDA backend's device check).
   virtual void check_pointers(std::initializer_list<NamedPointer> pointers, void* stream) = 0;
+  // Sets `bytes` bytes at dst to zero, on `stream` (a call with no tokens: its parameter gradients).
+  virtual void zero(void* dst, int64_t bytes, void* stream) = 0;
+
+  // ---- one call ---------------------------------------------------------------------------------
+  // The group's token count of the passes that follow (1 .. the plan's): the GEMMs and
+  // reductions are prepared for it (block/token_cache.h); the sizes above stay those of the
+  // plan's maximum, which bound every smaller count's. Throws (changing nothing) when the backend
+  // cannot run that count.
+  virtual void prepare_tokens(int64_t tokens) = 0;
 
   // ---- one pass ---------------------------------------------------------------------------------
   // begin() before a pass's first primitive (live: a real pass, not the sizing run), end() after
@@ -232,12 +247,14 @@ class Exec {
   void column_sums(ColumnSum which, const Mat& in, float* partials) {
     if (live_) do_column_sums(which, in, partials);
   }
-  // out [1, n] = the partial sums summed in chunk order, in out.type (the dtype, or F32 for a sum
-  // over the group that follows).
+  // out [1, n] = the partial sums summed in chunk order, in out.type (the dtype, F32 for a sum
+  // over the group that follows, or a parameter gradient's dtype), added into out when it
+  // accumulates.
   void reduce_partials(ColumnSum which, const float* partials, const Mat& out) {
     if (live_) do_reduce_partials(which, partials, out);
   }
-  // out = rnd(acc + bias), bias [cols] in the dtype or NULL: an epilogue after a collective.
+  // out = rnd(acc + bias), bias [cols] in the dtype or NULL: an epilogue after a collective (out
+  // may accumulate: rnd(out + acc)).
   void bias_round(const Mat& acc, const void* bias, const Mat& out) {
     if (live_) do_bias_round(acc, bias, out);
   }
@@ -274,7 +291,8 @@ class Exec {
   }
 
   // out = rnd(op(a) @ op(b) * scale_inv_a * scale_inv_b (+ bias)) for the GEMM `role`
-  // (gemm_roles.h), out [m, n] in fp32 or the dtype as the role's spec says.
+  // (gemm_roles.h), out [m, n] in fp32 or the dtype as the role's spec says; added into out
+  // (rnd(out + product)) when the spec accumulates.
   void gemm(GemmRole role, const Operand& a, const Operand& b, const Mat& out, const void* bias) {
     if (live_) do_gemm(role, a, b, out, bias);
   }

@@ -1,4 +1,4 @@
-// The six GEMMs of one forward + backward of the block (DESIGN section 1): one table, read by the
+// The six GEMMs of one forward + backward of the block (docs/design.md, "What is computed"): one table, read by the
 // schedule (schedule.cpp), by every backend when it creates its GEMMs, and by lnmlp-bench's
 // "GEMMs alone" peer. Row-major:
 //
@@ -37,8 +37,10 @@ struct GemmSpec {
   int64_t m, n, k;
   bool trans_a, trans_b;
   int quantizer_a, quantizer_b;  // plan/fp8_recipe.h's Quantizer of each side
-  bool out_f32;                  // C in fp32: dact, dn, and GEMM2's partial sums when sharded; else the I/O dtype
+  bool out_f32;                  // C in fp32: dact, dn, GEMM2's partial sums when sharded, fp32 weight
+                                 // gradients; else the I/O dtype
   bool bias;                     // GEMM1 adds b1; GEMM2 adds b2 unless sharded (then after the group's sum)
+  bool accumulate = false;       // C += the product (dW1, dW2 under gradient accumulation)
 };
 
 // The GEMM `role` of the plan whose (shard's) Config is c.

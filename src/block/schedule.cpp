@@ -13,7 +13,7 @@ template <typename T> T* offset(T* p, int64_t i) { return p != nullptr ? p + i :
 // Its life is the pass's: it takes the backend's scratch and the quantizers' scalars first, and
 // begins the backend's pass (ending it when the pass returns or throws).
 struct Pass {
-  Pass(Exec& exec, const Config& cfg, const SavedLayout& sv, Workspace& w, void* st, float* state)
+  Pass(Exec& exec, const Config& cfg, const SavedLayout& sv, Workspace& w, void* st, float* state, WeightCopies* kept)
       : x(exec),
         c(cfg),
         saved(sv),
@@ -29,8 +29,12 @@ struct Pass {
         D(cfg.dtype),
         quantized(r.recipe != Recipe::None),
         sp(cfg.sequence_parallel()) {
+    // First, at the same offsets in every pass: the backend's scratch, the quantizers' scalars and
+    // the weights' slots, so that what one pass leaves there (weight_copies.h) a later one can use.
     void* scratch = ws.take_bytes(x.scratch_bytes(), 1, "backend scratch");
     sc = ws.take_if<QuantScalars>(quantized, kQuantizerCount, "quantizer scalars");
+    take_weight_slots();
+    weights = ws.live() ? kept : nullptr;
     x.begin(ws.live(), stream, scratch);
   }
   ~Pass() { x.end(); }
@@ -48,10 +52,19 @@ struct Pass {
   const DType D;
   const bool quantized, sp;
   QuantScalars* sc = nullptr;             // per quantizer, FP8 recipes
+  WeightCopies* weights = nullptr;        // the plan's kept weight copies (NULL while sizing)
+  void* weight_slot[2][2] = {};           // [weight][orientation] (weight_copies.h)
+  bool weight_shared[2] = {};             // one operand for both orientations
   float* used_scales = nullptr;           // forward: where the scales it uses are saved for backward
   const float* forward_scales = nullptr;  // backward: those scales
 
   Mat io(const void* p, int64_t rows, int64_t cols) const { return mat(p, D, rows, cols); }
+  // dW1, db1, dW2 or db2: in their dtype, added into when they accumulate.
+  Mat weight_grad(void* p, int64_t rows, int64_t cols) const {
+    Mat m = mat(p, c.param_grad_type(), rows, cols);
+    m.accumulate = c.accumulate_grads;
+    return m;
+  }
   Mat f32(const void* p, int64_t rows, int64_t cols) const { return mat(p, DType::F32, rows, cols); }
   Mat take(DType t, int64_t rows, int64_t cols, const char* what) {
     return mat(ws.take_bytes(checked_mul(rows, cols, what), numerics::dtype_bytes(t), what), t, rows, cols);
@@ -64,6 +77,43 @@ struct Pass {
   QuantScalars* scalars(int q) const { return offset(sc, q); }
   uint32_t* amax_of(int q) const { return sc != nullptr ? &sc[q].amax_bits : nullptr; }
   float* state_of(int q) const { return r.stateful() ? offset(fp8_state, q * r.state_stride()) : nullptr; }
+
+  // W1 [H, A*F] and W2 [F, H] as the GEMMs read them.
+  Mat weight(int w, const void* data) const { return w == WeightCopies::kW1 ? io(data, H, AF) : io(data, F, H); }
+
+  // The weights' slots: one for a plain operand (none when the GEMMs read the weight itself) or
+  // a quantization whose operand serves both orientations; else one per orientation the plan's
+  // GEMMs read (forward: columnwise; backward: rowwise).
+  void take_weight_slots() {
+    for (int w : {WeightCopies::kW1, WeightCopies::kW2}) {
+      const int q = w == WeightCopies::kW1 ? kW1 : kW2;
+      const Mat m = weight(w, nullptr);
+      const char* name = quantizer_name(q);
+      if (!quantized) {
+        weight_shared[w] = true;
+        weight_slot[w][0] = slot(x.plain_bytes(m), name);
+        continue;
+      }
+      weight_shared[w] = x.one_operand_for_both(q);
+      const bool backward = trains(c);
+      if (weight_shared[w]) {
+        weight_slot[w][0] = slot(x.quantize_bytes(quantize_call(q, m, true, backward)), name);
+        continue;
+      }
+      if (backward)
+        weight_slot[w][WeightCopies::kRowwise] = slot(x.quantize_bytes(quantize_call(q, m, true, false)), name);
+      weight_slot[w][WeightCopies::kColumnwise] = slot(x.quantize_bytes(quantize_call(q, m, false, true)), name);
+    }
+  }
+  QuantizeCall quantize_call(int q, const Mat& t, bool rowwise, bool columnwise) const {
+    QuantizeCall call;
+    call.quantizer = q;
+    call.x = t;
+    call.rowwise = rowwise;
+    call.columnwise = columnwise;
+    call.scale = r.per_tensor() ? scalars(q) : nullptr;
+    return call;
+  }
 
   // Collectives, on the pass's stream; nothing while sizing.
   void all_gather(const void* send, void* recv, int64_t count, CommType t) {
@@ -129,33 +179,91 @@ Saving saving(const Region& codes, const Region& scales, const void* base) {
 }
 
 QuantizeCall quantize_call(Pass& p, int q, const Mat& t, bool rowwise, bool columnwise, const Saving& save) {
-  QuantizeCall call;
-  call.quantizer = q;
-  call.x = t;
-  call.rowwise = rowwise;
-  call.columnwise = columnwise;
-  call.scale = p.r.per_tensor() ? p.scalars(q) : nullptr;
+  QuantizeCall call = p.quantize_call(q, t, rowwise, columnwise);
   call.save_columnwise = save.present;
   call.saved_codes = save.codes;
   call.saved_scales = save.scales;
   return call;
 }
 
+// A weight's quantization (weight_operands): into its own slot, and per tensor either with the
+// scale its kept copy of the other orientation was made with or with a scale taken as usual.
+struct WeightSlot {
+  void* slot;
+  bool scale_kept;
+};
+
 // The GEMM operands of tensor t, which the GEMMs read as quantizer q's: plain (one operand for
 // both orientations), or quantized into the representations asked for, saving the columnwise one
 // (amax_measured: t's producer measured its amax into the quantizer's scalars).
 Quantized operands(Pass& p, int q, const Mat& t, bool rowwise, bool columnwise, ScaleFrom from, Saving save = {},
-                   bool amax_measured = false) {
+                   bool amax_measured = false, const WeightSlot* weight = nullptr) {
   if (!p.quantized) {
     const Operand o = p.x.plain(t, p.slot(p.x.plain_bytes(t), quantizer_name(q)));
     return {o, o};
   }
-  if (p.r.per_tensor()) {
+  if (p.r.per_tensor() && !(weight != nullptr && weight->scale_kept)) {
     if (from == ScaleFrom::Own) own_scale(p, q, t, amax_measured);
     else forward_scale(p, q);
   }
   const QuantizeCall call = quantize_call(p, q, t, rowwise, columnwise, save);
-  return p.x.quantize(call, p.slot(p.x.quantize_bytes(call), quantizer_name(q)));
+  return p.x.quantize(call, weight != nullptr ? weight->slot : p.slot(p.x.quantize_bytes(call), quantizer_name(q)));
+}
+
+// The GEMM operands of weight w (WeightCopies::kW1, kW2) in the orientations asked for: the copies
+// an earlier call (or this call's forward) kept, where the caller said the weights are unchanged
+// since they were made (the engine forgets them otherwise), else made now into the weight's slots,
+// to be kept. Per tensor, the scale is the one the kept copies were made with; a weight's first
+// copy takes its scale as `from` says (its own amax in forward, forward's in backward).
+Quantized weight_operands(Pass& p, int w, const void* data, bool rowwise, bool columnwise, ScaleFrom from) {
+  const int q = w == WeightCopies::kW1 ? kW1 : kW2;
+  const Mat m = p.weight(w, data);
+  WeightCopies* kept = p.weights;
+  if (p.r.per_tensor() && kept != nullptr && kept->any(w) && p.used_scales != nullptr) {
+    // Forward reusing a copy: the scale it was made with is the one this forward uses, and what
+    // backward reads from the saved buffer.
+    QuantScalars* s = p.scalars(q);
+    p.x.tensor_scale({&s->scale, nullptr, nullptr, 1.0f, false, 0.0f, &s->scale, offset(p.used_scales, q)});
+  }
+  if (!p.quantized && p.x.plain_bytes(m) == 0) {
+    // The GEMMs read the weight itself: no copy to keep (a kept operand would hold the address
+    // of an earlier call's weight).
+    const Operand o = p.x.plain(m, nullptr);
+    return {o, o};
+  }
+  if (p.weight_shared[w]) {  // one operand serves both orientations
+    Operand o;
+    if (kept != nullptr && kept->made[w][0]) {
+      o = kept->operand[w][0];
+    } else {
+      const WeightSlot into{p.weight_slot[w][0], false};
+      o = p.quantized ? operands(p, q, m, true, trains(p.c), from, {}, false, &into).rowwise : p.x.plain(m, into.slot);
+      if (kept != nullptr) {
+        kept->made[w][0] = true;
+        kept->operand[w][0] = o;
+      }
+    }
+    return {rowwise ? o : Operand{}, columnwise ? o : Operand{}};
+  }
+  Quantized out;
+  const bool want[2] = {rowwise, columnwise};
+  for (int o : {WeightCopies::kRowwise, WeightCopies::kColumnwise}) {
+    if (!want[o]) continue;
+    Operand& dst = o == WeightCopies::kRowwise ? out.rowwise : out.columnwise;
+    if (kept != nullptr && kept->made[w][o]) {
+      dst = kept->operand[w][o];
+      continue;
+    }
+    const bool row = o == WeightCopies::kRowwise;
+    const WeightSlot into{p.weight_slot[w][o], kept != nullptr && kept->any(w)};
+    const Quantized made = operands(p, q, m, row, !row, from, {}, false, &into);
+    dst = row ? made.rowwise : made.columnwise;
+    if (kept != nullptr) {
+      kept->made[w][o] = true;
+      kept->operand[w][o] = dst;
+    }
+  }
+  return out;
 }
 
 // The GEMM operands (FP8 recipes) of a tensor [rows, cols] the pass makes itself in fp32 (ln_out,
@@ -248,20 +356,21 @@ Operand saved_operand(Pass& p, int q, const Region& codes, const Region& scales,
 // A parameter gradient from its partial sums, in chunk order; a replicated parameter's under
 // sequence parallelism (group: n floats of workspace) is then summed over the group in fp32 and
 // rounded once.
-void param_grad(Pass& p, ColumnSum which, const float* partials, void* out, int64_t n, bool replicated, float* group) {
+void param_grad(Pass& p, ColumnSum which, const float* partials, const Mat& out, bool replicated, float* group) {
   if (!(replicated && p.sp)) {
-    p.x.reduce_partials(which, partials, p.io(out, 1, n));
+    p.x.reduce_partials(which, partials, out);
     return;
   }
-  p.x.reduce_partials(which, partials, p.f32(group, 1, n));
-  p.all_reduce_sum(group, n);
-  p.x.bias_round(p.f32(group, 1, n), nullptr, p.io(out, 1, n));
+  p.x.reduce_partials(which, partials, p.f32(group, 1, out.cols));
+  p.all_reduce_sum(group, out.cols);
+  p.x.bias_round(p.f32(group, 1, out.cols), nullptr, out);
 }
 
 }  // namespace
 
-void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardArgs& a, Workspace& ws) {
-  Pass p(x, c, sv, ws, a.stream, a.fp8_state);
+void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardArgs& a, Workspace& ws,
+                 WeightCopies* weights) {
+  Pass p(x, c, sv, ws, a.stream, a.fp8_state, weights);
   p.used_scales = saved_at<float>(sv.fwd_scales, a.saved);
   const int64_t T = p.T, Tn = p.Tn, H = p.H, F = p.F, AF = p.AF;
 
@@ -272,7 +381,7 @@ void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardA
   const Operand ln = norm_forward(p, in, a.saved);
 
   // 2. h = ln @ W1 + b1; a = act(h), and GEMM2's operand of it.
-  const Operand w1 = operands(p, kW1, p.io(a.w1, H, AF), false, true, ScaleFrom::Own).columnwise;
+  const Operand w1 = weight_operands(p, WeightCopies::kW1, a.w1, false, true, ScaleFrom::Own).columnwise;
   const Mat h = p.saved_or_take(sv.h, a.saved, p.D, T, AF, "ffn1");
   Operand act_op;
   if (!p.quantized) {
@@ -287,7 +396,7 @@ void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardA
   }
 
   // 3. y = a @ W2 + b2; sharded, the fp32 partial sums summed over the group first.
-  const Operand w2 = operands(p, kW2, p.io(a.w2, F, H), false, true, ScaleFrom::Own).columnwise;
+  const Operand w2 = weight_operands(p, WeightCopies::kW2, a.w2, false, true, ScaleFrom::Own).columnwise;
   if (!c.sharded()) {
     x.gemm(GemmRole::Gemm2, act_op, w2, p.io(a.y, T, H), a.b2);
   } else {
@@ -304,8 +413,9 @@ void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardA
   x.finish();
 }
 
-void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const BackwardArgs& a, Workspace& ws) {
-  Pass p(x, c, sv, ws, a.stream, a.fp8_state);
+void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const BackwardArgs& a, Workspace& ws,
+                  WeightCopies* weights) {
+  Pass p(x, c, sv, ws, a.stream, a.fp8_state, weights);
   p.forward_scales = saved_at<float>(sv.fwd_scales, a.saved);
   const int64_t T = p.T, Tn = p.Tn, H = p.H, F = p.F, AF = p.AF;
   const bool recompute_h = !sv.h.present();
@@ -329,7 +439,7 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
   // 2. W1's operands (for dn; for GEMM1 when it is recomputed); h and a's operand for dW2:
   //    forward's saved tensors or codes, or GEMM1 and the activation again. (A policy that
   //    recomputes h saves no activation either.)
-  const Quantized w1 = operands(p, kW1, p.io(a.w1, H, AF), true, recompute_h, ScaleFrom::Forward);
+  const Quantized w1 = weight_operands(p, WeightCopies::kW1, a.w1, true, recompute_h, ScaleFrom::Forward);
   const Mat h = recompute_h ? p.take(p.D, T, AF, "ffn1") : p.io(saved_at<void>(sv.h, a.saved), T, AF);
   Operand act;
   if (sv.act_q.present()) {
@@ -361,10 +471,10 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
   const Quantized dyq = operands(p, kDy, dy, true, true, ScaleFrom::Own);
 
   // 4. GEMM2's gradients: dact = dy @ W2^T, dW2 = a^T @ dy.
-  const Quantized w2 = operands(p, kW2, p.io(a.w2, F, H), true, false, ScaleFrom::Forward);
+  const Quantized w2 = weight_operands(p, WeightCopies::kW2, a.w2, true, false, ScaleFrom::Forward);
   const Mat dact = p.take(DType::F32, T, F, "dact");
   x.gemm(GemmRole::Dact, dyq.rowwise, w2.rowwise, dact, nullptr);
-  x.gemm(GemmRole::Dw2, act, dyq.columnwise, p.io(a.dw2, F, H), nullptr);
+  x.gemm(GemmRole::Dw2, act, dyq.columnwise, p.weight_grad(a.dw2, F, H), nullptr);
 
   // 5. dh = dact * act'(h) with db1's partial sums: in the GEMMs' operand type, or fp32 for the
   //    quantizer.
@@ -384,7 +494,7 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
   // 6. GEMM1's gradients: dn = dh @ W1^T (a rank's partial sum when sharded), dW1 = ln^T @ dh.
   const Mat dn = p.take(DType::F32, T, H, "dln_out");
   x.gemm(GemmRole::Dn, dhq.rowwise, w1.rowwise, dn, nullptr);
-  x.gemm(GemmRole::Dw1, ln.columnwise, dhq.columnwise, p.io(a.dw1, H, AF), nullptr);
+  x.gemm(GemmRole::Dw1, ln.columnwise, dhq.columnwise, p.weight_grad(a.dw1, H, AF), nullptr);
   float* dn_local = ws.take_if<float>(p.sp, Tn * H, "reduce-scattered dln_out rows");
   const float* dn_rows = p.group_sum_rows(static_cast<float*>(dn.data), dn_local, H);
 
@@ -393,10 +503,10 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
   float* part_dbeta = ws.take_if<float>(c.has_beta(), x.partials_floats(ColumnSum::Dbeta), "dbeta partials");
   x.norm_backward(dn_rows, in, a.dx, part_dg, part_dbeta);
   float* group = ws.take_if<float>(p.sp, H, "group-summed parameter gradient");
-  param_grad(p, ColumnSum::Dgamma, part_dg, a.dgamma, H, true, group);
-  if (c.has_beta()) param_grad(p, ColumnSum::Dbeta, part_dbeta, a.dbeta, H, true, group);
-  if (c.has_bias1) param_grad(p, ColumnSum::Db1, part_db1, a.db1, AF, false, nullptr);
-  if (c.has_bias2) param_grad(p, ColumnSum::Db2, part_db2, a.db2, H, true, group);
+  param_grad(p, ColumnSum::Dgamma, part_dg, p.io(a.dgamma, 1, H), true, group);
+  if (c.has_beta()) param_grad(p, ColumnSum::Dbeta, part_dbeta, p.io(a.dbeta, 1, H), true, group);
+  if (c.has_bias1) param_grad(p, ColumnSum::Db1, part_db1, p.weight_grad(a.db1, 1, AF), false, nullptr);
+  if (c.has_bias2) param_grad(p, ColumnSum::Db2, part_db2, p.weight_grad(a.db2, 1, H), true, group);
 
   // 8. Delayed scaling: the backward quantizers move on.
   if (p.r.stateful())

@@ -1,6 +1,6 @@
-// THE block schedule: the steps of one forward and one backward of the feed-forward block (DESIGN
-// sections 1-4), written once for every backend, FP8 recipe, remat policy and sharding, over the
-// primitives of an Exec (exec.h).
+// THE block schedule: the steps of one forward and one backward of the feed-forward block
+// (docs/design.md, sections 1-4), written once for every backend, FP8 recipe, remat policy and
+// sharding, over the primitives of an Exec (exec.h).
 //
 //   forward:  norm -> ln | GEMM1 (+ b1) -> h | act -> a | GEMM2 (+ b2) -> y
 //   backward: what forward did not save, recomputed (norm, GEMM1, act) | dy: db2 | dact = dy W2^T
@@ -17,7 +17,7 @@
 // delayed scaling's state or from the amax, and delayed scaling records the amaxes after the pass;
 // backward re-quantizes forward's tensors with forward's scales.
 //
-// Sharding (DESIGN section 4): W1 column- and W2 row-parallel, so GEMM2's fp32 partial sums are
+// Sharding (docs/design.md, "Sharding"): W1 column- and W2 row-parallel, so GEMM2's fp32 partial sums are
 // all-reduced (reduce-scattered to this rank's rows under sequence parallelism) before b2, and dn
 // likewise before norm backward. Under sequence parallelism the norm runs on this rank's rows and
 // its output is all-gathered (as FP8 codes under a per-tensor recipe, whose scale is the group's;
@@ -33,12 +33,17 @@
 #include "plan/call_args.h"
 #include "plan/config.h"
 #include "plan/layout.h"
+#include "weight_copies.h"
 #include "workspace.h"
 
 namespace lnmlp::block {
 
 // One forward / backward of the plan whose (shard's) Config is c, over x, in the workspace ws.
-void run_forward(Exec& x, const Config& c, const SavedLayout& saved, const ForwardArgs& args, Workspace& ws);
-void run_backward(Exec& x, const Config& c, const SavedLayout& saved, const BackwardArgs& args, Workspace& ws);
+// weights: the plan's kept copies of W1 and W2, which the pass uses where they were made and keeps
+// what it makes (NULL: none kept, as while sizing).
+void run_forward(Exec& x, const Config& c, const SavedLayout& saved, const ForwardArgs& args, Workspace& ws,
+                 WeightCopies* weights);
+void run_backward(Exec& x, const Config& c, const SavedLayout& saved, const BackwardArgs& args, Workspace& ws,
+                  WeightCopies* weights);
 
 }  // namespace lnmlp::block

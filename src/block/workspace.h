@@ -9,19 +9,25 @@
 
 #include <cstdint>
 
+#include "common/error.h"
 #include "plan/layout.h"
 
 namespace lnmlp::block {
 
 class Workspace {
  public:
-  // live false: the sizing run (base is then ignored). A live workspace of 0 bytes may be NULL.
-  Workspace(void* base, bool live) : base_(static_cast<char*>(base)), live_(live) {}
+  // live false: the sizing run (base is then ignored). A live workspace of `capacity` bytes
+  // (0 bytes: base may be NULL) refuses a request beyond its end.
+  Workspace(void* base, bool live, int64_t capacity = 0)
+      : base_(static_cast<char*>(base)), live_(live), capacity_(capacity) {}
   bool live() const { return live_; }
 
   // count elements of elem_bytes each; NULL while sizing.
   void* take_bytes(int64_t count, int64_t elem_bytes, const char* what) {
     const Region r = alloc_.take(count, elem_bytes, what);
+    if (live_ && alloc_.total() > capacity_)
+      fail(LNMLP_ERROR_INTERNAL, "the workspace region for ", what, " ends at byte ", alloc_.total(),
+           ", beyond the plan's workspace of ", capacity_, " bytes");
     return live_ && base_ != nullptr ? base_ + r.offset : nullptr;
   }
   template <typename T> T* take(int64_t count, const char* what) {
@@ -36,6 +42,7 @@ class Workspace {
  private:
   char* base_;
   bool live_;
+  int64_t capacity_;
   RegionAllocator alloc_;
 };
 

@@ -41,7 +41,7 @@ class Communicator {
   virtual void all_reduce_max(const void* send, void* recv, int64_t count, CommType t, void* stream) = 0;
 };
 
-// The collective step of both backends' GEMM2 output and dn (DESIGN section 4): a rank's fp32
+// The collective step of both backends' GEMM2 output and dn (docs/design.md, "Sharding"): a rank's fp32
 // partial sums [rows, width] (all T rows) summed over the group: in place (all-reduce), or under
 // sequence parallelism into this rank's rows `local` [rows/P, width] (reduce-scatter). Returns
 // where this rank's summed rows are; with comm == NULL (an unsharded plan), partial itself.

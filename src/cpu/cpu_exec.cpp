@@ -4,10 +4,12 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <type_traits>
 
 #include "block/quantized_slot.h"
+#include "block/token_cache.h"
 #include "fp8_operands.h"
 #include "gemm.h"
 #include "gemm_plan.h"
@@ -57,16 +59,17 @@ class CpuExec final : public block::Exec {
     np_ = NormParams{c_.norm, c_.zero_centered_gamma, c_.epsilon, c_.hidden};
     quantized_ = r_.recipe != Recipe::None;
     decoded_ = fp8_operand_type(r_);
+    auto gemms = make_gemms(c_.tokens, -1);
     int64_t gemm_scratch = 0, staging = 0;
     for (GemmRole role : block::kAllGemmRoles) {
-      if (role != GemmRole::Gemm1 && role != GemmRole::Gemm2 && !block::trains(c_)) continue;
-      const CpuGemm g = cpu_gemm(block::gemm_spec(role, c_), c_);
-      Role& slot = gemms_[static_cast<int>(role)];
-      slot.gemm = make_gemm(g.shape);
-      slot.staged = g.staged;
-      gemm_scratch = std::max(gemm_scratch, slot.gemm->scratch_bytes());
-      if (g.staged) staging = std::max(staging, checked_mul(g.shape.m, g.shape.n, "a GEMM's fp32 result") * 4);
+      const Role& g = (*gemms)[static_cast<int>(role)];
+      if (g.gemm == nullptr) continue;
+      gemm_scratch = std::max(gemm_scratch, g.gemm->scratch_bytes());
+      const block::GemmSpec spec = block::gemm_spec(role, c_);
+      if (g.staged) staging = std::max(staging, checked_mul(spec.m, spec.n, "a GEMM's fp32 result") * 4);
     }
+    gemms_.pin(c_.tokens, std::move(gemms));
+    gemms_now_ = &gemms_.pinned();
     // The pass's scratch: the GEMM library's, the staged GEMM results, the quantizers' column bands.
     RegionAllocator a;
     gemm_scratch_ = a.take(gemm_scratch, 1, "GEMM scratch");
@@ -90,6 +93,9 @@ class CpuExec final : public block::Exec {
   int64_t fused_output_bytes(const Mat& out) const override {
     return checked_mul(out.rows, out.cols, "an FP8 quantizer's input") * 4;
   }
+  // Codes are decoded for the GEMMs, one operand for both orientations where the blocks do not
+  // depend on them (block/quantized_slot.h).
+  bool one_operand_for_both(int q) const override { return kind(q, Contract::Cols).orientation_free(); }
 
   // ---- memory ----
   int64_t alignment() const override { return kCpuAlignment; }
@@ -98,6 +104,12 @@ class CpuExec final : public block::Exec {
   void copy_to_host(void* dst, const void* src, int64_t n) override { std::memcpy(dst, src, static_cast<size_t>(n)); }
   void copy_from_host(void* dst, const void* src, int64_t n) override { std::memcpy(dst, src, static_cast<size_t>(n)); }
   void check_pointers(std::initializer_list<block::NamedPointer>, void*) override {}
+  void zero(void* dst, int64_t bytes, void*) override { std::memset(dst, 0, static_cast<size_t>(bytes)); }
+
+  // ---- one call ----
+  void prepare_tokens(int64_t tokens) override {
+    gemms_now_ = &gemms_.get(tokens, [&](int64_t t) { return make_gemms(t, gemm_scratch_.bytes); });
+  }
 
  protected:
   // ---- one pass ----
@@ -156,7 +168,7 @@ class CpuExec final : public block::Exec {
 
   Operand do_gemm1_act(const Operand& ln, const Operand& w1, const void* b1, const Mat& h, const Mat& act,
                        void* op_slot, block::ProducerFp8* fp8) override {
-    Role& g = gemms_[static_cast<int>(GemmRole::Gemm1)];
+    Role& g = (*gemms_now_)[static_cast<int>(GemmRole::Gemm1)];
     if (!g.staged) {  // the GEMM library writes h (f32, bf16) with b1
       do_gemm(GemmRole::Gemm1, ln, w1, h, b1);
       return do_act_forward(h, act, op_slot, fp8);
@@ -186,8 +198,10 @@ class CpuExec final : public block::Exec {
       constexpr bool G = decltype(gated)::value;
       float* part = db1 != nullptr ? db1 + ch * AF : nullptr;
       const auto* hs = typed<const storage_t<D>>(h);
-      if (round_to_io) {  // the GEMM's operand: D, or fp32 holding D's values (f16)
-        act_backward_rows<D, G, true>(c_.ffn, r0, r1, f0, f1, dact, hs, typed<operand_t<D>>(dh), part);
+      if (round_to_io && dh.type == D) {  // the GEMM's operand: D
+        act_backward_rows<D, G, true>(c_.ffn, r0, r1, f0, f1, dact, hs, typed<storage_t<D>>(dh), part);
+      } else if (round_to_io) {  // or fp32 holding D's values (operand_type)
+        act_backward_rows<D, G, true, float>(c_.ffn, r0, r1, f0, f1, dact, hs, typed<float>(dh), part);
       } else {
         act_backward_rows<D, G, false>(c_.ffn, r0, r1, f0, f1, dact, hs, typed<float>(dh), part);
       }
@@ -214,13 +228,13 @@ class CpuExec final : public block::Exec {
       for (int64_t j = 0; j < n; ++j) {  // chunks in order: deterministic
         float s = 0.0f;
         for (int ch = 0; ch < chunks_; ++ch) s += partials[ch * n + j];
-        o[j] = store<D>(s);
+        o[j] = store<D>(out.accumulate ? load<D>(o[j]) + s : s);
       }
     });
   }
 
   void do_bias_round(const Mat& acc, const void* bias, const Mat& out) override {
-    epilogue(typed<const float>(acc), acc.rows, acc.cols, 1.0f, bias, out.data);
+    epilogue(typed<const float>(acc), 1.0f, bias, out);
   }
 
   Operand do_plain(const Mat& m, void* slot) override {
@@ -310,7 +324,7 @@ class CpuExec final : public block::Exec {
 
   // ---- GEMM ----
   void do_gemm(GemmRole role, const Operand& a, const Operand& b, const Mat& out, const void* bias) override {
-    Role& g = gemms_[static_cast<int>(role)];
+    Role& g = (*gemms_now_)[static_cast<int>(role)];
     const float alpha = scale_inv_product(a, b);
     char* gemm_scratch = at<char>(gemm_scratch_, scratch_);
     if (!g.staged) {
@@ -320,7 +334,7 @@ class CpuExec final : public block::Exec {
     }
     float* acc = at<float>(staging_, scratch_);
     g.gemm->run(a.data, b.data, nullptr, acc, gemm_scratch);
-    epilogue(acc, out.rows, out.cols, alpha, bias, out.data);
+    epilogue(acc, alpha, bias, out);
   }
 
  private:
@@ -344,6 +358,29 @@ class CpuExec final : public block::Exec {
     std::unique_ptr<Gemm> gemm;
     bool staged = false;
   };
+  using GemmSet = std::array<Role, block::kGemmRoles>;
+
+  // The GEMMs of a pass over `tokens` tokens (the group's). scratch_limit: the GEMM scratch the
+  // plan's workspace holds (-1 at plan creation, which sizes it); a GEMM library that wants more
+  // for this count allocates its own instead.
+  std::unique_ptr<GemmSet> make_gemms(int64_t tokens, int64_t scratch_limit) const {
+    Config c = c_;
+    c.tokens = tokens;
+    auto set = std::make_unique<GemmSet>();
+    for (GemmRole role : block::kAllGemmRoles) {
+      if (role != GemmRole::Gemm1 && role != GemmRole::Gemm2 && !block::trains(c)) continue;
+      const CpuGemm g = cpu_gemm(block::gemm_spec(role, c), c);
+      Role& slot = (*set)[static_cast<int>(role)];
+      slot.gemm = make_gemm(g.shape);
+      if (scratch_limit >= 0 && slot.gemm->scratch_bytes() > scratch_limit) {
+        GemmShape own = g.shape;
+        own.library_scratch = true;
+        slot.gemm = make_gemm(own);
+      }
+      slot.staged = g.staged;
+    }
+    return set;
+  }
 
   template <typename Fn> void with_dtype(Fn&& fn) const { numerics::dispatch_dtype(c_.dtype, fn); }
 
@@ -392,13 +429,14 @@ class CpuExec final : public block::Exec {
     });
   }
 
-  // out [rows, cols] (the I/O dtype) = rnd(acc * alpha + bias).
-  void epilogue(const float* acc, int64_t rows, int64_t cols, float alpha, const void* bias, void* out) {
-    with_dtype([&](auto d) {
+  // out = rnd(acc * alpha + bias), or rnd(out + acc * alpha) when out accumulates (no bias then).
+  void epilogue(const float* acc, float alpha, const void* bias, const Mat& out) {
+    numerics::dispatch_dtype(out.type, [&](auto d) {
       constexpr DType D = decltype(d)::value;
       using S = storage_t<D>;
-      parallel_chunks(threads_, chunks_, rows, [&](int64_t r0, int64_t r1, int) {
-        scale_bias_rows<D>(cols, r0, r1, acc, alpha, static_cast<const S*>(bias), static_cast<S*>(out));
+      parallel_chunks(threads_, chunks_, out.rows, [&](int64_t r0, int64_t r1, int) {
+        if (out.accumulate) accumulate_rows<D>(out.cols, r0, r1, acc, alpha, typed<S>(out));
+        else scale_bias_rows<D>(out.cols, r0, r1, acc, alpha, static_cast<const S*>(bias), typed<S>(out));
       });
     });
   }
@@ -411,7 +449,8 @@ class CpuExec final : public block::Exec {
   int previous_threads_ = 1;
   bool quantized_ = false;
   GemmType decoded_ = GemmType::BF16;  // what FP8 codes are decoded into
-  Role gemms_[block::kGemmRoles];
+  block::TokenCache<GemmSet> gemms_;   // per token count; the plan's maximum pinned
+  GemmSet* gemms_now_ = nullptr;       // the current call's
   Region gemm_scratch_, staging_, work_;
   int64_t scratch_bytes_ = 0;
   char* scratch_ = nullptr;  // this pass's

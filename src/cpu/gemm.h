@@ -1,7 +1,8 @@
 // The CPU backend's GEMM seam: one object per GEMM shape of the block, created at plan creation
 // (where the library may choose kernels and size its scratch) and run many times without allocating.
 //
-//   C[m, n] = op(A) @ op(B) (+ bias[n]),  row-major, fp32 accumulation, C in fp32 or bf16.
+//   C[m, n] = op(A) @ op(B) (+ bias[n]),  row-major, fp32 accumulation, C in fp32 or bf16
+//   (or C += op(A) @ op(B): an accumulating weight gradient).
 //   op(A) is [m, k]: A is stored [m, k], or [k, m] when trans_a.
 //   op(B) is [k, n]: B is stored [k, n], or [n, k] when trans_b.
 #pragma once
@@ -21,6 +22,10 @@ struct GemmShape {
   GemmType input = GemmType::F32;
   GemmType output = GemmType::F32;
   bool bias = false;  // adds a bias row [n] of the input type, in fp32 before the output rounding
+  bool accumulate = false;  // C += op(A) @ op(B): C is read, and each element rounded once
+  // The library allocates its own scratch (scratch_bytes() 0): for a shape made after the plan's
+  // workspace was sized (another token count, block/token_cache.h) that wants more than it holds.
+  bool library_scratch = false;
 };
 
 class Gemm {

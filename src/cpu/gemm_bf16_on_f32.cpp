@@ -51,6 +51,8 @@ class Bf16OnF32Gemm final : public Gemm {
     widen(static_cast<const uint16_t*>(a), a32, shape_.m * shape_.k);
     widen(static_cast<const uint16_t*>(b), b32, shape_.k * shape_.n);
     if (bias32 != nullptr) widen(static_cast<const uint16_t*>(bias), bias32, shape_.n);
+    // An accumulating bf16 C: the fp32 GEMM adds into C's widened values.
+    if (narrow_c && shape_.accumulate) widen(static_cast<const uint16_t*>(c), c32, shape_.m * shape_.n);
     f32_->run(a32, b32, bias32, c32, base + inner_off_);
     if (narrow_c) narrow(c32, static_cast<uint16_t*>(c), shape_.m * shape_.n);
   }

@@ -38,10 +38,15 @@ class OneDnnGemm final : public Gemm {
     const memory::desc c_md({s.m, s.n}, type(s.output), memory::dims{s.n, 1});
     const memory::desc bias_md = s.bias ? memory::desc({1, s.n}, in, memory::dims{s.n, 1}) : memory::desc();
     dnnl::primitive_attr attr;
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (!s.library_scratch) attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (s.accumulate) {  // C = product + C, in fp32, rounded once
+      dnnl::post_ops ops;
+      ops.append_sum(1.0f);
+      attr.set_post_ops(ops);
+    }
     const dnnl::matmul::primitive_desc pd(s.bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md) : dnnl::matmul::desc(a_md, b_md, c_md), attr, cpu_engine());
     prim_ = dnnl::matmul(pd);
-    scratch_md_ = pd.scratchpad_desc();
+    if (!s.library_scratch) scratch_md_ = pd.scratchpad_desc();
     stream_ = dnnl::stream(cpu_engine());
     a_ = memory(a_md, cpu_engine(), DNNL_MEMORY_NONE);
     b_ = memory(b_md, cpu_engine(), DNNL_MEMORY_NONE);

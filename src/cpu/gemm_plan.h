@@ -2,12 +2,13 @@
 // (gemm.h): the operand and output types, and whether the result goes through fp32 staging. One
 // definition, used by the CPU backend (cpu_exec.cpp) and by lnmlp-bench's "GEMMs alone" peer.
 //
-// Plain operands: f32 and bf16 as they are (bf16 natively where the CPU has bf16 instructions,
-// else on fp32 copies inside the GEMM layer, gemm_bf16_on_f32.h); f16 on fp32 copies, since the
-// CPU GEMM libraries have no f16. FP8 operands: decoded into bf16 or fp32 (fp8_operand_type).
-// The library writes f32 and bf16 results directly and adds a forward GEMM's bias; an f16 or an
-// FP8 GEMM's result in the I/O dtype is staged in fp32, and a pass then applies the per-tensor
-// scales and the bias and rounds (cpu_exec.cpp).
+// Plain operands: f32 and bf16 as they are (bf16 where the GEMM library multiplies bf16 on this
+// CPU); f16, and bf16 elsewhere, on fp32 copies the backend makes (operand_type), since the CPU
+// GEMM libraries have no f16. FP8 operands: decoded into bf16 or fp32 (fp8_operand_type).
+// The library writes f32 and bf16 results directly, adds a forward GEMM's bias and adds into an
+// accumulating weight gradient; an f16 or an FP8 GEMM's result in the I/O dtype (and an FP8
+// GEMM's accumulating one) is staged in fp32, and a pass then applies the per-tensor scales and
+// the bias, or adds it into the gradient, and rounds (cpu_exec.cpp).
 #pragma once
 
 #include "isa.h"
@@ -22,8 +23,12 @@ inline namespace LNMLP_CPU_ISA {
 
 using numerics::DType;
 
-// The element type of the CPU's plain GEMM operand of an I/O-dtype tensor.
-constexpr DType operand_type(DType d) { return d == DType::F16 ? DType::F32 : d; }
+// The element type of the CPU's plain GEMM operand of an I/O-dtype tensor: fp32 for f16, and for
+// bf16 where the GEMM library has no bf16 GEMM on this CPU (the producers then write the fp32
+// copy in their own pass, and a weight's copy can be kept across calls, block/weight_copies.h).
+inline DType operand_type(DType d) {
+  return d == DType::F16 || (d == DType::BF16 && !gemm_native_bf16()) ? DType::F32 : d;
+}
 
 // The type FP8 codes are decoded into for the GEMM: bf16 holds every FP8 value, and every FP8
 // value times a power-of-two scale, exactly; only BLOCK with arbitrary fp32 scales needs fp32.
@@ -44,9 +49,13 @@ inline CpuGemm cpu_gemm(const block::GemmSpec& s, const Config& c) {
   const GemmType io = c.dtype == DType::BF16 ? GemmType::BF16 : GemmType::F32;
   const GemmType in =
       quantized ? fp8_operand_type(r) : (operand_type(c.dtype) == DType::BF16 ? GemmType::BF16 : GemmType::F32);
-  const bool staged = !s.out_f32 && (quantized || c.dtype == DType::F16);
+  // An accumulating FP8 GEMM is staged too: its scale_invs apply to the product, not to what it
+  // is added into.
+  const bool staged = (!s.out_f32 && (quantized || operand_type(c.dtype) != c.dtype)) || (s.accumulate && quantized);
   const GemmType out = s.out_f32 || staged ? GemmType::F32 : io;
-  return {{s.m, s.n, s.k, s.trans_a, s.trans_b, in, out, s.bias && !staged}, staged};
+  GemmShape shape{s.m, s.n, s.k, s.trans_a, s.trans_b, in, out, s.bias && !staged};
+  shape.accumulate = s.accumulate && !staged;
+  return {shape, staged};
 }
 
 }  // namespace LNMLP_CPU_ISA

@@ -30,15 +30,10 @@ inline namespace LNMLP_CPU_ISA {
 
 using namespace lnmlp::numerics;
 
-// The element type GEMMs read for an I/O dtype: bf16 GEMMs run natively; f16 values (already
-// rounded to f16) are widened to fp32, since the CPU GEMM libraries have no f16 path.
-template <DType D> struct OperandOf { using type = storage_t<D>; };
-template <> struct OperandOf<DType::F16> { using type = float; };
-template <DType D> using operand_t = typename OperandOf<D>::type;
-
-// The value v, rounded to D, as a GEMM operand.
-template <DType D> inline operand_t<D> to_operand(float v) {
-  if constexpr (D == DType::F16) return round_to<D>(v);
+// The value v, rounded to D, as a GEMM operand of element type Op: D's storage, or fp32 holding
+// D's value (f16, and bf16 where the CPU has no bf16 GEMM: gemm_plan.h's operand_type).
+template <DType D, typename Op> inline Op to_operand(float v) {
+  if constexpr (std::is_same_v<Op, float>) return round_to<D>(v);
   else return store<D>(v);
 }
 
@@ -197,23 +192,21 @@ void ffn1_act_rows(int64_t F, int64_t r0, int64_t r1, const F0& f0, const F1& f1
 }
 
 // Activation backward for rows [r0, r1): dh = dact * act'(h) (the gated product rule for two
-// functions, numerics/activation.h), written as GEMM operand (rounded to D), with the fp32 column
-// sums of dh added into db1_partial (when not NULL). h is the GEMM1 output in D.
-// With RoundDh false, dh is written unrounded in fp32 (FP8 recipes quantize that).
-template <DType D, bool Gated, bool RoundDh = true, typename F0, typename F1>
+// functions, numerics/activation.h), written as GEMM operand of element type DhT (rounded to D),
+// with the fp32 column sums of dh added into db1_partial (when not NULL). h is the GEMM1 output
+// in D. With RoundDh false, dh is written unrounded in fp32 (FP8 recipes quantize that).
+template <DType D, bool Gated, bool RoundDh = true, typename DhT = storage_t<D>, typename F0, typename F1>
 void act_backward_rows(int64_t F, int64_t r0, int64_t r1, const F0& f0, const F1& f1, const float* dact,
-                       const storage_t<D>* h, std::conditional_t<RoundDh, operand_t<D>, float>* dh,
-                       float* db1_partial) {
-  using DhT = std::conditional_t<RoundDh, operand_t<D>, float>;
-  auto out = [](float v) -> DhT {
-    if constexpr (RoundDh) return to_operand<D>(v);
+                       const storage_t<D>* h, std::conditional_t<RoundDh, DhT, float>* dh, float* db1_partial) {
+  auto out = [](float v) -> std::conditional_t<RoundDh, DhT, float> {
+    if constexpr (RoundDh) return to_operand<D, DhT>(v);
     else return v;
   };
   const int64_t AF = Gated ? 2 * F : F;
   for (int64_t r = r0; r < r1; ++r) {
     const float* gr = dact + r * F;
     const storage_t<D>* hr = h + r * AF;
-    DhT* dr = dh + r * AF;
+    auto* dr = dh + r * AF;
     // One pass writes dh and, when asked, adds its unrounded fp32 value into db1's partial sums;
     // chosen outside the loop so that the loop has no branches and vectorizes.
     auto pass = [&](auto with_db1) {
@@ -310,6 +303,18 @@ void scale_bias_rows(int64_t n, int64_t r0, int64_t r1, const float* acc, float 
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) o[j] = store<D>(a[j] * alpha);
     }
+  }
+}
+
+// out rows [r0, r1) of [*, n] += acc * alpha: each element rnd(out + acc * alpha), in fp32 (an
+// accumulating parameter gradient).
+template <DType D>
+void accumulate_rows(int64_t n, int64_t r0, int64_t r1, const float* acc, float alpha, storage_t<D>* out) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* a = acc + r * n;
+    storage_t<D>* o = out + r * n;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) o[j] = store<D>(load<D>(o[j]) + a[j] * alpha);
   }
 }
 

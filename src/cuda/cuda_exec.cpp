@@ -4,8 +4,10 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 
 #include "block/quantized_slot.h"
+#include "block/token_cache.h"
 #include "check.h"
 #include "devices.h"
 #include "fp8_kernels.h"
@@ -50,8 +52,7 @@ class CudaExec final : public block::Exec {
            kFp8GemmDimMultiple, " (got ", c_.tokens, ", ", c_.hidden, ", ", c_.ffn, ", ", c_.act_width(),
            "); pad the shape, or use LNMLP_RECIPE_NONE");
     op_f32_ = r_.recipe == Recipe::Block && !r_.power_2_scale;
-    chunk_h_ = column_chunking(c_.rows(), c_.hidden);  // dgamma, dbeta, db2: over this rank's rows
-    chunk_f_ = tile_chunking(c_.tokens, c_.ffn);       // db1: act_backward's tiles
+    set_chunking(c_.tokens);
     cublas_check(cublasLtCreate(&lt_), "cublasLtCreate");
     try {
       try {
@@ -78,6 +79,11 @@ class CudaExec final : public block::Exec {
   }
   DType operand_type() const override { return c_.dtype; }
   int64_t plain_bytes(const Mat&) const override { return 0; }
+  // FP8 tensor cores read K-major codes, so each orientation has its own (transposed) codes; an
+  // emulated recipe's decoded operand serves both where its blocks do not depend on them.
+  bool one_operand_for_both(int q) const override {
+    return path_ == Fp8Path::Emulated && kind(q, Contract::Cols).orientation_free();
+  }
   int64_t quantize_bytes(const block::QuantizeCall& call) const override { return QuantizeSlot(*this, call).bytes; }
   int64_t saved_operand_bytes(int, int64_t rows, int64_t cols) const override {
     return path_ == Fp8Path::Emulated ? checked_mul(rows, cols, "a decoded FP8 operand") * decoded_bytes() : 0;
@@ -124,6 +130,21 @@ class CudaExec final : public block::Exec {
   void check_pointers(std::initializer_list<block::NamedPointer> list, void* stream) override {
     ScopedDevice dev(device_);
     check_device_pointers(list, device_, kGemmPointerAlignment, static_cast<cudaStream_t>(stream));
+  }
+  void zero(void* dst, int64_t bytes, void* stream) override {
+    ScopedDevice dev(device_);
+    cuda_check(cudaMemsetAsync(dst, 0, static_cast<size_t>(bytes), static_cast<cudaStream_t>(stream)),
+               "cudaMemsetAsync (the gradients of a call with no tokens)");
+  }
+
+  // ---- one call ----
+  void prepare_tokens(int64_t tokens) override {
+    if ((path_ == Fp8Path::PerTensor || path_ == Fp8Path::NativeBlock) && tokens % kFp8GemmDimMultiple != 0)
+      fail(LNMLP_ERROR_NOT_SUPPORTED, "this plan's GEMMs run on FP8 tensor cores, which need a multiple of ",
+           kFp8GemmDimMultiple, " tokens (the group's, under sequence parallelism); this call has ", tokens);
+    ScopedDevice dev(device_);
+    gemms_now_ = &gemms_.get(tokens, [&](int64_t t) { return make_gemms(t, lt_workspace_.bytes); });
+    set_chunking(tokens);
   }
 
  protected:
@@ -178,10 +199,11 @@ class CudaExec final : public block::Exec {
   }
   void do_reduce_partials(ColumnSum which, const float* partials, const Mat& out) override {
     const int64_t chunks = which == ColumnSum::Db1 ? chunk_f_.chunks : chunk_h_.chunks;
-    cuda::reduce_partials(out.type, chunks, out.cols, partials, out.data, st_);
+    cuda::reduce_partials(out.type, chunks, out.cols, partials, out.accumulate, out.data, st_);
   }
   void do_bias_round(const Mat& acc, const void* bias, const Mat& out) override {
-    cuda::bias_round(out.type, static_cast<const float*>(acc.data), acc.rows, acc.cols, bias, out.data, st_);
+    cuda::bias_round(out.type, static_cast<const float*>(acc.data), acc.rows, acc.cols, bias, out.accumulate, out.data,
+                     st_);
   }
   Operand do_plain(const Mat& m, void*) override { return {m.data, nullptr}; }
 
@@ -249,17 +271,17 @@ class CudaExec final : public block::Exec {
 
   // ---- GEMM ----
   void do_gemm(GemmRole role, const Operand& a, const Operand& b, const Mat& out, const void* bias) override {
-    const Role& g = gemms_[static_cast<int>(role)];
+    const Role& g = (*gemms_now_)[static_cast<int>(role)];
     char* gemm_ws = at<char>(lt_workspace_, scratch_);
     if (g.staged) {
       float* acc = at<float>(staging_, scratch_);
       g.lt->run(a.data, b.data, nullptr, acc, gemm_ws, st_, a.scale_inv, b.scale_inv);
-      cuda::bias_round(out.type, acc, out.rows, out.cols, bias, out.data, st_);
+      cuda::bias_round(out.type, acc, out.rows, out.cols, bias, out.accumulate, out.data, st_);
       return;
     }
     g.lt->run(a.data, b.data, g.bias_in_epilogue ? bias : nullptr, out.data, gemm_ws, st_, a.scale_inv, b.scale_inv);
     if (g.bias_after && bias != nullptr)
-      cuda::bias_round(out.type, static_cast<const float*>(out.data), out.rows, out.cols, bias, out.data, st_);
+      cuda::bias_round(out.type, static_cast<const float*>(out.data), out.rows, out.cols, bias, false, out.data, st_);
   }
 
  private:
@@ -343,37 +365,67 @@ class CudaExec final : public block::Exec {
     bool bias_after = false;        // a kernel adds it after, in place
   };
 
-  void make_gemms() {
-    release_gemms();
-    int64_t lt_ws = 0, staging = 0;
+  using GemmSet = std::array<Role, block::kGemmRoles>;
+
+  // The GEMMs of a pass over `tokens` tokens (the group's), their algorithms chosen for at most
+  // max_workspace bytes of cuBLASLt workspace.
+  std::unique_ptr<GemmSet> make_gemms(int64_t tokens, int64_t max_workspace) const {
+    Config c = c_;
+    c.tokens = tokens;
+    auto set = std::make_unique<GemmSet>();
     for (GemmRole role : block::kAllGemmRoles) {
-      if (role != GemmRole::Gemm1 && role != GemmRole::Gemm2 && !block::trains(c_)) continue;
-      const block::GemmSpec s = block::gemm_spec(role, c_);
+      if (role != GemmRole::Gemm1 && role != GemmRole::Gemm2 && !block::trains(c)) continue;
+      const block::GemmSpec s = block::gemm_spec(role, c);
       const bool native_block = path_ == Fp8Path::NativeBlock;
-      CudaGemm plan = cuda_gemm(s, c_, native_block);
-      Role& g = gemms_[static_cast<int>(role)];
+      CudaGemm plan = cuda_gemm(s, c, native_block);
+      Role& g = (*set)[static_cast<int>(role)];
       try {
-        g.lt = std::make_unique<LtGemm>(lt_, plan.shape, kMaxGemmWorkspace, s.name);
+        g.lt = std::make_unique<LtGemm>(lt_, plan.shape, max_workspace, s.name);
       } catch (const Error& e) {
         // No algorithm writes this result type with this bias: stage it in fp32 instead.
         if (e.status() != LNMLP_ERROR_NOT_SUPPORTED || plan.shape.c == LtType::F32) throw;
-        plan = cuda_gemm(s, c_, native_block, false);
-        g.lt = std::make_unique<LtGemm>(lt_, plan.shape, kMaxGemmWorkspace, s.name);
+        plan = cuda_gemm(s, c, native_block, false);
+        g.lt = std::make_unique<LtGemm>(lt_, plan.shape, max_workspace, s.name);
       }
       g.staged = plan.staged;
       g.bias_in_epilogue = plan.shape.bias;
       g.bias_after = plan.bias_after;
-      lt_ws = std::max(lt_ws, g.lt->workspace_bytes());
-      if (plan.staged) staging = std::max(staging, checked_mul(s.m, s.n, "a GEMM's fp32 result") * 4);
     }
+    return set;
+  }
+
+  // The plan's GEMMs (its maximum tokens) and the scratch they need.
+  void make_gemms() {
+    release_gemms();
+    auto set = make_gemms(c_.tokens, kMaxGemmWorkspace);
+    int64_t lt_ws = 0, staging = 0;
+    for (GemmRole role : block::kAllGemmRoles) {
+      const Role& g = (*set)[static_cast<int>(role)];
+      if (g.lt == nullptr) continue;
+      lt_ws = std::max(lt_ws, g.lt->workspace_bytes());
+      const block::GemmSpec s = block::gemm_spec(role, c_);
+      if (g.staged) staging = std::max(staging, checked_mul(s.m, s.n, "a GEMM's fp32 result") * 4);
+    }
+    gemms_.pin(c_.tokens, std::move(set));
+    gemms_now_ = &gemms_.pinned();
     RegionAllocator a;
     lt_workspace_ = a.take(lt_ws, 1, "cuBLASLt workspace");
     staging_ = a.take(staging, 1, "GEMM fp32 staging");
     scratch_bytes_ = a.total();
   }
 
+  // The column reductions' chunking for `tokens` tokens (at most the plan's, whose chunks the
+  // partial sums' regions hold).
+  void set_chunking(int64_t tokens) {
+    Config c = c_;
+    c.tokens = tokens;
+    chunk_h_ = column_chunking(c.rows(), c.hidden);  // dgamma, dbeta, db2: over this rank's rows
+    chunk_f_ = tile_chunking(c.tokens, c.ffn);       // db1: act_backward's tiles
+  }
+
   void release_gemms() noexcept {
-    for (Role& g : gemms_) g = Role{};
+    gemms_.clear();
+    gemms_now_ = nullptr;
   }
   void release() noexcept {
     release_gemms();
@@ -400,7 +452,8 @@ class CudaExec final : public block::Exec {
   bool op_f32_ = false;  // emulated BLOCK: fp32 operands (block scales not powers of two)
   Chunking chunk_h_, chunk_f_;
   cublasLtHandle_t lt_ = nullptr;
-  Role gemms_[block::kGemmRoles];
+  block::TokenCache<GemmSet> gemms_;  // per token count; the plan's maximum pinned
+  GemmSet* gemms_now_ = nullptr;      // the current call's
   Region lt_workspace_, staging_;
   int64_t scratch_bytes_ = 0;
   // This pass's.

@@ -147,8 +147,8 @@ void LtGemm::run(const void* a, const void* b, const void* bias, void* c, void* 
   if (is_fp8(shape_.a))
     set_attr(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv, sizeof a_scale_inv,
              "cublasLtMatmulDescSetAttribute(B_SCALE_POINTER)");
-  const float one = 1.0f, zero = 0.0f;
-  const cublasStatus_t st = cublasLtMatmul(handle_, desc_, &one, b, layout_a_, a, layout_b_, &zero, c, layout_c_, c,
+  const float one = 1.0f, beta = shape_.accumulate ? 1.0f : 0.0f;  // C read and added to when accumulating
+  const cublasStatus_t st = cublasLtMatmul(handle_, desc_, &one, b, layout_a_, a, layout_b_, &beta, c, layout_c_, c,
                                            layout_c_, &algo_, workspace, static_cast<size_t>(workspace_bytes_), stream);
   if (st != CUBLAS_STATUS_SUCCESS)
     fail(LNMLP_ERROR_BACKEND, "cublasLtMatmul (", name_, " GEMM) failed: ", cublasLtGetStatusName(st), " (",

@@ -39,6 +39,7 @@ struct LtShape {
   LtType c = LtType::F32;                   // F32, BF16 or F16
   bool bias = false;                        // the BIAS epilogue, a bias[n] of type c
   LtScale scale_a = LtScale::Tensor, scale_b = LtScale::Tensor;  // FP8 sides only
+  bool accumulate = false;  // C += the product (beta 1; the scale_invs apply to the product only)
 };
 
 // The alignment cuBLASLt may assume of every pointer it is given (the heuristic is asked for

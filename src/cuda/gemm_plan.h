@@ -43,6 +43,7 @@ inline CudaGemm cuda_gemm(const block::GemmSpec& s, const Config& c, bool native
   const LtType io = lt_type(c.dtype);
   CudaGemm g;
   g.shape = {s.m, s.n, s.k, s.trans_a, s.trans_b, io, io, s.out_f32 ? LtType::F32 : io, s.bias};
+  g.shape.accumulate = s.accumulate;
   const ResolvedRecipe r = resolve_recipe(c.fp8);
   if (r.recipe == Recipe::None) return g;
   const bool codes = fp8_codes_gemm(r, native_block);
@@ -63,6 +64,7 @@ inline CudaGemm cuda_gemm(const block::GemmSpec& s, const Config& c, bool native
     g.staged = !s.out_f32;
     g.shape.c = LtType::F32;
     g.shape.bias = false;
+    g.shape.accumulate = s.accumulate && !g.staged;  // staged: the epilogue adds into the result
   } else if (codes && g.shape.bias && g.shape.c == LtType::F32) {
     g.shape.bias = false;
     g.bias_after = true;

@@ -116,6 +116,8 @@ void norm_param_grads(DType d, const NormSpec& s, const Chunking& ch, const floa
                       const float* rs, float* dgamma_partials, float* dbeta_partials, cudaStream_t stream);
 
 // out[j] = sum over c in order of partials[c * n + j], rounded to the dtype.
-void reduce_partials(DType d, int64_t chunks, int64_t n, const float* partials, void* out, cudaStream_t stream);
+// accumulate: out = rnd(out + sum) (an accumulating parameter gradient).
+void reduce_partials(DType d, int64_t chunks, int64_t n, const float* partials, bool accumulate, void* out,
+                     cudaStream_t stream);
 
 }  // namespace lnmlp::cuda

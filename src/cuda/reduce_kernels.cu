@@ -19,15 +19,14 @@ __global__ void __launch_bounds__(kColumnThreads)
   partials[blockIdx.y * cols + j] = s;
 }
 
-template <DType D>
-__global__ void __launch_bounds__(kColumnThreads)
-    reduce_partials_kernel(int64_t chunks, int64_t n, const float* __restrict__ partials,
+template <DType D> __global__ void __launch_bounds__(kColumnThreads)
+    reduce_partials_kernel(int64_t chunks, int64_t n, const float* __restrict__ partials, bool accumulate,
                            storage_t<D>* __restrict__ out) {
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kColumnThreads + threadIdx.x;
   if (j >= n) return;
   float s = 0.0f;
   for (int64_t c = 0; c < chunks; ++c) s += partials[c * n + j];
-  out[j] = store<D>(s);
+  out[j] = store<D>(accumulate ? load<D>(out[j]) + s : s);
 }
 
 }  // namespace
@@ -42,10 +41,11 @@ void column_sums(DType d, const Chunking& ch, int64_t rows, int64_t cols, const 
   });
 }
 
-void reduce_partials(DType d, int64_t chunks, int64_t n, const float* partials, void* out, cudaStream_t stream) {
+void reduce_partials(DType d, int64_t chunks, int64_t n, const float* partials, bool accumulate, void* out,
+                     cudaStream_t stream) {
   with_dtype(d, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
-    reduce_partials_kernel<D><<<column_blocks(n), kColumnThreads, 0, stream>>>(chunks, n, partials,
+    reduce_partials_kernel<D><<<column_blocks(n), kColumnThreads, 0, stream>>>(chunks, n, partials, accumulate,
                                                                                static_cast<storage_t<D>*>(out));
   });
 }

@@ -1,4 +1,4 @@
-// FP8 element formats and their conversions to and from fp32 (DESIGN.md, section 2).
+// FP8 element formats and their conversions to and from fp32 (docs/design.md, "FP8").
 //
 //  E4M3  the OCP / NVIDIA "e4m3fn" format: 1 sign, 4 exponent (bias 7), 3 mantissa bits.
 //        No infinities; NaN is S.1111.111 (0x7f / 0xff); max finite 448 (0x7e); smallest

@@ -1,4 +1,4 @@
-// Host reference quantizers over plain fp32 arrays (DESIGN.md, section 2), for every recipe: the
+// Host reference quantizers over plain fp32 arrays (docs/design.md, "FP8"), for every recipe: the
 // CPU backend calls them, and they are the specification the CUDA kernels must match bit for bit.
 // The scale arithmetic is in scaling.h, the element casts in fp8.h.
 //

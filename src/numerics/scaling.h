@@ -1,4 +1,4 @@
-// FP8 recipe arithmetic (DESIGN.md, section 2): how each recipe turns an amax into a scale.
+// FP8 recipe arithmetic (docs/design.md, "FP8"): how each recipe turns an amax into a scale.
 //
 // Conventions shared by every recipe:
 //   q = cast(x * scale)           quantize (cast: float_to_fp8, round to nearest even, saturating)
@@ -42,7 +42,7 @@ LNMLP_HD bool positive_finite(float v) {
 
 // ---- delayed scaling (per tensor, stateful) ---------------------------------------------------
 
-// DESIGN: scale = (fmt_max / amax_h) / 2^margin, where amax_h is the reduced amax history.
+// docs/design.md, "FP8": scale = (fmt_max / amax_h) / 2^margin, where amax_h is the reduced amax history.
 // If amax_h is 0 or not finite (NaN, inf) -- or negative, which no amax is -- the old scale is
 // returned unchanged.
 // If the quotient overflows fp32 (amax_h tiny), the scale is FLT_MAX, as TransformerEngine does:
@@ -67,7 +67,7 @@ LNMLP_HD float delayed_scale_update(float old_scale, float amax_h, float fmt_max
 // out of place (double-buffered, no host synchronization), each thread i writing
 // history_pushed_entry(old, i, amax) into the other buffer; or a single thread calls history_push.
 //
-// Reductions (DESIGN's algo):
+// Reductions (docs/design.md, "FP8": the amax reduction MAX or MOST_RECENT):
 //   use_max = true   "max": the largest entry over the whole history (newest included);
 //   use_max = false  "most_recent": hist[0].
 // The max propagates NaN: a NaN recorded in the history makes amax_h NaN (so the delayed update
@@ -110,9 +110,9 @@ LNMLP_HD float delayed_record_and_update(float* hist, int len, float amax, float
 
 // ---- current scaling (per tensor, stateless) --------------------------------------------------
 
-// DESIGN: scale = fmt_max / max(amax, amax_epsilon); with power_2_scale rounded DOWN to a power of
-// two, scale = 2^floor(log2(scale)), taken exactly from the fp32 scale's exponent bits (its
-// mantissa cleared). As TransformerEngine's compute_scale_from_amax:
+// docs/design.md, "FP8": scale = fmt_max / max(amax, amax_epsilon); with power_2_scale
+// rounded DOWN to a power of two, scale = 2^floor(log2(scale)), taken exactly from the fp32
+// scale's exponent bits (its mantissa cleared). As TransformerEngine's compute_scale_from_amax:
 //   - max(amax, amax_epsilon) == 0 (amax 0 and no epsilon) -> scale 1.0 (a zero tensor quantizes
 //     to zeros with any scale; 1.0 keeps scale_inv finite);
 //   - amax not finite (inf, NaN) -> scale 1.0 (NaN: max(NaN, eps) is taken as NaN);
@@ -142,9 +142,9 @@ LNMLP_HD float per_tensor_scale(const float* given, const float* state_scale, fl
 
 // ---- block scaling (1x128 / 128x128 blocks, fp32 scales) --------------------------------------
 
-// DESIGN "block": each block is scaled as current scaling scales a tensor, from the block's own
-// amax: scale = fmt_max / max(amax_block, amax_epsilon), optionally rounded down to a power of
-// two. An all-zero block (amax 0) gets scale 1.0; a block holding inf or NaN gets scale 1.0.
+// docs/design.md, "FP8", BLOCK: each block is scaled as current scaling scales a tensor, from
+// the block's own amax: scale = fmt_max / max(amax_block, amax_epsilon), optionally rounded down
+// to a power of two. An all-zero block (amax 0) gets scale 1.0; a block holding inf or NaN gets scale 1.0.
 LNMLP_HD float block_scale(float amax_block, float fmt_max, bool power_2_scale,
                            float amax_epsilon = 0.0f) {
   return current_scale(amax_block, fmt_max, power_2_scale, amax_epsilon);
@@ -175,7 +175,7 @@ LNMLP_HD float e8m0_to_float(uint8_t b) {
   return bits_float(bits);
 }
 
-// DESIGN: scale_inv = 2^e, e = ceil(log2(amax_block / fmt_max)), computed exactly (no division,
+// docs/design.md, "FP8", MXFP8: scale_inv = 2^e, e = ceil(log2(amax_block / fmt_max)), computed exactly (no division,
 // no log): write amax = ma * 2^ea and fmt_max = mm * 2^em with ma, mm in [1, 2). Then
 //   log2(amax / fmt_max) = (ea - em) + log2(ma / mm),  ma / mm in (1/2, 2),
 // so the ceiling is ea - em + 1 when ma > mm and ea - em otherwise (ma == mm: an exact power of

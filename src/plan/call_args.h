@@ -1,11 +1,14 @@
-// The tensors of one forward or backward call, as the C API receives them (DESIGN section 3),
+// The tensors of one forward or backward call, as the C API receives them (docs/design.md, "The plan and its calls"),
 // checked before they reach the engine (api/args.h): non-NULL where required, aligned, not
 // overlapping. Host pointers for the CPU backend, device pointers for the CUDA backend.
 #pragma once
 
+#include <cstdint>
+
 namespace lnmlp {
 
 struct ForwardArgs {
+  int64_t tokens;  // rows of x and y in this call (this rank's under sequence parallelism)
   const void* x;
   const void* gamma;
   const void* beta;  // NULL for rmsnorm
@@ -16,10 +19,12 @@ struct ForwardArgs {
   void* y;
   void* saved;  // NULL when the plan saves nothing
   void* stream;
-  float* fp8_state;  // the plan's delayed-scaling state in backend memory (plan/fp8_recipe.h); NULL otherwise
+  float* fp8_state;        // the call's delayed-scaling state in backend memory (plan/fp8_recipe.h); NULL otherwise
+  bool weights_unchanged;  // LNMLP_CALL_WEIGHTS_UNCHANGED: W1, W2 as when the plan's kept copies were made
 };
 
 struct BackwardArgs {
+  int64_t tokens;  // as in ForwardArgs
   const void* dy;
   const void* x;
   const void* gamma;
@@ -36,7 +41,8 @@ struct BackwardArgs {
   void* dw2;
   void* db2;
   void* stream;
-  float* fp8_state;  // as in ForwardArgs
+  float* fp8_state;        // as in ForwardArgs
+  bool weights_unchanged;  // as in ForwardArgs
 };
 
 }  // namespace lnmlp

@@ -38,7 +38,7 @@ struct Fp8Options {
 
 class Communicator;  // comm.h
 
-// Tensor-parallel sharding (DESIGN section 4, lnmlp_desc_set_sharding).
+// Tensor-parallel sharding (docs/design.md, "Sharding", lnmlp_desc_set_sharding).
 struct Sharding {
   int32_t size = 1;
   int32_t rank = 0;
@@ -71,12 +71,23 @@ struct Config {
   int32_t device = 0;
   int32_t num_threads = 0;  // CPU: 0 = every core
   bool external_workspace = false;
+  // The parameter gradients dW1, db1, dW2, db2 (lnmlp_desc_set_weight_gradients): added into the
+  // caller's buffers instead of overwriting them, and their dtype (-1: the I/O dtype).
+  bool accumulate_grads = false;
+  int32_t param_grad_dtype = -1;
   Fp8Options fp8;
   Sharding shard;
 
   // Rows of x, y, dy, dx and of the norm statistics: T, or T/P under sequence parallelism.
   int64_t rows() const { return shard.sequence_parallel ? tokens / shard.size : tokens; }
-  // Whether the plan runs the collectives of DESIGN section 4. A plan's Config keeps a
+  // A plan's Config for a call with `call_rows` rows of x (0 .. rows()): the Config of a plan made
+  // for that many tokens, so the call computes what that plan computes.
+  Config for_call(int64_t call_rows) const {
+    Config c = *this;
+    c.tokens = shard.sequence_parallel ? call_rows * shard.size : call_rows;
+    return c;
+  }
+  // Whether the plan runs the collectives of docs/design.md, "Sharding". A plan's Config keeps a
   // communicator only when it shards (shard_config): a group of P > 1, or an NCCL communicator,
   // which a CUDA plan uses even at P = 1.
   bool sharded() const { return shard.comm != nullptr; }
@@ -85,6 +96,8 @@ struct Config {
   int64_t act_width() const { return num_acts * ffn; }  // A*F, the GEMM1 output width
   bool has_beta() const { return norm == Norm::LayerNorm; }
   bool quantized() const { return fp8.recipe != Recipe::None; }
+  // The dtype of dW1, db1, dW2 and db2.
+  DType param_grad_type() const { return param_grad_dtype < 0 ? dtype : static_cast<DType>(param_grad_dtype); }
 };
 
 // Checks the whole configuration; throws lnmlp::Error with a message naming what to change.

@@ -1,4 +1,4 @@
-// Sharding at plan creation: the checks of DESIGN section 4's preconditions and the shard's Config.
+// Sharding at plan creation: the preconditions of docs/design.md, "Sharding", checked, and the shard's Config.
 #pragma once
 
 #include "config.h"

@@ -29,6 +29,11 @@ void validate_config(const Config& cfg) {
            "clamped_silu and clamped_linear only come as the pair (clamped_silu, clamped_linear)");
   }
 
+  if (cfg.param_grad_type() != cfg.dtype && cfg.param_grad_type() != DType::F32)
+    fail(LNMLP_ERROR_INVALID_ARGUMENT, "the weight gradients' dtype (", cfg.param_grad_dtype,
+         ") must be LNMLP_DTYPE_F32 or the plan's dtype (", static_cast<int32_t>(cfg.dtype),
+         "); see lnmlp_desc_set_weight_gradients");
+
   // CUDA: any ordinal >= 0 (the setter checks that); whether it exists is the module's check at
   // plan creation (LNMLP_ERROR_NOT_SUPPORTED naming the devices present).
   if (cfg.backend == BackendKind::Cpu && cfg.device != 0)

@@ -60,11 +60,11 @@ Allocations measure(int64_t T, int32_t dtype, int32_t remat, int32_t threads, in
   std::vector<unsigned char> saved_store(static_cast<size_t>(saved_bytes) + 64);
   void* saved = saved_store.data() + (64 - reinterpret_cast<uintptr_t>(saved_store.data()) % 64) % 64;
   auto step = [&] {
-    int32_t s1 = lnmlp_plan_forward(p, x.data(), g.data(), b.data(), w1.data(), b1.data(), w2.data(), b2.data(),
-                                    y.data(), saved, nullptr);
-    int32_t s2 = lnmlp_plan_backward(p, dy.data(), x.data(), g.data(), b.data(), w1.data(), b1.data(), w2.data(),
+    int32_t s1 = lnmlp_plan_forward(p, T, x.data(), g.data(), b.data(), w1.data(), b1.data(), w2.data(), b2.data(),
+                                    y.data(), saved, nullptr, LNMLP_CALL_DEFAULT, nullptr);
+    int32_t s2 = lnmlp_plan_backward(p, T, dy.data(), x.data(), g.data(), b.data(), w1.data(), b1.data(), w2.data(),
                                      saved, dx.data(), dg.data(), dbeta.data(), dw1.data(), db1.data(), dw2.data(),
-                                     db2.data(), nullptr);
+                                     db2.data(), nullptr, LNMLP_CALL_DEFAULT, nullptr);
     return s1 == LNMLP_SUCCESS && s2 == LNMLP_SUCCESS;
   };
   Allocations a;

@@ -90,7 +90,8 @@ int main(void) {
   CALL(lnmlp_desc_destroy(desc));
 
   /* A failure is reported, not crashed on. */
-  CHECK(lnmlp_plan_forward(plan, NULL, gamma, beta, w1, b1, w2, b2, y, NULL, NULL) == LNMLP_ERROR_NULL_POINTER);
+  CHECK(lnmlp_plan_forward(plan, T, NULL, gamma, beta, w1, b1, w2, b2, y, NULL, NULL, LNMLP_CALL_DEFAULT, NULL) ==
+        LNMLP_ERROR_NULL_POINTER);
   CHECK(lnmlp_last_error()[0] != '\0');
 
   CALL(lnmlp_plan_get_saved_bytes(plan, &saved_bytes));
@@ -103,9 +104,9 @@ int main(void) {
     if (raw == NULL) return 1;
     off = (size_t)((uintptr_t)align - (uintptr_t)raw % (uintptr_t)align) % (size_t)align;
     saved = raw + off;
-    CALL(lnmlp_plan_forward(plan, x, gamma, beta, w1, b1, w2, b2, y, saved, NULL));
-    CALL(lnmlp_plan_backward(plan, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta, dw1, db1, dw2, db2,
-                             NULL));
+    CALL(lnmlp_plan_forward(plan, T, x, gamma, beta, w1, b1, w2, b2, y, saved, NULL, LNMLP_CALL_DEFAULT, NULL));
+    CALL(lnmlp_plan_backward(plan, T, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta, dw1, db1, dw2, db2,
+                             NULL, LNMLP_CALL_DEFAULT, NULL));
     free(raw);
   }
   CALL(lnmlp_plan_destroy(plan));

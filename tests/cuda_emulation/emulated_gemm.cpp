@@ -2,8 +2,8 @@
 // GEMM on the host from the same LtShape, with src/numerics' conversions, docs/fp8.md's contract
 // (products of FP8 values accumulated in fp32, each 128-block of K scaled by its two scale_invs,
 // or the whole K by the per-tensor ones), the block scales read where numerics/quantize.h's
-// gemm_*_scale_index put them, the bias, and the result in its type. It checks what cuBLASLt would
-// refuse that lnmlp relies on (FP8 operands K-major, a bias pointer with a bias epilogue).
+// gemm_*_scale_index put them, the bias, the result in its type (added to C's values with beta 1). It checks what
+// cuBLASLt would refuse that lnmlp relies on (FP8 operands K-major, a bias pointer with a bias epilogue).
 // LNMLP_EMULATION_NO_BLOCK_SCALING and LNMLP_EMULATION_NO_FUSED_OUTPUT make it refuse block
 // scaling, or FP8 results in bf16/f16, as a GPU or cuBLASLt without them does, so the backend's
 // fallbacks run too.
@@ -96,6 +96,7 @@ void LtGemm::run(const void* a, const void* b, const void* bias, void* c, void*,
         acc += part * sa * sb;
       }
       if (s.bias) acc += value(s.c, bias, j);
+      if (s.accumulate) acc += value(s.c, c, i * s.n + j);  // beta 1
       put(s.c, c, i * s.n + j, acc);
     }
 }

@@ -101,14 +101,23 @@ struct PlanSharding {
   lnmlp_comm* comm = nullptr;
 };
 
+// ABI 2's options of a plan's calls: its most tokens (0: the problem's) and its weight gradients.
+struct PlanCalls {
+  int64_t max_tokens = 0;
+  int32_t accumulate = 0;
+  int32_t grad_dtype = -1;
+};
+
 // A plan for the problem on one backend.
 inline lnmlp_plan* make_plan(const Problem& pr, int32_t remat, int32_t backend, int32_t device = 0,
-                              int32_t recipe = LNMLP_RECIPE_NONE, const PlanSharding& shard = PlanSharding{}) {
+                             int32_t recipe = LNMLP_RECIPE_NONE, const PlanSharding& shard = PlanSharding{},
+                             const PlanCalls& calls = PlanCalls{}) {
   const auto& c = pr.cfg;
   lnmlp_desc* d = nullptr;
   LNMLP_TEST_CHECK(lnmlp_desc_create(&d));
   std::unique_ptr<lnmlp_desc, int32_t (*)(lnmlp_desc*)> guard(d, lnmlp_desc_destroy);
-  LNMLP_TEST_CHECK(lnmlp_desc_set_shape(d, c.tokens, c.hidden, c.ffn));
+  LNMLP_TEST_CHECK(lnmlp_desc_set_shape(d, calls.max_tokens > 0 ? calls.max_tokens : c.tokens, c.hidden, c.ffn));
+  LNMLP_TEST_CHECK(lnmlp_desc_set_weight_gradients(d, calls.accumulate, calls.grad_dtype));
   LNMLP_TEST_CHECK(
       lnmlp_desc_set_norm(d, c.norm == lnmlp_ref::Norm::LayerNorm ? LNMLP_NORM_LAYERNORM : LNMLP_NORM_RMSNORM));
   LNMLP_TEST_CHECK(lnmlp_desc_set_zero_centered_gamma(d, c.zero_centered_gamma ? 1 : 0));
@@ -163,14 +172,16 @@ struct DeviceOutputs {
 };
 
 inline int32_t device_forward(lnmlp_plan* p, const DeviceInputs& in, const DeviceOutputs& out, void* stream) {
-  return lnmlp_plan_forward(p, in.x.get(), in.gamma.get(), in.beta.get(), in.w1.get(), in.b1.get(), in.w2.get(),
-                            in.b2.get(), out.y.get(), out.saved.get(), stream);
+  return lnmlp_plan_forward(p, plan_tokens(p), in.x.get(), in.gamma.get(), in.beta.get(), in.w1.get(), in.b1.get(),
+                            in.w2.get(), in.b2.get(), out.y.get(), out.saved.get(), nullptr, LNMLP_CALL_DEFAULT,
+                            stream);
 }
 
 inline int32_t device_backward(lnmlp_plan* p, const DeviceInputs& in, const DeviceOutputs& out, void* stream) {
-  return lnmlp_plan_backward(p, in.dy.get(), in.x.get(), in.gamma.get(), in.beta.get(), in.w1.get(), in.b1.get(),
-                             in.w2.get(), out.saved.get(), out.dx.get(), out.dgamma.get(), out.dbeta.get(),
-                             out.dw1.get(), out.db1.get(), out.dw2.get(), out.db2.get(), stream);
+  return lnmlp_plan_backward(p, plan_tokens(p), in.dy.get(), in.x.get(), in.gamma.get(), in.beta.get(), in.w1.get(),
+                             in.b1.get(), in.w2.get(), out.saved.get(), out.dx.get(), out.dgamma.get(), out.dbeta.get(),
+                             out.dw1.get(), out.db1.get(), out.dw2.get(), out.db2.get(), nullptr, LNMLP_CALL_DEFAULT,
+                             stream);
 }
 
 // The outputs as host buffers, in RunResult's shape.
@@ -241,8 +252,9 @@ inline CpuRun run_cpu(const Problem& pr, int32_t remat, int32_t recipe = LNMLP_R
   AlignedMemory saved(run.r.saved_bytes, 256, 0xFF);
   RunResult& r = run.r;
   r.y = Buffer(pr.dtype, T * H);
-  LNMLP_TEST_CHECK(lnmlp_plan_forward(p.get(), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(), pr.bw1.data(),
-                                      pr.bb1.data(), pr.bw2.data(), pr.bb2.data(), r.y.data(), saved.get(), nullptr));
+  LNMLP_TEST_CHECK(lnmlp_plan_forward(p.get(), plan_tokens(p.get()), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(),
+                                      pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), pr.bb2.data(), r.y.data(),
+                                      saved.get(), nullptr, LNMLP_CALL_DEFAULT, nullptr));
   if (remat != LNMLP_REMAT_FORWARD_ONLY) {
     r.dx = Buffer(pr.dtype, T * H);
     r.dgamma = Buffer(pr.dtype, H);
@@ -251,10 +263,10 @@ inline CpuRun run_cpu(const Problem& pr, int32_t remat, int32_t recipe = LNMLP_R
     if (c.has_bias1) r.db1 = Buffer(pr.dtype, AF);
     r.dw2 = Buffer(pr.dtype, F * H);
     if (c.has_bias2) r.db2 = Buffer(pr.dtype, H);
-    LNMLP_TEST_CHECK(lnmlp_plan_backward(p.get(), pr.bdy.data(), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(),
-                                         pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), saved.get(), r.dx.data(),
-                                         r.dgamma.data(), r.dbeta.data(), r.dw1.data(), r.db1.data(), r.dw2.data(),
-                                         r.db2.data(), nullptr));
+    LNMLP_TEST_CHECK(lnmlp_plan_backward(p.get(), plan_tokens(p.get()), pr.bdy.data(), pr.bx.data(), pr.bgamma.data(),
+                                         pr.bbeta.data(), pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), saved.get(),
+                                         r.dx.data(), r.dgamma.data(), r.dbeta.data(), r.dw1.data(), r.db1.data(),
+                                         r.dw2.data(), r.db2.data(), nullptr, LNMLP_CALL_DEFAULT, nullptr));
   }
   const auto* s = static_cast<const unsigned char*>(saved.get());
   run.saved.assign(s, s + run.r.saved_bytes);

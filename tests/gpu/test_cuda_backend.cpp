@@ -310,8 +310,9 @@ TEST(CudaErrors, HostPointersAreRefused) {
   // x on the host (aligned like device memory, so only its kind is wrong).
   AlignedMemory host_x(static_cast<int64_t>(pr.bx.bytes.size()), 256, 0);
   std::memcpy(host_x.get(), pr.bx.data(), pr.bx.bytes.size());
-  const int32_t st = lnmlp_plan_forward(p.get(), host_x.get(), in.gamma.get(), in.beta.get(), in.w1.get(), in.b1.get(),
-                                        in.w2.get(), in.b2.get(), out.y.get(), out.saved.get(), nullptr);
+  const int32_t st = lnmlp_plan_forward(p.get(), plan_tokens(p.get()), host_x.get(), in.gamma.get(), in.beta.get(),
+                                        in.w1.get(), in.b1.get(), in.w2.get(), in.b2.get(), out.y.get(),
+                                        out.saved.get(), nullptr, LNMLP_CALL_DEFAULT, nullptr);
   EXPECT_EQ(st, LNMLP_ERROR_INVALID_ARGUMENT) << lnmlp_last_error();
   EXPECT_TRUE(names(lnmlp_last_error(), "x (")) << lnmlp_last_error();
   EXPECT_TRUE(names(lnmlp_last_error(), "host memory")) << lnmlp_last_error();
@@ -320,10 +321,10 @@ TEST(CudaErrors, HostPointersAreRefused) {
   // A host output in backward.
   ASSERT_EQ(device_forward(p.get(), in, out, nullptr), LNMLP_SUCCESS) << lnmlp_last_error();
   Buffer host_dw2(pr.dtype, pr.bw2.size());
-  const int32_t bst = lnmlp_plan_backward(p.get(), in.dy.get(), in.x.get(), in.gamma.get(), in.beta.get(), in.w1.get(),
-                                          in.b1.get(), in.w2.get(), out.saved.get(), out.dx.get(), out.dgamma.get(),
-                                          out.dbeta.get(), out.dw1.get(), out.db1.get(), host_dw2.data(),
-                                          out.db2.get(), nullptr);
+  const int32_t bst = lnmlp_plan_backward(p.get(), plan_tokens(p.get()), in.dy.get(), in.x.get(), in.gamma.get(),
+                                          in.beta.get(), in.w1.get(), in.b1.get(), in.w2.get(), out.saved.get(),
+                                          out.dx.get(), out.dgamma.get(), out.dbeta.get(), out.dw1.get(), out.db1.get(),
+                                          host_dw2.data(), out.db2.get(), nullptr, LNMLP_CALL_DEFAULT, nullptr);
   EXPECT_EQ(bst, LNMLP_ERROR_INVALID_ARGUMENT) << lnmlp_last_error();
   EXPECT_TRUE(names(lnmlp_last_error(), "dw2")) << lnmlp_last_error();
 }
@@ -338,15 +339,17 @@ TEST(CudaErrors, MisalignedDevicePointersAreRefused) {
   const DeviceOutputs out(pr, saved_bytes);
   DeviceBuffer big_w1(pr.bw1.bytes.size() + 64);
   const void* w1_off = static_cast<const char*>(big_w1.get()) + 4;
-  EXPECT_EQ(lnmlp_plan_forward(p.get(), in.x.get(), in.gamma.get(), in.beta.get(), w1_off, in.b1.get(), in.w2.get(),
-                               in.b2.get(), out.y.get(), out.saved.get(), nullptr),
-            LNMLP_ERROR_MISALIGNED);
+  EXPECT_EQ(
+      lnmlp_plan_forward(p.get(), plan_tokens(p.get()), in.x.get(), in.gamma.get(), in.beta.get(), w1_off, in.b1.get(),
+                         in.w2.get(), in.b2.get(), out.y.get(), out.saved.get(), nullptr, LNMLP_CALL_DEFAULT, nullptr),
+      LNMLP_ERROR_MISALIGNED);
   EXPECT_TRUE(names(lnmlp_last_error(), "w1")) << lnmlp_last_error();
   // The saved buffer must have the plan's alignment (256).
   DeviceBuffer big_saved(static_cast<size_t>(saved_bytes) + 512);
   void* saved_off = static_cast<char*>(big_saved.get()) + 128;
-  EXPECT_EQ(lnmlp_plan_forward(p.get(), in.x.get(), in.gamma.get(), in.beta.get(), in.w1.get(), in.b1.get(),
-                               in.w2.get(), in.b2.get(), out.y.get(), saved_off, nullptr),
+  EXPECT_EQ(lnmlp_plan_forward(p.get(), plan_tokens(p.get()), in.x.get(), in.gamma.get(), in.beta.get(), in.w1.get(),
+                               in.b1.get(), in.w2.get(), in.b2.get(), out.y.get(), saved_off, nullptr,
+                               LNMLP_CALL_DEFAULT, nullptr),
             LNMLP_ERROR_MISALIGNED);
   EXPECT_TRUE(names(lnmlp_last_error(), "saved")) << lnmlp_last_error();
 }

@@ -111,12 +111,13 @@ std::vector<float> state_after_two_steps(const Problem& pr, int32_t backend, int
     Buffer y(pr.dtype, T * H), dx(pr.dtype, T * H), dg(pr.dtype, H), dbeta(pr.dtype, H), dw1(pr.dtype, H * AF),
         db1(pr.dtype, AF), dw2(pr.dtype, F * H), db2(pr.dtype, H);
     for (int step = 0; step < 2; ++step) {
-      LNMLP_TEST_CHECK(lnmlp_plan_forward(p.get(), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(), pr.bw1.data(),
-                                          pr.bb1.data(), pr.bw2.data(), pr.bb2.data(), y.data(), saved.get(), nullptr));
-      LNMLP_TEST_CHECK(lnmlp_plan_backward(p.get(), pr.bdy.data(), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(),
-                                           pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), saved.get(), dx.data(),
-                                           dg.data(), dbeta.data(), dw1.data(), db1.data(), dw2.data(), db2.data(),
-                                           nullptr));
+      LNMLP_TEST_CHECK(lnmlp_plan_forward(p.get(), plan_tokens(p.get()), pr.bx.data(), pr.bgamma.data(),
+                                          pr.bbeta.data(), pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), pr.bb2.data(),
+                                          y.data(), saved.get(), nullptr, LNMLP_CALL_DEFAULT, nullptr));
+      LNMLP_TEST_CHECK(lnmlp_plan_backward(p.get(), plan_tokens(p.get()), pr.bdy.data(), pr.bx.data(), pr.bgamma.data(),
+                                           pr.bbeta.data(), pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), saved.get(),
+                                           dx.data(), dg.data(), dbeta.data(), dw1.data(), db1.data(), dw2.data(),
+                                           db2.data(), nullptr, LNMLP_CALL_DEFAULT, nullptr));
     }
   }
   int32_t len = 0;

@@ -329,11 +329,19 @@ TEST(CudaFp8KernelsEpilogue, BiasRoundIsTheCpuBackendsAlsoInPlace) {
                                               want_f.data());
       Device<float> dacc(acc), dbias(bias), dinplace(acc);
       Device<uint16_t> dbias_b(bias_b), dout_b(acc.size());
-      lnmlp::cuda::bias_round(DType::BF16, dacc.p, rows, cols, with_bias ? dbias_b.p : nullptr, dout_b.p, nullptr);
-      lnmlp::cuda::bias_round(DType::F32, dinplace.p, rows, cols, with_bias ? dbias.p : nullptr, dinplace.p, nullptr);
+      lnmlp::cuda::bias_round(DType::BF16, dacc.p, rows, cols, with_bias ? dbias_b.p : nullptr, false, dout_b.p,
+                              nullptr);
+      lnmlp::cuda::bias_round(DType::F32, dinplace.p, rows, cols, with_bias ? dbias.p : nullptr, false, dinplace.p,
+                              nullptr);
       CUDA_OK(cudaGetLastError());
       EXPECT_EQ(first_difference(want_b, dout_b.host()), -1) << "bf16";
       EXPECT_EQ(first_difference(want_f, dinplace.host()), -1) << "fp32, in place";
+      if (with_bias) continue;
+      // An accumulating gradient: rnd(out + acc), added into what the bf16 output holds.
+      lnmlp::cpu::accumulate_rows<DType::BF16>(cols, 0, rows, acc.data(), 1.0f, want_b.data());
+      lnmlp::cuda::bias_round(DType::BF16, dacc.p, rows, cols, nullptr, true, dout_b.p, nullptr);
+      CUDA_OK(cudaGetLastError());
+      EXPECT_EQ(first_difference(want_b, dout_b.host()), -1) << "bf16, accumulated";
     }
 }
 

@@ -397,14 +397,19 @@ template <DType D> void check_column_sums(int64_t rows, int64_t cols) {
   CUDA_OK(cudaGetLastError());
   const std::vector<float> part = dpart.host();
   EXPECT_EQ(first_difference(want, part), -1) << "partial sums";
-  lnmlp::cuda::reduce_partials(D, ch.chunks, cols, dpart.p, dout.p, nullptr);
-  std::vector<S> total(static_cast<size_t>(cols));
+  lnmlp::cuda::reduce_partials(D, ch.chunks, cols, dpart.p, false, dout.p, nullptr);
+  std::vector<S> total(static_cast<size_t>(cols)), accumulated(static_cast<size_t>(cols));
   for (int64_t j = 0; j < cols; ++j) {
     float s = 0.0f;
     for (int64_t k = 0; k < ch.chunks; ++k) s += part[static_cast<size_t>(k * cols + j)];
     total[static_cast<size_t>(j)] = lnmlp::numerics::store<D>(s);
+    accumulated[static_cast<size_t>(j)] =
+        lnmlp::numerics::store<D>(lnmlp::numerics::load<D>(total[static_cast<size_t>(j)]) + s);
   }
   EXPECT_EQ(first_difference(total, dout.host()), -1) << "the chunks summed in order";
+  // An accumulating gradient: rnd(out + sum), out holding the sum already.
+  lnmlp::cuda::reduce_partials(D, ch.chunks, cols, dpart.p, true, dout.p, nullptr);
+  EXPECT_EQ(first_difference(accumulated, dout.host()), -1) << "the sum added into the output";
 }
 
 TEST(CudaColumnKernels, ColumnSumsAndTheirReductionAreTheHostsBitForBit) {

@@ -1,4 +1,4 @@
-// Sharded CUDA plans over NCCL (lnmlp_comm_create_nccl; DESIGN section 4, docs/sharding.md).
+// Sharded CUDA plans over NCCL (lnmlp_comm_create_nccl; docs/design.md, "Sharding", docs/sharding.md).
 //
 //  - One rank: a plan given a one-rank NCCL communicator (ncclCommInitAll over device 0) runs every
 //    collective of the sharded data flow (GEMM2 in fp32 then the group sum, the gathers, the group

@@ -1,4 +1,4 @@
-// The float64 reference of the block (see reference.h). Written from DESIGN section 1 alone, in
+// The float64 reference of the block (see reference.h). Written from docs/design.md, "What is computed" alone, in
 // plain loops; it shares no code with src/ on purpose, so that a mistake in the library's
 // formulas cannot hide in both.
 //

@@ -1,7 +1,7 @@
 // An independent float64 reference of the block, written plainly (loops, no shared code with the
 // library): the yardstick for the library's numerics in the tests and in lnmlp-bench.
 //
-// It computes the exact math of DESIGN section 1 in double precision, without the intermediate
+// It computes the exact math of docs/design.md, "What is computed" in double precision, without the intermediate
 // roundings the library performs in bf16/f16; the per-dtype tolerances (tests/tolerances.h)
 // account for those.
 #pragma once
@@ -25,7 +25,7 @@ struct Config {
   bool has_bias1 = false, has_bias2 = false;
 };
 
-// Row-major, shapes as in DESIGN: x [T,H], gamma/beta [H], w1 [H,A,F], b1 [A,F], w2 [F,H], b2 [H].
+// Row-major, shapes as in docs/design.md: x [T,H], gamma/beta [H], w1 [H,A,F], b1 [A,F], w2 [F,H], b2 [H].
 // beta is ignored for rmsnorm; b1/b2 are ignored when disabled.
 struct Params {
   std::vector<double> gamma, beta, w1, b1, w2, b2;

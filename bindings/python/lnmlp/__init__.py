@@ -4,7 +4,9 @@ forward and backward, on NumPy arrays (float32, float16, ml_dtypes.bfloat16).
 Two ways in:
 
 * :class:`Plan` -- one validated, allocated configuration, run many times
-  (``y, saved = plan.forward(...)``; ``grads = plan.backward(dy, ..., saved)``);
+  (``y, saved = plan.forward(...)``; ``grads = plan.backward(dy, ..., saved)``), each call with
+  its own number of tokens, 0 up to the plan's ``tokens`` (``plan.tensor_shape(name, tokens)``
+  gives every tensor's shape as the library computes it);
 * :func:`layernorm_mlp` / :func:`layernorm_mlp_vjp` -- TransformerEngine's functional signature,
   with plans cached by configuration.
 
@@ -16,7 +18,13 @@ FP8 training (docs/fp8.md defines exactly what is computed): the recipes :class:
 :func:`make_quantizer_set` to the functional API's ``quantizer_set=``. Under delayed scaling the
 plan (Plan API) or the quantizer set (functional API) carries each quantizer's scale and amax
 history: ``plan.quantizer_state(name)`` / ``plan.set_quantizer_state(...)`` /
-``plan.export_state()`` / ``plan.import_state(blob)``, ``qs.state()`` / ``qs.load_state(...)``.
+``plan.export_state()`` / ``plan.import_state(blob)``, ``qs.state()`` / ``qs.load_state(...)``;
+a caller may own it instead (``plan.forward(..., fp8_state=a)``, ``plan.attach_fp8_state(a)``).
+
+Micro-batches: ``Plan(..., accumulate_grads=True, grad_dtype="float32")`` with
+``plan.backward(..., grads=plan.zero_weight_grads())`` accumulates the weight gradients into the
+caller's arrays; ``weights_unchanged=True`` on forward / backward reuses the plan's widened or FP8
+copies of the weights (TransformerEngine's ``is_first_microbatch=False``).
 """
 
 from ._version import __version__

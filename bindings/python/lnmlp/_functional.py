@@ -19,7 +19,7 @@ import numpy as np
 
 from ._lib import InvalidArgumentError
 from ._plan import Plan, _normalize_act_params, normalize_activations
-from .recipe import BACKWARD_QUANTIZERS, FORWARD_QUANTIZERS, QuantizerSet
+from .recipe import QuantizerSet
 
 __all__ = ["layernorm_mlp", "layernorm_mlp_vjp", "noop_quantizer_set", "clear_plan_cache",
            "plan_cache_info", "set_plan_cache_size"]
@@ -142,23 +142,19 @@ def _prepare(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamma, ep
     return plan, (x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2)
 
 
-def _with_state(plan, qs, names, fn):
-    """Runs fn() on the plan with the quantizer set's state of `names` loaded into it before and
-    read back after (delayed scaling; plans may be shared by several quantizer sets)."""
+def _with_state(qs, fn):
+    """Runs fn(fp8_state) with the quantizer set's state array (delayed scaling; None otherwise),
+    which the plan call uses and updates in place (plans may be shared by several quantizer sets)."""
     if qs is None or not qs.recipe.stateful:
-        return fn()
-    with qs._lock, plan._lock:
-        qs._push(plan, names)
-        out = fn()
-        qs._pull(plan, names)
-        return out
+        return fn(None)
+    with qs._lock:
+        return fn(qs._state)
 
 
 def _run_forward(plan, args, qs=None):
     x, gamma, beta, k1, b1, k2, b2 = args
     try:
-        return _with_state(plan, qs, FORWARD_QUANTIZERS,
-                           lambda: plan.forward(x, gamma, beta, k1, b1, k2, b2))
+        return _with_state(qs, lambda st: plan.forward(x, gamma, beta, k1, b1, k2, b2, fp8_state=st))
     except InvalidArgumentError as e:
         raise _rename(e) from None
 
@@ -209,8 +205,8 @@ class _VJP:
         x, gamma, beta, k1, b1, k2, b2 = self._args
         dy = _as_array("dy", dy)
         try:
-            g = _with_state(self._plan, self._qs, BACKWARD_QUANTIZERS,
-                            lambda: self._plan.backward(dy, x, gamma, beta, k1, b1, k2, self._saved))
+            g = _with_state(self._qs, lambda st: self._plan.backward(dy, x, gamma, beta, k1, b1, k2,
+                                                                     self._saved, fp8_state=st))
         except InvalidArgumentError as e:
             raise _rename(e) from None
         return g.dx, g.dgamma, g.dbeta, [g.dw1, g.dw2], [g.db1, g.db2]

@@ -7,7 +7,7 @@ Search order for the library (the first hit wins):
 3. the CMake build tree recorded when the package was built (``lnmlp/_build_config.py``);
 4. the CMake build tree of the source checkout this package lives in
    (``<repo>/build/release/src/liblnmlp.so``);
-5. the system loader (``ctypes.util.find_library("lnmlp")``, then ``liblnmlp.so.1``).
+5. the system loader (``ctypes.util.find_library("lnmlp")``, then ``liblnmlp.so.2``).
 
 The loaded library's ABI version (``lnmlp_get_version``) must equal :data:`ABI_VERSION`.
 """
@@ -29,7 +29,10 @@ __all__ = [
 ]
 
 #: The ABI version this binding was written against (LNMLP_ABI_VERSION in include/lnmlp.h).
-ABI_VERSION = 1
+ABI_VERSION = 2
+
+#: The shared library's SONAME for :data:`ABI_VERSION`.
+SONAME = f"liblnmlp.so.{ABI_VERSION}"
 
 # --- status codes (include/lnmlp.h) --------------------------------------------------------------
 SUCCESS = 0
@@ -45,6 +48,48 @@ ERROR_MISALIGNED = 9
 ERROR_PLAN_BUSY = 10
 ERROR_BACKEND = 11
 ERROR_INTERNAL = 12
+
+# --- tensors of a call (LNMLP_TENSOR_*), for lnmlp_plan_get_tensor_shape ----------------------------
+TENSOR_X = 0
+TENSOR_GAMMA = 1
+TENSOR_BETA = 2
+TENSOR_W1 = 3
+TENSOR_B1 = 4
+TENSOR_W2 = 5
+TENSOR_B2 = 6
+TENSOR_Y = 7
+TENSOR_SAVED = 8
+TENSOR_DY = 9
+TENSOR_DX = 10
+TENSOR_DGAMMA = 11
+TENSOR_DBETA = 12
+TENSOR_DW1 = 13
+TENSOR_DB1 = 14
+TENSOR_DW2 = 15
+TENSOR_DB2 = 16
+TENSOR_FP8_STATE = 17
+TENSOR_COUNT = 18
+#: Tensor names (lower case, as the Python API names its arguments) -> LNMLP_TENSOR_* values.
+TENSORS = {"x": TENSOR_X, "gamma": TENSOR_GAMMA, "beta": TENSOR_BETA, "w1": TENSOR_W1, "b1": TENSOR_B1,
+           "w2": TENSOR_W2, "b2": TENSOR_B2, "y": TENSOR_Y, "saved": TENSOR_SAVED, "dy": TENSOR_DY,
+           "dx": TENSOR_DX, "dgamma": TENSOR_DGAMMA, "dbeta": TENSOR_DBETA, "dw1": TENSOR_DW1,
+           "db1": TENSOR_DB1, "dw2": TENSOR_DW2, "db2": TENSOR_DB2, "fp8_state": TENSOR_FP8_STATE}
+
+# element types lnmlp_plan_get_tensor_shape reports (LNMLP_DTYPE_*)
+DTYPE_F32 = 0
+DTYPE_BF16 = 1
+DTYPE_F16 = 2
+DTYPE_U8 = 3  # the saved buffer's bytes
+#: The most dimensions of a tensor (LNMLP_MAX_TENSOR_RANK).
+MAX_TENSOR_RANK = 3
+#: lnmlp_plan_get_tensor_shape's ``tokens`` for the plan's most tokens (LNMLP_TOKENS_MAX).
+TOKENS_MAX = -1
+#: The flags of a forward / backward call (LNMLP_CALL_*, OR'ed): none (LNMLP_CALL_DEFAULT) ...
+CALL_DEFAULT = 0
+#: ... and LNMLP_CALL_WEIGHTS_UNCHANGED: W1 and W2 hold the values they had when the plan last made its
+#: copies of them (widened or FP8-quantized), so the call reuses those copies (TransformerEngine's
+#: is_first_microbatch=False). Plan.forward / Plan.backward pass it for ``weights_unchanged=True``.
+CALL_WEIGHTS_UNCHANGED = 1
 
 _STATUS_NAMES = {
     0: "LNMLP_SUCCESS", 1: "LNMLP_ERROR_INVALID_ARGUMENT", 2: "LNMLP_ERROR_NULL_POINTER",
@@ -156,6 +201,7 @@ _PROTOTYPES = {
     "lnmlp_desc_set_remat": (_i32, [_vp, _i32]),
     "lnmlp_desc_set_backend": (_i32, [_vp, _i32, _i32]),
     "lnmlp_desc_set_num_threads": (_i32, [_vp, _i32]),
+    "lnmlp_desc_set_weight_gradients": (_i32, [_vp, _i32, _i32]),
     "lnmlp_desc_set_recipe": (_i32, [_vp, _i32]),
     "lnmlp_desc_set_fp8_format": (_i32, [_vp, _i32]),
     "lnmlp_desc_set_delayed_scaling": (_i32, [_vp, _i32, _i32, _i32]),
@@ -174,14 +220,19 @@ _PROTOTYPES = {
     "lnmlp_plan_get_saved_bytes_per_token": (_i32, [_vp, _P(_i64)]),
     "lnmlp_plan_get_alignment": (_i32, [_vp, _P(_i64)]),
     "lnmlp_plan_attach_workspace": (_i32, [_vp, _vp, _i64]),
+    "lnmlp_plan_get_tensor_shape": (_i32, [_vp, _i32, _i64, _P(_i32), _P(_i64), _P(_i32)]),
+    "lnmlp_plan_attach_fp8_state": (_i32, [_vp, _vp]),
     "lnmlp_plan_get_amax_history_length": (_i32, [_vp, _P(_i32)]),
     "lnmlp_plan_get_quantizer_state": (_i32, [_vp, _i32, _P(_f32), _vp, _i32]),
     "lnmlp_plan_set_quantizer_state": (_i32, [_vp, _i32, _f32, _vp, _i32]),
     "lnmlp_plan_get_state_bytes": (_i32, [_vp, _P(_i64)]),
     "lnmlp_plan_export_state": (_i32, [_vp, _vp, _i64]),
     "lnmlp_plan_import_state": (_i32, [_vp, _vp, _i64]),
-    "lnmlp_plan_forward": (_i32, [_vp] + [_vp] * 10),
-    "lnmlp_plan_backward": (_i32, [_vp] + [_vp] * 16),
+    # (plan, tokens, x, gamma, beta, w1, b1, w2, b2, y, saved, fp8_state, flags, stream)
+    "lnmlp_plan_forward": (_i32, [_vp, _i64] + [_vp] * 10 + [_i32, _vp]),
+    # (plan, tokens, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta, dw1, db1, dw2, db2,
+    #  fp8_state, flags, stream)
+    "lnmlp_plan_backward": (_i32, [_vp, _i64] + [_vp] * 16 + [_i32, _vp]),
     "lnmlp_fp8_encode": (_i32, [_i32, _vp, _i64, _f32, _vp]),
     "lnmlp_fp8_decode": (_i32, [_i32, _vp, _i64, _f32, _vp]),
 }
@@ -197,7 +248,7 @@ def _candidates():
     if env:
         yield "LNMLP_LIBRARY", env
         return  # an explicit choice is never silently replaced by another library
-    for name in ["liblnmlp.so.1"] + sorted(glob.glob(os.path.join(_PKG_DIR, "liblnmlp.so*"))):
+    for name in [SONAME] + sorted(glob.glob(os.path.join(_PKG_DIR, "liblnmlp.so*"))):
         path = os.path.join(_PKG_DIR, name)
         if os.path.exists(path):
             yield "bundled", path
@@ -211,7 +262,7 @@ def _candidates():
     found = ctypes.util.find_library("lnmlp")
     if found:
         yield "system loader", found
-    yield "system loader", "liblnmlp.so.1"
+    yield "system loader", SONAME
 
 
 _lock = threading.Lock()
@@ -247,7 +298,9 @@ _OPTIONAL = frozenset({
     "lnmlp_plan_import_state",
     # communicators (sharding), newer still
     "lnmlp_desc_set_communicator", "lnmlp_comm_create_callbacks", "lnmlp_comm_create_mpi",
-    "lnmlp_comm_create_nccl", "lnmlp_comm_destroy"})
+    "lnmlp_comm_create_nccl", "lnmlp_comm_destroy",
+    # weight-gradient accumulation and fp32 weight gradients (Plan(accumulate_grads=..., grad_dtype=...))
+    "lnmlp_desc_set_weight_gradients"})
 
 
 def has_function(name: str) -> bool:

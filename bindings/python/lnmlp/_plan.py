@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections import namedtuple
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +41,15 @@ GATED_PAIRS = {"geglu": ("gelu", "linear"), "swiglu": ("silu", "linear"),
                "clamped_swiglu": ("clamped_silu", "clamped_linear")}
 _REMATS = {"save_all": 0, "save_ffn1": 1, "save_stats": 2, "forward_only": 3}
 _BACKENDS = {"cpu": 0, "cuda": 1}
+# LNMLP_DTYPE_* of lnmlp_plan_get_tensor_shape -> NumPy element types.
+_ELEMENT_TYPES = {_lib.DTYPE_F32: np.dtype(np.float32), _lib.DTYPE_F16: np.dtype(np.float16),
+                  _lib.DTYPE_U8: np.dtype(np.uint8)}
+if _BF16 is not None:
+    _ELEMENT_TYPES[_lib.DTYPE_BF16] = _BF16
+# The tensors whose shapes do not depend on the call's tokens (queried once per plan).
+_FIXED_TENSORS = (_lib.TENSOR_GAMMA, _lib.TENSOR_BETA, _lib.TENSOR_W1, _lib.TENSOR_B1, _lib.TENSOR_W2,
+                  _lib.TENSOR_B2, _lib.TENSOR_DGAMMA, _lib.TENSOR_DBETA, _lib.TENSOR_DW1, _lib.TENSOR_DB1,
+                  _lib.TENSOR_DW2, _lib.TENSOR_DB2, _lib.TENSOR_FP8_STATE)
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,9 @@ class ActParams:
 
 #: Gradients returned by Plan.backward (a tuple; fields by name; ``._asdict()`` gives a dict).
 Grads = namedtuple("Grads", ["dx", "dgamma", "dbeta", "dw1", "db1", "dw2", "db2"])
+# The weight gradients backward may write into caller arrays (grads=), in lnmlp_plan_backward's order.
+_WEIGHT_GRADS = (("dw1", _lib.TENSOR_DW1), ("db1", _lib.TENSOR_DB1), ("dw2", _lib.TENSOR_DW2),
+                 ("db2", _lib.TENSOR_DB2))
 
 
 def normalize_activations(activation_type) -> tuple:
@@ -112,6 +125,13 @@ def _normalize_dtype(dtype) -> np.dtype:
         raise InvalidArgumentError(
             f"dtype must be numpy.float32, numpy.float16 or ml_dtypes.bfloat16, got {dtype!r}")
     return dt
+
+
+def _flag(name, value) -> bool:
+    """A boolean argument: True / False (or 1 / 0); anything else raises InvalidArgumentError."""
+    if isinstance(value, (bool, np.bool_, int, np.integer)) and value in (0, 1):
+        return bool(value)
+    raise InvalidArgumentError(f"{name} must be True or False, got {value!r}")
 
 
 def _choice(name, value, table):
@@ -215,33 +235,51 @@ def _mpi_comm_address(comm):
 class Plan:
     """A fused ``y = act(norm(x) @ W1 + b1) @ W2 + b2`` for one configuration, forward and backward.
 
-    Mirrors the C descriptor (include/lnmlp.h). Shapes: x, y [..., H] with prod(leading) == tokens;
-    gamma, beta [H] (beta None for rmsnorm); w1 [H, A, F]; b1 [A, F]; w2 [F, H]; b2 [H]. A is the
-    number of activations (1, or 2 for a gated pair). Every array has the plan's dtype and is
-    C-contiguous. One plan must be used by one thread at a time (calls on one Plan object are
-    serialised by a lock). ``close()`` frees the C plan; so does garbage collection.
+    Mirrors the C descriptor (include/lnmlp.h). ``tokens`` is the most tokens one call may take:
+    each call takes x, y [..., H] with any number of tokens t = prod(leading dims) from 0 to
+    ``tokens`` (a call with t tokens computes exactly what a plan made for t tokens computes; more
+    than ``tokens`` raises the library's InvalidArgumentError). gamma, beta [H] (beta None for
+    rmsnorm); w1 [H, A, F]; b1 [A, F]; w2 [F, H]; b2 [H]. A is the number of activations (1, or 2
+    for a gated pair). :meth:`tensor_shape` gives every shape as the library computes it. Every
+    array has the plan's dtype and is C-contiguous. One plan must be used by one thread at a time
+    (calls on one Plan object are serialised by a lock). ``close()`` frees the C plan; so does
+    garbage collection.
 
-    ``forward`` returns ``(y, saved)``: ``saved`` (a uint8 array, aligned as the plan requires)
-    carries what backward needs; pass it to ``backward`` with the same x and weights, unmodified.
+    ``forward`` returns ``(y, saved)``: ``saved`` (a uint8 array, aligned as the plan requires,
+    sized for the call's tokens) carries what backward needs; pass it to ``backward`` with the same
+    x and weights, unmodified.
 
     ``recipe`` (None, or :class:`lnmlp.DelayedScaling`, :class:`lnmlp.Float8CurrentScaling`,
     :class:`lnmlp.Float8BlockScaling`, :class:`lnmlp.MXFP8BlockScaling`) runs the GEMMs in FP8
     (docs/fp8.md). Under delayed scaling the plan owns each quantizer's scale and amax history:
     ``forward`` updates ln_out, w1, act_out, w2, ``backward`` dy, dh; read and write them with
     :meth:`quantizer_state` / :meth:`set_quantizer_state`, or checkpoint them with
-    :meth:`export_state` / :meth:`import_state`.
+    :meth:`export_state` / :meth:`import_state`. A caller that keeps the state itself passes its
+    float32 array (``tensor_shape("fp8_state")``, updated in place) to each call
+    (``forward(..., fp8_state=a)``, ``backward(..., fp8_state=a)``) or attaches it to the plan
+    (:meth:`attach_fp8_state`).
 
     ``sharding=(group_size, rank, sequence_parallel)`` makes the plan one rank of a tensor-parallel
     group (docs/sharding.md; CPU backend): tokens, hidden and ffn stay the group's sizes, while the
     arrays are this rank's shard: w1 [H, A, F/P], b1 [A, F/P], w2 [F/P, H], and under sequence
     parallelism x, y, dy, dx hold tokens/P rows. ``comm`` is the group's communicator: an mpi4py
     communicator (``MPI.COMM_WORLD``), whose size and rank must match ``sharding``.
+
+    Micro-batches (``lnmlp_desc_set_weight_gradients``): ``accumulate_grads=True`` makes backward add
+    into the caller's dw1, db1, dw2, db2 (``backward(..., grads=...)``, required then; each element
+    becomes rnd(old + gradient), the gradient in fp32) instead of overwriting them; ``grad_dtype``
+    is their dtype: None for the plan's dtype, or "float32" / numpy.float32 (an fp32 "main_grad"
+    for a bfloat16 or float16 plan); another dtype raises InvalidArgumentError. :attr:`grad_dtype`
+    is the dtype the library reports, and :meth:`zero_weight_grads` makes zeroed buffers.
+    ``forward`` / ``backward(..., weights_unchanged=True)`` reuse the plan's copies of w1 and w2
+    (widened or FP8-quantized) made by an earlier call with the same weights, as
+    TransformerEngine's ``is_first_microbatch=False``.
     """
 
     def __init__(self, tokens, hidden, ffn, *, norm_type="layernorm", zero_centered_gamma=False,
                  epsilon=1e-6, activation_type=("relu",), act_params=None, use_bias1=False,
                  use_bias2=False, dtype=np.float32, remat="save_all", num_threads=0, backend="cpu",
-                 recipe=None, sharding=None, comm=None):
+                 recipe=None, sharding=None, comm=None, accumulate_grads=False, grad_dtype=None):
         self._handle = None  # set first, so __del__ is safe whatever fails below
         self._lock = threading.RLock()
         lib = _lib.get_lib()
@@ -271,8 +309,10 @@ class Plan:
         self.recipe = check_recipe(recipe)
         self.sharding = _normalize_sharding(sharding)
         P, _, sp = self.sharding
-        self.local_tokens = self.tokens // P if sp else self.tokens
-        self.local_ffn = self.ffn // P
+        self._fp8_state = None  # the caller's array attached with attach_fp8_state (kept alive here)
+        self._weights_read = None  # (w1, w2) data pointers of the last call the library ran (see _call_flags)
+        self.accumulate_grads = _flag("accumulate_grads", accumulate_grads)
+        grad_dtype_v = self._grad_dtype_code(grad_dtype)
 
         desc = ctypes.c_void_p()
         comm_handle = ctypes.c_void_p()
@@ -297,6 +337,9 @@ class Plan:
             if self.recipe is not None:
                 _lib.require("lnmlp_desc_set_fp8_format", "FP8 recipes")
                 self.recipe._apply(lib, desc, c)
+            if self.accumulate_grads or grad_dtype_v != -1:
+                _lib.require("lnmlp_desc_set_weight_gradients", "accumulate_grads / grad_dtype")
+                c(lib.lnmlp_desc_set_weight_gradients(desc, int(self.accumulate_grads), grad_dtype_v))
             if comm is not None:
                 _lib.require("lnmlp_comm_create_mpi", "communicators")
                 c(lib.lnmlp_comm_create_mpi(_mpi_comm_address(comm), ctypes.byref(comm_handle)))
@@ -314,6 +357,19 @@ class Plan:
         self.saved_bytes = self._query(lib.lnmlp_plan_get_saved_bytes)
         self.saved_bytes_per_token = self._query(lib.lnmlp_plan_get_saved_bytes_per_token)
         self.alignment = self._query(lib.lnmlp_plan_get_alignment)
+        # The shapes of the tensors whose size does not depend on the call's tokens, as the library
+        # gives them (shards under sharding; None for a tensor the plan does not take).
+        self._shapes, self._dtypes = {}, {}
+        for t in _FIXED_TENSORS:
+            self._shapes[t], self._dtypes[t] = self._tensor_shape(t, _lib.TOKENS_MAX, with_dtype=True)
+        #: The most tokens (rows of x) one call may take: ``tokens``, or ``tokens / P`` for this
+        #: rank under sequence parallelism.
+        self.local_tokens, self._row_width = self._tensor_shape(_lib.TENSOR_X, _lib.TOKENS_MAX)
+        #: This rank's columns of F (``ffn``, or ``ffn / P`` under sharding).
+        self.local_ffn = self._shapes[_lib.TENSOR_W1][2]
+        #: The element type of dw1, db1, dw2, db2 as the library reports it: the plan's dtype, or
+        #: float32 for ``grad_dtype="float32"``.
+        self.grad_dtype = self._dtypes[_lib.TENSOR_DW1]
         self.state_bytes = 0
         self.amax_history_length = 0
         if _lib.has_function("lnmlp_plan_get_state_bytes"):
@@ -328,6 +384,58 @@ class Plan:
         _lib.check(fn(self._handle, ctypes.byref(out)))
         return out.value
 
+    def _grad_dtype_code(self, grad_dtype):
+        """grad_dtype -> lnmlp_desc_set_weight_gradients' dtype: -1 for None or the plan's dtype,
+        LNMLP_DTYPE_F32 for float32; another float dtype is passed on for the library to refuse."""
+        if grad_dtype is None:
+            return -1
+        try:
+            dt = _normalize_dtype(grad_dtype)
+        except InvalidArgumentError:
+            raise InvalidArgumentError(
+                f"grad_dtype must be None (the plan's dtype, {self.dtype.name}) or numpy.float32 / "
+                f"'float32', got {grad_dtype!r}") from None
+        return -1 if dt == self.dtype else _DTYPES[dt]
+
+    # --- shapes -------------------------------------------------------------------------------------
+    def _tensor_shape(self, tensor, tokens, with_dtype=False):
+        """lnmlp_plan_get_tensor_shape: the shape tuple, or None when the plan does not take it
+        (with_dtype: and its element type as a NumPy dtype)."""
+        rank, dtype = ctypes.c_int32(), ctypes.c_int32()
+        dims = (ctypes.c_int64 * _lib.MAX_TENSOR_RANK)()
+        _lib.check(_lib.get_lib().lnmlp_plan_get_tensor_shape(
+            self._live(), tensor, tokens, ctypes.byref(rank), dims, ctypes.byref(dtype)))
+        shape = None if rank.value < 0 else tuple(int(dims[i]) for i in range(rank.value))
+        if not with_dtype:
+            return shape
+        return shape, (None if shape is None else _ELEMENT_TYPES[dtype.value])
+
+    def tensor_shape(self, tensor, tokens=None):
+        """The shape (a tuple) of one tensor of a forward / backward call with ``tokens`` tokens
+        (None: the plan's most, :attr:`local_tokens`), as ``lnmlp_plan_get_tensor_shape`` gives
+        it; None for a tensor this plan does not take (beta and dbeta for rmsnorm, a disabled bias
+        and its gradient, saved for remat="forward_only", fp8_state unless DelayedScaling).
+
+        ``tensor`` is a name -- "x", "gamma", "beta", "w1", "b1", "w2", "b2", "y", "saved", "dy",
+        "dx", "dgamma", "dbeta", "dw1", "db1", "dw2", "db2", "fp8_state" -- or its LNMLP_TENSOR_*
+        value. Under sharding the shapes are this rank's (w1 [H, A, F/P], ...); x, y, dy, dx are
+        ``(tokens, H)`` (the binding accepts any leading dims with that many rows); saved is
+        ``(bytes,)`` of uint8; fp8_state is float32 ``(6, 1 + amax_history_length)``."""
+        if isinstance(tensor, str) and tensor.lower() in _lib.TENSORS:
+            t = _lib.TENSORS[tensor.lower()]
+        elif (isinstance(tensor, (int, np.integer)) and not isinstance(tensor, bool)
+              and 0 <= int(tensor) < _lib.TENSOR_COUNT):
+            t = int(tensor)
+        else:
+            raise InvalidArgumentError(
+                f"tensor must be one of {', '.join(_lib.TENSORS)} (or 0..{_lib.TENSOR_COUNT - 1}), got {tensor!r}")
+        if tokens is None:
+            tokens = _lib.TOKENS_MAX
+        elif isinstance(tokens, bool) or not isinstance(tokens, (int, np.integer)):
+            raise InvalidArgumentError(f"tokens must be an int or None, got {tokens!r}")
+        with self._lock:
+            return self._tensor_shape(t, int(tokens))
+
     @property
     def closed(self) -> bool:
         return self._handle is None
@@ -341,6 +449,7 @@ class Plan:
             handle, self._handle = self._handle, None
             if handle is not None:
                 self._destroy_fn(handle)
+            self._fp8_state = None
 
     def __enter__(self):
         return self
@@ -365,7 +474,8 @@ class Plan:
                 f"norm_type={self.norm_type!r}, activation_type={self.activation_type!r}, "
                 f"dtype={self.dtype.name}, use_bias1={self.use_bias1}, use_bias2={self.use_bias2}, "
                 f"remat={self.remat!r}, backend={self.backend!r}, recipe={self.recipe!r}, "
-                f"sharding={self.sharding!r}) [{state}]")
+                f"sharding={self.sharding!r}, accumulate_grads={self.accumulate_grads}, "
+                f"grad_dtype={getattr(self, 'grad_dtype', self.dtype).name}) [{state}]")
 
     # --- FP8 quantizer state (delayed scaling) -----------------------------------------------------
     def _require_state(self):
@@ -457,21 +567,23 @@ class Plan:
             raise MisalignedError(f"{name} is not aligned to its element size")
         return arr.ctypes.data
 
-    def _device_ptr(self, name, obj, shape):
+    def _device_ptr(self, name, obj, shape, dtype=None):
+        dtype = self.dtype if dtype is None else np.dtype(dtype)
         if obj is None:
             raise NullPointerError(f"{name} is None, but this plan needs it")
         ptr, got_shape, kind, device_type = device_array_info(name, obj)
         if device_type != _KDL_CUDA:
             raise InvalidArgumentError(f"{name} is not a CUDA device array (DLPack device {device_type})")
-        ok = (kind[1] in _CAI_TYPESTRS[self.dtype]) if kind[0] == "cai" else (kind[1:] == _DL_CODES[self.dtype])
+        ok = (kind[1] in _CAI_TYPESTRS[dtype]) if kind[0] == "cai" else (kind[1:] == _DL_CODES[dtype])
         if not ok:
-            raise InvalidArgumentError(f"{name} has element type {kind[1:]}, but the plan's dtype is {self.dtype.name}")
+            raise InvalidArgumentError(f"{name} has element type {kind[1:]}, but it must be {dtype.name}")
         if tuple(got_shape) != tuple(shape):
             raise InvalidArgumentError(f"{name} has shape {tuple(got_shape)}, but the plan needs {tuple(shape)}")
         return ptr
 
-    def _opt_ptr(self, name, arr, shape, enabled, what):
-        if not enabled:
+    def _opt_ptr(self, name, arr, shape, what):
+        """The pointer of an optional tensor: None exactly when the plan does not take it (shape None)."""
+        if shape is None:
             if arr is not None:
                 raise InvalidArgumentError(f"{name} was given, but {what}; pass None")
             return None
@@ -480,28 +592,67 @@ class Plan:
         return self._ptr(name, arr, shape)
 
     def _x_shape(self, name, arr):
-        """Checks x (or dy) has [..., H] with tokens rows; returns its full shape."""
+        """Checks x (or dy) is [..., H]; returns its full shape and its tokens (the product of the
+        leading dims). Whether the tokens fit the plan is the library's check."""
         shape = tuple(getattr(arr, "shape", ()))
         if self.backend == "cuda" and not isinstance(arr, np.ndarray):
             shape = device_array_info(name, arr)[1]
-        if len(shape) < 1 or shape[-1] != self.hidden or int(np.prod(shape[:-1], dtype=np.int64)) != self.local_tokens:
+        if len(shape) < 1 or shape[-1] != self._row_width:
             raise InvalidArgumentError(
-                f"{name} has shape {shape}, but the plan needs [..., {self.hidden}] with "
+                f"{name} has shape {shape}, but the plan needs [..., {self._row_width}] with at most "
                 f"{self.local_tokens} tokens (the product of the leading dims)")
-        return shape
+        return shape, int(np.prod(shape[:-1], dtype=np.int64))
 
     def _param_ptrs(self, gamma, beta, w1, w2):
-        H, A, F = self.hidden, self.num_activations, self.local_ffn
-        pg = self._ptr("gamma", gamma, (H,))
-        if self.norm_type == "rmsnorm":
+        sh = self._shapes
+        pg = self._ptr("gamma", gamma, sh[_lib.TENSOR_GAMMA])
+        if sh[_lib.TENSOR_BETA] is None:
             if beta is not None:
                 raise InvalidArgumentError("beta was given, but rmsnorm has no beta; pass None")
             pb = None
         else:
             if beta is None:
                 raise NullPointerError("beta is None, but layernorm needs it")
-            pb = self._ptr("beta", beta, (H,))
-        return pg, pb, self._ptr("w1", w1, (H, A, F)), self._ptr("w2", w2, (F, H))
+            pb = self._ptr("beta", beta, sh[_lib.TENSOR_BETA])
+        return pg, pb, self._ptr("w1", w1, sh[_lib.TENSOR_W1]), self._ptr("w2", w2, sh[_lib.TENSOR_W2])
+
+    def _bias_ptrs(self, b1, b2):
+        return (self._opt_ptr("b1", b1, self._shapes[_lib.TENSOR_B1],
+                              "use_bias1=True" if self.use_bias1 else "the plan has use_bias1=False"),
+                self._opt_ptr("b2", b2, self._shapes[_lib.TENSOR_B2],
+                              "use_bias2=True" if self.use_bias2 else "the plan has use_bias2=False"))
+
+    def _state_ptr(self, name, state):
+        """The pointer of a caller-owned FP8 state array (None for None) after checking it against
+        the plan's LNMLP_TENSOR_FP8_STATE shape: float32, C-contiguous, writeable."""
+        if state is None:
+            return None
+        shape = self._shapes[_lib.TENSOR_FP8_STATE]
+        if shape is None:
+            raise InvalidArgumentError(
+                f"{name} was given, but this plan's recipe ({self.recipe!r}) keeps no quantizer "
+                f"state; only DelayedScaling does; pass None")
+        if self.backend == "cuda":  # pragma: no cover - no CUDA backend in this build
+            ptr = self._device_ptr(name, state, shape, np.float32)
+            if ptr % 16:
+                raise MisalignedError(f"{name} is not aligned to 16 bytes")
+            return ptr
+        if not isinstance(state, np.ndarray):
+            raise InvalidArgumentError(
+                f"{name} must be a float32 numpy.ndarray of shape {shape}, got {type(state).__name__}")
+        if state.dtype != np.float32:
+            raise InvalidArgumentError(f"{name} has dtype {state.dtype}, but the FP8 state is float32")
+        if tuple(state.shape) != shape:
+            raise InvalidArgumentError(
+                f"{name} has shape {tuple(state.shape)}, but this plan's FP8 state is {shape} (per "
+                f"quantizer, in lnmlp.QUANTIZERS order: the scale, then the amax history, newest first)")
+        if not state.flags.c_contiguous:
+            raise InvalidArgumentError(f"{name} is not C-contiguous; pass numpy.ascontiguousarray({name})")
+        if not state.flags.writeable:
+            raise InvalidArgumentError(f"{name} is read-only, but lnmlp updates it in place")
+        if not state.flags.aligned:
+            raise MisalignedError(f"{name} is not aligned to its element size")
+        return state.ctypes.data
 
     def _empty(self, shape, dtype=None):
         dtype = self.dtype if dtype is None else dtype
@@ -523,38 +674,118 @@ class Plan:
         return raw[off:off + nbytes]
 
     def _ptr_of(self, arr):
+        if arr is None:
+            return None
         if isinstance(arr, np.ndarray):
             return arr.ctypes.data
         return device_array_info("output", arr)[0]  # pragma: no cover
 
-    # --- execution --------------------------------------------------------------------------------
-    def forward(self, x, gamma, beta, w1, b1, w2, b2):
-        """y = act(norm(x) @ w1 + b1) @ w2 + b2. Returns ``(y, saved)``; y has x's shape;
-        saved is a uint8 array for backward (None when the plan saves nothing)."""
+    def _refuse(self, fn, *args):
+        """Calls forward / backward for a token count above the plan's most, which the library
+        refuses (nothing is read or written; every token-sized output is NULL): raises its error."""
+        _lib.check(fn(*args))
+        raise _lib.InternalError(f"liblnmlp accepted {args[1]} tokens, more than the plan's "  # pragma: no cover
+                                 f"{self.local_tokens}", status=_lib.ERROR_INTERNAL)
+
+    # --- FP8 state owned by the caller (delayed scaling) --------------------------------------------
+    def attach_fp8_state(self, state) -> None:
+        """Makes ``state`` -- a float32 array of :meth:`tensor_shape` ("fp8_state"), i.e.
+        ``(6, 1 + amax_history_length)``: per quantizer (``lnmlp.QUANTIZERS`` order) its scale, then
+        its amax history, newest first -- the plan's quantizer state from now on
+        (``lnmlp_plan_attach_fp8_state``): forward and backward update it in place, and
+        :meth:`quantizer_state`, :meth:`set_quantizer_state`, :meth:`export_state` and
+        :meth:`import_state` read and write it. The plan keeps a reference to the array while it is
+        attached. ``None`` goes back to the plan's own state, which kept its values. A fresh state
+        has scales 1 and zero histories. DelayedScaling plans only (InvalidArgumentError otherwise)."""
         with self._lock:
             handle = self._live()
-            xshape = self._x_shape("x", x)
+            if state is None and self._shapes[_lib.TENSOR_FP8_STATE] is None:
+                raise InvalidArgumentError(
+                    f"this plan's recipe ({self.recipe!r}) keeps no quantizer state; only DelayedScaling does")
+            ptr = self._state_ptr("state", state)
+            _lib.check(_lib.get_lib().lnmlp_plan_attach_fp8_state(handle, ptr))
+            self._fp8_state = state
+
+    # --- execution --------------------------------------------------------------------------------
+    def _call_flags(self, unchanged, pw1, pw2):
+        """forward / backward's flags (LNMLP_CALL_*) for weights_unchanged=`unchanged`.
+
+        Where the plan's GEMMs read a weight as it is (no widened or FP8 copy: e.g. float32 without
+        a recipe), the "copy" the library keeps is the weight's address in the call that made it,
+        so a flagged call given another array would read the earlier array's memory, which may have
+        been freed. So the flag is refused unless w1 and w2 are the arrays (addresses) of the last
+        call this plan ran -- by induction, those of the call that made the kept copies."""
+        if not unchanged:
+            return _lib.CALL_DEFAULT
+        last = self._weights_read
+        if last is not None and last != (pw1, pw2):
+            which = " and ".join(n for n, a, b in (("w1", last[0], pw1), ("w2", last[1], pw2)) if a != b)
+            raise InvalidArgumentError(
+                f"weights_unchanged=True, but {which} "
+                f"{'is not the array' if len(which) == 2 else 'are not the arrays'} this plan's previous "
+                f"call read (another memory address): the flag needs the same w1 and w2 arrays as that "
+                f"call, with the same values; pass them, or weights_unchanged=False")
+        return _lib.CALL_WEIGHTS_UNCHANGED
+
+    def forward(self, x, gamma, beta, w1, b1, w2, b2, fp8_state=None, *, weights_unchanged=False):
+        """y = act(norm(x) @ w1 + b1) @ w2 + b2 for x's tokens (the product of its leading dims, 0 to
+        :attr:`local_tokens`). Returns ``(y, saved)``; y has x's shape; saved is a uint8 array for
+        backward, sized for this call (None when the plan saves nothing).
+
+        ``fp8_state`` (DelayedScaling only): None uses the plan's state (its own, or the array
+        attached with :meth:`attach_fp8_state`); a float32 array of :meth:`tensor_shape`
+        ("fp8_state") is used and updated in place for this call instead.
+
+        ``weights_unchanged`` (TransformerEngine's ``is_first_microbatch=False``; passes
+        LNMLP_CALL_WEIGHTS_UNCHANGED): True promises that w1 and w2 hold the values they had in the
+        plan's call that last made its copies of them -- the widened copies (float16 plans; bfloat16
+        on a CPU without bf16 GEMMs) or, under an FP8 recipe, the quantized copies with their scales
+        -- so this call reuses those copies instead of making them again. Pass it for the
+        micro-batches after the first one with the same weights, and for the backward of a forward
+        with the same weights. Every call keeps the copies it makes (a copy not made yet is made),
+        so the flag is always safe when the promise holds; with current scaling a flagged call gives
+        bit for bit what an unflagged one gives. If the weights did change, the results come from
+        the OLD weights' copies (a float32 plan without FP8 keeps no copies and reads w1, w2 as
+        given). Under delayed scaling the reused copies keep the scale they were made with, and the
+        weights' amaxes recorded are those measured then. Under sharding every rank passes the same
+        value. w1 and w2 must be the very arrays (memory) the plan's previous call read, else
+        InvalidArgumentError: where a plan reads a weight as it is (no widened or FP8 copy), what it
+        keeps is that array's address. False (the default) makes the copies afresh, as
+        TransformerEngine's ``is_first_microbatch=None`` / ``True``."""
+        unchanged = _flag("weights_unchanged", weights_unchanged)
+        with self._lock:
+            handle = self._live()
+            lib = _lib.get_lib()
+            xshape, t = self._x_shape("x", x)
             px = self._ptr("x", x, xshape)
             pg, pb, pw1, pw2 = self._param_ptrs(gamma, beta, w1, w2)
-            pb1 = self._opt_ptr("b1", b1, (self.num_activations, self.local_ffn), self.use_bias1,
-                                "the plan has use_bias1=False" if not self.use_bias1 else "use_bias1=True")
-            pb2 = self._opt_ptr("b2", b2, (self.hidden,), self.use_bias2,
-                                "the plan has use_bias2=False" if not self.use_bias2 else "use_bias2=True")
+            flags = self._call_flags(unchanged, pw1, pw2)
+            pb1, pb2 = self._bias_ptrs(b1, b2)
+            pst = self._state_ptr("fp8_state", fp8_state)
+            if t > self.local_tokens:
+                self._refuse(lib.lnmlp_plan_forward, handle, t, px, pg, pb, pw1, pb1, pw2, pb2, None, None,
+                             pst, flags, None)
             y = self._empty(xshape)
-            saved = self._aligned_bytes(self.saved_bytes) if self.saved_bytes else None
-            _lib.check(_lib.get_lib().lnmlp_plan_forward(
-                handle, px, pg, pb, pw1, pb1, pw2, pb2, self._ptr_of(y),
-                None if saved is None else self._ptr_of(saved), None))
+            saved_shape = self._tensor_shape(_lib.TENSOR_SAVED, t)
+            saved = None if saved_shape is None else self._aligned_bytes(saved_shape[0])
+            if t == 0:  # 0 tokens: the token-sized pointers are NULL
+                px = py = psaved = None
+            else:
+                py, psaved = self._ptr_of(y), self._ptr_of(saved)
+            _lib.check(lib.lnmlp_plan_forward(
+                handle, t, px, pg, pb, pw1, pb1, pw2, pb2, py, psaved, pst, flags, None))
+            self._weights_read = (pw1, pw2)
             return y, saved
 
-    def _saved_ptr(self, saved):
-        if self.saved_bytes == 0:
+    def _saved_ptr(self, saved, tokens):
+        shape = self._tensor_shape(_lib.TENSOR_SAVED, tokens)
+        if shape is None:
             return None
         if saved is None:
             raise NullPointerError("saved is None; pass the saved buffer forward returned")
         if self.backend == "cuda":  # pragma: no cover
-            ptr, shape, _, _ = device_array_info("saved", saved)
-            n = int(np.prod(shape)) if shape else 0
+            ptr, got, _, _ = device_array_info("saved", saved)
+            n = int(np.prod(got)) if got else 0
         else:
             if not isinstance(saved, np.ndarray) or saved.dtype != np.uint8 or saved.ndim != 1:
                 raise InvalidArgumentError("saved must be the 1-D uint8 array forward returned")
@@ -562,10 +793,10 @@ class Plan:
                 raise InvalidArgumentError("saved is not contiguous; pass the array forward returned")
             n = saved.nbytes
             ptr = saved.ctypes.data
-        if n != self.saved_bytes:
+        if n != shape[0]:
             raise InvalidArgumentError(
-                f"saved has {n} bytes, but this plan saves {self.saved_bytes}; pass the saved "
-                f"buffer this plan's forward returned")
+                f"saved has {n} bytes, but this plan saves {shape[0]} for {tokens} tokens; pass the "
+                f"saved buffer this plan's forward returned for this x")
         if ptr % max(self.alignment, 1):
             if self.backend == "cuda":  # pragma: no cover
                 raise MisalignedError(f"saved is not aligned to {self.alignment} bytes")
@@ -574,39 +805,168 @@ class Plan:
             return copy
         return saved
 
-    def backward(self, dy, x, gamma, beta, w1, b1, w2, saved):
+    def zero_weight_grads(self):
+        """New zero-filled arrays for the weight gradients, for :meth:`backward`'s ``grads``:
+        ``{"dw1", "db1", "dw2", "db2"}`` of :meth:`tensor_shape`'s shapes and :attr:`grad_dtype`
+        (db1 / db2 None when the bias is disabled). With ``accumulate_grads=True`` these are the
+        buffers backward adds each micro-batch's gradients into."""
+        with self._lock:
+            self._live()
+            out = {}
+            for name, k in _WEIGHT_GRADS:
+                if self._shapes[k] is None:
+                    out[name] = None
+                    continue
+                a = self._empty(self._shapes[k], self._dtypes[k])
+                a[...] = 0
+                out[name] = a
+            return out
+
+    def _weight_grads(self, grads, inputs):
+        """The caller's weight-gradient arrays from backward's ``grads`` (None: None), checked
+        against the shapes and dtypes the library reports: [dw1, db1, dw2, db2]."""
+        if grads is None:
+            if self.accumulate_grads:
+                raise NullPointerError(
+                    "grads is None, but this plan accumulates weight gradients (accumulate_grads=True): "
+                    "pass grads= with the arrays to add into, dw1, db1, dw2, db2 (a dict or a Grads; "
+                    "plan.zero_weight_grads() makes zeroed ones)")
+            return None
+        if isinstance(grads, Mapping):
+            unknown = sorted(str(k) for k in grads if k not in Grads._fields)
+            if unknown:
+                raise InvalidArgumentError(
+                    f"grads has unknown keys {unknown}; expected dw1, db1, dw2, db2")
+            get, label = grads.get, "grads[{!r}]".format
+        else:
+            get, label = (lambda k: getattr(grads, k, None)), "grads.{}".format
+        what = "accumulated into" if self.accumulate_grads else "written"
+        out = []
+        for name, k in _WEIGHT_GRADS:
+            arr, shape, dt, nm = get(name), self._shapes[k], self._dtypes[k], label(name)
+            if shape is None:
+                if arr is not None:
+                    bias = "use_bias1" if name == "db1" else "use_bias2"
+                    raise InvalidArgumentError(
+                        f"{nm} was given, but the plan has {bias}=False; pass None or leave it out")
+                out.append(None)
+                continue
+            if arr is None:
+                raise NullPointerError(
+                    f"{nm} is missing or None, but grads must hold every weight gradient this plan "
+                    f"{what} (dw1, dw2{', db1' if self.use_bias1 else ''}{', db2' if self.use_bias2 else ''})")
+            self._grad_out_ptr(nm, arr, shape, dt)
+            out.append(arr)
+        if self.backend != "cuda":
+            given = [(label(n), a) for (n, _), a in zip(_WEIGHT_GRADS, out) if a is not None]
+            for i, (na, a) in enumerate(given):
+                for nb, b in given[i + 1:] + [(n, v) for n, v in inputs if isinstance(v, np.ndarray)]:
+                    if np.may_share_memory(a, b):
+                        raise InvalidArgumentError(f"{na} overlaps {nb}; pass separate arrays")
+        return out
+
+    def _grad_out_ptr(self, name, arr, shape, dtype):
+        """Checks one caller array backward writes (type, dtype, shape, layout, writeable)."""
+        if self.backend == "cuda":  # pragma: no cover - no CUDA backend in this build
+            return self._device_ptr(name, arr, shape, dtype)
+        if not isinstance(arr, np.ndarray):
+            raise InvalidArgumentError(
+                f"{name} must be a numpy.ndarray of shape {tuple(shape)} and dtype {dtype.name}, got "
+                f"{type(arr).__name__}")
+        if arr.dtype != dtype:
+            why = ("grad_dtype='float32'" if dtype != self.dtype else "the plan's dtype")
+            raise InvalidArgumentError(
+                f"{name} has dtype {arr.dtype}, but this plan's weight gradients are {dtype.name} ({why})")
+        if tuple(arr.shape) != tuple(shape):
+            raise InvalidArgumentError(f"{name} has shape {tuple(arr.shape)}, but the plan needs {tuple(shape)}")
+        if not arr.flags.c_contiguous:
+            raise InvalidArgumentError(f"{name} is not C-contiguous; pass a C-contiguous array")
+        if not arr.flags.writeable:
+            raise InvalidArgumentError(f"{name} is read-only, but backward writes it")
+        if not arr.flags.aligned:
+            raise MisalignedError(f"{name} is not aligned to its element size")
+        return arr.ctypes.data
+
+    def backward(self, dy, x, gamma, beta, w1, b1, w2, saved, fp8_state=None, *, weights_unchanged=False,
+                 grads=None):
         """Gradients given dy = dL/dy and forward's ``saved`` (with the same x and weights).
 
         Returns :class:`Grads` (dx, dgamma, dbeta, dw1, db1, dw2, db2); dbeta is None for
-        rmsnorm, db1/db2 None when the bias is disabled; dx has x's shape. b1 is read only when
-        remat="save_stats" and use_bias1 (it may be None otherwise)."""
+        rmsnorm, db1/db2 None when the bias is disabled; dx has x's shape. With 0 tokens the
+        parameter gradients are zeros (accumulated ones stay as they are). b1 is read only when
+        remat="save_stats" and use_bias1 (it may be None otherwise). ``fp8_state`` as for
+        :meth:`forward` (backward updates the dy and dh quantizers). dw1, db1, dw2, db2 have
+        :attr:`grad_dtype`; the others the plan's dtype.
+
+        ``grads``: None (new arrays), or the caller's arrays for the weight gradients: a dict (such
+        as :meth:`zero_weight_grads` returns) or an object with attributes (such as a :class:`Grads`)
+        holding ``dw1``, ``db1``, ``dw2``, ``db2`` (db1 / db2 None or left out when the bias is
+        disabled; dx, dgamma, dbeta entries are ignored: those are always new arrays). Each must
+        have :meth:`tensor_shape`'s shape and :attr:`grad_dtype`, be C-contiguous and writeable and
+        overlap no other argument; anything else raises InvalidArgumentError before the call. When
+        the plan has ``accumulate_grads=True`` they are required (NullPointerError without them)
+        and backward adds this call's gradients into them, each element rnd(old + gradient) with
+        the gradient in fp32 (gradient accumulation over micro-batches; 0 tokens leaves them as they
+        are); otherwise backward overwrites them (out-arrays). The returned Grads holds these same
+        arrays as dw1, db1, dw2, db2.
+
+        ``weights_unchanged`` (TransformerEngine's ``is_first_microbatch=False``; passes
+        LNMLP_CALL_WEIGHTS_UNCHANGED): True promises that w1 and w2 hold the values they had in the
+        plan's call that last made its copies of them -- the widened copies (float16 plans; bfloat16
+        on a CPU without bf16 GEMMs) or, under an FP8 recipe, the quantized copies with their scales
+        -- so this call reuses those copies instead of making them again. Pass it for the
+        micro-batches after the first one with the same weights, and for the backward of a forward
+        with the same weights. Every call keeps the copies it makes (a copy not made yet is made),
+        so the flag is always safe when the promise holds; with current scaling a flagged call gives
+        bit for bit what an unflagged one gives. If the weights did change, the results come from
+        the OLD weights' copies (a float32 plan without FP8 keeps no copies and reads w1, w2 as
+        given). Under delayed scaling the reused copies keep the scale they were made with, and the
+        weights' amaxes recorded are those measured then. Under sharding every rank passes the same
+        value. w1 and w2 must be the very arrays (memory) the plan's previous call read, else
+        InvalidArgumentError: where a plan reads a weight as it is (no widened or FP8 copy), what it
+        keeps is that array's address. False (the default) makes the copies afresh, as
+        TransformerEngine's ``is_first_microbatch=None`` / ``True``."""
+        unchanged = _flag("weights_unchanged", weights_unchanged)
         with self._lock:
             handle = self._live()
-            xshape = self._x_shape("x", x)
-            if tuple(self._x_shape("dy", dy)) != tuple(xshape):
+            lib = _lib.get_lib()
+            xshape, t = self._x_shape("x", x)
+            if tuple(self._x_shape("dy", dy)[0]) != tuple(xshape):
                 raise InvalidArgumentError(
                     f"dy has shape {tuple(dy.shape)}, but x has shape {tuple(xshape)}; they must match")
             pdy = self._ptr("dy", dy, xshape)
             px = self._ptr("x", x, xshape)
             pg, pb, pw1, pw2 = self._param_ptrs(gamma, beta, w1, w2)
-            need_b1 = self.use_bias1 and self.remat == "save_stats"
-            if not self.use_bias1 and b1 is not None:
+            flags = self._call_flags(unchanged, pw1, pw2)
+            b1_shape = self._shapes[_lib.TENSOR_B1]
+            if b1_shape is None and b1 is not None:
                 raise InvalidArgumentError("b1 was given, but the plan has use_bias1=False; pass None")
             pb1 = None
-            if self.use_bias1 and (b1 is not None or need_b1):
-                pb1 = self._opt_ptr("b1", b1, (self.num_activations, self.local_ffn), True,
-                                    "remat='save_stats' recomputes GEMM1")
-            saved = self._saved_ptr(saved)
-            H, A, F = self.hidden, self.num_activations, self.local_ffn
+            if b1_shape is not None and (b1 is not None or self.remat == "save_stats"):
+                pb1 = self._opt_ptr("b1", b1, b1_shape, "remat='save_stats' recomputes GEMM1")
+            pst = self._state_ptr("fp8_state", fp8_state)
+            user = self._weight_grads(grads, (("dy", dy), ("x", x), ("gamma", gamma), ("beta", beta),
+                                              ("w1", w1), ("b1", b1), ("w2", w2), ("saved", saved),
+                                              ("fp8_state", fp8_state)))
+            if t > self.local_tokens:
+                self._refuse(lib.lnmlp_plan_backward, handle, t, pdy, px, pg, pb, pw1, pb1, pw2, None, None,
+                             None, None, None, None, None, None, pst, flags, None)
+            saved = self._saved_ptr(saved, t)
             dx = self._empty(xshape)
-            dgamma = self._empty((H,))
-            dbeta = None if self.norm_type == "rmsnorm" else self._empty((H,))
-            dw1 = self._empty((H, A, F))
-            db1 = self._empty((A, F)) if self.use_bias1 else None
-            dw2 = self._empty((F, H))
-            db2 = self._empty((H,)) if self.use_bias2 else None
-            p = lambda a: None if a is None else self._ptr_of(a)  # noqa: E731
-            _lib.check(_lib.get_lib().lnmlp_plan_backward(
-                handle, pdy, px, pg, pb, pw1, pb1, pw2, p(saved),
-                p(dx), p(dgamma), p(dbeta), p(dw1), p(db1), p(dw2), p(db2), None))
-            return Grads(dx, dgamma, dbeta, dw1, db1, dw2, db2)
+            grads = [None if self._shapes[k] is None else self._empty(self._shapes[k], self._dtypes[k])
+                     for k in (_lib.TENSOR_DGAMMA, _lib.TENSOR_DBETA)]
+            if user is None:
+                grads += [None if self._shapes[k] is None else self._empty(self._shapes[k], self._dtypes[k])
+                          for _, k in _WEIGHT_GRADS]
+            else:
+                grads += user
+            p = self._ptr_of
+            if t == 0:  # 0 tokens: the token-sized pointers are NULL
+                pdy = px = saved = dx_ptr = None
+            else:
+                dx_ptr = p(dx)
+            _lib.check(lib.lnmlp_plan_backward(
+                handle, t, pdy, px, pg, pb, pw1, pb1, pw2, p(saved), dx_ptr, *(p(g) for g in grads), pst,
+                flags, None))
+            self._weights_read = (pw1, pw2)
+            return Grads(dx, *grads)

@@ -8,7 +8,8 @@ A recipe describes *how* to quantize (see docs/fp8.md for exactly what is comput
 * :class:`Float8BlockScaling` -- 1x128 blocks (activations, gradients) and 128x128 tiles (weights);
 * :class:`MXFP8BlockScaling` -- 1x32 blocks with power-of-two (E8M0) scales.
 
-Give a recipe to :class:`lnmlp.Plan` (``recipe=``), which then owns the delayed-scaling state, or
+Give a recipe to :class:`lnmlp.Plan` (``recipe=``), which then owns the delayed-scaling state
+(unless the caller passes its own array, ``fp8_state=``, or attaches one), or
 make a :class:`QuantizerSet` with :func:`make_quantizer_set` for the functional API
 (``layernorm_mlp(..., quantizer_set=qs)``), where the quantizer set carries the state from call to
 call (the cached plans it runs on may be shared by several quantizer sets).
@@ -237,12 +238,13 @@ def check_scale(name, scale) -> np.float32:
 class QuantizerSet:
     """The six quantizers of one layernorm_mlp layer under one recipe, for the functional API.
 
-    With :class:`DelayedScaling` it carries the state (a scale and an amax history per quantizer,
-    NumPy arrays held here, not in the cached plan): before each plan call the state is loaded
-    into the plan, afterwards the quantizers that pass updated are read back -- a forward call
-    (``layernorm_mlp``, or the forward part of ``layernorm_mlp_vjp``) updates ``ln_out, w1,
-    act_out, w2``, the ``vjp(dy)`` call ``dy, dh``. Use one quantizer set per layer, as in
-    TransformerEngine. Other recipes are stateless: :meth:`state` returns ``{}``.
+    With :class:`DelayedScaling` it carries the state: one float32 NumPy array held here, not in
+    the cached plan, laid out as the library's LNMLP_TENSOR_FP8_STATE (per quantizer, in
+    :data:`QUANTIZERS` order, its scale, then its amax history, newest first), which each plan
+    call uses and updates in place (``fp8_state=``) -- a forward call (``layernorm_mlp``, or the
+    forward part of ``layernorm_mlp_vjp``) updates ``ln_out, w1, act_out, w2``, the ``vjp(dy)``
+    call ``dy, dh``. Use one quantizer set per layer, as in TransformerEngine. Other recipes are
+    stateless: :meth:`state` returns ``{}``.
 
     Thread safety: calls that use one quantizer set are serialised by its lock.
     """
@@ -254,9 +256,9 @@ class QuantizerSet:
         self.recipe = recipe
         self._lock = threading.RLock()
         self._state = None
-        if recipe.stateful:
-            L = recipe.amax_history_len
-            self._state = {n: [np.float32(1.0), np.zeros(L, np.float32)] for n in QUANTIZERS}
+        if recipe.stateful:  # a fresh state: scales 1, histories 0
+            self._state = np.zeros((len(QUANTIZERS), 1 + recipe.amax_history_len), np.float32)
+            self._state[:, 0] = 1.0
 
     def __repr__(self):
         return f"lnmlp.QuantizerSet({self.recipe!r})"
@@ -272,7 +274,8 @@ class QuantizerSet:
         if self._state is None:
             return {}
         with self._lock:
-            return {n: {"scale": float(s), "amax_history": h.copy()} for n, (s, h) in self._state.items()}
+            return {n: {"scale": float(row[0]), "amax_history": row[1:].copy()}
+                    for n, row in zip(QUANTIZERS, self._state)}
 
     def load_state(self, state) -> None:
         """Restores a state returned by :meth:`state` (all six quantizers; histories of the
@@ -288,32 +291,15 @@ class QuantizerSet:
         if set(state) != set(QUANTIZERS):
             raise InvalidArgumentError(
                 f"state must have exactly the quantizers {', '.join(QUANTIZERS)}; got {sorted(state)}")
-        new = {}
-        for n in QUANTIZERS:
+        new = np.empty_like(self._state)
+        for i, n in enumerate(QUANTIZERS):
             q = state[n]
             if not isinstance(q, dict) or set(q) != {"scale", "amax_history"}:
                 raise InvalidArgumentError(f"state[{n!r}] must be a dict with 'scale' and 'amax_history'")
-            new[n] = [check_scale(n, q["scale"]),
-                      check_history(n, q["amax_history"], self.recipe.amax_history_len)]
+            new[i, 0] = check_scale(n, q["scale"])
+            new[i, 1:] = check_history(n, q["amax_history"], self.recipe.amax_history_len)
         with self._lock:
-            self._state = new
-
-    # --- used by the functional API ---------------------------------------------------------------
-    def _push(self, plan, names=QUANTIZERS):
-        """Writes this set's state of `names` into the plan (caller holds both locks)."""
-        if self._state is None:
-            return
-        for n in names:
-            s, h = self._state[n]
-            plan._set_quantizer_state_unchecked(QUANTIZERS.index(n), s, h)
-
-    def _pull(self, plan, names):
-        """Reads the plan's state of `names` back into this set."""
-        if self._state is None:
-            return
-        for n in names:
-            s, h = plan.quantizer_state(n)
-            self._state[n] = [np.float32(s), h]
+            self._state[...] = new  # in place: the array is the one the plan calls update
 
 
 def make_quantizer_set(recipe: Recipe) -> QuantizerSet:

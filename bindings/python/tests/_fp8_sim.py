@@ -1,5 +1,5 @@
 """An independent NumPy + ml_dtypes simulation of lnmlp's FP8 computation, written from docs/fp8.md
-(and DESIGN.md section 2) and sharing no code with the library or the binding.
+(and docs/design.md, "FP8") and sharing no code with the library or the binding.
 
 Conventions of the simulation:
   * scales are computed in float32 NumPy arithmetic, exactly as the doc's formulas say;

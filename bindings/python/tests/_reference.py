@@ -1,5 +1,5 @@
 """An independent float64 NumPy reference of the fused LayerNorm-MLP (forward and hand-derived
-backward), written from DESIGN.md section 1 and sharing no code with the library or binding."""
+backward), written from docs/design.md, "What is computed" and sharing no code with the library or binding."""
 
 import numpy as np
 import ml_dtypes

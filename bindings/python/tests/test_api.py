@@ -39,7 +39,11 @@ def plan():
 # --- metadata and loading ---------------------------------------------------------------------------
 def test_version_and_build_info():
     assert lnmlp.__version__ == "0.1.0"
-    assert lnmlp.library_version()[3] == lnmlp.ABI_VERSION == 1
+    assert lnmlp.library_version()[3] == lnmlp.ABI_VERSION == 2
+    assert _lib.SONAME == "liblnmlp.so.2"
+    setup_py = os.path.join(os.path.dirname(__file__), "..", "setup.py")
+    if os.path.exists(setup_py):  # the build hook bundles the library under the same name
+        assert f'SONAME = "{_lib.SONAME}"' in open(setup_py).read()
     assert "lnmlp" in lnmlp.build_info()
     assert lnmlp.query_support("cpu", "backend") is True
     assert lnmlp.query_support("cuda", "backend") is False
@@ -53,7 +57,7 @@ def test_every_c_function_is_declared():
         pytest.skip("not in the source tree")
     import re
     names = set(re.findall(r"LNMLP_API\s+[^;(]*?\b(lnmlp_\w+)\s*\(", open(header).read()))
-    assert len(names) == 46 and names == set(_lib._PROTOTYPES)
+    assert len(names) == 49 and names == set(_lib._PROTOTYPES)
     lib = _lib.get_lib()
     for n in names:
         if n in _lib._OPTIONAL and not _lib.has_function(n):
@@ -62,9 +66,9 @@ def test_every_c_function_is_declared():
 
 
 def test_abi_mismatch_is_refused(monkeypatch):
-    monkeypatch.setattr(_lib, "ABI_VERSION", 2)
+    monkeypatch.setattr(_lib, "ABI_VERSION", 3)
     path = _lib.library_path()
-    with pytest.raises(lnmlp.LibraryNotFoundError, match="ABI version 1.*needs ABI version 2"):
+    with pytest.raises(lnmlp.LibraryNotFoundError, match="ABI version 2.*needs ABI version 3"):
         _lib._declare(ctypes.CDLL(path), path)
 
 
@@ -200,7 +204,7 @@ def test_wrong_dtype_names_the_argument(plan, name):
         fwd(plan, a, **{name: a[name].astype(np.float16)})
 
 
-@pytest.mark.parametrize("name,bad", [("x", (6, 9)), ("x", (7, 8)), ("gamma", (9,)), ("beta", (8, 1)),
+@pytest.mark.parametrize("name,bad", [("x", (6, 9)), ("x", ()), ("gamma", (9,)), ("beta", (8, 1)),
                                       ("w1", (8, 12)), ("w1", (8, 2, 12)), ("w2", (8, 12))])
 def test_wrong_shape_names_the_argument(plan, name, bad):
     a = arrays()

@@ -6,6 +6,10 @@
 //!    (the CI's build), then `../../../build/rust-lib/src` (what `bindings/rust/run_tests.sh`
 //!    builds when there is no release build).
 //!
+//! Only a library of the ABI these declarations match is accepted: on Linux the directory must
+//! hold `liblnmlp.so.2` (the SONAME; a `liblnmlp.so` of another ABI, e.g. an old build whose
+//! `liblnmlp.so` points to `liblnmlp.so.1`, is refused), on macOS `liblnmlp.2.dylib`.
+//!
 //! It links `lnmlp` as a dylib, adds an rpath to the directory (so tests and binaries run
 //! without `LD_LIBRARY_PATH`), and passes the directory on to dependents as `DEP_LNMLP_LIB_DIR`
 //! (thanks to `links = "lnmlp"`), because Cargo applies `rustc-link-arg` only to the package
@@ -27,8 +31,38 @@ fn lib_file_name() -> &'static str {
     }
 }
 
+/// The ABI these declarations match (`LNMLP_ABI_VERSION` in src/lib.rs; the SONAME's number).
+const ABI: u32 = 2;
+
+/// The file named by the SONAME of a library of this ABI, where the platform has one.
+fn abi_file_name() -> Option<String> {
+    match target_os().as_str() {
+        "windows" => None,
+        "macos" => Some(format!("liblnmlp.{ABI}.dylib")),
+        _ => Some(format!("liblnmlp.so.{ABI}")),
+    }
+}
+
 fn has_lib(dir: &Path) -> bool {
     dir.join(lib_file_name()).is_file()
+}
+
+/// Whether the library in `dir` is of this ABI (its SONAME file is there).
+fn has_abi(dir: &Path) -> bool {
+    abi_file_name().map_or(true, |f| dir.join(f).is_file())
+}
+
+/// What a directory holding a library of another ABI has instead, for messages.
+fn wrong_abi(dir: &Path) -> String {
+    let real = std::fs::canonicalize(dir.join(lib_file_name())).ok();
+    let real = real.as_ref().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned());
+    format!(
+        "{} has {}{} but no {} (a library of another ABI: these bindings need ABI {ABI})",
+        dir.display(),
+        lib_file_name(),
+        real.map(|r| format!(" (-> {r})")).unwrap_or_default(),
+        abi_file_name().unwrap_or_default()
+    )
 }
 
 /// The library directories `pkg-config --libs-only-L lnmlp` reports, if pkg-config exists and
@@ -66,6 +100,13 @@ fn main() {
         if let Some(dir) = env::var_os("LNMLP_LIB_DIR") {
             let dir = PathBuf::from(dir);
             if has_lib(&dir) {
+                if !has_abi(&dir) {
+                    panic!(
+                        "\n\nlnmlp-sys: LNMLP_LIB_DIR: {}.\nRebuild the library from this checkout, or point \
+                         LNMLP_LIB_DIR at a build of it.\n",
+                        wrong_abi(&dir)
+                    );
+                }
                 return Some((dir, "LNMLP_LIB_DIR"));
             }
             // An explicit setting that is wrong is an error, not something to silently skip.
@@ -79,14 +120,24 @@ fn main() {
         }
         tried.push("LNMLP_LIB_DIR (not set)".into());
         if let Some(dir) = from_pkg_config() {
-            return Some((dir, "pkg-config"));
+            if has_abi(&dir) {
+                return Some((dir, "pkg-config"));
+            }
+            tried.push(format!("pkg-config lnmlp: {}", wrong_abi(&dir)));
+        } else {
+            tried.push(
+                "pkg-config lnmlp (no pkg-config binary, lnmlp.pc not found, or no library in its libdir)".into(),
+            );
         }
-        tried.push("pkg-config lnmlp (no pkg-config binary, lnmlp.pc not found, or no library in its libdir)".into());
         for rel in ["../../../build/release/src", "../../../build/rust-lib/src"] {
             let dir = manifest.join(rel);
             if has_lib(&dir) {
                 let dir = dir.canonicalize().unwrap_or(dir);
-                return Some((dir, "the CMake build tree"));
+                if has_abi(&dir) {
+                    return Some((dir, "the CMake build tree"));
+                }
+                tried.push(wrong_abi(&dir));
+                continue;
             }
             tried.push(format!("{}", manifest.join(rel).display()));
         }
@@ -96,7 +147,7 @@ fn main() {
     let (dir, how) = match found {
         Some(f) => f,
         None => panic!(
-            "\n\nlnmlp-sys: could not find {lib}. Looked at:\n  - {list}\n\n\
+            "\n\nlnmlp-sys: could not find {lib} of ABI {ABI}. Looked at:\n  - {list}\n\n\
              Build the library first, e.g. from the repository root:\n    \
              cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release && cmake --build build/release --target lnmlp\n\
              or set LNMLP_LIB_DIR to the directory containing {lib}\n\
@@ -107,6 +158,9 @@ fn main() {
     };
 
     println!("cargo:rerun-if-changed={}", dir.join(lib_file_name()).display());
+    if let Some(f) = abi_file_name() {
+        println!("cargo:rerun-if-changed={}", dir.join(f).display());
+    }
     println!("cargo:rustc-link-search=native={}", dir.display());
     println!("cargo:rustc-link-lib=dylib=lnmlp");
     if target_os() != "windows" {

@@ -225,11 +225,12 @@ public final class LnmlpTest {
       ByteBuffer saved = Plan.allocateAligned(LnmlpNative.plan_get_saved_bytes(p), align);
       float[] yOut = new float[T * H];
       expectStatus(ERROR_NO_WORKSPACE, null,
-          () -> LnmlpNative.plan_forward(p, x, gamma, beta, w1, b1, w2, b2, yOut, saved, 0),
+          () -> LnmlpNative.plan_forward(p, T, x, gamma, beta, w1, b1, w2, b2, yOut, saved, null,
+              CALL_DEFAULT, 0),
           "forward before attaching workspace");
       long ws = LnmlpNative.plan_get_workspace_bytes(p);
       LnmlpNative.plan_attach_workspace(p, Plan.allocateAligned(Math.max(ws, 1), align));
-      LnmlpNative.plan_forward(p, x, gamma, beta, w1, b1, w2, b2, yOut, saved, 0);
+      LnmlpNative.plan_forward(p, T, x, gamma, beta, w1, b1, w2, b2, yOut, saved, null, CALL_DEFAULT, 0);
       System.out.println("raw LnmlpNative calls, external workspace (" + ws + " bytes):");
       close("y", yOut, y, tol);
     } finally {
@@ -261,7 +262,8 @@ public final class LnmlpTest {
       float[] b1 = new float[F], w2 = new float[F * H], b2 = new float[H], y = new float[T * H];
       ByteBuffer saved = plan.newSavedBuffer();
       LnmlpException e = expectStatus(ERROR_NULL_POINTER, "x",
-          () -> LnmlpNative.plan_forward(plan.handle(), null, g, b, w1, b1, w2, b2, y, saved, 0),
+          () -> LnmlpNative.plan_forward(plan.handle(), T, null, g, b, w1, b1, w2, b2, y, saved, null,
+              CALL_DEFAULT, 0),
           "forward with x = null");
       System.out.println("error: " + e.getMessage());
       expectStatus(ERROR_NULL_POINTER, "b1",
@@ -269,8 +271,14 @@ public final class LnmlpTest {
       expectStatus(ERROR_INVALID_ARGUMENT, "x has 5 elements",
           () -> plan.forward(new float[5], g, b, w1, b1, w2, b2, saved), "Plan checks lengths");
       expect(IllegalArgumentException.class,
-          () -> LnmlpNative.plan_forward(plan.handle(), x, g, b, w1, b1, w2, b2, y,
-              ByteBuffer.allocate(4096), 0), "a heap ByteBuffer as saved");
+          () -> LnmlpNative.plan_forward(plan.handle(), T, x, g, b, w1, b1, w2, b2, y,
+              ByteBuffer.allocate(4096), null, CALL_DEFAULT, 0), "a heap ByteBuffer as saved");
+      expectStatus(ERROR_INVALID_ARGUMENT, "flags",
+          () -> LnmlpNative.plan_forward(plan.handle(), T, x, g, b, w1, b1, w2, b2, y, saved, null,
+              2, 0), "forward with flags 2 (no such flag)");
+      expectStatus(ERROR_INVALID_ARGUMENT, "fp8_state",
+          () -> plan.forward(x, g, b, w1, b1, w2, b2, y, saved, new float[6 * 5]),
+          "fp8State for a plan without FP8 state");
       expectStatus(ERROR_INVALID_ARGUMENT, null, () -> plan.amaxHistory(QUANTIZER_W1),
           "quantizer state of a non-FP8 plan");
       plan.close();
@@ -342,12 +350,492 @@ public final class LnmlpTest {
     }
   }
 
+  // ---- each call's own tokens (ABI 2): t < max, t = 0, t > max ------------------------------------
+  /** Bit-for-bit equality (NaN payloads and the sign of zero included). */
+  private static boolean sameBits(float[] a, float[] b) {
+    if (a == null || b == null) return a == b;
+    if (a.length != b.length) return false;
+    for (int i = 0; i < a.length; i++) {
+      if (Float.floatToRawIntBits(a[i]) != Float.floatToRawIntBits(b[i])) return false;
+    }
+    return true;
+  }
+
+  private static boolean allZero(float[] a) {
+    for (float v : a) {
+      if (Float.floatToRawIntBits(v) != 0) return false;
+    }
+    return true;
+  }
+
+  static void testTokens() {
+    final int T = 12, H = 32, F = 48, t = 5;
+    Random r = new Random(99);
+    float[] x = rand(r, t * H, 1.5, 0.3), gamma = rand(r, H, 0.5, 1.0), beta = rand(r, H, 0.2, 0);
+    float[] w1 = rand(r, H * F, 0.3, 0), b1 = rand(r, F, 0.2, 0);
+    float[] w2 = rand(r, F * H, 0.3, 0), b2 = rand(r, H, 0.2, 0), dy = rand(r, t * H, 1.0, 0);
+    // One thread, so that the plan for T and the plan for t sum in the same order: a call with t
+    // tokens must give what the plan made for t tokens gives, bit for bit.
+    try (Plan big = Plan.builder(T, H, F).activations(ACT_GELU).bias(true, true).numThreads(1).build();
+         Plan small = Plan.builder(t, H, F).activations(ACT_GELU).bias(true, true).numThreads(1).build()) {
+      // the shape query
+      check(big.maxTokens() == T && small.maxTokens() == t, "maxTokens " + big.maxTokens());
+      check(Arrays.equals(big.tensorShape(TENSOR_X), new long[] {T, H}), "x shape");
+      check(Arrays.equals(big.tensorShape(TENSOR_Y, t), new long[] {t, H}), "y shape for t");
+      check(Arrays.equals(big.tensorShape(TENSOR_W1), new long[] {H, 1, F}), "w1 shape");
+      check(Arrays.equals(big.tensorShape(TENSOR_B1), new long[] {1, F}), "b1 shape");
+      check(Arrays.equals(big.tensorShape(TENSOR_W2), new long[] {F, H}), "w2 shape");
+      check(big.tensorShape(TENSOR_FP8_STATE) == null, "no FP8 state without DELAYED");
+      int[] dtype = {-7};
+      long[] savedT = LnmlpNative.plan_get_tensor_shape(big.handle(), TENSOR_SAVED, TOKENS_MAX, dtype);
+      check(savedT.length == 1 && savedT[0] == big.savedBytes() && dtype[0] == DTYPE_U8,
+          "saved shape " + Arrays.toString(savedT) + " dtype " + dtype[0]);
+      long savedt = big.tensorShape(TENSOR_SAVED, t)[0];
+      check(savedt < big.savedBytes() && big.newSavedBuffer(t).capacity() == savedt,
+          "saved bytes for t = " + savedt + " < " + big.savedBytes());
+      LnmlpNative.plan_get_tensor_shape(big.handle(), TENSOR_DW1, TOKENS_MAX, dtype);
+      check(dtype[0] == DTYPE_F32, "dW1 dtype");
+      expectStatus(ERROR_INVALID_ARGUMENT, "tokens must be in [0, " + T + "]",
+          () -> big.tensorShape(TENSOR_X, T + 1), "shape query for T + 1 tokens");
+      expect(IllegalArgumentException.class,
+          () -> LnmlpNative.plan_get_tensor_shape(big.handle(), TENSOR_X, 1, new int[0]),
+          "shape query with an empty dtype array");
+
+      // t < max: the same bits as a plan made for t (saved buffers of the plan's most and of t)
+      ByteBuffer savedBig = big.newSavedBuffer(), savedSmall = small.newSavedBuffer();
+      float[] yBig = big.forward(x, gamma, beta, w1, b1, w2, b2, savedBig);
+      float[] ySmall = small.forward(x, gamma, beta, w1, b1, w2, b2, savedSmall);
+      check(yBig.length == t * H && sameBits(yBig, ySmall), "t < max: forward matches the t plan");
+      Plan.Grads gBig = big.backward(dy, x, gamma, beta, w1, b1, w2, savedBig);
+      Plan.Grads gSmall = small.backward(dy, x, gamma, beta, w1, b1, w2, savedSmall);
+      check(gBig.dx.length == t * H && sameBits(gBig.dx, gSmall.dx), "t < max: dx");
+      check(sameBits(gBig.dgamma, gSmall.dgamma) && sameBits(gBig.dbeta, gSmall.dbeta), "t < max: dgamma, dbeta");
+      check(sameBits(gBig.dw1, gSmall.dw1) && sameBits(gBig.db1, gSmall.db1), "t < max: dW1, db1");
+      check(sameBits(gBig.dw2, gSmall.dw2) && sameBits(gBig.db2, gSmall.db2), "t < max: dW2, db2");
+      // the same through a saved buffer sized for t, and through the raw call
+      ByteBuffer savedt5 = big.newSavedBuffer(t);
+      check(sameBits(big.forward(x, gamma, beta, w1, b1, w2, b2, savedt5), ySmall), "saved sized for t");
+      check(sameBits(big.backward(dy, x, gamma, beta, w1, b1, w2, savedt5).dw1, gSmall.dw1), "backward, saved for t");
+      float[] yRaw = new float[t * H];
+      LnmlpNative.plan_forward(big.handle(), t, x, gamma, beta, w1, b1, w2, b2, yRaw, savedBig, null,
+          CALL_DEFAULT, 0);
+      check(sameBits(yRaw, ySmall), "raw plan_forward with tokens = t");
+      expectStatus(ERROR_INVALID_ARGUMENT, "saved has",
+          () -> big.backward(rand(r, T * H, 1, 0), rand(r, T * H, 1, 0), gamma, beta, w1, b1, w2, savedt5),
+          "a saved buffer for fewer tokens than the call");
+      System.out.println("tokens: a call with t = " + t + " of T = " + T
+          + " gives the t-token plan's bits (forward, backward; saved " + savedt + " bytes)");
+
+      // t = 0: forward reads and writes nothing; backward's parameter gradients are zeros
+      float[] empty = new float[0];
+      float[] y0 = big.forward(empty, gamma, beta, w1, b1, w2, b2, big.newSavedBuffer(0));
+      check(y0.length == 0, "t = 0: y is empty");
+      Plan.Grads g0 = big.newGrads(0);
+      for (float[] a : new float[][] {g0.dgamma, g0.dbeta, g0.dw1, g0.db1, g0.dw2, g0.db2}) Arrays.fill(a, Float.NaN);
+      big.backward(empty, empty, gamma, beta, w1, b1, w2, big.newSavedBuffer(0), g0);
+      check(g0.dx.length == 0, "t = 0: dx is empty");
+      check(allZero(g0.dgamma) && allZero(g0.dbeta) && allZero(g0.dw1) && allZero(g0.db1)
+          && allZero(g0.dw2) && allZero(g0.db2), "t = 0: the parameter gradients are written as zeros");
+      // with 0 tokens the token-sized pointers may be NULL
+      Plan.Grads g0raw = big.newGrads(0);
+      Arrays.fill(g0raw.dw2, 1f);
+      LnmlpNative.plan_forward(big.handle(), 0, null, gamma, beta, w1, b1, w2, b2, null, null, null, CALL_DEFAULT, 0);
+      LnmlpNative.plan_backward(big.handle(), 0, null, null, gamma, beta, w1, b1, w2, null, null,
+          g0raw.dgamma, g0raw.dbeta, g0raw.dw1, g0raw.db1, g0raw.dw2, g0raw.db2, null, CALL_DEFAULT, 0);
+      check(allZero(g0raw.dw2), "t = 0 with NULL token tensors: dW2 zeros");
+      check(sameBits(big.forward(x, gamma, beta, w1, b1, w2, b2, savedBig), ySmall),
+          "empty calls change nothing for the next call");
+      System.out.println("tokens: t = 0 gives empty outputs and zero parameter gradients");
+
+      // t > max: the library refuses it, with its own message naming the plan's limit
+      float[] xOver = rand(r, (T + 1) * H, 1, 0), dyOver = rand(r, (T + 1) * H, 1, 0);
+      LnmlpException e = expectStatus(ERROR_INVALID_ARGUMENT, "tokens must be in [0, " + T + "]",
+          () -> big.forward(xOver, gamma, beta, w1, b1, w2, b2, savedBig), "forward with T + 1 tokens");
+      check(e.getDetail().startsWith("lnmlp_plan_forward:"), "the library's forward message: " + e.getDetail());
+      System.out.println("error: " + e.getMessage());
+      e = expectStatus(ERROR_INVALID_ARGUMENT, "tokens must be in [0, " + T + "]",
+          () -> big.backward(dyOver, xOver, gamma, beta, w1, b1, w2, savedBig), "backward with T + 1 tokens");
+      check(e.getDetail().startsWith("lnmlp_plan_backward:"), "the library's backward message: " + e.getDetail());
+      expectStatus(ERROR_INVALID_ARGUMENT, "tokens must be in [0, " + T + "]",
+          () -> LnmlpNative.plan_forward(big.handle(), T + 1, xOver, gamma, beta, w1, b1, w2, b2,
+              new float[(T + 1) * H], savedBig, null, CALL_DEFAULT, 0), "raw forward with T + 1 tokens");
+      expectStatus(ERROR_INVALID_ARGUMENT, "x has " + (H + 1) + " elements",
+          () -> big.forward(new float[H + 1], gamma, beta, w1, b1, w2, b2, savedBig),
+          "x not a whole number of tokens");
+    }
+  }
+
+  // ---- FP8 state of the caller: per call, attached ------------------------------------------------
+  static void testFp8StateOfCaller() {
+    final int T = 8, H = 32, F = 64, HIST = 4;
+    Random r = new Random(5);
+    float[] x = rand(r, T * H, 2, 0), g = rand(r, H, 0.5, 1), b = rand(r, H, 0.1, 0);
+    float[] w1 = rand(r, H * F, 0.2, 0), w2 = rand(r, F * H, 0.2, 0), dy = rand(r, T * H, 1, 0);
+    Plan.Builder builder = Plan.builder(T, H, F).activations(ACT_GELU).recipe(RECIPE_DELAYED)
+        .delayedScaling(0, HIST, AMAX_ALGO_MAX).numThreads(1);
+    try (Plan p = builder.build(); Plan ref = builder.build()) {
+      check(Arrays.equals(p.tensorShape(TENSOR_FP8_STATE), new long[] {QUANTIZER_COUNT, 1 + HIST}),
+          "FP8 state shape " + Arrays.toString(p.tensorShape(TENSOR_FP8_STATE)));
+      float[] st = p.newFp8State();
+      check(st.length == QUANTIZER_COUNT * (1 + HIST) && st[0] == 1f && st[1] == 0f && st[1 + HIST] == 1f,
+          "fresh state: scales 1, histories 0");
+      byte[] own = p.exportState();
+      ByteBuffer saved = p.newSavedBuffer();
+      float[] y = new float[T * H];
+      p.forward(x, g, b, w1, null, w2, null, y, saved, st);
+      check(st[1] > 0 && st[0] != 1f, "forward recorded LN_OUT's amax and updated its scale in the caller's state");
+      check(st[QUANTIZER_DY * (1 + HIST) + 1] == 0f, "DY is backward's");
+      check(Arrays.equals(own, p.exportState()), "the plan's own state is untouched");
+      Plan.Grads gr = p.newGrads(T);
+      p.backward(dy, x, g, b, w1, null, w2, saved, gr, st);
+      check(st[QUANTIZER_DY * (1 + HIST) + 1] > 0 && st[QUANTIZER_DH * (1 + HIST) + 1] > 0,
+          "backward recorded DY and DH in the caller's state");
+      check(Arrays.equals(own, p.exportState()), "still untouched");
+      // the same steps on a plan's own state give the same state and outputs, bit for bit
+      float[] yRef = ref.forward(x, g, b, w1, null, w2, null, ref.newSavedBuffer());
+      check(sameBits(y, yRef), "per-call state: forward matches a plan's own state");
+      expectStatus(ERROR_INVALID_ARGUMENT, "fp8State has",
+          () -> p.forward(x, g, b, w1, null, w2, null, new float[T * H], saved, new float[3]),
+          "an FP8 state of the wrong size");
+      float[] before = st.clone();
+      p.forward(new float[0], g, b, w1, null, w2, null, new float[0], null, st);
+      check(sameBits(st, before), "t = 0 leaves the FP8 state as it was");
+
+      // attached: the plan's state is the caller's buffer from now on
+      ByteBuffer attached = p.newFp8StateBuffer();
+      attached.asFloatBuffer().put(st);
+      p.attachFp8State(attached);
+      check(p.quantizerScale(QUANTIZER_LN_OUT) == st[0] && p.amaxHistory(QUANTIZER_LN_OUT)[0] == st[1],
+          "quantizer state reads the attached buffer");
+      p.setQuantizerState(QUANTIZER_W2, 2f, new float[HIST]);
+      check(attached.asFloatBuffer().get(QUANTIZER_W2 * (1 + HIST)) == 2f, "set_quantizer_state writes it");
+      p.forward(x, g, b, w1, null, w2, null, saved);
+      check(attached.asFloatBuffer().get(2) == st[1], "forward moved the attached LN_OUT history down");
+      expectStatus(ERROR_INVALID_ARGUMENT, null, () -> p.attachFp8State(Plan.allocateAligned(8, 16)),
+          "an attached state too small");
+      p.attachFp8State(null);
+      check(Arrays.equals(own, p.exportState()), "detached: the plan's own state, as it was");
+      System.out.println("FP8 state of the caller: per call and attached, the plan's own untouched");
+    }
+    try (Plan plain = Plan.builder(4, 8, 16).activations(ACT_GELU).build()) {
+      expectStatus(ERROR_INVALID_ARGUMENT, "only LNMLP_RECIPE_DELAYED",
+          () -> plain.attachFp8State(Plan.allocateAligned(4 * 30, 16)), "attach to a non-DELAYED plan");
+      expectStatus(ERROR_INVALID_ARGUMENT, null, plain::newFp8State, "newFp8State without DELAYED");
+    }
+  }
+
+  // ---- the typed variants with ABI 2's tokens and fp8_state ----------------------------------------
+  private static ByteBuffer direct(float[] a) {
+    ByteBuffer b = Plan.allocateAligned(4L * Math.max(a.length, 1), 64);
+    b.asFloatBuffer().put(a);
+    return b;
+  }
+
+  private static float[] floats(ByteBuffer b, int n) {
+    float[] a = new float[n];
+    b.asFloatBuffer().get(a);
+    return a;
+  }
+
+  private static short[] bf16(float[] a) { // truncation is enough for inputs
+    short[] s = new short[a.length];
+    for (int i = 0; i < a.length; i++) s[i] = (short) (Float.floatToRawIntBits(a[i]) >>> 16);
+    return s;
+  }
+
+  static void testVariants() {
+    final int T = 8, H = 16, F = 32, t = 3, HIST = 2;
+    Random r = new Random(11);
+    float[] x = rand(r, t * H, 1, 0), g = rand(r, H, 0.5, 1), b = rand(r, H, 0.1, 0);
+    float[] w1 = rand(r, H * F, 0.3, 0), w2 = rand(r, F * H, 0.3, 0);
+    try (Plan p = Plan.builder(T, H, F).activations(ACT_GELU).numThreads(1).build()) {
+      float[] want = p.forward(x, g, b, w1, null, w2, null, p.newSavedBuffer());
+      ByteBuffer y = direct(new float[t * H]);
+      LnmlpNative.plan_forward_direct(p.handle(), t, direct(x), direct(g), direct(b), direct(w1), null,
+          direct(w2), null, y, p.newSavedBuffer(t), null, CALL_DEFAULT, 0);
+      check(sameBits(floats(y, t * H), want), "plan_forward_direct with t tokens");
+    }
+    Plan.Builder delayed = Plan.builder(T, H, F).activations(ACT_GELU).recipe(RECIPE_DELAYED)
+        .delayedScaling(0, HIST, AMAX_ALGO_MAX);
+    try (Plan p = delayed.build()) {
+      ByteBuffer st = p.newFp8StateBuffer();
+      LnmlpNative.plan_forward_direct(p.handle(), t, direct(x), direct(g), direct(b), direct(w1), null,
+          direct(w2), null, direct(new float[t * H]), p.newSavedBuffer(), st, CALL_DEFAULT, 0);
+      check(st.asFloatBuffer().get(1) > 0, "plan_forward_direct updates a direct fp8_state");
+      check(p.amaxHistory(QUANTIZER_LN_OUT)[0] == 0f, "the plan's own state untouched");
+    }
+    // bf16 I/O through short[], the FP8 state still float32
+    DescHandle d = LnmlpNative.desc_create();
+    PlanHandle ph;
+    try {
+      LnmlpNative.desc_set_shape(d, T, H, F);
+      LnmlpNative.desc_set_activations(d, new int[] {ACT_GELU});
+      LnmlpNative.desc_set_dtype(d, DTYPE_BF16);
+      LnmlpNative.desc_set_recipe(d, RECIPE_DELAYED);
+      LnmlpNative.desc_set_delayed_scaling(d, 0, HIST, AMAX_ALGO_MAX);
+      ph = LnmlpNative.plan_create(d);
+    } finally {
+      LnmlpNative.desc_destroy(d);
+    }
+    try {
+      int[] dtype = new int[1];
+      long[] xs = LnmlpNative.plan_get_tensor_shape(ph, TENSOR_X, t, dtype);
+      check(Arrays.equals(xs, new long[] {t, H}) && dtype[0] == DTYPE_BF16, "bf16 x shape and dtype");
+      long[] ss = LnmlpNative.plan_get_tensor_shape(ph, TENSOR_FP8_STATE, TOKENS_MAX, dtype);
+      check(ss[0] == QUANTIZER_COUNT && ss[1] == 1 + HIST && dtype[0] == DTYPE_F32, "FP8 state shape, f32");
+      float[] st = new float[(int) (ss[0] * ss[1])];
+      for (int q = 0; q < QUANTIZER_COUNT; q++) st[q * (1 + HIST)] = 1f;
+      ByteBuffer saved = Plan.allocateAligned(LnmlpNative.plan_get_tensor_shape(ph, TENSOR_SAVED, t, null)[0],
+          LnmlpNative.plan_get_alignment(ph));
+      short[] y = new short[t * H];
+      LnmlpNative.plan_forward_u16(ph, t, bf16(x), bf16(g), bf16(b), bf16(w1), null, bf16(w2), null, y,
+          saved, st, CALL_DEFAULT, 0);
+      check(st[1] > 0, "plan_forward_u16 writes back its float[] fp8_state");
+      boolean any = false;
+      for (short v : y) any |= v != 0;
+      check(any, "plan_forward_u16 wrote y");
+    } finally {
+      LnmlpNative.plan_destroy(ph);
+    }
+    System.out.println("variants: _direct and _u16 with tokens and fp8_state");
+  }
+
+  // ---- LNMLP_CALL_WEIGHTS_UNCHANGED: reuse of the plan's weight copies ----------------------------
+  private static boolean sameGrads(Plan.Grads a, Plan.Grads b) {
+    return sameBits(a.dx, b.dx) && sameBits(a.dgamma, b.dgamma) && sameBits(a.dbeta, b.dbeta)
+        && sameBits(a.dw1, b.dw1) && sameBits(a.db1, b.db1) && sameBits(a.dw2, b.dw2)
+        && sameBits(a.db2, b.db2);
+  }
+
+  static void testWeightsUnchanged() {
+    check(CALL_DEFAULT == 0 && CALL_WEIGHTS_UNCHANGED == 1, "CALL_* constants");
+    final int T = 8, H = 32, F = 64, STEPS = 3;
+    Random r = new Random(21);
+    float[] g = rand(r, H, 0.5, 1), b = rand(r, H, 0.1, 0), b1 = rand(r, F, 0.1, 0), b2 = rand(r, H, 0.1, 0);
+    float[] w1 = rand(r, H * F, 0.2, 0), w2 = rand(r, F * H, 0.2, 0);
+    float[][] xs = new float[STEPS][], dys = new float[STEPS][];
+    for (int k = 0; k < STEPS; k++) {
+      xs[k] = rand(r, T * H, 2, 0);
+      dys[k] = rand(r, T * H, 1, 0);
+    }
+    Plan.Builder current = Plan.builder(T, H, F).activations(ACT_GELU).bias(true, true)
+        .recipe(RECIPE_CURRENT).numThreads(1);
+
+    // Micro-batches with the same weights: flagged steps (after the first forward) give the bits of
+    // unflagged ones, forward and backward.
+    try (Plan plain = current.build(); Plan flagged = current.build()) {
+      ByteBuffer s1 = plain.newSavedBuffer(), s2 = flagged.newSavedBuffer();
+      for (int k = 0; k < STEPS; k++) {
+        float[] y1 = new float[T * H], y2 = new float[T * H];
+        plain.forward(xs[k], g, b, w1, b1, w2, b2, y1, s1, null, false);
+        flagged.forward(xs[k], g, b, w1, b1, w2, b2, y2, s2, null, k > 0);
+        check(sameBits(y1, y2), "CURRENT step " + k + ": flagged forward == unflagged, bit for bit");
+        Plan.Grads g1 = plain.newGrads(T), g2 = flagged.newGrads(T);
+        plain.backward(dys[k], xs[k], g, b, w1, b1, w2, s1, g1, null, false);
+        flagged.backward(dys[k], xs[k], g, b, w1, b1, w2, s2, g2, null, true);
+        check(sameGrads(g1, g2), "CURRENT step " + k + ": flagged backward == unflagged, bit for bit");
+      }
+      System.out.println("weights unchanged: " + STEPS + " flagged CURRENT steps give the unflagged bits");
+    }
+
+    // The flag makes the plan reuse its FP8 copies: halving w1 behind it gives the old results; a
+    // call without it makes the copies afresh.
+    float[] half = w1.clone();
+    for (int i = 0; i < half.length; i++) half[i] *= 0.5f;
+    try (Plan p = current.build(); Plan ref = current.build()) {
+      ByteBuffer saved = p.newSavedBuffer();
+      float[] y0 = new float[T * H];
+      p.forward(xs[0], g, b, w1, b1, w2, b2, y0, saved, null, false);
+      Plan.Grads g0 = p.newGrads(T);
+      p.backward(dys[0], xs[0], g, b, w1, b1, w2, saved, g0, null, false);
+
+      float[] yLie = new float[T * H];
+      p.forward(xs[0], g, b, half, b1, w2, b2, yLie, saved, null, true);
+      check(sameBits(yLie, y0), "w1 halved behind WEIGHTS_UNCHANGED: forward gives the old w1's results");
+      Plan.Grads gLie = p.newGrads(T);
+      p.backward(dys[0], xs[0], g, b, half, b1, w2, saved, gLie, null, true);
+      check(sameGrads(gLie, g0), "w1 halved behind WEIGHTS_UNCHANGED: backward gives the old w1's results");
+
+      float[] yHalf = new float[T * H], yRef = new float[T * H];
+      p.forward(xs[0], g, b, half, b1, w2, b2, yHalf, saved, null, false);
+      ref.forward(xs[0], g, b, half, b1, w2, b2, yRef, ref.newSavedBuffer(), null, false);
+      check(!sameBits(yHalf, y0) && sameBits(yHalf, yRef), "without the flag the halved w1 is used");
+      float[] yBack = new float[T * H];
+      p.forward(xs[0], g, b, w1, b1, w2, b2, yBack, saved, null, true);
+      check(sameBits(yBack, yHalf), "and its copies are the ones kept: the flag now reuses the halved w1's");
+      System.out.println("weights unchanged: FP8 copies reused (w1 halved behind the flag changes nothing)");
+    }
+
+    // A plan without weight copies (f32, recipe NONE): the flag is harmless. JNI passes C a fresh
+    // copy of each array per call and frees it after, so the library must not read the previous
+    // call's addresses. x, y, w1 and w2 all have 128 elements here, so a freed copy's memory soon
+    // holds another of them (this caught a library that kept an f32 plan's weight addresses).
+    final int T2 = 16, H2 = 8, F2 = 16;
+    float[] x2 = rand(r, T2 * H2, 2, 0), dy2 = rand(r, T2 * H2, 1, 0), g2 = rand(r, H2, 0.5, 1);
+    float[] bt2 = rand(r, H2, 0.1, 0), w12 = rand(r, H2 * F2, 0.3, 0), w22 = rand(r, F2 * H2, 0.3, 0);
+    try (Plan p = Plan.builder(T2, H2, F2).activations(ACT_GELU).numThreads(1).build()) {
+      ByteBuffer saved = p.newSavedBuffer();
+      float[] y0 = new float[T2 * H2];
+      p.forward(x2, g2, bt2, w12, null, w22, null, y0, saved, null, false);
+      Plan.Grads g0 = p.newGrads(T2);
+      p.backward(dy2, x2, g2, bt2, w12, null, w22, saved, g0, null, false);
+      for (int k = 0; k < 3; k++) {
+        float[] y1 = new float[T2 * H2];
+        p.forward(x2, g2, bt2, w12, null, w22, null, y1, saved, null, true);
+        Plan.Grads g1 = p.newGrads(T2);
+        p.backward(dy2, x2, g2, bt2, w12, null, w22, saved, g1, null, true);
+        check(sameBits(y0, y1) && sameGrads(g0, g1), "f32 plan, call " + k + ": flagged calls give the unflagged bits");
+      }
+    }
+  }
+
+  // ---- weight-gradient accumulation ---------------------------------------------------------------
+  /** max |got - ref| <= tol * max |ref| over a gradient accumulated from init. */
+  private static double[] sumOf(float[] init, float[]... parts) {
+    double[] s = new double[init.length];
+    for (int i = 0; i < s.length; i++) s[i] = init[i];
+    for (float[] p : parts) {
+      for (int i = 0; i < s.length; i++) s[i] += p[i];
+    }
+    return s;
+  }
+
+  static void testAccumulate() {
+    final int T = 8, H = 32, F = 48;
+    final int[] ts = {8, 5, 3}; // the micro-batches' tokens
+    final int K = ts.length;
+    Random r = new Random(31);
+    float[] g = rand(r, H, 0.5, 1), b = rand(r, H, 0.1, 0), b1 = rand(r, F, 0.1, 0), b2 = rand(r, H, 0.1, 0);
+    float[] w1 = rand(r, H * F, 0.3, 0), w2 = rand(r, F * H, 0.3, 0);
+    float[][] xs = new float[K][], dys = new float[K][];
+    for (int k = 0; k < K; k++) {
+      xs[k] = rand(r, ts[k] * H, 1.5, 0.2);
+      dys[k] = rand(r, ts[k] * H, 1, 0);
+    }
+    float[] iw1 = rand(r, H * F, 1, 0), ib1 = rand(r, F, 1, 0), iw2 = rand(r, F * H, 1, 0), ib2 = rand(r, H, 1, 0);
+
+    // f32: the sum of the separate gradients plus the initial values
+    Plan.Builder base = Plan.builder(T, H, F).activations(ACT_GELU).bias(true, true).numThreads(1);
+    try (Plan sep = base.build(); Plan acc = base.accumulateGrads(true).build()) {
+      check(!sep.accumulatesGrads() && acc.accumulatesGrads(), "accumulatesGrads()");
+      check(acc.dtype() == DTYPE_F32 && acc.gradDtype() == DTYPE_F32, "f32 plan: f32 weight gradients");
+      Plan.Grads[] parts = new Plan.Grads[K];
+      ByteBuffer ss = sep.newSavedBuffer(), sa = acc.newSavedBuffer();
+      float[] dw1 = iw1.clone(), db1 = ib1.clone(), dw2 = iw2.clone(), db2 = ib2.clone();
+      float[] dgamma = new float[H], dbeta = new float[H];
+      for (int k = 0; k < K; k++) {
+        sep.forward(xs[k], g, b, w1, b1, w2, b2, ss);
+        parts[k] = sep.backward(dys[k], xs[k], g, b, w1, b1, w2, ss);
+        acc.forward(xs[k], g, b, w1, b1, w2, b2, new float[ts[k] * H], sa, null, k > 0);
+        Arrays.fill(dgamma, Float.NaN);
+        Plan.Grads out = new Plan.Grads(new float[ts[k] * H], dgamma, dbeta, dw1, db1, dw2, db2);
+        acc.backward(dys[k], xs[k], g, b, w1, b1, w2, sa, out, null, k > 0);
+        check(sameBits(out.dx, parts[k].dx) && sameBits(dgamma, parts[k].dgamma)
+            && sameBits(dbeta, parts[k].dbeta), "micro-batch " + k + ": dx, dgamma, dbeta overwritten");
+      }
+      System.out.println("accumulation, f32, " + K + " micro-batches of " + Arrays.toString(ts) + " tokens:");
+      final double tol = 1e-6;
+      close("dW1", dw1, sumOf(iw1, parts[0].dw1, parts[1].dw1, parts[2].dw1), tol);
+      close("db1", db1, sumOf(ib1, parts[0].db1, parts[1].db1, parts[2].db1), tol);
+      close("dW2", dw2, sumOf(iw2, parts[0].dw2, parts[1].dw2, parts[2].dw2), tol);
+      close("db2", db2, sumOf(ib2, parts[0].db2, parts[1].db2, parts[2].db2), tol);
+
+      // 0 tokens leave the accumulated gradients as they are (dgamma and dbeta: zeros)
+      float[] w1Before = dw1.clone(), b2Before = db2.clone();
+      acc.backward(new float[0], new float[0], g, b, w1, b1, w2, null,
+          new Plan.Grads(new float[0], dgamma, dbeta, dw1, db1, dw2, db2), null, true);
+      check(sameBits(dw1, w1Before) && sameBits(db2, b2Before) && allZero(dgamma),
+          "0 tokens: accumulated gradients untouched, dgamma zeros");
+      expectStatus(ERROR_INVALID_ARGUMENT, "accumulates",
+          () -> acc.backward(dys[0], xs[0], g, b, w1, b1, w2, sa), "allocating backward of an accumulating plan");
+    }
+
+    // bf16 I/O with fp32 weight gradients ("main grads"), accumulated: float[] dW1, db1, dW2, db2
+    short[] g16 = bf16(g), b16 = bf16(b), w116 = bf16(w1), b116 = bf16(b1), w216 = bf16(w2), b216 = bf16(b2);
+    Plan.Builder main = Plan.builder(T, H, F).activations(ACT_GELU).bias(true, true).numThreads(1)
+        .dtype(DTYPE_BF16).gradDtype(DTYPE_F32);
+    try (Plan sep = main.build(); Plan acc = main.accumulateGrads(true).build()) {
+      check(acc.dtype() == DTYPE_BF16 && acc.gradDtype() == DTYPE_F32, "bf16 plan, f32 weight gradients");
+      int[] dt = new int[1];
+      LnmlpNative.plan_get_tensor_shape(acc.handle(), TENSOR_DB2, TOKENS_MAX, dt);
+      check(dt[0] == DTYPE_F32, "the shape query's db2 dtype is F32");
+      LnmlpNative.plan_get_tensor_shape(acc.handle(), TENSOR_DGAMMA, TOKENS_MAX, dt);
+      check(dt[0] == DTYPE_BF16, "dgamma stays bf16");
+      Plan.MainGrads[] parts = new Plan.MainGrads[K];
+      ByteBuffer ss = sep.newSavedBuffer(), sa = acc.newSavedBuffer();
+      Plan.MainGrads out = acc.newMainGrads(0);
+      System.arraycopy(iw1, 0, out.dw1, 0, iw1.length);
+      System.arraycopy(ib1, 0, out.db1, 0, ib1.length);
+      System.arraycopy(iw2, 0, out.dw2, 0, iw2.length);
+      System.arraycopy(ib2, 0, out.db2, 0, ib2.length);
+      for (int k = 0; k < K; k++) {
+        short[] x16 = bf16(xs[k]), dy16 = bf16(dys[k]);
+        sep.forward(x16, g16, b16, w116, b116, w216, b216, new short[x16.length], ss, null, false);
+        parts[k] = sep.newMainGrads(ts[k]);
+        sep.backward(dy16, x16, g16, b16, w116, b116, w216, ss, parts[k], null, false);
+        acc.forward(x16, g16, b16, w116, b116, w216, b216, new short[x16.length], sa, null, k > 0);
+        acc.backward(dy16, x16, g16, b16, w116, b116, w216, sa,
+            new Plan.MainGrads(new short[x16.length], out.dgamma, out.dbeta, out.dw1, out.db1, out.dw2, out.db2),
+            null, k > 0);
+      }
+      System.out.println("accumulation, bf16 I/O into fp32 main grads:");
+      final double tol = 1e-6;
+      close("dW1", out.dw1, sumOf(iw1, parts[0].dw1, parts[1].dw1, parts[2].dw1), tol);
+      close("db1", out.db1, sumOf(ib1, parts[0].db1, parts[1].db1, parts[2].db1), tol);
+      close("dW2", out.dw2, sumOf(iw2, parts[0].dw2, parts[1].dw2, parts[2].dw2), tol);
+      close("db2", out.db2, sumOf(ib2, parts[0].db2, parts[1].db2, parts[2].db2), tol);
+
+      // a holder, array type or dtype that does not fit the plan throws before C is called
+      short[] x16 = bf16(xs[0]), dy16 = bf16(dys[0]);
+      Plan.Grads16 wrong = new Plan.Grads16(new short[x16.length], new short[H], new short[H],
+          new short[H * F], new short[F], new short[F * H], new short[H]);
+      expectStatus(ERROR_INVALID_ARGUMENT, "DTYPE_F32",
+          () -> acc.backward(dy16, x16, g16, b16, w116, b116, w216, sa, wrong, null, false),
+          "16-bit weight gradients for a plan whose are F32");
+      expectStatus(ERROR_INVALID_ARGUMENT, "MainGrads", () -> acc.newGrads16(1), "newGrads16 of a main-grad plan");
+      expectStatus(ERROR_INVALID_ARGUMENT, "DTYPE_BF16",
+          () -> acc.forward(xs[0], g, b, w1, b1, w2, b2, sa), "float[] forward of a bf16 plan");
+      expectStatus(ERROR_INVALID_ARGUMENT, "DTYPE_BF16", () -> acc.newGrads(1), "float[] Grads of a bf16 plan");
+    }
+    try (Plan p16 = Plan.builder(T, H, F).activations(ACT_GELU).dtype(DTYPE_BF16).accumulateGrads(true).build();
+         Plan p32 = Plan.builder(T, H, F).activations(ACT_GELU).build()) {
+      check(p16.gradDtype() == DTYPE_BF16, "default weight-gradient dtype: the plan's");
+      short[] x16 = bf16(xs[0]), dy16 = bf16(dys[0]);
+      Plan.MainGrads wrong = new Plan.MainGrads(new short[x16.length], new short[H], new short[H],
+          new float[H * F], null, new float[F * H], null);
+      expectStatus(ERROR_INVALID_ARGUMENT, "Grads16",
+          () -> p16.backward(dy16, x16, g16, b16, w116, null, w216, p16.newSavedBuffer(), wrong, null, false),
+          "float[] weight gradients for a plan whose are bf16");
+      expectStatus(ERROR_INVALID_ARGUMENT, "Grads16", () -> p16.newMainGrads(1), "newMainGrads of a bf16-grad plan");
+      // the 16-bit path itself: accumulate bf16 gradients into zeros = the gradient
+      ByteBuffer saved = p16.newSavedBuffer();
+      p16.forward(x16, g16, b16, w116, null, w216, null, new short[x16.length], saved, null, false);
+      Plan.Grads16 gr = p16.newGrads16(ts[0]);
+      p16.backward(dy16, x16, g16, b16, w116, null, w216, saved, gr, null, true);
+      boolean any = false;
+      for (short v : gr.dw2) any |= v != 0;
+      check(any && gr.db1 == null, "bf16 weight gradients accumulated into short[]");
+      expectStatus(ERROR_INVALID_ARGUMENT, "DTYPE_F32",
+          () -> p32.forward(x16, g16, b16, w116, null, w216, null, new short[x16.length], null, null, false),
+          "short[] forward of an f32 plan");
+    }
+    expectStatus(ERROR_INVALID_ARGUMENT, "weight gradients",
+        () -> Plan.builder(T, H, F).dtype(DTYPE_BF16).gradDtype(DTYPE_F16).build(),
+        "an F16 gradient dtype for a bf16 plan");
+    System.out.println("accumulation: mismatched holders, arrays and dtypes are refused");
+  }
+
   public static void main(String[] args) {
     long t0 = System.nanoTime();
     testVersion();
     testForwardBackward();
     testErrors();
+    testTokens();
     testDelayedState();
+    testFp8StateOfCaller();
+    testVariants();
+    testWeightsUnchanged();
+    testAccumulate();
     System.out.printf("LnmlpTest: all %d checks passed (%.2f s)%n", checks, (System.nanoTime() - t0) / 1e9);
   }
 }

@@ -52,6 +52,8 @@ lnmlp_desc_set_backend(desc, backend, device) =
     ccall((:lnmlp_desc_set_backend, liblnmlp), Int32, (Ptr{Cvoid}, Int32, Int32), desc, backend, device)
 lnmlp_desc_set_num_threads(desc, num_threads) =
     ccall((:lnmlp_desc_set_num_threads, liblnmlp), Int32, (Ptr{Cvoid}, Int32), desc, num_threads)
+lnmlp_desc_set_weight_gradients(desc, accumulate, dtype) =
+    ccall((:lnmlp_desc_set_weight_gradients, liblnmlp), Int32, (Ptr{Cvoid}, Int32, Int32), desc, accumulate, dtype)
 lnmlp_desc_set_recipe(desc, recipe) =
     ccall((:lnmlp_desc_set_recipe, liblnmlp), Int32, (Ptr{Cvoid}, Int32), desc, recipe)
 lnmlp_desc_set_fp8_format(desc, format) =
@@ -104,8 +106,13 @@ lnmlp_plan_get_alignment(plan, bytes) =
     ccall((:lnmlp_plan_get_alignment, liblnmlp), Int32, (Ptr{Cvoid}, Ptr{Int64}), plan, bytes)
 lnmlp_plan_attach_workspace(plan, workspace, bytes) =
     ccall((:lnmlp_plan_attach_workspace, liblnmlp), Int32, (Ptr{Cvoid}, Ptr{Cvoid}, Int64), plan, workspace, bytes)
+lnmlp_plan_get_tensor_shape(plan, tensor, tokens, rank, dims, dtype) =
+    ccall((:lnmlp_plan_get_tensor_shape, liblnmlp), Int32, (Ptr{Cvoid}, Int32, Int64, Ptr{Int32}, Ptr{Int64}, Ptr{Int32}),
+          plan, tensor, tokens, rank, dims, dtype)
 
 # ---- FP8 quantizer state ----
+lnmlp_plan_attach_fp8_state(plan, state) =
+    ccall((:lnmlp_plan_attach_fp8_state, liblnmlp), Int32, (Ptr{Cvoid}, Ptr{Cvoid}), plan, state)
 lnmlp_plan_get_amax_history_length(plan, len) =
     ccall((:lnmlp_plan_get_amax_history_length, liblnmlp), Int32, (Ptr{Cvoid}, Ptr{Int32}), plan, len)
 lnmlp_plan_get_quantizer_state(plan, quantizer, scale, amax_history, len) =
@@ -121,15 +128,17 @@ lnmlp_plan_export_state(plan, blob, bytes) =
 lnmlp_plan_import_state(plan, blob, bytes) =
     ccall((:lnmlp_plan_import_state, liblnmlp), Int32, (Ptr{Cvoid}, Ptr{Cvoid}, Int64), plan, blob, bytes)
 
-# ---- execution ----
-lnmlp_plan_forward(plan, x, gamma, beta, w1, b1, w2, b2, y, saved, stream) =
+# ---- execution (ABI 2: the call's tokens after the plan; fp8_state and flags before the stream) ----
+lnmlp_plan_forward(plan, tokens, x, gamma, beta, w1, b1, w2, b2, y, saved, fp8_state, flags, stream) =
     ccall((:lnmlp_plan_forward, liblnmlp), Int32,
-          (Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid},
-           Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}),
-          plan, x, gamma, beta, w1, b1, w2, b2, y, saved, stream)
-lnmlp_plan_backward(plan, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta, dw1, db1, dw2, db2, stream) =
+          (Ptr{Cvoid}, Int64, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid},
+           Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Int32, Ptr{Cvoid}),
+          plan, tokens, x, gamma, beta, w1, b1, w2, b2, y, saved, fp8_state, flags, stream)
+lnmlp_plan_backward(plan, tokens, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta, dw1, db1, dw2, db2,
+                    fp8_state, flags, stream) =
     ccall((:lnmlp_plan_backward, liblnmlp), Int32,
-          (Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid},
+          (Ptr{Cvoid}, Int64, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid},
            Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid},
-           Ptr{Cvoid}),
-          plan, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta, dw1, db1, dw2, db2, stream)
+           Ptr{Cvoid}, Ptr{Cvoid}, Int32, Ptr{Cvoid}),
+          plan, tokens, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta, dw1, db1, dw2, db2,
+          fp8_state, flags, stream)

@@ -2,7 +2,7 @@
 # tools/check_julia_bindings.py fails when one is missing or differs from the header.
 
 """The ABI version this binding was written against (`LNMLP_ABI_VERSION` in lnmlp.h)."""
-const LNMLP_ABI_VERSION = 1
+const LNMLP_ABI_VERSION = 2
 
 const LNMLP_SUCCESS = Int32(0)
 
@@ -22,6 +22,7 @@ const LNMLP_ERROR_INTERNAL = Int32(12)
 const LNMLP_DTYPE_F32 = Int32(0)
 const LNMLP_DTYPE_BF16 = Int32(1)
 const LNMLP_DTYPE_F16 = Int32(2)
+const LNMLP_DTYPE_U8 = Int32(3)  # the saved buffer's element type in lnmlp_plan_get_tensor_shape
 
 const LNMLP_NORM_LAYERNORM = Int32(0)
 const LNMLP_NORM_RMSNORM = Int32(1)
@@ -89,3 +90,32 @@ const LNMLP_COMM_F32 = Int32(0)
 const LNMLP_COMM_BF16 = Int32(1)
 const LNMLP_COMM_F16 = Int32(2)
 const LNMLP_COMM_U8 = Int32(3)
+
+# The tensors of forward and backward, for lnmlp_plan_get_tensor_shape.
+const LNMLP_TENSOR_X = Int32(0)
+const LNMLP_TENSOR_GAMMA = Int32(1)
+const LNMLP_TENSOR_BETA = Int32(2)
+const LNMLP_TENSOR_W1 = Int32(3)
+const LNMLP_TENSOR_B1 = Int32(4)
+const LNMLP_TENSOR_W2 = Int32(5)
+const LNMLP_TENSOR_B2 = Int32(6)
+const LNMLP_TENSOR_Y = Int32(7)
+const LNMLP_TENSOR_SAVED = Int32(8)      # bytes (LNMLP_DTYPE_U8)
+const LNMLP_TENSOR_DY = Int32(9)
+const LNMLP_TENSOR_DX = Int32(10)
+const LNMLP_TENSOR_DGAMMA = Int32(11)
+const LNMLP_TENSOR_DBETA = Int32(12)
+const LNMLP_TENSOR_DW1 = Int32(13)
+const LNMLP_TENSOR_DB1 = Int32(14)
+const LNMLP_TENSOR_DW2 = Int32(15)
+const LNMLP_TENSOR_DB2 = Int32(16)
+const LNMLP_TENSOR_FP8_STATE = Int32(17) # float32 [LNMLP_QUANTIZER_COUNT, 1 + amax history length]
+const LNMLP_TENSOR_COUNT = Int32(18)
+
+# The header's #defines for lnmlp_plan_get_tensor_shape (not enums, so not checked by the tool).
+const LNMLP_MAX_TENSOR_RANK = 3    # dims holds this many values (W1: [H, A, F])
+const LNMLP_TOKENS_MAX = Int64(-1) # `tokens` for the plan's most tokens
+
+# Flags of a forward or backward call (OR'ed).
+const LNMLP_CALL_DEFAULT = Int32(0)
+const LNMLP_CALL_WEIGHTS_UNCHANGED = Int32(1)  # w1/w2 as when the plan made its copies: reuse them

@@ -1,5 +1,6 @@
 # FP8: element conversions (lnmlp_fp8_encode / _decode) and the delayed-scaling quantizer state a
-# plan owns (scale + amax history per quantizer; export/import as a checkpoint blob).
+# plan owns or a caller attaches (scale + amax history per quantizer; export/import as a checkpoint
+# blob).
 
 const QUANTIZERS = (:ln_out, :w1, :act_out, :w2, :dy, :dh)  # LNMLP_QUANTIZER_* order
 const _FP8 = Dict(:e4m3 => LNMLP_FP8_E4M3, :e5m2 => LNMLP_FP8_E5M2)
@@ -76,6 +77,44 @@ function import_state!(p::Plan, blob::Vector{UInt8})
         h = _live(p)
         GC.@preserve blob check(lnmlp_plan_import_state(h, isempty(blob) ? C_NULL : pointer(blob),
                                                         Int64(length(blob))))
+    end
+    return p
+end
+
+"""
+    new_fp8_state(plan) -> Matrix{Float32}
+
+A fresh delayed-scaling state for `plan` (every scale 1, every history entry 0), of
+`tensor_shape(plan, :fp8_state)` = `(1 + amax_history_len, 6)`: column `q + 1` is quantizer q
+(`LNMLP_QUANTIZER_*` order), its scale in row 1 and its amax history, newest first, below. Pass it
+as `fp8_state=` to `forward`/`backward`, or attach it with [`attach_fp8_state!`](@ref).
+"""
+function new_fp8_state(p::Plan)
+    lock(p.lock) do
+        h = _live(p)
+        _require_state(p)
+        state = zeros(Float32, _shape(h, LNMLP_TENSOR_FP8_STATE))
+        state[1, :] .= 1
+        return state
+    end
+end
+
+"""
+    attach_fp8_state!(plan, state::Matrix{Float32})
+    attach_fp8_state!(plan, nothing)
+
+Makes the caller's `state` (see [`new_fp8_state`](@ref)) the plan's delayed-scaling state from now
+on: forward / backward without `fp8_state=`, `quantizer_state`, `set_quantizer_state!`,
+`export_state` and `import_state!` read and update it in place. `nothing` goes back to the plan's
+own state, which kept its values. The plan keeps `state` alive while it is attached.
+"""
+function attach_fp8_state!(p::Plan, state)
+    lock(p.lock) do
+        h = _live(p)
+        _require_state(p)
+        sp = _fp8_ptr(p, h, state)
+        GC.@preserve state check(lnmlp_plan_attach_fp8_state(h, sp))
+        p.fp8_state = state
     end
     return p
 end

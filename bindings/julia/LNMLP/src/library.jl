@@ -4,7 +4,7 @@
 # The library every ccall in capi.jl names. A global assigned in __init__ (not a const): the path
 # is decided when the package is loaded, not when it was precompiled. ccall reads a global library
 # name at run time (Julia >= 1.6).
-liblnmlp = "liblnmlp.so.1"
+liblnmlp = "liblnmlp.so.2"
 
 const _loaded = Ref(false)           # set once the ABI check passed
 const _load_lock = ReentrantLock()
@@ -13,14 +13,14 @@ const _load_lock = ReentrantLock()
     find_liblnmlp() -> String
 
 `ENV["LNMLP_LIBRARY"]` when set (an explicit choice is never replaced by another library), else
-the first of `liblnmlp.so.1`, `liblnmlp` that `Libdl.find_library` finds, else `"liblnmlp.so.1"`
+the first of `liblnmlp.so.2`, `liblnmlp` that `Libdl.find_library` finds, else `"liblnmlp.so.2"`
 (left to the system loader, which then reports what it could not find).
 """
 function find_liblnmlp()
     p = get(ENV, "LNMLP_LIBRARY", "")
     isempty(p) || return p
-    found = Libdl.find_library(["liblnmlp.so.1", "liblnmlp"])
-    return isempty(found) ? "liblnmlp.so.1" : found
+    found = Libdl.find_library(["liblnmlp.so.2", "liblnmlp"])
+    return isempty(found) ? "liblnmlp.so.2" : found
 end
 
 """

@@ -37,13 +37,26 @@ end
          activations=(:relu,), act_params=nothing, use_bias1=false, use_bias2=false,
          dtype=Float32, remat=:save_all, num_threads=0, backend=:cpu, external_workspace=false,
          recipe=:none, fp8_format=:default, margin=0, amax_history_len=1024, amax_compute_algo=:max,
-         power_2_scale=-1, amax_epsilon=0.0)
+         power_2_scale=-1, amax_epsilon=0.0, accumulate_grads=false, grad_dtype=nothing)
 
 Validates and allocates a fused block (`lnmlp_plan_create`). `activations` is a name (`:gelu`, or a
 pair name such as `:swiglu`) or a tuple of 1 or 2 names; `act_params` is `(limit=, alpha=, offset=)`
 for `:clamped_swiglu`; `dtype` is `Float32`, `Float16` or [`BFloat16`](@ref); `recipe` is one of
 `:none, :delayed, :current, :block, :mxfp8` with the options of `lnmlp_desc_set_*`.
 Only the CPU backend (host arrays) is supported by this binding.
+
+The weight gradients dW1, db1, dW2, db2 (`lnmlp_desc_set_weight_gradients`): with
+`accumulate_grads=true` backward adds into them (each element `rnd(old + gradient)`) instead of
+overwriting them, for gradient accumulation over micro-batches; use [`backward!`](@ref) with your
+gradient arrays (from [`new_grads`](@ref)) then, since the allocating `backward` is refused.
+`grad_dtype` is their element type: `nothing` (the plan's `dtype`) or `Float32` (fp32 "main
+grads" of a `Float16` / `BFloat16` plan); the library refuses any other at plan creation.
+`plan.grad_dtype` is the type the library reports. dgamma, dbeta and dx are always overwritten,
+in `dtype`.
+
+`tokens` is the most tokens one call takes (`plan.max_tokens`: this rank's rows under sequence
+parallelism): each [`forward`](@ref) / [`backward`](@ref) takes an `x` with any number of tokens
+from 0 to it. The size of every tensor of a call is [`tensor_shape`](@ref)`(plan, tensor; tokens)`.
 
 Free it with `close(plan)` (idempotent), or let the garbage collector's finalizer do it.
 One plan must be used by one task at a time; calls on one Plan are serialized by a lock.
@@ -67,7 +80,11 @@ mutable struct Plan
     alignment::Int
     amax_history_length::Int
     state_bytes::Int
+    max_tokens::Int                          # the most tokens of one call (x's trailing dims)
+    accumulate_grads::Bool                   # backward adds into dw1, db1, dw2, db2
+    grad_dtype::DataType                     # element type of dw1, db1, dw2, db2 (the shape query's)
     workspace::Union{Nothing,Vector{UInt8}}  # attached caller workspace, kept alive by the plan
+    fp8_state::Union{Nothing,Array{Float32}} # attached caller FP8 state, kept alive by the plan
     lock::ReentrantLock
 end
 
@@ -76,7 +93,8 @@ function Plan(tokens::Integer, hidden::Integer, ffn::Integer; norm=:layernorm, z
               use_bias2::Bool=false, dtype::Type=Float32, remat=:save_all, num_threads::Integer=0,
               backend=:cpu, external_workspace::Bool=false, recipe=:none, fp8_format=:default,
               margin::Integer=0, amax_history_len::Integer=1024, amax_compute_algo=:max,
-              power_2_scale::Integer=-1, amax_epsilon::Real=0.0, sharding=nothing)
+              power_2_scale::Integer=-1, amax_epsilon::Real=0.0, sharding=nothing,
+              accumulate_grads::Bool=false, grad_dtype::Union{Nothing,Type}=nothing)
     ensure_loaded()
     acts = _activations(activations)
     haskey(_DTYPES, dtype) || argerror("dtype must be Float32, Float16 or LNMLP.BFloat16, got $dtype")
@@ -87,6 +105,9 @@ function Plan(tokens::Integer, hidden::Integer, ffn::Integer; norm=:layernorm, z
     end
     normv, rematv = _choice("norm", norm, _NORMS), _choice("remat", remat, _REMATS)
     recipev = _choice("recipe", recipe, _RECIPES)
+    grad_dtype === nothing || haskey(_DTYPES, grad_dtype) ||
+        argerror("grad_dtype must be nothing or the plan's dtype ($dtype), or Float32; got $grad_dtype")
+    gradv = grad_dtype === nothing ? Int32(-1) : _DTYPES[grad_dtype]
     d = Ref{Ptr{Cvoid}}(C_NULL)
     check(lnmlp_desc_create(d))
     h = Ref{Ptr{Cvoid}}(C_NULL)
@@ -105,6 +126,7 @@ function Plan(tokens::Integer, hidden::Integer, ffn::Integer; norm=:layernorm, z
         end
         check(lnmlp_desc_set_bias(desc, Int32(use_bias1), Int32(use_bias2)))
         check(lnmlp_desc_set_dtype(desc, _DTYPES[dtype]))
+        check(lnmlp_desc_set_weight_gradients(desc, Int32(accumulate_grads), gradv))
         check(lnmlp_desc_set_remat(desc, rematv))
         check(lnmlp_desc_set_backend(desc, LNMLP_BACKEND_CPU, Int32(0)))
         check(lnmlp_desc_set_num_threads(desc, Int32(num_threads)))
@@ -125,7 +147,8 @@ function Plan(tokens::Integer, hidden::Integer, ffn::Integer; norm=:layernorm, z
         lnmlp_desc_destroy(d[])  # the plan does not need its descriptor
     end
     p = Plan(h[], Int(tokens), Int(hidden), Int(ffn), Symbol(norm), acts, dtype, use_bias1, use_bias2,
-             Symbol(remat), Symbol(recipe), external_workspace, 0, 0, 0, 0, 0, 0, nothing, ReentrantLock())
+             Symbol(remat), Symbol(recipe), external_workspace, 0, 0, 0, 0, 0, 0, 0, accumulate_grads, dtype,
+             nothing, nothing, ReentrantLock())
     finalizer(_finalize, p)  # registered before anything below can throw
     p.workspace_bytes = _query_i64(lnmlp_plan_get_workspace_bytes, p)
     p.saved_bytes = _query_i64(lnmlp_plan_get_saved_bytes, p)
@@ -135,6 +158,8 @@ function Plan(tokens::Integer, hidden::Integer, ffn::Integer; norm=:layernorm, z
     n = Ref{Int32}(0)
     check(lnmlp_plan_get_amax_history_length(p.handle, n))
     p.amax_history_length = n[]
+    p.max_tokens = _shape(p.handle, LNMLP_TENSOR_X)[2]  # x is (hidden, tokens)
+    p.grad_dtype = _shape_type(p.handle, LNMLP_TENSOR_DW1)[2]  # dW1 is always taken
     return p
 end
 
@@ -165,37 +190,100 @@ end
 
 Base.show(io::IO, p::Plan) = print(io, "LNMLP.Plan(tokens=$(p.tokens), hidden=$(p.hidden), ffn=$(p.ffn), ",
     "norm=:$(p.norm), activations=$(p.activations), dtype=$(p.dtype), use_bias1=$(p.use_bias1), ",
-    "use_bias2=$(p.use_bias2), remat=:$(p.remat), recipe=:$(p.recipe))", isopen(p) ? "" : " [closed]")
+    "use_bias2=$(p.use_bias2), remat=:$(p.remat), recipe=:$(p.recipe)",
+    p.accumulate_grads ? ", accumulate_grads=true" : "", p.grad_dtype == p.dtype ? "" : ", grad_dtype=$(p.grad_dtype)",
+    ")", isopen(p) ? "" : " [closed]")
+
+# ---- shapes (lnmlp_plan_get_tensor_shape) ------------------------------------------------------
+const TENSORS = Dict(:x => LNMLP_TENSOR_X, :gamma => LNMLP_TENSOR_GAMMA, :beta => LNMLP_TENSOR_BETA,
+                     :w1 => LNMLP_TENSOR_W1, :b1 => LNMLP_TENSOR_B1, :w2 => LNMLP_TENSOR_W2, :b2 => LNMLP_TENSOR_B2,
+                     :y => LNMLP_TENSOR_Y, :saved => LNMLP_TENSOR_SAVED, :dy => LNMLP_TENSOR_DY,
+                     :dx => LNMLP_TENSOR_DX, :dgamma => LNMLP_TENSOR_DGAMMA, :dbeta => LNMLP_TENSOR_DBETA,
+                     :dw1 => LNMLP_TENSOR_DW1, :db1 => LNMLP_TENSOR_DB1, :dw2 => LNMLP_TENSOR_DW2,
+                     :db2 => LNMLP_TENSOR_DB2, :fp8_state => LNMLP_TENSOR_FP8_STATE)
+
+const _ELTYPES = Dict{Int32,DataType}(LNMLP_DTYPE_F32 => Float32, LNMLP_DTYPE_BF16 => BFloat16,
+                                       LNMLP_DTYPE_F16 => Float16, LNMLP_DTYPE_U8 => UInt8)
+
+# (size, element type) of `tensor` in a call with `tokens` tokens: the C shape reversed
+# (column-major), or (nothing, nothing) when the plan does not take the tensor (C rank -1). Every
+# size and type the binding checks or allocates comes from here, so sharded plans get their
+# shards' shapes.
+function _shape_type(h::Ptr{Cvoid}, tensor::Integer, tokens::Integer=LNMLP_TOKENS_MAX)
+    rank, dtype = Ref{Int32}(0), Ref{Int32}(0)
+    dims = zeros(Int64, LNMLP_MAX_TENSOR_RANK)
+    GC.@preserve dims check(lnmlp_plan_get_tensor_shape(h, Int32(tensor), Int64(tokens), rank, pointer(dims),
+                                                        dtype))
+    rank[] < 0 && return (nothing, nothing)
+    return (Tuple(Int(dims[k]) for k in rank[]:-1:1), _ELTYPES[dtype[]])
+end
+_shape(h::Ptr{Cvoid}, tensor::Integer, tokens::Integer=LNMLP_TOKENS_MAX) = _shape_type(h, tensor, tokens)[1]
+
+"""
+    tensor_shape(plan, tensor; tokens=nothing) -> Union{Tuple, Nothing}
+
+The size of the array `plan` takes as `tensor` (`:x, :gamma, :beta, :w1, :b1, :w2, :b2, :y, :saved,
+:dy, :dx, :dgamma, :dbeta, :dw1, :db1, :dw2, :db2, :fp8_state`) in a call with `tokens` tokens
+(`nothing`: the plan's most), in this binding's layout (the C shape reversed): `x` is
+`(hidden, tokens)`, `w1` `(ffn, A, hidden)`, `:saved` `(bytes,)`, `:fp8_state`
+`(1 + amax_history_len, 6)`. `nothing` when the plan does not take the tensor (pass `nothing`).
+"""
+function tensor_shape(p::Plan, tensor; tokens::Union{Nothing,Integer}=nothing)
+    lock(p.lock) do
+        _shape(_live(p), _choice("tensor", tensor, TENSORS), tokens === nothing ? LNMLP_TOKENS_MAX : tokens)
+    end
+end
 
 # ---- argument checks (the C API sees only pointers, so shapes are checked here) -----------------
-function _arr(p::Plan, name, a, shapes...)
+function _arr(p::Plan, name, a, shapes...; T::Type=p.dtype)
     a === nothing && throw(LNMLPError(LNMLP_ERROR_NULL_POINTER, "$name is nothing, but this plan needs it"))
     a isa Array || argerror("$name must be an Array (dense, column-major), got $(typeof(a))")
-    eltype(a) == p.dtype || argerror("$name has element type $(eltype(a)), but the plan's dtype is $(p.dtype)")
+    eltype(a) == T || argerror("$name has element type $(eltype(a)), but the plan needs $T")
     any(s -> size(a) == s, shapes) ||
         argerror("$name has size $(size(a)), but the plan needs $(join(shapes, " or ")) " *
                  "(the C shape reversed: Julia arrays are column-major)")
     return a
 end
 
-# x and dy: (hidden, tokens...) with the trailing dims' product == tokens.
+# x and dy: (hidden, tokens...), the call's tokens being the product of the trailing dims (0 up to
+# plan.max_tokens). Returns that count. A count above the plan's most is passed on to the library,
+# whose error names the limit.
 function _tokens_arr(p::Plan, name, a)
-    a isa Array && ndims(a) >= 1 && size(a, 1) == p.hidden && length(a) == p.hidden * p.tokens ||
+    a isa Array && ndims(a) >= 1 && size(a, 1) == p.hidden ||
         argerror("$name has size $(a isa AbstractArray ? size(a) : typeof(a)), but the plan needs " *
-                 "($(p.hidden), ...) with $(p.tokens) tokens (the product of the trailing dims)")
-    return _arr(p, name, a, size(a))
+                 "($(p.hidden), ...) with 0 to $(p.max_tokens) tokens (the product of the trailing dims)")
+    _arr(p, name, a, size(a))
+    return length(a) ÷ p.hidden
 end
 
-_A(p::Plan) = length(p.activations)
-_w1(p, w) = _arr(p, "w1", w, (p.ffn, _A(p), p.hidden), (_A(p) == 1 ? ((p.ffn, p.hidden),) : ())...)
-_b1shapes(p) = _A(p) == 1 ? ((p.ffn, 1), (p.ffn,)) : ((p.ffn, _A(p)),)  # a vector only when A == 1
-_beta(p, b) = p.norm == :rmsnorm ?
-    (b === nothing ? nothing : argerror("beta was given, but rmsnorm has no beta; pass nothing")) :
-    _arr(p, "beta", b, (p.hidden,))
-function _bias(p, name, b, enabled, shapes...)
-    enabled && return _arr(p, name, b, shapes...)
-    b === nothing || argerror("$name was given, but the plan has use_bias$(name[2:end])=false; pass nothing")
-    return nothing
+# Where the call is in range, the query's own tokens; else the plan's most (the C call then fails).
+_query_tokens(p::Plan, t) = 0 <= t <= p.max_tokens ? t : LNMLP_TOKENS_MAX
+
+const _WHY_ABSENT = Dict("beta" => "norm=:rmsnorm has no beta", "b1" => "the plan has use_bias1=false",
+                         "b2" => "the plan has use_bias2=false")
+
+# A weight-sized tensor (or fp8_state): checked against the shape and element type the library
+# gives, or `nothing` when the plan does not take it. W1 and b1 may leave out their A dimension
+# when A = 1 ((ffn, hidden) and (ffn,)).
+function _param(p::Plan, h, name, a, tensor)
+    s, T = _shape_type(h, tensor)
+    if s === nothing
+        a === nothing && return nothing
+        why = name == "fp8_state" ? "recipe=:$(p.recipe) keeps no FP8 state; only :delayed does" :
+                                    get(_WHY_ABSENT, name, "the plan does not take it")
+        argerror("$name was given, but $why; pass nothing")
+    end
+    return _arr(p, name, a, _sizes(tensor, s)...; T)
+end
+_sizes(tensor, s) = tensor in (LNMLP_TENSOR_W1, LNMLP_TENSOR_B1) && s[2] == 1 ? (s, (s[1], s[3:end]...)) : (s,)
+
+# A new gradient array of `tensor`'s shape (`nothing` when the plan has no such gradient), laid
+# out as its parameter `like` was given (W1 / b1 without the A dimension).
+function _output(p::Plan, h, tensor, like=nothing)
+    s, T = _shape_type(h, tensor)
+    s === nothing && return nothing
+    a = Array{T}(undef, s)
+    return like === nothing || size(like) == s ? a : reshape(a, size(like))
 end
 
 _ptr(a) = a === nothing ? C_NULL : Ptr{Cvoid}(pointer(a))
@@ -216,79 +304,175 @@ function Saved(nbytes::Integer, align::Integer)
 end
 Base.pointer(s::Saved) = Ptr{Cvoid}(pointer(s.buf) + s.offset)
 
+# The saved pointer of a call with t tokens: a Saved of at least the bytes the shape query gives
+# for t (a buffer for more tokens serves too); C_NULL when the plan saves nothing, and for t = 0
+# when none was given (the library then reads and writes no saved state).
+function _saved_ptr(p::Plan, h, saved, t, what)
+    s = _shape(h, LNMLP_TENSOR_SAVED, _query_tokens(p, t))
+    s === nothing && return C_NULL
+    saved === nothing && t == 0 && return C_NULL
+    saved isa Saved && saved.nbytes >= s[1] || argerror("saved must be $what (a Saved of at least $(s[1]) bytes)")
+    return pointer(saved)
+end
+
+# fp8_state: a caller's Float32 (1 + amax_history_len, 6) array for this call only, or C_NULL (the
+# plan's state: attached or its own).
+_fp8_ptr(p::Plan, h, state) =
+    state === nothing ? C_NULL : _ptr(_param(p, h, "fp8_state", state, LNMLP_TENSOR_FP8_STATE))
+
 # ---- execution --------------------------------------------------------------------------------
+# The call's flags (LNMLP_CALL_*).
+_flags(weights_unchanged::Bool) = weights_unchanged ? LNMLP_CALL_WEIGHTS_UNCHANGED : LNMLP_CALL_DEFAULT
+
 """
-    forward!(y, saved, plan, x, gamma, beta, w1, b1, w2, b2) -> y
+    forward!(y, saved, plan, x, gamma, beta, w1, b1, w2, b2; fp8_state=nothing, weights_unchanged=false) -> y
 
 `y = act(norm(x) * w1 + b1) * w2 + b2` into `y` (x's size), and `saved` for backward
-(`nothing` when the plan saves nothing). beta is `nothing` for rmsnorm; b1/b2 are `nothing`
-exactly when the plan has no such bias.
+(`nothing` when the plan saves nothing). `x` is `(hidden, tokens...)` with any number of tokens
+from 0 to `plan.max_tokens`. beta is `nothing` for rmsnorm; b1/b2 are `nothing` exactly when the
+plan has no such bias. `fp8_state` (recipe=:delayed only): a Float32 array of
+`tensor_shape(plan, :fp8_state)` used and updated in place instead of the plan's state, for this call.
+
+`weights_unchanged=true` (`LNMLP_CALL_WEIGHTS_UNCHANGED`, TransformerEngine's
+`is_first_microbatch=false`): `w1` and `w2` hold the values they had when the plan last made its
+copies of them (the widened copies of a Float16 plan, the FP8-quantized ones with their scales),
+so the call reuses those copies instead of making them again: for the micro-batches after the
+first, and for the backward of a forward with the same weights. If they did change, the call
+computes with the old copies. A call without it makes the copies afresh.
 """
-function forward!(y, saved, p::Plan, x, gamma, beta, w1, b1, w2, b2)
+function forward!(y, saved, p::Plan, x, gamma, beta, w1, b1, w2, b2; fp8_state=nothing,
+                  weights_unchanged::Bool=false)
     lock(p.lock) do
         h = _live(p)
-        _tokens_arr(p, "x", x)
+        t = _tokens_arr(p, "x", x)
         _arr(p, "y", y, size(x))
         y === x && argerror("y must not be x")
-        _arr(p, "gamma", gamma, (p.hidden,))
-        _beta(p, beta); _w1(p, w1); _arr(p, "w2", w2, (p.hidden, p.ffn))
-        _bias(p, "b1", b1, p.use_bias1, _b1shapes(p)...); _bias(p, "b2", b2, p.use_bias2, (p.hidden,))
-        p.saved_bytes == 0 || (saved isa Saved && saved.nbytes == p.saved_bytes) ||
-            argerror("saved must be a Saved of $(p.saved_bytes) bytes from this plan")
-        sp = p.saved_bytes == 0 ? C_NULL : pointer(saved)
-        GC.@preserve x gamma beta w1 b1 w2 b2 y saved begin
-            check(lnmlp_plan_forward(h, _ptr(x), _ptr(gamma), _ptr(beta), _ptr(w1), _ptr(b1), _ptr(w2),
-                                     _ptr(b2), _ptr(y), sp, C_NULL))
+        _param(p, h, "gamma", gamma, LNMLP_TENSOR_GAMMA); _param(p, h, "beta", beta, LNMLP_TENSOR_BETA)
+        _param(p, h, "w1", w1, LNMLP_TENSOR_W1); _param(p, h, "w2", w2, LNMLP_TENSOR_W2)
+        _param(p, h, "b1", b1, LNMLP_TENSOR_B1); _param(p, h, "b2", b2, LNMLP_TENSOR_B2)
+        sp = _saved_ptr(p, h, saved, t, "a Saved from forward(plan, ...) for $t or more tokens")
+        fp = _fp8_ptr(p, h, fp8_state)
+        GC.@preserve x gamma beta w1 b1 w2 b2 y saved fp8_state begin
+            check(lnmlp_plan_forward(h, Int64(t), _ptr(x), _ptr(gamma), _ptr(beta), _ptr(w1), _ptr(b1), _ptr(w2),
+                                     _ptr(b2), _ptr(y), sp, fp, _flags(weights_unchanged), C_NULL))
         end
     end
     return y
 end
 
 """
-    forward(plan, x, gamma, beta, w1, b1, w2, b2) -> (y, saved)
+    forward(plan, x, gamma, beta, w1, b1, w2, b2; fp8_state=nothing, weights_unchanged=false) -> (y, saved)
 
-Allocating [`forward!`](@ref): `saved` (or `nothing` for a plan that saves nothing) must be
-passed to [`backward`](@ref) with the same x and weights.
+Allocating [`forward!`](@ref): `y` has x's size; `saved` (sized for x's tokens, or `nothing` for a
+plan that saves nothing) must be passed to [`backward`](@ref) with the same x and weights.
 """
-function forward(p::Plan, x, gamma, beta, w1, b1, w2, b2)
-    _tokens_arr(p, "x", x)
-    y = similar(x)
-    saved = p.saved_bytes == 0 ? nothing : Saved(p.saved_bytes, max(p.alignment, 1))
-    forward!(y, saved, p, x, gamma, beta, w1, b1, w2, b2)
-    return y, saved
+function forward(p::Plan, x, gamma, beta, w1, b1, w2, b2; fp8_state=nothing, weights_unchanged::Bool=false)
+    lock(p.lock) do
+        h = _live(p)
+        t = _tokens_arr(p, "x", x)
+        s = _shape(h, LNMLP_TENSOR_SAVED, _query_tokens(p, t))
+        saved = s === nothing ? nothing : Saved(s[1], max(p.alignment, 1))
+        y = similar(x)  # Y's shape is X's: (hidden, t), here in x's own trailing dims
+        forward!(y, saved, p, x, gamma, beta, w1, b1, w2, b2; fp8_state, weights_unchanged)
+        return y, saved
+    end
 end
 
 """
-    backward(plan, dy, x, gamma, beta, w1, b1, w2, saved) -> (; dx, dgamma, dbeta, dw1, db1, dw2, db2)
+    backward(plan, dy, x, gamma, beta, w1, b1, w2, saved; fp8_state=nothing, weights_unchanged=false)
+        -> (; dx, dgamma, dbeta, dw1, db1, dw2, db2)
 
-Gradients given `dy = dL/dy` and forward's `saved`. `dbeta` is `nothing` for rmsnorm; `db1`/`db2`
-are `nothing` when the bias is disabled. `b1` is read only with `remat=:save_stats`.
+Gradients given `dy = dL/dy` and forward's `saved` (the forward with the same x, so the same
+tokens), in new arrays: dW1, db1, dW2, db2 of `plan.grad_dtype`, the others of `plan.dtype`.
+`dbeta` is `nothing` for rmsnorm; `db1`/`db2` are `nothing` when the bias is disabled.
+`b1` is read only with `remat=:save_stats`. With 0 tokens the parameter gradients are zeros.
+`fp8_state` and `weights_unchanged` as for [`forward!`](@ref). Refused for a plan with
+`accumulate_grads=true`: give it the arrays to add into with [`backward!`](@ref).
 """
-function backward(p::Plan, dy, x, gamma, beta, w1, b1, w2, saved)
+function backward(p::Plan, dy, x, gamma, beta, w1, b1, w2, saved; fp8_state=nothing,
+                  weights_unchanged::Bool=false)
     lock(p.lock) do
         h = _live(p)
-        p.remat == :forward_only && throw(LNMLPError(LNMLP_ERROR_INVALID_ARGUMENT,
-            "this plan has remat=:forward_only, so it has no backward"))
-        _tokens_arr(p, "x", x)
-        _arr(p, "dy", dy, size(x))
-        _arr(p, "gamma", gamma, (p.hidden,))
-        _beta(p, beta); _w1(p, w1); _arr(p, "w2", w2, (p.hidden, p.ffn))
-        b1 === nothing || _bias(p, "b1", b1, p.use_bias1, _b1shapes(p)...)
-        saved isa Saved && saved.nbytes == p.saved_bytes ||
-            argerror("saved must be the Saved that this plan's forward returned")
-        dx = similar(x)
-        dgamma = similar(gamma)
-        dbeta = p.norm == :rmsnorm ? nothing : similar(gamma)
-        dw1 = similar(w1)
-        db1 = p.use_bias1 ? zeros(p.dtype, p.ffn, _A(p)) : nothing
-        dw2 = similar(w2)
-        db2 = p.use_bias2 ? similar(gamma) : nothing
-        GC.@preserve dy x gamma beta w1 b1 w2 saved dx dgamma dbeta dw1 db1 dw2 db2 begin
-            check(lnmlp_plan_backward(h, _ptr(dy), _ptr(x), _ptr(gamma), _ptr(beta), _ptr(w1), _ptr(b1),
-                                      _ptr(w2), pointer(saved), _ptr(dx), _ptr(dgamma), _ptr(dbeta), _ptr(dw1),
-                                      _ptr(db1), _ptr(dw2), _ptr(db2), C_NULL))
-        end
-        return (; dx, dgamma, dbeta, dw1, db1, dw2, db2)
+        p.accumulate_grads && argerror("this plan has accumulate_grads=true: backward would add into new " *
+            "arrays; pass the gradients to add into with backward!(grads, plan, ...) (see new_grads)")
+        t = _tokens_arr(p, "x", x)
+        grads = (; dx=similar(x),  # DX's shape is X's
+                 dgamma=_output(p, h, LNMLP_TENSOR_DGAMMA), dbeta=_output(p, h, LNMLP_TENSOR_DBETA),
+                 dw1=_output(p, h, LNMLP_TENSOR_DW1, w1), db1=_output(p, h, LNMLP_TENSOR_DB1),
+                 dw2=_output(p, h, LNMLP_TENSOR_DW2), db2=_output(p, h, LNMLP_TENSOR_DB2))
+        return _backward!(grads, p, h, t, dy, x, gamma, beta, w1, b1, w2, saved, fp8_state, weights_unchanged)
+    end
+end
+
+"""
+    backward!(grads, plan, dy, x, gamma, beta, w1, b1, w2, saved; fp8_state=nothing,
+              weights_unchanged=false) -> grads
+
+[`backward`](@ref) into the caller's arrays `grads`, a NamedTuple `(; dx, dgamma, dbeta, dw1,
+db1, dw2, db2)` as [`new_grads`](@ref) and `backward` return (`nothing` for the gradients the plan
+does not have). `dx` has x's size; dgamma, dbeta and dx are overwritten; dW1, db1, dW2, db2 are
+overwritten, or added into when the plan has `accumulate_grads=true` (then with 0 tokens they
+stay as they are). Every array's size and element type is checked against the library's shape
+query before C is called: dW1, db1, dW2, db2 must be of `plan.grad_dtype` (e.g. `Float32` for a
+`BFloat16` plan with `grad_dtype=Float32`), the others of `plan.dtype`.
+"""
+function backward!(grads, p::Plan, dy, x, gamma, beta, w1, b1, w2, saved; fp8_state=nothing,
+                   weights_unchanged::Bool=false)
+    lock(p.lock) do
+        h = _live(p)
+        t = _tokens_arr(p, "x", x)
+        _backward!(grads, p, h, t, dy, x, gamma, beta, w1, b1, w2, saved, fp8_state, weights_unchanged)
+    end
+    return grads
+end
+
+function _backward!(grads, p::Plan, h, t, dy, x, gamma, beta, w1, b1, w2, saved, fp8_state, weights_unchanged)
+    p.remat == :forward_only && throw(LNMLPError(LNMLP_ERROR_INVALID_ARGUMENT,
+        "this plan has remat=:forward_only, so it has no backward"))
+    _arr(p, "dy", dy, size(x))
+    _param(p, h, "gamma", gamma, LNMLP_TENSOR_GAMMA); _param(p, h, "beta", beta, LNMLP_TENSOR_BETA)
+    _param(p, h, "w1", w1, LNMLP_TENSOR_W1); _param(p, h, "w2", w2, LNMLP_TENSOR_W2)
+    b1 === nothing || _param(p, h, "b1", b1, LNMLP_TENSOR_B1)
+    sp = _saved_ptr(p, h, saved, t, "the Saved that this plan's forward returned for these $t tokens")
+    fp = _fp8_ptr(p, h, fp8_state)
+    dx, dgamma, dbeta = grads.dx, grads.dgamma, grads.dbeta
+    dw1, db1, dw2, db2 = grads.dw1, grads.db1, grads.dw2, grads.db2
+    _arr(p, "dx", dx, size(x))
+    _param(p, h, "dgamma", dgamma, LNMLP_TENSOR_DGAMMA); _param(p, h, "dbeta", dbeta, LNMLP_TENSOR_DBETA)
+    _param(p, h, "dw1", dw1, LNMLP_TENSOR_DW1); _param(p, h, "db1", db1, LNMLP_TENSOR_DB1)
+    _param(p, h, "dw2", dw2, LNMLP_TENSOR_DW2); _param(p, h, "db2", db2, LNMLP_TENSOR_DB2)
+    outs = Any[dx, dgamma, dbeta, dw1, db1, dw2, db2]
+    ins = Any[dy, x, gamma, beta, w1, b1, w2]
+    for (i, o) in enumerate(outs)  # outputs must not overlap each other or the inputs (C's rule)
+        o === nothing && continue
+        any(a -> a === o, ins) && argerror("a gradient array is also an input of backward; pass its own array")
+        any(j -> outs[j] === o, 1:i-1) && argerror("two gradients share one array; give each its own")
+    end
+    GC.@preserve dy x gamma beta w1 b1 w2 saved fp8_state dx dgamma dbeta dw1 db1 dw2 db2 begin
+        check(lnmlp_plan_backward(h, Int64(t), _ptr(dy), _ptr(x), _ptr(gamma), _ptr(beta), _ptr(w1), _ptr(b1),
+                                  _ptr(w2), sp, _ptr(dx), _ptr(dgamma), _ptr(dbeta), _ptr(dw1),
+                                  _ptr(db1), _ptr(dw2), _ptr(db2), fp, _flags(weights_unchanged), C_NULL))
+    end
+    return grads
+end
+
+"""
+    new_grads(plan; tokens=plan.max_tokens) -> (; dx, dgamma, dbeta, dw1, db1, dw2, db2)
+
+Zeroed gradient arrays for [`backward!`](@ref) with `tokens` tokens, of the sizes and element
+types the library's shape query gives (dW1, db1, dW2, db2 of `plan.grad_dtype`; `nothing` for the
+gradients the plan does not have). `dx` is `(hidden, tokens)`: pass a new `dx` of x's size for
+another token count, e.g. `merge(grads, (; dx=similar(x)))`; the weight gradients can stay the
+same arrays, to accumulate into.
+"""
+function new_grads(p::Plan; tokens::Union{Nothing,Integer}=nothing)
+    lock(p.lock) do
+        h = _live(p)
+        t = tokens === nothing ? LNMLP_TOKENS_MAX : tokens
+        z(tensor) = (st = _shape_type(h, tensor, t); st[1] === nothing ? nothing : zeros(st[2], st[1]))
+        return (; dx=z(LNMLP_TENSOR_DX), dgamma=z(LNMLP_TENSOR_DGAMMA), dbeta=z(LNMLP_TENSOR_DBETA),
+                dw1=z(LNMLP_TENSOR_DW1), db1=z(LNMLP_TENSOR_DB1), dw2=z(LNMLP_TENSOR_DW2),
+                db2=z(LNMLP_TENSOR_DB2))
     end
 end
 

@@ -19,12 +19,13 @@ use core::marker::{PhantomData, PhantomPinned};
 /// The release version's major number this crate was written against.
 pub const LNMLP_VERSION_MAJOR: i32 = 0;
 /// The release version's minor number this crate was written against.
-pub const LNMLP_VERSION_MINOR: i32 = 1;
+pub const LNMLP_VERSION_MINOR: i32 = 2;
 /// The release version's patch number this crate was written against.
 pub const LNMLP_VERSION_PATCH: i32 = 0;
-/// The ABI version these declarations match (the SONAME's number, `liblnmlp.so.1`). Compare it
-/// with the `abi` value of [`lnmlp_get_version`].
-pub const LNMLP_ABI_VERSION: i32 = 1;
+/// The ABI version these declarations match (the SONAME's number, `liblnmlp.so.2`). Compare it
+/// with the `abi` value of [`lnmlp_get_version`]. The build script links only a library of this
+/// ABI (it refuses a directory without `liblnmlp.so.2`).
+pub const LNMLP_ABI_VERSION: i32 = 2;
 
 // ---- Status codes -----------------------------------------------------------------------------
 
@@ -63,6 +64,9 @@ pub const LNMLP_DTYPE_F32: i32 = 0;
 pub const LNMLP_DTYPE_BF16: i32 = 1;
 /// IEEE binary16 I/O, as `u16` bit patterns.
 pub const LNMLP_DTYPE_F16: i32 = 2;
+/// Bytes: the element type of the saved buffer in [`lnmlp_plan_get_tensor_shape`] (not an I/O
+/// type of a plan).
+pub const LNMLP_DTYPE_U8: i32 = 3;
 
 // ---- Norms ------------------------------------------------------------------------------------
 
@@ -186,6 +190,76 @@ pub const LNMLP_FEATURE_SHARDING: i32 = 8;
 /// Caller-attached workspace.
 pub const LNMLP_FEATURE_EXTERNAL_WORKSPACE: i32 = 9;
 
+// ---- Answers of lnmlp_query_support -----------------------------------------------------------
+
+/// Not supported.
+pub const LNMLP_UNSUPPORTED: i32 = 0;
+/// Supported (for a recipe: its GEMMs run on FP8 tensor cores).
+pub const LNMLP_SUPPORTED: i32 = 1;
+/// A recipe whose quantized GEMMs are emulated exactly (slower, same values).
+pub const LNMLP_SUPPORTED_EMULATED: i32 = 2;
+
+// ---- Tensors of a call (lnmlp_plan_get_tensor_shape) -------------------------------------------
+
+/// x, `[T, H]` (T = the call's tokens).
+pub const LNMLP_TENSOR_X: i32 = 0;
+/// gamma, `[H]`.
+pub const LNMLP_TENSOR_GAMMA: i32 = 1;
+/// beta, `[H]`; absent (rank -1) for RMSNorm.
+pub const LNMLP_TENSOR_BETA: i32 = 2;
+/// W1, `[H, A, F]` (`[H, A, F/P]` sharded).
+pub const LNMLP_TENSOR_W1: i32 = 3;
+/// b1, `[A, F]`; absent when disabled.
+pub const LNMLP_TENSOR_B1: i32 = 4;
+/// W2, `[F, H]`.
+pub const LNMLP_TENSOR_W2: i32 = 5;
+/// b2, `[H]`; absent when disabled.
+pub const LNMLP_TENSOR_B2: i32 = 6;
+/// y, `[T, H]`.
+pub const LNMLP_TENSOR_Y: i32 = 7;
+/// The saved buffer: bytes ([`LNMLP_DTYPE_U8`]), `[saved bytes of the call]`; absent for FORWARD_ONLY.
+pub const LNMLP_TENSOR_SAVED: i32 = 8;
+/// dy, `[T, H]`.
+pub const LNMLP_TENSOR_DY: i32 = 9;
+/// dx, `[T, H]`.
+pub const LNMLP_TENSOR_DX: i32 = 10;
+/// dgamma, `[H]`.
+pub const LNMLP_TENSOR_DGAMMA: i32 = 11;
+/// dbeta, `[H]`; absent for RMSNorm.
+pub const LNMLP_TENSOR_DBETA: i32 = 12;
+/// dW1, as W1.
+pub const LNMLP_TENSOR_DW1: i32 = 13;
+/// db1, as b1.
+pub const LNMLP_TENSOR_DB1: i32 = 14;
+/// dW2, as W2.
+pub const LNMLP_TENSOR_DW2: i32 = 15;
+/// db2, as b2.
+pub const LNMLP_TENSOR_DB2: i32 = 16;
+/// The FP8 quantizer state, float32 `[LNMLP_QUANTIZER_COUNT, 1 + amax history length]`; absent
+/// unless the recipe is DELAYED.
+pub const LNMLP_TENSOR_FP8_STATE: i32 = 17;
+/// The number of tensors.
+pub const LNMLP_TENSOR_COUNT: i32 = 18;
+
+/// The most dimensions a tensor of [`lnmlp_plan_get_tensor_shape`] has (the length of its `dims`
+/// array). A `usize` here (a `#define` in C), to size arrays.
+pub const LNMLP_MAX_TENSOR_RANK: usize = 3;
+
+/// [`lnmlp_plan_get_tensor_shape`]'s `tokens` for the plan's most tokens.
+pub const LNMLP_TOKENS_MAX: i64 = -1;
+
+// ---- Call flags -------------------------------------------------------------------------------
+
+/// No flag (`flags` of [`lnmlp_plan_forward`] / [`lnmlp_plan_backward`]; flags are OR'ed, other
+/// bits are `LNMLP_ERROR_INVALID_ARGUMENT`).
+pub const LNMLP_CALL_DEFAULT: i32 = 0;
+/// W1 and W2 hold the values they had in the plan's call that made its copies of them (the
+/// widened copies of f16 plans, the FP8-quantized ones with their scales), so the call reuses
+/// those copies instead of making them again (TransformerEngine's `is_first_microbatch=False`).
+/// A copy not made yet, or made in another workspace, is made; a call without the flag makes its
+/// copies afresh. If the weights did change, an f16 / FP8 plan computes with the old copies.
+pub const LNMLP_CALL_WEIGHTS_UNCHANGED: i32 = 1;
+
 // ---- Opaque handles ---------------------------------------------------------------------------
 
 /// An opaque descriptor (`lnmlp_desc`): what to compute. Only used behind a pointer.
@@ -254,7 +328,8 @@ extern "C" {
 
     // ---- Capability queries ----
 
-    /// Sets `*supported` to 1 when `backend` can run `feature` here, else 0.
+    /// Sets `*supported` to [`LNMLP_SUPPORTED`] (or, for a recipe, [`LNMLP_SUPPORTED_EMULATED`])
+    /// when `backend` can run `feature` here, else [`LNMLP_UNSUPPORTED`].
     pub fn lnmlp_query_support(backend: i32, feature: i32, supported: *mut i32) -> i32;
     /// A static, human-readable description of this build; never NULL.
     pub fn lnmlp_get_build_info(info: *mut *const c_char) -> i32;
@@ -272,7 +347,7 @@ extern "C" {
     pub fn lnmlp_desc_create(desc: *mut *mut lnmlp_desc) -> i32;
     /// Destroys a descriptor; NULL does nothing.
     pub fn lnmlp_desc_destroy(desc: *mut lnmlp_desc) -> i32;
-    /// tokens = T, hidden = H, ffn = F; each >= 1.
+    /// tokens = T (the most tokens one call may take), hidden = H, ffn = F; each >= 1.
     pub fn lnmlp_desc_set_shape(desc: *mut lnmlp_desc, tokens: i64, hidden: i64, ffn: i64) -> i32;
     /// `LNMLP_NORM_*`.
     pub fn lnmlp_desc_set_norm(desc: *mut lnmlp_desc, norm_type: i32) -> i32;
@@ -294,6 +369,13 @@ extern "C" {
     pub fn lnmlp_desc_set_backend(desc: *mut lnmlp_desc, backend: i32, device: i32) -> i32;
     /// CPU threads; 0 = every core.
     pub fn lnmlp_desc_set_num_threads(desc: *mut lnmlp_desc, num_threads: i32) -> i32;
+    /// The parameter gradients dW1, db1, dW2, db2: `accumulate` 0 (default: backward overwrites
+    /// them) or 1 (backward adds into them, each element `rnd(old + gradient)`; a call with no
+    /// tokens leaves them as they are); `dtype` -1 (default: the plan's I/O dtype) or
+    /// [`LNMLP_DTYPE_F32`] (an fp32 "main_grad" under bf16 / f16 I/O); `lnmlp_plan_create` refuses
+    /// any other dtype than these two. dgamma, dbeta and dx are always overwritten, in the I/O
+    /// dtype; [`lnmlp_plan_get_tensor_shape`] reports each gradient's dtype.
+    pub fn lnmlp_desc_set_weight_gradients(desc: *mut lnmlp_desc, accumulate: i32, dtype: i32) -> i32;
     /// `LNMLP_RECIPE_*`.
     pub fn lnmlp_desc_set_recipe(desc: *mut lnmlp_desc, recipe: i32) -> i32;
     /// `LNMLP_FP8_FORMAT_*`.
@@ -334,7 +416,7 @@ extern "C" {
     pub fn lnmlp_plan_destroy(plan: *mut lnmlp_plan) -> i32;
     /// Bytes of scratch memory the plan needs.
     pub fn lnmlp_plan_get_workspace_bytes(plan: *const lnmlp_plan, bytes: *mut i64) -> i32;
-    /// Bytes of the saved buffer (0 for FORWARD_ONLY).
+    /// Bytes of the saved buffer for the plan's most tokens (0 for FORWARD_ONLY); serves every call.
     pub fn lnmlp_plan_get_saved_bytes(plan: *const lnmlp_plan, bytes: *mut i64) -> i32;
     /// Saved bytes per token, without padding.
     pub fn lnmlp_plan_get_saved_bytes_per_token(plan: *const lnmlp_plan, bytes: *mut i64) -> i32;
@@ -343,7 +425,27 @@ extern "C" {
     /// Attaches caller-owned workspace to an external-workspace plan.
     pub fn lnmlp_plan_attach_workspace(plan: *mut lnmlp_plan, workspace: *mut c_void, bytes: i64) -> i32;
 
+    // ---- Shapes ----
+
+    /// The shape of `tensor` (`LNMLP_TENSOR_*`) in a call with `tokens` tokens (0 .. the plan's
+    /// most, or [`LNMLP_TOKENS_MAX`]): `*rank` (-1 for a tensor the plan does not take: pass
+    /// NULL for it), `dims[0 .. rank]` (`dims` holds [`LNMLP_MAX_TENSOR_RANK`] values; the rest
+    /// are set to 0) and `*dtype` (`LNMLP_DTYPE_*`).
+    pub fn lnmlp_plan_get_tensor_shape(
+        plan: *const lnmlp_plan,
+        tensor: i32,
+        tokens: i64,
+        rank: *mut i32,
+        dims: *mut i64,
+        dtype: *mut i32,
+    ) -> i32;
+
     // ---- FP8 quantizer state ----
+
+    /// Makes `state` (float32 `[LNMLP_QUANTIZER_COUNT, 1 + history length]`, memory of the
+    /// plan's backend, outliving every call that uses it) the DELAYED plan's state; NULL goes
+    /// back to the plan's own. Other recipes: LNMLP_ERROR_INVALID_ARGUMENT.
+    pub fn lnmlp_plan_attach_fp8_state(plan: *mut lnmlp_plan, state: *mut c_void) -> i32;
 
     /// The amax history length (0 unless DELAYED).
     pub fn lnmlp_plan_get_amax_history_length(plan: *const lnmlp_plan, length: *mut i32) -> i32;
@@ -372,9 +474,13 @@ extern "C" {
 
     // ---- Execution ----
 
-    /// `y = act(norm(x) @ W1 + b1) @ W2 + b2`, writing `saved` for backward.
+    /// `y = act(norm(x) @ W1 + b1) @ W2 + b2` for `tokens` rows (0 .. the plan's most), writing
+    /// `saved` for backward. `fp8_state`: NULL (the plan's state) or a DELAYED plan's state array
+    /// for this call; `flags`: `LNMLP_CALL_*` values, OR'ed ([`LNMLP_CALL_DEFAULT`],
+    /// [`LNMLP_CALL_WEIGHTS_UNCHANGED`]). With 0 tokens x, y and saved may be NULL.
     pub fn lnmlp_plan_forward(
         plan: *mut lnmlp_plan,
+        tokens: i64,
         x: *const c_void,
         gamma: *const c_void,
         beta: *const c_void,
@@ -384,12 +490,18 @@ extern "C" {
         b2: *const c_void,
         y: *mut c_void,
         saved: *mut c_void,
+        fp8_state: *mut c_void,
+        flags: i32,
         stream: *mut c_void,
     ) -> i32;
 
-    /// The gradients given `dy` and forward's `saved`.
+    /// The gradients given `dy` and the `saved` of the forward with the same `tokens`; with 0
+    /// tokens the parameter gradients are zeros, or stay as they are where they accumulate
+    /// ([`lnmlp_desc_set_weight_gradients`]; dy, x, saved, dx may be NULL). dW1, db1, dW2, db2
+    /// have the dtype set there. `fp8_state` and `flags` as for [`lnmlp_plan_forward`].
     pub fn lnmlp_plan_backward(
         plan: *mut lnmlp_plan,
+        tokens: i64,
         dy: *const c_void,
         x: *const c_void,
         gamma: *const c_void,
@@ -405,6 +517,8 @@ extern "C" {
         db1: *mut c_void,
         dw2: *mut c_void,
         db2: *mut c_void,
+        fp8_state: *mut c_void,
+        flags: i32,
         stream: *mut c_void,
     ) -> i32;
 }

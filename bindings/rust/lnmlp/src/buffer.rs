@@ -64,26 +64,51 @@ impl Drop for AlignedBuf {
     }
 }
 
-/// The buffer forward writes for backward (`lnmlp_plan_get_saved_bytes` bytes, aligned to
-/// `lnmlp_plan_get_alignment`). Pass it, unmodified, to [`crate::Plan::backward`] with the same
-/// x and weights. It is empty for a [`crate::Remat::ForwardOnly`] plan.
+/// The buffer forward writes for backward: bytes aligned to `lnmlp_plan_get_alignment`, at
+/// least the call's [`crate::Tensor::Saved`] size ([`crate::Plan::saved_bytes_for`]); a buffer
+/// of [`crate::Plan::saved_bytes`] (the plan's most tokens) serves every call. Pass it,
+/// unmodified, to [`crate::Plan::backward`] with the same x and weights. It is empty for a
+/// [`crate::Remat::ForwardOnly`] plan.
+///
+/// It remembers how many tokens the forward that wrote it had ([`Saved::tokens`]), and backward
+/// refuses it for a call with another count (its bytes would not be that call's).
 pub struct Saved {
     buf: AlignedBuf,
+    tokens: Option<usize>,
 }
 
 impl Saved {
-    /// A zeroed saved buffer of `len` bytes aligned to `alignment` (a power of two). Usually made
-    /// by [`crate::Plan::forward`] or [`crate::Plan::new_saved`].
+    /// A zeroed saved buffer of `len` bytes aligned to `alignment` (a power of two), not yet
+    /// written by a forward. Usually made by [`crate::Plan::forward`],
+    /// [`crate::Plan::new_saved`] or [`crate::Plan::new_saved_for`].
     pub fn new(len: usize, alignment: usize) -> Result<Saved> {
-        Ok(Saved { buf: AlignedBuf::new(len, alignment)? })
+        Ok(Saved { buf: AlignedBuf::new(len, alignment)?, tokens: None })
     }
 
     /// A saved buffer holding a copy of `bytes` (e.g. read back from disk), aligned to
-    /// `alignment`.
+    /// `alignment`. The token count of the forward that wrote them is not known
+    /// ([`Saved::tokens`] is `None`: backward cannot check it; see [`Saved::with_tokens`]).
     pub fn from_bytes(bytes: &[u8], alignment: usize) -> Result<Saved> {
         let mut s = Saved::new(bytes.len(), alignment)?;
         s.as_mut_bytes().copy_from_slice(bytes);
         Ok(s)
+    }
+
+    /// The same buffer, recorded as written by a forward with `tokens` tokens (for bytes
+    /// restored with [`Saved::from_bytes`]).
+    pub fn with_tokens(mut self, tokens: usize) -> Saved {
+        self.tokens = Some(tokens);
+        self
+    }
+
+    /// The token count of the forward that wrote it; `None` when no forward of this crate has
+    /// (a new buffer, or bytes from [`Saved::from_bytes`]).
+    pub fn tokens(&self) -> Option<usize> {
+        self.tokens
+    }
+
+    pub(crate) fn set_tokens(&mut self, tokens: usize) {
+        self.tokens = Some(tokens);
     }
 
     /// Its length in bytes.
@@ -131,12 +156,18 @@ impl Saved {
 
 impl fmt::Debug for Saved {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Saved").field("len", &self.len()).field("alignment", &self.alignment()).finish()
+        f.debug_struct("Saved")
+            .field("len", &self.len())
+            .field("alignment", &self.alignment())
+            .field("tokens", &self.tokens)
+            .finish()
     }
 }
 
 impl Clone for Saved {
     fn clone(&self) -> Saved {
-        Saved::from_bytes(self.as_bytes(), self.alignment()).expect("allocating a copy of a saved buffer")
+        let mut s = Saved::from_bytes(self.as_bytes(), self.alignment()).expect("allocating a copy of a saved buffer");
+        s.tokens = self.tokens;
+        s
     }
 }

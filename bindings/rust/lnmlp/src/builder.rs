@@ -15,7 +15,8 @@ use crate::{
 /// given below, creates the plan and destroys the descriptor, returning the first failure with
 /// the library's message. Settings left alone keep the library's defaults: no shape (must be
 /// set), layernorm, gamma not zero-centered, epsilon 1e-6, relu, no biases, f32, save-all, CPU
-/// backend, all cores, no FP8 recipe, no sharding, no communicator, plan-owned workspace.
+/// backend, all cores, weight gradients overwritten in the I/O dtype, no FP8 recipe, no sharding,
+/// no communicator, plan-owned workspace.
 #[derive(Clone, Debug, Default)]
 pub struct PlanBuilder {
     shape: Option<(i64, i64, i64)>,
@@ -30,6 +31,8 @@ pub struct PlanBuilder {
     remat: Option<Remat>,
     backend: Option<(Backend, i32)>,
     num_threads: Option<i32>,
+    accumulate_grads: Option<bool>,
+    grad_dtype: Option<DType>,
     recipe: Option<Recipe>,
     fp8_format: Option<Fp8Format>,
     delayed: Option<DelayedScaling>,
@@ -49,6 +52,8 @@ impl PlanBuilder {
     }
 
     /// T (tokens: all leading dims of x flattened), H (hidden) and F (ffn); each must be >= 1.
+    /// T is the most tokens one forward / backward takes: each call takes any count from 0 to T
+    /// (the length of its x), and the workspace and [`Plan::saved_bytes`] are sized for T.
     /// Sizes that do not fit an `i64` are rejected at [`PlanBuilder::build`].
     pub fn shape(mut self, tokens: usize, hidden: usize, ffn: usize) -> Self {
         let c = |v: usize| i64::try_from(v).unwrap_or(-1);
@@ -150,6 +155,32 @@ impl PlanBuilder {
         self
     }
 
+    /// Gradient accumulation (`lnmlp_desc_set_weight_gradients`'s `accumulate`): when enabled,
+    /// backward adds dW1, db1, dW2 and db2 into the caller's buffers (each element becomes
+    /// `rnd(old + this call's gradient)`, the gradient in fp32 rounded once to the buffer's type,
+    /// as TransformerEngine's `fuse_wgrad_accumulation`) instead of overwriting them, for
+    /// accumulating over micro-batches; a backward with 0 tokens leaves them as they are. dx,
+    /// dgamma and dbeta are always overwritten. Such a plan runs backward only into buffers the
+    /// caller owns ([`Plan::backward_into`], [`Plan::backward_with_options`]): the allocating
+    /// [`Plan::backward`] is refused. Default: disabled (overwrite).
+    pub fn accumulate_grads(mut self, enabled: bool) -> Self {
+        self.accumulate_grads = Some(enabled);
+        self
+    }
+
+    /// The element type of dW1, db1, dW2 and db2 (`lnmlp_desc_set_weight_gradients`'s `dtype`):
+    /// the plan's I/O dtype (the default), or [`DType::F32`] for an fp32 "main_grad" while the
+    /// I/O dtype is bf16 or f16. Any other type makes [`PlanBuilder::build`] fail with
+    /// [`crate::Status::InvalidArgument`]. [`Plan::grad_dtype`] and [`Plan::tensor_shape`] report
+    /// it; the gradient buffers of [`Plan::backward_into`] are then [`GradientsMut`]`<T, G>`
+    /// with `G` of this type (`f32`), checked before each call.
+    ///
+    /// [`GradientsMut`]: crate::GradientsMut
+    pub fn grad_dtype(mut self, dtype: DType) -> Self {
+        self.grad_dtype = Some(dtype);
+        self
+    }
+
     /// The FP8 recipe. Default [`Recipe::None`].
     pub fn recipe(mut self, recipe: Recipe) -> Self {
         self.recipe = Some(recipe);
@@ -179,8 +210,9 @@ impl PlanBuilder {
     /// Tensor-parallel sharding (`lnmlp_desc_set_sharding`, docs/sharding.md): this plan is rank
     /// `rank` of a group of `group_size` plans (default 1: no sharding). [`PlanBuilder::shape`]
     /// stays the group's T, H, F; the plan's tensors are its shard: W1 `[H, A, F/P]`, b1
-    /// `[A, F/P]`, W2 `[F/P, H]`, and with `sequence_parallel` x, y, dx, dy `[T/P, H]` (rows
-    /// `rank * T/P ..`); see [`Plan::x_len`] and friends. A group larger than 1 needs a
+    /// `[A, F/P]`, W2 `[F/P, H]`, and with `sequence_parallel` x, y, dx, dy at most `[T/P, H]`
+    /// (rows `rank * T/P ..`; every rank's call then takes the same count); see
+    /// [`Plan::tensor_shape`] and [`Plan::w1_len`] and friends. A group larger than 1 needs a
     /// [`PlanBuilder::communicator`] of the same size and rank, F divisible by P and, with
     /// sequence parallelism, T too; otherwise [`PlanBuilder::build`] fails with
     /// [`crate::Status::InvalidArgument`] and a message saying what to change.
@@ -250,6 +282,10 @@ impl PlanBuilder {
             if let Some(n) = self.num_threads {
                 check(sys::lnmlp_desc_set_num_threads(d, n))?;
             }
+            if self.accumulate_grads.is_some() || self.grad_dtype.is_some() {
+                let accumulate = self.cfg_accumulate_grads() as i32;
+                check(sys::lnmlp_desc_set_weight_gradients(d, accumulate, self.grad_dtype.map_or(-1, DType::raw)))?;
+            }
             if let Some(r) = self.recipe {
                 check(sys::lnmlp_desc_set_recipe(d, r.raw()))?;
             }
@@ -295,6 +331,9 @@ impl PlanBuilder {
     }
     pub(crate) fn cfg_dtype(&self) -> DType {
         self.dtype.unwrap_or_default()
+    }
+    pub(crate) fn cfg_accumulate_grads(&self) -> bool {
+        self.accumulate_grads.unwrap_or(false)
     }
     pub(crate) fn cfg_remat(&self) -> Remat {
         self.remat.unwrap_or_default()

@@ -9,13 +9,29 @@
 //! or on a GPU (raw device pointers). It wraps the C API of `include/lnmlp.h` (the raw
 //! declarations are in the `lnmlp-sys` crate).
 //!
-//! Shapes (row-major; T tokens, H hidden, F ffn, A = 1 activation or 2 for a gated pair):
-//! x, y, dx, dy `[T, H]`; gamma, beta `[H]` (no beta for RMSNorm); W1 `[H, A, F]`; b1 `[A, F]`;
-//! W2 `[F, H]`; b2 `[H]`.
+//! Shapes (row-major; T the call's tokens, H hidden, F ffn, A = 1 activation or 2 for a gated
+//! pair): x, y, dx, dy `[T, H]`; gamma, beta `[H]` (no beta for RMSNorm); W1 `[H, A, F]`; b1
+//! `[A, F]`; W2 `[F, H]`; b2 `[H]`. [`Plan::tensor_shape`] gives each of them as the library
+//! sizes it (a sharded plan's shards included).
 //!
 //! Describe the block with a [`PlanBuilder`], build a [`Plan`] (validated, allocated once), then
-//! run [`Plan::forward`] and [`Plan::backward`] as often as needed. Failures are [`Error`]s with
-//! the library's [`Status`] and message.
+//! run [`Plan::forward`] and [`Plan::backward`] as often as needed. [`PlanBuilder::shape`]'s
+//! tokens is the most one call takes: each call takes any count from 0 to it, given by the
+//! length of x (a multiple of H), and computes exactly what a plan made for that count would.
+//! Failures are [`Error`]s with the library's [`Status`] and message; slice lengths are checked
+//! before the library is called.
+//!
+//! A [`Recipe::Delayed`] plan keeps FP8 quantizer state; a caller may instead hold it, per call
+//! ([`Plan::forward_with_state`], [`Plan::backward_with_state`]) or attached to the plan, which
+//! then owns it ([`Plan::attach_fp8_state`]).
+//!
+//! Micro-batches: a call may promise that W1 and W2 are unchanged since the plan made its
+//! (widened or FP8-quantized) copies of them, so it reuses those copies
+//! ([`CallOptions::weights_unchanged`], [`Plan::forward_with_options`],
+//! [`Plan::backward_with_options`]); and a plan may add its weight gradients into the caller's
+//! buffers instead of overwriting them, optionally in f32 under bf16 / f16 I/O
+//! ([`PlanBuilder::accumulate_grads`], [`PlanBuilder::grad_dtype`], [`Plan::backward_into`] with
+//! [`GradientsMut`]`<T, G>`).
 //!
 //! # Example
 //!
@@ -50,9 +66,19 @@
 //! assert_eq!(grads.dw1.len(), h * f);
 //! assert!(grads.db1.is_some() && grads.db2.is_some());
 //!
-//! // A wrong length is caught before the library is called.
+//! // Fewer tokens in a call: x of 1 token ([1, H]), y as long.
+//! let mut y1 = vec![0.0f32; h];
+//! let saved1 = plan.forward(&x[..h], &weights, &mut y1)?;
+//! let grads1 = plan.backward(&dy[..h], &x[..h], &weights, &saved1)?;
+//! assert_eq!(grads1.dx.len(), h);
+//!
+//! // A wrong length is caught before the library is called: not a multiple of H, or more
+//! // tokens than the plan's most.
 //! let err = plan.forward(&x[..3], &weights, &mut y).unwrap_err();
 //! assert_eq!(err.status(), lnmlp::Status::InvalidArgument);
+//! let x5 = vec![0.0f32; 5 * h];
+//! let err = plan.forward(&x5, &weights, &mut vec![0.0; 5 * h]).unwrap_err();
+//! assert!(err.message().contains("at most 4 tokens per call"));
 //! # Ok(())
 //! # }
 //! ```
@@ -62,13 +88,15 @@
 //! A plan can be one rank of a tensor-parallel group (docs/sharding.md): give every rank's
 //! builder [`PlanBuilder::sharding`] and a [`Communicator`] (an MPI communicator, or a Rust
 //! implementation of [`Collectives`]); each rank then passes its shard of the weights (and, under
-//! sequence parallelism, of the tokens), of the lengths [`Plan::w1_len`], [`Plan::x_len`], ...
+//! sequence parallelism, of the tokens), of the library's shapes ([`Plan::tensor_shape`],
+//! [`Plan::w1_len`], ...).
 //!
 //! # Finding the library
 //!
 //! `lnmlp-sys`'s build script links `liblnmlp.so` found through `LNMLP_LIB_DIR`, then
 //! `pkg-config lnmlp`, then the project's CMake build trees (`build/release/src`,
-//! `build/rust-lib/src`), and records an rpath to it.
+//! `build/rust-lib/src`), and records an rpath to it. It accepts only ABI 2 (SONAME
+//! `liblnmlp.so.2`, [`ffi::LNMLP_ABI_VERSION`]).
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![allow(clippy::needless_doctest_main)]
@@ -91,10 +119,10 @@ pub use builder::{DescriptorBuilder, PlanBuilder};
 pub use comm::{Collectives, CommResult, CommType, Communicator};
 pub use element::{convert_from_f32, convert_to_f32, Bf16, Element, F16};
 pub use error::{last_error, status_string, Error, Result, Status};
-pub use plan::{Gradients, GradientsMut, Plan, QuantizerState, Weights};
+pub use plan::{CallOptions, Gradients, GradientsMut, Plan, QuantizerState, Weights};
 pub use types::{
-    Activation, Activations, AmaxAlgo, Backend, ClampedSwiglu, DType, DelayedScaling, Feature, Fp8Encoding, Fp8Format,
-    Norm, Quantizer, Recipe, Remat,
+    Activation, Activations, AmaxAlgo, Backend, CallFlags, ClampedSwiglu, DType, DelayedScaling, ElementType, Feature,
+    Fp8Encoding, Fp8Format, Norm, Quantizer, Recipe, Remat, Shape, Tensor, Tokens,
 };
 
 /// Re-export of the raw declarations.

@@ -478,3 +478,311 @@ impl Feature {
         }
     }
 }
+
+/// The tensors of forward and backward (`LNMLP_TENSOR_*`), for [`crate::Plan::tensor_shape`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tensor {
+    /// x, `[T, H]` (T: the call's tokens).
+    X,
+    /// gamma, `[H]`.
+    Gamma,
+    /// beta, `[H]`; not taken by RMSNorm plans.
+    Beta,
+    /// W1, `[H, A, F]` (`[H, A, F/P]` for a rank of a sharded group).
+    W1,
+    /// b1, `[A, F]`; not taken when disabled.
+    B1,
+    /// W2, `[F, H]`.
+    W2,
+    /// b2, `[H]`; not taken when disabled.
+    B2,
+    /// y, `[T, H]`.
+    Y,
+    /// The saved buffer, bytes ([`ElementType::U8`]); not taken by [`crate::Remat::ForwardOnly`].
+    Saved,
+    /// dy, `[T, H]`.
+    Dy,
+    /// dx, `[T, H]`.
+    Dx,
+    /// dgamma, `[H]`.
+    DGamma,
+    /// dbeta, `[H]`; not taken by RMSNorm plans.
+    DBeta,
+    /// dW1, as W1.
+    DW1,
+    /// db1, as b1.
+    DB1,
+    /// dW2, as W2.
+    DW2,
+    /// db2, as b2.
+    DB2,
+    /// The FP8 quantizer state, f32 `[6, 1 + amax history length]`; only [`Recipe::Delayed`]
+    /// plans have it.
+    Fp8State,
+}
+
+impl Tensor {
+    /// All of them, in C value order.
+    pub const ALL: [Tensor; 18] = [
+        Tensor::X,
+        Tensor::Gamma,
+        Tensor::Beta,
+        Tensor::W1,
+        Tensor::B1,
+        Tensor::W2,
+        Tensor::B2,
+        Tensor::Y,
+        Tensor::Saved,
+        Tensor::Dy,
+        Tensor::Dx,
+        Tensor::DGamma,
+        Tensor::DBeta,
+        Tensor::DW1,
+        Tensor::DB1,
+        Tensor::DW2,
+        Tensor::DB2,
+        Tensor::Fp8State,
+    ];
+
+    /// The C value.
+    pub fn raw(self) -> i32 {
+        match self {
+            Tensor::X => sys::LNMLP_TENSOR_X,
+            Tensor::Gamma => sys::LNMLP_TENSOR_GAMMA,
+            Tensor::Beta => sys::LNMLP_TENSOR_BETA,
+            Tensor::W1 => sys::LNMLP_TENSOR_W1,
+            Tensor::B1 => sys::LNMLP_TENSOR_B1,
+            Tensor::W2 => sys::LNMLP_TENSOR_W2,
+            Tensor::B2 => sys::LNMLP_TENSOR_B2,
+            Tensor::Y => sys::LNMLP_TENSOR_Y,
+            Tensor::Saved => sys::LNMLP_TENSOR_SAVED,
+            Tensor::Dy => sys::LNMLP_TENSOR_DY,
+            Tensor::Dx => sys::LNMLP_TENSOR_DX,
+            Tensor::DGamma => sys::LNMLP_TENSOR_DGAMMA,
+            Tensor::DBeta => sys::LNMLP_TENSOR_DBETA,
+            Tensor::DW1 => sys::LNMLP_TENSOR_DW1,
+            Tensor::DB1 => sys::LNMLP_TENSOR_DB1,
+            Tensor::DW2 => sys::LNMLP_TENSOR_DW2,
+            Tensor::DB2 => sys::LNMLP_TENSOR_DB2,
+            Tensor::Fp8State => sys::LNMLP_TENSOR_FP8_STATE,
+        }
+    }
+
+    /// The argument's name in this crate (`"x"`, `"w1"`, `"dgamma"`, `"saved"`, `"fp8_state"`),
+    /// as error messages use it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tensor::X => "x",
+            Tensor::Gamma => "gamma",
+            Tensor::Beta => "beta",
+            Tensor::W1 => "w1",
+            Tensor::B1 => "b1",
+            Tensor::W2 => "w2",
+            Tensor::B2 => "b2",
+            Tensor::Y => "y",
+            Tensor::Saved => "saved",
+            Tensor::Dy => "dy",
+            Tensor::Dx => "dx",
+            Tensor::DGamma => "dgamma",
+            Tensor::DBeta => "dbeta",
+            Tensor::DW1 => "dw1",
+            Tensor::DB1 => "db1",
+            Tensor::DW2 => "dw2",
+            Tensor::DB2 => "db2",
+            Tensor::Fp8State => "fp8_state",
+        }
+    }
+
+    /// Its index in [`Tensor::ALL`].
+    pub(crate) fn index(self) -> usize {
+        self.raw() as usize
+    }
+}
+
+impl fmt::Display for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The element type of a [`Shape`]: the plan's I/O types, and bytes for the saved buffer
+/// (`LNMLP_DTYPE_*`, with `LNMLP_DTYPE_U8`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ElementType {
+    /// `f32` (the FP8 state, and f32 plans' tensors).
+    F32,
+    /// bfloat16.
+    Bf16,
+    /// IEEE binary16.
+    F16,
+    /// Bytes (the saved buffer).
+    U8,
+}
+
+impl ElementType {
+    /// The C value.
+    pub fn raw(self) -> i32 {
+        match self {
+            ElementType::F32 => sys::LNMLP_DTYPE_F32,
+            ElementType::Bf16 => sys::LNMLP_DTYPE_BF16,
+            ElementType::F16 => sys::LNMLP_DTYPE_F16,
+            ElementType::U8 => sys::LNMLP_DTYPE_U8,
+        }
+    }
+
+    /// The type of a C value; `None` for a value this crate does not know.
+    pub fn from_raw(raw: i32) -> Option<ElementType> {
+        match raw {
+            sys::LNMLP_DTYPE_F32 => Some(ElementType::F32),
+            sys::LNMLP_DTYPE_BF16 => Some(ElementType::Bf16),
+            sys::LNMLP_DTYPE_F16 => Some(ElementType::F16),
+            sys::LNMLP_DTYPE_U8 => Some(ElementType::U8),
+            _ => None,
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            ElementType::F32 => 4,
+            ElementType::Bf16 | ElementType::F16 => 2,
+            ElementType::U8 => 1,
+        }
+    }
+}
+
+impl From<DType> for ElementType {
+    fn from(d: DType) -> ElementType {
+        match d {
+            DType::F32 => ElementType::F32,
+            DType::Bf16 => ElementType::Bf16,
+            DType::F16 => ElementType::F16,
+        }
+    }
+}
+
+/// The shape of one tensor of a call, as the library reports it
+/// (`lnmlp_plan_get_tensor_shape`): up to [`Shape::MAX_RANK`] dimensions and an element type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Shape {
+    rank: usize,
+    dims: [usize; sys::LNMLP_MAX_TENSOR_RANK],
+    element_type: ElementType,
+}
+
+impl Shape {
+    /// The most dimensions a shape has (W1's `[H, A, F]`).
+    pub const MAX_RANK: usize = sys::LNMLP_MAX_TENSOR_RANK;
+
+    pub(crate) fn new(dims: &[usize], element_type: ElementType) -> Shape {
+        let mut d = [0; sys::LNMLP_MAX_TENSOR_RANK];
+        d[..dims.len()].copy_from_slice(dims);
+        Shape { rank: dims.len(), dims: d, element_type }
+    }
+
+    /// The dimensions, outermost first (row-major).
+    pub fn dims(&self) -> &[usize] {
+        &self.dims[..self.rank]
+    }
+
+    /// The number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of elements (the product of the dimensions).
+    pub fn len(&self) -> usize {
+        self.dims().iter().product()
+    }
+
+    /// Whether it has no elements (x, y, dx, dy of a call with 0 tokens).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The element type.
+    pub fn element_type(&self) -> ElementType {
+        self.element_type
+    }
+
+    /// The size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.len() * self.element_type.size()
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        for (i, d) in self.dims().iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{d}")?;
+        }
+        f.write_str("]")
+    }
+}
+
+/// The token count a shape is asked for ([`crate::Plan::tensor_shape`]): a count from 0 to the
+/// plan's most, or the plan's most itself (`LNMLP_TOKENS_MAX`). A `usize` converts into
+/// [`Tokens::Count`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tokens {
+    /// The plan's most tokens per call (its [`crate::Plan::max_tokens`]).
+    Max,
+    /// That many tokens (0 ..= the plan's most).
+    Count(usize),
+}
+
+impl From<usize> for Tokens {
+    fn from(t: usize) -> Tokens {
+        Tokens::Count(t)
+    }
+}
+
+/// Flags of a forward or backward call (`LNMLP_CALL_*`), OR'ed with `|`; for the raw calls
+/// ([`crate::Plan::forward_raw_with_flags`], [`crate::Plan::backward_raw_with_flags`]). The
+/// slice-taking calls take them as [`crate::CallOptions`].
+///
+/// ```
+/// use lnmlp::CallFlags;
+/// let f = CallFlags::DEFAULT | CallFlags::WEIGHTS_UNCHANGED;
+/// assert!(f.contains(CallFlags::WEIGHTS_UNCHANGED));
+/// assert_eq!(f.raw(), lnmlp::ffi::LNMLP_CALL_WEIGHTS_UNCHANGED);
+/// assert_eq!(CallFlags::default(), CallFlags::DEFAULT);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CallFlags(i32);
+
+impl CallFlags {
+    /// No flag (`LNMLP_CALL_DEFAULT`).
+    pub const DEFAULT: CallFlags = CallFlags(sys::LNMLP_CALL_DEFAULT);
+    /// `LNMLP_CALL_WEIGHTS_UNCHANGED`: W1 and W2 hold the values they had when the plan last made
+    /// its copies of them; the call reuses those copies (see
+    /// [`crate::CallOptions::weights_unchanged`]).
+    pub const WEIGHTS_UNCHANGED: CallFlags = CallFlags(sys::LNMLP_CALL_WEIGHTS_UNCHANGED);
+
+    /// The C value.
+    pub fn raw(self) -> i32 {
+        self.0
+    }
+
+    /// Whether every flag of `other` is set in `self`.
+    pub fn contains(self, other: CallFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl std::ops::BitOr for CallFlags {
+    type Output = CallFlags;
+    fn bitor(self, rhs: CallFlags) -> CallFlags {
+        CallFlags(self.0 | rhs.0)
+    }
+}
+
+impl std::ops::BitOrAssign for CallFlags {
+    fn bitor_assign(&mut self, rhs: CallFlags) {
+        self.0 |= rhs.0;
+    }
+}

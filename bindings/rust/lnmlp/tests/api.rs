@@ -203,11 +203,20 @@ fn wrong_lengths_fail_before_the_library_is_called() {
     let wb = Weights { gamma: &gb, beta: Some(&gb), w1: &gb, b1: None, w2: &gb, b2: None };
     let e = plan.forward(&xb, &wb, &mut yb).unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument, "{e}");
-    // backward: wrong saved size, wrong dy length, an output of the wrong length
+    // backward: saved too small, saved of a forward with another token count, wrong dy length,
+    // an output of the wrong length
     let saved = plan.forward(&b.x, &w, &mut y).unwrap();
-    let bad = Saved::new(saved.len() + 64, 64).unwrap();
+    assert_eq!(saved.tokens(), Some(2));
+    let bad = Saved::new(saved.len() - 1, 64).unwrap();
     let e = plan.backward(&y, &b.x, &w, &bad).unwrap_err();
-    assert!(e.message().starts_with("saved"), "{e}");
+    assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+    assert!(e.message().starts_with("saved has"), "{e}");
+    let mut y1 = vec![0.0f32; 8];
+    let saved1 = plan.forward(&b.x[..8], &w, &mut y1).unwrap();
+    let e = plan.backward(&y, &b.x, &w, &saved1).unwrap_err();
+    assert!(e.message().starts_with("saved was written by a forward with 1 tokens"), "{e}");
+    let e = plan.forward_into(&b.x, &w, &mut y, &mut Saved::new(0, 64).unwrap()).unwrap_err();
+    assert!(e.message().starts_with("saved has 0 bytes"), "{e}");
     let e = plan.backward(&y[..4], &b.x, &w, &saved).unwrap_err();
     assert!(e.message().starts_with("dy"), "{e}");
     let mut g = plan.backward(&y, &b.x, &w, &saved).unwrap();
@@ -217,11 +226,16 @@ fn wrong_lengths_fail_before_the_library_is_called() {
     // none of these reached the library: its message is still the one from before
     assert_eq!(last_error(), before);
 
-    // a copy of saved (e.g. from a checkpoint) works as the original
+    // a copy of saved (e.g. from a checkpoint) works as the original, and so does a buffer of
+    // the plan's full size (larger than a call with fewer tokens needs)
     let copy = Saved::from_bytes(saved.as_bytes(), plan.alignment()).unwrap();
+    assert_eq!(copy.tokens(), None);
     let g1 = plan.backward(&y, &b.x, &w, &saved).unwrap();
     let g2 = plan.backward(&y, &b.x, &w, &copy).unwrap();
     assert_eq!(g1, g2);
+    let mut full = plan.new_saved().unwrap();
+    plan.forward_into(&b.x[..8], &w, &mut y1, &mut full).unwrap();
+    assert_eq!(plan.backward(&y1, &b.x[..8], &w, &full).unwrap(), plan.backward(&y1, &b.x[..8], &w, &saved1).unwrap());
 }
 
 #[test]

@@ -155,8 +155,9 @@ struct Setup {
     remat: Remat,
 }
 
-fn builder(pr: &Problem, s: &Setup) -> PlanBuilder {
-    let b = PlanBuilder::new().shape(pr.t, pr.h, pr.f).norm(s.norm).bias(s.bias, s.bias).remat(s.remat).num_threads(1);
+/// A plan for `max_t` tokens (at least the problem's: a call may take fewer than its plan's most).
+fn builder(pr: &Problem, s: &Setup, max_t: usize) -> PlanBuilder {
+    let b = PlanBuilder::new().shape(max_t, pr.h, pr.f).norm(s.norm).bias(s.bias, s.bias).remat(s.remat).num_threads(1);
     if s.gated {
         b.gated(Activation::Silu, Activation::Linear)
     } else {
@@ -186,7 +187,7 @@ fn run_plan(
         w2,
         b2: s.bias.then_some(&pr.b2[..]),
     };
-    let mut y = vec![0f32; plan.x_len()];
+    let mut y = vec![0f32; x.len()];
     let saved = plan.forward(x, &w, &mut y).unwrap();
     let g = plan.backward(dy, x, &w, &saved).unwrap();
     (y, g)
@@ -199,9 +200,15 @@ fn f64s(v: &[f32]) -> Vec<f64> {
 /// P ranks on P threads against the unsharded plan: y and every gradient assembled from the
 /// shards within the f32 tolerance, and the replicated outputs bit-identical on every rank.
 fn check_group(p: usize, sp: bool, s: Setup, seed: u64) {
+    check_group_tokens(p, sp, s, seed, 0);
+}
+
+/// As check_group, with the ranks' plans made for `extra` more tokens per rank than their calls
+/// take (the unsharded reference plan is made for exactly the call's).
+fn check_group_tokens(p: usize, sp: bool, s: Setup, seed: u64, extra: usize) {
     let pr = problem(12, 40, 24, if s.gated { 2 } else { 1 }, seed);
     let (t, h, f, a) = (pr.t, pr.h, pr.f, pr.a);
-    let (y1, g1) = run_plan(builder(&pr, &s), &s, &pr.x, &pr.dy, &pr, &pr.w1, &pr.b1, &pr.w2);
+    let (y1, g1) = run_plan(builder(&pr, &s, t), &s, &pr.x, &pr.dy, &pr, &pr.w1, &pr.b1, &pr.w2);
 
     let ranks = group(p);
     let shared = ranks[0].g.clone();
@@ -222,7 +229,7 @@ fn check_group(p: usize, sp: bool, s: Setup, seed: u64) {
                     let w2 = pr.w2[r * fl * h..][..fl * h].to_vec();
                     let rows = |m: &[f32]| m[r * tl * h..][..tl * h].to_vec();
                     let (x, dy) = if sp { (rows(&pr.x), rows(&pr.dy)) } else { (pr.x.clone(), pr.dy.clone()) };
-                    let b = builder(pr, s).sharding(p as i32, r as i32, sp).communicator(&comm);
+                    let b = builder(pr, s, t + extra * p).sharding(p as i32, r as i32, sp).communicator(&comm);
                     drop(comm); // the builder (and then the plan) keep it alive
                     run_plan(b, s, &x, &dy, pr, &w1, &b1, &w2)
                 })
@@ -295,6 +302,14 @@ fn two_ranks_tensor_parallel_rmsnorm_swiglu_recompute() {
 #[test]
 fn two_ranks_sequence_parallel_rmsnorm_swiglu_recompute() {
     check_group(2, true, Setup { norm: Norm::RmsNorm, gated: true, bias: true, remat: Remat::SaveFfn1 }, 4);
+}
+
+#[test]
+fn two_ranks_fewer_tokens_than_the_plans_most() {
+    for sp in [false, true] {
+        let s = Setup { norm: Norm::LayerNorm, gated: true, bias: true, remat: Remat::SaveAll };
+        check_group_tokens(2, sp, s, 6, 5);
+    }
 }
 
 #[test]
@@ -426,6 +441,8 @@ fn wrong_shard_lengths_are_caught_before_the_call() {
     let e = plan.forward(&x, &w, &mut y).unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument, "{e}");
     assert!(e.message().contains("[T/P, H]"), "{e}");
+    assert!(e.message().starts_with("x has 4 tokens"), "{e}");
+    assert!(e.message().contains("at most 2 tokens per call"), "{e}");
 }
 
 #[test]

@@ -8,7 +8,8 @@ import java.nio.ByteOrder;
 
 /**
  * A validated, allocated fused {@code y = act(norm(x) @ W1 + b1) @ W2 + b2}, run forward and
- * backward many times (CPU backend, f32 tensors as {@code float[]}, row-major).
+ * backward many times (CPU backend, row-major tensors: {@code float[]} for an f32 plan,
+ * {@code short[]} bit patterns for a bf16 / f16 plan ({@link Builder#dtype})).
  *
  * <pre>{@code
  * try (Plan plan = Plan.builder(tokens, hidden, ffn).activations(ACT_GELU).bias(true, true).build()) {
@@ -18,13 +19,37 @@ import java.nio.ByteOrder;
  * }
  * }</pre>
  *
- * Shapes: x, y, dy, dx [T*H]; gamma, beta, b2 [H] (beta null for RMSNorm); w1 [H*A*F];
- * b1 [A*F]; w2 [F*H]; A = number of activations. Every length is checked before the C call
- * (an {@link LnmlpException} with ERROR_INVALID_ARGUMENT); a null where C needs a tensor gives
- * the C library's own ERROR_NULL_POINTER / ERROR_INVALID_ARGUMENT. Calls on one Plan are
+ * Shapes: x, y, dy, dx [t*H]; gamma, beta, b2 [H] (beta null for RMSNorm); w1 [H*A*F];
+ * b1 [A*F]; w2 [F*H]; A = number of activations. The builder's tokens T is the most tokens one
+ * call takes ({@link #maxTokens()}): each call's t is x.length / H, from 0 to T. Every length
+ * comes from the library's shape query ({@link #tensorShape}) and is checked before the C call
+ * (an {@link LnmlpException} with ERROR_INVALID_ARGUMENT); a null where C needs a tensor, or a t
+ * above T, gives the C library's own error and message. Calls on one Plan are
  * serialised (synchronized). {@link #close()} frees the C plan; an unreachable, unclosed Plan is
- * freed by a Cleaner. Other dtypes, the CUDA backend and zero-copy buffers: use the
- * plan_forward_u16 / _direct / _ptr functions of {@link LnmlpNative} with {@link #handle()}.
+ * freed by a Cleaner. The CUDA backend and zero-copy buffers: use the plan_forward_direct / _ptr
+ * functions of {@link LnmlpNative} with {@link #handle()}.
+ *
+ * <p>Element types: every tensor is in the plan's dtype ({@link #dtype()}), except the weight
+ * gradients dW1, db1, dW2, db2, which are in {@link #gradDtype()}: the dtype or, with
+ * {@link Builder#gradDtype}(DTYPE_F32), fp32 "main grads" of a bf16 / f16 plan. Gradients go into
+ * {@link Grads} (f32 plans), {@link Grads16} (bf16 / f16 plans, 16-bit weight gradients) or
+ * {@link MainGrads} (bf16 / f16 plans, fp32 weight gradients); a holder, array type or dtype
+ * that does not fit the plan throws {@link LnmlpException} (ERROR_INVALID_ARGUMENT) before C is
+ * called.
+ *
+ * <p>Gradient accumulation ({@link Builder#accumulateGrads}): backward adds this call's dW1, db1,
+ * dW2 and db2 into the caller's arrays (dgamma, dbeta and dx are overwritten), e.g. over the
+ * micro-batches of a step; the allocating {@link #backward(float[], float[], float[], float[],
+ * float[], float[], float[], ByteBuffer)} is then refused: pass your arrays.
+ *
+ * <p>{@code weightsUnchanged} (the overloads that take it; LNMLP_CALL_WEIGHTS_UNCHANGED): w1 and w2
+ * hold the values they had when the plan last made its copies of them (f16 widened copies, FP8
+ * quantized ones), so the call reuses those copies (TransformerEngine's
+ * is_first_microbatch=False). If w1 / w2 did change, the call computes with the old copies.
+ *
+ * <p>FP8 delayed scaling: the plan keeps its own state, or a caller's: per call (the
+ * {@code fp8State} overloads, a float[] of {@link #newFp8State()}'s layout, updated in place) or
+ * attached ({@link #attachFp8State}, a direct buffer from {@link #newFp8StateBuffer()}).
  */
 public final class Plan implements AutoCloseable {
   private static final Cleaner CLEANER = Cleaner.create();
@@ -46,12 +71,50 @@ public final class Plan implements AutoCloseable {
     }
   }
 
-  /** Gradients written by {@link #backward}: dbeta is null for RMSNorm, db1/db2 without bias. */
+  /** Gradients of an f32 plan, written by {@link #backward}: dbeta is null for RMSNorm, db1/db2
+   * without bias. */
   public static final class Grads {
     public final float[] dx, dgamma, dbeta, dw1, db1, dw2, db2;
 
-    Grads(float[] dx, float[] dgamma, float[] dbeta, float[] dw1, float[] db1, float[] dw2,
+    /** Caller arrays (null for the gradients the plan does not have); see {@link #newGrads}. */
+    public Grads(float[] dx, float[] dgamma, float[] dbeta, float[] dw1, float[] db1, float[] dw2,
         float[] db2) {
+      this.dx = dx;
+      this.dgamma = dgamma;
+      this.dbeta = dbeta;
+      this.dw1 = dw1;
+      this.db1 = db1;
+      this.dw2 = dw2;
+      this.db2 = db2;
+    }
+  }
+
+  /** Gradients of a bf16 / f16 plan whose weight gradients are in its dtype: every array holds
+   * 16-bit patterns. null for the gradients the plan does not have; see {@link #newGrads16}. */
+  public static final class Grads16 {
+    public final short[] dx, dgamma, dbeta, dw1, db1, dw2, db2;
+
+    public Grads16(short[] dx, short[] dgamma, short[] dbeta, short[] dw1, short[] db1, short[] dw2,
+        short[] db2) {
+      this.dx = dx;
+      this.dgamma = dgamma;
+      this.dbeta = dbeta;
+      this.dw1 = dw1;
+      this.db1 = db1;
+      this.dw2 = dw2;
+      this.db2 = db2;
+    }
+  }
+
+  /** Gradients of a bf16 / f16 plan whose weight gradients are fp32 ({@code gradDtype(DTYPE_F32)},
+   * "main grads"): dx, dgamma, dbeta in the plan's dtype (16-bit patterns), dw1, db1, dw2, db2
+   * float[]. null for the gradients the plan does not have; see {@link #newMainGrads}. */
+  public static final class MainGrads {
+    public final short[] dx, dgamma, dbeta;
+    public final float[] dw1, db1, dw2, db2;
+
+    public MainGrads(short[] dx, short[] dgamma, short[] dbeta, float[] dw1, float[] db1,
+        float[] dw2, float[] db2) {
       this.dx = dx;
       this.dgamma = dgamma;
       this.dbeta = dbeta;
@@ -71,6 +134,9 @@ public final class Plan implements AutoCloseable {
     private int[] activations = {ACT_RELU};
     private float[] clamped; // limit, alpha, offset
     private boolean bias1, bias2;
+    private int dtype = DTYPE_F32;
+    private boolean accumulateGrads;
+    private int gradDtype = -1;
     private int remat = REMAT_SAVE_ALL;
     private int numThreads;
     private int recipe = RECIPE_NONE;
@@ -100,6 +166,13 @@ public final class Plan implements AutoCloseable {
       this.bias2 = hasBias2;
       return this;
     }
+    /** The I/O dtype: DTYPE_F32 (default; float[] tensors), DTYPE_BF16 or DTYPE_F16 (short[]). */
+    public Builder dtype(int dtype) { this.dtype = dtype; return this; }
+    /** backward adds into dW1, db1, dW2, db2 instead of overwriting them (lnmlp_desc_set_weight_gradients). */
+    public Builder accumulateGrads(boolean on) { this.accumulateGrads = on; return this; }
+    /** The dtype of dW1, db1, dW2, db2: -1 (default) the plan's dtype, or DTYPE_F32 (fp32 "main
+     * grads" of a bf16 / f16 plan); build() refuses any other. */
+    public Builder gradDtype(int dtype) { this.gradDtype = dtype; return this; }
     public Builder remat(int policy) { this.remat = policy; return this; }
     public Builder numThreads(int n) { this.numThreads = n; return this; }
     public Builder recipe(int recipe) { this.recipe = recipe; return this; }
@@ -126,7 +199,8 @@ public final class Plan implements AutoCloseable {
         LnmlpNative.desc_set_activations(d, activations);
         if (clamped != null) LnmlpNative.desc_set_clamped_swiglu(d, clamped[0], clamped[1], clamped[2]);
         LnmlpNative.desc_set_bias(d, bias1 ? 1 : 0, bias2 ? 1 : 0);
-        LnmlpNative.desc_set_dtype(d, DTYPE_F32);
+        LnmlpNative.desc_set_dtype(d, dtype);
+        LnmlpNative.desc_set_weight_gradients(d, accumulateGrads ? 1 : 0, gradDtype);
         LnmlpNative.desc_set_remat(d, remat);
         LnmlpNative.desc_set_num_threads(d, numThreads);
         LnmlpNative.desc_set_recipe(d, recipe);
@@ -148,12 +222,14 @@ public final class Plan implements AutoCloseable {
   private PlanHandle handle;
   private final Destroyer destroyer;
   private final Cleaner.Cleanable cleanable;
-  private final long tokens, hidden, ffn;
+  private final long tokens, hidden, ffn, maxTokens;
   private final int numActivations;
-  private final boolean bias1, bias2, rmsnorm;
+  private final int dtype, gradDtype;
+  private final boolean accumulateGrads;
   private final long workspaceBytes, savedBytes, savedBytesPerToken, alignment, stateBytes;
   private final int amaxHistoryLength;
   private ByteBuffer workspace; // kept reachable while attached
+  private ByteBuffer fp8State; // kept reachable while attached
 
   private Plan(PlanHandle h, Builder b) {
     this.handle = h;
@@ -163,9 +239,12 @@ public final class Plan implements AutoCloseable {
     this.hidden = b.hidden;
     this.ffn = b.ffn;
     this.numActivations = b.activations.length;
-    this.bias1 = b.bias1;
-    this.bias2 = b.bias2;
-    this.rmsnorm = b.norm == NORM_RMSNORM;
+    int[] dt = new int[1];
+    this.maxTokens = LnmlpNative.plan_get_tensor_shape(h, TENSOR_X, TOKENS_MAX, dt)[0];
+    this.dtype = dt[0];
+    LnmlpNative.plan_get_tensor_shape(h, TENSOR_DW1, TOKENS_MAX, dt); // dW1 is always taken
+    this.gradDtype = dt[0];
+    this.accumulateGrads = b.accumulateGrads;
     this.workspaceBytes = LnmlpNative.plan_get_workspace_bytes(h);
     this.savedBytes = LnmlpNative.plan_get_saved_bytes(h);
     this.savedBytesPerToken = LnmlpNative.plan_get_saved_bytes_per_token(h);
@@ -181,6 +260,7 @@ public final class Plan implements AutoCloseable {
   public synchronized void close() {
     handle = null;
     workspace = null;
+    fp8State = null;
     cleanable.clean();
   }
 
@@ -202,10 +282,19 @@ public final class Plan implements AutoCloseable {
 
   // ---- sizes ---------------------------------------------------------------------------------
 
+  /** The builder's tokens: the most one call takes (see {@link #maxTokens()}). */
   public long tokens() { return tokens; }
+  /** The most tokens of one call (the shape query's, LNMLP_TOKENS_MAX). */
+  public long maxTokens() { return maxTokens; }
   public long hidden() { return hidden; }
   public long ffn() { return ffn; }
   public int numActivations() { return numActivations; }
+  /** The I/O dtype (DTYPE_*): of every tensor but the weight gradients. */
+  public int dtype() { return dtype; }
+  /** The dtype of dW1, db1, dW2 and db2 (the shape query's): dtype(), or DTYPE_F32. */
+  public int gradDtype() { return gradDtype; }
+  /** Whether backward adds into dW1, db1, dW2, db2 ({@link Builder#accumulateGrads}). */
+  public boolean accumulatesGrads() { return accumulateGrads; }
   public long workspaceBytes() { return workspaceBytes; }
   public long savedBytes() { return savedBytes; }
   public long savedBytesPerToken() { return savedBytesPerToken; }
@@ -225,9 +314,51 @@ public final class Plan implements AutoCloseable {
     return b.slice().order(ByteOrder.nativeOrder());
   }
 
-  /** A buffer for forward's saved state (savedBytes, aligned); null when the plan saves nothing. */
+  /**
+   * The dimensions (C order, row-major) of a tensor (TENSOR_*) in a call with {@code tokens}
+   * tokens (0 .. maxTokens(), or TOKENS_MAX), from lnmlp_plan_get_tensor_shape; null when the
+   * plan does not take it (pass null for it).
+   */
+  public synchronized long[] tensorShape(int tensor, long tokens) {
+    return LnmlpNative.plan_get_tensor_shape(live(), tensor, tokens, null);
+  }
+
+  /** {@link #tensorShape(int, long)} for the plan's most tokens. */
+  public long[] tensorShape(int tensor) {
+    return tensorShape(tensor, TOKENS_MAX);
+  }
+
+  /** The number of elements of a tensor of that shape; -1 when the plan does not take it. */
+  private long elements(int tensor, long tokens) {
+    long[] dims = LnmlpNative.plan_get_tensor_shape(handle, tensor, tokens, null);
+    if (dims == null) return -1;
+    long n = 1;
+    for (long d : dims) n *= d;
+    return n;
+  }
+
+  private long elements(int tensor) {
+    return elements(tensor, TOKENS_MAX);
+  }
+
+  /** The shape query's tokens for a call of t: t itself in range, else the plan's most (the C
+   * call then refuses t with its own message). */
+  private long queryTokens(long t) {
+    return t >= 0 && t <= maxTokens ? t : TOKENS_MAX;
+  }
+
+  /** A buffer for forward's saved state for the plan's most tokens (serves every call); null when
+   * the plan saves nothing. */
   public ByteBuffer newSavedBuffer() {
     return savedBytes == 0 ? null : allocateAligned(savedBytes, alignment);
+  }
+
+  /** A buffer for the saved state of a call with {@code tokens} tokens (fewer bytes than
+   * {@link #newSavedBuffer()} when tokens &lt; maxTokens()); null when the plan saves nothing. */
+  public synchronized ByteBuffer newSavedBuffer(long tokens) {
+    live();
+    long bytes = elements(TENSOR_SAVED, tokens);
+    return bytes < 0 ? null : allocateAligned(bytes, alignment);
   }
 
   /** Attaches caller-owned workspace (externalWorkspace plans); kept reachable by this Plan. */
@@ -238,82 +369,328 @@ public final class Plan implements AutoCloseable {
 
   // ---- forward / backward ----------------------------------------------------------------------
 
-  private static void len(String name, float[] a, long expect, String what) {
-    if (a != null && a.length != expect) {
-      throw new LnmlpException(ERROR_INVALID_ARGUMENT,
-          name + " has " + a.length + " elements, but this plan needs " + what + " = " + expect);
+  private static String dtypeName(int dt) {
+    switch (dt) {
+      case DTYPE_F32: return "DTYPE_F32";
+      case DTYPE_BF16: return "DTYPE_BF16";
+      case DTYPE_F16: return "DTYPE_F16";
+      default: return "dtype " + dt;
     }
   }
 
-  private void checkSaved(ByteBuffer saved) {
+  /** The call's flags. JNI hands C a fresh copy of each Java array per call, so the library must
+   * (and does) keep copies of the weights, never their addresses, from one call to the next. */
+  private static int flags(boolean weightsUnchanged) {
+    return weightsUnchanged ? CALL_WEIGHTS_UNCHANGED : CALL_DEFAULT;
+  }
+
+  /** float[] tensors are for f32 plans only. */
+  private void requireF32(String what) {
+    if (dtype != DTYPE_F32) {
+      throw new LnmlpException(ERROR_INVALID_ARGUMENT, what + " takes float[] tensors, for an f32 plan; this plan's"
+          + " dtype is " + dtypeName(dtype) + ": pass short[] bit patterns (the short[] overloads)");
+    }
+  }
+
+  /** short[] tensors are for bf16 / f16 plans only. */
+  private void require16(String what) {
+    if (dtype != DTYPE_BF16 && dtype != DTYPE_F16) {
+      throw new LnmlpException(ERROR_INVALID_ARGUMENT, what + " takes short[] tensors, for a bf16 / f16 plan; this"
+          + " plan's dtype is " + dtypeName(dtype) + ": pass float[] (the float[] overloads)");
+    }
+  }
+
+  /** The gradient holder must fit the plan's weight-gradient dtype. */
+  private void requireGradDtype(int want, String holder) {
+    if (gradDtype != want) {
+      String fit = gradDtype == DTYPE_F32 ? (dtype == DTYPE_F32 ? "Plan.Grads (newGrads)" : "Plan.MainGrads (newMainGrads)")
+          : "Plan.Grads16 (newGrads16)";
+      throw new LnmlpException(ERROR_INVALID_ARGUMENT, holder + " holds " + dtypeName(want)
+          + " weight gradients, but this plan's dW1, db1, dW2, db2 are " + dtypeName(gradDtype)
+          + " (plan dtype " + dtypeName(dtype) + "): use " + fit);
+    }
+  }
+
+  /** The allocating backward would accumulate into fresh arrays and lose them. */
+  private void requireNotAccumulating() {
+    if (accumulateGrads) {
+      throw new LnmlpException(ERROR_INVALID_ARGUMENT, "this plan accumulates its weight gradients"
+          + " (accumulateGrads(true)): pass the gradient arrays to add into, backward(..., Grads out, ...)");
+    }
+  }
+
+  /** Checks a tensor's length against the shape query. A null where C needs the tensor, or a
+   * tensor the plan does not take (expect -1: it must be null), is left to C (its own error). */
+  private static void len(String name, int length, boolean isNull, long expect) {
+    if (isNull || expect < 0) return;
+    if (length != expect) {
+      throw new LnmlpException(ERROR_INVALID_ARGUMENT,
+          name + " has " + length + " elements, but this plan needs " + expect);
+    }
+  }
+
+  private static void len(String name, float[] a, long expect) {
+    len(name, a == null ? 0 : a.length, a == null, expect);
+  }
+
+  private static void len(String name, short[] a, long expect) {
+    len(name, a == null ? 0 : a.length, a == null, expect);
+  }
+
+  /** The call's tokens: x.length / H (x is [t, H]). A t above maxTokens() is passed on to C,
+   * which refuses it with its own message. A null x gives 0 (C says whether x may be null). */
+  private long tokensOf(String name, int length) {
+    long h = hidden;
+    if (length % h != 0) {
+      throw new LnmlpException(ERROR_INVALID_ARGUMENT, name + " has " + length
+          + " elements, but this plan needs tokens*hidden with hidden = " + h + " and 0 to "
+          + maxTokens + " tokens");
+    }
+    return length / h;
+  }
+
+  private void checkSaved(ByteBuffer saved, long t) {
     if (saved == null) return; // C says whether it may be null
     if (!saved.isDirect()) {
       throw new LnmlpException(ERROR_INVALID_ARGUMENT,
           "saved must be a direct ByteBuffer (use Plan.newSavedBuffer())");
     }
-    if (saved.capacity() < savedBytes) {
+    long need = elements(TENSOR_SAVED, queryTokens(t));
+    if (saved.capacity() < need) {
       throw new LnmlpException(ERROR_INVALID_ARGUMENT, "saved has " + saved.capacity()
-          + " bytes, but this plan needs " + savedBytes + " (use Plan.newSavedBuffer())");
+          + " bytes, but a call with " + t + " tokens needs " + need + " (use Plan.newSavedBuffer())");
     }
   }
 
-  private void checkInputs(float[] x, float[] gamma, float[] beta, float[] w1, float[] b1,
-      float[] w2, float[] b2) {
-    len("x", x, tokens * hidden, "tokens*hidden");
-    len("gamma", gamma, hidden, "hidden");
-    len("beta", beta, hidden, "hidden");
-    len("w1", w1, hidden * numActivations * ffn, "hidden*activations*ffn");
-    len("b1", b1, numActivations * ffn, "activations*ffn");
-    len("w2", w2, ffn * hidden, "ffn*hidden");
-    len("b2", b2, hidden, "hidden");
+  private void checkInputs(float[] gamma, float[] beta, float[] w1, float[] b1, float[] w2,
+      float[] b2, float[] fp8State) {
+    len("gamma", gamma, elements(TENSOR_GAMMA));
+    len("beta", beta, elements(TENSOR_BETA));
+    len("w1", w1, elements(TENSOR_W1));
+    len("b1", b1, elements(TENSOR_B1));
+    len("w2", w2, elements(TENSOR_W2));
+    len("b2", b2, elements(TENSOR_B2));
+    len("fp8State", fp8State, elements(TENSOR_FP8_STATE));
   }
 
-  /** Forward into y; writes saved (from {@link #newSavedBuffer()}) for backward. */
-  public synchronized void forward(float[] x, float[] gamma, float[] beta, float[] w1, float[] b1,
+  private void checkInputs(short[] gamma, short[] beta, short[] w1, short[] b1, short[] w2,
+      short[] b2, float[] fp8State) {
+    len("gamma", gamma, elements(TENSOR_GAMMA));
+    len("beta", beta, elements(TENSOR_BETA));
+    len("w1", w1, elements(TENSOR_W1));
+    len("b1", b1, elements(TENSOR_B1));
+    len("w2", w2, elements(TENSOR_W2));
+    len("b2", b2, elements(TENSOR_B2));
+    len("fp8State", fp8State, elements(TENSOR_FP8_STATE));
+  }
+
+  /** The lengths of the parameter gradients (the weight gradients' in either array type). */
+  private void checkParamGrads(int dgamma, boolean dgammaNull, int dbeta, boolean dbetaNull,
+      int dw1, boolean dw1Null, int db1, boolean db1Null, int dw2, boolean dw2Null, int db2,
+      boolean db2Null) {
+    len("dgamma", dgamma, dgammaNull, elements(TENSOR_DGAMMA));
+    len("dbeta", dbeta, dbetaNull, elements(TENSOR_DBETA));
+    len("dw1", dw1, dw1Null, elements(TENSOR_DW1));
+    len("db1", db1, db1Null, elements(TENSOR_DB1));
+    len("dw2", dw2, dw2Null, elements(TENSOR_DW2));
+    len("db2", db2, db2Null, elements(TENSOR_DB2));
+  }
+
+  private static int n(float[] a) { return a == null ? 0 : a.length; }
+  private static int n(short[] a) { return a == null ? 0 : a.length; }
+
+  // -- f32 plans: float[] tensors --
+
+  /** Forward into y (x.length elements) for x.length / H tokens; writes saved (from
+   * {@link #newSavedBuffer()}) for backward. */
+  public void forward(float[] x, float[] gamma, float[] beta, float[] w1, float[] b1,
       float[] w2, float[] b2, float[] y, ByteBuffer saved) {
-    PlanHandle h = live();
-    checkInputs(x, gamma, beta, w1, b1, w2, b2);
-    len("y", y, tokens * hidden, "tokens*hidden");
-    checkSaved(saved);
-    LnmlpNative.plan_forward(h, x, gamma, beta, w1, b1, w2, b2, y, saved, 0L);
+    forward(x, gamma, beta, w1, b1, w2, b2, y, saved, null, false);
   }
 
-  /** Forward; returns a new y [T*H]. */
+  /** Forward with a caller's FP8 state (DELAYED plans; null = the plan's), updated in place. */
+  public void forward(float[] x, float[] gamma, float[] beta, float[] w1, float[] b1,
+      float[] w2, float[] b2, float[] y, ByteBuffer saved, float[] fp8State) {
+    forward(x, gamma, beta, w1, b1, w2, b2, y, saved, fp8State, false);
+  }
+
+  /** Forward (f32 plans) with a caller's FP8 state (DELAYED plans; null = the plan's) and
+   * {@code weightsUnchanged}: w1 / w2 are as when the plan last made its copies of them, which the
+   * call then reuses (LNMLP_CALL_WEIGHTS_UNCHANGED). */
+  public synchronized void forward(float[] x, float[] gamma, float[] beta, float[] w1, float[] b1,
+      float[] w2, float[] b2, float[] y, ByteBuffer saved, float[] fp8State,
+      boolean weightsUnchanged) {
+    PlanHandle h = live();
+    requireF32("forward");
+    long t = x == null ? 0 : tokensOf("x", x.length);
+    checkInputs(gamma, beta, w1, b1, w2, b2, fp8State);
+    if (x != null) len("y", y, x.length);
+    checkSaved(saved, t);
+    LnmlpNative.plan_forward(h, t, x, gamma, beta, w1, b1, w2, b2, y, saved, fp8State,
+        flags(weightsUnchanged), 0L);
+  }
+
+  /** Forward; returns a new y (x.length elements: y's shape is x's, [t, H]). */
   public float[] forward(float[] x, float[] gamma, float[] beta, float[] w1, float[] b1,
       float[] w2, float[] b2, ByteBuffer saved) {
-    float[] y = new float[Math.toIntExact(tokens * hidden)];
-    forward(x, gamma, beta, w1, b1, w2, b2, y, saved);
+    float[] y = x == null ? null : new float[x.length];
+    forward(x, gamma, beta, w1, b1, w2, b2, y, saved, null, false);
     return y;
   }
 
-  /** Backward into caller arrays (null for the absent dbeta / db1 / db2). */
-  public synchronized void backward(float[] dy, float[] x, float[] gamma, float[] beta, float[] w1,
+  /** Backward into caller arrays (null for the absent dbeta / db1 / db2); x.length / H tokens. */
+  public void backward(float[] dy, float[] x, float[] gamma, float[] beta, float[] w1,
       float[] b1, float[] w2, ByteBuffer saved, Grads out) {
-    PlanHandle h = live();
-    len("dy", dy, tokens * hidden, "tokens*hidden");
-    checkInputs(x, gamma, beta, w1, b1, w2, null);
-    checkSaved(saved);
-    len("dx", out.dx, tokens * hidden, "tokens*hidden");
-    len("dgamma", out.dgamma, hidden, "hidden");
-    len("dbeta", out.dbeta, hidden, "hidden");
-    len("dw1", out.dw1, hidden * numActivations * ffn, "hidden*activations*ffn");
-    len("db1", out.db1, numActivations * ffn, "activations*ffn");
-    len("dw2", out.dw2, ffn * hidden, "ffn*hidden");
-    len("db2", out.db2, hidden, "hidden");
-    LnmlpNative.plan_backward(h, dy, x, gamma, beta, w1, b1, w2, saved, out.dx, out.dgamma,
-        out.dbeta, out.dw1, out.db1, out.dw2, out.db2, 0L);
+    backward(dy, x, gamma, beta, w1, b1, w2, saved, out, null, false);
   }
 
-  /** Backward; returns new gradient arrays. */
+  /** Backward with a caller's FP8 state (DELAYED plans; null = the plan's), updated in place. */
+  public void backward(float[] dy, float[] x, float[] gamma, float[] beta, float[] w1,
+      float[] b1, float[] w2, ByteBuffer saved, Grads out, float[] fp8State) {
+    backward(dy, x, gamma, beta, w1, b1, w2, saved, out, fp8State, false);
+  }
+
+  /** Backward (f32 plans) into the caller's arrays: dx, dgamma, dbeta overwritten; dw1, db1,
+   * dw2, db2 overwritten, or added into when the plan accumulates. fp8State and
+   * weightsUnchanged as for forward. */
+  public synchronized void backward(float[] dy, float[] x, float[] gamma, float[] beta,
+      float[] w1, float[] b1, float[] w2, ByteBuffer saved, Grads out, float[] fp8State,
+      boolean weightsUnchanged) {
+    PlanHandle h = live();
+    requireF32("backward");
+    requireGradDtype(DTYPE_F32, "Plan.Grads");
+    long t = x == null ? 0 : tokensOf("x", x.length);
+    if (x != null) {
+      len("dy", dy, x.length);
+      len("dx", out.dx, x.length);
+    }
+    checkInputs(gamma, beta, w1, b1, w2, null, fp8State);
+    checkSaved(saved, t);
+    checkParamGrads(n(out.dgamma), out.dgamma == null, n(out.dbeta), out.dbeta == null,
+        n(out.dw1), out.dw1 == null, n(out.db1), out.db1 == null, n(out.dw2), out.dw2 == null,
+        n(out.db2), out.db2 == null);
+    LnmlpNative.plan_backward(h, t, dy, x, gamma, beta, w1, b1, w2, saved, out.dx, out.dgamma,
+        out.dbeta, out.dw1, out.db1, out.dw2, out.db2, fp8State, flags(weightsUnchanged), 0L);
+  }
+
+  /** Backward; returns new gradient arrays (dx: x.length elements, dx's shape being x's). Refused
+   * for a plan that accumulates: give it the arrays to add into. */
   public Grads backward(float[] dy, float[] x, float[] gamma, float[] beta, float[] w1, float[] b1,
       float[] w2, ByteBuffer saved) {
-    int th = Math.toIntExact(tokens * hidden), hh = Math.toIntExact(hidden);
-    int af = Math.toIntExact(numActivations * ffn);
-    Grads g = new Grads(new float[th], new float[hh], rmsnorm ? null : new float[hh],
-        new float[Math.toIntExact(hidden * numActivations * ffn)], bias1 ? new float[af] : null,
-        new float[Math.toIntExact(ffn * hidden)], bias2 ? new float[hh] : null);
-    backward(dy, x, gamma, beta, w1, b1, w2, saved, g);
+    Grads g;
+    synchronized (this) {
+      live();
+      requireF32("backward");
+      requireNotAccumulating();
+      g = grads(x == null ? 0 : x.length);
+    }
+    backward(dy, x, gamma, beta, w1, b1, w2, saved, g, null, false);
     return g;
+  }
+
+  /** New zeroed gradient arrays of an f32 plan for a call with {@code tokens} tokens, sized by
+   * the shape query (null for the gradients the plan does not have). */
+  public synchronized Grads newGrads(long tokens) {
+    live();
+    requireF32("newGrads");
+    return grads(Math.toIntExact(elements(TENSOR_DX, tokens)));
+  }
+
+  private Grads grads(int dxLength) {
+    return new Grads(new float[dxLength], newFloats(TENSOR_DGAMMA), newFloats(TENSOR_DBETA),
+        newFloats(TENSOR_DW1), newFloats(TENSOR_DB1), newFloats(TENSOR_DW2), newFloats(TENSOR_DB2));
+  }
+
+  /** A new array for a gradient, sized by the shape query; null when the plan has none. */
+  private float[] newFloats(int tensor) {
+    long n = elements(tensor);
+    return n < 0 ? null : new float[Math.toIntExact(n)];
+  }
+
+  private short[] newShorts(int tensor) {
+    long n = elements(tensor);
+    return n < 0 ? null : new short[Math.toIntExact(n)];
+  }
+
+  // -- bf16 / f16 plans: short[] bit patterns --
+
+  /** Forward of a bf16 / f16 plan (short[] bit patterns) into y (x.length elements); fp8State
+   * (float[], DELAYED plans; null = the plan's) and weightsUnchanged as for the f32 forward. */
+  public synchronized void forward(short[] x, short[] gamma, short[] beta, short[] w1, short[] b1,
+      short[] w2, short[] b2, short[] y, ByteBuffer saved, float[] fp8State,
+      boolean weightsUnchanged) {
+    PlanHandle h = live();
+    require16("forward");
+    long t = x == null ? 0 : tokensOf("x", x.length);
+    checkInputs(gamma, beta, w1, b1, w2, b2, fp8State);
+    if (x != null) len("y", y, x.length);
+    checkSaved(saved, t);
+    LnmlpNative.plan_forward_u16(h, t, x, gamma, beta, w1, b1, w2, b2, y, saved, fp8State,
+        flags(weightsUnchanged), 0L);
+  }
+
+  /** The checks shared by the two short[] backwards (before the weight gradients' own). */
+  private long checkBackward16(short[] dy, short[] x, short[] gamma, short[] beta, short[] w1,
+      short[] b1, short[] w2, ByteBuffer saved, short[] dx, float[] fp8State) {
+    require16("backward");
+    long t = x == null ? 0 : tokensOf("x", x.length);
+    if (x != null) {
+      len("dy", dy, x.length);
+      len("dx", dx, x.length);
+    }
+    checkInputs(gamma, beta, w1, b1, w2, null, fp8State);
+    checkSaved(saved, t);
+    return t;
+  }
+
+  /** Backward of a bf16 / f16 plan whose weight gradients are in its dtype (short[] all through). */
+  public synchronized void backward(short[] dy, short[] x, short[] gamma, short[] beta,
+      short[] w1, short[] b1, short[] w2, ByteBuffer saved, Grads16 out, float[] fp8State,
+      boolean weightsUnchanged) {
+    PlanHandle h = live();
+    long t = checkBackward16(dy, x, gamma, beta, w1, b1, w2, saved, out.dx, fp8State);
+    requireGradDtype(dtype, "Plan.Grads16");
+    checkParamGrads(n(out.dgamma), out.dgamma == null, n(out.dbeta), out.dbeta == null,
+        n(out.dw1), out.dw1 == null, n(out.db1), out.db1 == null, n(out.dw2), out.dw2 == null,
+        n(out.db2), out.db2 == null);
+    LnmlpNative.plan_backward_u16(h, t, dy, x, gamma, beta, w1, b1, w2, saved, out.dx, out.dgamma,
+        out.dbeta, out.dw1, out.db1, out.dw2, out.db2, fp8State, flags(weightsUnchanged), 0L);
+  }
+
+  /** Backward of a bf16 / f16 plan with fp32 weight gradients ({@code gradDtype(DTYPE_F32)}):
+   * dw1, db1, dw2, db2 are float[] (added into when the plan accumulates), the rest short[]. */
+  public synchronized void backward(short[] dy, short[] x, short[] gamma, short[] beta,
+      short[] w1, short[] b1, short[] w2, ByteBuffer saved, MainGrads out, float[] fp8State,
+      boolean weightsUnchanged) {
+    PlanHandle h = live();
+    long t = checkBackward16(dy, x, gamma, beta, w1, b1, w2, saved, out.dx, fp8State);
+    requireGradDtype(DTYPE_F32, "Plan.MainGrads");
+    checkParamGrads(n(out.dgamma), out.dgamma == null, n(out.dbeta), out.dbeta == null,
+        n(out.dw1), out.dw1 == null, n(out.db1), out.db1 == null, n(out.dw2), out.dw2 == null,
+        n(out.db2), out.db2 == null);
+    LnmlpNative.plan_backward_u16_f32grad(h, t, dy, x, gamma, beta, w1, b1, w2, saved, out.dx,
+        out.dgamma, out.dbeta, out.dw1, out.db1, out.dw2, out.db2, fp8State,
+        flags(weightsUnchanged), 0L);
+  }
+
+  /** New zeroed gradient arrays of a bf16 / f16 plan whose weight gradients are in its dtype. */
+  public synchronized Grads16 newGrads16(long tokens) {
+    live();
+    require16("newGrads16");
+    requireGradDtype(dtype, "Plan.Grads16");
+    return new Grads16(new short[Math.toIntExact(elements(TENSOR_DX, tokens))],
+        newShorts(TENSOR_DGAMMA), newShorts(TENSOR_DBETA), newShorts(TENSOR_DW1),
+        newShorts(TENSOR_DB1), newShorts(TENSOR_DW2), newShorts(TENSOR_DB2));
+  }
+
+  /** New zeroed gradient arrays of a bf16 / f16 plan with fp32 weight gradients. */
+  public synchronized MainGrads newMainGrads(long tokens) {
+    live();
+    require16("newMainGrads");
+    requireGradDtype(DTYPE_F32, "Plan.MainGrads");
+    return new MainGrads(new short[Math.toIntExact(elements(TENSOR_DX, tokens))],
+        newShorts(TENSOR_DGAMMA), newShorts(TENSOR_DBETA), newFloats(TENSOR_DW1),
+        newFloats(TENSOR_DB1), newFloats(TENSOR_DW2), newFloats(TENSOR_DB2));
   }
 
   // ---- FP8 quantizer state (DELAYED recipe) ----------------------------------------------------
@@ -333,6 +710,55 @@ public final class Plan implements AutoCloseable {
   /** Replaces quantizer q's scale and history (amaxHistoryLength() entries, newest first). */
   public synchronized void setQuantizerState(int q, float scale, float[] amaxHistory) {
     LnmlpNative.plan_set_quantizer_state(live(), q, scale, amaxHistory);
+  }
+
+  /**
+   * A fresh FP8 state (DELAYED plans): float32 [QUANTIZER_COUNT, 1 + amaxHistoryLength()]
+   * row-major (the shape query's TENSOR_FP8_STATE), each row a quantizer's scale (1) then its amax
+   * history (0), newest first. Pass it to forward / backward as {@code fp8State}: that call uses and
+   * updates it in place instead of the plan's state.
+   */
+  public synchronized float[] newFp8State() {
+    long[] dims = LnmlpNative.plan_get_tensor_shape(live(), TENSOR_FP8_STATE, TOKENS_MAX, null);
+    if (dims == null) {
+      throw new LnmlpException(ERROR_INVALID_ARGUMENT,
+          "this plan's recipe keeps no quantizer state (only RECIPE_DELAYED does)");
+    }
+    float[] s = new float[Math.toIntExact(dims[0] * dims[1])];
+    for (int q = 0; q < dims[0]; q++) s[Math.toIntExact(q * dims[1])] = 1f;
+    return s;
+  }
+
+  /** {@link #newFp8State()} in a direct buffer (native order), for {@link #attachFp8State}. */
+  public ByteBuffer newFp8StateBuffer() {
+    float[] s = newFp8State();
+    ByteBuffer b = allocateAligned(4L * s.length, 16);
+    b.asFloatBuffer().put(s);
+    return b;
+  }
+
+  /**
+   * Makes {@code state} (a direct buffer in native order holding {@link #newFp8State()}'s layout,
+   * e.g. from {@link #newFp8StateBuffer()}) the plan's FP8 state from now on: forward / backward
+   * without their own fp8State, the quantizer state functions, exportState and importState use and
+   * update it in place. null goes back to the plan's own state (which kept its values). The Plan
+   * keeps the buffer reachable while it is attached.
+   */
+  public synchronized void attachFp8State(ByteBuffer state) {
+    PlanHandle h = live();
+    if (state != null) {
+      if (!state.isDirect()) {
+        throw new LnmlpException(ERROR_INVALID_ARGUMENT,
+            "the FP8 state must be a direct ByteBuffer (use Plan.newFp8StateBuffer())");
+      }
+      long n = elements(TENSOR_FP8_STATE);
+      if (n >= 0 && state.capacity() < 4 * n) {
+        throw new LnmlpException(ERROR_INVALID_ARGUMENT, "the FP8 state has " + state.capacity()
+            + " bytes, but this plan's is " + 4 * n + " (use Plan.newFp8StateBuffer())");
+      }
+    }
+    LnmlpNative.plan_attach_fp8_state(h, state);
+    fp8State = state;
   }
 
   /** The whole quantizer state as a versioned blob; empty for stateless recipes. */

@@ -1,0 +1,282 @@
+// ABI 2's calls on the CUDA backend, against the CPU backend: fewer tokens than the plan's,
+// gradient accumulation, weights reused across calls, no tokens, and delayed scaling's state in
+// caller device memory. (Skips without a GPU; runs on the CPU against the CUDA emulation too.)
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "tolerances.h"
+
+using namespace lnmlp_gpu_test;
+
+namespace {
+
+constexpr int64_t kMaxTokens = 64;
+
+lnmlp_ref::Config config(int64_t tokens, bool gated) {
+  lnmlp_ref::Config c;
+  c.tokens = tokens;
+  c.hidden = 64;
+  c.ffn = 96;
+  c.acts = gated ? std::vector<int>{LNMLP_ACT_SILU, LNMLP_ACT_LINEAR} : std::vector<int>{LNMLP_ACT_GELU};
+  c.has_bias1 = c.has_bias2 = true;
+  return c;
+}
+
+// One plan on either backend, and the calls the tests make on it: its tensors in the backend's
+// memory (uploaded once), its outputs read back into RunResult's host buffers.
+class Calls {
+ public:
+  Calls(const Problem& pr, int32_t backend, int32_t recipe, const PlanCalls& calls)
+      : pr_(pr),
+        cuda_(backend == LNMLP_BACKEND_CUDA),
+        calls_(calls),
+        plan_(plan_ptr(make_plan(pr, LNMLP_REMAT_SAVE_ALL, backend, 0, recipe, PlanSharding{}, calls))) {
+    LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes(plan_.get(), &saved_bytes_));
+    saved_ = place_bytes(static_cast<size_t>(saved_bytes_));
+    grad_type_ = calls.grad_dtype < 0 ? pr.dtype : calls.grad_dtype;
+  }
+  lnmlp_plan* get() const { return plan_.get(); }
+
+  // The parameter gradients' buffers start as `initial` (accumulating plans add into them).
+  void set_gradients(const RunResult& initial) { grads_ = initial; }
+
+  // Forward + backward of `pr`'s tokens (at most the plan's), with `flags` on both; `fp8_state`:
+  // a state array in the backend's memory, or NULL.
+  RunResult step(const Problem& pr, int32_t flags = LNMLP_CALL_DEFAULT, void* fp8_state = nullptr) {
+    const int64_t t = pr.cfg.tokens;
+    const size_t H = static_cast<size_t>(pr.cfg.hidden);
+    RunResult r = grads_;
+    r.y = Buffer(pr.dtype, static_cast<size_t>(t) * H);
+    r.dx = Buffer(pr.dtype, static_cast<size_t>(t) * H);
+    r.dgamma = Buffer(pr.dtype, H);
+    r.dbeta = Buffer(pr.dtype, H);
+    void* x = place(pr.bx);
+    void* dy = place(pr.bdy);
+    void *gamma = place(pr.bgamma), *beta = place(pr.bbeta), *w1 = place(pr.bw1), *b1 = place(pr.bb1),
+         *w2 = place(pr.bw2), *b2 = place(pr.bb2);
+    void *y = place(r.y), *dx = place(r.dx), *dgamma = place(r.dgamma), *dbeta = place(r.dbeta);
+    void *dw1 = place(r.dw1), *db1 = place(r.db1), *dw2 = place(r.dw2), *db2 = place(r.db2);
+    const int32_t f =
+        lnmlp_plan_forward(plan_.get(), t, x, gamma, beta, w1, b1, w2, b2, y, saved_, fp8_state, flags, nullptr);
+    if (f != LNMLP_SUCCESS) throw std::runtime_error(std::string("forward: ") + lnmlp_last_error());
+    const int32_t b = lnmlp_plan_backward(plan_.get(), t, dy, x, gamma, beta, w1, b1, w2, saved_, dx, dgamma, dbeta,
+                                          dw1, db1, dw2, db2, fp8_state, flags, nullptr);
+    if (b != LNMLP_SUCCESS) throw std::runtime_error(std::string("backward: ") + lnmlp_last_error());
+    if (cuda_) CUDA_TEST_CHECK(cudaDeviceSynchronize());
+    read_back(r.y, y);
+    read_back(r.dx, dx);
+    read_back(r.dgamma, dgamma);
+    read_back(r.dbeta, dbeta);
+    for (auto [buf, p] : {std::pair{&r.dw1, dw1}, {&r.db1, db1}, {&r.dw2, dw2}, {&r.db2, db2}}) read_back(*buf, p);
+    grads_.dw1 = r.dw1;
+    grads_.db1 = r.db1;
+    grads_.dw2 = r.dw2;
+    grads_.db2 = r.db2;
+    return r;
+  }
+
+  // Fresh parameter-gradient buffers of the plan's gradient dtype, holding `v` everywhere.
+  RunResult gradients(double v) const {
+    const auto& c = pr_.cfg;
+    const size_t H = static_cast<size_t>(c.hidden), AF = c.acts.size() * static_cast<size_t>(c.ffn);
+    RunResult g;
+    g.dw1 = Buffer::from(std::vector<double>(H * AF, v), grad_type_);
+    g.db1 = Buffer::from(std::vector<double>(AF, v), grad_type_);
+    g.dw2 = Buffer::from(std::vector<double>(static_cast<size_t>(c.ffn) * H, v), grad_type_);
+    g.db2 = Buffer::from(std::vector<double>(H, v), grad_type_);
+    return g;
+  }
+
+  // Memory of the backend's kind: a device copy of b (kept while the plan lives), or b itself.
+  void* place(const Buffer& b) {
+    if (b.empty()) return nullptr;
+    if (!cuda_) return const_cast<void*>(b.data());
+    device_.emplace_back(b);
+    return device_.back().get();
+  }
+  void* place_bytes(size_t n) {
+    if (n == 0) return nullptr;
+    if (!cuda_) {
+      host_.emplace_back(static_cast<int64_t>(n), 256, 0xFF);
+      return host_.back().get();
+    }
+    device_.emplace_back(n);
+    return device_.back().get();
+  }
+
+ private:
+  void read_back(Buffer& b, void* p) const {
+    if (cuda_ && p != nullptr) CUDA_TEST_CHECK(cudaMemcpy(b.data(), p, b.bytes.size(), cudaMemcpyDeviceToHost));
+  }
+
+  Problem pr_;
+  bool cuda_;
+  PlanCalls calls_;
+  PlanPtr plan_;
+  int64_t saved_bytes_ = 0;
+  void* saved_ = nullptr;
+  int32_t grad_type_ = LNMLP_DTYPE_F32;
+  RunResult grads_;
+  std::vector<DeviceBuffer> device_;
+  std::vector<AlignedMemory> host_;
+};
+
+// pr with `from`'s parameters (another micro-batch of the same weights).
+Problem with_parameters(Problem pr, const Problem& from) {
+  pr.p = from.p;
+  pr.bgamma = from.bgamma;
+  pr.bbeta = from.bbeta;
+  pr.bw1 = from.bw1;
+  pr.bb1 = from.bb1;
+  pr.bw2 = from.bw2;
+  pr.bb2 = from.bb2;
+  return pr;
+}
+
+void expect_close(const RunResult& got, const RunResult& want, const Tolerance& tol, const char* what) {
+  const auto a = named(got), b = named(want);
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (b[i].buf->empty()) continue;
+    EXPECT_TRUE(within_tolerance(a[i].name, a[i].buf->to_doubles(), b[i].buf->to_doubles(), nullptr, tol)) << what;
+  }
+}
+
+struct Case {
+  const char* name;
+  int32_t dtype;
+  int32_t recipe;
+  int64_t tokens;  // per-tensor FP8 GEMMs need multiples of 16
+  bool gated;
+};
+
+const Case kCases[] = {
+    {"bf16_swiglu", LNMLP_DTYPE_BF16, LNMLP_RECIPE_NONE, 37, true},
+    {"f32_gelu", LNMLP_DTYPE_F32, LNMLP_RECIPE_NONE, 37, false},
+    {"f16_gelu", LNMLP_DTYPE_F16, LNMLP_RECIPE_NONE, 1, false},
+    {"bf16_current", LNMLP_DTYPE_BF16, LNMLP_RECIPE_CURRENT, 32, true},
+    {"bf16_block", LNMLP_DTYPE_BF16, LNMLP_RECIPE_BLOCK, 48, false},
+};
+
+Tolerance tolerance(const Case& k) {
+  return k.recipe == LNMLP_RECIPE_NONE ? gpu_vs_cpu_tolerance(k.dtype) : kTolFp8Backends;
+}
+
+class CudaCalls : public ::testing::TestWithParam<Case> {};
+
+// A call with fewer tokens than the CUDA plan's computes what the CPU backend computes for them.
+TEST_P(CudaCalls, FewerTokensThanThePlansMatchTheCpuBackend) {
+  SKIP_WITHOUT_GPU();
+  const Case& k = GetParam();
+  const Problem pr = make_problem(config(k.tokens, k.gated), k.dtype, 21);
+  Calls cuda(pr, LNMLP_BACKEND_CUDA, k.recipe, PlanCalls{kMaxTokens});
+  Calls cpu(pr, LNMLP_BACKEND_CPU, k.recipe, PlanCalls{});
+  cuda.set_gradients(cuda.gradients(0.0));
+  cpu.set_gradients(cpu.gradients(0.0));
+  expect_close(cuda.step(pr), cpu.step(pr), tolerance(k), "CUDA (64-token plan) against CPU");
+}
+
+// Micro-batches of different sizes accumulate into fp32 gradients as on the CPU backend.
+TEST_P(CudaCalls, GradientAccumulationMatchesTheCpuBackend) {
+  SKIP_WITHOUT_GPU();
+  const Case& k = GetParam();
+  const PlanCalls calls{kMaxTokens, 1, LNMLP_DTYPE_F32};
+  const Problem first = make_problem(config(k.tokens, k.gated), k.dtype, 31);
+  Calls cuda(first, LNMLP_BACKEND_CUDA, k.recipe, calls), cpu(first, LNMLP_BACKEND_CPU, k.recipe, calls);
+  cuda.set_gradients(cuda.gradients(0.25));
+  cpu.set_gradients(cpu.gradients(0.25));
+  RunResult got, want;
+  for (int64_t t : {k.tokens, k.recipe == LNMLP_RECIPE_NONE ? int64_t{5} : int64_t{16}}) {
+    const Problem mb = with_parameters(make_problem(config(t, k.gated), k.dtype, 40 + static_cast<uint64_t>(t)), first);
+    got = cuda.step(mb);
+    want = cpu.step(mb);
+  }
+  expect_close(got, want, tolerance(k), "accumulated, CUDA against CPU");
+}
+
+// Reused weight copies give the bits of new ones; a flag over changed weights proves they are used.
+TEST_P(CudaCalls, ReusedWeightsGiveTheBitsOfNewOnes) {
+  SKIP_WITHOUT_GPU();
+  const Case& k = GetParam();
+  const Problem pr = make_problem(config(k.tokens, k.gated), k.dtype, 51);
+  Calls fresh(pr, LNMLP_BACKEND_CUDA, k.recipe, PlanCalls{kMaxTokens});
+  Calls reusing(pr, LNMLP_BACKEND_CUDA, k.recipe, PlanCalls{kMaxTokens});
+  fresh.set_gradients(fresh.gradients(0.0));
+  reusing.set_gradients(reusing.gradients(0.0));
+  RunResult first;
+  for (int s = 0; s < 3; ++s) {
+    const RunResult a = fresh.step(pr);
+    const RunResult b = reusing.step(pr, s == 0 ? LNMLP_CALL_DEFAULT : LNMLP_CALL_WEIGHTS_UNCHANGED);
+    const auto na = named(a), nb = named(b);
+    for (size_t i = 0; i < na.size(); ++i) EXPECT_TRUE(same_bits(na[i].name, *nb[i].buf, *na[i].buf)) << "step " << s;
+    first = b;
+  }
+  if (k.recipe == LNMLP_RECIPE_NONE) return;  // the GEMMs read the weights themselves
+  Problem changed = pr;
+  std::vector<double> w1 = pr.bw1.to_doubles();
+  for (double& v : w1) v *= 0.5;
+  changed.bw1 = Buffer::from(w1, pr.dtype);
+  EXPECT_EQ(reusing.step(changed, LNMLP_CALL_WEIGHTS_UNCHANGED).y.bytes, first.y.bytes)
+      << "the flagged call did not use the kept copies";
+}
+
+INSTANTIATE_TEST_SUITE_P(All, CudaCalls, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+
+// No tokens: backward's parameter gradients are zeros (written on the stream).
+TEST(CudaCallsEdges, NoTokens) {
+  SKIP_WITHOUT_GPU();
+  const Problem pr = make_problem(config(16, true), LNMLP_DTYPE_BF16, 61);
+  Calls cuda(pr, LNMLP_BACKEND_CUDA, LNMLP_RECIPE_CURRENT, PlanCalls{kMaxTokens});
+  cuda.set_gradients(cuda.gradients(3.0));
+  const RunResult r = cuda.step(with_parameters(make_problem(config(0, true), LNMLP_DTYPE_BF16, 61), pr));
+  for (const Buffer* b : {&r.dgamma, &r.dbeta, &r.dw1, &r.db1, &r.dw2, &r.db2})
+    for (unsigned char c : b->bytes) ASSERT_EQ(c, 0) << "a parameter gradient of a call with no tokens is not zero";
+}
+
+// FP8 tensor cores need multiples of 16 tokens: another count is refused, changing nothing.
+TEST(CudaCallsEdges, PerTensorFp8NeedsMultiplesOf16Tokens) {
+  SKIP_WITHOUT_GPU();
+  const Problem pr = make_problem(config(33, false), LNMLP_DTYPE_BF16, 71);
+  Calls cuda(pr, LNMLP_BACKEND_CUDA, LNMLP_RECIPE_CURRENT, PlanCalls{kMaxTokens});
+  cuda.set_gradients(cuda.gradients(0.0));
+  try {
+    cuda.step(pr);
+    FAIL() << "33 tokens were accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of 16"), std::string::npos) << e.what();
+  }
+}
+
+// Delayed scaling's state in caller device memory, per call: the bits of the plan's own state.
+TEST(CudaCallsEdges, CallerOwnedDeviceStateMatchesThePlansOwn) {
+  SKIP_WITHOUT_GPU();
+  const Problem pr = make_problem(config(32, true), LNMLP_DTYPE_BF16, 81);
+  Calls own(pr, LNMLP_BACKEND_CUDA, LNMLP_RECIPE_DELAYED, PlanCalls{kMaxTokens});
+  Calls caller(pr, LNMLP_BACKEND_CUDA, LNMLP_RECIPE_DELAYED, PlanCalls{kMaxTokens});
+  own.set_gradients(own.gradients(0.0));
+  caller.set_gradients(caller.gradients(0.0));
+  int32_t length = 0;
+  LNMLP_TEST_CHECK(lnmlp_plan_get_amax_history_length(caller.get(), &length));
+  std::vector<float> fresh(static_cast<size_t>(LNMLP_QUANTIZER_COUNT * (1 + length)), 0.0f);
+  for (int q = 0; q < LNMLP_QUANTIZER_COUNT; ++q) fresh[static_cast<size_t>(q * (1 + length))] = 1.0f;
+  DeviceBuffer state(fresh.data(), fresh.size() * sizeof(float));
+  for (int s = 0; s < 3; ++s) {
+    const RunResult a = own.step(pr);
+    const RunResult b = caller.step(pr, LNMLP_CALL_DEFAULT, state.get());
+    const auto na = named(a), nb = named(b);
+    for (size_t i = 0; i < na.size(); ++i) EXPECT_TRUE(same_bits(na[i].name, *nb[i].buf, *na[i].buf)) << "step " << s;
+  }
+  // The caller's array, attached, exports as the plan's own state does.
+  LNMLP_TEST_CHECK(lnmlp_plan_attach_fp8_state(caller.get(), state.get()));
+  int64_t bytes = 0;
+  LNMLP_TEST_CHECK(lnmlp_plan_get_state_bytes(own.get(), &bytes));
+  std::vector<unsigned char> a(static_cast<size_t>(bytes)), b(static_cast<size_t>(bytes));
+  LNMLP_TEST_CHECK(lnmlp_plan_export_state(own.get(), a.data(), bytes));
+  LNMLP_TEST_CHECK(lnmlp_plan_export_state(caller.get(), b.data(), bytes));
+  EXPECT_EQ(a, b);
+}
+
+}  // namespace
