@@ -7,7 +7,7 @@
 #   build/gpu.tar.gz   what travels: build/gpu/ packed (about 20 MiB; the device tool carries at
 #                      most 64 MiB, and the directory alone is over 60); gpu-check.sh unpacks it
 #   build/gpu/         the same, unpacked (scripts/gpu-check.sh --dry-run uses it here):
-#       lib/           liblnmlp.so.1, liblnmlp_cuda.so.1, and what the GPU machine lacks: oneDNN
+#       lib/           liblnmlp.so.2, liblnmlp_cuda.so.1, and what the GPU machine lacks: oneDNN
 #                      (libdnnl.so.2), its libOpenCL.so.1 loader stub, libgomp.so.1
 #       lib/compat/    libstdc++.so.6 and libgcc_s.so.1 of this build, used only where the GPU
 #                      machine's own are older than the binaries need
@@ -32,17 +32,17 @@ cmake --build "$tree" -j"$(nproc)" --target "${targets[@]}"
 
 rm -rf "$carry"
 mkdir -p "$carry/lib/compat" "$carry/bin"
-cp -L "$tree/src/liblnmlp.so.1" "$tree/src/liblnmlp_cuda.so.1" "$carry/lib/"
+cp -L "$tree/src/liblnmlp.so.2" "$tree/src/liblnmlp_cuda.so.1" "$carry/lib/"
 cp "$tree/tests/gpu/lnmlp_gpu_kernel_tests" "$tree/tests/gpu/lnmlp_gpu_tests" "$tree/bench/gpu/lnmlp-gpu-bench" \
   "$carry/bin/"
 if [ -x "$tree/tests/gpu/lnmlp_gpu_sharding_tests" ]; then cp "$tree/tests/gpu/lnmlp_gpu_sharding_tests" "$carry/bin/"; fi
-if ldd "$tree/src/liblnmlp.so.1" | grep -q libmpi; then
+if ldd "$tree/src/liblnmlp.so.2" | grep -q libmpi; then
   echo "build-gpu-carry: liblnmlp links MPI, which the GPU machine lacks" >&2
   exit 1
 fi
 # What the GPU machine lacks (no oneDNN there): the libraries liblnmlp needs beyond glibc/libstdc++.
 for dep in libdnnl.so.2 libOpenCL.so.1 libgomp.so.1; do
-  path=$(ldd "$tree/src/liblnmlp.so.1" | awk -v d="$dep" '$1 == d { print $3 }')
+  path=$(ldd "$tree/src/liblnmlp.so.2" | awk -v d="$dep" '$1 == d { print $3 }')
   if [ -n "$path" ]; then cp -L "$path" "$carry/lib/$dep"; fi
 done
 for dep in libstdc++.so.6 libgcc_s.so.1; do

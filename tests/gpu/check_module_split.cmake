@@ -4,7 +4,7 @@
 #  - the module (MODULE) exports exactly one dynamic symbol, its entry point lnmlp_cuda_module_v5,
 #    and links the CUDA runtime statically (no libcudart in DT_NEEDED).
 #
-# Usage: cmake -DLIB=liblnmlp.so.1 -DMODULE=liblnmlp_cuda.so.1 -P tests/gpu/check_module_split.cmake
+# Usage: cmake -DLIB=liblnmlp.so.2 -DMODULE=liblnmlp_cuda.so.1 -P tests/gpu/check_module_split.cmake
 cmake_minimum_required(VERSION 3.22)
 foreach(v LIB MODULE)
   if(NOT EXISTS "${${v}}")
