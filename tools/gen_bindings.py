@@ -14,6 +14,7 @@ hand-written. SWIG (the Java binding) reads the header itself.
 Usage:
   python3 tools/gen_bindings.py            # (re)write the files
   python3 tools/gen_bindings.py --check    # exit 1 and show the difference when a file is stale (CTest)
+  python3 tools/gen_bindings.py --self-test
 
 Type mapping (the header's C99 types; every pointer is an address in ctypes, where numpy arrays,
 byref() and None all pass as c_void_p):
@@ -79,6 +80,12 @@ def split_type(t):
     return base, levels, const and stars == 0
 
 
+def first_line(doc, prefix):
+    """A constant's comment on one line, as a trailing comment ('' without one)."""
+    line = " ".join(doc.split()) if doc else ""
+    return f"{prefix}{line}" if line else ""
+
+
 # ---- Python ------------------------------------------------------------------------------------
 
 def py_type(t, ret=False):
@@ -98,8 +105,8 @@ def gen_python(api):
         out.append(f"{name[len('LNMLP_'):]} = {value}")
     out.append("")
     out.append("# ---- enum constants")
-    for name, value, _ in api["enumerators"]:
-        out.append(f"{name[len('LNMLP_'):]} = {value}")
+    for name, value, doc in api["enumerators"]:
+        out.append(f"{name[len('LNMLP_'):]} = {value}" + first_line(doc, "  # "))
     out.append("")
     for name, (ret, params) in api["fnptrs"].items():
         args = ", ".join([py_type(ret, True)] + [py_type(p) for p, _ in params])
@@ -173,8 +180,8 @@ def gen_julia_constants(api):
     for name, value in api["defines"]:
         out.append(f"const {name} = {value}")
     out.append("")
-    for name, value, _ in api["enumerators"]:
-        out.append(f"const {name} = Int32({value})")
+    for name, value, doc in api["enumerators"]:
+        out.append(f"const {name} = Int32({value})" + first_line(doc, "  # "))
     return "\n".join(out) + "\n"
 
 
@@ -246,11 +253,56 @@ def outputs(api):
             OUT_JULIA_CONSTANTS: gen_julia_constants(api), OUT_RUST: gen_rust(api)}
 
 
+def self_test():
+    """A function and a constant added to a copy of the header reach every output, with the types
+    the mapping above gives; a header the parser cannot read is refused."""
+    import tempfile
+    text = open(HEADER, encoding="utf-8").read()
+    added = text.replace("#ifdef __cplusplus\n} /* extern", "enum { LNMLP_SELF_TEST_CONSTANT = 77 /* added */ };\n"
+                         "/* Added by the self-test. */\n"
+                         "LNMLP_API int32_t lnmlp_self_test(const lnmlp_plan* plan, int64_t in, float* out);\n"
+                         "#ifdef __cplusplus\n} /* extern", 1)
+    problems = []
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "lnmlp.h")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(added)
+        out = outputs(lnmlp_header.parse_api(path))
+        want = {
+            OUT_PYTHON: ['SELF_TEST_CONSTANT = 77  # added',
+                         '"lnmlp_self_test": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]),'],
+            OUT_JULIA_CAPI: ["lnmlp_self_test(plan, input, output) =",
+                             "ccall((:lnmlp_self_test, liblnmlp), Int32, (Ptr{Cvoid}, Int64, Ptr{Float32}), plan, input, output)"],
+            OUT_JULIA_CONSTANTS: ["const LNMLP_SELF_TEST_CONSTANT = Int32(77)  # added"],
+            OUT_RUST: ["pub const LNMLP_SELF_TEST_CONSTANT: i32 = 77;", "/// Added by the self-test.",
+                       "pub fn lnmlp_self_test(plan: *const lnmlp_plan, in_: i64, out: *mut f32) -> i32;"],
+        }
+        for p, lines in want.items():
+            for line in lines:
+                if line not in out[p]:
+                    problems.append(f"{os.path.basename(p)} lacks: {line}")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text.replace("#ifdef __cplusplus\n} /* extern",
+                                 "LNMLP_API int32_t lnmlp_broken(int32_t (*f)(void));\n#ifdef __cplusplus\n} /* extern", 1))
+        try:
+            lnmlp_header.parse_api(path)
+            problems.append("a prototype with a function-pointer parameter was not refused")
+        except lnmlp_header.HeaderError:
+            pass
+    for p in problems:
+        print(f"gen_bindings self-test: {p}")
+    print("gen_bindings self-test:", "FAIL" if problems else "OK")
+    return 1 if problems else 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="fail when a generated file differs from the header")
+    ap.add_argument("--self-test", action="store_true", help="check the generator on an edited copy of the header")
     ap.add_argument("--header", default=HEADER)
     args = ap.parse_args()
+    if args.self_test:
+        return self_test()
     api = lnmlp_header.parse_api(args.header)
     stale = []
     for path, text in outputs(api).items():

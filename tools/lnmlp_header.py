@@ -210,7 +210,8 @@ def parse_api(path):
             nxt = value + 1
             # Its comment: the first one after it and before the next enumerator.
             end = body_start + (items[i + 1].start() if i + 1 < len(items) else len(m.group(2)))
-            seg = raw[body_start + it.end(): end]
+            after = it.end(2) if it.group(2) else it.end(1)
+            seg = raw[body_start + after: end]
             c = re.search(r"/\*.*?\*/", seg, re.S)
             enumerators.append((name, value, _comment_text(c.group(0)) if c else ""))
 

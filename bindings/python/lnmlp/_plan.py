@@ -310,7 +310,6 @@ class Plan:
         self.sharding = _normalize_sharding(sharding)
         P, _, sp = self.sharding
         self._fp8_state = None  # the caller's array attached with attach_fp8_state (kept alive here)
-        self._weights_read = None  # (w1, w2) data pointers of the last call the library ran (see _call_flags)
         self.accumulate_grads = _flag("accumulate_grads", accumulate_grads)
         grad_dtype_v = self._grad_dtype_code(grad_dtype)
 
@@ -335,13 +334,10 @@ class Plan:
             if self.num_threads:
                 c(lib.lnmlp_desc_set_num_threads(desc, self.num_threads))
             if self.recipe is not None:
-                _lib.require("lnmlp_desc_set_fp8_format", "FP8 recipes")
                 self.recipe._apply(lib, desc, c)
             if self.accumulate_grads or grad_dtype_v != -1:
-                _lib.require("lnmlp_desc_set_weight_gradients", "accumulate_grads / grad_dtype")
                 c(lib.lnmlp_desc_set_weight_gradients(desc, int(self.accumulate_grads), grad_dtype_v))
             if comm is not None:
-                _lib.require("lnmlp_comm_create_mpi", "communicators")
                 c(lib.lnmlp_comm_create_mpi(_mpi_comm_address(comm), ctypes.byref(comm_handle)))
                 c(lib.lnmlp_desc_set_communicator(desc, comm_handle))
             if self.sharding != (1, 0, False):
@@ -370,13 +366,10 @@ class Plan:
         #: The element type of dw1, db1, dw2, db2 as the library reports it: the plan's dtype, or
         #: float32 for ``grad_dtype="float32"``.
         self.grad_dtype = self._dtypes[_lib.TENSOR_DW1]
-        self.state_bytes = 0
-        self.amax_history_length = 0
-        if _lib.has_function("lnmlp_plan_get_state_bytes"):
-            self.state_bytes = self._query(lib.lnmlp_plan_get_state_bytes)
-            n = ctypes.c_int32()
-            _lib.check(lib.lnmlp_plan_get_amax_history_length(self._handle, ctypes.byref(n)))
-            self.amax_history_length = n.value
+        self.state_bytes = self._query(lib.lnmlp_plan_get_state_bytes)
+        n = ctypes.c_int32()
+        _lib.check(lib.lnmlp_plan_get_amax_history_length(self._handle, ctypes.byref(n)))
+        self.amax_history_length = n.value
 
     # --- lifetime ---------------------------------------------------------------------------------
     def _query(self, fn):
@@ -707,26 +700,6 @@ class Plan:
             self._fp8_state = state
 
     # --- execution --------------------------------------------------------------------------------
-    def _call_flags(self, unchanged, pw1, pw2):
-        """forward / backward's flags (LNMLP_CALL_*) for weights_unchanged=`unchanged`.
-
-        Where the plan's GEMMs read a weight as it is (no widened or FP8 copy: e.g. float32 without
-        a recipe), the "copy" the library keeps is the weight's address in the call that made it,
-        so a flagged call given another array would read the earlier array's memory, which may have
-        been freed. So the flag is refused unless w1 and w2 are the arrays (addresses) of the last
-        call this plan ran -- by induction, those of the call that made the kept copies."""
-        if not unchanged:
-            return _lib.CALL_DEFAULT
-        last = self._weights_read
-        if last is not None and last != (pw1, pw2):
-            which = " and ".join(n for n, a, b in (("w1", last[0], pw1), ("w2", last[1], pw2)) if a != b)
-            raise InvalidArgumentError(
-                f"weights_unchanged=True, but {which} "
-                f"{'is not the array' if len(which) == 2 else 'are not the arrays'} this plan's previous "
-                f"call read (another memory address): the flag needs the same w1 and w2 arrays as that "
-                f"call, with the same values; pass them, or weights_unchanged=False")
-        return _lib.CALL_WEIGHTS_UNCHANGED
-
     def forward(self, x, gamma, beta, w1, b1, w2, b2, fp8_state=None, *, weights_unchanged=False):
         """y = act(norm(x) @ w1 + b1) @ w2 + b2 for x's tokens (the product of its leading dims, 0 to
         :attr:`local_tokens`). Returns ``(y, saved)``; y has x's shape; saved is a uint8 array for
@@ -748,9 +721,7 @@ class Plan:
         the OLD weights' copies (a float32 plan without FP8 keeps no copies and reads w1, w2 as
         given). Under delayed scaling the reused copies keep the scale they were made with, and the
         weights' amaxes recorded are those measured then. Under sharding every rank passes the same
-        value. w1 and w2 must be the very arrays (memory) the plan's previous call read, else
-        InvalidArgumentError: where a plan reads a weight as it is (no widened or FP8 copy), what it
-        keeps is that array's address. False (the default) makes the copies afresh, as
+        value. False (the default) makes the copies afresh, as
         TransformerEngine's ``is_first_microbatch=None`` / ``True``."""
         unchanged = _flag("weights_unchanged", weights_unchanged)
         with self._lock:
@@ -759,7 +730,7 @@ class Plan:
             xshape, t = self._x_shape("x", x)
             px = self._ptr("x", x, xshape)
             pg, pb, pw1, pw2 = self._param_ptrs(gamma, beta, w1, w2)
-            flags = self._call_flags(unchanged, pw1, pw2)
+            flags = _lib.CALL_WEIGHTS_UNCHANGED if unchanged else _lib.CALL_DEFAULT
             pb1, pb2 = self._bias_ptrs(b1, b2)
             pst = self._state_ptr("fp8_state", fp8_state)
             if t > self.local_tokens:
@@ -774,7 +745,6 @@ class Plan:
                 py, psaved = self._ptr_of(y), self._ptr_of(saved)
             _lib.check(lib.lnmlp_plan_forward(
                 handle, t, px, pg, pb, pw1, pb1, pw2, pb2, py, psaved, pst, flags, None))
-            self._weights_read = (pw1, pw2)
             return y, saved
 
     def _saved_ptr(self, saved, tokens):
@@ -922,9 +892,7 @@ class Plan:
         the OLD weights' copies (a float32 plan without FP8 keeps no copies and reads w1, w2 as
         given). Under delayed scaling the reused copies keep the scale they were made with, and the
         weights' amaxes recorded are those measured then. Under sharding every rank passes the same
-        value. w1 and w2 must be the very arrays (memory) the plan's previous call read, else
-        InvalidArgumentError: where a plan reads a weight as it is (no widened or FP8 copy), what it
-        keeps is that array's address. False (the default) makes the copies afresh, as
+        value. False (the default) makes the copies afresh, as
         TransformerEngine's ``is_first_microbatch=None`` / ``True``."""
         unchanged = _flag("weights_unchanged", weights_unchanged)
         with self._lock:
@@ -937,7 +905,7 @@ class Plan:
             pdy = self._ptr("dy", dy, xshape)
             px = self._ptr("x", x, xshape)
             pg, pb, pw1, pw2 = self._param_ptrs(gamma, beta, w1, w2)
-            flags = self._call_flags(unchanged, pw1, pw2)
+            flags = _lib.CALL_WEIGHTS_UNCHANGED if unchanged else _lib.CALL_DEFAULT
             b1_shape = self._shapes[_lib.TENSOR_B1]
             if b1_shape is None and b1 is not None:
                 raise InvalidArgumentError("b1 was given, but the plan has use_bias1=False; pass None")
@@ -968,5 +936,4 @@ class Plan:
             _lib.check(lib.lnmlp_plan_backward(
                 handle, t, pdy, px, pg, pb, pw1, pb1, pw2, p(saved), dx_ptr, *(p(g) for g in grads), pst,
                 flags, None))
-            self._weights_read = (pw1, pw2)
             return Grads(dx, *grads)

@@ -8,7 +8,8 @@ copies of W1 / W2 the plan kept -- widened (f16) or FP8-quantized -- so (a) with
 and a stateless recipe it computes bit for bit what an unflagged call computes, and (b) a caller
 that lies (changes W1 and still passes the flag) gets the OLD weights' results from a plan that
 keeps copies, and the new ones from a plan that reads the weights as they are (float32, no FP8):
-this is how the tests see that the copies are reused.
+this is how the tests see that the copies are reused. (b') a flagged call may pass other arrays
+than the earlier calls' (the library reads only this call's pointers or its copies).
 
 Accumulation: dW1, db1, dW2, db2 become rnd(old + gradient); (c) compares three micro-batches
 accumulated into fp32 buffers of a bf16 plan with the float64 reference sum plus the buffers'
@@ -129,22 +130,50 @@ def test_lying_about_unchanged_weights_shows_the_reuse(cid):
         same_results(f"{cid}: without copies the lie reads the new weights", lie[:2], new[:2])
 
 
-def test_weights_unchanged_needs_the_same_arrays():
-    # A plan that reads W1 as it is keeps its address, not a copy: a flagged call with another array
-    # would read the earlier one's memory. The binding refuses it, and the unflagged call is fine.
+# --- (b') the flag with NEW weight arrays: the library reads this call's pointers or its copies -----
+@pytest.mark.parametrize("replaced", [("w1",), ("w2",), ("w1", "w2")], ids=["w1", "w2", "w1+w2"])
+@pytest.mark.parametrize("cid", ["f32", "fp8-current", "f16"])
+def test_weights_unchanged_with_new_arrays(cid, replaced):
+    # Regression: a flagged call on a float32 plan (no copies) read the previous call's w1 address.
+    # Now a flagged call given new arrays (halved values; the old ones kept alive and unchanged, so
+    # reading them would go unnoticed but for the values) computes with the new values on a plan
+    # that keeps no copies, and gives the old weights' results (its kept copies) on one that does.
+    keeps_copies = CONFIGS[cid][4] is not None or CONFIGS[cid][2] == np.float16
+    x1, dy1 = batch(cid, 37, 0)
+    x2, dy2 = batch(cid, 23, 1)
+    p = params(cid)
+    snapshot = {k: p[k].copy() for k in ("w1", "w2")}
+    halved = dict(p, **{k: (p[k].astype(np.float32) * 0.5).astype(p[k].dtype) for k in replaced})
+    for k in replaced:
+        assert not np.may_share_memory(halved[k], p[k])
+
+    def run(plan, step2, unchanged):
+        """Micro-batch 1 with the old arrays (makes the copies), then micro-batch 2 with `step2`."""
+        y, saved = fwd(plan, p, x1, unchanged=False)
+        bwd(plan, p, x1, dy1, saved, unchanged=True)
+        y, saved = fwd(plan, step2, x2, unchanged=unchanged)
+        return y, bwd(plan, step2, x2, dy2, saved, unchanged=unchanged)
+
+    with make_plan(cid) as plan:
+        got = run(plan, halved, unchanged=True)
+    with make_plan(cid) as plan:
+        old = run(plan, p, unchanged=False)
+    with make_plan(cid) as plan:
+        new = run(plan, halved, unchanged=False)
+    for k in ("w1", "w2"):  # the old arrays were alive and unchanged throughout
+        same(f"{cid}: old {k} unchanged", p[k], snapshot[k])
+    assert not np.array_equal(old[0], new[0]), "halving the weights must change y, or the test proves nothing"
+    if keeps_copies:
+        same_results(f"{cid}, new {'+'.join(replaced)} flagged: the kept copies (old values)", got, old)
+    else:
+        same_results(f"{cid}, new {'+'.join(replaced)} flagged: the new values", got, new)
+
+
+def test_weights_unchanged_must_be_a_bool():
     cid = "f32"
     p = params(cid)
-    x, dy = batch(cid, 5, 0)
+    x, _ = batch(cid, 5, 0)
     with make_plan(cid) as plan:
-        y, saved = fwd(plan, p, x, unchanged=False)
-        other = dict(p, w1=p["w1"].copy())
-        with pytest.raises(lnmlp.InvalidArgumentError, match="w1 is not the array"):
-            fwd(plan, other, x, unchanged=True)
-        with pytest.raises(lnmlp.InvalidArgumentError, match="w1 and w2 are not the arrays"):
-            bwd(plan, dict(other, w2=p["w2"].copy()), x, dy, saved, unchanged=True)
-        same("y, same arrays flagged", fwd(plan, p, x, unchanged=True)[0], y)
-        fwd(plan, other, x, unchanged=False)  # the new arrays are now the plan's
-        same("y, new arrays flagged", fwd(plan, other, x, unchanged=True)[0], y)
         for bad in ("yes", 2, None, 0.5):
             with pytest.raises(lnmlp.InvalidArgumentError, match="weights_unchanged"):
                 fwd(plan, p, x, unchanged=bad)

@@ -31,7 +31,8 @@ fn lib_file_name() -> &'static str {
     }
 }
 
-/// The ABI these declarations match (`LNMLP_ABI_VERSION` in src/lib.rs; the SONAME's number).
+/// The ABI these declarations match (`LNMLP_ABI_VERSION` in the generated src/lnmlp_h.rs; the
+/// SONAME's number).
 const ABI: u32 = 2;
 
 /// The file named by the SONAME of a library of this ABI, where the platform has one.

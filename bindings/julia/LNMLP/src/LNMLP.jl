@@ -17,9 +17,12 @@ module LNMLP
 
 using Libdl
 
-include("constants.jl")   # the header's enums and LNMLP_ABI_VERSION
-include("library.jl")     # finding the library, the ABI check
-include("capi.jl")        # one raw ccall wrapper per C function (the only file with ccall)
+# constants.jl and capi.jl are generated from include/lnmlp.h by tools/gen_bindings.py (its CTest
+# fails when they differ from the header): never edit them by hand, rerun the generator.
+include("constants.jl")   # generated: the header's enum constants (Int32) and integer #defines (Int)
+include("library.jl")     # finding the library, the ABI check, LNMLP_ABI_VERSION's docstring
+include("capi.jl")        # generated: one raw ccall wrapper per C function (the only file with
+                          # ccall), the lnmlp_comm_callbacks struct
 include("errors.jl")      # LNMLPError, check
 include("bfloat16.jl")    # BFloat16, a 16-bit storage type for LNMLP_DTYPE_BF16
 include("plan.jl")        # Plan, forward, backward, backward!, close

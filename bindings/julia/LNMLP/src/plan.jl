@@ -202,13 +202,16 @@ const TENSORS = Dict(:x => LNMLP_TENSOR_X, :gamma => LNMLP_TENSOR_GAMMA, :beta =
                      :dw1 => LNMLP_TENSOR_DW1, :db1 => LNMLP_TENSOR_DB1, :dw2 => LNMLP_TENSOR_DW2,
                      :db2 => LNMLP_TENSOR_DB2, :fp8_state => LNMLP_TENSOR_FP8_STATE)
 
+# LNMLP_DTYPE_U8 is the element type of the saved buffer only (the other LNMLP_DTYPE_* are the
+# plan's I/O types).
 const _ELTYPES = Dict{Int32,DataType}(LNMLP_DTYPE_F32 => Float32, LNMLP_DTYPE_BF16 => BFloat16,
                                        LNMLP_DTYPE_F16 => Float16, LNMLP_DTYPE_U8 => UInt8)
 
 # (size, element type) of `tensor` in a call with `tokens` tokens: the C shape reversed
 # (column-major), or (nothing, nothing) when the plan does not take the tensor (C rank -1). Every
 # size and type the binding checks or allocates comes from here, so sharded plans get their
-# shards' shapes.
+# shards' shapes. `dims` holds LNMLP_MAX_TENSOR_RANK values (W1: [H, A, F] in C); `tokens` is
+# LNMLP_TOKENS_MAX (-1) for the plan's most tokens.
 function _shape_type(h::Ptr{Cvoid}, tensor::Integer, tokens::Integer=LNMLP_TOKENS_MAX)
     rank, dtype = Ref{Int32}(0), Ref{Int32}(0)
     dims = zeros(Int64, LNMLP_MAX_TENSOR_RANK)
@@ -321,7 +324,8 @@ _fp8_ptr(p::Plan, h, state) =
     state === nothing ? C_NULL : _ptr(_param(p, h, "fp8_state", state, LNMLP_TENSOR_FP8_STATE))
 
 # ---- execution --------------------------------------------------------------------------------
-# The call's flags (LNMLP_CALL_*).
+# The call's flags (LNMLP_CALL_*, OR'ed): LNMLP_CALL_WEIGHTS_UNCHANGED says w1 / w2 are as when
+# the plan made its copies of them, so the call reuses those copies (see forward!'s docstring).
 _flags(weights_unchanged::Bool) = weights_unchanged ? LNMLP_CALL_WEIGHTS_UNCHANGED : LNMLP_CALL_DEFAULT
 
 """

@@ -160,14 +160,9 @@ pub struct CallOptions<'a> {
     /// FP8 plan computes with the old weights' copies (wrong numbers). An f32 plan, which keeps no
     /// copies, reads the weights as given. Under sharding every rank passes the same flags.
     ///
-    /// The buffers are checked: a call asking for it must pass the same `w1` and `w2` slices
-    /// (the same addresses) as the plan's previous call, else it is an
-    /// [`Status::InvalidArgument`] error before the library is called (as after a call that
-    /// failed in the library with other weight slices). The library may read a weight through
-    /// the pointer of the call that made its "copy" where the GEMMs read the weight as it is
-    /// (an f32 plan), so with another (perhaps freed) buffer the call would read memory it was
-    /// not given; with the same slices it reads the live weights. Changing the values in place
-    /// is what the flag is for (and shows which plans reuse copies: see the tests).
+    /// The `w1` and `w2` slices may be other buffers than the previous call's (a moved or
+    /// reallocated `Vec`): the library reads only the pointers it is given in this call, or its
+    /// own copies, never a pointer of an earlier call.
     pub weights_unchanged: bool,
     /// A [`Recipe::Delayed`] plan's FP8 quantizer state for this call only (see
     /// [`Plan::forward_with_state`]); `None`: the plan's state (attached or its own).
@@ -266,8 +261,6 @@ pub struct Plan {
     host_workspace: Option<AlignedBuf>,
     /// The FP8 state attached by attach_fp8_state, owned by the plan; freed after the plan.
     fp8_state: Option<OwnedState>,
-    /// The weights a call with the weights-unchanged flag must pass (their kept copies' source).
-    kept_weights: KeptWeights,
     _not_sync: PhantomData<std::cell::Cell<()>>,
 }
 
@@ -357,7 +350,6 @@ impl Plan {
             comm: cfg.cfg_communicator(),
             host_workspace: None,
             fp8_state: None,
-            kept_weights: KeptWeights::Nothing,
             _not_sync: PhantomData,
         };
         let p = plan.raw.as_ptr();
@@ -962,39 +954,6 @@ impl Plan {
         Ok(true)
     }
 
-    /// A call with the weights-unchanged flag must pass the weights of the plan's previous call:
-    /// where a plan's GEMMs read a weight as it is (f32), the library's kept "copy" is that
-    /// call's pointer, which it would read instead of the one given.
-    fn check_kept_weights(&self, flags: CallFlags, w1: *const c_void, w2: *const c_void) -> Result<()> {
-        if !flags.contains(CallFlags::WEIGHTS_UNCHANGED) {
-            return Ok(());
-        }
-        let here = (w1 as usize, w2 as usize);
-        match self.kept_weights {
-            KeptWeights::Nothing => Ok(()),
-            KeptWeights::At(a, b) if (a, b) == here => Ok(()),
-            KeptWeights::At(..) => Err(Error::invalid(
-                "weights_unchanged was asked, but w1 / w2 are not the slices the plan's previous call was given (the \
-                 library may read the weights through that call's pointers); pass the same slices, changed in place if \
-                 at all, or leave the flag off to make the copies again",
-            )),
-            KeptWeights::Unknown => Err(Error::invalid(
-                "weights_unchanged was asked, but the plan's previous call, with other w1 / w2 slices, failed; run a \
-                 call without the flag first",
-            )),
-        }
-    }
-
-    /// Records the weights a finished call was given.
-    fn note_weights<R>(&mut self, r: &Result<R>, w1: *const c_void, w2: *const c_void) {
-        let here = KeptWeights::At(w1 as usize, w2 as usize);
-        self.kept_weights = match r {
-            Ok(_) => here,
-            Err(_) if self.kept_weights == here => here,
-            Err(_) => KeptWeights::Unknown,
-        };
-    }
-
     /// The per-call FP8 state's pointer (NULL: the plan's state).
     fn state_ptr(&self, state: Option<&mut [f32]>) -> Result<*mut c_void> {
         match (state, self.shape(Tensor::Fp8State)) {
@@ -1107,13 +1066,12 @@ impl Plan {
         let sp = if self.check_saved(saved, t, false)? { saved.c_mut_ptr() as *mut c_void } else { ptr::null_mut() };
         let flags = options.flags();
         let st = self.state_ptr(options.fp8_state)?;
-        self.check_kept_weights(flags, w1, w2)?;
         // SAFETY: every pointer is NULL where the plan expects NULL (or allows it: the token-sized
         // ones with 0 tokens), or points to a live slice of the length and element type the
         // library's shape gives for t tokens; saved holds at least the call's bytes, aligned; y,
         // saved and the FP8 state are exclusively borrowed. The flags are LNMLP_CALL_* values;
-        // with weights_unchanged the copies reused are the plan's own (in its workspace) or the
-        // w1 / w2 pointers given now (check_kept_weights: the same as the previous call's).
+        // with weights_unchanged the copies reused are the plan's own (in its workspace), and the
+        // library reads no pointer of an earlier call.
         let r = unsafe {
             check(sys::lnmlp_plan_forward(
                 self.raw.as_ptr(),
@@ -1132,7 +1090,6 @@ impl Plan {
                 ptr::null_mut(),
             ))
         };
-        self.note_weights(&r, w1, w2);
         self.with_comm_failure(r)?;
         saved.set_tokens(t);
         Ok(())
@@ -1261,7 +1218,6 @@ impl Plan {
         let db2 = self.opt_out(Tensor::DB2, out.db2, self.shape(Tensor::DB2), None, "the plan has no b2")?;
         let flags = options.flags();
         let st = self.state_ptr(options.fp8_state)?;
-        self.check_kept_weights(flags, w1, w2)?;
         // SAFETY: as in forward_impl; the outputs are distinct exclusive borrows of the length
         // and element type the library's shapes give (the weight gradients' type included, which
         // may differ from the I/O type), so accumulating reads initialised values of that type.
@@ -1289,7 +1245,6 @@ impl Plan {
                 ptr::null_mut(),
             ))
         };
-        self.note_weights(&r, w1, w2);
         self.with_comm_failure(r)
     }
 
@@ -1346,13 +1301,10 @@ impl Plan {
 
     /// [`Plan::forward_raw`] with the call's flags, e.g. [`CallFlags::WEIGHTS_UNCHANGED`] (see
     /// [`CallOptions::weights_unchanged`]: a false promise about the values gives results of the
-    /// old weights' copies). With that flag `w1` and `w2` must be the pointers of the plan's
-    /// previous call (checked: else [`Status::InvalidArgument`]).
+    /// old weights' copies). `w1` and `w2` may be other pointers than the previous call's.
     ///
     /// # Safety
-    /// As [`Plan::forward_raw`]; with [`CallFlags::WEIGHTS_UNCHANGED`], the memory `w1` and `w2`
-    /// point to must still be the weights of the plan's previous call (the library may read
-    /// them through that call's pointers).
+    /// As [`Plan::forward_raw`].
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn forward_raw_with_flags(
         &mut self,
@@ -1371,7 +1323,6 @@ impl Plan {
         stream: *mut c_void,
     ) -> Result<()> {
         self.check_tokens("tokens", tokens)?;
-        self.check_kept_weights(flags, w1, w2)?;
         // SAFETY: guaranteed by the caller.
         let r = check(unsafe {
             sys::lnmlp_plan_forward(
@@ -1391,7 +1342,6 @@ impl Plan {
                 stream,
             )
         });
-        self.note_weights(&r, w1, w2);
         self.with_comm_failure(r)
     }
 
@@ -1481,7 +1431,6 @@ impl Plan {
         stream: *mut c_void,
     ) -> Result<()> {
         self.check_tokens("tokens", tokens)?;
-        self.check_kept_weights(flags, w1, w2)?;
         // SAFETY: guaranteed by the caller.
         let r = check(unsafe {
             sys::lnmlp_plan_backward(
@@ -1507,7 +1456,6 @@ impl Plan {
                 stream,
             )
         });
-        self.note_weights(&r, w1, w2);
         self.with_comm_failure(r)
     }
 
@@ -1723,20 +1671,6 @@ impl fmt::Debug for Plan {
             .field("fp8_state_attached", &self.fp8_state.is_some())
             .finish()
     }
-}
-
-/// What the library may hold of the caller's W1 and W2 from the call that made its weight copies:
-/// the addresses a call with `LNMLP_CALL_WEIGHTS_UNCHANGED` must pass again (see
-/// [`CallOptions::weights_unchanged`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum KeptWeights {
-    /// No call yet: a flagged call makes its copies from what it is given.
-    Nothing,
-    /// The (w1, w2) addresses of the plan's previous call, which made or reused the copies.
-    At(usize, usize),
-    /// A call with other weights failed in the library: what it kept is unknown until a call
-    /// without the flag succeeds.
-    Unknown,
 }
 
 /// An f32 array owned through the raw pointer of a leaked `Box<[f32]>`: the pointer the library

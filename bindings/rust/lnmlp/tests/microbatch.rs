@@ -90,10 +90,14 @@ fn problem<T: Element>(seed: u64) -> Problem<T> {
 
 impl<T: Element> Problem<T> {
     fn weights(&self) -> Weights<'_, T> {
-        self.weights_with_w1(&self.w1)
-    }
-    fn weights_with_w1<'a>(&'a self, w1: &'a [T]) -> Weights<'a, T> {
-        Weights { gamma: &self.gamma, beta: Some(&self.beta), w1, b1: Some(&self.b1), w2: &self.w2, b2: Some(&self.b2) }
+        Weights {
+            gamma: &self.gamma,
+            beta: Some(&self.beta),
+            w1: &self.w1,
+            b1: Some(&self.b1),
+            w2: &self.w2,
+            b2: Some(&self.b2),
+        }
     }
     fn params(&self) -> Params {
         Params {
@@ -237,55 +241,79 @@ fn halved_w1_behind_the_flag_fp8_reuses_old_copies_f32_sees_new_weights() {
     assert_grads_bits("f32 flagged", &g_flag32, &g_new32);
 }
 
-/// The flag with other w1 / w2 slices than the previous call's is refused before the library is
-/// called: the library may read the weights through the previous call's pointers (an f32 plan's
-/// kept "copy" is the weight itself).
+/// Regression (the library read a flagged f32 call's weights through the previous call's w1 / w2
+/// pointers): a flagged call may pass w1 and w2 in new buffers. Here they are new `Vec`s of
+/// halved values while the old ones stay alive and unchanged, so reading the old addresses would
+/// give the old results: an f32 plan (no copies) computes with the new buffers, bitwise as an
+/// unflagged call with them, and an FP8 current-scaling plan with its copies of the old weights.
 #[test]
-fn the_flag_with_other_weight_buffers_is_an_error() {
+fn the_flag_with_new_weight_buffers_reads_them_or_the_copies() {
+    let t = 6;
     let pr = problem::<f32>(13);
-    let moved_w1 = pr.w1.clone(); // the same values in another buffer
-    let moved = pr.weights_with_w1(&moved_w1);
-    let x = &pr.x[..3 * H];
-    let mut plan = builder::<f32>(Recipe::None).build().unwrap();
-    let mut saved = plan.new_saved().unwrap();
-    let mut y = vec![0.0f32; x.len()];
-    // a plan's first call may ask: it makes its copies from what it is given
-    plan.forward_with_options(x, &moved, &mut y, &mut saved, reuse()).unwrap();
-    plan.forward_into(x, &pr.weights(), &mut y, &mut saved).unwrap();
+    let (x, dy) = (&pr.x[..t * H], &pr.dy[..t * H]);
+    let (w1_before, w2_before) = (pr.w1.clone(), pr.w2.clone());
+    let half_w1: Vec<f32> = pr.w1.iter().map(|v| v * 0.5).collect();
+    let half_w2: Vec<f32> = pr.w2.iter().map(|v| v * 0.5).collect();
+    let halved = Weights { w1: &half_w1, w2: &half_w2, ..pr.weights() };
+    assert_ne!(half_w1.as_ptr(), pr.w1.as_ptr());
+    assert_ne!(half_w2.as_ptr(), pr.w2.as_ptr());
 
-    let first = PlanBuilder::new().shape(0, 1, 1).build().unwrap_err();
-    let before = last_error();
-    assert_eq!(before, first.message());
-    let e = plan.forward_with_options(x, &moved, &mut y, &mut saved, reuse()).unwrap_err();
-    assert_eq!(e.status(), Status::InvalidArgument, "{e}");
-    assert!(e.message().starts_with("weights_unchanged was asked, but w1 / w2 are not the slices"), "{e}");
-    let mut g = plan.new_gradients::<f32>(3).unwrap();
-    let e = plan.backward_with_options(&pr.dy[..3 * H], x, &moved, &saved, g.as_mut(), reuse()).unwrap_err();
-    assert_eq!(e.status(), Status::InvalidArgument, "{e}");
-    let n = std::ptr::null_mut();
-    // SAFETY: refused before any pointer is used.
-    let e = unsafe {
-        plan.forward_raw_with_flags(3, n, n, n, moved_w1.as_ptr() as *const _, n, n, n, n, n, n, reuse().flags(), n)
+    // f32: the flagged step after a step with the old buffers computes with the new ones
+    let mut f32_plan = builder::<f32>(Recipe::None).build().unwrap();
+    let (y_old, g_old) = step(&mut f32_plan, x, dy, &pr.weights(), false);
+    let (y_flag, g_flag) = step(&mut f32_plan, x, dy, &halved, true);
+    let (y_new, g_new) = step(&mut builder::<f32>(Recipe::None).build().unwrap(), x, dy, &halved, false);
+    assert!(!same_bits(&y_new, &y_old), "halving the weights did not change y");
+    assert!(!same_bits(&y_flag, &y_old), "the flagged f32 call computed with the previous call's weights");
+    assert!(!same_bits(&g_flag.dx, &g_old.dx), "the flagged f32 backward computed with the previous call's weights");
+    assert_bits("f32 flagged y", &y_flag, &y_new);
+    assert_grads_bits("f32 flagged", &g_flag, &g_new);
+    // the plan's first call may ask too (it has nothing to reuse), and so may a raw call
+    let mut first = builder::<f32>(Recipe::None).build().unwrap();
+    let (y_first, g_first) = step(&mut first, x, dy, &halved, true);
+    assert_bits("f32 first call flagged y", &y_first, &y_new);
+    assert_grads_bits("f32 first call flagged", &g_first, &g_new);
+    step(&mut f32_plan, x, dy, &pr.weights(), false);
+    let c = |v: &[f32]| v.as_ptr() as *const std::ffi::c_void;
+    let mut y_raw = vec![0.0f32; t * H];
+    let mut saved_raw = f32_plan.new_saved_for(t).unwrap();
+    // SAFETY: host pointers of the call's sizes (t rows), saved sized and aligned for the call.
+    unsafe {
+        f32_plan
+            .forward_raw_with_flags(
+                t,
+                c(x),
+                c(&pr.gamma),
+                c(&pr.beta),
+                c(&half_w1),
+                c(&pr.b1),
+                c(&half_w2),
+                c(&pr.b2),
+                y_raw.as_mut_ptr() as *mut _,
+                saved_raw.as_mut_bytes().as_mut_ptr() as *mut _,
+                std::ptr::null_mut(),
+                CallFlags::WEIGHTS_UNCHANGED,
+                std::ptr::null_mut(),
+            )
+            .unwrap();
     }
-    .unwrap_err();
-    assert_eq!(e.status(), Status::InvalidArgument, "{e}");
-    assert_eq!(last_error(), before, "a check reached the library");
-    // the same slices are fine, forward and backward
-    plan.forward_with_options(x, &pr.weights(), &mut y, &mut saved, reuse()).unwrap();
-    plan.backward_with_options(&pr.dy[..3 * H], x, &pr.weights(), &saved, g.as_mut(), reuse()).unwrap();
+    assert_bits("f32 raw flagged y", &y_raw, &y_new);
 
-    // a call with other weights that fails in the library leaves the kept weights unknown: the
-    // flag is refused until a call without it succeeds
-    // SAFETY: gamma is NULL, which the library refuses before reading anything.
-    let e = unsafe {
-        plan.forward_raw(3, x.as_ptr() as *const _, n, n, moved_w1.as_ptr() as *const _, n, n, n, n, n, n, n)
+    // FP8 current scaling: the flagged step with the new buffers reuses the old weights' copies
+    if current_supported() {
+        let mut fp8 = builder::<f32>(Recipe::Current).build().unwrap();
+        let (y_old8, g_old8) = step(&mut fp8, x, dy, &pr.weights(), false);
+        let (y_flag8, g_flag8) = step(&mut fp8, x, dy, &halved, true);
+        assert_bits("fp8 flagged y", &y_flag8, &y_old8);
+        assert_grads_bits("fp8 flagged", &g_flag8, &g_old8);
+        // without the flag it quantizes the new buffers
+        let (y_new8, _) = step(&mut fp8, x, dy, &halved, false);
+        assert!(!same_bits(&y_new8, &y_old8), "halving the weights did not change the FP8 plan's y");
     }
-    .unwrap_err();
-    assert_eq!(e.status(), Status::NullPointer, "{e}");
-    let e = plan.forward_with_options(x, &pr.weights(), &mut y, &mut saved, reuse()).unwrap_err();
-    assert!(e.message().contains("failed; run a call without the flag first"), "{e}");
-    plan.forward_into(x, &pr.weights(), &mut y, &mut saved).unwrap();
-    plan.forward_with_options(x, &pr.weights(), &mut y, &mut saved, reuse()).unwrap();
+
+    // the old buffers were only read
+    assert_bits("old w1", &pr.w1, &w1_before);
+    assert_bits("old w2", &pr.w2, &w2_before);
 }
 
 /// Under delayed scaling a reused W1 copy keeps the scale it was made with, and the call records
