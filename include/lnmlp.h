@@ -644,7 +644,10 @@ LNMLP_API int32_t lnmlp_plan_import_state(lnmlp_plan* plan, const void* blob, in
  *      whose bytes count them), so the flag costs nothing to ask for: a copy not made yet, or
  *      made in another workspace (lnmlp_plan_attach_workspace), is made. A call without the flag
  *      makes its copies afresh. Under sharding every rank passes the same flags. */
-enum { LNMLP_CALL_DEFAULT = 0, LNMLP_CALL_WEIGHTS_UNCHANGED = 1 };
+enum {
+  LNMLP_CALL_DEFAULT = 0,          /* no flag */
+  LNMLP_CALL_WEIGHTS_UNCHANGED = 1 /* W1 and W2 as when the plan made its copies of them: reuse those */
+};
 
 /* Forward: y = act(norm(x) @ W1 + b1) @ W2 + b2 for `tokens` tokens, and writes `saved` for
  * backward: aligned to lnmlp_plan_get_alignment, of at least the call's LNMLP_TENSOR_SAVED bytes

@@ -201,7 +201,10 @@ def rs_type(t, api):
 
 
 def rs_doc(text, indent=""):
+    """The header's comment as rustdoc: brackets escaped (they are not links), indented lines kept
+    as text (not code blocks)."""
     lines = text.strip().splitlines() or ["(undocumented in include/lnmlp.h)"]
+    lines = [l.replace("[", "\\[").replace("]", "\\]").lstrip() for l in lines]
     return [f"{indent}/// {l}".rstrip() for l in lines]
 
 
@@ -217,10 +220,13 @@ def gen_rust(api):
         out.append(f"pub const {name}: i32 = {value};")
     out.append("")
     for name in api["opaque"]:
+        # Zero-sized and opaque; the marker keeps it !Send, !Sync and !Unpin, as a C object behind
+        # a pointer should be (the Rustonomicon's pattern for opaque FFI types).
         out.append(f"/// The opaque `{name}` handle of include/lnmlp.h.")
         out.append("#[repr(C)]")
         out.append(f"pub struct {name} {{")
         out.append("    _private: [u8; 0],")
+        out.append("    _marker: core::marker::PhantomData<(*mut u8, core::marker::PhantomPinned)>,")
         out.append("}")
         out.append("")
     for name, (ret, params) in api["fnptrs"].items():

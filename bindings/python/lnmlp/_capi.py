@@ -103,8 +103,8 @@ TENSOR_DB2 = 16
 TENSOR_FP8_STATE = 17  # float32 [LNMLP_QUANTIZER_COUNT, 1 + amax history length]
 TENSOR_COUNT = 18
 DTYPE_U8 = 3
-CALL_DEFAULT = 0
-CALL_WEIGHTS_UNCHANGED = 1
+CALL_DEFAULT = 0  # no flag
+CALL_WEIGHTS_UNCHANGED = 1  # W1 and W2 as when the plan made its copies of them: reuse those
 
 # lnmlp_comm_fn: a C function pointer type
 LNMLP_COMM_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p)

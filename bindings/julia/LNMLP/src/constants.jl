@@ -97,5 +97,5 @@ const LNMLP_TENSOR_DB2 = Int32(16)
 const LNMLP_TENSOR_FP8_STATE = Int32(17)  # float32 [LNMLP_QUANTIZER_COUNT, 1 + amax history length]
 const LNMLP_TENSOR_COUNT = Int32(18)
 const LNMLP_DTYPE_U8 = Int32(3)
-const LNMLP_CALL_DEFAULT = Int32(0)
-const LNMLP_CALL_WEIGHTS_UNCHANGED = Int32(1)
+const LNMLP_CALL_DEFAULT = Int32(0)  # no flag
+const LNMLP_CALL_WEIGHTS_UNCHANGED = Int32(1)  # W1 and W2 as when the plan made its copies of them: reuse those

@@ -17,11 +17,9 @@
 #![allow(non_camel_case_types)]
 #![deny(missing_docs)]
 
-// Generated: rustfmt leaves it as written (the CTest compares it byte for byte), and its docs are
-// the header's comments, whose brackets are indices and shapes (`out[i]`, `[T, H]`, `[MAX]`), not
-// intra-doc links.
+// Generated: rustfmt leaves it as written (the CTest compares it byte for byte); its docs are the
+// header's comments (brackets escaped: they are indices and shapes, not intra-doc links).
 #[rustfmt::skip]
-#[allow(rustdoc::broken_intra_doc_links)]
 mod lnmlp_h;
 
 pub use lnmlp_h::*;

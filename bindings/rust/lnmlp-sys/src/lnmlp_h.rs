@@ -14,7 +14,7 @@ pub const LNMLP_VERSION_PATCH: i32 = 0;
 /// A program that loads the library with dlopen compares lnmlp_get_version()'s abi value with
 /// the LNMLP_ABI_VERSION it was compiled with and refuses a mismatch.
 pub const LNMLP_ABI_VERSION: i32 = 2;
-/// The most dimensions a tensor of lnmlp_plan_get_tensor_shape has (W1 and dW1: [H, A, F]).
+/// The most dimensions a tensor of lnmlp_plan_get_tensor_shape has (W1 and dW1: \[H, A, F\]).
 pub const LNMLP_MAX_TENSOR_RANK: usize = 3;
 /// lnmlp_plan_get_tensor_shape's `tokens` for the plan's most tokens.
 pub const LNMLP_TOKENS_MAX: i64 = -1;
@@ -180,7 +180,7 @@ pub const LNMLP_TENSOR_W2: i32 = 5;
 pub const LNMLP_TENSOR_B2: i32 = 6;
 /// `LNMLP_TENSOR_Y` of include/lnmlp.h.
 pub const LNMLP_TENSOR_Y: i32 = 7;
-/// bytes (LNMLP_DTYPE_U8), [saved bytes of the call]
+/// bytes (LNMLP_DTYPE_U8), \[saved bytes of the call\]
 pub const LNMLP_TENSOR_SAVED: i32 = 8;
 /// `LNMLP_TENSOR_DY` of include/lnmlp.h.
 pub const LNMLP_TENSOR_DY: i32 = 9;
@@ -198,33 +198,36 @@ pub const LNMLP_TENSOR_DB1: i32 = 14;
 pub const LNMLP_TENSOR_DW2: i32 = 15;
 /// `LNMLP_TENSOR_DB2` of include/lnmlp.h.
 pub const LNMLP_TENSOR_DB2: i32 = 16;
-/// float32 [LNMLP_QUANTIZER_COUNT, 1 + amax history length]
+/// float32 \[LNMLP_QUANTIZER_COUNT, 1 + amax history length\]
 pub const LNMLP_TENSOR_FP8_STATE: i32 = 17;
 /// `LNMLP_TENSOR_COUNT` of include/lnmlp.h.
 pub const LNMLP_TENSOR_COUNT: i32 = 18;
 /// `LNMLP_DTYPE_U8` of include/lnmlp.h.
 pub const LNMLP_DTYPE_U8: i32 = 3;
-/// `LNMLP_CALL_DEFAULT` of include/lnmlp.h.
+/// no flag
 pub const LNMLP_CALL_DEFAULT: i32 = 0;
-/// `LNMLP_CALL_WEIGHTS_UNCHANGED` of include/lnmlp.h.
+/// W1 and W2 as when the plan made its copies of them: reuse those
 pub const LNMLP_CALL_WEIGHTS_UNCHANGED: i32 = 1;
 
 /// The opaque `lnmlp_desc` handle of include/lnmlp.h.
 #[repr(C)]
 pub struct lnmlp_desc {
     _private: [u8; 0],
+    _marker: core::marker::PhantomData<(*mut u8, core::marker::PhantomPinned)>,
 }
 
 /// The opaque `lnmlp_comm` handle of include/lnmlp.h.
 #[repr(C)]
 pub struct lnmlp_comm {
     _private: [u8; 0],
+    _marker: core::marker::PhantomData<(*mut u8, core::marker::PhantomPinned)>,
 }
 
 /// The opaque `lnmlp_plan` handle of include/lnmlp.h.
 #[repr(C)]
 pub struct lnmlp_plan {
     _private: [u8; 0],
+    _marker: core::marker::PhantomData<(*mut u8, core::marker::PhantomPinned)>,
 }
 
 /// One collective over the group, as a framework implements it. `count` is in elements of `type`;
@@ -235,16 +238,16 @@ pub struct lnmlp_plan {
 pub type lnmlp_comm_fn = Option<unsafe extern "C" fn(*const c_void, *mut c_void, i64, i32, *mut c_void, *mut c_void) -> i32>;
 
 /// A table of collectives for lnmlp_comm_create_callbacks. All four are required.
-///  size, rank      the group's size (>= 1) and this process's rank in it (0 .. size-1); plans
-///                  check them against lnmlp_desc_set_sharding.
-///  all_gather      send: `count` elements; recv: size*count elements, rank r's at r*count.
-///  reduce_scatter  send: size*count elements; recv: `count` elements, the element-wise sum over
-///                  the ranks of their send[rank*count ..] slice (sum, fp32).
-///  all_reduce_sum  recv = element-wise sum over the ranks of send (`count` elements);
-///                  send == recv (in place) is allowed.
-///  all_reduce_max  as all_reduce_sum with the maximum (FP8 amaxes: >= 0, +inf or NaN). A NaN
-///                  on any rank must give NaN on every rank, as lnmlp's own communicators do by
-///                  taking the maximum of the bit patterns as uint32 (every NaN is above +inf).
+/// size, rank      the group's size (>= 1) and this process's rank in it (0 .. size-1); plans
+/// check them against lnmlp_desc_set_sharding.
+/// all_gather      send: `count` elements; recv: size*count elements, rank r's at r*count.
+/// reduce_scatter  send: size*count elements; recv: `count` elements, the element-wise sum over
+/// the ranks of their send\[rank*count ..\] slice (sum, fp32).
+/// all_reduce_sum  recv = element-wise sum over the ranks of send (`count` elements);
+/// send == recv (in place) is allowed.
+/// all_reduce_max  as all_reduce_sum with the maximum (FP8 amaxes: >= 0, +inf or NaN). A NaN
+/// on any rank must give NaN on every rank, as lnmlp's own communicators do by
+/// taking the maximum of the bit patterns as uint32 (every NaN is above +inf).
 /// The results must be identical on every rank (the same order of summation everywhere).
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -286,7 +289,7 @@ extern "C" {
     /// A static, human-readable description of this build (version, backends compiled in, the GEMM
     /// library and threading) for logs and bug reports. Never NULL.
     pub fn lnmlp_get_build_info(info: *mut *const c_char) -> i32;
-    /// Quantizes: out[i] = fp8(in[i] * scale), the product taken in fp32, for i < count; format is
+    /// Quantizes: out\[i\] = fp8(in\[i\] * scale), the product taken in fp32, for i < count; format is
     /// LNMLP_FP8_*. The cast rounds to nearest, ties to even, and saturates: a magnitude beyond the
     /// format's max finite value becomes +/- max finite (for E5M2 too, never infinity), and so does
     /// +/-infinity; NaN stays NaN (0x7f/0xff for E4M3, 0x7e/0xfe for E5M2, keeping its sign); a value
@@ -294,7 +297,7 @@ extern "C" {
     /// and must not overlap; they may be NULL when count is 0. scale must be finite and nonzero;
     /// count >= 0.
     pub fn lnmlp_fp8_encode(format: i32, in_: *const f32, count: i64, scale: f32, out: *mut u8) -> i32;
-    /// Dequantizes: out[i] = float(in[i]) * scale_inv, the product taken in fp32, for i < count; format
+    /// Dequantizes: out\[i\] = float(in\[i\]) * scale_inv, the product taken in fp32, for i < count; format
     /// is LNMLP_FP8_*. The widening is exact; NaN codes give a quiet NaN of the code's sign, E5M2
     /// infinities give infinities. `in` and `out` are host pointers and must not overlap; they may be
     /// NULL when count is 0. scale_inv must be finite and nonzero; count >= 0.
@@ -315,10 +318,10 @@ extern "C" {
     pub fn lnmlp_desc_set_zero_centered_gamma(desc: *mut lnmlp_desc, enabled: i32) -> i32;
     /// epsilon added to the variance (or mean square); finite and >= 0. Default 1e-6.
     pub fn lnmlp_desc_set_epsilon(desc: *mut lnmlp_desc, epsilon: f32) -> i32;
-    /// The activation list: count is 1 or 2; activations[i] are LNMLP_ACT_* values.
+    /// The activation list: count is 1 or 2; activations\[i\] are LNMLP_ACT_* values.
     pub fn lnmlp_desc_set_activations(desc: *mut lnmlp_desc, count: i32, activations: *const i32) -> i32;
     /// Parameters of the clamped SwiGLU pair (CLAMPED_SILU, CLAMPED_LINEAR):
-    ///   a' = min(a, limit); out = a' sigmoid(alpha a') * (clip(b, -limit, limit) + offset).
+    /// a' = min(a, limit); out = a' sigmoid(alpha a') * (clip(b, -limit, limit) + offset).
     /// limit > 0 and finite, alpha finite, offset finite. Defaults: limit 7, alpha 1.702, offset 1.
     pub fn lnmlp_desc_set_clamped_swiglu(desc: *mut lnmlp_desc, limit: f32, alpha: f32, offset: f32) -> i32;
     /// Whether b1 and b2 exist (independently). Default: neither.
@@ -332,15 +335,15 @@ extern "C" {
     /// CPU backend threads: 0 (default) uses every core the process may run on.
     pub fn lnmlp_desc_set_num_threads(desc: *mut lnmlp_desc, num_threads: i32) -> i32;
     /// The parameter gradients dW1, db1, dW2 and db2 (the weights' and biases' gradients):
-    ///   accumulate  0 (default): backward overwrites them. 1: backward adds into them (dW += ...),
-    ///               for gradient accumulation over micro-batches: each element becomes
-    ///               rnd(old + this call's gradient), the gradient in fp32 and rounded once to the
-    ///               buffer's dtype (inside the GEMM where the GEMM library can), as
-    ///               TransformerEngine's fuse_wgrad_accumulation does. A call with no tokens leaves them
-    ///               as they are.
-    ///   dtype       -1 (default): the plan's I/O dtype; or LNMLP_DTYPE_F32, for an fp32 gradient (a
-    ///               "main_grad") while the I/O dtype is bf16 or f16. lnmlp_plan_create refuses any
-    ///               other dtype than these two.
+    /// accumulate  0 (default): backward overwrites them. 1: backward adds into them (dW += ...),
+    /// for gradient accumulation over micro-batches: each element becomes
+    /// rnd(old + this call's gradient), the gradient in fp32 and rounded once to the
+    /// buffer's dtype (inside the GEMM where the GEMM library can), as
+    /// TransformerEngine's fuse_wgrad_accumulation does. A call with no tokens leaves them
+    /// as they are.
+    /// dtype       -1 (default): the plan's I/O dtype; or LNMLP_DTYPE_F32, for an fp32 gradient (a
+    /// "main_grad") while the I/O dtype is bf16 or f16. lnmlp_plan_create refuses any
+    /// other dtype than these two.
     /// dgamma, dbeta and dx are always overwritten, in the I/O dtype. lnmlp_plan_get_tensor_shape
     /// reports each gradient's dtype.
     pub fn lnmlp_desc_set_weight_gradients(desc: *mut lnmlp_desc, accumulate: i32, dtype: i32) -> i32;
@@ -350,32 +353,32 @@ extern "C" {
     /// format: LNMLP_FP8_FORMAT_*. Default LNMLP_FP8_FORMAT_DEFAULT (the recipe's own default).
     pub fn lnmlp_desc_set_fp8_format(desc: *mut lnmlp_desc, format: i32) -> i32;
     /// Delayed scaling's options (TransformerEngine's DelayedScaling defaults in brackets):
-    ///   margin            [0]     scale = (fmt_max / amax) / 2^margin; an integer in [-126, 127].
-    ///   amax_history_len  [1024]  entries of each quantizer's amax history, 1 .. 65536.
-    ///   amax_compute_algo [MAX]   LNMLP_AMAX_ALGO_*.
+    /// margin            \[0\]     scale = (fmt_max / amax) / 2^margin; an integer in \[-126, 127\].
+    /// amax_history_len  \[1024\]  entries of each quantizer's amax history, 1 .. 65536.
+    /// amax_compute_algo \[MAX\]   LNMLP_AMAX_ALGO_*.
     /// After each pass a quantizer records its tensor's amax as the newest history entry (the oldest
     /// falls off) and updates its scale from the reduced history; if that amax is 0, infinite or NaN
     /// the scale stays as it was. Scales start at 1.0, histories at zeros.
     pub fn lnmlp_desc_set_delayed_scaling(desc: *mut lnmlp_desc, margin: i32, amax_history_len: i32, amax_compute_algo: i32) -> i32;
     /// Scale options of CURRENT and BLOCK scaling:
-    ///   power_2_scale  -1 = the recipe's default (CURRENT: 0, BLOCK: 1), 0, or 1: round each scale
-    ///                  down to a power of two.
-    ///   amax_epsilon   >= 0 and finite [0]: amaxes below it are taken as it (a floor).
+    /// power_2_scale  -1 = the recipe's default (CURRENT: 0, BLOCK: 1), 0, or 1: round each scale
+    /// down to a power of two.
+    /// amax_epsilon   >= 0 and finite \[0\]: amaxes below it are taken as it (a floor).
     /// scale = fmt_max / max(amax, amax_epsilon); a zero or non-finite amax gives scale 1.
     pub fn lnmlp_desc_set_scaling_options(desc: *mut lnmlp_desc, power_2_scale: i32, amax_epsilon: f32) -> i32;
     /// Tensor-parallel sharding (docs/sharding.md): this plan is rank `rank` of a tensor-parallel group
     /// of `group_size` plans, one per rank, that run every forward and backward together. Default:
     /// group_size 1 (no sharding). With group_size P > 1 each rank holds a shard of the weights:
     ///
-    ///     W1  [H, A, F/P]   columns rank*F/P .. (rank+1)*F/P - 1 of each of the A halves of W1
-    ///     b1  [A, F/P]      the same columns of b1
-    ///     W2  [F/P, H]      the same rows of W2
-    ///     gamma, beta, b2   [H], replicated (identical on every rank)
+    /// W1  \[H, A, F/P\]   columns rank*F/P .. (rank+1)*F/P - 1 of each of the A halves of W1
+    /// b1  \[A, F/P\]      the same columns of b1
+    /// W2  \[F/P, H\]      the same rows of W2
+    /// gamma, beta, b2   \[H\], replicated (identical on every rank)
     ///
     /// and so do the gradients dW1, db1 and dW2. Without sequence parallelism x, y, dy and dx are
-    /// [T, H] and identical on every rank; dgamma, dbeta and db2 come out identical on every rank.
+    /// \[T, H\] and identical on every rank; dgamma, dbeta and db2 come out identical on every rank.
     /// With sequence_parallel = 1 the tokens are split too: x, y, dy and dx are this rank's
-    /// [T/P, H] rows (rows rank*T/P .. (rank+1)*T/P - 1 of the group's tensors), and dgamma, dbeta and
+    /// \[T/P, H\] rows (rows rank*T/P .. (rank+1)*T/P - 1 of the group's tensors), and dgamma, dbeta and
     /// db2 are summed over the group (identical on every rank). In both cases T, H and F given to
     /// lnmlp_desc_set_shape are the GROUP's (global) sizes, not the shard's.
     /// lnmlp_plan_create then requires a communicator (lnmlp_desc_set_communicator) of the same size
@@ -444,9 +447,9 @@ extern "C" {
     pub fn lnmlp_plan_attach_workspace(plan: *mut lnmlp_plan, workspace: *mut c_void, bytes: i64) -> i32;
     /// The shape of one tensor of a call with `tokens` tokens (0 .. the plan's most, as forward and
     /// backward take it, or LNMLP_TOKENS_MAX): writes its number of dimensions to *rank, the
-    /// dimensions to dims[0 .. *rank - 1] (dims holds LNMLP_MAX_TENSOR_RANK values; the rest are
+    /// dimensions to dims\[0 .. *rank - 1\] (dims holds LNMLP_MAX_TENSOR_RANK values; the rest are
     /// set to 0) and its element type (LNMLP_DTYPE_*) to *dtype. The shapes are this rank's under
-    /// sharding (W1 [H, A, F/P], x [T, H] with T this rank's rows under sequence parallelism).
+    /// sharding (W1 \[H, A, F/P\], x \[T, H\] with T this rank's rows under sequence parallelism).
     /// A tensor the plan does not take (beta and dbeta with RMSNorm, a disabled bias and its
     /// gradient, saved for a plan that saves nothing, the FP8 state for a recipe other than DELAYED)
     /// has *rank = -1: pass NULL for it.
@@ -458,7 +461,7 @@ extern "C" {
     pub fn lnmlp_plan_attach_fp8_state(plan: *mut lnmlp_plan, state: *mut c_void) -> i32;
     /// The amax history length of a DELAYED plan; 0 for any other recipe.
     pub fn lnmlp_plan_get_amax_history_length(plan: *const lnmlp_plan, length: *mut i32) -> i32;
-    /// Reads one quantizer's state: *scale, and its history into amax_history[0 .. length-1] (newest
+    /// Reads one quantizer's state: *scale, and its history into amax_history\[0 .. length-1\] (newest
     /// first). `length` must equal lnmlp_plan_get_amax_history_length; amax_history may be NULL (with
     /// any length) to read the scale alone.
     pub fn lnmlp_plan_get_quantizer_state(plan: *const lnmlp_plan, quantizer: i32, scale: *mut f32, amax_history: *mut f32, length: i32) -> i32;
@@ -480,16 +483,16 @@ extern "C" {
     /// backward: aligned to lnmlp_plan_get_alignment, of at least the call's LNMLP_TENSOR_SAVED bytes
     /// (lnmlp_plan_get_saved_bytes, the maximum, serves every call); `saved` may be NULL only when the
     /// plan saves 0 bytes or the call has no tokens.
-    ///  tokens     the rows of x and y in this call: 0 .. the plan's T (this rank's rows under
-    ///             sequence parallelism, and then the same on every rank of the group). A call with
-    ///             fewer tokens computes exactly what a plan made for that many tokens computes; with
-    ///             0 tokens forward reads and writes nothing and the FP8 state does not change.
-    ///  beta       must be NULL for RMSNorm and non-NULL for LayerNorm; b1 and b2 must be NULL exactly
-    ///             when the descriptor disabled them. y must not overlap the inputs.
-    ///  fp8_state  NULL: the plan's state (attached or owned). Otherwise a DELAYED plan's state array
-    ///             for this call only (see the FP8 quantizer state above).
-    ///  flags      LNMLP_CALL_* values, OR'ed.
-    ///  stream     a cudaStream_t for the CUDA backend (NULL = default); ignored by the CPU backend.
+    /// tokens     the rows of x and y in this call: 0 .. the plan's T (this rank's rows under
+    /// sequence parallelism, and then the same on every rank of the group). A call with
+    /// fewer tokens computes exactly what a plan made for that many tokens computes; with
+    /// 0 tokens forward reads and writes nothing and the FP8 state does not change.
+    /// beta       must be NULL for RMSNorm and non-NULL for LayerNorm; b1 and b2 must be NULL exactly
+    /// when the descriptor disabled them. y must not overlap the inputs.
+    /// fp8_state  NULL: the plan's state (attached or owned). Otherwise a DELAYED plan's state array
+    /// for this call only (see the FP8 quantizer state above).
+    /// flags      LNMLP_CALL_* values, OR'ed.
+    /// stream     a cudaStream_t for the CUDA backend (NULL = default); ignored by the CPU backend.
     /// A backend prepares its GEMMs for a token count the first time a call has that count (host
     /// memory: oneDNN primitives, cuBLASLt descriptors and algorithms; kept for the plan's 32 most
     /// recent counts besides its maximum); every other buffer is the plan's.
