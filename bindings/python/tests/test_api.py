@@ -38,7 +38,8 @@ def plan():
 
 # --- metadata and loading ---------------------------------------------------------------------------
 def test_version_and_build_info():
-    assert lnmlp.__version__ == "0.1.0"
+    # The package is released with the library: the same version.
+    assert lnmlp.__version__ == "%d.%d.%d" % tuple(lnmlp.library_version()[:3]) == "0.2.0"
     assert lnmlp.library_version()[3] == lnmlp.ABI_VERSION == 2
     assert _lib.SONAME == "liblnmlp.so.2"
     setup_py = os.path.join(os.path.dirname(__file__), "..", "setup.py")
