@@ -40,6 +40,20 @@
  * Thread safety: distinct plans may be used from distinct threads at the same time; one plan must
  * be used by one thread at a time. A call that finds its plan in use by another thread returns
  * LNMLP_ERROR_PLAN_BUSY and changes nothing. Descriptors are not thread-safe.
+ *
+ * Two tiers (docs/design.md, "The C API"):
+ *  - The stable core, declared always: versions, errors, enumerations, FP8 conversions, the
+ *    descriptor, the plan, its workspace, the shape query, the FP8 quantizer state, forward and
+ *    backward. Within one ABI version (LNMLP_ABI_VERSION) it only grows.
+ *  - The experimental tier, declared only where LNMLP_EXPERIMENTAL is defined before this header
+ *    is included (as zstd's ZSTD_STATIC_LINKING_ONLY): sharding and communicators, the state blob
+ *    format, and the CUDA backend, which has not yet run on a GPU. It may change in any release;
+ *    the library always exports it.
+ *
+ * Tags: every function's comment ends with "@since X.Y", the release its current form appeared
+ * in, and with its parameters tagged @param[in] (read only), @param[out] (written only) or
+ * @param[in,out] (read and written; for a handle: the object it names may change).
+ * tools/gen_bindings.py refuses a declaration without them.
  */
 #ifndef LNMLP_H
 #define LNMLP_H
@@ -78,7 +92,9 @@ extern "C" {
  * the LNMLP_ABI_VERSION it was compiled with and refuses a mismatch. */
 #define LNMLP_ABI_VERSION 2
 
-/* Writes the library's version and ABI version. Any pointer may be NULL (that value is skipped). */
+/* Writes the library's version and ABI version. Any pointer may be NULL (that value is skipped).
+ * @since 0.1
+ * @param[out] major, minor, patch, abi */
 LNMLP_API int32_t lnmlp_get_version(int32_t* major, int32_t* minor, int32_t* patch, int32_t* abi);
 
 /* ---------------------------------------------------------------------------------------------
@@ -102,24 +118,35 @@ enum {
 };
 
 /* The name of a status code ("LNMLP_ERROR_NULL_POINTER"); "LNMLP_UNKNOWN_STATUS" for a value that
- * is not a status. Never NULL; the string is static. */
+ * is not a status. Never NULL; the string is static.
+ * @since 0.1
+ * @param[in] status */
 LNMLP_API const char* lnmlp_status_string(int32_t status);
 
 /* The message of the last failure on the calling thread, in words a user can act on
  * ("x is NULL, but forward needs it"). Never NULL: "" before any failure. The pointer stays
- * valid until the next failing lnmlp call on the same thread. */
+ * valid until the next failing lnmlp call on the same thread.
+ * @since 0.1 */
 LNMLP_API const char* lnmlp_last_error(void);
 
 /* ---------------------------------------------------------------------------------------------
  * Enumerations
  * ------------------------------------------------------------------------------------------- */
 
-/* I/O element type of every tensor of a plan. GEMMs accumulate in fp32; norms and activations
- * compute in fp32 whatever the I/O type. */
+/* Element types. F32, BF16 and F16 are the I/O types a plan may have (lnmlp_desc_set_dtype): GEMMs
+ * accumulate in fp32, norms and activations compute in fp32 whatever the I/O type. U8 is the saved
+ * buffer's (lnmlp_plan_get_tensor_shape). FP8_E4M3 and FP8_E5M2 are the FP8 element formats of
+ * lnmlp_fp8_encode / lnmlp_fp8_decode; their values differ from every LNMLP_FP8_FORMAT_* (a recipe's
+ * choice of formats), so passing one for the other is an error, not a silent mix-up. */
 enum {
   LNMLP_DTYPE_F32 = 0,
-  LNMLP_DTYPE_BF16 = 1, /* bfloat16, as uint16_t bit patterns */
-  LNMLP_DTYPE_F16 = 2   /* IEEE binary16, as uint16_t bit patterns */
+  LNMLP_DTYPE_BF16 = 1,     /* bfloat16, as uint16_t bit patterns */
+  LNMLP_DTYPE_F16 = 2,      /* IEEE binary16, as uint16_t bit patterns */
+  LNMLP_DTYPE_U8 = 3,       /* bytes */
+  LNMLP_DTYPE_FP8_E4M3 = 4, /* OCP/NVIDIA "e4m3fn": 4 exponent bits (bias 7), 3 mantissa bits; max 448;
+                             * no infinities; NaN = S.1111.111 (0x7f, 0xff) */
+  LNMLP_DTYPE_FP8_E5M2 = 5  /* IEEE-like: 5 exponent bits (bias 15), 2 mantissa bits; max 57344;
+                             * infinities S.11111.00 (0x7c, 0xfc); NaN = S.11111.01..11 */
 };
 
 enum {
@@ -166,12 +193,9 @@ enum {
   LNMLP_REMAT_FORWARD_ONLY = 3
 };
 
+/* Backends (LNMLP_BACKEND_CUDA is in the experimental tier, at the end of this header). */
 enum {
-  LNMLP_BACKEND_CPU = 0, /* the embedded default; host pointers; the stream argument is ignored */
-  LNMLP_BACKEND_CUDA = 1 /* device pointers, 16-byte aligned; the stream argument is a cudaStream_t
-                          * (NULL = default); runs from the module liblnmlp_cuda.so.1, loaded on first
-                          * use from liblnmlp's directory (LNMLP_ERROR_NOT_SUPPORTED without it, a
-                          * driver or the device) */
+  LNMLP_BACKEND_CPU = 0 /* the embedded default; host pointers; the stream argument is ignored */
 };
 
 /* FP8 recipes (see docs/design.md, "FP8", and docs/fp8.md). Six tensors are quantized
@@ -195,7 +219,8 @@ enum {
   LNMLP_RECIPE_MXFP8 = 4
 };
 
-/* Which FP8 element format each quantizer uses (lnmlp_desc_set_fp8_format).
+/* Which FP8 element format each quantizer of a recipe uses (lnmlp_desc_set_fp8_format; the
+ * element formats themselves are LNMLP_DTYPE_FP8_E4M3 and LNMLP_DTYPE_FP8_E5M2).
  *  HYBRID  E4M3 for forward tensors (ln_out, w1, act_out, w2), E5M2 for gradients (dy, dh).
  *  E4M3    E4M3 for all six.
  *  DEFAULT the recipe's default, as TransformerEngine's: HYBRID for DELAYED and CURRENT, E4M3 for
@@ -223,21 +248,13 @@ enum {
   LNMLP_QUANTIZER_COUNT = 6
 };
 
-/* FP8 element formats (see lnmlp_fp8_encode). */
-enum {
-  LNMLP_FP8_E4M3 = 0, /* OCP/NVIDIA "e4m3fn": 4 exponent bits (bias 7), 3 mantissa bits; max 448;
-                       * no infinities; NaN = S.1111.111 (0x7f, 0xff) */
-  LNMLP_FP8_E5M2 = 1  /* IEEE-like: 5 exponent bits (bias 15), 2 mantissa bits; max 57344;
-                       * infinities S.11111.00 (0x7c, 0xfc); NaN = S.11111.01..11 */
-};
-
 /* ---------------------------------------------------------------------------------------------
  * Capability queries
  * ------------------------------------------------------------------------------------------- */
 
 /* Features for lnmlp_query_support. */
 enum {
-  LNMLP_FEATURE_BACKEND = 0,        /* the backend is compiled in and usable on this machine */
+  LNMLP_FEATURE_BACKEND = 0, /* the backend is compiled in and usable on this machine */
   LNMLP_FEATURE_DTYPE_F32 = 1,
   LNMLP_FEATURE_DTYPE_BF16 = 2,
   LNMLP_FEATURE_DTYPE_F16 = 3,
@@ -245,7 +262,7 @@ enum {
   LNMLP_FEATURE_RECIPE_CURRENT = 5,
   LNMLP_FEATURE_RECIPE_BLOCK = 6,
   LNMLP_FEATURE_RECIPE_MXFP8 = 7,
-  LNMLP_FEATURE_SHARDING = 8,
+  /* 8 is LNMLP_FEATURE_SHARDING, in the experimental tier */
   LNMLP_FEATURE_EXTERNAL_WORKSPACE = 9
 };
 
@@ -264,31 +281,43 @@ enum {
  * (the CPU backend: every recipe; the CUDA backend: MXFP8, and BLOCK except on Hopper (sm_90) with
  * cuBLASLt 12.9 or newer; per-tensor recipes need sm_89 or newer). On the CUDA backend the answer
  * is device 0's; BLOCK runs natively only where every plan dimension is a multiple of 16, and is
- * emulated for other shapes. Unknown backend or feature values are LNMLP_ERROR_INVALID_ARGUMENT. */
+ * emulated for other shapes. Unknown backend or feature values are LNMLP_ERROR_INVALID_ARGUMENT.
+ * @since 0.1
+ * @param[in] backend, feature
+ * @param[out] supported */
 LNMLP_API int32_t lnmlp_query_support(int32_t backend, int32_t feature, int32_t* supported);
 
 /* A static, human-readable description of this build (version, backends compiled in, the GEMM
- * library and threading) for logs and bug reports. Never NULL. */
+ * library and threading) for logs and bug reports. Never NULL.
+ * @since 0.1
+ * @param[out] info */
 LNMLP_API int32_t lnmlp_get_build_info(const char** info);
 
 /* ---------------------------------------------------------------------------------------------
  * FP8 conversions (host arrays, either backend's build; see docs/design.md, "FP8")
  * ------------------------------------------------------------------------------------------- */
 
-/* Quantizes: out[i] = fp8(in[i] * scale), the product taken in fp32, for i < count; format is
- * LNMLP_FP8_*. The cast rounds to nearest, ties to even, and saturates: a magnitude beyond the
- * format's max finite value becomes +/- max finite (for E5M2 too, never infinity), and so does
- * +/-infinity; NaN stays NaN (0x7f/0xff for E4M3, 0x7e/0xfe for E5M2, keeping its sign); a value
- * that rounds to zero keeps its sign (0x80 for a negative one). `in` and `out` are host pointers
- * and must not overlap; they may be NULL when count is 0. scale must be finite and nonzero;
- * count >= 0. */
-LNMLP_API int32_t lnmlp_fp8_encode(int32_t format, const float* in, int64_t count, float scale, uint8_t* out);
+/* Quantizes: out[i] = fp8(in[i] * scale), the product taken in fp32, for i < count; dtype is
+ * LNMLP_DTYPE_FP8_E4M3 or LNMLP_DTYPE_FP8_E5M2. The cast rounds to nearest, ties to even, and
+ * saturates: a magnitude beyond the format's max finite value becomes +/- max finite (for E5M2
+ * too, never infinity), and so does +/-infinity; NaN stays NaN (0x7f/0xff for E4M3, 0x7e/0xfe
+ * for E5M2, keeping its sign); a value that rounds to zero keeps its sign (0x80 for a negative
+ * one). `in` and `out` are host pointers and must not overlap; they may be NULL when count is 0.
+ * scale must be finite and nonzero; count >= 0.
+ * @since 0.1; changed in 0.2 (an LNMLP_DTYPE_FP8_* element type)
+ * @param[in] dtype, in, count, scale
+ * @param[out] out */
+LNMLP_API int32_t lnmlp_fp8_encode(int32_t dtype, const float* in, int64_t count, float scale, uint8_t* out);
 
-/* Dequantizes: out[i] = float(in[i]) * scale_inv, the product taken in fp32, for i < count; format
- * is LNMLP_FP8_*. The widening is exact; NaN codes give a quiet NaN of the code's sign, E5M2
- * infinities give infinities. `in` and `out` are host pointers and must not overlap; they may be
- * NULL when count is 0. scale_inv must be finite and nonzero; count >= 0. */
-LNMLP_API int32_t lnmlp_fp8_decode(int32_t format, const uint8_t* in, int64_t count, float scale_inv, float* out);
+/* Dequantizes: out[i] = float(in[i]) * scale_inv, the product taken in fp32, for i < count; dtype
+ * is LNMLP_DTYPE_FP8_E4M3 or LNMLP_DTYPE_FP8_E5M2. The widening is exact; NaN codes give a quiet
+ * NaN of the code's sign, E5M2 infinities give infinities. `in` and `out` are host pointers and
+ * must not overlap; they may be NULL when count is 0. scale_inv must be finite and nonzero;
+ * count >= 0.
+ * @since 0.1; changed in 0.2 (an LNMLP_DTYPE_FP8_* element type)
+ * @param[in] dtype, in, count, scale_inv
+ * @param[out] out */
+LNMLP_API int32_t lnmlp_fp8_decode(int32_t dtype, const uint8_t* in, int64_t count, float scale_inv, float* out);
 
 /* ---------------------------------------------------------------------------------------------
  * Descriptor: what to compute. Setters validate their own arguments; lnmlp_plan_create
@@ -299,48 +328,85 @@ typedef struct lnmlp_desc lnmlp_desc;
 
 /* Creates a descriptor with the defaults: no shape (must be set), layernorm, gamma not
  * zero-centered, epsilon 1e-6, activation (RELU), no biases, f32, SAVE_ALL, CPU backend,
- * device 0, recipe NONE, no sharding, all cores. */
+ * device 0, recipe NONE, no sharding, all cores.
+ * @since 0.1
+ * @param[out] desc */
 LNMLP_API int32_t lnmlp_desc_create(lnmlp_desc** desc);
 
-/* Destroys a descriptor. NULL is accepted and does nothing. Plans created from it live on. */
+/* Destroys a descriptor. NULL is accepted and does nothing. Plans created from it live on.
+ * @since 0.1
+ * @param[in] desc */
 LNMLP_API int32_t lnmlp_desc_destroy(lnmlp_desc* desc);
 
 /* tokens = T, the most tokens (all leading dims of x flattened) one call may take, hidden = H,
  * ffn = F. Each must be >= 1. Every forward / backward then takes its own token count, from 0 to
- * T: the workspace and the saved buffer are sized for T, and nothing is allocated per call. */
+ * T: the workspace and the saved buffer are sized for T, and nothing is allocated per call.
+ * @since 0.1; changed in 0.2 (tokens is the most a call takes)
+ * @param[in] tokens, hidden, ffn
+ * @param[in,out] desc */
 LNMLP_API int32_t lnmlp_desc_set_shape(lnmlp_desc* desc, int64_t tokens, int64_t hidden, int64_t ffn);
 
-/* norm_type: LNMLP_NORM_*. */
+/* norm_type: LNMLP_NORM_*.
+ * @since 0.1
+ * @param[in] norm_type
+ * @param[in,out] desc */
 LNMLP_API int32_t lnmlp_desc_set_norm(lnmlp_desc* desc, int32_t norm_type);
 
-/* When enabled, the norm scales by (gamma + 1) instead of gamma. */
+/* When enabled, the norm scales by (gamma + 1) instead of gamma.
+ * @since 0.1
+ * @param[in] enabled
+ * @param[in,out] desc */
 LNMLP_API int32_t lnmlp_desc_set_zero_centered_gamma(lnmlp_desc* desc, int32_t enabled);
 
-/* epsilon added to the variance (or mean square); finite and >= 0. Default 1e-6. */
+/* epsilon added to the variance (or mean square); finite and >= 0. Default 1e-6.
+ * @since 0.1
+ * @param[in] epsilon
+ * @param[in,out] desc */
 LNMLP_API int32_t lnmlp_desc_set_epsilon(lnmlp_desc* desc, float epsilon);
 
-/* The activation list: count is 1 or 2; activations[i] are LNMLP_ACT_* values. */
-LNMLP_API int32_t lnmlp_desc_set_activations(lnmlp_desc* desc, int32_t count, const int32_t* activations);
+/* The activation list: count is 1 or 2; activations[i] are LNMLP_ACT_* values.
+ * @since 0.1; changed in 0.2 (int64_t count)
+ * @param[in] count, activations
+ * @param[in,out] desc */
+LNMLP_API int32_t lnmlp_desc_set_activations(lnmlp_desc* desc, int64_t count, const int32_t* activations);
 
 /* Parameters of the clamped SwiGLU pair (CLAMPED_SILU, CLAMPED_LINEAR):
  *   a' = min(a, limit); out = a' sigmoid(alpha a') * (clip(b, -limit, limit) + offset).
- * limit > 0 and finite, alpha finite, offset finite. Defaults: limit 7, alpha 1.702, offset 1. */
+ * limit > 0 and finite, alpha finite, offset finite. Defaults: limit 7, alpha 1.702, offset 1.
+ * @since 0.1
+ * @param[in] limit, alpha, offset
+ * @param[in,out] desc */
 LNMLP_API int32_t lnmlp_desc_set_clamped_swiglu(lnmlp_desc* desc, float limit, float alpha, float offset);
 
-/* Whether b1 and b2 exist (independently). Default: neither. */
+/* Whether b1 and b2 exist (independently). Default: neither.
+ * @since 0.1
+ * @param[in] has_bias1, has_bias2
+ * @param[in,out] desc */
 LNMLP_API int32_t lnmlp_desc_set_bias(lnmlp_desc* desc, int32_t has_bias1, int32_t has_bias2);
 
-/* dtype: LNMLP_DTYPE_*. */
+/* dtype: LNMLP_DTYPE_*.
+ * @since 0.1
+ * @param[in] dtype
+ * @param[in,out] desc */
 LNMLP_API int32_t lnmlp_desc_set_dtype(lnmlp_desc* desc, int32_t dtype);
 
-/* policy: LNMLP_REMAT_*. */
+/* policy: LNMLP_REMAT_*.
+ * @since 0.1
+ * @param[in] policy
+ * @param[in,out] desc */
 LNMLP_API int32_t lnmlp_desc_set_remat(lnmlp_desc* desc, int32_t policy);
 
-/* backend: LNMLP_BACKEND_*; device: the GPU ordinal for CUDA (>= 0), ignored (must be 0) for CPU. */
+/* backend: LNMLP_BACKEND_*; device: the GPU ordinal for CUDA (>= 0), ignored (must be 0) for CPU.
+ * @since 0.1
+ * @param[in] backend, device
+ * @param[in,out] desc */
 LNMLP_API int32_t lnmlp_desc_set_backend(lnmlp_desc* desc, int32_t backend, int32_t device);
 
-/* CPU backend threads: 0 (default) uses every core the process may run on. */
-LNMLP_API int32_t lnmlp_desc_set_num_threads(lnmlp_desc* desc, int32_t num_threads);
+/* CPU backend threads, 0 .. 65536: 0 (default) uses every core the process may run on.
+ * @since 0.1; changed in 0.2 (int64_t num_threads)
+ * @param[in] num_threads
+ * @param[in,out] desc */
+LNMLP_API int32_t lnmlp_desc_set_num_threads(lnmlp_desc* desc, int64_t num_threads);
 
 /* The parameter gradients dW1, db1, dW2 and db2 (the weights' and biases' gradients):
  *   accumulate  0 (default): backward overwrites them. 1: backward adds into them (dW += ...),
@@ -353,14 +419,23 @@ LNMLP_API int32_t lnmlp_desc_set_num_threads(lnmlp_desc* desc, int32_t num_threa
  *               "main_grad") while the I/O dtype is bf16 or f16. lnmlp_plan_create refuses any
  *               other dtype than these two.
  * dgamma, dbeta and dx are always overwritten, in the I/O dtype. lnmlp_plan_get_tensor_shape
- * reports each gradient's dtype. */
+ * reports each gradient's dtype.
+ * @since 0.2
+ * @param[in] accumulate, dtype
+ * @param[in,out] desc */
 LNMLP_API int32_t lnmlp_desc_set_weight_gradients(lnmlp_desc* desc, int32_t accumulate, int32_t dtype);
 
 /* recipe: LNMLP_RECIPE_*. Default NONE. The recipe's options keep their values when the recipe
- * changes; the ones a recipe does not use are ignored. */
+ * changes; the ones a recipe does not use are ignored.
+ * @since 0.1
+ * @param[in] recipe
+ * @param[in,out] desc */
 LNMLP_API int32_t lnmlp_desc_set_recipe(lnmlp_desc* desc, int32_t recipe);
 
-/* format: LNMLP_FP8_FORMAT_*. Default LNMLP_FP8_FORMAT_DEFAULT (the recipe's own default). */
+/* format: LNMLP_FP8_FORMAT_*. Default LNMLP_FP8_FORMAT_DEFAULT (the recipe's own default).
+ * @since 0.1
+ * @param[in] format
+ * @param[in,out] desc */
 LNMLP_API int32_t lnmlp_desc_set_fp8_format(lnmlp_desc* desc, int32_t format);
 
 /* Delayed scaling's options (TransformerEngine's DelayedScaling defaults in brackets):
@@ -369,129 +444,29 @@ LNMLP_API int32_t lnmlp_desc_set_fp8_format(lnmlp_desc* desc, int32_t format);
  *   amax_compute_algo [MAX]   LNMLP_AMAX_ALGO_*.
  * After each pass a quantizer records its tensor's amax as the newest history entry (the oldest
  * falls off) and updates its scale from the reduced history; if that amax is 0, infinite or NaN
- * the scale stays as it was. Scales start at 1.0, histories at zeros. */
-LNMLP_API int32_t lnmlp_desc_set_delayed_scaling(lnmlp_desc* desc, int32_t margin, int32_t amax_history_len,
+ * the scale stays as it was. Scales start at 1.0, histories at zeros.
+ * @since 0.1; changed in 0.2 (int64_t amax_history_len)
+ * @param[in] margin, amax_history_len, amax_compute_algo
+ * @param[in,out] desc */
+LNMLP_API int32_t lnmlp_desc_set_delayed_scaling(lnmlp_desc* desc, int32_t margin, int64_t amax_history_len,
                                                  int32_t amax_compute_algo);
 
 /* Scale options of CURRENT and BLOCK scaling:
  *   power_2_scale  -1 = the recipe's default (CURRENT: 0, BLOCK: 1), 0, or 1: round each scale
  *                  down to a power of two.
  *   amax_epsilon   >= 0 and finite [0]: amaxes below it are taken as it (a floor).
- * scale = fmt_max / max(amax, amax_epsilon); a zero or non-finite amax gives scale 1. */
+ * scale = fmt_max / max(amax, amax_epsilon); a zero or non-finite amax gives scale 1.
+ * @since 0.1
+ * @param[in] power_2_scale, amax_epsilon
+ * @param[in,out] desc */
 LNMLP_API int32_t lnmlp_desc_set_scaling_options(lnmlp_desc* desc, int32_t power_2_scale, float amax_epsilon);
-
-/* Tensor-parallel sharding (docs/sharding.md): this plan is rank `rank` of a tensor-parallel group
- * of `group_size` plans, one per rank, that run every forward and backward together. Default:
- * group_size 1 (no sharding). With group_size P > 1 each rank holds a shard of the weights:
- *
- *     W1  [H, A, F/P]   columns rank*F/P .. (rank+1)*F/P - 1 of each of the A halves of W1
- *     b1  [A, F/P]      the same columns of b1
- *     W2  [F/P, H]      the same rows of W2
- *     gamma, beta, b2   [H], replicated (identical on every rank)
- *
- * and so do the gradients dW1, db1 and dW2. Without sequence parallelism x, y, dy and dx are
- * [T, H] and identical on every rank; dgamma, dbeta and db2 come out identical on every rank.
- * With sequence_parallel = 1 the tokens are split too: x, y, dy and dx are this rank's
- * [T/P, H] rows (rows rank*T/P .. (rank+1)*T/P - 1 of the group's tensors), and dgamma, dbeta and
- * db2 are summed over the group (identical on every rank). In both cases T, H and F given to
- * lnmlp_desc_set_shape are the GROUP's (global) sizes, not the shard's.
- * lnmlp_plan_create then requires a communicator (lnmlp_desc_set_communicator) of the same size
- * and rank, F divisible by P and, under sequence parallelism, T divisible by P. Both backends
- * shard (LNMLP_FEATURE_SHARDING), every FP8 recipe included (per-tensor amaxes are max-reduced
- * over the group, so delayed-scaling state stays identical on every rank): the CPU backend over
- * an MPI or callback communicator, the CUDA backend over an NCCL one (lnmlp_comm_create_nccl);
- * any other pairing is refused with LNMLP_ERROR_INVALID_ARGUMENT.
- * Every rank must call forward and backward in the same order: each call runs collectives. */
-LNMLP_API int32_t lnmlp_desc_set_sharding(lnmlp_desc* desc, int32_t group_size, int32_t rank,
-                                          int32_t sequence_parallel);
-
-/* ---------------------------------------------------------------------------------------------
- * Communicators: how the ranks of a sharded plan exchange data (docs/sharding.md).
- * ------------------------------------------------------------------------------------------- */
-
-typedef struct lnmlp_comm lnmlp_comm;
-
-/* Element types of collective buffers (the `type` argument of the callbacks). lnmlp gathers in
- * the plan's I/O dtype (F32, BF16, F16) and sums and maxes in F32 only; U8 is reserved for FP8
- * codes. */
-enum {
-  LNMLP_COMM_F32 = 0,
-  LNMLP_COMM_BF16 = 1,
-  LNMLP_COMM_F16 = 2,
-  LNMLP_COMM_U8 = 3
-};
-
-/* One collective over the group, as a framework implements it. `count` is in elements of `type`;
- * `user` is the table's user pointer; `stream` is the stream the plan's call was given (NULL on
- * the CPU backend). It returns 0 on success; any other value makes the plan's call fail with
- * LNMLP_ERROR_BACKEND (the outputs are then unspecified). The call must be complete (recv
- * written) when it returns. */
-typedef int32_t (*lnmlp_comm_fn)(const void* send, void* recv, int64_t count, int32_t type, void* user,
-                                 void* stream);
-
-/* A table of collectives for lnmlp_comm_create_callbacks. All four are required.
- *  size, rank      the group's size (>= 1) and this process's rank in it (0 .. size-1); plans
- *                  check them against lnmlp_desc_set_sharding.
- *  all_gather      send: `count` elements; recv: size*count elements, rank r's at r*count.
- *  reduce_scatter  send: size*count elements; recv: `count` elements, the element-wise sum over
- *                  the ranks of their send[rank*count ..] slice (sum, fp32).
- *  all_reduce_sum  recv = element-wise sum over the ranks of send (`count` elements);
- *                  send == recv (in place) is allowed.
- *  all_reduce_max  as all_reduce_sum with the maximum (FP8 amaxes: >= 0, +inf or NaN). A NaN
- *                  on any rank must give NaN on every rank, as lnmlp's own communicators do by
- *                  taking the maximum of the bit patterns as uint32 (every NaN is above +inf).
- * The results must be identical on every rank (the same order of summation everywhere). */
-typedef struct lnmlp_comm_callbacks {
-  int32_t size;
-  int32_t rank;
-  lnmlp_comm_fn all_gather;
-  lnmlp_comm_fn reduce_scatter;
-  lnmlp_comm_fn all_reduce_sum;
-  lnmlp_comm_fn all_reduce_max;
-  void* user;
-} lnmlp_comm_callbacks;
-
-/* Creates a communicator that calls `table`'s functions (the table is copied; `user` must stay
- * valid while a plan uses the communicator). For frameworks that own their collectives. */
-LNMLP_API int32_t lnmlp_comm_create_callbacks(const lnmlp_comm_callbacks* table, lnmlp_comm** comm);
-
-/* Creates a communicator from an MPI communicator, for the CPU backend: mpi_comm points to an
- * MPI_Comm (in Python with mpi4py: MPI._addressof(comm)). MPI must be initialized; the MPI_Comm
- * is used as it is (not duplicated) and must stay valid while a plan uses it. The group is the
- * whole MPI communicator (its size and rank). Returns LNMLP_ERROR_NOT_SUPPORTED when this build has
- * no MPI (CMake option LNMLP_MPI; lnmlp_get_build_info says which). */
-LNMLP_API int32_t lnmlp_comm_create_mpi(const void* mpi_comm, lnmlp_comm** comm);
-
-/* Creates a communicator from an NCCL communicator, for the CUDA backend: nccl_comm points to an
- * initialized ncclComm_t (from ncclCommInitRank or ncclCommInitAll; in Python or Rust, pass the
- * address of a variable holding the ncclComm_t value). The ncclComm_t is used as it is (not
- * duplicated, not destroyed) and must stay valid while a plan uses it; the group is the whole NCCL
- * communicator (its size and rank), and a plan using it must be on its CUDA device
- * (lnmlp_desc_set_backend). The collectives run on the stream given to forward / backward, over
- * the plan's device workspace; each rank's forward / backward must be called from its own thread
- * or process (not inside ncclGroupStart / ncclGroupEnd: a call enqueues collectives and the
- * kernels that use their results). A CUDA plan given an NCCL
- * communicator runs its collectives even with group_size 1. liblnmlp does not link NCCL: the CUDA
- * module loads libnccl.so.2 (the copy already in the process first). Returns
- * LNMLP_ERROR_NULL_POINTER for a NULL nccl_comm or comm, LNMLP_ERROR_INVALID_ARGUMENT when
- * *nccl_comm is NULL, and LNMLP_ERROR_NOT_SUPPORTED, creating nothing, when this build has no CUDA
- * backend, the CUDA module was built without NCCL, NCCL cannot be loaded, or there is no GPU (the
- * message says which). */
-LNMLP_API int32_t lnmlp_comm_create_nccl(const void* nccl_comm, lnmlp_comm** comm);
-
-/* Destroys a communicator handle. NULL does nothing. Descriptors and plans that were given it keep
- * what they need and stay usable. */
-LNMLP_API int32_t lnmlp_comm_destroy(lnmlp_comm* comm);
-
-/* The communicator a sharded plan uses (NULL = none, the default). The descriptor keeps the
- * communicator alive, and so does every plan created from it. Several plans may share one
- * communicator, but their forward/backward calls must not overlap in time (each call's collectives
- * must run in the same order on every rank). */
-LNMLP_API int32_t lnmlp_desc_set_communicator(lnmlp_desc* desc, lnmlp_comm* comm);
 
 /* When enabled, lnmlp_plan_create allocates no workspace; the caller queries
  * lnmlp_plan_get_workspace_bytes and attaches memory it owns with lnmlp_plan_attach_workspace
- * before the first forward or backward. Default: disabled (the plan owns its workspace). */
+ * before the first forward or backward. Default: disabled (the plan owns its workspace).
+ * @since 0.1
+ * @param[in] enabled
+ * @param[in,out] desc */
 LNMLP_API int32_t lnmlp_desc_set_external_workspace(lnmlp_desc* desc, int32_t enabled);
 
 /* ---------------------------------------------------------------------------------------------
@@ -501,29 +476,49 @@ LNMLP_API int32_t lnmlp_desc_set_external_workspace(lnmlp_desc* desc, int32_t en
 typedef struct lnmlp_plan lnmlp_plan;
 
 /* Validates the descriptor, chooses algorithms and allocates every workspace up front.
- * The descriptor may be destroyed or changed afterwards without affecting the plan. */
+ * The descriptor may be destroyed or changed afterwards without affecting the plan.
+ * @since 0.1
+ * @param[in] desc
+ * @param[out] plan */
 LNMLP_API int32_t lnmlp_plan_create(const lnmlp_desc* desc, lnmlp_plan** plan);
 
-/* Destroys a plan and frees what it owns (not attached caller workspace). NULL does nothing. */
+/* Destroys a plan and frees what it owns (not attached caller workspace). NULL does nothing.
+ * @since 0.1
+ * @param[in] plan */
 LNMLP_API int32_t lnmlp_plan_destroy(lnmlp_plan* plan);
 
-/* Bytes of scratch memory the plan needs while running (owned or attached). */
+/* Bytes of scratch memory the plan needs while running (owned or attached).
+ * @since 0.1
+ * @param[in] plan
+ * @param[out] bytes */
 LNMLP_API int32_t lnmlp_plan_get_workspace_bytes(const lnmlp_plan* plan, int64_t* bytes);
 
 /* Bytes of the buffer forward writes and backward reads for the plan's most tokens (0 for
  * FORWARD_ONLY): a buffer this large serves every call. The bytes a call with fewer tokens uses
- * are lnmlp_plan_get_tensor_shape's LNMLP_TENSOR_SAVED. */
+ * are lnmlp_plan_get_tensor_shape's LNMLP_TENSOR_SAVED.
+ * @since 0.1
+ * @param[in] plan
+ * @param[out] bytes */
 LNMLP_API int32_t lnmlp_plan_get_saved_bytes(const lnmlp_plan* plan, int64_t* bytes);
 
-/* The saved buffer's bytes per token, without alignment padding (see LNMLP_REMAT_*). */
+/* The saved buffer's bytes per token, without alignment padding (see LNMLP_REMAT_*).
+ * @since 0.1
+ * @param[in] plan
+ * @param[out] bytes */
 LNMLP_API int32_t lnmlp_plan_get_saved_bytes_per_token(const lnmlp_plan* plan, int64_t* bytes);
 
-/* Alignment in bytes the saved buffer and attached workspace must have (64 on CPU, 256 on CUDA). */
+/* Alignment in bytes the saved buffer and attached workspace must have (64 on CPU, 256 on CUDA).
+ * @since 0.1
+ * @param[in] plan
+ * @param[out] bytes */
 LNMLP_API int32_t lnmlp_plan_get_alignment(const lnmlp_plan* plan, int64_t* bytes);
 
 /* Attaches caller-owned workspace to a plan created with external workspace: `bytes` must be at
  * least lnmlp_plan_get_workspace_bytes and `workspace` aligned to lnmlp_plan_get_alignment.
- * The memory must outlive every later forward/backward call; attaching again replaces it. */
+ * The memory must outlive every later forward/backward call; attaching again replaces it.
+ * @since 0.1
+ * @param[in] workspace, bytes
+ * @param[in,out] plan */
 LNMLP_API int32_t lnmlp_plan_attach_workspace(lnmlp_plan* plan, void* workspace, int64_t bytes);
 
 /* ---- Shapes of a call's tensors ----------------------------------------------------------- */
@@ -551,10 +546,6 @@ enum {
   LNMLP_TENSOR_COUNT = 18
 };
 
-/* Element type of the saved buffer in lnmlp_plan_get_tensor_shape (the LNMLP_DTYPE_* above
- * are the plan's I/O types). */
-enum { LNMLP_DTYPE_U8 = 3 };
-
 /* The most dimensions a tensor of lnmlp_plan_get_tensor_shape has (W1 and dW1: [H, A, F]). */
 #define LNMLP_MAX_TENSOR_RANK 3
 
@@ -568,8 +559,11 @@ enum { LNMLP_DTYPE_U8 = 3 };
  * sharding (W1 [H, A, F/P], x [T, H] with T this rank's rows under sequence parallelism).
  * A tensor the plan does not take (beta and dbeta with RMSNorm, a disabled bias and its
  * gradient, saved for a plan that saves nothing, the FP8 state for a recipe other than DELAYED)
- * has *rank = -1: pass NULL for it. */
-LNMLP_API int32_t lnmlp_plan_get_tensor_shape(const lnmlp_plan* plan, int32_t tensor, int64_t tokens, int32_t* rank,
+ * has *rank = -1: pass NULL for it.
+ * @since 0.2
+ * @param[in] plan, tensor, tokens
+ * @param[out] rank, dims, dtype */
+LNMLP_API int32_t lnmlp_plan_get_tensor_shape(const lnmlp_plan* plan, int32_t tensor, int64_t tokens, int64_t* rank,
                                               int64_t* dims, int32_t* dtype);
 
 /* ---- FP8 quantizer state (DELAYED scaling) -----------------------------------------------
@@ -603,32 +597,34 @@ LNMLP_API int32_t lnmlp_plan_get_tensor_shape(const lnmlp_plan* plan, int32_t te
 /* Makes `state` (the layout above, caller memory, see above) the plan's state from now on, in
  * place of the state the plan owns, which keeps its values and is used again after
  * lnmlp_plan_attach_fp8_state(plan, NULL). The array must outlive every call that uses it.
- * Only DELAYED plans have state: other plans answer LNMLP_ERROR_INVALID_ARGUMENT. */
+ * Only DELAYED plans have state: other plans answer LNMLP_ERROR_INVALID_ARGUMENT.
+ * @since 0.2
+ * @param[in] state
+ * @param[in,out] plan */
 LNMLP_API int32_t lnmlp_plan_attach_fp8_state(lnmlp_plan* plan, void* state);
 
-/* The amax history length of a DELAYED plan; 0 for any other recipe. */
-LNMLP_API int32_t lnmlp_plan_get_amax_history_length(const lnmlp_plan* plan, int32_t* length);
+/* The amax history length of a DELAYED plan; 0 for any other recipe.
+ * @since 0.1; changed in 0.2 (int64_t length)
+ * @param[in] plan
+ * @param[out] length */
+LNMLP_API int32_t lnmlp_plan_get_amax_history_length(const lnmlp_plan* plan, int64_t* length);
 
 /* Reads one quantizer's state: *scale, and its history into amax_history[0 .. length-1] (newest
  * first). `length` must equal lnmlp_plan_get_amax_history_length; amax_history may be NULL (with
- * any length) to read the scale alone. */
+ * any length) to read the scale alone.
+ * @since 0.1; changed in 0.2 (int64_t length)
+ * @param[in] plan, quantizer, length
+ * @param[out] scale, amax_history */
 LNMLP_API int32_t lnmlp_plan_get_quantizer_state(const lnmlp_plan* plan, int32_t quantizer, float* scale,
-                                                 float* amax_history, int32_t length);
+                                                 float* amax_history, int64_t length);
 
 /* Replaces one quantizer's state. scale must be finite and > 0; history entries must be >= 0 or
- * +inf or NaN (amaxes as recorded); `length` must equal the plan's history length. */
+ * +inf or NaN (amaxes as recorded); `length` must equal the plan's history length.
+ * @since 0.1; changed in 0.2 (int64_t length)
+ * @param[in] quantizer, scale, amax_history, length
+ * @param[in,out] plan */
 LNMLP_API int32_t lnmlp_plan_set_quantizer_state(lnmlp_plan* plan, int32_t quantizer, float scale,
-                                                 const float* amax_history, int32_t length);
-
-/* The whole state as one versioned byte blob, for checkpoints: lnmlp_plan_get_state_bytes gives
- * its size (0 for a stateless recipe); export writes it into `blob` (`bytes` >= that size);
- * import restores it into a plan of the same recipe and history length, bit for bit, and rejects
- * (changing nothing) a blob of another version, recipe, length or with invalid values. The blob
- * is in the host's byte order: magic "LNMLPQS1", then int32 version, recipe, history length,
- * quantizer count, then per quantizer its float32 scale and history. */
-LNMLP_API int32_t lnmlp_plan_get_state_bytes(const lnmlp_plan* plan, int64_t* bytes);
-LNMLP_API int32_t lnmlp_plan_export_state(const lnmlp_plan* plan, void* blob, int64_t bytes);
-LNMLP_API int32_t lnmlp_plan_import_state(lnmlp_plan* plan, const void* blob, int64_t bytes);
+                                                 const float* amax_history, int64_t length);
 
 /* ---- Execution -------------------------------------------------------------------------- */
 
@@ -665,7 +661,11 @@ enum {
  *  stream     a cudaStream_t for the CUDA backend (NULL = default); ignored by the CPU backend.
  * A backend prepares its GEMMs for a token count the first time a call has that count (host
  * memory: oneDNN primitives, cuBLASLt descriptors and algorithms; kept for the plan's 32 most
- * recent counts besides its maximum); every other buffer is the plan's. */
+ * recent counts besides its maximum); every other buffer is the plan's.
+ * @since 0.2
+ * @param[in] tokens, x, gamma, beta, w1, b1, w2, b2, flags, stream
+ * @param[out] y, saved
+ * @param[in,out] plan, fp8_state */
 LNMLP_API int32_t lnmlp_plan_forward(lnmlp_plan* plan, int64_t tokens, const void* x, const void* gamma,
                                      const void* beta, const void* w1, const void* b1, const void* w2, const void* b2,
                                      void* y, void* saved, void* fp8_state, int32_t flags, void* stream);
@@ -678,11 +678,185 @@ LNMLP_API int32_t lnmlp_plan_forward(lnmlp_plan* plan, int64_t tokens, const voi
  * b1 is needed only when the plan recomputes GEMM1 (SAVE_STATS) and the descriptor enabled it;
  * otherwise it may be NULL. Outputs must not overlap each other or the inputs. tokens, fp8_state,
  * flags and stream as for forward; with 0 tokens the parameter gradients are zeros (dW1, db1, dW2
- * and db2 stay as they are when they accumulate) and the FP8 state does not change. */
+ * and db2 stay as they are when they accumulate) and the FP8 state does not change.
+ * @since 0.2
+ * @param[in] tokens, dy, x, gamma, beta, w1, b1, w2, saved, flags, stream
+ * @param[out] dx, dgamma, dbeta, db2
+ * @param[in,out] plan, dw1, db1, dw2, fp8_state */
 LNMLP_API int32_t lnmlp_plan_backward(lnmlp_plan* plan, int64_t tokens, const void* dy, const void* x,
                                       const void* gamma, const void* beta, const void* w1, const void* b1,
                                       const void* w2, const void* saved, void* dx, void* dgamma, void* dbeta, void* dw1,
                                       void* db1, void* dw2, void* db2, void* fp8_state, int32_t flags, void* stream);
+
+/* =============================================================================================
+ * The experimental tier: declared only where LNMLP_EXPERIMENTAL is defined before this header is
+ * included. What is here works and is tested, but may change in any release: sharding and its
+ * communicators, the state blob's format, and the CUDA backend (compiled and tested against a CPU
+ * emulation of CUDA, but not yet run on a GPU). The library exports these functions always.
+ * ========================================================================================== */
+#if defined(LNMLP_EXPERIMENTAL)
+
+enum {
+  LNMLP_BACKEND_CUDA = 1 /* device pointers, 16-byte aligned; the stream argument is a cudaStream_t
+                          * (NULL = default); runs from the module liblnmlp_cuda.so.1, loaded on first
+                          * use from liblnmlp's directory (LNMLP_ERROR_NOT_SUPPORTED without it, a
+                          * driver or the device) */
+};
+
+/* lnmlp_query_support's feature: the backend shards (lnmlp_desc_set_sharding). */
+enum { LNMLP_FEATURE_SHARDING = 8 };
+
+/* ---- Sharding ----------------------------------------------------------------------------- */
+
+/* Tensor-parallel sharding (docs/sharding.md): this plan is rank `rank` of a tensor-parallel group
+ * of `group_size` plans, one per rank, that run every forward and backward together. Default:
+ * group_size 1 (no sharding). With group_size P > 1 each rank holds a shard of the weights:
+ *
+ *     W1  [H, A, F/P]   columns rank*F/P .. (rank+1)*F/P - 1 of each of the A halves of W1
+ *     b1  [A, F/P]      the same columns of b1
+ *     W2  [F/P, H]      the same rows of W2
+ *     gamma, beta, b2   [H], replicated (identical on every rank)
+ *
+ * and so do the gradients dW1, db1 and dW2. Without sequence parallelism x, y, dy and dx are
+ * [T, H] and identical on every rank; dgamma, dbeta and db2 come out identical on every rank.
+ * With sequence_parallel = 1 the tokens are split too: x, y, dy and dx are this rank's
+ * [T/P, H] rows (rows rank*T/P .. (rank+1)*T/P - 1 of the group's tensors), and dgamma, dbeta and
+ * db2 are summed over the group (identical on every rank). In both cases T, H and F given to
+ * lnmlp_desc_set_shape are the GROUP's (global) sizes, not the shard's.
+ * lnmlp_plan_create then requires a communicator (lnmlp_desc_set_communicator) of the same size
+ * and rank, F divisible by P and, under sequence parallelism, T divisible by P. Both backends
+ * shard (LNMLP_FEATURE_SHARDING), every FP8 recipe included (per-tensor amaxes are max-reduced
+ * over the group, so delayed-scaling state stays identical on every rank): the CPU backend over
+ * an MPI or callback communicator, the CUDA backend over an NCCL one (lnmlp_comm_create_nccl);
+ * any other pairing is refused with LNMLP_ERROR_INVALID_ARGUMENT.
+ * Every rank must call forward and backward in the same order: each call runs collectives.
+ * @since 0.1; changed in 0.2 (int64_t group_size and rank)
+ * @param[in] group_size, rank, sequence_parallel
+ * @param[in,out] desc */
+LNMLP_API int32_t lnmlp_desc_set_sharding(lnmlp_desc* desc, int64_t group_size, int64_t rank,
+                                          int32_t sequence_parallel);
+
+/* ---- Communicators: how the ranks of a sharded plan exchange data (docs/sharding.md) ------- */
+
+typedef struct lnmlp_comm lnmlp_comm;
+
+/* One collective over the group, as a framework implements it. `count` is in elements of `type`,
+ * an LNMLP_DTYPE_*: lnmlp gathers in the plan's I/O dtype (F32, BF16, F16) and sums and maxes in
+ * F32 only; U8 is reserved for FP8 codes. `user` is the table's user pointer; `stream` is the
+ * stream the plan's call was given (NULL on the CPU backend). It returns 0 on success; any other
+ * value makes the plan's call fail with LNMLP_ERROR_BACKEND (the outputs are then unspecified).
+ * The call must be complete (recv written) when it returns.
+ * @since 0.1; changed in 0.2 (type is an LNMLP_DTYPE_*)
+ * @param[in] send, count, type, user, stream
+ * @param[out] recv */
+typedef int32_t (*lnmlp_comm_fn)(const void* send, void* recv, int64_t count, int32_t type, void* user, void* stream);
+
+/* A table of collectives for lnmlp_comm_create_callbacks. All four are required.
+ *  struct_size     sizeof(lnmlp_comm_callbacks) as the caller's header declares it, so that the
+ *                  table can grow: a library accepts the size of every version of the table it
+ *                  knows (giving the fields a smaller one lacks their defaults) and refuses any
+ *                  other with LNMLP_ERROR_INVALID_ARGUMENT, reading nothing past it.
+ *  group_size      the group's size (>= 1, at most INT32_MAX) and this process's rank in it
+ *  rank            (0 .. group_size-1); plans check them against lnmlp_desc_set_sharding.
+ *  all_gather      send: `count` elements; recv: group_size*count elements, rank r's at r*count.
+ *  reduce_scatter  send: group_size*count elements; recv: `count` elements, the element-wise sum over
+ *                  the ranks of their send[rank*count ..] slice (sum, fp32).
+ *  all_reduce_sum  recv = element-wise sum over the ranks of send (`count` elements);
+ *                  send == recv (in place) is allowed.
+ *  all_reduce_max  as all_reduce_sum with the maximum (FP8 amaxes: >= 0, +inf or NaN). A NaN
+ *                  on any rank must give NaN on every rank, as lnmlp's own communicators do by
+ *                  taking the maximum of the bit patterns as uint32 (every NaN is above +inf).
+ * The results must be identical on every rank (the same order of summation everywhere).
+ * @since 0.1; changed in 0.2 (struct_size first, int64_t group_size and rank) */
+typedef struct lnmlp_comm_callbacks {
+  int64_t struct_size;
+  int64_t group_size;
+  int64_t rank;
+  lnmlp_comm_fn all_gather;
+  lnmlp_comm_fn reduce_scatter;
+  lnmlp_comm_fn all_reduce_sum;
+  lnmlp_comm_fn all_reduce_max;
+  void* user;
+} lnmlp_comm_callbacks;
+
+/* Creates a communicator that calls `table`'s functions (the table is copied; `user` must stay
+ * valid while a plan uses the communicator). For frameworks that own their collectives.
+ * @since 0.1; changed in 0.2 (the table's struct_size, int64_t group_size and rank)
+ * @param[in] table
+ * @param[out] comm */
+LNMLP_API int32_t lnmlp_comm_create_callbacks(const lnmlp_comm_callbacks* table, lnmlp_comm** comm);
+
+/* Creates a communicator from an MPI communicator, for the CPU backend: mpi_comm points to an
+ * MPI_Comm (in Python with mpi4py: MPI._addressof(comm)). MPI must be initialized; the MPI_Comm
+ * is used as it is (not duplicated) and must stay valid while a plan uses it. The group is the
+ * whole MPI communicator (its size and rank). Returns LNMLP_ERROR_NOT_SUPPORTED when this build has
+ * no MPI (CMake option LNMLP_MPI; lnmlp_get_build_info says which).
+ * @since 0.1
+ * @param[in] mpi_comm
+ * @param[out] comm */
+LNMLP_API int32_t lnmlp_comm_create_mpi(const void* mpi_comm, lnmlp_comm** comm);
+
+/* Creates a communicator from an NCCL communicator, for the CUDA backend: nccl_comm points to an
+ * initialized ncclComm_t (from ncclCommInitRank or ncclCommInitAll; in Python or Rust, pass the
+ * address of a variable holding the ncclComm_t value). The ncclComm_t is used as it is (not
+ * duplicated, not destroyed) and must stay valid while a plan uses it; the group is the whole NCCL
+ * communicator (its size and rank), and a plan using it must be on its CUDA device
+ * (lnmlp_desc_set_backend). The collectives run on the stream given to forward / backward, over
+ * the plan's device workspace; each rank's forward / backward must be called from its own thread
+ * or process (not inside ncclGroupStart / ncclGroupEnd: a call enqueues collectives and the
+ * kernels that use their results). A CUDA plan given an NCCL
+ * communicator runs its collectives even with group_size 1. liblnmlp does not link NCCL: the CUDA
+ * module loads libnccl.so.2 (the copy already in the process first). Returns
+ * LNMLP_ERROR_NULL_POINTER for a NULL nccl_comm or comm, LNMLP_ERROR_INVALID_ARGUMENT when
+ * *nccl_comm is NULL, and LNMLP_ERROR_NOT_SUPPORTED, creating nothing, when this build has no CUDA
+ * backend, the CUDA module was built without NCCL, NCCL cannot be loaded, or there is no GPU (the
+ * message says which).
+ * @since 0.1
+ * @param[in] nccl_comm
+ * @param[out] comm */
+LNMLP_API int32_t lnmlp_comm_create_nccl(const void* nccl_comm, lnmlp_comm** comm);
+
+/* Destroys a communicator handle. NULL does nothing. Descriptors and plans that were given it keep
+ * what they need and stay usable.
+ * @since 0.1
+ * @param[in] comm */
+LNMLP_API int32_t lnmlp_comm_destroy(lnmlp_comm* comm);
+
+/* The communicator a sharded plan uses (NULL = none, the default). The descriptor keeps the
+ * communicator alive, and so does every plan created from it. Several plans may share one
+ * communicator, but their forward/backward calls must not overlap in time (each call's collectives
+ * must run in the same order on every rank).
+ * @since 0.1
+ * @param[in] comm
+ * @param[in,out] desc */
+LNMLP_API int32_t lnmlp_desc_set_communicator(lnmlp_desc* desc, lnmlp_comm* comm);
+
+/* ---- The FP8 state as a blob ------------------------------------------------------------- */
+
+/* The whole state as one versioned byte blob, for checkpoints: lnmlp_plan_get_state_bytes gives
+ * its size (0 for a stateless recipe); export writes it into `blob` (`bytes` >= that size);
+ * import restores it into a plan of the same recipe and history length, bit for bit, and rejects
+ * (changing nothing) a blob of another version, recipe, length or with invalid values. The blob
+ * is in the host's byte order: magic "LNMLPQS1", then int32 version, recipe, history length,
+ * quantizer count, then per quantizer its float32 scale and history.
+ * @since 0.1
+ * @param[in] plan
+ * @param[out] bytes */
+LNMLP_API int32_t lnmlp_plan_get_state_bytes(const lnmlp_plan* plan, int64_t* bytes);
+
+/* Writes the state blob into `blob`, of `bytes` >= lnmlp_plan_get_state_bytes.
+ * @since 0.1
+ * @param[in] plan, bytes
+ * @param[out] blob */
+LNMLP_API int32_t lnmlp_plan_export_state(const lnmlp_plan* plan, void* blob, int64_t bytes);
+
+/* Restores the state from a blob of `bytes` bytes written by lnmlp_plan_export_state.
+ * @since 0.1
+ * @param[in] blob, bytes
+ * @param[in,out] plan */
+LNMLP_API int32_t lnmlp_plan_import_state(lnmlp_plan* plan, const void* blob, int64_t bytes);
+
+#endif /* LNMLP_EXPERIMENTAL */
 
 #ifdef __cplusplus
 } /* extern "C" */

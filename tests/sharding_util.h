@@ -109,8 +109,9 @@ class InProcessGroup {
   explicit InProcessGroup(int P) : P_(P), sends_(static_cast<size_t>(P)), ctx_(static_cast<size_t>(P)) {
     for (int r = 0; r < P; ++r) {
       ctx_[static_cast<size_t>(r)] = {this, r};
-      lnmlp_comm_callbacks t{P, r, &all_gather, &reduce_scatter, &all_reduce_sum, &all_reduce_max,
-                             &ctx_[static_cast<size_t>(r)]};
+      lnmlp_comm_callbacks t{
+          sizeof(lnmlp_comm_callbacks), P, r, &all_gather, &reduce_scatter, &all_reduce_sum, &all_reduce_max,
+          &ctx_[static_cast<size_t>(r)]};
       lnmlp_comm* c = nullptr;
       LNMLP_TEST_CHECK(lnmlp_comm_create_callbacks(&t, &c));
       comms_.push_back(c);
@@ -159,7 +160,7 @@ class InProcessGroup {
     }
   }
 
-  static size_t elem(int32_t type) { return type == LNMLP_COMM_F32 ? 4 : type == LNMLP_COMM_U8 ? 1 : 2; }
+  static size_t elem(int32_t type) { return type == LNMLP_DTYPE_F32 ? 4 : type == LNMLP_DTYPE_U8 ? 1 : 2; }
 
   // The common shape of the four collectives: publish, barrier, compute(from every rank), barrier, write.
   template <typename Compute>
@@ -185,7 +186,7 @@ class InProcessGroup {
   }
   template <typename Op>
   static int32_t reduce(const void* send, void* recv, int64_t count, int32_t type, void* user, size_t offset, Op op) {
-    if (type != LNMLP_COMM_F32) return 7;  // lnmlp reduces fp32 only
+    if (type != LNMLP_DTYPE_F32) return 7;  // lnmlp reduces fp32 only
     const size_t n = static_cast<size_t>(count);
     return collective(user, send, recv, n * 4, [&](InProcessGroup& g, int rank, unsigned char* out) {
       float* o = reinterpret_cast<float*>(out);

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <string>
@@ -166,8 +167,8 @@ struct BwdArgs {
 // The most tokens a call of the plan may take (-1 for a handle that is not a plan: the call under
 // test then reports the handle).
 int64_t plan_tokens(const lnmlp_plan* plan) {
-  int32_t rank = 0, dtype = 0;
-  int64_t dims[LNMLP_MAX_TENSOR_RANK] = {-1, 0, 0};
+  int64_t rank = 0, dims[LNMLP_MAX_TENSOR_RANK] = {-1, 0, 0};
+  int32_t dtype = 0;
   lnmlp_plan_get_tensor_shape(plan, LNMLP_TENSOR_X, LNMLP_TOKENS_MAX, &rank, dims, &dtype);
   return dims[0];
 }
@@ -633,8 +634,8 @@ std::vector<BadSetter> bad_setters() {
       {"acts count 0", [](lnmlp_desc* d) { return lnmlp_desc_set_activations(d, 0, pair); }, I, "count"},
       {"acts count 3", [](lnmlp_desc* d) { return lnmlp_desc_set_activations(d, 3, pair); }, I, "count"},
       {"acts count -1", [](lnmlp_desc* d) { return lnmlp_desc_set_activations(d, -1, pair); }, I, "count"},
-      {"acts NULL", [](lnmlp_desc* d) { return lnmlp_desc_set_activations(d, 1, nullptr); },
-       LNMLP_ERROR_NULL_POINTER, "activations"},
+      {"acts NULL", [](lnmlp_desc* d) { return lnmlp_desc_set_activations(d, 1, nullptr); }, LNMLP_ERROR_NULL_POINTER,
+       "activations"},
       {"acts NULL x2", [](lnmlp_desc* d) { return lnmlp_desc_set_activations(d, 2, nullptr); },
        LNMLP_ERROR_NULL_POINTER, "activations"},
       {"act 9", [](lnmlp_desc* d) { return lnmlp_desc_set_activations(d, 2, swiglu_bad); }, I, "activations"},
@@ -659,6 +660,16 @@ std::vector<BadSetter> bad_setters() {
       {"device -1", [](lnmlp_desc* d) { return lnmlp_desc_set_backend(d, LNMLP_BACKEND_CPU, -1); }, I, "device"},
       {"cuda device -1", [](lnmlp_desc* d) { return lnmlp_desc_set_backend(d, LNMLP_BACKEND_CUDA, -1); }, I, "device"},
       {"threads -1", [](lnmlp_desc* d) { return lnmlp_desc_set_num_threads(d, -1); }, I, "num_threads"},
+      {"threads 65537", [](lnmlp_desc* d) { return lnmlp_desc_set_num_threads(d, 65537); }, I, "num_threads"},
+      // int64_t sizes are checked whole, not after a narrowing (2^32 + 1 would read as 1).
+      {"threads 2^32+1", [](lnmlp_desc* d) { return lnmlp_desc_set_num_threads(d, (int64_t{1} << 32) + 1); }, I,
+       "num_threads"},
+      {"activations count 2^32+1",
+       [](lnmlp_desc* d) {
+         static const int32_t acts[2] = {LNMLP_ACT_SILU, LNMLP_ACT_LINEAR};
+         return lnmlp_desc_set_activations(d, (int64_t{1} << 32) + 1, acts);
+       },
+       I, "count"},
       {"recipe 5", [](lnmlp_desc* d) { return lnmlp_desc_set_recipe(d, 5); }, I, "recipe"},
       {"recipe -1", [](lnmlp_desc* d) { return lnmlp_desc_set_recipe(d, -1); }, I, "recipe"},
       {"fp8 format 2", [](lnmlp_desc* d) { return lnmlp_desc_set_fp8_format(d, 2); }, I, "format"},
@@ -667,7 +678,14 @@ std::vector<BadSetter> bad_setters() {
       {"history 0", [](lnmlp_desc* d) { return lnmlp_desc_set_delayed_scaling(d, 0, 0, 0); }, I, "amax_history_len"},
       {"history 65537", [](lnmlp_desc* d) { return lnmlp_desc_set_delayed_scaling(d, 0, 65537, 0); }, I,
        "amax_history_len"},
-      {"amax algo 2", [](lnmlp_desc* d) { return lnmlp_desc_set_delayed_scaling(d, 0, 16, 2); }, I, "amax_compute_algo"},
+      {"history 2^32+16",
+       [](lnmlp_desc* d) { return lnmlp_desc_set_delayed_scaling(d, 0, (int64_t{1} << 32) + 16, 0); }, I,
+       "amax_history_len"},
+      {"group_size 2^32+2", [](lnmlp_desc* d) { return lnmlp_desc_set_sharding(d, (int64_t{1} << 32) + 2, 0, 0); }, I,
+       "group_size"},
+      {"rank 2^32", [](lnmlp_desc* d) { return lnmlp_desc_set_sharding(d, 2, int64_t{1} << 32, 0); }, I, "rank"},
+      {"amax algo 2", [](lnmlp_desc* d) { return lnmlp_desc_set_delayed_scaling(d, 0, 16, 2); }, I,
+       "amax_compute_algo"},
       {"power_2_scale 2", [](lnmlp_desc* d) { return lnmlp_desc_set_scaling_options(d, 2, 0.0f); }, I, "power_2_scale"},
       {"amax_epsilon -1", [](lnmlp_desc* d) { return lnmlp_desc_set_scaling_options(d, 0, -1.0f); }, I, "amax_epsilon"},
       {"amax_epsilon nan", [](lnmlp_desc* d) { return lnmlp_desc_set_scaling_options(d, 0, std::nanf("")); }, I,
@@ -1195,6 +1213,37 @@ TEST(Status, BuildInfoNamesTheCpuKernelLevel) {
   }
 }
 
+// The FP8 conversions take an element type, LNMLP_DTYPE_FP8_E4M3 or _E5M2, and nothing else: in
+// particular not the LNMLP_FP8_FORMAT_* values (a recipe's choice), whose numbers differ, and
+// not the I/O dtypes. The codes are the formats' own (OCP FP8): 1.0, the largest finite value,
+// and saturation of what lies beyond it.
+TEST(Fp8Conversions, ElementTypesOnlyAndTheFormatsCodes) {
+  const float in[3] = {1.0f, 448.0f, 1e6f};
+  uint8_t codes[3] = {0, 0, 0};
+  for (int32_t not_fp8 : std::initializer_list<int32_t>{LNMLP_FP8_FORMAT_DEFAULT, LNMLP_FP8_FORMAT_HYBRID,
+                                                        LNMLP_FP8_FORMAT_E4M3, LNMLP_DTYPE_F32, LNMLP_DTYPE_U8, 6}) {
+    EXPECT_EQ(lnmlp_fp8_encode(not_fp8, in, 3, 1.0f, codes), LNMLP_ERROR_INVALID_ARGUMENT) << not_fp8;
+    EXPECT_NE(std::string(lnmlp_last_error()).find("LNMLP_DTYPE_FP8_E4M3"), std::string::npos) << lnmlp_last_error();
+    EXPECT_EQ(codes[0] | codes[1] | codes[2], 0) << "a refused call writes nothing";
+    float out = -1.0f;
+    EXPECT_EQ(lnmlp_fp8_decode(not_fp8, codes, 1, 1.0f, &out), LNMLP_ERROR_INVALID_ARGUMENT) << not_fp8;
+    EXPECT_EQ(out, -1.0f);
+  }
+  EXPECT_OK(lnmlp_fp8_encode(LNMLP_DTYPE_FP8_E4M3, in, 3, 1.0f, codes));
+  EXPECT_EQ(codes[0], 0x38);  // 1.0: exponent 7 (the bias), no mantissa
+  EXPECT_EQ(codes[1], 0x7e);  // 448, E4M3's largest finite value (0x7f is NaN)
+  EXPECT_EQ(codes[2], 0x7e);  // saturated
+  EXPECT_OK(lnmlp_fp8_encode(LNMLP_DTYPE_FP8_E5M2, in, 3, 1.0f, codes));
+  EXPECT_EQ(codes[0], 0x3c);  // 1.0: exponent 15 (the bias)
+  EXPECT_EQ(codes[1], 0x5f);  // 448 = 1.75 * 2^8: exponent 23, mantissa 0b11
+  EXPECT_EQ(codes[2], 0x7b);  // saturated to 57344, E5M2's largest finite value, never infinity
+  float back[3] = {0, 0, 0};
+  EXPECT_OK(lnmlp_fp8_decode(LNMLP_DTYPE_FP8_E5M2, codes, 3, 0.5f, back));
+  EXPECT_EQ(back[0], 0.5f);
+  EXPECT_EQ(back[1], 224.0f);
+  EXPECT_EQ(back[2], 28672.0f);
+}
+
 TEST(Status, QuerySupport) {
   auto q = [](int32_t backend, int32_t feature) {
     int32_t v = -1;
@@ -1212,9 +1261,10 @@ TEST(Status, QuerySupport) {
                     LNMLP_FEATURE_RECIPE_MXFP8})
     EXPECT_EQ(q(LNMLP_BACKEND_CPU, f), LNMLP_SUPPORTED_EMULATED) << f;
   // Only FP8 recipes are ever emulated.
-  for (int32_t f :
-       {LNMLP_FEATURE_BACKEND, LNMLP_FEATURE_DTYPE_F32, LNMLP_FEATURE_SHARDING, LNMLP_FEATURE_EXTERNAL_WORKSPACE})
-    for (int32_t backend : {LNMLP_BACKEND_CPU, LNMLP_BACKEND_CUDA}) EXPECT_NE(q(backend, f), LNMLP_SUPPORTED_EMULATED);
+  for (int32_t f : std::initializer_list<int32_t>{LNMLP_FEATURE_BACKEND, LNMLP_FEATURE_DTYPE_F32,
+                                                  LNMLP_FEATURE_SHARDING, LNMLP_FEATURE_EXTERNAL_WORKSPACE})
+    for (int32_t backend : std::initializer_list<int32_t>{LNMLP_BACKEND_CPU, LNMLP_BACKEND_CUDA})
+      EXPECT_NE(q(backend, f), LNMLP_SUPPORTED_EMULATED);
   EXPECT_EQ(q(LNMLP_BACKEND_CPU, LNMLP_FEATURE_SHARDING), 1);
   for (int32_t f = LNMLP_FEATURE_BACKEND; f <= LNMLP_FEATURE_EXTERNAL_WORKSPACE; ++f) q(LNMLP_BACKEND_CUDA, f);
   // A backend that is not usable supports nothing.

@@ -162,7 +162,7 @@ class DelayedBlock {
   }
 
   std::pair<float, std::vector<float>> state(int32_t q) const {
-    int32_t len = 0;
+    int64_t len = 0;
     LNMLP_TEST_CHECK(lnmlp_plan_get_amax_history_length(get(), &len));
     std::vector<float> h(static_cast<size_t>(len));
     float scale = 0.0f;
@@ -355,7 +355,7 @@ TEST(Fp8State, StatelessRecipesHaveNoState) {
     RunOptions o;
     o.recipe = recipe;
     Plan p(pr, o);
-    int32_t len = -1;
+    int64_t len = -1;
     int64_t bytes = -1;
     float scale = 0;
     ASSERT_OK(lnmlp_plan_get_amax_history_length(p.get(), &len));

@@ -86,12 +86,12 @@ TEST_P(GradAccumulation, MicroBatchesAddUpToTheReferenceSum) {
   std::unique_ptr<lnmlp_plan, int32_t (*)(lnmlp_plan*)> p(raw, lnmlp_plan_destroy);
 
   // The gradients' dtype, as the shape query reports it.
-  int32_t rank = 0, gdtype = 0;
-  int64_t dims[LNMLP_MAX_TENSOR_RANK];
+  int64_t rank = 0, dims[LNMLP_MAX_TENSOR_RANK];
+  int32_t gdtype = 0, io_dtype = 0;
   LNMLP_TEST_CHECK(lnmlp_plan_get_tensor_shape(p.get(), LNMLP_TENSOR_DW1, 0, &rank, dims, &gdtype));
   ASSERT_EQ(gdtype, k.grad_dtype < 0 ? k.dtype : k.grad_dtype);
-  LNMLP_TEST_CHECK(lnmlp_plan_get_tensor_shape(p.get(), LNMLP_TENSOR_DGAMMA, 0, &rank, dims, &rank));
-  ASSERT_EQ(rank, k.dtype) << "dgamma stays in the I/O dtype";
+  LNMLP_TEST_CHECK(lnmlp_plan_get_tensor_shape(p.get(), LNMLP_TENSOR_DGAMMA, 0, &rank, dims, &io_dtype));
+  ASSERT_EQ(io_dtype, k.dtype) << "dgamma stays in the I/O dtype";
 
   // What the buffers held before (an earlier step's gradients): nonzero, so that overwriting fails.
   const size_t H = 32, AF = 96, F = 48;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <string>
 #include <utility>
 
 #include "sharding_util.h"
@@ -415,10 +416,18 @@ TEST(ShardingPlan, CommunicatorArgumentsAndLifetime) {
   lnmlp_comm* c = nullptr;
   EXPECT_EQ(lnmlp_comm_create_callbacks(nullptr, &c), LNMLP_ERROR_NULL_POINTER);
   lnmlp_comm_callbacks t{};
-  t.size = 2;
+  t.group_size = 2;
   t.rank = 0;
+  EXPECT_EQ(lnmlp_comm_create_callbacks(&t, &c), LNMLP_ERROR_INVALID_ARGUMENT) << "no struct_size";
+  EXPECT_NE(std::string(lnmlp_last_error()).find("struct_size"), std::string::npos) << lnmlp_last_error();
+  t.struct_size = sizeof t + 8;  // a table from a newer header, which this library does not know
+  EXPECT_EQ(lnmlp_comm_create_callbacks(&t, &c), LNMLP_ERROR_INVALID_ARGUMENT);
+  t.struct_size = sizeof t;
   EXPECT_EQ(lnmlp_comm_create_callbacks(&t, &c), LNMLP_ERROR_NULL_POINTER);  // no functions
   t.rank = 2;
+  EXPECT_EQ(lnmlp_comm_create_callbacks(&t, &c), LNMLP_ERROR_INVALID_ARGUMENT);
+  t.rank = 0;
+  t.group_size = int64_t{1} << 31;  // beyond int32_t
   EXPECT_EQ(lnmlp_comm_create_callbacks(&t, &c), LNMLP_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(c, nullptr);
   EXPECT_EQ(lnmlp_comm_destroy(nullptr), LNMLP_SUCCESS);

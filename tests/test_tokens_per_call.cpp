@@ -245,7 +245,7 @@ TEST(TokensPerCallEdges, ATokenCountOutsideThePlansIsRefusedAndChangesNothing) {
 // ---- the shape query ----
 
 struct QueriedShape {
-  int32_t rank = 0;
+  int64_t rank = 0;
   std::vector<int64_t> dims;
   int32_t dtype = 0;
 };
@@ -254,8 +254,8 @@ QueriedShape query(const lnmlp_plan* plan, int32_t tensor, int64_t tokens) {
   QueriedShape s;
   int64_t dims[LNMLP_MAX_TENSOR_RANK] = {7, 7, 7};
   LNMLP_TEST_CHECK(lnmlp_plan_get_tensor_shape(plan, tensor, tokens, &s.rank, dims, &s.dtype));
-  for (int i = 0; i < s.rank; ++i) s.dims.push_back(dims[i]);
-  for (int i = s.rank < 0 ? 0 : s.rank; i < LNMLP_MAX_TENSOR_RANK; ++i)
+  for (int64_t i = 0; i < s.rank; ++i) s.dims.push_back(dims[i]);
+  for (int64_t i = s.rank < 0 ? 0 : s.rank; i < LNMLP_MAX_TENSOR_RANK; ++i)
     if (dims[i] != 0) throw std::runtime_error("an unused dimension is not 0");
   return s;
 }
@@ -310,7 +310,8 @@ TEST(ShapeQuery, AbsentTensorsAndDelayedState) {
 TEST(ShapeQuery, BadArgumentsAreRefused) {
   Fixture f(kCases[0], 8);
   const lnmlp_plan* p = f.plan->get();
-  int32_t rank = 0, dtype = 0;
+  int64_t rank = 0;
+  int32_t dtype = 0;
   int64_t dims[LNMLP_MAX_TENSOR_RANK];
   EXPECT_EQ(lnmlp_plan_get_tensor_shape(p, LNMLP_TENSOR_COUNT, 8, &rank, dims, &dtype), LNMLP_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(lnmlp_plan_get_tensor_shape(p, -1, 8, &rank, dims, &dtype), LNMLP_ERROR_INVALID_ARGUMENT);

@@ -67,8 +67,8 @@ inline int64_t dtype_size(int32_t dtype) { return dtype == LNMLP_DTYPE_F32 ? 4 :
 // The most tokens a call of the plan may take (this rank's rows under sequence parallelism); -1
 // for an invalid handle.
 inline int64_t plan_tokens(const lnmlp_plan* plan) {
-  int32_t rank = 0, dtype = 0;
-  int64_t dims[LNMLP_MAX_TENSOR_RANK] = {0, 0, 0};
+  int64_t rank = 0, dims[LNMLP_MAX_TENSOR_RANK] = {0, 0, 0};
+  int32_t dtype = 0;
   if (lnmlp_plan_get_tensor_shape(plan, LNMLP_TENSOR_X, LNMLP_TOKENS_MAX, &rank, dims, &dtype) != LNMLP_SUCCESS)
     return -1;
   return dims[0];
@@ -319,8 +319,8 @@ inline RunResult run_library(const Problem& pr, const RunOptions& o) {
   // A caller-owned FP8 state: a fresh one (every scale 1, every history entry 0).
   std::vector<float> state;
   if (o.state != RunOptions::State::Plan) {
-    int32_t rank = 0, type = 0;
-    int64_t dims[LNMLP_MAX_TENSOR_RANK] = {0, 0, 0};
+    int64_t rank = 0, dims[LNMLP_MAX_TENSOR_RANK] = {0, 0, 0};
+    int32_t type = 0;
     LNMLP_TEST_CHECK(lnmlp_plan_get_tensor_shape(plan.get(), LNMLP_TENSOR_FP8_STATE, 0, &rank, dims, &type));
     if (rank != 2 || type != LNMLP_DTYPE_F32) throw std::runtime_error("the FP8 state is not a float32 matrix");
     state.assign(static_cast<size_t>(dims[0] * dims[1]), 0.0f);

@@ -27,6 +27,10 @@ byref() and None all pass as c_void_p):
   const char*   c_char_p (ret.) Cstring (ret.)   *const c_char
   struct S*     c_void_p        Ref{S}           *const S
 An integer #define is an i32 in Rust except where its use needs another type (RUST_DEFINE_TYPES).
+
+The header's experimental tier (declared only with LNMLP_EXPERIMENTAL) is marked in each output:
+Python lists its names in EXPERIMENTAL, Julia's declarations say so in a comment, and Rust
+declares them only with the lnmlp-sys feature "experimental" (as zstd-sys does for zstd's).
 """
 
 import argparse
@@ -128,6 +132,12 @@ def gen_python(api):
         args = ", ".join(py_type(p) for p, _ in params)
         out.append(f'    "{name}": ({py_type(ret, True)}, [{args}]),')
     out.append("}")
+    out.append("")
+    out.append("# The names of the header's experimental tier (declared in C only with LNMLP_EXPERIMENTAL).")
+    out.append("EXPERIMENTAL = frozenset({")
+    for name in sorted(api["experimental"]):
+        out.append(f'    "{name[len("LNMLP_"):] if name.startswith("LNMLP_") else name}",')
+    out.append("})")
     return "\n".join(out) + "\n"
 
 
@@ -151,12 +161,17 @@ def jl_name(n):
     return _JULIA_RESERVED.get(n, n)
 
 
+def jl_tier(name, api):
+    return ["# experimental tier (LNMLP_EXPERIMENTAL in C)"] if name in api["experimental"] else []
+
+
 def gen_julia_capi(api):
     out = [f"# The raw C API: one Julia function per function of include/lnmlp.h, same name, same",
            f"# arguments, returning what C returns (an Int32 status, or a Cstring for the string functions).",
            f"# {GENERATED}",
            "# Callers that pass `pointer(array)` must wrap the call in `GC.@preserve array`.", ""]
     for name, fields in api["structs"].items():
+        out += jl_tier(name, api)
         out.append(f"\"\"\"`{name}` of include/lnmlp.h (function pointers as `Ptr{{Cvoid}}`, from `@cfunction`).\"\"\"")
         out.append(f"struct {name}")
         for ftype, fname in fields:
@@ -169,6 +184,7 @@ def gen_julia_capi(api):
         types = [jl_type(t, api) for t, _ in params]
         tuple_ = "(" + ", ".join(types) + ("," if len(types) == 1 else "") + ")"
         call = f"ccall((:{name}, liblnmlp), {jl_type(ret, api, True)}, {tuple_}" + "".join(f", {n}" for n in names) + ")"
+        out += jl_tier(name, api)
         out.append(f"{name}({', '.join(names)}) =")
         out.append(f"    {call}")
     return "\n".join(out) + "\n"
@@ -181,7 +197,8 @@ def gen_julia_constants(api):
         out.append(f"const {name} = {value}")
     out.append("")
     for name, value, doc in api["enumerators"]:
-        out.append(f"const {name} = Int32({value})" + first_line(doc, "  # "))
+        tier = "(experimental tier) " if name in api["experimental"] else ""
+        out.append(f"const {name} = Int32({value})" + first_line(tier + doc, "  # "))
     return "\n".join(out) + "\n"
 
 
@@ -208,6 +225,10 @@ def rs_doc(text, indent=""):
     return [f"{indent}/// {l}".rstrip() for l in lines]
 
 
+def rs_tier(name, api, indent=""):
+    return [f'{indent}#[cfg(feature = "experimental")]'] if name in api["experimental"] else []
+
+
 def gen_rust(api):
     out = [f"// The declarations of include/lnmlp.h. {GENERATED}", "",
            "use core::ffi::{c_char, c_void};", ""]
@@ -217,12 +238,14 @@ def gen_rust(api):
     out.append("")
     for name, value, doc in api["enumerators"]:
         out += rs_doc(doc or f"`{name}` of include/lnmlp.h.")
+        out += rs_tier(name, api)
         out.append(f"pub const {name}: i32 = {value};")
     out.append("")
     for name in api["opaque"]:
         # Zero-sized and opaque; the marker keeps it !Send, !Sync and !Unpin, as a C object behind
         # a pointer should be (the Rustonomicon's pattern for opaque FFI types).
         out.append(f"/// The opaque `{name}` handle of include/lnmlp.h.")
+        out += rs_tier(name, api)
         out.append("#[repr(C)]")
         out.append(f"pub struct {name} {{")
         out.append("    _private: [u8; 0],")
@@ -232,10 +255,12 @@ def gen_rust(api):
     for name, (ret, params) in api["fnptrs"].items():
         out += rs_doc(api["docs"].get(name, ""))
         args = ", ".join(rs_type(p, api) for p, _ in params)
+        out += rs_tier(name, api)
         out.append(f'pub type {name} = Option<unsafe extern "C" fn({args}) -> {rs_type(ret, api)}>;')
         out.append("")
     for name, fields in api["structs"].items():
         out += rs_doc(api["docs"].get(name, ""))
+        out += rs_tier(name, api)
         out.append("#[repr(C)]")
         out.append("#[derive(Clone, Copy)]")
         out.append(f"pub struct {name} {{")
@@ -249,6 +274,7 @@ def gen_rust(api):
         out += rs_doc(api["docs"].get(name, ""), "    ")
         args = ", ".join(f"{_RUST_RESERVED.get(n, n)}: {rs_type(t, api)}" for t, n in params)
         r = rs_type(ret, api)
+        out += rs_tier(name, api, "    ")
         out.append(f"    pub fn {name}({args}){'' if r == '()' else ' -> ' + r};")
     out.append("}")
     return "\n".join(out) + "\n"
@@ -261,40 +287,58 @@ def outputs(api):
 
 def self_test():
     """A function and a constant added to a copy of the header reach every output, with the types
-    the mapping above gives; a header the parser cannot read is refused."""
+    the mapping above gives, and one added to the experimental tier is marked as such; a header
+    the parser cannot read, or with a declaration its tags do not describe, is refused."""
     import tempfile
     text = open(HEADER, encoding="utf-8").read()
-    added = text.replace("#ifdef __cplusplus\n} /* extern", "enum { LNMLP_SELF_TEST_CONSTANT = 77 /* added */ };\n"
-                         "/* Added by the self-test. */\n"
-                         "LNMLP_API int32_t lnmlp_self_test(const lnmlp_plan* plan, int64_t in, float* out);\n"
-                         "#ifdef __cplusplus\n} /* extern", 1)
+    end_core = "#ifdef __cplusplus\n} /* extern"
+    end_tier = "#endif /* LNMLP_EXPERIMENTAL */"
+    added = text.replace(end_core, "enum { LNMLP_SELF_TEST_CONSTANT = 77 /* added */ };\n"
+                         "/* Added by the self-test.\n * @since 0.2\n * @param[in] plan, in\n * @param[out] out */\n"
+                         "LNMLP_API int32_t lnmlp_self_test(const lnmlp_plan* plan, int64_t in, float* out);\n" + end_core, 1)
+    added = added.replace(end_tier, "/* Added to the tier. @since 0.2 @param[in] plan */\n"
+                          "LNMLP_API int32_t lnmlp_self_test_tier(const lnmlp_plan* plan);\n" + end_tier, 1)
     problems = []
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "lnmlp.h")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(added)
-        out = outputs(lnmlp_header.parse_api(path))
+
+        def parse(header_text):
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(header_text)
+            return lnmlp_header.parse_api(path)
+
+        out = outputs(parse(added))
         want = {
             OUT_PYTHON: ['SELF_TEST_CONSTANT = 77  # added',
-                         '"lnmlp_self_test": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]),'],
+                         '"lnmlp_self_test": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]),',
+                         '    "lnmlp_self_test_tier",'],
             OUT_JULIA_CAPI: ["lnmlp_self_test(plan, input, output) =",
-                             "ccall((:lnmlp_self_test, liblnmlp), Int32, (Ptr{Cvoid}, Int64, Ptr{Float32}), plan, input, output)"],
+                             "ccall((:lnmlp_self_test, liblnmlp), Int32, (Ptr{Cvoid}, Int64, Ptr{Float32}), plan, input, output)",
+                             "# experimental tier (LNMLP_EXPERIMENTAL in C)\nlnmlp_self_test_tier(plan) ="],
             OUT_JULIA_CONSTANTS: ["const LNMLP_SELF_TEST_CONSTANT = Int32(77)  # added"],
             OUT_RUST: ["pub const LNMLP_SELF_TEST_CONSTANT: i32 = 77;", "/// Added by the self-test.",
-                       "pub fn lnmlp_self_test(plan: *const lnmlp_plan, in_: i64, out: *mut f32) -> i32;"],
+                       "pub fn lnmlp_self_test(plan: *const lnmlp_plan, in_: i64, out: *mut f32) -> i32;",
+                       '    #[cfg(feature = "experimental")]\n    pub fn lnmlp_self_test_tier(plan: *const lnmlp_plan) -> i32;'],
         }
         for p, lines in want.items():
             for line in lines:
                 if line not in out[p]:
                     problems.append(f"{os.path.basename(p)} lacks: {line}")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text.replace("#ifdef __cplusplus\n} /* extern",
-                                 "LNMLP_API int32_t lnmlp_broken(int32_t (*f)(void));\n#ifdef __cplusplus\n} /* extern", 1))
-        try:
-            lnmlp_header.parse_api(path)
-            problems.append("a prototype with a function-pointer parameter was not refused")
-        except lnmlp_header.HeaderError:
-            pass
+        if '"lnmlp_self_test",' in out[OUT_PYTHON]:
+            problems.append("a core function is listed in EXPERIMENTAL")
+        refused = {
+            "a prototype with a function-pointer parameter":
+                "/* @since 0.1 @param[in] f */\nLNMLP_API int32_t lnmlp_broken(int32_t (*f)(void));\n",
+            "a function without @since": "/* @param[in] a */\nLNMLP_API int32_t lnmlp_broken(int32_t a);\n",
+            "a parameter without a tag": "/* @since 0.2 @param[in] a */\nLNMLP_API int32_t lnmlp_broken(int32_t a, float* b);\n",
+            "a read-only parameter tagged [out]": "/* @since 0.2 @param[out] a */\nLNMLP_API int32_t lnmlp_broken(const float* a);\n",
+        }
+        for what, decl in refused.items():
+            try:
+                parse(text.replace(end_core, decl + end_core, 1))
+                problems.append(f"{what} was not refused")
+            except lnmlp_header.HeaderError:
+                pass
     for p in problems:
         print(f"gen_bindings self-test: {p}")
     print("gen_bindings self-test:", "FAIL" if problems else "OK")

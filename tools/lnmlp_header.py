@@ -186,13 +186,56 @@ def _named_params(params, where):
     return out
 
 
+# The experimental tier: everything between these two lines (include/lnmlp.h, "Two tiers").
+_EXPERIMENTAL = re.compile(r"^[ \t]*#[ \t]*if[ \t]+defined\(LNMLP_EXPERIMENTAL\)[ \t]*\n(.*?)"
+                           r"^[ \t]*#[ \t]*endif[ \t]*/\*[ \t]*LNMLP_EXPERIMENTAL[ \t]*\*/", re.S | re.M)
+_SINCE = re.compile(r"@since[ \t]+(\d+)\.(\d+)\b")
+_PARAM_TAG = re.compile(r"@param\[(in|out|in,out)\][ \t]+(\w+(?:[ \t]*,[ \t]*\w+)*)")
+
+
+def _tags(doc, params, where):
+    """The @since version and the per-parameter directions of a declaration's comment, checked:
+    exactly one @since, every parameter tagged exactly once, and [in] for every parameter C lets
+    the callee only read (a value or a pointer to const)."""
+    since = _SINCE.findall(doc)
+    if len(since) != 1:
+        raise HeaderError(f"{where}: its comment needs exactly one '@since X.Y', found {len(since)}")
+    dirs = {}
+    for kind, names in _PARAM_TAG.findall(doc):
+        for n in re.split(r"[ \t]*,[ \t]*", names.strip()):
+            if n in dirs:
+                raise HeaderError(f"{where}: parameter '{n}' is tagged twice")
+            dirs[n] = kind
+    names = [n for _, n in params]
+    if set(dirs) != set(names):
+        missing, extra = sorted(set(names) - set(dirs)), sorted(set(dirs) - set(names))
+        raise HeaderError(f"{where}: @param tags do not match the parameters"
+                          + (f"; untagged: {', '.join(missing)}" if missing else "")
+                          + (f"; not parameters: {', '.join(extra)}" if extra else ""))
+    for t, n in params:
+        read_only = "*" not in t or t.startswith("const ") and t.count("*") == 1
+        if read_only and dirs[n] != "in":
+            raise HeaderError(f"{where}: parameter '{n}' ({t}) can only be read, so it must be @param[in]")
+    return {"since": tuple(int(v) for v in since[0]), "params": dirs}
+
+
 def parse_api(path):
     """The header's declarations in order, with names and documentation: dict(defines,
     enumerators [(name, value, doc)], functions {name: (ret, [(type, name)])}, opaque, fnptrs
-    {name: (ret, [(type, name)])}, structs {name: [(type, name)]}, docs {name: text})."""
+    {name: (ret, [(type, name)])}, structs {name: [(type, name)]}, docs {name: text},
+    tags {function or fnptr: {since: (major, minor), params: {name: "in"|"out"|"in,out"}}},
+    experimental: the names declared in the experimental tier)."""
     with open(path, encoding="utf-8") as f:
         raw = f.read()
     masked = _mask(raw)
+    tiers = [(m.start(1), m.end(1)) for m in _EXPERIMENTAL.finditer(raw)]
+    if len(tiers) != len(re.findall(r"LNMLP_EXPERIMENTAL\)", raw)):
+        raise HeaderError("every '#if defined(LNMLP_EXPERIMENTAL)' needs its '#endif /* LNMLP_EXPERIMENTAL */'")
+
+    def experimental(pos):
+        return any(a <= pos < b for a, b in tiers)
+
+    in_tier = set()
     docs = {}
     defines = [(n, int(v)) for n, v in _DEFINE.findall(raw)]
     for n, _ in defines:
@@ -206,6 +249,8 @@ def parse_api(path):
         items = list(re.finditer(r"([A-Za-z_]\w*)\s*(?:=\s*([^,]+?))?\s*(?:,|$)", m.group(2)))
         for i, it in enumerate(items):
             name = it.group(1)
+            if experimental(m.start()):
+                in_tier.add(name)
             value = _int_literal(it.group(2), name) if it.group(2) else nxt
             nxt = value + 1
             # Its comment: the first one after it and before the next enumerator.
@@ -215,10 +260,13 @@ def parse_api(path):
             c = re.search(r"/\*.*?\*/", seg, re.S)
             enumerators.append((name, value, _comment_text(c.group(0)) if c else ""))
 
-    functions = {}
+    functions, tags = {}, {}
     for m in _PROTO.finditer(masked):
         functions[m.group(2)] = (normalize_type(m.group(1)), _named_params(m.group(3), m.group(2)))
         docs[m.group(2)] = _doc_before(raw, m.start())
+        tags[m.group(2)] = _tags(docs[m.group(2)], functions[m.group(2)][1], m.group(2))
+        if experimental(m.start()):
+            in_tier.add(m.group(2))
     n_api = len(re.findall(r"\bLNMLP_API\b", masked))
     if n_api != len(functions):
         raise HeaderError(f"found {n_api} LNMLP_API declarations but could read only {len(functions)}")
@@ -227,6 +275,9 @@ def parse_api(path):
     for m in _FNPTR.finditer(masked):
         fnptrs[m.group(2)] = (normalize_type(m.group(1)), _named_params(m.group(3), m.group(2)))
         docs[m.group(2)] = _doc_before(raw, m.start())
+        tags[m.group(2)] = _tags(docs[m.group(2)], fnptrs[m.group(2)][1], m.group(2))
+        if experimental(m.start()):
+            in_tier.add(m.group(2))
     structs = {}
     for m in _STRUCT.finditer(masked):
         fields = []
@@ -236,6 +287,13 @@ def parse_api(path):
                 fields.append((t, n))
         structs[m.group(3)] = fields
         docs[m.group(3)] = _doc_before(raw, m.start())
-    opaque = [a for a, b in _OPAQUE.findall(masked) if a == b]
+        if experimental(m.start()):
+            in_tier.add(m.group(3))
+    opaque = []
+    for m in _OPAQUE.finditer(masked):
+        if m.group(1) == m.group(2):
+            opaque.append(m.group(1))
+            if experimental(m.start()):
+                in_tier.add(m.group(1))
     return {"defines": defines, "enumerators": enumerators, "functions": functions, "opaque": opaque,
-            "fnptrs": fnptrs, "structs": structs, "docs": docs}
+            "fnptrs": fnptrs, "structs": structs, "docs": docs, "tags": tags, "experimental": in_tier}

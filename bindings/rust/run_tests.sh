@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds (if needed) and tests the Rust bindings: cargo test, cargo doc (warnings are errors),
-# cargo clippy -D warnings and cargo fmt --check (these two if installed), all offline. Cargo's
-# output goes to build/rust-target.
+# Builds (if needed) and tests the Rust bindings: cargo build of the core alone (no features, so
+# that it compiles without the experimental tier), cargo test and cargo doc (warnings are errors)
+# with --all-features, cargo clippy -D warnings with and without features, and cargo fmt --check
+# (these two if installed), all offline. Cargo's output goes to build/rust-target.
 #
 # The library: $LNMLP_LIB_DIR if set; else build/release/src if the CI already built it there;
 # else a CPU-only build of our own in build/rust-lib.
@@ -30,15 +31,20 @@ command -v cargo >/dev/null || { echo "run_tests.sh: cargo not found (install Ru
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/build/rust-target}"
 cd "$here"
 
-echo "== cargo test"
-cargo test --offline --locked --workspace
+echo "== cargo build (no features: the core without the experimental tier)"
+cargo build --offline --locked --workspace
 
-echo "== cargo doc"
-RUSTDOCFLAGS="-Dwarnings" cargo doc --offline --locked --no-deps --workspace
+echo "== cargo test --all-features"
+cargo test --offline --locked --workspace --all-features
+
+echo "== cargo doc --all-features"
+RUSTDOCFLAGS="-Dwarnings" cargo doc --offline --locked --no-deps --workspace --all-features
 
 if cargo clippy --version >/dev/null 2>&1; then
-  echo "== cargo clippy"
+  echo "== cargo clippy (no features)"
   cargo clippy --offline --locked --workspace --all-targets -- -D warnings
+  echo "== cargo clippy --all-features"
+  cargo clippy --offline --locked --workspace --all-targets --all-features -- -D warnings
 else
   echo "== cargo clippy: not installed, skipped"
 fi

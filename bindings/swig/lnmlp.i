@@ -9,16 +9,24 @@
  *
  * What Java sees (class org.lnmlp.LnmlpNative, all static; org.lnmlp.Lnmlp / Plan are the
  * hand-written idiomatic layer on top):
- *  - every function of lnmlp.h, its "lnmlp_" prefix stripped: lnmlp_plan_create -> plan_create;
+ *  - every function of lnmlp.h, its "lnmlp_" prefix stripped: lnmlp_plan_create -> plan_create,
+ *    the experimental tier's included (LNMLP_EXPERIMENTAL is defined for SWIG and for the wrapper:
+ *    sharding, communicators, the state blob, BACKEND_CUDA and FEATURE_SHARDING; they may change
+ *    in any release);
  *  - every enum constant and version macro as a compile-time int constant, its "LNMLP_" prefix
  *    stripped: LNMLP_ACT_GELU -> LnmlpNative.ACT_GELU, LNMLP_ABI_VERSION -> ABI_VERSION;
  *  - a status other than LNMLP_SUCCESS is thrown as org.lnmlp.LnmlpException (status code, its
  *    name, lnmlp_last_error()); functions return void or the value of their out-parameter:
  *      desc_create() -> DescHandle, plan_create(desc) -> PlanHandle, plan_get_*_bytes -> long,
  *      get_version() -> int[]{major, minor, patch, abi}, query_support -> boolean,
- *      get_build_info() -> String, plan_get_quantizer_state(plan, q, float[] history) -> scale;
+ *      get_build_info() -> String, plan_get_amax_history_length -> long,
+ *      plan_get_quantizer_state(plan, q, float[] history) -> scale;
+ *  - int64_t is long, int32_t int: desc_set_num_threads(desc, long),
+ *    desc_set_delayed_scaling(desc, int margin, long amax_history_len, int algo),
+ *    desc_set_sharding(desc, long group_size, long rank, int sequence_parallel);
  *  - (pointer, count) pairs become one Java array whose length is the count:
- *      desc_set_activations(desc, int[]), fp8_encode(format, float[] in, scale, byte[] out),
+ *      desc_set_activations(desc, int[]), fp8_encode(dtype, float[] in, scale, byte[] out)
+ *      (dtype DTYPE_FP8_E4M3 or DTYPE_FP8_E5M2),
  *      plan_set_quantizer_state(plan, q, scale, float[]), plan_export_state(plan, byte[]),
  *      plan_import_state(plan, byte[]), plan_attach_workspace(plan, direct ByteBuffer);
  *  - plan_forward / plan_backward take the call's tokens (long, 0 .. the plan's most) as C does;
@@ -49,6 +57,7 @@
 %{
 #include <stdint.h>
 #include <string.h>
+#define LNMLP_EXPERIMENTAL /* the wrapper calls the experimental tier too */
 #include "lnmlp.h"
 
 #ifndef LNMLP_JAVA_EXCEPTION_CLASS
@@ -115,7 +124,8 @@ struct lnmlp_desc {};
 struct lnmlp_plan {};
 struct lnmlp_comm {};
 /* The callback table holds C function pointers, which Java cannot supply: not wrapped as a class
- * (comm_create_callbacks takes an opaque pointer to a table built in C). */
+ * (comm_create_callbacks takes an opaque pointer to a table built in C, its struct_size set to
+ * sizeof(lnmlp_comm_callbacks)). */
 %ignore lnmlp_comm_callbacks;
 
 /* ---- status -> exception ------------------------------------------------------------------------
@@ -167,8 +177,8 @@ LNMLP_RETURNS(lnmlp_query_support, jboolean, boolean)
 LNMLP_RETURNS(lnmlp_get_build_info, jstring, String)
 LNMLP_RETURNS_HANDLE(lnmlp_desc_create, DescHandle)
 LNMLP_RETURNS_HANDLE(lnmlp_plan_create, PlanHandle)
-/* Communicators: from an MPI_Comm's address (long), or from a callback table (C function
- * pointers, built in C: Java cannot supply them). */
+/* Communicators (experimental): from an MPI_Comm's or ncclComm_t's address (long), or from a
+ * callback table (C function pointers, built in C: Java cannot supply them). */
 LNMLP_RETURNS_HANDLE(lnmlp_comm_create_callbacks, CommHandle)
 LNMLP_RETURNS_HANDLE(lnmlp_comm_create_mpi, CommHandle)
 LNMLP_RETURNS_HANDLE(lnmlp_comm_create_nccl, CommHandle)
@@ -179,7 +189,7 @@ LNMLP_RETURNS(lnmlp_plan_get_saved_bytes, jlong, long)
 LNMLP_RETURNS(lnmlp_plan_get_saved_bytes_per_token, jlong, long)
 LNMLP_RETURNS(lnmlp_plan_get_alignment, jlong, long)
 LNMLP_RETURNS(lnmlp_plan_get_state_bytes, jlong, long)
-LNMLP_RETURNS(lnmlp_plan_get_amax_history_length, jint, int)
+LNMLP_RETURNS(lnmlp_plan_get_amax_history_length, jlong, long)
 LNMLP_RETURNS(lnmlp_plan_get_quantizer_state, jfloat, float)
 LNMLP_RETURNS(lnmlp_plan_get_tensor_shape, jlongArray, long[])
 
@@ -252,22 +262,22 @@ LNMLP_RETURNS_VOID(lnmlp_plan_backward_ptr)
 
 %typemap(in, numinputs=0) int64_t* bytes (int64_t v = 0) "$1 = &v;"
 %typemap(argout) int64_t* bytes "$result = (jlong)v$argnum;"
-%typemap(in, numinputs=0) int32_t* length (int32_t v = 0) "$1 = &v;"
-%typemap(argout) int32_t* length "$result = (jint)v$argnum;"
+%typemap(in, numinputs=0) int64_t* length (int64_t v = 0) "$1 = &v;"
+%typemap(argout) int64_t* length "$result = (jlong)v$argnum;"
 %typemap(in, numinputs=0) float* scale (float v = 0.0f) "$1 = &v;"
 %typemap(argout) float* scale "$result = (jfloat)v$argnum;"
 
 /* plan_get_tensor_shape: (rank, dims) become the returned long[] (length rank; null for rank -1);
  * dtype is an optional int[] (null, or at least 1 element) that receives the element type. */
-%typemap(in, numinputs=0) (int32_t* rank, int64_t* dims)
-    (int32_t v_rank = -1, int64_t v_dims[LNMLP_MAX_TENSOR_RANK]) {
+%typemap(in, numinputs=0) (int64_t* rank, int64_t* dims)
+    (int64_t v_rank = -1, int64_t v_dims[LNMLP_MAX_TENSOR_RANK]) {
   $1 = &v_rank;
   $2 = v_dims;
 }
-%typemap(argout) (int32_t* rank, int64_t* dims) {
+%typemap(argout) (int64_t* rank, int64_t* dims) {
   if (!(*jenv)->ExceptionCheck(jenv) && v_rank$argnum >= 0) {
     jlong v[LNMLP_MAX_TENSOR_RANK];
-    int32_t k;
+    int64_t k;
     for (k = 0; k < v_rank$argnum && k < LNMLP_MAX_TENSOR_RANK; ++k) v[k] = (jlong)v_dims$argnum[k];
     $result = (*jenv)->NewLongArray(jenv, (jsize)k);
     if ($result) (*jenv)->SetLongArrayRegion(jenv, $result, 0, (jsize)k, v);
@@ -332,28 +342,28 @@ LNMLP_ARRAY(void* F32_OUT, jfloatArray, float[], jfloat, Float, 0)
 LNMLP_ARRAY(const uint16_t* U16_IN, jshortArray, short[], jshort, Short, JNI_ABORT)
 LNMLP_ARRAY(uint16_t* U16_OUT, jshortArray, short[], jshort, Short, 0)
 
-LNMLP_ARRAY_N(int32_t count, const int32_t* activations, jintArray, int[], jint, Int, JNI_ABORT)
-LNMLP_ARRAY_N(float* amax_history, int32_t length, jfloatArray, float[], jfloat, Float, 0)
-LNMLP_ARRAY_N(const float* amax_history, int32_t length, jfloatArray, float[], jfloat, Float, JNI_ABORT)
+LNMLP_ARRAY_N(int64_t count, const int32_t* activations, jintArray, int[], jint, Int, JNI_ABORT)
+LNMLP_ARRAY_N(float* amax_history, int64_t length, jfloatArray, float[], jfloat, Float, 0)
+LNMLP_ARRAY_N(const float* amax_history, int64_t length, jfloatArray, float[], jfloat, Float, JNI_ABORT)
 LNMLP_ARRAY_N(void* blob, int64_t bytes, jbyteArray, byte[], jbyte, Byte, 0)
 LNMLP_ARRAY_N(const void* blob, int64_t bytes, jbyteArray, byte[], jbyte, Byte, JNI_ABORT)
 
-/* desc_set_activations(desc, int count, const int32_t* activations): the count comes first. */
-%typemap(in) (int32_t count, const int32_t* activations) {
+/* desc_set_activations(desc, int64_t count, const int32_t* activations): the count comes first. */
+%typemap(in) (int64_t count, const int32_t* activations) {
   $1 = 0;
   $2 = NULL;
   if ($input && !(*jenv)->ExceptionCheck(jenv)) {
-    $1 = (int32_t)(*jenv)->GetArrayLength(jenv, $input);
+    $1 = (int64_t)(*jenv)->GetArrayLength(jenv, $input);
     $2 = (int32_t*)(*jenv)->GetIntArrayElements(jenv, $input, NULL);
   }
 }
-%typemap(argout) (int32_t count, const int32_t* activations) {
+%typemap(argout) (int64_t count, const int32_t* activations) {
   if ($2) (*jenv)->ReleaseIntArrayElements(jenv, $input, (jint*)$2, JNI_ABORT);
 }
 
-/* fp8_encode(format, float[] in, scale, byte[] out) and fp8_decode(format, byte[] in, scale_inv,
- * float[] out): count = in.length; out must hold at least count elements, else
- * IllegalArgumentException (the call is not made). */
+/* fp8_encode(dtype, float[] in, scale, byte[] out) and fp8_decode(dtype, byte[] in, scale_inv,
+ * float[] out), dtype DTYPE_FP8_E4M3 or DTYPE_FP8_E5M2: count = in.length; out must hold at least
+ * count elements, else IllegalArgumentException (the call is not made). */
 LNMLP_ARRAY_N(const float* in, int64_t count, jfloatArray, float[], jfloat, Float, JNI_ABORT)
 LNMLP_ARRAY_N(const uint8_t* in, int64_t count, jbyteArray, byte[], jbyte, Byte, JNI_ABORT)
 LNMLP_ARRAY(uint8_t* out, jbyteArray, byte[], jbyte, Byte, 0)
@@ -423,6 +433,10 @@ LNMLP_DIRECT(void* DIRECT)
 %apply void* PTR { void* stream };
 %apply const void* PTR { const void* mpi_comm, const void* nccl_comm };
 
+/* The experimental tier (sharding, communicators, the state blob, BACKEND_CUDA, FEATURE_SHARDING)
+ * is declared only under LNMLP_EXPERIMENTAL: wrap it too (the wrapper code defines it as well, in
+ * the %{ %} block above). It may change in any release; the Java docs say which calls are in it. */
+#define LNMLP_EXPERIMENTAL
 %include "lnmlp.h"
 
 /* ---- typed variants of forward / backward ---------------------------------------------------- */

@@ -51,7 +51,8 @@ step "swig -java -package org.lnmlp"
 swig -java -package org.lnmlp -I"$REPO/include" -outdir "$OUT/java/org/lnmlp" \
   -o "$OUT/lnmlp_wrap.c" "$HERE/lnmlp.i"
 
-# Every function and enum constant of lnmlp.h must be in the generated Java.
+# Every function and enum constant of lnmlp.h must be in the generated Java, the experimental
+# tier's included (lnmlp.i defines LNMLP_EXPERIMENTAL for SWIG's parse).
 missing=0
 for fn in $(grep -oE 'LNMLP_API [a-z0-9_ ]+\*? *lnmlp_[a-z0-9_]+\(' "$REPO/include/lnmlp.h" |
             grep -oE 'lnmlp_[a-z0-9_]+'); do
@@ -59,7 +60,7 @@ for fn in $(grep -oE 'LNMLP_API [a-z0-9_ ]+\*? *lnmlp_[a-z0-9_]+\(' "$REPO/inclu
     echo "missing function in LnmlpNative: $fn" >&2; missing=1
   fi
 done
-for c in $(grep -oE '^\s*LNMLP_[A-Z0-9_]+ *=' "$REPO/include/lnmlp.h" | grep -oE 'LNMLP_[A-Z0-9_]+') \
+for c in $(grep -oE '^\s*(enum \{ *)?LNMLP_[A-Z0-9_]+ *=' "$REPO/include/lnmlp.h" | grep -oE 'LNMLP_[A-Z0-9_]+') \
          LNMLP_VERSION_MAJOR LNMLP_VERSION_MINOR LNMLP_VERSION_PATCH LNMLP_ABI_VERSION; do
   if ! grep -qE "public final static int ${c#LNMLP_} = " "$OUT/java/org/lnmlp/LnmlpNativeConstants.java"; then
     echo "missing constant in LnmlpNativeConstants: $c" >&2; missing=1

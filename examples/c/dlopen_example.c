@@ -28,7 +28,7 @@ typedef int32_t (*desc_destroy_fn)(lnmlp_desc*);
 typedef int32_t (*desc_set_shape_fn)(lnmlp_desc*, int64_t, int64_t, int64_t);
 typedef int32_t (*desc_set_i32_fn)(lnmlp_desc*, int32_t); /* set_norm, set_dtype */
 typedef int32_t (*desc_set_epsilon_fn)(lnmlp_desc*, float);
-typedef int32_t (*desc_set_activations_fn)(lnmlp_desc*, int32_t, const int32_t*);
+typedef int32_t (*desc_set_activations_fn)(lnmlp_desc*, int64_t, const int32_t*);
 typedef int32_t (*desc_set_bias_fn)(lnmlp_desc*, int32_t, int32_t);
 typedef int32_t (*plan_create_fn)(const lnmlp_desc*, lnmlp_plan**);
 typedef int32_t (*plan_destroy_fn)(lnmlp_plan*);

@@ -1,5 +1,6 @@
 // The C ABI edge: every exported function validates its arguments, runs inside api_guard (so no
 // exception escapes), and leaves everything unchanged when it fails.
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -158,19 +159,19 @@ LNMLP_API int32_t lnmlp_desc_set_epsilon(lnmlp_desc* desc, float epsilon) {
   });
 }
 
-LNMLP_API int32_t lnmlp_desc_set_activations(lnmlp_desc* desc, int32_t count, const int32_t* activations) {
+LNMLP_API int32_t lnmlp_desc_set_activations(lnmlp_desc* desc, int64_t count, const int32_t* activations) {
   return api_guard(__func__, [&] {
     edit(desc, [&](Config& c) {
       if (count != 1 && count != 2)
         fail(LNMLP_ERROR_INVALID_ARGUMENT, "count must be 1 or 2 (the activation list has 1 or 2 entries), got ",
              count);
       if (activations == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "activations is NULL");
-      for (int32_t i = 0; i < count; ++i) {
+      for (int64_t i = 0; i < count; ++i) {
         if (activations[i] < 0 || activations[i] >= numerics::kNumActs)
           fail(LNMLP_ERROR_INVALID_ARGUMENT, "activations[", i, "] = ", activations[i], " is not an LNMLP_ACT_* value");
         c.acts[i] = static_cast<Act>(activations[i]);
       }
-      c.num_acts = count;
+      c.num_acts = static_cast<int32_t>(count);
       if (count == 1) c.acts[1] = Act::Linear;
     });
   });
@@ -231,12 +232,13 @@ LNMLP_API int32_t lnmlp_desc_set_backend(lnmlp_desc* desc, int32_t backend, int3
   });
 }
 
-LNMLP_API int32_t lnmlp_desc_set_num_threads(lnmlp_desc* desc, int32_t num_threads) {
+LNMLP_API int32_t lnmlp_desc_set_num_threads(lnmlp_desc* desc, int64_t num_threads) {
   return api_guard(__func__, [&] {
     edit(desc, [&](Config& c) {
-      if (num_threads < 0)
-        fail(LNMLP_ERROR_INVALID_ARGUMENT, "num_threads must be >= 0 (0 = all cores), got ", num_threads);
-      c.num_threads = num_threads;
+      if (num_threads < 0 || num_threads > kMaxThreads)
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "num_threads must be in [0, ", kMaxThreads, "] (0 = all cores), got ",
+             num_threads);
+      c.num_threads = static_cast<int32_t>(num_threads);
     });
   });
 }
@@ -274,7 +276,7 @@ LNMLP_API int32_t lnmlp_desc_set_fp8_format(lnmlp_desc* desc, int32_t format) {
   });
 }
 
-LNMLP_API int32_t lnmlp_desc_set_delayed_scaling(lnmlp_desc* desc, int32_t margin, int32_t amax_history_len,
+LNMLP_API int32_t lnmlp_desc_set_delayed_scaling(lnmlp_desc* desc, int32_t margin, int64_t amax_history_len,
                                                  int32_t amax_compute_algo) {
   return api_guard(__func__, [&] {
     edit(desc, [&](Config& c) {
@@ -287,7 +289,7 @@ LNMLP_API int32_t lnmlp_desc_set_delayed_scaling(lnmlp_desc* desc, int32_t margi
         fail(LNMLP_ERROR_INVALID_ARGUMENT, "amax_compute_algo must be LNMLP_AMAX_ALGO_MAX or _MOST_RECENT, got ",
              amax_compute_algo);
       c.fp8.margin = margin;
-      c.fp8.amax_history_len = amax_history_len;
+      c.fp8.amax_history_len = static_cast<int32_t>(amax_history_len);
       c.fp8.amax_max = amax_compute_algo == LNMLP_AMAX_ALGO_MAX;
     });
   });
@@ -307,16 +309,17 @@ LNMLP_API int32_t lnmlp_desc_set_scaling_options(lnmlp_desc* desc, int32_t power
   });
 }
 
-LNMLP_API int32_t lnmlp_desc_set_sharding(lnmlp_desc* desc, int32_t group_size, int32_t rank,
+LNMLP_API int32_t lnmlp_desc_set_sharding(lnmlp_desc* desc, int64_t group_size, int64_t rank,
                                           int32_t sequence_parallel) {
   return api_guard(__func__, [&] {
     edit(desc, [&](Config& c) {
-      if (group_size < 1) fail(LNMLP_ERROR_INVALID_ARGUMENT, "group_size must be >= 1, got ", group_size);
+      if (group_size < 1 || group_size > INT32_MAX)
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "group_size must be in [1, INT32_MAX], got ", group_size);
       if (rank < 0 || rank >= group_size)
         fail(LNMLP_ERROR_INVALID_ARGUMENT, "rank must be in [0, group_size = ", group_size, "), got ", rank);
       c.shard.sequence_parallel = as_bool(sequence_parallel, "sequence_parallel");
-      c.shard.size = group_size;
-      c.shard.rank = rank;
+      c.shard.size = static_cast<int32_t>(group_size);
+      c.shard.rank = static_cast<int32_t>(rank);
     });
   });
 }
@@ -334,6 +337,10 @@ LNMLP_API int32_t lnmlp_comm_create_callbacks(const lnmlp_comm_callbacks* table,
   return api_guard(__func__, [&] {
     if (table == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "table is NULL");
     require_out(comm, "comm");
+    // The only layout so far; later versions of the table accept this size too.
+    if (table->struct_size != static_cast<int64_t>(sizeof(lnmlp_comm_callbacks)))
+      fail(LNMLP_ERROR_INVALID_ARGUMENT, "table->struct_size is ", table->struct_size, ", but this library's ",
+           "lnmlp_comm_callbacks has ", sizeof(lnmlp_comm_callbacks), " bytes: set it to sizeof(lnmlp_comm_callbacks)");
     auto c = std::make_unique<lnmlp_comm>();
     c->impl = make_callback_communicator(*table);
     register_comm(c.get());

@@ -88,7 +88,7 @@ LNMLP_API int32_t lnmlp_plan_attach_fp8_state(lnmlp_plan* plan, void* state) {
   });
 }
 
-LNMLP_API int32_t lnmlp_plan_get_amax_history_length(const lnmlp_plan* plan, int32_t* length) {
+LNMLP_API int32_t lnmlp_plan_get_amax_history_length(const lnmlp_plan* plan, int64_t* length) {
   return api_guard(__func__, [&] {
     require_plan(plan);
     if (length == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "length is NULL; pass where to write the result");
@@ -97,7 +97,7 @@ LNMLP_API int32_t lnmlp_plan_get_amax_history_length(const lnmlp_plan* plan, int
 }
 
 LNMLP_API int32_t lnmlp_plan_get_quantizer_state(const lnmlp_plan* plan, int32_t quantizer, float* scale,
-                                                 float* amax_history, int32_t length) {
+                                                 float* amax_history, int64_t length) {
   return api_guard(__func__, [&] {
     PlanUse use(mutable_plan(plan));
     require_stateful(*plan);
@@ -114,7 +114,7 @@ LNMLP_API int32_t lnmlp_plan_get_quantizer_state(const lnmlp_plan* plan, int32_t
 }
 
 LNMLP_API int32_t lnmlp_plan_set_quantizer_state(lnmlp_plan* plan, int32_t quantizer, float scale,
-                                                 const float* amax_history, int32_t length) {
+                                                 const float* amax_history, int64_t length) {
   return api_guard(__func__, [&] {
     PlanUse use(plan);
     require_stateful(*plan);

@@ -13,7 +13,7 @@ using namespace lnmlp;
 namespace {
 
 struct Shape {
-  int32_t rank = -1;  // -1: the plan does not take this tensor
+  int64_t rank = -1;  // -1: the plan does not take this tensor
   int64_t dims[LNMLP_MAX_TENSOR_RANK] = {0, 0, 0};
   int32_t dtype = LNMLP_DTYPE_F32;
 };
@@ -26,7 +26,7 @@ Shape shape_of(const lnmlp_plan& plan, int32_t tensor, int64_t tokens) {
   const auto make = [&](bool present, std::initializer_list<int64_t> dims, int32_t dtype) {
     Shape s;
     if (!present) return s;
-    s.rank = static_cast<int32_t>(dims.size());
+    s.rank = static_cast<int64_t>(dims.size());
     int i = 0;
     for (int64_t d : dims) s.dims[i++] = d;
     s.dtype = dtype;
@@ -64,7 +64,7 @@ Shape shape_of(const lnmlp_plan& plan, int32_t tensor, int64_t tokens) {
 
 extern "C" {
 
-LNMLP_API int32_t lnmlp_plan_get_tensor_shape(const lnmlp_plan* plan, int32_t tensor, int64_t tokens, int32_t* rank,
+LNMLP_API int32_t lnmlp_plan_get_tensor_shape(const lnmlp_plan* plan, int32_t tensor, int64_t tokens, int64_t* rank,
                                               int64_t* dims, int32_t* dtype) {
   return api_guard(__func__, [&] {
     require_plan(plan);

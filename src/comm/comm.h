@@ -11,7 +11,7 @@
 
 namespace lnmlp {
 
-// Values match the public LNMLP_COMM_* constants.
+// Values match the public LNMLP_DTYPE_* constants (the callbacks' `type`).
 enum class CommType : int32_t { F32 = 0, BF16 = 1, F16 = 2, U8 = 3 };
 
 constexpr CommType comm_type(numerics::DType d) {

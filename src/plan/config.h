@@ -24,6 +24,8 @@ enum class Fp8Mix : int32_t { Default = -1, Hybrid = 0, E4M3 = 1 };
 
 // Delayed scaling's longest amax history.
 constexpr int32_t kMaxAmaxHistory = 65536;
+// The most CPU threads a plan may ask for (far above any machine's cores; OpenMP counts in int).
+constexpr int32_t kMaxThreads = 65536;
 
 // The FP8 recipe and its options as the user set them (defaults: TransformerEngine's).
 struct Fp8Options {

@@ -1,12 +1,21 @@
 /* lnmlp.h as a strict C99 program sees it (-std=c99 -pedantic -Wall -Wextra -Werror): checks the
  * version and ABI, builds a tiny plan, runs forward and backward, and compares the results with
- * the same block computed here by plain loops. Returns 0 on success. */
+ * the same block computed here by plain loops. Returns 0 on success.
+ * It sees the stable core only (the build defines LNMLP_EXPERIMENTAL for everything else): the
+ * whole life of a plan needs nothing from the experimental tier. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#undef LNMLP_EXPERIMENTAL
 #include "lnmlp.h"
+
+/* Without LNMLP_EXPERIMENTAL the tier is not declared: each of these declarations would clash with
+ * the header's (a compile error) if it were. */
+enum { LNMLP_BACKEND_CUDA = 99, LNMLP_FEATURE_SHARDING = 98 };
+typedef int lnmlp_comm_callbacks;
+static const int lnmlp_desc_set_sharding = 0, lnmlp_comm_create_callbacks = 0, lnmlp_plan_export_state = 0;
 
 #define T 3
 #define H 4
@@ -48,6 +57,8 @@ int main(void) {
   /* the expectation, computed here */
   double n[T][H], hpre[T][F], a[T][F], want_y[T][H], want_db2[H], want_dw2[F][H], want_db1[F];
   int t, i, j;
+  lnmlp_comm_callbacks not_a_table = lnmlp_desc_set_sharding + lnmlp_comm_create_callbacks + lnmlp_plan_export_state;
+  CHECK(not_a_table == 0 && LNMLP_BACKEND_CUDA + LNMLP_FEATURE_SHARDING == 197);
 
   /* Versions: what this program was compiled with must be what it runs with. */
   CALL(lnmlp_get_version(&major, &minor, &patch, &abi));

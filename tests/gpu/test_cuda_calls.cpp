@@ -258,7 +258,7 @@ TEST(CudaCallsEdges, CallerOwnedDeviceStateMatchesThePlansOwn) {
   Calls caller(pr, LNMLP_BACKEND_CUDA, LNMLP_RECIPE_DELAYED, PlanCalls{kMaxTokens});
   own.set_gradients(own.gradients(0.0));
   caller.set_gradients(caller.gradients(0.0));
-  int32_t length = 0;
+  int64_t length = 0;
   LNMLP_TEST_CHECK(lnmlp_plan_get_amax_history_length(caller.get(), &length));
   std::vector<float> fresh(static_cast<size_t>(LNMLP_QUANTIZER_COUNT * (1 + length)), 0.0f);
   for (int q = 0; q < LNMLP_QUANTIZER_COUNT; ++q) fresh[static_cast<size_t>(q * (1 + length))] = 1.0f;

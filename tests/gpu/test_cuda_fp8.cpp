@@ -120,7 +120,7 @@ std::vector<float> state_after_two_steps(const Problem& pr, int32_t backend, int
                                            db2.data(), nullptr, LNMLP_CALL_DEFAULT, nullptr));
     }
   }
-  int32_t len = 0;
+  int64_t len = 0;
   LNMLP_TEST_CHECK(lnmlp_plan_get_amax_history_length(p.get(), &len));
   std::vector<float> out;
   for (int32_t q = 0; q < LNMLP_QUANTIZER_COUNT; ++q) {
@@ -169,7 +169,7 @@ TEST(CudaFp8State, StateCopiesAreOrderedAgainstANonBlockingStream) {
   const Problem pr = fp8_problem(k);
   PlanPtr p = plan_ptr(make_plan(pr, LNMLP_REMAT_SAVE_ALL, LNMLP_BACKEND_CUDA, 0, k.recipe));
   int64_t saved_bytes = 0;
-  int32_t len = 0;
+  int64_t len = 0;
   ASSERT_EQ(lnmlp_plan_get_saved_bytes(p.get(), &saved_bytes), LNMLP_SUCCESS);
   ASSERT_EQ(lnmlp_plan_get_amax_history_length(p.get(), &len), LNMLP_SUCCESS);
   const DeviceInputs in(pr);

@@ -18,8 +18,13 @@ FP8 training (docs/fp8.md defines exactly what is computed): the recipes :class:
 :func:`make_quantizer_set` to the functional API's ``quantizer_set=``. Under delayed scaling the
 plan (Plan API) or the quantizer set (functional API) carries each quantizer's scale and amax
 history: ``plan.quantizer_state(name)`` / ``plan.set_quantizer_state(...)`` /
-``plan.export_state()`` / ``plan.import_state(blob)``, ``qs.state()`` / ``qs.load_state(...)``;
-a caller may own it instead (``plan.forward(..., fp8_state=a)``, ``plan.attach_fp8_state(a)``).
+``plan.export_state()`` / ``plan.import_state(blob)`` (experimental), ``qs.state()`` /
+``qs.load_state(...)``; a caller may own it instead (``plan.forward(..., fp8_state=a)``,
+``plan.attach_fp8_state(a)``).
+
+Experimental (the C header's LNMLP_EXPERIMENTAL tier, which may change in any release; the C
+names are listed in ``lnmlp._capi.EXPERIMENTAL``): sharding (``Plan(..., sharding=, comm=)``),
+the state blob (``plan.export_state()`` / ``plan.import_state()``) and ``backend="cuda"``.
 
 Micro-batches: ``Plan(..., accumulate_grads=True, grad_dtype="float32")`` with
 ``plan.backward(..., grads=plan.zero_weight_grads())`` accumulates the weight gradients into the

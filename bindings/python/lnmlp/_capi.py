@@ -30,6 +30,9 @@ ERROR_INTERNAL = 12  # a bug in lnmlp; the message says where
 DTYPE_F32 = 0
 DTYPE_BF16 = 1  # bfloat16, as uint16_t bit patterns
 DTYPE_F16 = 2  # IEEE binary16, as uint16_t bit patterns
+DTYPE_U8 = 3  # bytes
+DTYPE_FP8_E4M3 = 4  # OCP/NVIDIA "e4m3fn": 4 exponent bits (bias 7), 3 mantissa bits; max 448; no infinities; NaN = S.1111.111 (0x7f, 0xff)
+DTYPE_FP8_E5M2 = 5  # IEEE-like: 5 exponent bits (bias 15), 2 mantissa bits; max 57344; infinities S.11111.00 (0x7c, 0xfc); NaN = S.11111.01..11
 NORM_LAYERNORM = 0  # mu = mean(x), var = mean((x-mu)^2), n = (x-mu)/sqrt(var+eps)*g + beta
 NORM_RMSNORM = 1  # n = x/sqrt(mean(x^2)+eps)*g; no beta
 ACT_LINEAR = 0  # x
@@ -46,7 +49,6 @@ REMAT_SAVE_FFN1 = 1
 REMAT_SAVE_STATS = 2
 REMAT_FORWARD_ONLY = 3
 BACKEND_CPU = 0  # the embedded default; host pointers; the stream argument is ignored
-BACKEND_CUDA = 1  # device pointers, 16-byte aligned; the stream argument is a cudaStream_t (NULL = default); runs from the module liblnmlp_cuda.so.1, loaded on first use from liblnmlp's directory (LNMLP_ERROR_NOT_SUPPORTED without it, a driver or the device)
 RECIPE_NONE = 0
 RECIPE_DELAYED = 1
 RECIPE_CURRENT = 2
@@ -64,8 +66,6 @@ QUANTIZER_W2 = 3  # W2 (forward)
 QUANTIZER_DY = 4  # gradient of the output (backward)
 QUANTIZER_DH = 5  # gradient of GEMM1's output, after the activation's derivative (backward)
 QUANTIZER_COUNT = 6
-FP8_E4M3 = 0  # OCP/NVIDIA "e4m3fn": 4 exponent bits (bias 7), 3 mantissa bits; max 448; no infinities; NaN = S.1111.111 (0x7f, 0xff)
-FP8_E5M2 = 1  # IEEE-like: 5 exponent bits (bias 15), 2 mantissa bits; max 57344; infinities S.11111.00 (0x7c, 0xfc); NaN = S.11111.01..11
 FEATURE_BACKEND = 0  # the backend is compiled in and usable on this machine
 FEATURE_DTYPE_F32 = 1
 FEATURE_DTYPE_BF16 = 2
@@ -73,16 +73,11 @@ FEATURE_DTYPE_F16 = 3
 FEATURE_RECIPE_DELAYED = 4
 FEATURE_RECIPE_CURRENT = 5
 FEATURE_RECIPE_BLOCK = 6
-FEATURE_RECIPE_MXFP8 = 7
-FEATURE_SHARDING = 8
+FEATURE_RECIPE_MXFP8 = 7  # 8 is LNMLP_FEATURE_SHARDING, in the experimental tier
 FEATURE_EXTERNAL_WORKSPACE = 9
 UNSUPPORTED = 0
 SUPPORTED = 1
 SUPPORTED_EMULATED = 2  # an FP8 recipe whose quantized GEMMs are emulated exactly: codes decoded and multiplied in bf16/fp32 with fp32 accumulation, the values FP8 hardware gives (up to the order of sums), slower
-COMM_F32 = 0
-COMM_BF16 = 1
-COMM_F16 = 2
-COMM_U8 = 3
 TENSOR_X = 0
 TENSOR_GAMMA = 1
 TENSOR_BETA = 2
@@ -102,9 +97,10 @@ TENSOR_DW2 = 15
 TENSOR_DB2 = 16
 TENSOR_FP8_STATE = 17  # float32 [LNMLP_QUANTIZER_COUNT, 1 + amax history length]
 TENSOR_COUNT = 18
-DTYPE_U8 = 3
 CALL_DEFAULT = 0  # no flag
 CALL_WEIGHTS_UNCHANGED = 1  # W1 and W2 as when the plan made its copies of them: reuse those
+BACKEND_CUDA = 1  # device pointers, 16-byte aligned; the stream argument is a cudaStream_t (NULL = default); runs from the module liblnmlp_cuda.so.1, loaded on first use from liblnmlp's directory (LNMLP_ERROR_NOT_SUPPORTED without it, a driver or the device)
+FEATURE_SHARDING = 8
 
 # lnmlp_comm_fn: a C function pointer type
 LNMLP_COMM_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p)
@@ -112,8 +108,9 @@ LNMLP_COMM_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_
 class lnmlp_comm_callbacks(ctypes.Structure):
     """struct lnmlp_comm_callbacks of include/lnmlp.h."""
     _fields_ = [
-        ("size", ctypes.c_int32),
-        ("rank", ctypes.c_int32),
+        ("struct_size", ctypes.c_int64),
+        ("group_size", ctypes.c_int64),
+        ("rank", ctypes.c_int64),
         ("all_gather", LNMLP_COMM_FN),
         ("reduce_scatter", LNMLP_COMM_FN),
         ("all_reduce_sum", LNMLP_COMM_FN),
@@ -136,24 +133,18 @@ PROTOTYPES = {
     "lnmlp_desc_set_norm": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
     "lnmlp_desc_set_zero_centered_gamma": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
     "lnmlp_desc_set_epsilon": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_float]),
-    "lnmlp_desc_set_activations": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]),
+    "lnmlp_desc_set_activations": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]),
     "lnmlp_desc_set_clamped_swiglu": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_float, ctypes.c_float, ctypes.c_float]),
     "lnmlp_desc_set_bias": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]),
     "lnmlp_desc_set_dtype": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
     "lnmlp_desc_set_remat": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
     "lnmlp_desc_set_backend": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]),
-    "lnmlp_desc_set_num_threads": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
+    "lnmlp_desc_set_num_threads": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int64]),
     "lnmlp_desc_set_weight_gradients": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]),
     "lnmlp_desc_set_recipe": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
     "lnmlp_desc_set_fp8_format": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
-    "lnmlp_desc_set_delayed_scaling": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32]),
+    "lnmlp_desc_set_delayed_scaling": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_int32]),
     "lnmlp_desc_set_scaling_options": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_float]),
-    "lnmlp_desc_set_sharding": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32]),
-    "lnmlp_comm_create_callbacks": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p]),
-    "lnmlp_comm_create_mpi": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p]),
-    "lnmlp_comm_create_nccl": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p]),
-    "lnmlp_comm_destroy": (ctypes.c_int32, [ctypes.c_void_p]),
-    "lnmlp_desc_set_communicator": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p]),
     "lnmlp_desc_set_external_workspace": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
     "lnmlp_plan_create": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p]),
     "lnmlp_plan_destroy": (ctypes.c_int32, [ctypes.c_void_p]),
@@ -165,11 +156,35 @@ PROTOTYPES = {
     "lnmlp_plan_get_tensor_shape": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]),
     "lnmlp_plan_attach_fp8_state": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p]),
     "lnmlp_plan_get_amax_history_length": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p]),
-    "lnmlp_plan_get_quantizer_state": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32]),
-    "lnmlp_plan_set_quantizer_state": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_float, ctypes.c_void_p, ctypes.c_int32]),
+    "lnmlp_plan_get_quantizer_state": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]),
+    "lnmlp_plan_set_quantizer_state": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64]),
+    "lnmlp_plan_forward": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]),
+    "lnmlp_plan_backward": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]),
+    "lnmlp_desc_set_sharding": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32]),
+    "lnmlp_comm_create_callbacks": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p]),
+    "lnmlp_comm_create_mpi": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p]),
+    "lnmlp_comm_create_nccl": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p]),
+    "lnmlp_comm_destroy": (ctypes.c_int32, [ctypes.c_void_p]),
+    "lnmlp_desc_set_communicator": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p]),
     "lnmlp_plan_get_state_bytes": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p]),
     "lnmlp_plan_export_state": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]),
     "lnmlp_plan_import_state": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]),
-    "lnmlp_plan_forward": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]),
-    "lnmlp_plan_backward": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]),
 }
+
+# The names of the header's experimental tier (declared in C only with LNMLP_EXPERIMENTAL).
+EXPERIMENTAL = frozenset({
+    "BACKEND_CUDA",
+    "FEATURE_SHARDING",
+    "lnmlp_comm",
+    "lnmlp_comm_callbacks",
+    "lnmlp_comm_create_callbacks",
+    "lnmlp_comm_create_mpi",
+    "lnmlp_comm_create_nccl",
+    "lnmlp_comm_destroy",
+    "lnmlp_comm_fn",
+    "lnmlp_desc_set_communicator",
+    "lnmlp_desc_set_sharding",
+    "lnmlp_plan_export_state",
+    "lnmlp_plan_get_state_bytes",
+    "lnmlp_plan_import_state",
+})

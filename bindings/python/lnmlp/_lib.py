@@ -257,6 +257,7 @@ def build_info() -> str:
     return s.value.decode("utf-8", "replace")
 
 
+# "cuda" (LNMLP_BACKEND_CUDA) is in the header's experimental tier (_capi.EXPERIMENTAL).
 _BACKENDS = {"cpu": _capi.BACKEND_CPU, "cuda": _capi.BACKEND_CUDA}
 # "backend", "dtype_f32", ..., "sharding", "external_workspace" -> LNMLP_FEATURE_*.
 _FEATURES = {k[len("FEATURE_"):].lower(): v for k, v in vars(_capi).items() if k.startswith("FEATURE_")}
@@ -264,7 +265,10 @@ _FEATURES = {k[len("FEATURE_"):].lower(): v for k, v in vars(_capi).items() if k
 
 def query_support(backend: str = "cpu", feature: str = "backend") -> bool:
     """Whether ``backend`` ("cpu"/"cuda") can run ``feature`` (e.g. "backend", "dtype_bf16",
-    "recipe_delayed", "sharding", "external_workspace") in this build on this machine."""
+    "recipe_delayed", "sharding", "external_workspace") in this build on this machine.
+
+    Experimental (the C header's LNMLP_EXPERIMENTAL tier, which may change in any release): the
+    "cuda" backend and the "sharding" feature."""
     if backend not in _BACKENDS:
         raise InvalidArgumentError(f"backend must be one of {sorted(_BACKENDS)}, got {backend!r}")
     if feature not in _FEATURES:

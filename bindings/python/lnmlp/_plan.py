@@ -40,7 +40,7 @@ GATED_PAIRS = {"geglu": ("gelu", "linear"), "swiglu": ("silu", "linear"),
                "sreglu": ("squared_relu", "linear"), "glu": ("sigmoid", "linear"),
                "clamped_swiglu": ("clamped_silu", "clamped_linear")}
 _REMATS = {"save_all": 0, "save_ffn1": 1, "save_stats": 2, "forward_only": 3}
-_BACKENDS = {"cpu": 0, "cuda": 1}
+_BACKENDS = _lib._BACKENDS  # "cpu", "cuda" (the experimental tier) -> LNMLP_BACKEND_*
 # LNMLP_DTYPE_* of lnmlp_plan_get_tensor_shape -> NumPy element types.
 _ELEMENT_TYPES = {_lib.DTYPE_F32: np.dtype(np.float32), _lib.DTYPE_F16: np.dtype(np.float16),
                   _lib.DTYPE_U8: np.dtype(np.uint8)}
@@ -254,8 +254,8 @@ class Plan:
     (docs/fp8.md). Under delayed scaling the plan owns each quantizer's scale and amax history:
     ``forward`` updates ln_out, w1, act_out, w2, ``backward`` dy, dh; read and write them with
     :meth:`quantizer_state` / :meth:`set_quantizer_state`, or checkpoint them with
-    :meth:`export_state` / :meth:`import_state`. A caller that keeps the state itself passes its
-    float32 array (``tensor_shape("fp8_state")``, updated in place) to each call
+    :meth:`export_state` / :meth:`import_state` (experimental). A caller that keeps the state
+    itself passes its float32 array (``tensor_shape("fp8_state")``, updated in place) to each call
     (``forward(..., fp8_state=a)``, ``backward(..., fp8_state=a)``) or attaches it to the plan
     (:meth:`attach_fp8_state`).
 
@@ -264,6 +264,11 @@ class Plan:
     arrays are this rank's shard: w1 [H, A, F/P], b1 [A, F/P], w2 [F/P, H], and under sequence
     parallelism x, y, dy, dx hold tokens/P rows. ``comm`` is the group's communicator: an mpi4py
     communicator (``MPI.COMM_WORLD``), whose size and rank must match ``sharding``.
+
+    Experimental (the C header's LNMLP_EXPERIMENTAL tier, which may change in any release; the
+    names are in ``lnmlp._capi.EXPERIMENTAL``): ``sharding`` and ``comm`` (lnmlp_desc_set_sharding,
+    the communicators), :meth:`export_state` / :meth:`import_state` (the state blob's format) and
+    ``backend="cuda"`` (device arrays; not yet run on a GPU). The rest is the stable core.
 
     Micro-batches (``lnmlp_desc_set_weight_gradients``): ``accumulate_grads=True`` makes backward add
     into the caller's dw1, db1, dw2, db2 (``backward(..., grads=...)``, required then; each element
@@ -367,7 +372,7 @@ class Plan:
         #: float32 for ``grad_dtype="float32"``.
         self.grad_dtype = self._dtypes[_lib.TENSOR_DW1]
         self.state_bytes = self._query(lib.lnmlp_plan_get_state_bytes)
-        n = ctypes.c_int32()
+        n = ctypes.c_int64()
         _lib.check(lib.lnmlp_plan_get_amax_history_length(self._handle, ctypes.byref(n)))
         self.amax_history_length = n.value
 
@@ -394,7 +399,7 @@ class Plan:
     def _tensor_shape(self, tensor, tokens, with_dtype=False):
         """lnmlp_plan_get_tensor_shape: the shape tuple, or None when the plan does not take it
         (with_dtype: and its element type as a NumPy dtype)."""
-        rank, dtype = ctypes.c_int32(), ctypes.c_int32()
+        rank, dtype = ctypes.c_int64(), ctypes.c_int32()
         dims = (ctypes.c_int64 * _lib.MAX_TENSOR_RANK)()
         _lib.check(_lib.get_lib().lnmlp_plan_get_tensor_shape(
             self._live(), tensor, tokens, ctypes.byref(rank), dims, ctypes.byref(dtype)))
@@ -509,7 +514,10 @@ class Plan:
 
     def export_state(self) -> bytes:
         """The whole quantizer state as a versioned blob (``lnmlp_plan_export_state``); ``b""``
-        for a stateless recipe."""
+        for a stateless recipe.
+
+        Experimental (the C header's LNMLP_EXPERIMENTAL tier): the blob's format may change in any
+        release. :meth:`quantizer_state` is the stable way to read the state."""
         with self._lock:
             handle = self._live()
             if self.state_bytes == 0:
@@ -521,7 +529,10 @@ class Plan:
     def import_state(self, blob) -> None:
         """Restores a blob from :meth:`export_state` of a plan with the same recipe and history
         length, bit for bit; a blob of another version, recipe, length or with invalid values
-        raises InvalidArgumentError and changes nothing."""
+        raises InvalidArgumentError and changes nothing.
+
+        Experimental (the C header's LNMLP_EXPERIMENTAL tier), as :meth:`export_state`;
+        :meth:`set_quantizer_state` is the stable way to write the state."""
         if isinstance(blob, np.ndarray):
             blob = blob.tobytes()
         if not isinstance(blob, (bytes, bytearray, memoryview)):

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _lib
+from . import _capi, _lib
 
 __all__ = ["FORMATS", "MAX", "encode", "decode"]
 
-#: Format name -> LNMLP_FP8_* value.
-FORMATS = {"e4m3": 0, "e5m2": 1}
+#: Format name -> its LNMLP_DTYPE_FP8_* element type (what lnmlp_fp8_encode / decode take).
+FORMATS = {"e4m3": _capi.DTYPE_FP8_E4M3, "e5m2": _capi.DTYPE_FP8_E5M2}
 #: Format name -> largest finite value.
 MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 _ML_DTYPES_NAME = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}

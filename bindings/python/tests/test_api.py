@@ -67,6 +67,48 @@ def test_every_generated_prototype_resolves():
         assert fn.restype is restype and list(fn.argtypes) == list(argtypes), name
 
 
+def test_experimental_tier_is_listed():
+    # The header's experimental tier (declared in C only with LNMLP_EXPERIMENTAL; exported always):
+    # _capi.EXPERIMENTAL names it, and the binding still declares it.
+    exp = _capi.EXPERIMENTAL
+    assert {"lnmlp_desc_set_sharding", "lnmlp_desc_set_communicator", "lnmlp_comm_create_callbacks",
+            "lnmlp_comm_create_mpi", "lnmlp_plan_export_state", "lnmlp_plan_import_state",
+            "lnmlp_plan_get_state_bytes", "BACKEND_CUDA", "FEATURE_SHARDING"} <= exp
+    assert not {"lnmlp_plan_forward", "lnmlp_plan_backward", "lnmlp_fp8_encode",
+                "lnmlp_plan_get_quantizer_state", "BACKEND_CPU", "DTYPE_FP8_E4M3"} & exp
+    assert all(hasattr(_capi, n) or n in _capi.PROTOTYPES for n in exp - {"lnmlp_comm", "lnmlp_comm_fn"})
+    # ABI 2 renamed the FP8 element formats into the DTYPE enum and dropped LNMLP_COMM_*.
+    assert (_capi.DTYPE_U8, _capi.DTYPE_FP8_E4M3, _capi.DTYPE_FP8_E5M2) == (3, 4, 5)
+    for gone in ("FP8_E4M3", "FP8_E5M2", "COMM_F32", "COMM_BF16", "COMM_F16", "COMM_U8"):
+        assert not hasattr(_capi, gone), gone
+
+
+def test_comm_callbacks_table_needs_its_struct_size():
+    # The raw ctypes layer: lnmlp_comm_create_callbacks reads struct_size first and refuses any
+    # size but sizeof(lnmlp_comm_callbacks) (ctypes.sizeof of the generated Structure).
+    lib = _lib.get_lib()
+    size = ctypes.sizeof(_capi.lnmlp_comm_callbacks)
+    assert size == 3 * 8 + 4 * ctypes.sizeof(ctypes.c_void_p) + ctypes.sizeof(ctypes.c_void_p)
+    noop = _capi.LNMLP_COMM_FN(lambda send, recv, count, type_, user, stream: 0)
+
+    def create(struct_size, group_size=1):
+        table = _capi.lnmlp_comm_callbacks(struct_size=struct_size, group_size=group_size, rank=0,
+                                           all_gather=noop, reduce_scatter=noop, all_reduce_sum=noop,
+                                           all_reduce_max=noop, user=None)
+        comm = ctypes.c_void_p()
+        return lib.lnmlp_comm_create_callbacks(ctypes.byref(table), ctypes.byref(comm)), comm
+
+    for bad in (0, -size, 16, size - 1, size + 1, size + 8, 1 << 40):
+        status, comm = create(bad)
+        assert status == _capi.ERROR_INVALID_ARGUMENT and not comm.value, bad
+        assert "struct_size" in lib.lnmlp_last_error().decode(), bad
+    status, comm = create(size, group_size=1 << 31)  # group_size is at most INT32_MAX
+    assert status == _capi.ERROR_INVALID_ARGUMENT and not comm.value
+    status, comm = create(size)
+    assert status == _capi.SUCCESS and comm.value
+    assert lib.lnmlp_comm_destroy(comm) == _capi.SUCCESS
+
+
 def test_abi_mismatch_is_refused(monkeypatch):
     monkeypatch.setattr(_lib, "ABI_VERSION", 3)
     path = _lib.library_path()

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import lnmlp
-from lnmlp import _lib, fp8
+from lnmlp import _capi, _lib, fp8
 
 ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 MAX = {"e4m3": np.float32(448.0), "e5m2": np.float32(57344.0)}
@@ -260,21 +260,29 @@ def test_arguments_are_checked():
             assert w in e.value.message
 
     enc, dec = lib.lnmlp_fp8_encode, lib.lnmlp_fp8_decode
-    raises(lnmlp.InvalidArgumentError, ["format", "7"], enc(7, x.ctypes.data, 2, 1.0, out.ctypes.data))
-    raises(lnmlp.InvalidArgumentError, ["format", "-1"], dec(-1, codes.ctypes.data, 2, 1.0, outf.ctypes.data))
-    raises(lnmlp.InvalidArgumentError, ["count", "-3"], enc(0, x.ctypes.data, -3, 1.0, out.ctypes.data))
-    raises(lnmlp.InvalidArgumentError, ["count"], dec(1, codes.ctypes.data, -1, 1.0, outf.ctypes.data))
+    E4M3, E5M2 = _capi.DTYPE_FP8_E4M3, _capi.DTYPE_FP8_E5M2
+    assert fp8.FORMATS == {"e4m3": E4M3, "e5m2": E5M2} == {"e4m3": 4, "e5m2": 5}
+    raises(lnmlp.InvalidArgumentError, ["dtype 7"], enc(7, x.ctypes.data, 2, 1.0, out.ctypes.data))
+    raises(lnmlp.InvalidArgumentError, ["dtype -1"], dec(-1, codes.ctypes.data, 2, 1.0, outf.ctypes.data))
+    # The element type is an LNMLP_DTYPE_FP8_*: the other dtypes, the recipe formats' values
+    # (LNMLP_FP8_FORMAT_*) and ABI 1's LNMLP_FP8_E4M3 = 0 / LNMLP_FP8_E5M2 = 1 (now F32 and BF16)
+    # are refused, never taken for a format.
+    for dtype in (_capi.DTYPE_F32, _capi.DTYPE_BF16, _capi.DTYPE_F16, _capi.DTYPE_U8):
+        raises(lnmlp.InvalidArgumentError, [f"dtype {dtype} is not"], enc(dtype, x.ctypes.data, 2, 1.0, out.ctypes.data))
+        raises(lnmlp.InvalidArgumentError, [f"dtype {dtype} is not"], dec(dtype, codes.ctypes.data, 2, 1.0, outf.ctypes.data))
+    raises(lnmlp.InvalidArgumentError, ["count", "-3"], enc(E4M3, x.ctypes.data, -3, 1.0, out.ctypes.data))
+    raises(lnmlp.InvalidArgumentError, ["count"], dec(E5M2, codes.ctypes.data, -1, 1.0, outf.ctypes.data))
     for bad in (0.0, -0.0, float("inf"), float("-inf"), float("nan")):
-        raises(lnmlp.InvalidArgumentError, ["scale"], enc(0, x.ctypes.data, 2, bad, out.ctypes.data))
-        raises(lnmlp.InvalidArgumentError, ["scale_inv"], dec(1, codes.ctypes.data, 2, bad, outf.ctypes.data))
-    raises(lnmlp.NullPointerError, ["in is NULL"], enc(0, None, 2, 1.0, out.ctypes.data))
-    raises(lnmlp.NullPointerError, ["out is NULL"], enc(1, x.ctypes.data, 2, 1.0, None))
-    raises(lnmlp.NullPointerError, ["in is NULL"], dec(0, None, 2, 1.0, outf.ctypes.data))
-    raises(lnmlp.NullPointerError, ["out is NULL"], dec(1, codes.ctypes.data, 2, 1.0, None))
+        raises(lnmlp.InvalidArgumentError, ["scale"], enc(E4M3, x.ctypes.data, 2, bad, out.ctypes.data))
+        raises(lnmlp.InvalidArgumentError, ["scale_inv"], dec(E5M2, codes.ctypes.data, 2, bad, outf.ctypes.data))
+    raises(lnmlp.NullPointerError, ["in is NULL"], enc(E4M3, None, 2, 1.0, out.ctypes.data))
+    raises(lnmlp.NullPointerError, ["out is NULL"], enc(E5M2, x.ctypes.data, 2, 1.0, None))
+    raises(lnmlp.NullPointerError, ["in is NULL"], dec(E4M3, None, 2, 1.0, outf.ctypes.data))
+    raises(lnmlp.NullPointerError, ["out is NULL"], dec(E5M2, codes.ctypes.data, 2, 1.0, None))
     # nothing was written by the failing calls
     assert np.all(out == 0xAA) and np.all(outf == 7.0)
     # count 0 accepts NULL
-    assert enc(0, None, 0, 1.0, None) == 0 and dec(1, None, 0, 1.0, None) == 0
+    assert enc(E4M3, None, 0, 1.0, None) == 0 and dec(E5M2, None, 0, 1.0, None) == 0
     # the Python helpers
     with pytest.raises(lnmlp.InvalidArgumentError, match="fmt"):
         fp8.encode(x, "e3m4")

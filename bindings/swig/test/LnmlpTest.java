@@ -85,20 +85,37 @@ public final class LnmlpTest {
     check(Lnmlp.supports(BACKEND_CPU, FEATURE_DTYPE_F32), "CPU f32 supported");
     check(ACT_GELU == 2 && NORM_RMSNORM == 1 && QUANTIZER_COUNT == 6 && FP8_FORMAT_DEFAULT == -1
         && RECIPE_MXFP8 == 4 && FEATURE_EXTERNAL_WORKSPACE == 9, "enum constants");
+    check(DTYPE_U8 == 3 && DTYPE_FP8_E4M3 == 4 && DTYPE_FP8_E5M2 == 5 && FP8_FORMAT_HYBRID == 0
+        && FP8_FORMAT_E4M3 == 1, "element dtypes and recipe formats");
+    // the experimental tier is wrapped (lnmlp.i defines LNMLP_EXPERIMENTAL)
+    check(BACKEND_CUDA == 1 && FEATURE_SHARDING == 8, "experimental constants");
     expectStatus(ERROR_INVALID_ARGUMENT, null, () -> LnmlpNative.query_support(7, 0),
         "query_support with an unknown backend");
 
-    byte[] codes = Lnmlp.fp8Encode(FP8_E4M3, new float[] {1.0f, -2.0f, 1000f, 0f}, 1.0f);
+    byte[] codes = Lnmlp.fp8Encode(DTYPE_FP8_E4M3, new float[] {1.0f, -2.0f, 1000f, 0f}, 1.0f);
     check(codes[0] == 0x38 && codes[1] == (byte) 0xc0 && codes[2] == 0x7e && codes[3] == 0,
         "fp8 E4M3 encode: " + Arrays.toString(codes));
-    float[] back = Lnmlp.fp8Decode(FP8_E4M3, codes, 2.0f);
+    float[] back = Lnmlp.fp8Decode(DTYPE_FP8_E4M3, codes, 2.0f);
     check(back[0] == 2f && back[1] == -4f && back[2] == 896f && back[3] == 0f,
         "fp8 E4M3 decode: " + Arrays.toString(back));
+    codes = Lnmlp.fp8Encode(DTYPE_FP8_E5M2, new float[] {1.0f, -2.0f, 1e6f, 0f}, 1.0f);
+    check(codes[0] == 0x3c && codes[1] == (byte) 0xc0 && codes[2] == 0x7b && codes[3] == 0,
+        "fp8 E5M2 encode: " + Arrays.toString(codes));
+    back = Lnmlp.fp8Decode(DTYPE_FP8_E5M2, codes, 0.5f);
+    check(back[0] == 0.5f && back[1] == -1f && back[2] == 28672f && back[3] == 0f,
+        "fp8 E5M2 decode: " + Arrays.toString(back));
+    // the old element numbers (0, 1) are recipe formats now, not element types: refused
+    for (int wrong : new int[] {FP8_FORMAT_HYBRID, FP8_FORMAT_E4M3, DTYPE_F32, DTYPE_U8}) {
+      expectStatus(ERROR_INVALID_ARGUMENT, null,
+          () -> Lnmlp.fp8Encode(wrong, new float[] {1f}, 1f), "fp8_encode with dtype " + wrong);
+      expectStatus(ERROR_INVALID_ARGUMENT, null,
+          () -> Lnmlp.fp8Decode(wrong, new byte[] {0x38}, 1f), "fp8_decode with dtype " + wrong);
+    }
     expect(IllegalArgumentException.class,
-        () -> LnmlpNative.fp8_encode(FP8_E4M3, new float[4], 1f, new byte[3]),
+        () -> LnmlpNative.fp8_encode(DTYPE_FP8_E4M3, new float[4], 1f, new byte[3]),
         "fp8_encode with a short output array");
     expectStatus(ERROR_INVALID_ARGUMENT, "scale",
-        () -> LnmlpNative.fp8_encode(FP8_E4M3, new float[4], 0f, new byte[4]), "fp8 scale 0");
+        () -> LnmlpNative.fp8_encode(DTYPE_FP8_E4M3, new float[4], 0f, new byte[4]), "fp8 scale 0");
     System.out.println("version " + Lnmlp.versionString() + " abi " + v[3] + ": ok");
   }
 
@@ -250,6 +267,23 @@ public final class LnmlpTest {
           () -> LnmlpNative.desc_set_activations(d, new int[] {ACT_GELU, ACT_LINEAR, ACT_RELU}),
           "three activations");
       expectStatus(ERROR_INVALID_ARGUMENT, null, () -> LnmlpNative.desc_set_norm(d, 9), "norm 9");
+      // int64_t arguments reach C whole: 2^32 + k would be k if cut to 32 bits
+      final long big = 1L << 32;
+      LnmlpNative.desc_set_num_threads(d, 2L);
+      expectStatus(ERROR_INVALID_ARGUMENT, "num_threads",
+          () -> LnmlpNative.desc_set_num_threads(d, big), "num_threads 2^32");
+      LnmlpNative.desc_set_delayed_scaling(d, 0, 4L, AMAX_ALGO_MAX);
+      expectStatus(ERROR_INVALID_ARGUMENT, "amax_history_len",
+          () -> LnmlpNative.desc_set_delayed_scaling(d, 0, big + 4, AMAX_ALGO_MAX), "history 2^32 + 4");
+      // experimental: sharding takes int64_t group_size and rank (at most INT32_MAX)
+      LnmlpNative.desc_set_sharding(d, 2L, 1L, 0);
+      expectStatus(ERROR_INVALID_ARGUMENT, "group_size",
+          () -> LnmlpNative.desc_set_sharding(d, big + 2, 1L, 0), "group_size 2^32 + 2");
+      expectStatus(ERROR_INVALID_ARGUMENT, "rank",
+          () -> LnmlpNative.desc_set_sharding(d, 2L, big + 1, 0), "rank 2^32 + 1");
+      LnmlpNative.desc_set_sharding(d, 1L, 0L, 0);
+      expectStatus(ERROR_NULL_POINTER, null, () -> LnmlpNative.comm_create_callbacks(null),
+          "comm_create_callbacks(null)");
       expectStatus(ERROR_NULL_POINTER, null, () -> LnmlpNative.plan_create(null), "plan_create(null)");
     } finally {
       LnmlpNative.desc_destroy(d);
@@ -299,7 +333,8 @@ public final class LnmlpTest {
     Plan.Builder builder = Plan.builder(T, H, F).activations(ACT_GELU).recipe(RECIPE_DELAYED)
         .delayedScaling(0, HIST, AMAX_ALGO_MAX);
     try (Plan p1 = builder.build(); Plan p2 = builder.build()) {
-      check(p1.amaxHistoryLength() == HIST, "history length " + p1.amaxHistoryLength());
+      long histLen = LnmlpNative.plan_get_amax_history_length(p1.handle()); // int64_t* out
+      check(histLen == HIST && p1.amaxHistoryLength() == HIST, "history length " + histLen);
       check(p1.stateBytes() > 0, "state bytes " + p1.stateBytes());
       ByteBuffer saved = p1.newSavedBuffer();
       for (int step = 0; step < 3; step++) {

@@ -24,6 +24,9 @@ const LNMLP_ERROR_INTERNAL = Int32(12)  # a bug in lnmlp; the message says where
 const LNMLP_DTYPE_F32 = Int32(0)
 const LNMLP_DTYPE_BF16 = Int32(1)  # bfloat16, as uint16_t bit patterns
 const LNMLP_DTYPE_F16 = Int32(2)  # IEEE binary16, as uint16_t bit patterns
+const LNMLP_DTYPE_U8 = Int32(3)  # bytes
+const LNMLP_DTYPE_FP8_E4M3 = Int32(4)  # OCP/NVIDIA "e4m3fn": 4 exponent bits (bias 7), 3 mantissa bits; max 448; no infinities; NaN = S.1111.111 (0x7f, 0xff)
+const LNMLP_DTYPE_FP8_E5M2 = Int32(5)  # IEEE-like: 5 exponent bits (bias 15), 2 mantissa bits; max 57344; infinities S.11111.00 (0x7c, 0xfc); NaN = S.11111.01..11
 const LNMLP_NORM_LAYERNORM = Int32(0)  # mu = mean(x), var = mean((x-mu)^2), n = (x-mu)/sqrt(var+eps)*g + beta
 const LNMLP_NORM_RMSNORM = Int32(1)  # n = x/sqrt(mean(x^2)+eps)*g; no beta
 const LNMLP_ACT_LINEAR = Int32(0)  # x
@@ -40,7 +43,6 @@ const LNMLP_REMAT_SAVE_FFN1 = Int32(1)
 const LNMLP_REMAT_SAVE_STATS = Int32(2)
 const LNMLP_REMAT_FORWARD_ONLY = Int32(3)
 const LNMLP_BACKEND_CPU = Int32(0)  # the embedded default; host pointers; the stream argument is ignored
-const LNMLP_BACKEND_CUDA = Int32(1)  # device pointers, 16-byte aligned; the stream argument is a cudaStream_t (NULL = default); runs from the module liblnmlp_cuda.so.1, loaded on first use from liblnmlp's directory (LNMLP_ERROR_NOT_SUPPORTED without it, a driver or the device)
 const LNMLP_RECIPE_NONE = Int32(0)
 const LNMLP_RECIPE_DELAYED = Int32(1)
 const LNMLP_RECIPE_CURRENT = Int32(2)
@@ -58,8 +60,6 @@ const LNMLP_QUANTIZER_W2 = Int32(3)  # W2 (forward)
 const LNMLP_QUANTIZER_DY = Int32(4)  # gradient of the output (backward)
 const LNMLP_QUANTIZER_DH = Int32(5)  # gradient of GEMM1's output, after the activation's derivative (backward)
 const LNMLP_QUANTIZER_COUNT = Int32(6)
-const LNMLP_FP8_E4M3 = Int32(0)  # OCP/NVIDIA "e4m3fn": 4 exponent bits (bias 7), 3 mantissa bits; max 448; no infinities; NaN = S.1111.111 (0x7f, 0xff)
-const LNMLP_FP8_E5M2 = Int32(1)  # IEEE-like: 5 exponent bits (bias 15), 2 mantissa bits; max 57344; infinities S.11111.00 (0x7c, 0xfc); NaN = S.11111.01..11
 const LNMLP_FEATURE_BACKEND = Int32(0)  # the backend is compiled in and usable on this machine
 const LNMLP_FEATURE_DTYPE_F32 = Int32(1)
 const LNMLP_FEATURE_DTYPE_BF16 = Int32(2)
@@ -67,16 +67,11 @@ const LNMLP_FEATURE_DTYPE_F16 = Int32(3)
 const LNMLP_FEATURE_RECIPE_DELAYED = Int32(4)
 const LNMLP_FEATURE_RECIPE_CURRENT = Int32(5)
 const LNMLP_FEATURE_RECIPE_BLOCK = Int32(6)
-const LNMLP_FEATURE_RECIPE_MXFP8 = Int32(7)
-const LNMLP_FEATURE_SHARDING = Int32(8)
+const LNMLP_FEATURE_RECIPE_MXFP8 = Int32(7)  # 8 is LNMLP_FEATURE_SHARDING, in the experimental tier
 const LNMLP_FEATURE_EXTERNAL_WORKSPACE = Int32(9)
 const LNMLP_UNSUPPORTED = Int32(0)
 const LNMLP_SUPPORTED = Int32(1)
 const LNMLP_SUPPORTED_EMULATED = Int32(2)  # an FP8 recipe whose quantized GEMMs are emulated exactly: codes decoded and multiplied in bf16/fp32 with fp32 accumulation, the values FP8 hardware gives (up to the order of sums), slower
-const LNMLP_COMM_F32 = Int32(0)
-const LNMLP_COMM_BF16 = Int32(1)
-const LNMLP_COMM_F16 = Int32(2)
-const LNMLP_COMM_U8 = Int32(3)
 const LNMLP_TENSOR_X = Int32(0)
 const LNMLP_TENSOR_GAMMA = Int32(1)
 const LNMLP_TENSOR_BETA = Int32(2)
@@ -96,6 +91,7 @@ const LNMLP_TENSOR_DW2 = Int32(15)
 const LNMLP_TENSOR_DB2 = Int32(16)
 const LNMLP_TENSOR_FP8_STATE = Int32(17)  # float32 [LNMLP_QUANTIZER_COUNT, 1 + amax history length]
 const LNMLP_TENSOR_COUNT = Int32(18)
-const LNMLP_DTYPE_U8 = Int32(3)
 const LNMLP_CALL_DEFAULT = Int32(0)  # no flag
 const LNMLP_CALL_WEIGHTS_UNCHANGED = Int32(1)  # W1 and W2 as when the plan made its copies of them: reuse those
+const LNMLP_BACKEND_CUDA = Int32(1)  # (experimental tier) device pointers, 16-byte aligned; the stream argument is a cudaStream_t (NULL = default); runs from the module liblnmlp_cuda.so.1, loaded on first use from liblnmlp's directory (LNMLP_ERROR_NOT_SUPPORTED without it, a driver or the device)
+const LNMLP_FEATURE_SHARDING = Int32(8)  # (experimental tier)

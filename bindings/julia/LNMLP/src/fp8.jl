@@ -1,9 +1,11 @@
 # FP8: element conversions (lnmlp_fp8_encode / _decode) and the delayed-scaling quantizer state a
 # plan owns or a caller attaches (scale + amax history per quantizer; export/import as a checkpoint
-# blob).
+# blob, which is in lnmlp.h's experimental tier).
 
 const QUANTIZERS = (:ln_out, :w1, :act_out, :w2, :dy, :dh)  # LNMLP_QUANTIZER_* order
-const _FP8 = Dict(:e4m3 => LNMLP_FP8_E4M3, :e5m2 => LNMLP_FP8_E5M2)
+# The FP8 element types of lnmlp_fp8_encode / _decode (LNMLP_DTYPE_FP8_*; not the recipe's
+# LNMLP_FP8_FORMAT_* choice, whose numbers the library refuses here).
+const _FP8 = Dict(:e4m3 => LNMLP_DTYPE_FP8_E4M3, :e5m2 => LNMLP_DTYPE_FP8_E5M2)
 
 function _quantizer(q)
     q isa Integer && 0 <= q < LNMLP_QUANTIZER_COUNT && return Int32(q)
@@ -12,7 +14,7 @@ function _quantizer(q)
     return Int32(i - 1)
 end
 
-"""`fp8_encode(format, x::Vector{Float32}, scale) -> Vector{UInt8}`: `fp8(x * scale)`, format `:e4m3`/`:e5m2`."""
+"""`fp8_encode(format, x::Vector{Float32}, scale) -> Vector{UInt8}`: `fp8(x * scale)`, format `:e4m3`/`:e5m2` (`LNMLP_DTYPE_FP8_E4M3`/`_E5M2`)."""
 function fp8_encode(format, x::Vector{Float32}, scale::Real)
     ensure_loaded()
     out = Vector{UInt8}(undef, length(x))
@@ -43,7 +45,7 @@ function quantizer_state(p::Plan, q)
         scale = Ref{Float32}(0)
         hist = Vector{Float32}(undef, p.amax_history_length)
         GC.@preserve hist check(lnmlp_plan_get_quantizer_state(h, _quantizer(q), scale, pointer(hist),
-                                                               Int32(length(hist))))
+                                                               Int64(length(hist))))
         return (scale[], hist)
     end
 end
@@ -55,12 +57,20 @@ function set_quantizer_state!(p::Plan, q, scale::Real, amax_history::AbstractVec
         h = _live(p)
         _require_state(p)
         GC.@preserve hist check(lnmlp_plan_set_quantizer_state(h, _quantizer(q), Float32(scale), pointer(hist),
-                                                               Int32(length(hist))))
+                                                               Int64(length(hist))))
     end
     return p
 end
 
-"""`export_state(plan) -> Vector{UInt8}`: the whole quantizer state as a versioned blob (empty if stateless)."""
+"""
+    export_state(plan) -> Vector{UInt8}
+
+The whole quantizer state as a versioned blob (empty if stateless).
+
+Experimental (`lnmlp_plan_export_state`, in lnmlp.h's experimental tier): the blob's format may
+change in any release. [`quantizer_state`](@ref) / [`set_quantizer_state!`](@ref) are the stable
+way to save and restore the state.
+"""
 function export_state(p::Plan)
     lock(p.lock) do
         h = _live(p)
@@ -71,7 +81,12 @@ function export_state(p::Plan)
     end
 end
 
-"""`import_state!(plan, blob)`: restores an [`export_state`](@ref) blob bit for bit (or throws, changing nothing)."""
+"""
+    import_state!(plan, blob)
+
+Restores an [`export_state`](@ref) blob bit for bit (or throws, changing nothing).
+Experimental (`lnmlp_plan_import_state`), as [`export_state`](@ref).
+"""
 function import_state!(p::Plan, blob::Vector{UInt8})
     lock(p.lock) do
         h = _live(p)

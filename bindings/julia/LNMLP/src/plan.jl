@@ -45,6 +45,10 @@ for `:clamped_swiglu`; `dtype` is `Float32`, `Float16` or [`BFloat16`](@ref); `r
 `:none, :delayed, :current, :block, :mxfp8` with the options of `lnmlp_desc_set_*`.
 Only the CPU backend (host arrays) is supported by this binding.
 
+Experimental (lnmlp.h's experimental tier; it may change in any release):
+`sharding=(group_size, rank, sequence_parallel)` (`lnmlp_desc_set_sharding`); the plan also needs
+a communicator, which only the raw `lnmlp_comm_create_*` / `lnmlp_desc_set_communicator` give.
+
 The weight gradients dW1, db1, dW2, db2 (`lnmlp_desc_set_weight_gradients`): with
 `accumulate_grads=true` backward adds into them (each element `rnd(old + gradient)`) instead of
 overwriting them, for gradient accumulation over micro-batches; use [`backward!`](@ref) with your
@@ -118,7 +122,7 @@ function Plan(tokens::Integer, hidden::Integer, ffn::Integer; norm=:layernorm, z
         check(lnmlp_desc_set_zero_centered_gamma(desc, Int32(zero_centered_gamma)))
         check(lnmlp_desc_set_epsilon(desc, Float32(epsilon)))
         actv = Int32[ACTIVATIONS[a] for a in acts]
-        GC.@preserve actv check(lnmlp_desc_set_activations(desc, Int32(length(actv)), pointer(actv)))
+        GC.@preserve actv check(lnmlp_desc_set_activations(desc, Int64(length(actv)), pointer(actv)))
         if act_params !== nothing
             check(lnmlp_desc_set_clamped_swiglu(desc, Float32(get(act_params, :limit, 7.0)),
                                                 Float32(get(act_params, :alpha, 1.702)),
@@ -129,16 +133,16 @@ function Plan(tokens::Integer, hidden::Integer, ffn::Integer; norm=:layernorm, z
         check(lnmlp_desc_set_weight_gradients(desc, Int32(accumulate_grads), gradv))
         check(lnmlp_desc_set_remat(desc, rematv))
         check(lnmlp_desc_set_backend(desc, LNMLP_BACKEND_CPU, Int32(0)))
-        check(lnmlp_desc_set_num_threads(desc, Int32(num_threads)))
+        check(lnmlp_desc_set_num_threads(desc, Int64(num_threads)))
         check(lnmlp_desc_set_external_workspace(desc, Int32(external_workspace)))
-        if sharding !== nothing  # (group_size, rank, sequence_parallel); the library accepts group 1
+        if sharding !== nothing  # experimental: (group_size, rank, sequence_parallel); the library accepts group 1
             g, r, sp = sharding
-            check(lnmlp_desc_set_sharding(desc, Int32(g), Int32(r), Int32(Bool(sp))))
+            check(lnmlp_desc_set_sharding(desc, Int64(g), Int64(r), Int32(Bool(sp))))
         end
         if recipev != LNMLP_RECIPE_NONE
             check(lnmlp_desc_set_recipe(desc, recipev))
             check(lnmlp_desc_set_fp8_format(desc, _choice("fp8_format", fp8_format, _FORMATS)))
-            check(lnmlp_desc_set_delayed_scaling(desc, Int32(margin), Int32(amax_history_len),
+            check(lnmlp_desc_set_delayed_scaling(desc, Int32(margin), Int64(amax_history_len),
                                                  _choice("amax_compute_algo", amax_compute_algo, _ALGOS)))
             check(lnmlp_desc_set_scaling_options(desc, Int32(power_2_scale), Float32(amax_epsilon)))
         end
@@ -154,10 +158,8 @@ function Plan(tokens::Integer, hidden::Integer, ffn::Integer; norm=:layernorm, z
     p.saved_bytes = _query_i64(lnmlp_plan_get_saved_bytes, p)
     p.saved_bytes_per_token = _query_i64(lnmlp_plan_get_saved_bytes_per_token, p)
     p.alignment = _query_i64(lnmlp_plan_get_alignment, p)
-    p.state_bytes = _query_i64(lnmlp_plan_get_state_bytes, p)
-    n = Ref{Int32}(0)
-    check(lnmlp_plan_get_amax_history_length(p.handle, n))
-    p.amax_history_length = n[]
+    p.state_bytes = _query_i64(lnmlp_plan_get_state_bytes, p)  # experimental (the state blob)
+    p.amax_history_length = _query_i64(lnmlp_plan_get_amax_history_length, p)
     p.max_tokens = _shape(p.handle, LNMLP_TENSOR_X)[2]  # x is (hidden, tokens)
     p.grad_dtype = _shape_type(p.handle, LNMLP_TENSOR_DW1)[2]  # dW1 is always taken
     return p
@@ -202,8 +204,8 @@ const TENSORS = Dict(:x => LNMLP_TENSOR_X, :gamma => LNMLP_TENSOR_GAMMA, :beta =
                      :dw1 => LNMLP_TENSOR_DW1, :db1 => LNMLP_TENSOR_DB1, :dw2 => LNMLP_TENSOR_DW2,
                      :db2 => LNMLP_TENSOR_DB2, :fp8_state => LNMLP_TENSOR_FP8_STATE)
 
-# LNMLP_DTYPE_U8 is the element type of the saved buffer only (the other LNMLP_DTYPE_* are the
-# plan's I/O types).
+# LNMLP_DTYPE_U8 is the element type of the saved buffer only (F32, BF16, F16 are the plan's I/O
+# types; the FP8_* ones are fp8_encode's, never a tensor's).
 const _ELTYPES = Dict{Int32,DataType}(LNMLP_DTYPE_F32 => Float32, LNMLP_DTYPE_BF16 => BFloat16,
                                        LNMLP_DTYPE_F16 => Float16, LNMLP_DTYPE_U8 => UInt8)
 
@@ -213,7 +215,7 @@ const _ELTYPES = Dict{Int32,DataType}(LNMLP_DTYPE_F32 => Float32, LNMLP_DTYPE_BF
 # shards' shapes. `dims` holds LNMLP_MAX_TENSOR_RANK values (W1: [H, A, F] in C); `tokens` is
 # LNMLP_TOKENS_MAX (-1) for the plan's most tokens.
 function _shape_type(h::Ptr{Cvoid}, tensor::Integer, tokens::Integer=LNMLP_TOKENS_MAX)
-    rank, dtype = Ref{Int32}(0), Ref{Int32}(0)
+    rank, dtype = Ref{Int64}(0), Ref{Int32}(0)  # int64_t* rank, int32_t* dtype
     dims = zeros(Int64, LNMLP_MAX_TENSOR_RANK)
     GC.@preserve dims check(lnmlp_plan_get_tensor_shape(h, Int32(tensor), Int64(tokens), rank, pointer(dims),
                                                         dtype))
@@ -519,7 +521,12 @@ const _FEATURES = Dict(:backend => LNMLP_FEATURE_BACKEND, :dtype_f32 => LNMLP_FE
     :recipe_block => LNMLP_FEATURE_RECIPE_BLOCK, :recipe_mxfp8 => LNMLP_FEATURE_RECIPE_MXFP8,
     :sharding => LNMLP_FEATURE_SHARDING, :external_workspace => LNMLP_FEATURE_EXTERNAL_WORKSPACE)
 
-"""`query_support(backend=:cpu, feature=:backend)`: whether this build can run `feature` here."""
+"""
+    query_support(backend=:cpu, feature=:backend)
+
+Whether this build can run `feature` here. `backend=:cuda` and `feature=:sharding` are
+experimental (`LNMLP_BACKEND_CUDA`, `LNMLP_FEATURE_SHARDING`: lnmlp.h's experimental tier).
+"""
 function query_support(backend=:cpu, feature=:backend)
     ensure_loaded()
     b = _choice("backend", backend, Dict(:cpu => LNMLP_BACKEND_CPU, :cuda => LNMLP_BACKEND_CUDA))

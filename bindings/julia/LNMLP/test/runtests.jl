@@ -50,6 +50,9 @@ thrown(f) = try f(); nothing catch err; err end
         @test library_version()[4] == LNMLP.LNMLP_ABI_VERSION
         @test !isempty(build_info())
         @test query_support(:cpu, :backend)
+        # experimental tier: the callback table starts with its own size (all fields 8 bytes)
+        @test sizeof(LNMLP.lnmlp_comm_callbacks) == 64
+        @test fieldnames(LNMLP.lnmlp_comm_callbacks)[1:3] == (:struct_size, :group_size, :rank)
     end
 
     for (Tp, tol) in ((Float32, 1e-4), (Float16, 3e-2), (BFloat16, 1e-1))
@@ -156,6 +159,12 @@ thrown(f) = try f(); nothing catch err; err end
     @testset "FP8" begin
         codes = fp8_encode(:e4m3, Float32[1, -2, 448, 1000], 1)
         @test fp8_decode(:e4m3, codes, 1) == Float32[1, -2, 448, 448]  # saturates
+        @test fp8_encode(:e5m2, Float32[1, -2, 1e6], 1) == UInt8[0x3c, 0xc0, 0x7b]  # max 57344
+        # the element types are LNMLP_DTYPE_FP8_* (4, 5); 0 and 1 (recipe formats) are refused
+        src, dst = Float32[1], UInt8[0]
+        @test LNMLP.lnmlp_fp8_encode(LNMLP.LNMLP_DTYPE_FP8_E4M3, src, 1, 1f0, dst) == LNMLP.LNMLP_SUCCESS
+        @test dst[1] == 0x38
+        @test LNMLP.lnmlp_fp8_encode(LNMLP.LNMLP_FP8_FORMAT_HYBRID, src, 1, 1f0, dst) == LNMLP_ERROR_INVALID_ARGUMENT
         plan = Plan(T, H, F; activations=:swiglu, recipe=:delayed, amax_history_len=4)
         w1g = 0.3f0 .* randn(rng, Float32, F, 2, H)
         y, saved = forward(plan, x, gamma, beta, w1g, nothing, w2, nothing)

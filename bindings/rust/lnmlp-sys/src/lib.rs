@@ -11,6 +11,15 @@
 //! booleans are `i32` (0 or 1). See the header for the full contract of each function. The safe
 //! wrapper is the `lnmlp` crate.
 //!
+//! # The `experimental` feature
+//!
+//! The header's experimental tier (declared in C only where `LNMLP_EXPERIMENTAL` is defined):
+//! sharding (`lnmlp_desc_set_sharding`, the communicators, `LNMLP_FEATURE_SHARDING`), the FP8
+//! state blob (`lnmlp_plan_get_state_bytes`, `_export_state`, `_import_state`) and
+//! `LNMLP_BACKEND_CUDA`. It works and is tested, but may change in any release. The library
+//! always exports these functions; this crate declares them only with the cargo feature
+//! `experimental`.
+//!
 //! The library is found by this crate's build script: `LNMLP_LIB_DIR`, then `pkg-config lnmlp`,
 //! then the project's CMake build trees (`build/release/src`, `build/rust-lib/src`).
 #![no_std]

@@ -51,6 +51,14 @@ pub const LNMLP_DTYPE_F32: i32 = 0;
 pub const LNMLP_DTYPE_BF16: i32 = 1;
 /// IEEE binary16, as uint16_t bit patterns
 pub const LNMLP_DTYPE_F16: i32 = 2;
+/// bytes
+pub const LNMLP_DTYPE_U8: i32 = 3;
+/// OCP/NVIDIA "e4m3fn": 4 exponent bits (bias 7), 3 mantissa bits; max 448;
+/// no infinities; NaN = S.1111.111 (0x7f, 0xff)
+pub const LNMLP_DTYPE_FP8_E4M3: i32 = 4;
+/// IEEE-like: 5 exponent bits (bias 15), 2 mantissa bits; max 57344;
+/// infinities S.11111.00 (0x7c, 0xfc); NaN = S.11111.01..11
+pub const LNMLP_DTYPE_FP8_E5M2: i32 = 5;
 /// mu = mean(x), var = mean((x-mu)^2), n = (x-mu)/sqrt(var+eps)*g + beta
 pub const LNMLP_NORM_LAYERNORM: i32 = 0;
 /// n = x/sqrt(mean(x^2)+eps)*g; no beta
@@ -83,11 +91,6 @@ pub const LNMLP_REMAT_SAVE_STATS: i32 = 2;
 pub const LNMLP_REMAT_FORWARD_ONLY: i32 = 3;
 /// the embedded default; host pointers; the stream argument is ignored
 pub const LNMLP_BACKEND_CPU: i32 = 0;
-/// device pointers, 16-byte aligned; the stream argument is a cudaStream_t
-/// (NULL = default); runs from the module liblnmlp_cuda.so.1, loaded on first
-/// use from liblnmlp's directory (LNMLP_ERROR_NOT_SUPPORTED without it, a
-/// driver or the device)
-pub const LNMLP_BACKEND_CUDA: i32 = 1;
 /// `LNMLP_RECIPE_NONE` of include/lnmlp.h.
 pub const LNMLP_RECIPE_NONE: i32 = 0;
 /// `LNMLP_RECIPE_DELAYED` of include/lnmlp.h.
@@ -122,12 +125,6 @@ pub const LNMLP_QUANTIZER_DY: i32 = 4;
 pub const LNMLP_QUANTIZER_DH: i32 = 5;
 /// `LNMLP_QUANTIZER_COUNT` of include/lnmlp.h.
 pub const LNMLP_QUANTIZER_COUNT: i32 = 6;
-/// OCP/NVIDIA "e4m3fn": 4 exponent bits (bias 7), 3 mantissa bits; max 448;
-/// no infinities; NaN = S.1111.111 (0x7f, 0xff)
-pub const LNMLP_FP8_E4M3: i32 = 0;
-/// IEEE-like: 5 exponent bits (bias 15), 2 mantissa bits; max 57344;
-/// infinities S.11111.00 (0x7c, 0xfc); NaN = S.11111.01..11
-pub const LNMLP_FP8_E5M2: i32 = 1;
 /// the backend is compiled in and usable on this machine
 pub const LNMLP_FEATURE_BACKEND: i32 = 0;
 /// `LNMLP_FEATURE_DTYPE_F32` of include/lnmlp.h.
@@ -142,10 +139,8 @@ pub const LNMLP_FEATURE_RECIPE_DELAYED: i32 = 4;
 pub const LNMLP_FEATURE_RECIPE_CURRENT: i32 = 5;
 /// `LNMLP_FEATURE_RECIPE_BLOCK` of include/lnmlp.h.
 pub const LNMLP_FEATURE_RECIPE_BLOCK: i32 = 6;
-/// `LNMLP_FEATURE_RECIPE_MXFP8` of include/lnmlp.h.
+/// 8 is LNMLP_FEATURE_SHARDING, in the experimental tier
 pub const LNMLP_FEATURE_RECIPE_MXFP8: i32 = 7;
-/// `LNMLP_FEATURE_SHARDING` of include/lnmlp.h.
-pub const LNMLP_FEATURE_SHARDING: i32 = 8;
 /// `LNMLP_FEATURE_EXTERNAL_WORKSPACE` of include/lnmlp.h.
 pub const LNMLP_FEATURE_EXTERNAL_WORKSPACE: i32 = 9;
 /// `LNMLP_UNSUPPORTED` of include/lnmlp.h.
@@ -156,14 +151,6 @@ pub const LNMLP_SUPPORTED: i32 = 1;
 /// decoded and multiplied in bf16/fp32 with fp32 accumulation, the
 /// values FP8 hardware gives (up to the order of sums), slower
 pub const LNMLP_SUPPORTED_EMULATED: i32 = 2;
-/// `LNMLP_COMM_F32` of include/lnmlp.h.
-pub const LNMLP_COMM_F32: i32 = 0;
-/// `LNMLP_COMM_BF16` of include/lnmlp.h.
-pub const LNMLP_COMM_BF16: i32 = 1;
-/// `LNMLP_COMM_F16` of include/lnmlp.h.
-pub const LNMLP_COMM_F16: i32 = 2;
-/// `LNMLP_COMM_U8` of include/lnmlp.h.
-pub const LNMLP_COMM_U8: i32 = 3;
 /// `LNMLP_TENSOR_X` of include/lnmlp.h.
 pub const LNMLP_TENSOR_X: i32 = 0;
 /// `LNMLP_TENSOR_GAMMA` of include/lnmlp.h.
@@ -202,23 +189,23 @@ pub const LNMLP_TENSOR_DB2: i32 = 16;
 pub const LNMLP_TENSOR_FP8_STATE: i32 = 17;
 /// `LNMLP_TENSOR_COUNT` of include/lnmlp.h.
 pub const LNMLP_TENSOR_COUNT: i32 = 18;
-/// `LNMLP_DTYPE_U8` of include/lnmlp.h.
-pub const LNMLP_DTYPE_U8: i32 = 3;
 /// no flag
 pub const LNMLP_CALL_DEFAULT: i32 = 0;
 /// W1 and W2 as when the plan made its copies of them: reuse those
 pub const LNMLP_CALL_WEIGHTS_UNCHANGED: i32 = 1;
+/// device pointers, 16-byte aligned; the stream argument is a cudaStream_t
+/// (NULL = default); runs from the module liblnmlp_cuda.so.1, loaded on first
+/// use from liblnmlp's directory (LNMLP_ERROR_NOT_SUPPORTED without it, a
+/// driver or the device)
+#[cfg(feature = "experimental")]
+pub const LNMLP_BACKEND_CUDA: i32 = 1;
+/// `LNMLP_FEATURE_SHARDING` of include/lnmlp.h.
+#[cfg(feature = "experimental")]
+pub const LNMLP_FEATURE_SHARDING: i32 = 8;
 
 /// The opaque `lnmlp_desc` handle of include/lnmlp.h.
 #[repr(C)]
 pub struct lnmlp_desc {
-    _private: [u8; 0],
-    _marker: core::marker::PhantomData<(*mut u8, core::marker::PhantomPinned)>,
-}
-
-/// The opaque `lnmlp_comm` handle of include/lnmlp.h.
-#[repr(C)]
-pub struct lnmlp_comm {
     _private: [u8; 0],
     _marker: core::marker::PhantomData<(*mut u8, core::marker::PhantomPinned)>,
 }
@@ -230,18 +217,35 @@ pub struct lnmlp_plan {
     _marker: core::marker::PhantomData<(*mut u8, core::marker::PhantomPinned)>,
 }
 
-/// One collective over the group, as a framework implements it. `count` is in elements of `type`;
-/// `user` is the table's user pointer; `stream` is the stream the plan's call was given (NULL on
-/// the CPU backend). It returns 0 on success; any other value makes the plan's call fail with
-/// LNMLP_ERROR_BACKEND (the outputs are then unspecified). The call must be complete (recv
-/// written) when it returns.
+/// The opaque `lnmlp_comm` handle of include/lnmlp.h.
+#[cfg(feature = "experimental")]
+#[repr(C)]
+pub struct lnmlp_comm {
+    _private: [u8; 0],
+    _marker: core::marker::PhantomData<(*mut u8, core::marker::PhantomPinned)>,
+}
+
+/// One collective over the group, as a framework implements it. `count` is in elements of `type`,
+/// an LNMLP_DTYPE_*: lnmlp gathers in the plan's I/O dtype (F32, BF16, F16) and sums and maxes in
+/// F32 only; U8 is reserved for FP8 codes. `user` is the table's user pointer; `stream` is the
+/// stream the plan's call was given (NULL on the CPU backend). It returns 0 on success; any other
+/// value makes the plan's call fail with LNMLP_ERROR_BACKEND (the outputs are then unspecified).
+/// The call must be complete (recv written) when it returns.
+/// @since 0.1; changed in 0.2 (type is an LNMLP_DTYPE_*)
+/// @param\[in\] send, count, type, user, stream
+/// @param\[out\] recv
+#[cfg(feature = "experimental")]
 pub type lnmlp_comm_fn = Option<unsafe extern "C" fn(*const c_void, *mut c_void, i64, i32, *mut c_void, *mut c_void) -> i32>;
 
 /// A table of collectives for lnmlp_comm_create_callbacks. All four are required.
-/// size, rank      the group's size (>= 1) and this process's rank in it (0 .. size-1); plans
-/// check them against lnmlp_desc_set_sharding.
-/// all_gather      send: `count` elements; recv: size*count elements, rank r's at r*count.
-/// reduce_scatter  send: size*count elements; recv: `count` elements, the element-wise sum over
+/// struct_size     sizeof(lnmlp_comm_callbacks) as the caller's header declares it, so that the
+/// table can grow: a library accepts the size of every version of the table it
+/// knows (giving the fields a smaller one lacks their defaults) and refuses any
+/// other with LNMLP_ERROR_INVALID_ARGUMENT, reading nothing past it.
+/// group_size      the group's size (>= 1, at most INT32_MAX) and this process's rank in it
+/// rank            (0 .. group_size-1); plans check them against lnmlp_desc_set_sharding.
+/// all_gather      send: `count` elements; recv: group_size*count elements, rank r's at r*count.
+/// reduce_scatter  send: group_size*count elements; recv: `count` elements, the element-wise sum over
 /// the ranks of their send\[rank*count ..\] slice (sum, fp32).
 /// all_reduce_sum  recv = element-wise sum over the ranks of send (`count` elements);
 /// send == recv (in place) is allowed.
@@ -249,13 +253,17 @@ pub type lnmlp_comm_fn = Option<unsafe extern "C" fn(*const c_void, *mut c_void,
 /// on any rank must give NaN on every rank, as lnmlp's own communicators do by
 /// taking the maximum of the bit patterns as uint32 (every NaN is above +inf).
 /// The results must be identical on every rank (the same order of summation everywhere).
+/// @since 0.1; changed in 0.2 (struct_size first, int64_t group_size and rank)
+#[cfg(feature = "experimental")]
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct lnmlp_comm_callbacks {
-    /// `size` (see the struct's documentation).
-    pub size: i32,
+    /// `struct_size` (see the struct's documentation).
+    pub struct_size: i64,
+    /// `group_size` (see the struct's documentation).
+    pub group_size: i64,
     /// `rank` (see the struct's documentation).
-    pub rank: i32,
+    pub rank: i64,
     /// `all_gather` (see the struct's documentation).
     pub all_gather: lnmlp_comm_fn,
     /// `reduce_scatter` (see the struct's documentation).
@@ -270,13 +278,18 @@ pub struct lnmlp_comm_callbacks {
 
 extern "C" {
     /// Writes the library's version and ABI version. Any pointer may be NULL (that value is skipped).
+    /// @since 0.1
+    /// @param\[out\] major, minor, patch, abi
     pub fn lnmlp_get_version(major: *mut i32, minor: *mut i32, patch: *mut i32, abi: *mut i32) -> i32;
     /// The name of a status code ("LNMLP_ERROR_NULL_POINTER"); "LNMLP_UNKNOWN_STATUS" for a value that
     /// is not a status. Never NULL; the string is static.
+    /// @since 0.1
+    /// @param\[in\] status
     pub fn lnmlp_status_string(status: i32) -> *const c_char;
     /// The message of the last failure on the calling thread, in words a user can act on
     /// ("x is NULL, but forward needs it"). Never NULL: "" before any failure. The pointer stays
     /// valid until the next failing lnmlp call on the same thread.
+    /// @since 0.1
     pub fn lnmlp_last_error() -> *const c_char;
     /// Sets *supported to LNMLP_SUPPORTED when `backend` can run `feature` in this build on this machine,
     /// else LNMLP_UNSUPPORTED; for the LNMLP_FEATURE_RECIPE_* features LNMLP_SUPPORTED means that the
@@ -285,55 +298,104 @@ extern "C" {
     /// cuBLASLt 12.9 or newer; per-tensor recipes need sm_89 or newer). On the CUDA backend the answer
     /// is device 0's; BLOCK runs natively only where every plan dimension is a multiple of 16, and is
     /// emulated for other shapes. Unknown backend or feature values are LNMLP_ERROR_INVALID_ARGUMENT.
+    /// @since 0.1
+    /// @param\[in\] backend, feature
+    /// @param\[out\] supported
     pub fn lnmlp_query_support(backend: i32, feature: i32, supported: *mut i32) -> i32;
     /// A static, human-readable description of this build (version, backends compiled in, the GEMM
     /// library and threading) for logs and bug reports. Never NULL.
+    /// @since 0.1
+    /// @param\[out\] info
     pub fn lnmlp_get_build_info(info: *mut *const c_char) -> i32;
-    /// Quantizes: out\[i\] = fp8(in\[i\] * scale), the product taken in fp32, for i < count; format is
-    /// LNMLP_FP8_*. The cast rounds to nearest, ties to even, and saturates: a magnitude beyond the
-    /// format's max finite value becomes +/- max finite (for E5M2 too, never infinity), and so does
-    /// +/-infinity; NaN stays NaN (0x7f/0xff for E4M3, 0x7e/0xfe for E5M2, keeping its sign); a value
-    /// that rounds to zero keeps its sign (0x80 for a negative one). `in` and `out` are host pointers
-    /// and must not overlap; they may be NULL when count is 0. scale must be finite and nonzero;
+    /// Quantizes: out\[i\] = fp8(in\[i\] * scale), the product taken in fp32, for i < count; dtype is
+    /// LNMLP_DTYPE_FP8_E4M3 or LNMLP_DTYPE_FP8_E5M2. The cast rounds to nearest, ties to even, and
+    /// saturates: a magnitude beyond the format's max finite value becomes +/- max finite (for E5M2
+    /// too, never infinity), and so does +/-infinity; NaN stays NaN (0x7f/0xff for E4M3, 0x7e/0xfe
+    /// for E5M2, keeping its sign); a value that rounds to zero keeps its sign (0x80 for a negative
+    /// one). `in` and `out` are host pointers and must not overlap; they may be NULL when count is 0.
+    /// scale must be finite and nonzero; count >= 0.
+    /// @since 0.1; changed in 0.2 (an LNMLP_DTYPE_FP8_* element type)
+    /// @param\[in\] dtype, in, count, scale
+    /// @param\[out\] out
+    pub fn lnmlp_fp8_encode(dtype: i32, in_: *const f32, count: i64, scale: f32, out: *mut u8) -> i32;
+    /// Dequantizes: out\[i\] = float(in\[i\]) * scale_inv, the product taken in fp32, for i < count; dtype
+    /// is LNMLP_DTYPE_FP8_E4M3 or LNMLP_DTYPE_FP8_E5M2. The widening is exact; NaN codes give a quiet
+    /// NaN of the code's sign, E5M2 infinities give infinities. `in` and `out` are host pointers and
+    /// must not overlap; they may be NULL when count is 0. scale_inv must be finite and nonzero;
     /// count >= 0.
-    pub fn lnmlp_fp8_encode(format: i32, in_: *const f32, count: i64, scale: f32, out: *mut u8) -> i32;
-    /// Dequantizes: out\[i\] = float(in\[i\]) * scale_inv, the product taken in fp32, for i < count; format
-    /// is LNMLP_FP8_*. The widening is exact; NaN codes give a quiet NaN of the code's sign, E5M2
-    /// infinities give infinities. `in` and `out` are host pointers and must not overlap; they may be
-    /// NULL when count is 0. scale_inv must be finite and nonzero; count >= 0.
-    pub fn lnmlp_fp8_decode(format: i32, in_: *const u8, count: i64, scale_inv: f32, out: *mut f32) -> i32;
+    /// @since 0.1; changed in 0.2 (an LNMLP_DTYPE_FP8_* element type)
+    /// @param\[in\] dtype, in, count, scale_inv
+    /// @param\[out\] out
+    pub fn lnmlp_fp8_decode(dtype: i32, in_: *const u8, count: i64, scale_inv: f32, out: *mut f32) -> i32;
     /// Creates a descriptor with the defaults: no shape (must be set), layernorm, gamma not
     /// zero-centered, epsilon 1e-6, activation (RELU), no biases, f32, SAVE_ALL, CPU backend,
     /// device 0, recipe NONE, no sharding, all cores.
+    /// @since 0.1
+    /// @param\[out\] desc
     pub fn lnmlp_desc_create(desc: *mut *mut lnmlp_desc) -> i32;
     /// Destroys a descriptor. NULL is accepted and does nothing. Plans created from it live on.
+    /// @since 0.1
+    /// @param\[in\] desc
     pub fn lnmlp_desc_destroy(desc: *mut lnmlp_desc) -> i32;
     /// tokens = T, the most tokens (all leading dims of x flattened) one call may take, hidden = H,
     /// ffn = F. Each must be >= 1. Every forward / backward then takes its own token count, from 0 to
     /// T: the workspace and the saved buffer are sized for T, and nothing is allocated per call.
+    /// @since 0.1; changed in 0.2 (tokens is the most a call takes)
+    /// @param\[in\] tokens, hidden, ffn
+    /// @param\[in,out\] desc
     pub fn lnmlp_desc_set_shape(desc: *mut lnmlp_desc, tokens: i64, hidden: i64, ffn: i64) -> i32;
     /// norm_type: LNMLP_NORM_*.
+    /// @since 0.1
+    /// @param\[in\] norm_type
+    /// @param\[in,out\] desc
     pub fn lnmlp_desc_set_norm(desc: *mut lnmlp_desc, norm_type: i32) -> i32;
     /// When enabled, the norm scales by (gamma + 1) instead of gamma.
+    /// @since 0.1
+    /// @param\[in\] enabled
+    /// @param\[in,out\] desc
     pub fn lnmlp_desc_set_zero_centered_gamma(desc: *mut lnmlp_desc, enabled: i32) -> i32;
     /// epsilon added to the variance (or mean square); finite and >= 0. Default 1e-6.
+    /// @since 0.1
+    /// @param\[in\] epsilon
+    /// @param\[in,out\] desc
     pub fn lnmlp_desc_set_epsilon(desc: *mut lnmlp_desc, epsilon: f32) -> i32;
     /// The activation list: count is 1 or 2; activations\[i\] are LNMLP_ACT_* values.
-    pub fn lnmlp_desc_set_activations(desc: *mut lnmlp_desc, count: i32, activations: *const i32) -> i32;
+    /// @since 0.1; changed in 0.2 (int64_t count)
+    /// @param\[in\] count, activations
+    /// @param\[in,out\] desc
+    pub fn lnmlp_desc_set_activations(desc: *mut lnmlp_desc, count: i64, activations: *const i32) -> i32;
     /// Parameters of the clamped SwiGLU pair (CLAMPED_SILU, CLAMPED_LINEAR):
     /// a' = min(a, limit); out = a' sigmoid(alpha a') * (clip(b, -limit, limit) + offset).
     /// limit > 0 and finite, alpha finite, offset finite. Defaults: limit 7, alpha 1.702, offset 1.
+    /// @since 0.1
+    /// @param\[in\] limit, alpha, offset
+    /// @param\[in,out\] desc
     pub fn lnmlp_desc_set_clamped_swiglu(desc: *mut lnmlp_desc, limit: f32, alpha: f32, offset: f32) -> i32;
     /// Whether b1 and b2 exist (independently). Default: neither.
+    /// @since 0.1
+    /// @param\[in\] has_bias1, has_bias2
+    /// @param\[in,out\] desc
     pub fn lnmlp_desc_set_bias(desc: *mut lnmlp_desc, has_bias1: i32, has_bias2: i32) -> i32;
     /// dtype: LNMLP_DTYPE_*.
+    /// @since 0.1
+    /// @param\[in\] dtype
+    /// @param\[in,out\] desc
     pub fn lnmlp_desc_set_dtype(desc: *mut lnmlp_desc, dtype: i32) -> i32;
     /// policy: LNMLP_REMAT_*.
+    /// @since 0.1
+    /// @param\[in\] policy
+    /// @param\[in,out\] desc
     pub fn lnmlp_desc_set_remat(desc: *mut lnmlp_desc, policy: i32) -> i32;
     /// backend: LNMLP_BACKEND_*; device: the GPU ordinal for CUDA (>= 0), ignored (must be 0) for CPU.
+    /// @since 0.1
+    /// @param\[in\] backend, device
+    /// @param\[in,out\] desc
     pub fn lnmlp_desc_set_backend(desc: *mut lnmlp_desc, backend: i32, device: i32) -> i32;
-    /// CPU backend threads: 0 (default) uses every core the process may run on.
-    pub fn lnmlp_desc_set_num_threads(desc: *mut lnmlp_desc, num_threads: i32) -> i32;
+    /// CPU backend threads, 0 .. 65536: 0 (default) uses every core the process may run on.
+    /// @since 0.1; changed in 0.2 (int64_t num_threads)
+    /// @param\[in\] num_threads
+    /// @param\[in,out\] desc
+    pub fn lnmlp_desc_set_num_threads(desc: *mut lnmlp_desc, num_threads: i64) -> i32;
     /// The parameter gradients dW1, db1, dW2 and db2 (the weights' and biases' gradients):
     /// accumulate  0 (default): backward overwrites them. 1: backward adds into them (dW += ...),
     /// for gradient accumulation over micro-batches: each element becomes
@@ -346,11 +408,20 @@ extern "C" {
     /// other dtype than these two.
     /// dgamma, dbeta and dx are always overwritten, in the I/O dtype. lnmlp_plan_get_tensor_shape
     /// reports each gradient's dtype.
+    /// @since 0.2
+    /// @param\[in\] accumulate, dtype
+    /// @param\[in,out\] desc
     pub fn lnmlp_desc_set_weight_gradients(desc: *mut lnmlp_desc, accumulate: i32, dtype: i32) -> i32;
     /// recipe: LNMLP_RECIPE_*. Default NONE. The recipe's options keep their values when the recipe
     /// changes; the ones a recipe does not use are ignored.
+    /// @since 0.1
+    /// @param\[in\] recipe
+    /// @param\[in,out\] desc
     pub fn lnmlp_desc_set_recipe(desc: *mut lnmlp_desc, recipe: i32) -> i32;
     /// format: LNMLP_FP8_FORMAT_*. Default LNMLP_FP8_FORMAT_DEFAULT (the recipe's own default).
+    /// @since 0.1
+    /// @param\[in\] format
+    /// @param\[in,out\] desc
     pub fn lnmlp_desc_set_fp8_format(desc: *mut lnmlp_desc, format: i32) -> i32;
     /// Delayed scaling's options (TransformerEngine's DelayedScaling defaults in brackets):
     /// margin            \[0\]     scale = (fmt_max / amax) / 2^margin; an integer in \[-126, 127\].
@@ -359,13 +430,139 @@ extern "C" {
     /// After each pass a quantizer records its tensor's amax as the newest history entry (the oldest
     /// falls off) and updates its scale from the reduced history; if that amax is 0, infinite or NaN
     /// the scale stays as it was. Scales start at 1.0, histories at zeros.
-    pub fn lnmlp_desc_set_delayed_scaling(desc: *mut lnmlp_desc, margin: i32, amax_history_len: i32, amax_compute_algo: i32) -> i32;
+    /// @since 0.1; changed in 0.2 (int64_t amax_history_len)
+    /// @param\[in\] margin, amax_history_len, amax_compute_algo
+    /// @param\[in,out\] desc
+    pub fn lnmlp_desc_set_delayed_scaling(desc: *mut lnmlp_desc, margin: i32, amax_history_len: i64, amax_compute_algo: i32) -> i32;
     /// Scale options of CURRENT and BLOCK scaling:
     /// power_2_scale  -1 = the recipe's default (CURRENT: 0, BLOCK: 1), 0, or 1: round each scale
     /// down to a power of two.
     /// amax_epsilon   >= 0 and finite \[0\]: amaxes below it are taken as it (a floor).
     /// scale = fmt_max / max(amax, amax_epsilon); a zero or non-finite amax gives scale 1.
+    /// @since 0.1
+    /// @param\[in\] power_2_scale, amax_epsilon
+    /// @param\[in,out\] desc
     pub fn lnmlp_desc_set_scaling_options(desc: *mut lnmlp_desc, power_2_scale: i32, amax_epsilon: f32) -> i32;
+    /// When enabled, lnmlp_plan_create allocates no workspace; the caller queries
+    /// lnmlp_plan_get_workspace_bytes and attaches memory it owns with lnmlp_plan_attach_workspace
+    /// before the first forward or backward. Default: disabled (the plan owns its workspace).
+    /// @since 0.1
+    /// @param\[in\] enabled
+    /// @param\[in,out\] desc
+    pub fn lnmlp_desc_set_external_workspace(desc: *mut lnmlp_desc, enabled: i32) -> i32;
+    /// Validates the descriptor, chooses algorithms and allocates every workspace up front.
+    /// The descriptor may be destroyed or changed afterwards without affecting the plan.
+    /// @since 0.1
+    /// @param\[in\] desc
+    /// @param\[out\] plan
+    pub fn lnmlp_plan_create(desc: *const lnmlp_desc, plan: *mut *mut lnmlp_plan) -> i32;
+    /// Destroys a plan and frees what it owns (not attached caller workspace). NULL does nothing.
+    /// @since 0.1
+    /// @param\[in\] plan
+    pub fn lnmlp_plan_destroy(plan: *mut lnmlp_plan) -> i32;
+    /// Bytes of scratch memory the plan needs while running (owned or attached).
+    /// @since 0.1
+    /// @param\[in\] plan
+    /// @param\[out\] bytes
+    pub fn lnmlp_plan_get_workspace_bytes(plan: *const lnmlp_plan, bytes: *mut i64) -> i32;
+    /// Bytes of the buffer forward writes and backward reads for the plan's most tokens (0 for
+    /// FORWARD_ONLY): a buffer this large serves every call. The bytes a call with fewer tokens uses
+    /// are lnmlp_plan_get_tensor_shape's LNMLP_TENSOR_SAVED.
+    /// @since 0.1
+    /// @param\[in\] plan
+    /// @param\[out\] bytes
+    pub fn lnmlp_plan_get_saved_bytes(plan: *const lnmlp_plan, bytes: *mut i64) -> i32;
+    /// The saved buffer's bytes per token, without alignment padding (see LNMLP_REMAT_*).
+    /// @since 0.1
+    /// @param\[in\] plan
+    /// @param\[out\] bytes
+    pub fn lnmlp_plan_get_saved_bytes_per_token(plan: *const lnmlp_plan, bytes: *mut i64) -> i32;
+    /// Alignment in bytes the saved buffer and attached workspace must have (64 on CPU, 256 on CUDA).
+    /// @since 0.1
+    /// @param\[in\] plan
+    /// @param\[out\] bytes
+    pub fn lnmlp_plan_get_alignment(plan: *const lnmlp_plan, bytes: *mut i64) -> i32;
+    /// Attaches caller-owned workspace to a plan created with external workspace: `bytes` must be at
+    /// least lnmlp_plan_get_workspace_bytes and `workspace` aligned to lnmlp_plan_get_alignment.
+    /// The memory must outlive every later forward/backward call; attaching again replaces it.
+    /// @since 0.1
+    /// @param\[in\] workspace, bytes
+    /// @param\[in,out\] plan
+    pub fn lnmlp_plan_attach_workspace(plan: *mut lnmlp_plan, workspace: *mut c_void, bytes: i64) -> i32;
+    /// The shape of one tensor of a call with `tokens` tokens (0 .. the plan's most, as forward and
+    /// backward take it, or LNMLP_TOKENS_MAX): writes its number of dimensions to *rank, the
+    /// dimensions to dims\[0 .. *rank - 1\] (dims holds LNMLP_MAX_TENSOR_RANK values; the rest are
+    /// set to 0) and its element type (LNMLP_DTYPE_*) to *dtype. The shapes are this rank's under
+    /// sharding (W1 \[H, A, F/P\], x \[T, H\] with T this rank's rows under sequence parallelism).
+    /// A tensor the plan does not take (beta and dbeta with RMSNorm, a disabled bias and its
+    /// gradient, saved for a plan that saves nothing, the FP8 state for a recipe other than DELAYED)
+    /// has *rank = -1: pass NULL for it.
+    /// @since 0.2
+    /// @param\[in\] plan, tensor, tokens
+    /// @param\[out\] rank, dims, dtype
+    pub fn lnmlp_plan_get_tensor_shape(plan: *const lnmlp_plan, tensor: i32, tokens: i64, rank: *mut i64, dims: *mut i64, dtype: *mut i32) -> i32;
+    /// Makes `state` (the layout above, caller memory, see above) the plan's state from now on, in
+    /// place of the state the plan owns, which keeps its values and is used again after
+    /// lnmlp_plan_attach_fp8_state(plan, NULL). The array must outlive every call that uses it.
+    /// Only DELAYED plans have state: other plans answer LNMLP_ERROR_INVALID_ARGUMENT.
+    /// @since 0.2
+    /// @param\[in\] state
+    /// @param\[in,out\] plan
+    pub fn lnmlp_plan_attach_fp8_state(plan: *mut lnmlp_plan, state: *mut c_void) -> i32;
+    /// The amax history length of a DELAYED plan; 0 for any other recipe.
+    /// @since 0.1; changed in 0.2 (int64_t length)
+    /// @param\[in\] plan
+    /// @param\[out\] length
+    pub fn lnmlp_plan_get_amax_history_length(plan: *const lnmlp_plan, length: *mut i64) -> i32;
+    /// Reads one quantizer's state: *scale, and its history into amax_history\[0 .. length-1\] (newest
+    /// first). `length` must equal lnmlp_plan_get_amax_history_length; amax_history may be NULL (with
+    /// any length) to read the scale alone.
+    /// @since 0.1; changed in 0.2 (int64_t length)
+    /// @param\[in\] plan, quantizer, length
+    /// @param\[out\] scale, amax_history
+    pub fn lnmlp_plan_get_quantizer_state(plan: *const lnmlp_plan, quantizer: i32, scale: *mut f32, amax_history: *mut f32, length: i64) -> i32;
+    /// Replaces one quantizer's state. scale must be finite and > 0; history entries must be >= 0 or
+    /// +inf or NaN (amaxes as recorded); `length` must equal the plan's history length.
+    /// @since 0.1; changed in 0.2 (int64_t length)
+    /// @param\[in\] quantizer, scale, amax_history, length
+    /// @param\[in,out\] plan
+    pub fn lnmlp_plan_set_quantizer_state(plan: *mut lnmlp_plan, quantizer: i32, scale: f32, amax_history: *const f32, length: i64) -> i32;
+    /// Forward: y = act(norm(x) @ W1 + b1) @ W2 + b2 for `tokens` tokens, and writes `saved` for
+    /// backward: aligned to lnmlp_plan_get_alignment, of at least the call's LNMLP_TENSOR_SAVED bytes
+    /// (lnmlp_plan_get_saved_bytes, the maximum, serves every call); `saved` may be NULL only when the
+    /// plan saves 0 bytes or the call has no tokens.
+    /// tokens     the rows of x and y in this call: 0 .. the plan's T (this rank's rows under
+    /// sequence parallelism, and then the same on every rank of the group). A call with
+    /// fewer tokens computes exactly what a plan made for that many tokens computes; with
+    /// 0 tokens forward reads and writes nothing and the FP8 state does not change.
+    /// beta       must be NULL for RMSNorm and non-NULL for LayerNorm; b1 and b2 must be NULL exactly
+    /// when the descriptor disabled them. y must not overlap the inputs.
+    /// fp8_state  NULL: the plan's state (attached or owned). Otherwise a DELAYED plan's state array
+    /// for this call only (see the FP8 quantizer state above).
+    /// flags      LNMLP_CALL_* values, OR'ed.
+    /// stream     a cudaStream_t for the CUDA backend (NULL = default); ignored by the CPU backend.
+    /// A backend prepares its GEMMs for a token count the first time a call has that count (host
+    /// memory: oneDNN primitives, cuBLASLt descriptors and algorithms; kept for the plan's 32 most
+    /// recent counts besides its maximum); every other buffer is the plan's.
+    /// @since 0.2
+    /// @param\[in\] tokens, x, gamma, beta, w1, b1, w2, b2, flags, stream
+    /// @param\[out\] y, saved
+    /// @param\[in,out\] plan, fp8_state
+    pub fn lnmlp_plan_forward(plan: *mut lnmlp_plan, tokens: i64, x: *const c_void, gamma: *const c_void, beta: *const c_void, w1: *const c_void, b1: *const c_void, w2: *const c_void, b2: *const c_void, y: *mut c_void, saved: *mut c_void, fp8_state: *mut c_void, flags: i32, stream: *mut c_void) -> i32;
+    /// Backward, given dy = dL/dy and the `saved` buffer written by the forward with the same tokens, x
+    /// and weights: writes dx, dgamma, dbeta (RMSNorm: must be NULL), dW1, db1 and db2 (NULL exactly when
+    /// the bias is disabled), dW2. Gradients overwrite their buffers, except dW1, db1, dW2 and db2 where the
+    /// descriptor asked them to accumulate (lnmlp_desc_set_weight_gradients); those four have the
+    /// dtype set there.
+    /// b1 is needed only when the plan recomputes GEMM1 (SAVE_STATS) and the descriptor enabled it;
+    /// otherwise it may be NULL. Outputs must not overlap each other or the inputs. tokens, fp8_state,
+    /// flags and stream as for forward; with 0 tokens the parameter gradients are zeros (dW1, db1, dW2
+    /// and db2 stay as they are when they accumulate) and the FP8 state does not change.
+    /// @since 0.2
+    /// @param\[in\] tokens, dy, x, gamma, beta, w1, b1, w2, saved, flags, stream
+    /// @param\[out\] dx, dgamma, dbeta, db2
+    /// @param\[in,out\] plan, dw1, db1, dw2, fp8_state
+    pub fn lnmlp_plan_backward(plan: *mut lnmlp_plan, tokens: i64, dy: *const c_void, x: *const c_void, gamma: *const c_void, beta: *const c_void, w1: *const c_void, b1: *const c_void, w2: *const c_void, saved: *const c_void, dx: *mut c_void, dgamma: *mut c_void, dbeta: *mut c_void, dw1: *mut c_void, db1: *mut c_void, dw2: *mut c_void, db2: *mut c_void, fp8_state: *mut c_void, flags: i32, stream: *mut c_void) -> i32;
     /// Tensor-parallel sharding (docs/sharding.md): this plan is rank `rank` of a tensor-parallel group
     /// of `group_size` plans, one per rank, that run every forward and backward together. Default:
     /// group_size 1 (no sharding). With group_size P > 1 each rank holds a shard of the weights:
@@ -388,15 +585,27 @@ extern "C" {
     /// an MPI or callback communicator, the CUDA backend over an NCCL one (lnmlp_comm_create_nccl);
     /// any other pairing is refused with LNMLP_ERROR_INVALID_ARGUMENT.
     /// Every rank must call forward and backward in the same order: each call runs collectives.
-    pub fn lnmlp_desc_set_sharding(desc: *mut lnmlp_desc, group_size: i32, rank: i32, sequence_parallel: i32) -> i32;
+    /// @since 0.1; changed in 0.2 (int64_t group_size and rank)
+    /// @param\[in\] group_size, rank, sequence_parallel
+    /// @param\[in,out\] desc
+    #[cfg(feature = "experimental")]
+    pub fn lnmlp_desc_set_sharding(desc: *mut lnmlp_desc, group_size: i64, rank: i64, sequence_parallel: i32) -> i32;
     /// Creates a communicator that calls `table`'s functions (the table is copied; `user` must stay
     /// valid while a plan uses the communicator). For frameworks that own their collectives.
+    /// @since 0.1; changed in 0.2 (the table's struct_size, int64_t group_size and rank)
+    /// @param\[in\] table
+    /// @param\[out\] comm
+    #[cfg(feature = "experimental")]
     pub fn lnmlp_comm_create_callbacks(table: *const lnmlp_comm_callbacks, comm: *mut *mut lnmlp_comm) -> i32;
     /// Creates a communicator from an MPI communicator, for the CPU backend: mpi_comm points to an
     /// MPI_Comm (in Python with mpi4py: MPI._addressof(comm)). MPI must be initialized; the MPI_Comm
     /// is used as it is (not duplicated) and must stay valid while a plan uses it. The group is the
     /// whole MPI communicator (its size and rank). Returns LNMLP_ERROR_NOT_SUPPORTED when this build has
     /// no MPI (CMake option LNMLP_MPI; lnmlp_get_build_info says which).
+    /// @since 0.1
+    /// @param\[in\] mpi_comm
+    /// @param\[out\] comm
+    #[cfg(feature = "experimental")]
     pub fn lnmlp_comm_create_mpi(mpi_comm: *const c_void, comm: *mut *mut lnmlp_comm) -> i32;
     /// Creates a communicator from an NCCL communicator, for the CUDA backend: nccl_comm points to an
     /// initialized ncclComm_t (from ncclCommInitRank or ncclCommInitAll; in Python or Rust, pass the
@@ -413,98 +622,47 @@ extern "C" {
     /// *nccl_comm is NULL, and LNMLP_ERROR_NOT_SUPPORTED, creating nothing, when this build has no CUDA
     /// backend, the CUDA module was built without NCCL, NCCL cannot be loaded, or there is no GPU (the
     /// message says which).
+    /// @since 0.1
+    /// @param\[in\] nccl_comm
+    /// @param\[out\] comm
+    #[cfg(feature = "experimental")]
     pub fn lnmlp_comm_create_nccl(nccl_comm: *const c_void, comm: *mut *mut lnmlp_comm) -> i32;
     /// Destroys a communicator handle. NULL does nothing. Descriptors and plans that were given it keep
     /// what they need and stay usable.
+    /// @since 0.1
+    /// @param\[in\] comm
+    #[cfg(feature = "experimental")]
     pub fn lnmlp_comm_destroy(comm: *mut lnmlp_comm) -> i32;
     /// The communicator a sharded plan uses (NULL = none, the default). The descriptor keeps the
     /// communicator alive, and so does every plan created from it. Several plans may share one
     /// communicator, but their forward/backward calls must not overlap in time (each call's collectives
     /// must run in the same order on every rank).
+    /// @since 0.1
+    /// @param\[in\] comm
+    /// @param\[in,out\] desc
+    #[cfg(feature = "experimental")]
     pub fn lnmlp_desc_set_communicator(desc: *mut lnmlp_desc, comm: *mut lnmlp_comm) -> i32;
-    /// When enabled, lnmlp_plan_create allocates no workspace; the caller queries
-    /// lnmlp_plan_get_workspace_bytes and attaches memory it owns with lnmlp_plan_attach_workspace
-    /// before the first forward or backward. Default: disabled (the plan owns its workspace).
-    pub fn lnmlp_desc_set_external_workspace(desc: *mut lnmlp_desc, enabled: i32) -> i32;
-    /// Validates the descriptor, chooses algorithms and allocates every workspace up front.
-    /// The descriptor may be destroyed or changed afterwards without affecting the plan.
-    pub fn lnmlp_plan_create(desc: *const lnmlp_desc, plan: *mut *mut lnmlp_plan) -> i32;
-    /// Destroys a plan and frees what it owns (not attached caller workspace). NULL does nothing.
-    pub fn lnmlp_plan_destroy(plan: *mut lnmlp_plan) -> i32;
-    /// Bytes of scratch memory the plan needs while running (owned or attached).
-    pub fn lnmlp_plan_get_workspace_bytes(plan: *const lnmlp_plan, bytes: *mut i64) -> i32;
-    /// Bytes of the buffer forward writes and backward reads for the plan's most tokens (0 for
-    /// FORWARD_ONLY): a buffer this large serves every call. The bytes a call with fewer tokens uses
-    /// are lnmlp_plan_get_tensor_shape's LNMLP_TENSOR_SAVED.
-    pub fn lnmlp_plan_get_saved_bytes(plan: *const lnmlp_plan, bytes: *mut i64) -> i32;
-    /// The saved buffer's bytes per token, without alignment padding (see LNMLP_REMAT_*).
-    pub fn lnmlp_plan_get_saved_bytes_per_token(plan: *const lnmlp_plan, bytes: *mut i64) -> i32;
-    /// Alignment in bytes the saved buffer and attached workspace must have (64 on CPU, 256 on CUDA).
-    pub fn lnmlp_plan_get_alignment(plan: *const lnmlp_plan, bytes: *mut i64) -> i32;
-    /// Attaches caller-owned workspace to a plan created with external workspace: `bytes` must be at
-    /// least lnmlp_plan_get_workspace_bytes and `workspace` aligned to lnmlp_plan_get_alignment.
-    /// The memory must outlive every later forward/backward call; attaching again replaces it.
-    pub fn lnmlp_plan_attach_workspace(plan: *mut lnmlp_plan, workspace: *mut c_void, bytes: i64) -> i32;
-    /// The shape of one tensor of a call with `tokens` tokens (0 .. the plan's most, as forward and
-    /// backward take it, or LNMLP_TOKENS_MAX): writes its number of dimensions to *rank, the
-    /// dimensions to dims\[0 .. *rank - 1\] (dims holds LNMLP_MAX_TENSOR_RANK values; the rest are
-    /// set to 0) and its element type (LNMLP_DTYPE_*) to *dtype. The shapes are this rank's under
-    /// sharding (W1 \[H, A, F/P\], x \[T, H\] with T this rank's rows under sequence parallelism).
-    /// A tensor the plan does not take (beta and dbeta with RMSNorm, a disabled bias and its
-    /// gradient, saved for a plan that saves nothing, the FP8 state for a recipe other than DELAYED)
-    /// has *rank = -1: pass NULL for it.
-    pub fn lnmlp_plan_get_tensor_shape(plan: *const lnmlp_plan, tensor: i32, tokens: i64, rank: *mut i32, dims: *mut i64, dtype: *mut i32) -> i32;
-    /// Makes `state` (the layout above, caller memory, see above) the plan's state from now on, in
-    /// place of the state the plan owns, which keeps its values and is used again after
-    /// lnmlp_plan_attach_fp8_state(plan, NULL). The array must outlive every call that uses it.
-    /// Only DELAYED plans have state: other plans answer LNMLP_ERROR_INVALID_ARGUMENT.
-    pub fn lnmlp_plan_attach_fp8_state(plan: *mut lnmlp_plan, state: *mut c_void) -> i32;
-    /// The amax history length of a DELAYED plan; 0 for any other recipe.
-    pub fn lnmlp_plan_get_amax_history_length(plan: *const lnmlp_plan, length: *mut i32) -> i32;
-    /// Reads one quantizer's state: *scale, and its history into amax_history\[0 .. length-1\] (newest
-    /// first). `length` must equal lnmlp_plan_get_amax_history_length; amax_history may be NULL (with
-    /// any length) to read the scale alone.
-    pub fn lnmlp_plan_get_quantizer_state(plan: *const lnmlp_plan, quantizer: i32, scale: *mut f32, amax_history: *mut f32, length: i32) -> i32;
-    /// Replaces one quantizer's state. scale must be finite and > 0; history entries must be >= 0 or
-    /// +inf or NaN (amaxes as recorded); `length` must equal the plan's history length.
-    pub fn lnmlp_plan_set_quantizer_state(plan: *mut lnmlp_plan, quantizer: i32, scale: f32, amax_history: *const f32, length: i32) -> i32;
     /// The whole state as one versioned byte blob, for checkpoints: lnmlp_plan_get_state_bytes gives
     /// its size (0 for a stateless recipe); export writes it into `blob` (`bytes` >= that size);
     /// import restores it into a plan of the same recipe and history length, bit for bit, and rejects
     /// (changing nothing) a blob of another version, recipe, length or with invalid values. The blob
     /// is in the host's byte order: magic "LNMLPQS1", then int32 version, recipe, history length,
     /// quantizer count, then per quantizer its float32 scale and history.
+    /// @since 0.1
+    /// @param\[in\] plan
+    /// @param\[out\] bytes
+    #[cfg(feature = "experimental")]
     pub fn lnmlp_plan_get_state_bytes(plan: *const lnmlp_plan, bytes: *mut i64) -> i32;
-    /// (undocumented in include/lnmlp.h)
+    /// Writes the state blob into `blob`, of `bytes` >= lnmlp_plan_get_state_bytes.
+    /// @since 0.1
+    /// @param\[in\] plan, bytes
+    /// @param\[out\] blob
+    #[cfg(feature = "experimental")]
     pub fn lnmlp_plan_export_state(plan: *const lnmlp_plan, blob: *mut c_void, bytes: i64) -> i32;
-    /// (undocumented in include/lnmlp.h)
+    /// Restores the state from a blob of `bytes` bytes written by lnmlp_plan_export_state.
+    /// @since 0.1
+    /// @param\[in\] blob, bytes
+    /// @param\[in,out\] plan
+    #[cfg(feature = "experimental")]
     pub fn lnmlp_plan_import_state(plan: *mut lnmlp_plan, blob: *const c_void, bytes: i64) -> i32;
-    /// Forward: y = act(norm(x) @ W1 + b1) @ W2 + b2 for `tokens` tokens, and writes `saved` for
-    /// backward: aligned to lnmlp_plan_get_alignment, of at least the call's LNMLP_TENSOR_SAVED bytes
-    /// (lnmlp_plan_get_saved_bytes, the maximum, serves every call); `saved` may be NULL only when the
-    /// plan saves 0 bytes or the call has no tokens.
-    /// tokens     the rows of x and y in this call: 0 .. the plan's T (this rank's rows under
-    /// sequence parallelism, and then the same on every rank of the group). A call with
-    /// fewer tokens computes exactly what a plan made for that many tokens computes; with
-    /// 0 tokens forward reads and writes nothing and the FP8 state does not change.
-    /// beta       must be NULL for RMSNorm and non-NULL for LayerNorm; b1 and b2 must be NULL exactly
-    /// when the descriptor disabled them. y must not overlap the inputs.
-    /// fp8_state  NULL: the plan's state (attached or owned). Otherwise a DELAYED plan's state array
-    /// for this call only (see the FP8 quantizer state above).
-    /// flags      LNMLP_CALL_* values, OR'ed.
-    /// stream     a cudaStream_t for the CUDA backend (NULL = default); ignored by the CPU backend.
-    /// A backend prepares its GEMMs for a token count the first time a call has that count (host
-    /// memory: oneDNN primitives, cuBLASLt descriptors and algorithms; kept for the plan's 32 most
-    /// recent counts besides its maximum); every other buffer is the plan's.
-    pub fn lnmlp_plan_forward(plan: *mut lnmlp_plan, tokens: i64, x: *const c_void, gamma: *const c_void, beta: *const c_void, w1: *const c_void, b1: *const c_void, w2: *const c_void, b2: *const c_void, y: *mut c_void, saved: *mut c_void, fp8_state: *mut c_void, flags: i32, stream: *mut c_void) -> i32;
-    /// Backward, given dy = dL/dy and the `saved` buffer written by the forward with the same tokens, x
-    /// and weights: writes dx, dgamma, dbeta (RMSNorm: must be NULL), dW1, db1 and db2 (NULL exactly when
-    /// the bias is disabled), dW2. Gradients overwrite their buffers, except dW1, db1, dW2 and db2 where the
-    /// descriptor asked them to accumulate (lnmlp_desc_set_weight_gradients); those four have the
-    /// dtype set there.
-    /// b1 is needed only when the plan recomputes GEMM1 (SAVE_STATS) and the descriptor enabled it;
-    /// otherwise it may be NULL. Outputs must not overlap each other or the inputs. tokens, fp8_state,
-    /// flags and stream as for forward; with 0 tokens the parameter gradients are zeros (dW1, db1, dW2
-    /// and db2 stay as they are when they accumulate) and the FP8 state does not change.
-    pub fn lnmlp_plan_backward(plan: *mut lnmlp_plan, tokens: i64, dy: *const c_void, x: *const c_void, gamma: *const c_void, beta: *const c_void, w1: *const c_void, b1: *const c_void, w2: *const c_void, saved: *const c_void, dx: *mut c_void, dgamma: *mut c_void, dbeta: *mut c_void, dw1: *mut c_void, db1: *mut c_void, dw2: *mut c_void, db2: *mut c_void, fp8_state: *mut c_void, flags: i32, stream: *mut c_void) -> i32;
 }

@@ -5,9 +5,11 @@ use std::ptr;
 use lnmlp_sys as sys;
 
 use crate::error::check;
+#[cfg(feature = "experimental")]
+use crate::Communicator;
 use crate::{
-    Activation, Activations, Backend, ClampedSwiglu, Communicator, DType, DelayedScaling, Element, Error, Fp8Format,
-    Norm, Plan, Recipe, Remat, Result,
+    Activation, Activations, Backend, ClampedSwiglu, DType, DelayedScaling, Element, Error, Fp8Format, Norm, Plan,
+    Recipe, Remat, Result,
 };
 
 /// Describes a plan: every setter of the C descriptor (`lnmlp_desc_set_*`). Setters chain and
@@ -16,7 +18,8 @@ use crate::{
 /// the library's message. Settings left alone keep the library's defaults: no shape (must be
 /// set), layernorm, gamma not zero-centered, epsilon 1e-6, relu, no biases, f32, save-all, CPU
 /// backend, all cores, weight gradients overwritten in the I/O dtype, no FP8 recipe, no sharding,
-/// no communicator, plan-owned workspace.
+/// no communicator, plan-owned workspace. Sharding and the communicator are experimental (the
+/// `experimental` feature).
 #[derive(Clone, Debug, Default)]
 pub struct PlanBuilder {
     shape: Option<(i64, i64, i64)>,
@@ -30,20 +33,28 @@ pub struct PlanBuilder {
     dtype: Option<DType>,
     remat: Option<Remat>,
     backend: Option<(Backend, i32)>,
-    num_threads: Option<i32>,
+    num_threads: Option<i64>,
     accumulate_grads: Option<bool>,
     grad_dtype: Option<DType>,
     recipe: Option<Recipe>,
     fp8_format: Option<Fp8Format>,
     delayed: Option<DelayedScaling>,
     scaling_options: Option<(Option<bool>, f32)>,
-    sharding: Option<(i32, i32, bool)>,
+    #[cfg(feature = "experimental")]
+    sharding: Option<(i64, i64, bool)>,
+    #[cfg(feature = "experimental")]
     communicator: Option<Communicator>,
     external_workspace: Option<bool>,
 }
 
 /// The same builder under the C API's name for it.
 pub type DescriptorBuilder = PlanBuilder;
+
+/// A size as the C API's `int64_t`; -1 (which the library rejects with its message) for one that
+/// does not fit.
+fn c_size(v: usize) -> i64 {
+    i64::try_from(v).unwrap_or(-1)
+}
 
 impl PlanBuilder {
     /// A builder with the library's defaults.
@@ -56,8 +67,7 @@ impl PlanBuilder {
     /// (the length of its x), and the workspace and [`Plan::saved_bytes`] are sized for T.
     /// Sizes that do not fit an `i64` are rejected at [`PlanBuilder::build`].
     pub fn shape(mut self, tokens: usize, hidden: usize, ffn: usize) -> Self {
-        let c = |v: usize| i64::try_from(v).unwrap_or(-1);
-        self.shape = Some((c(tokens), c(hidden), c(ffn)));
+        self.shape = Some((c_size(tokens), c_size(hidden), c_size(ffn)));
         self
     }
 
@@ -149,9 +159,9 @@ impl PlanBuilder {
         self
     }
 
-    /// CPU backend threads; 0 (default) uses every core the process may run on.
-    pub fn num_threads(mut self, num_threads: i32) -> Self {
-        self.num_threads = Some(num_threads);
+    /// CPU backend threads, 0 ..= 65536; 0 (default) uses every core the process may run on.
+    pub fn num_threads(mut self, num_threads: usize) -> Self {
+        self.num_threads = Some(c_size(num_threads));
         self
     }
 
@@ -207,6 +217,8 @@ impl PlanBuilder {
         self
     }
 
+    /// Experimental (feature `experimental`; may change in any release).
+    ///
     /// Tensor-parallel sharding (`lnmlp_desc_set_sharding`, docs/sharding.md): this plan is rank
     /// `rank` of a group of `group_size` plans (default 1: no sharding). [`PlanBuilder::shape`]
     /// stays the group's T, H, F; the plan's tensors are its shard: W1 `[H, A, F/P]`, b1
@@ -215,16 +227,21 @@ impl PlanBuilder {
     /// [`Plan::tensor_shape`] and [`Plan::w1_len`] and friends. A group larger than 1 needs a
     /// [`PlanBuilder::communicator`] of the same size and rank, F divisible by P and, with
     /// sequence parallelism, T too; otherwise [`PlanBuilder::build`] fails with
-    /// [`crate::Status::InvalidArgument`] and a message saying what to change.
-    pub fn sharding(mut self, group_size: i32, rank: i32, sequence_parallel: bool) -> Self {
-        self.sharding = Some((group_size, rank, sequence_parallel));
+    /// [`crate::Status::InvalidArgument`] and a message saying what to change (as it does for a
+    /// `group_size` above `i32::MAX`).
+    #[cfg(feature = "experimental")]
+    pub fn sharding(mut self, group_size: usize, rank: usize, sequence_parallel: bool) -> Self {
+        self.sharding = Some((c_size(group_size), c_size(rank), sequence_parallel));
         self
     }
 
+    /// Experimental (feature `experimental`; may change in any release).
+    ///
     /// The communicator a sharded plan uses (`lnmlp_desc_set_communicator`): the builder and
     /// every plan built from it keep a reference to it (a clone), so it may be dropped after
     /// building. Plans sharing one communicator must not run at the same time (every rank runs
     /// its collectives in the same order).
+    #[cfg(feature = "experimental")]
     pub fn communicator(mut self, comm: &Communicator) -> Self {
         self.communicator = Some(comm.clone());
         self
@@ -265,7 +282,7 @@ impl PlanBuilder {
             }
             if let Some(a) = self.activations {
                 let raw = a.raw();
-                check(sys::lnmlp_desc_set_activations(d, raw.len() as i32, raw.as_ptr()))?;
+                check(sys::lnmlp_desc_set_activations(d, raw.len() as i64, raw.as_ptr()))?;
             }
             if let Some(p) = self.clamped_swiglu {
                 check(sys::lnmlp_desc_set_clamped_swiglu(d, p.limit, p.alpha, p.offset))?;
@@ -293,7 +310,8 @@ impl PlanBuilder {
                 check(sys::lnmlp_desc_set_fp8_format(d, f.raw()))?;
             }
             if let Some(o) = self.delayed {
-                check(sys::lnmlp_desc_set_delayed_scaling(d, o.margin, o.amax_history_len, o.amax_compute_algo.raw()))?;
+                let len = c_size(o.amax_history_len);
+                check(sys::lnmlp_desc_set_delayed_scaling(d, o.margin, len, o.amax_compute_algo.raw()))?;
             }
             if let Some((p2, eps)) = self.scaling_options {
                 let p = match p2 {
@@ -303,9 +321,11 @@ impl PlanBuilder {
                 };
                 check(sys::lnmlp_desc_set_scaling_options(d, p, eps))?;
             }
+            #[cfg(feature = "experimental")]
             if let Some((g, r, sp)) = self.sharding {
                 check(sys::lnmlp_desc_set_sharding(d, g, r, sp as i32))?;
             }
+            #[cfg(feature = "experimental")]
             if let Some(c) = &self.communicator {
                 // The C descriptor and plan hold the library's communicator; the Plan holds a
                 // clone of `c`, which keeps a Rust Collectives implementation alive as long.
@@ -347,9 +367,15 @@ impl PlanBuilder {
     pub(crate) fn cfg_shape(&self) -> (i64, i64, i64) {
         self.shape.unwrap_or((0, 0, 0))
     }
-    pub(crate) fn cfg_sharding(&self) -> (i32, i32, bool) {
-        self.sharding.unwrap_or((1, 0, false))
+    /// (group size, rank, sequence parallel); (1, 0, false) when not sharded.
+    pub(crate) fn cfg_sharding(&self) -> (i64, i64, bool) {
+        #[cfg(feature = "experimental")]
+        if let Some(s) = self.sharding {
+            return s;
+        }
+        (1, 0, false)
     }
+    #[cfg(feature = "experimental")]
     pub(crate) fn cfg_communicator(&self) -> Option<Communicator> {
         self.communicator.clone()
     }

@@ -1,5 +1,8 @@
 //! [`Communicator`]: how the ranks of a sharded plan exchange data (docs/sharding.md).
 //!
+//! Experimental: this module exists only with the `experimental` feature (the C API's
+//! experimental tier); it works and is tested, but may change in any release.
+//!
 //! Three kinds, as in the C API:
 //! - [`Communicator::new`] / [`Communicator::from_collectives`]: a Rust implementation of the
 //!   [`Collectives`] trait (for frameworks that own their collectives, or ranks as threads of one
@@ -19,60 +22,14 @@ use std::sync::{Arc, Mutex};
 use lnmlp_sys as sys;
 
 use crate::error::check;
-use crate::{Error, Result, Status};
-
-/// The element type of a collective's buffer (`LNMLP_COMM_*`). lnmlp gathers in the plan's I/O
-/// dtype ([`CommType::F32`], [`CommType::Bf16`], [`CommType::F16`]) or as FP8 codes
-/// ([`CommType::U8`]), and sums and maxes in [`CommType::F32`] only.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum CommType {
-    /// 32-bit floats.
-    F32,
-    /// bfloat16 bit patterns.
-    Bf16,
-    /// IEEE binary16 bit patterns.
-    F16,
-    /// Bytes (FP8 codes).
-    U8,
-}
-
-impl CommType {
-    /// The C constant (`LNMLP_COMM_F32`, ...).
-    pub fn raw(self) -> i32 {
-        match self {
-            CommType::F32 => sys::LNMLP_COMM_F32,
-            CommType::Bf16 => sys::LNMLP_COMM_BF16,
-            CommType::F16 => sys::LNMLP_COMM_F16,
-            CommType::U8 => sys::LNMLP_COMM_U8,
-        }
-    }
-
-    /// The type of a C constant; `None` for a value this crate does not know.
-    pub fn from_raw(raw: i32) -> Option<CommType> {
-        match raw {
-            sys::LNMLP_COMM_F32 => Some(CommType::F32),
-            sys::LNMLP_COMM_BF16 => Some(CommType::Bf16),
-            sys::LNMLP_COMM_F16 => Some(CommType::F16),
-            sys::LNMLP_COMM_U8 => Some(CommType::U8),
-            _ => None,
-        }
-    }
-
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            CommType::F32 => 4,
-            CommType::Bf16 | CommType::F16 => 2,
-            CommType::U8 => 1,
-        }
-    }
-}
+use crate::{ElementType, Error, Result, Status};
 
 /// What a collective returns: `Ok(())`, or any error (its text is appended to the message of the
 /// plan call that fails with [`crate::Status::Backend`]).
 pub type CommResult = std::result::Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
+/// Experimental (feature `experimental`; may change in any release).
+///
 /// The four collectives of a tensor-parallel group, implemented in Rust, for
 /// [`Communicator::new`]. Every rank's plan calls them in the same order; each call must be
 /// complete (its output written) when it returns, and its result must be identical on every rank
@@ -89,16 +46,18 @@ pub type CommResult = std::result::Result<(), Box<dyn std::error::Error + Send +
 /// one communicator. The C API requires their calls not to overlap in time, but if they do, the
 /// methods (`&self`) are called concurrently, so they must be thread-safe.
 pub trait Collectives: Send + Sync {
-    /// The group's size P (>= 1); read once, by [`Communicator::new`].
-    fn size(&self) -> i32;
+    /// The group's size P (1 ..= `i32::MAX`); read once, by [`Communicator::new`].
+    fn size(&self) -> usize;
 
     /// This rank's index in the group (0..P); read once, by [`Communicator::new`].
-    fn rank(&self) -> i32;
+    fn rank(&self) -> usize;
 
     /// All-gather: `data` holds `size() * count` elements of `ty` as bytes, in rank order; this
     /// rank's block (`data[rank * count * ty.size()..][..count * ty.size()]`) already holds its
-    /// contribution. Fill the other ranks' blocks with theirs.
-    fn all_gather(&self, data: &mut [u8], ty: CommType) -> CommResult;
+    /// contribution. Fill the other ranks' blocks with theirs. lnmlp gathers in the plan's I/O
+    /// dtype ([`ElementType::F32`], [`ElementType::Bf16`], [`ElementType::F16`]; U8 is reserved
+    /// for FP8 codes); the reductions below are f32 only.
+    fn all_gather(&self, data: &mut [u8], ty: ElementType) -> CommResult;
 
     /// Reduce-scatter with sum: `send` holds `size() * recv.len()` floats; write into `recv` the
     /// element-wise sum over the ranks of their `send[rank * recv.len()..][..recv.len()]` (this
@@ -141,7 +100,7 @@ enum Kind {
 struct Inner {
     raw: NonNull<sys::lnmlp_comm>,
     kind: Kind,
-    group: Option<(i32, i32)>,
+    group: Option<(usize, usize)>,
     /// Declared after `raw` is destroyed (Drop below runs first, then the fields drop): the C
     /// communicator, which calls into it, is gone before the state is freed.
     callbacks: Option<Box<CallbackState>>,
@@ -165,20 +124,22 @@ unsafe impl Send for Inner {}
 // SAFETY: as above; &Inner only reads the handle and calls the Sync callback state.
 unsafe impl Sync for Inner {}
 
+/// Experimental (feature `experimental`; may change in any release).
+///
 /// A communicator (`lnmlp_comm`): give it to [`crate::PlanBuilder::communicator`] on every rank
 /// of a sharded group, with [`crate::PlanBuilder::sharding`]. Cloning is cheap (a reference count):
 /// the C handle is destroyed, and a Rust implementation dropped, when the last clone and the last
 /// plan built with it are gone. `Send + Sync`.
 ///
 /// ```
-/// use lnmlp::{Collectives, CommResult, CommType, Communicator, PlanBuilder};
+/// use lnmlp::{Collectives, CommResult, Communicator, ElementType, PlanBuilder};
 ///
 /// /// A group of one: every collective is the identity.
 /// struct Solo;
 /// impl Collectives for Solo {
-///     fn size(&self) -> i32 { 1 }
-///     fn rank(&self) -> i32 { 0 }
-///     fn all_gather(&self, _data: &mut [u8], _ty: CommType) -> CommResult { Ok(()) }
+///     fn size(&self) -> usize { 1 }
+///     fn rank(&self) -> usize { 0 }
+///     fn all_gather(&self, _data: &mut [u8], _ty: ElementType) -> CommResult { Ok(()) }
 ///     fn reduce_scatter_sum(&self, send: &[f32], recv: &mut [f32]) -> CommResult {
 ///         recv.copy_from_slice(send);
 ///         Ok(())
@@ -201,8 +162,8 @@ pub struct Communicator {
 
 impl Communicator {
     /// A communicator calling a Rust implementation of the collectives
-    /// (`lnmlp_comm_create_callbacks`). Fails with [`Status::InvalidArgument`] when `size() < 1`
-    /// or `rank()` is not in `0..size()`.
+    /// (`lnmlp_comm_create_callbacks`). Fails with [`Status::InvalidArgument`] when `size()` is
+    /// not in `1 ..= i32::MAX` or `rank()` is not in `0..size()`.
     pub fn new<C: Collectives + 'static>(collectives: C) -> Result<Communicator> {
         Communicator::from_collectives(Box::new(collectives))
     }
@@ -210,20 +171,17 @@ impl Communicator {
     /// [`Communicator::new`] from a boxed trait object.
     pub fn from_collectives(collectives: Box<dyn Collectives>) -> Result<Communicator> {
         let (size, rank) = (collectives.size(), collectives.rank());
-        if size < 1 || rank < 0 || rank >= size {
+        if size < 1 || size > i32::MAX as usize || rank >= size {
             return Err(Error::invalid(format!(
-                "Collectives::size() must be >= 1 and rank() in [0, size), got size {size}, rank {rank}"
+                "Collectives::size() must be in [1, i32::MAX] and rank() in [0, size), got size {size}, rank {rank}"
             )));
         }
-        let state = Box::new(CallbackState {
-            imp: collectives,
-            size: size as usize,
-            rank: rank as usize,
-            failure: Mutex::new(None),
-        });
+        let state = Box::new(CallbackState { imp: collectives, size, rank, failure: Mutex::new(None) });
         let table = sys::lnmlp_comm_callbacks {
-            size,
-            rank,
+            struct_size: std::mem::size_of::<sys::lnmlp_comm_callbacks>() as i64,
+            // Both fit: size <= i32::MAX, rank < size.
+            group_size: size as i64,
+            rank: rank as i64,
             all_gather: Some(tramp_all_gather),
             reduce_scatter: Some(tramp_reduce_scatter),
             all_reduce_sum: Some(tramp_all_reduce_sum),
@@ -285,7 +243,7 @@ impl Communicator {
     fn wrap(
         raw: *mut sys::lnmlp_comm,
         kind: Kind,
-        group: Option<(i32, i32)>,
+        group: Option<(usize, usize)>,
         callbacks: Option<Box<CallbackState>>,
     ) -> Result<Communicator> {
         let raw = NonNull::new(raw)
@@ -295,12 +253,12 @@ impl Communicator {
 
     /// The group's size, for a communicator made from [`Collectives`]; `None` for MPI and NCCL
     /// (ask them: the size of the MPI or NCCL communicator).
-    pub fn size(&self) -> Option<i32> {
+    pub fn size(&self) -> Option<usize> {
         self.inner.group.map(|g| g.0)
     }
 
     /// This rank, for a communicator made from [`Collectives`]; `None` for MPI and NCCL.
-    pub fn rank(&self) -> Option<i32> {
+    pub fn rank(&self) -> Option<usize> {
         self.inner.group.map(|g| g.1)
     }
 
@@ -379,7 +337,7 @@ fn bytes(count: i64, size: usize, times: usize) -> std::result::Result<usize, St
 }
 
 fn check_f32(ty: i32, p: *const c_void) -> std::result::Result<(), String> {
-    if ty != sys::LNMLP_COMM_F32 {
+    if ty != sys::LNMLP_DTYPE_F32 {
         return Err(format!("reductions are fp32 only, got type {ty}"));
     }
     if (p as usize) % std::mem::align_of::<f32>() != 0 {
@@ -414,7 +372,7 @@ unsafe extern "C" fn tramp_all_gather(
     // SAFETY: user is our state (see run).
     unsafe {
         run(user, "all_gather", |c| {
-            let t = CommType::from_raw(ty).ok_or_else(|| format!("unknown element type {ty}"))?;
+            let t = ElementType::from_raw(ty).ok_or_else(|| format!("unknown element type {ty}"))?;
             let (size, rank) = (c.size, c.rank);
             let n = bytes(count, t.size(), 1)?;
             let total = bytes(count, t.size(), size)?;

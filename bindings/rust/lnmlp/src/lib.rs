@@ -6,8 +6,8 @@
 //! ```
 //!
 //! forward and backward, in f32, bf16 or f16, optionally with FP8 GEMMs, on the CPU (host slices)
-//! or on a GPU (raw device pointers). It wraps the C API of `include/lnmlp.h` (the raw
-//! declarations are in the `lnmlp-sys` crate).
+//! or, with the `experimental` feature, on a GPU (raw device pointers). It wraps the C API of
+//! `include/lnmlp.h` (the raw declarations are in the `lnmlp-sys` crate).
 //!
 //! Shapes (row-major; T the call's tokens, H hidden, F ffn, A = 1 activation or 2 for a gated
 //! pair): x, y, dx, dy `[T, H]`; gamma, beta `[H]` (no beta for RMSNorm); W1 `[H, A, F]`; b1
@@ -83,13 +83,29 @@
 //! # }
 //! ```
 //!
-//! # Sharding
+//! # The `experimental` feature
+//!
+//! The C API's experimental tier (`LNMLP_EXPERIMENTAL` in include/lnmlp.h) works and is tested,
+//! but may change in any release; this crate exposes it only with the cargo feature
+//! `experimental` (`lnmlp = { ..., features = ["experimental"] }`, which enables `lnmlp-sys`'s):
+//!
+//! - sharding: [`PlanBuilder::sharding`], [`PlanBuilder::communicator`], [`Plan::communicator`],
+//!   [`Communicator`], [`Collectives`], [`CommResult`], [`Feature::Sharding`];
+//! - the FP8 state as a versioned blob: [`Plan::export_state`], [`Plan::import_state`],
+//!   [`Plan::state_bytes`] (without it, [`Plan::fp8_state`] and [`Plan::quantizer_state`] read
+//!   the same state);
+//! - the CUDA backend, [`Backend::Cuda`] (compiled and tested against a CPU emulation of CUDA,
+//!   not yet run on a GPU). [`Backend`] and [`Feature`] are `#[non_exhaustive]` so that enabling
+//!   the feature adds variants without breaking a `match`.
+//!
+//! ## Sharding
 //!
 //! A plan can be one rank of a tensor-parallel group (docs/sharding.md): give every rank's
 //! builder [`PlanBuilder::sharding`] and a [`Communicator`] (an MPI communicator, or a Rust
 //! implementation of [`Collectives`]); each rank then passes its shard of the weights (and, under
 //! sequence parallelism, of the tokens), of the library's shapes ([`Plan::tensor_shape`],
-//! [`Plan::w1_len`], ...).
+//! [`Plan::w1_len`], ...). Without the feature every plan is a group of one
+//! ([`Plan::group_size`] 1).
 //!
 //! # Finding the library
 //!
@@ -99,10 +115,14 @@
 //! `liblnmlp.so.2`, [`ffi::LNMLP_ABI_VERSION`]).
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
+// The docs name the experimental items, which exist only with the feature: without it they are
+// plain text, not links.
+#![cfg_attr(not(feature = "experimental"), allow(rustdoc::broken_intra_doc_links))]
 #![allow(clippy::needless_doctest_main)]
 
 mod buffer;
 mod builder;
+#[cfg(feature = "experimental")]
 mod comm;
 mod element;
 mod error;
@@ -116,7 +136,8 @@ use lnmlp_sys as sys;
 
 pub use buffer::Saved;
 pub use builder::{DescriptorBuilder, PlanBuilder};
-pub use comm::{Collectives, CommResult, CommType, Communicator};
+#[cfg(feature = "experimental")]
+pub use comm::{Collectives, CommResult, Communicator};
 pub use element::{convert_from_f32, convert_to_f32, Bf16, Element, F16};
 pub use error::{last_error, status_string, Error, Result, Status};
 pub use plan::{CallOptions, Gradients, GradientsMut, Plan, QuantizerState, Weights};

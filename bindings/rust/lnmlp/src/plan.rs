@@ -9,9 +9,11 @@ use lnmlp_sys as sys;
 
 use crate::buffer::AlignedBuf;
 use crate::error::check;
+#[cfg(feature = "experimental")]
+use crate::Communicator;
 use crate::{
-    Backend, CallFlags, Communicator, DType, Element, ElementType, Error, Norm, PlanBuilder, Quantizer, Recipe, Remat,
-    Result, Saved, Shape, Status, Tensor, Tokens,
+    Backend, CallFlags, DType, Element, ElementType, Error, Norm, PlanBuilder, Quantizer, Recipe, Remat, Result, Saved,
+    Shape, Status, Tensor, Tokens,
 };
 
 /// The parameters of the block, borrowed: shapes `gamma`, `beta` `[H]`; `w1` `[H, A, F]`; `b1`
@@ -244,6 +246,7 @@ pub struct Plan {
     saved_bytes_per_token: usize,
     alignment: usize,
     amax_history_length: usize,
+    #[cfg(feature = "experimental")]
     state_bytes: usize,
     group_size: usize,
     rank: usize,
@@ -256,6 +259,7 @@ pub struct Plan {
     /// The communicator of a sharded plan: keeps a Rust Collectives implementation alive while
     /// the C plan may call it (dropped after the plan is destroyed), and supplies the message of
     /// a failed collective.
+    #[cfg(feature = "experimental")]
     comm: Option<Communicator>,
     /// Host workspace attached by attach_host_workspace; freed after the plan (field order).
     host_workspace: Option<AlignedBuf>,
@@ -341,12 +345,14 @@ impl Plan {
             saved_bytes_per_token: 0,
             alignment: 1,
             amax_history_length: 0,
+            #[cfg(feature = "experimental")]
             state_bytes: 0,
             group_size: group_size.max(1) as usize,
             rank: rank.max(0) as usize,
             sequence_parallel: sp && group_size > 1,
             shapes: [None; TENSOR_COUNT],
             max_tokens: 0,
+            #[cfg(feature = "experimental")]
             comm: cfg.cfg_communicator(),
             host_workspace: None,
             fp8_state: None,
@@ -363,11 +369,11 @@ impl Plan {
         plan.saved_bytes = q(sys::lnmlp_plan_get_saved_bytes, "saved bytes")?;
         plan.saved_bytes_per_token = q(sys::lnmlp_plan_get_saved_bytes_per_token, "saved bytes per token")?;
         plan.alignment = q(sys::lnmlp_plan_get_alignment, "alignment")?.max(1);
-        plan.state_bytes = q(sys::lnmlp_plan_get_state_bytes, "state bytes")?;
-        let mut len = 0i32;
-        // SAFETY: as above.
-        check(unsafe { sys::lnmlp_plan_get_amax_history_length(p, &mut len) })?;
-        plan.amax_history_length = to_usize(len as i64, "amax history length")?;
+        #[cfg(feature = "experimental")]
+        {
+            plan.state_bytes = q(sys::lnmlp_plan_get_state_bytes, "state bytes")?;
+        }
+        plan.amax_history_length = q(sys::lnmlp_plan_get_amax_history_length, "amax history length")?;
         for t in Tensor::ALL {
             plan.shapes[t.index()] = plan.query_shape(t, sys::LNMLP_TOKENS_MAX)?;
         }
@@ -392,7 +398,7 @@ impl Plan {
 
     /// `lnmlp_plan_get_tensor_shape`; `None` for a tensor the plan does not take.
     fn query_shape(&self, tensor: Tensor, tokens: i64) -> Result<Option<Shape>> {
-        let (mut rank, mut dims, mut dtype) = (0i32, [0i64; Shape::MAX_RANK], 0i32);
+        let (mut rank, mut dims, mut dtype) = (0i64, [0i64; Shape::MAX_RANK], 0i32);
         // SAFETY: the live plan; dims holds LNMLP_MAX_TENSOR_RANK values; valid out-pointers.
         check(unsafe {
             sys::lnmlp_plan_get_tensor_shape(
@@ -466,7 +472,8 @@ impl Plan {
     pub fn sequence_parallel(&self) -> bool {
         self.sequence_parallel
     }
-    /// The communicator of a sharded plan.
+    /// Experimental (feature `experimental`): the communicator of a sharded plan.
+    #[cfg(feature = "experimental")]
     pub fn communicator(&self) -> Option<&Communicator> {
         self.comm.as_ref()
     }
@@ -529,7 +536,9 @@ impl Plan {
     pub fn amax_history_length(&self) -> usize {
         self.amax_history_length
     }
-    /// Bytes of the state blob of [`Plan::export_state`] (0 for a stateless recipe).
+    /// Experimental (feature `experimental`): bytes of the state blob of [`Plan::export_state`] (0
+    /// for a stateless recipe).
+    #[cfg(feature = "experimental")]
     pub fn state_bytes(&self) -> usize {
         self.state_bytes
     }
@@ -625,6 +634,7 @@ impl Plan {
 
     /// A failed call of a sharded plan whose Rust collective failed or panicked: the library's
     /// message plus what the collective reported.
+    #[cfg(feature = "experimental")]
     fn with_comm_failure(&self, r: Result<()>) -> Result<()> {
         match (r, &self.comm) {
             (Err(e), Some(c)) if e.status() == Status::Backend => match c.take_failure() {
@@ -633,6 +643,12 @@ impl Plan {
             },
             (r, _) => r,
         }
+    }
+
+    /// Without the experimental tier no plan is sharded: the result as it is.
+    #[cfg(not(feature = "experimental"))]
+    fn with_comm_failure(&self, r: Result<()>) -> Result<()> {
+        r
     }
 
     /// A zeroed saved buffer of the plan's size ([`Plan::saved_bytes`], serving every call) and
@@ -1515,7 +1531,7 @@ impl Plan {
     /// Makes `state` (the `[6, 1 + amax history length]` array, [`Plan::fp8_state_len`] values,
     /// e.g. from [`Plan::new_fp8_state`]) the plan's FP8 quantizer state from now on
     /// (`lnmlp_plan_attach_fp8_state`): forward and backward update it, and
-    /// [`Plan::quantizer_state`], [`Plan::export_state`] and friends read and write it. The
+    /// [`Plan::quantizer_state`], [`Plan::fp8_state`] and friends read and write it. The
     /// plan's own state keeps its values and is used again after [`Plan::detach_fp8_state`].
     ///
     /// The plan takes ownership of the array, so it cannot be freed while the library holds a
@@ -1592,7 +1608,7 @@ impl Plan {
         let hp = if hist.is_empty() { ptr::null_mut() } else { hist.as_mut_ptr() };
         // SAFETY: hist has exactly `length` entries (or the pointer is NULL).
         unsafe {
-            check(sys::lnmlp_plan_get_quantizer_state(self.raw.as_ptr(), q.raw(), &mut scale, hp, hist.len() as i32))?
+            check(sys::lnmlp_plan_get_quantizer_state(self.raw.as_ptr(), q.raw(), &mut scale, hp, hist.len() as i64))?
         };
         Ok(QuantizerState { scale, amax_history: hist })
     }
@@ -1610,12 +1626,16 @@ impl Plan {
         let hp = if amax_history.is_empty() { ptr::null() } else { amax_history.as_ptr() };
         // SAFETY: hp points to `length` floats (or is NULL).
         unsafe {
-            check(sys::lnmlp_plan_set_quantizer_state(self.raw.as_ptr(), q.raw(), scale, hp, amax_history.len() as i32))
+            check(sys::lnmlp_plan_set_quantizer_state(self.raw.as_ptr(), q.raw(), scale, hp, amax_history.len() as i64))
         }
     }
 
+    /// Experimental (feature `experimental`; the blob's format may change in any release).
+    ///
     /// The whole quantizer state as a versioned blob for checkpoints (empty for a stateless
-    /// recipe).
+    /// recipe). [`Plan::fp8_state`] and [`Plan::quantizer_state`] read the same state without
+    /// the experimental tier.
+    #[cfg(feature = "experimental")]
     pub fn export_state(&self) -> Result<Vec<u8>> {
         let mut blob = vec![0u8; self.state_bytes];
         if blob.is_empty() {
@@ -1628,9 +1648,12 @@ impl Plan {
         Ok(blob)
     }
 
+    /// Experimental (feature `experimental`; the blob's format may change in any release).
+    ///
     /// Restores a blob from [`Plan::export_state`] of a plan with the same recipe and history
     /// length, bit for bit. A blob of another version, recipe, length or with invalid values is
     /// rejected by the library and changes nothing.
+    #[cfg(feature = "experimental")]
     pub fn import_state(&mut self, blob: &[u8]) -> Result<()> {
         let p = if blob.is_empty() { ptr::null() } else { blob.as_ptr() as *const c_void };
         // SAFETY: p points to blob.len() bytes (or is NULL with 0).

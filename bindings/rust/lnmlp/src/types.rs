@@ -264,14 +264,18 @@ impl Remat {
     }
 }
 
-/// Where a plan runs (`LNMLP_BACKEND_*`).
+/// Where a plan runs (`LNMLP_BACKEND_*`). Non-exhaustive: [`Backend::Cuda`] exists only with the
+/// `experimental` feature.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Backend {
     /// The embedded CPU backend: host memory (the default).
     #[default]
     Cpu,
-    /// The CUDA backend: device memory, through [`crate::Plan::forward_raw`] /
-    /// [`crate::Plan::backward_raw`].
+    /// Experimental (feature `experimental`; compiled and tested against a CPU emulation of CUDA,
+    /// not yet run on a GPU): the CUDA backend, device memory, through
+    /// [`crate::Plan::forward_raw`] / [`crate::Plan::backward_raw`].
+    #[cfg(feature = "experimental")]
     Cuda,
 }
 
@@ -280,6 +284,7 @@ impl Backend {
     pub fn raw(self) -> i32 {
         match self {
             Backend::Cpu => sys::LNMLP_BACKEND_CPU,
+            #[cfg(feature = "experimental")]
             Backend::Cuda => sys::LNMLP_BACKEND_CUDA,
         }
     }
@@ -363,7 +368,7 @@ pub struct DelayedScaling {
     /// `scale = (fmt_max / amax) / 2^margin`; in [-126, 127]. Default 0.
     pub margin: i32,
     /// Entries of each quantizer's amax history, 1 ..= 65536. Default 1024.
-    pub amax_history_len: i32,
+    pub amax_history_len: usize,
     /// How the history is reduced. Default [`AmaxAlgo::Max`].
     pub amax_compute_algo: AmaxAlgo,
 }
@@ -409,7 +414,8 @@ impl Quantizer {
     }
 }
 
-/// FP8 element encodings (`LNMLP_FP8_*`), for [`crate::fp8_encode`] / [`crate::fp8_decode`].
+/// FP8 element types (`LNMLP_DTYPE_FP8_E4M3`, `LNMLP_DTYPE_FP8_E5M2`), for [`crate::fp8_encode`] /
+/// [`crate::fp8_decode`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Fp8Encoding {
     /// OCP "e4m3fn": max 448, no infinities.
@@ -422,8 +428,8 @@ impl Fp8Encoding {
     /// The C value.
     pub fn raw(self) -> i32 {
         match self {
-            Fp8Encoding::E4M3 => sys::LNMLP_FP8_E4M3,
-            Fp8Encoding::E5M2 => sys::LNMLP_FP8_E5M2,
+            Fp8Encoding::E4M3 => sys::LNMLP_DTYPE_FP8_E4M3,
+            Fp8Encoding::E5M2 => sys::LNMLP_DTYPE_FP8_E5M2,
         }
     }
 
@@ -436,8 +442,10 @@ impl Fp8Encoding {
     }
 }
 
-/// Features for [`crate::query_support`] (`LNMLP_FEATURE_*`).
+/// Features for [`crate::query_support`] (`LNMLP_FEATURE_*`). Non-exhaustive:
+/// [`Feature::Sharding`] exists only with the `experimental` feature.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Feature {
     /// The backend is compiled in and usable on this machine.
     Backend,
@@ -455,7 +463,8 @@ pub enum Feature {
     RecipeBlock,
     /// The Mxfp8 recipe.
     RecipeMxfp8,
-    /// Tensor-parallel sharding.
+    /// Experimental (feature `experimental`): tensor-parallel sharding.
+    #[cfg(feature = "experimental")]
     Sharding,
     /// Caller-attached workspace.
     ExternalWorkspace,
@@ -473,6 +482,7 @@ impl Feature {
             Feature::RecipeCurrent => sys::LNMLP_FEATURE_RECIPE_CURRENT,
             Feature::RecipeBlock => sys::LNMLP_FEATURE_RECIPE_BLOCK,
             Feature::RecipeMxfp8 => sys::LNMLP_FEATURE_RECIPE_MXFP8,
+            #[cfg(feature = "experimental")]
             Feature::Sharding => sys::LNMLP_FEATURE_SHARDING,
             Feature::ExternalWorkspace => sys::LNMLP_FEATURE_EXTERNAL_WORKSPACE,
         }
@@ -605,8 +615,8 @@ impl fmt::Display for Tensor {
     }
 }
 
-/// The element type of a [`Shape`]: the plan's I/O types, and bytes for the saved buffer
-/// (`LNMLP_DTYPE_*`, with `LNMLP_DTYPE_U8`).
+/// The element type of a [`Shape`] (the plan's I/O types, and bytes for the saved buffer) and of
+/// a collective's buffer (`LNMLP_DTYPE_*`: F32, BF16, F16, U8).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ElementType {
     /// `f32` (the FP8 state, and f32 plans' tensors).
@@ -615,7 +625,7 @@ pub enum ElementType {
     Bf16,
     /// IEEE binary16.
     F16,
-    /// Bytes (the saved buffer).
+    /// Bytes (the saved buffer; FP8 codes in a collective).
     U8,
 }
 

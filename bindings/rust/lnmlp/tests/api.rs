@@ -105,6 +105,14 @@ fn fp8_encode_decode() {
     let err = fp8_encode(Fp8Encoding::E4M3, &v, 0.0).unwrap_err();
     assert_eq!(err.status(), Status::InvalidArgument);
     assert!(!err.message().is_empty());
+    // The element types are LNMLP_DTYPE_FP8_* (4, 5); ABI 1's LNMLP_FP8_* numbers (0, 1) are refused.
+    assert_eq!((Fp8Encoding::E4M3.raw(), Fp8Encoding::E5M2.raw()), (4, 5));
+    let mut out = [0u8; 1];
+    for old in [0, 1] {
+        // SAFETY: one input value, one output byte.
+        let rc = unsafe { ffi::lnmlp_fp8_encode(old, [1.0f32].as_ptr(), 1, 1.0, out.as_mut_ptr()) };
+        assert_eq!(rc, ffi::LNMLP_ERROR_INVALID_ARGUMENT, "dtype {old}");
+    }
 }
 
 #[test]
@@ -130,10 +138,6 @@ fn bad_settings_are_reported() {
     assert!(e.message().contains("not_an_activation"), "{e}");
     let e = small().gated(Activation::ClampedSilu, Activation::Linear).build().unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument, "{e}");
-    // a group without a communicator
-    let e = small().sharding(2, 0, false).build().unwrap_err();
-    assert_eq!(e.status(), Status::InvalidArgument, "{e}");
-    assert!(e.message().contains("communicator"), "{e}");
     let e = small().backend(Backend::Cpu, 3).build().unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument, "{e}");
     let e = small().clamped_swiglu(ClampedSwiglu { limit: -1.0, ..Default::default() }).build().unwrap_err();
@@ -145,10 +149,22 @@ fn bad_settings_are_reported() {
         .recipe(Recipe::Current)
         .fp8_format(Fp8Format::E4M3)
         .scaling_options(Some(true), 0.0)
-        .sharding(1, 0, false)
         .build()
         .unwrap();
     assert_eq!(p.num_activations(), 2);
+    assert_eq!((p.group_size(), p.rank(), p.sequence_parallel()), (1, 0, false));
+}
+
+#[cfg(feature = "experimental")]
+#[test]
+fn bad_experimental_settings_are_reported() {
+    // a group without a communicator
+    let e = small().sharding(2, 0, false).build().unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+    assert!(e.message().contains("communicator"), "{e}");
+    // a group of one needs none
+    let p = small().sharding(1, 0, false).build().unwrap();
+    assert_eq!(p.group_size(), 1);
     if !query_support(Backend::Cuda, Feature::Backend).unwrap() {
         let e = small().backend(Backend::Cuda, 0).build().unwrap_err();
         assert_eq!(e.status(), Status::NotSupported, "{e}");
@@ -256,13 +272,19 @@ fn external_workspace() {
 
 #[test]
 fn stateless_plans_have_no_fp8_state() {
-    let mut plan = small().build().unwrap();
+    let plan = small().build().unwrap();
     assert_eq!(plan.amax_history_length(), 0);
-    assert!(plan.export_state().unwrap().is_empty());
+    assert_eq!(plan.fp8_state_len(), 0);
     let e = plan.quantizer_state(Quantizer::W1).unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument, "{e}");
-    let e = plan.import_state(b"LNMLPQS1garbage").unwrap_err();
-    assert!(!e.message().is_empty(), "{e}");
+    #[cfg(feature = "experimental")]
+    {
+        let mut plan = plan;
+        assert_eq!(plan.state_bytes(), 0);
+        assert!(plan.export_state().unwrap().is_empty());
+        let e = plan.import_state(b"LNMLPQS1garbage").unwrap_err();
+        assert!(!e.message().is_empty(), "{e}");
+    }
 }
 
 #[test]

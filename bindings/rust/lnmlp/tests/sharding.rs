@@ -1,7 +1,10 @@
 //! Sharded plans through the safe `Communicator`: P ranks as P threads of this process over an
 //! in-process `Collectives` implementation (shared buffers and a barrier, like the C++ tests'
 //! tests/sharding_util.h), the group's assembled outputs and gradients against the unsharded
-//! plan, with and without sequence parallelism; and the error paths.
+//! plan, with and without sequence parallelism; and the error paths. Experimental: built only
+//! with the `experimental` feature.
+#![cfg(feature = "experimental")]
+
 mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -10,7 +13,8 @@ use std::thread;
 
 use common::*;
 use lnmlp::{
-    Activation, Collectives, CommResult, CommType, Communicator, Gradients, Norm, PlanBuilder, Remat, Status, Weights,
+    Activation, Collectives, CommResult, Communicator, ElementType, Gradients, Norm, PlanBuilder, Remat, Status,
+    Weights,
 };
 
 // ---- the in-process group -------------------------------------------------------------------------
@@ -62,13 +66,13 @@ impl Rank {
 }
 
 impl Collectives for Rank {
-    fn size(&self) -> i32 {
-        self.g.p as i32
+    fn size(&self) -> usize {
+        self.g.p
     }
-    fn rank(&self) -> i32 {
-        self.rank as i32
+    fn rank(&self) -> usize {
+        self.rank
     }
-    fn all_gather(&self, data: &mut [u8], _ty: CommType) -> CommResult {
+    fn all_gather(&self, data: &mut [u8], _ty: ElementType) -> CommResult {
         let n = data.len() / self.g.p;
         self.g.bytes.lock().unwrap()[self.rank] = data[self.rank * n..][..n].to_vec();
         self.g.barrier.wait();
@@ -221,7 +225,7 @@ fn check_group_tokens(p: usize, sp: bool, s: Setup, seed: u64, extra: usize) {
                 sc.spawn(move || {
                     let r = rk.rank;
                     let comm = Communicator::new(rk).unwrap();
-                    assert_eq!((comm.size(), comm.rank()), (Some(p as i32), Some(r as i32)));
+                    assert_eq!((comm.size(), comm.rank()), (Some(p), Some(r)));
                     // W1 [H, A, F] -> [H, A, F/P]: this rank's columns of each of the A halves
                     // (one [H*A, F] matrix's columns); b1 likewise; W2 [F, H] -> its rows.
                     let w1 = cols(&pr.w1, f, r * fl, fl);
@@ -229,7 +233,7 @@ fn check_group_tokens(p: usize, sp: bool, s: Setup, seed: u64, extra: usize) {
                     let w2 = pr.w2[r * fl * h..][..fl * h].to_vec();
                     let rows = |m: &[f32]| m[r * tl * h..][..tl * h].to_vec();
                     let (x, dy) = if sp { (rows(&pr.x), rows(&pr.dy)) } else { (pr.x.clone(), pr.dy.clone()) };
-                    let b = builder(pr, s, t + extra * p).sharding(p as i32, r as i32, sp).communicator(&comm);
+                    let b = builder(pr, s, t + extra * p).sharding(p, r, sp).communicator(&comm);
                     drop(comm); // the builder (and then the plan) keep it alive
                     run_plan(b, s, &x, &dy, pr, &w1, &b1, &w2)
                 })
@@ -321,8 +325,8 @@ fn three_ranks_sequence_parallel() {
 
 /// Collectives that fail: by returning an error, or by panicking.
 struct Failing {
-    size: i32,
-    rank: i32,
+    size: usize,
+    rank: usize,
     panic: bool,
 }
 
@@ -336,13 +340,13 @@ impl Failing {
 }
 
 impl Collectives for Failing {
-    fn size(&self) -> i32 {
+    fn size(&self) -> usize {
         self.size
     }
-    fn rank(&self) -> i32 {
+    fn rank(&self) -> usize {
         self.rank
     }
-    fn all_gather(&self, _: &mut [u8], _: CommType) -> CommResult {
+    fn all_gather(&self, _: &mut [u8], _: ElementType) -> CommResult {
         self.fail("all_gather")
     }
     fn reduce_scatter_sum(&self, _: &[f32], _: &mut [f32]) -> CommResult {
@@ -356,7 +360,7 @@ impl Collectives for Failing {
     }
 }
 
-fn small_plan(comm: &Communicator, group_size: i32, rank: i32, sp: bool) -> lnmlp::Result<lnmlp::Plan> {
+fn small_plan(comm: &Communicator, group_size: usize, rank: usize, sp: bool) -> lnmlp::Result<lnmlp::Plan> {
     PlanBuilder::new()
         .shape(4, 8, 16)
         .activation(Activation::Gelu)
@@ -416,6 +420,9 @@ fn mismatched_group_size_or_rank_is_refused_at_build() {
     let e = PlanBuilder::new().shape(4, 8, 16).sharding(2, 0, false).build().unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument, "{e}");
     assert!(e.message().contains("lnmlp_desc_set_communicator"), "{e}");
+    // A group larger than the library allows.
+    let e = PlanBuilder::new().shape(4, 8, 16).sharding(i32::MAX as usize + 1, 0, false).build().unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument, "{e}");
     // F not divisible by P.
     let e = PlanBuilder::new().shape(4, 8, 15).sharding(2, 1, false).communicator(&comm).build().unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument, "{e}");
@@ -423,7 +430,8 @@ fn mismatched_group_size_or_rank_is_refused_at_build() {
 
 #[test]
 fn invalid_collectives_size_or_rank_is_refused() {
-    for (size, rank) in [(0, 0), (2, 2), (2, -1)] {
+    // The C table's group_size is an int64_t, but at most INT32_MAX.
+    for (size, rank) in [(0, 0), (2, 2), (i32::MAX as usize + 1, 0)] {
         let e = Communicator::new(Failing { size, rank, panic: false }).unwrap_err();
         assert_eq!(e.status(), Status::InvalidArgument, "size {size} rank {rank}: {e}");
     }

@@ -4,6 +4,12 @@ package org.lnmlp;
  * Library-wide helpers over {@link LnmlpNative}: versions, capabilities, FP8 conversions.
  * Constants (ACT_GELU, NORM_LAYERNORM, ERROR_*, ...) are on {@link LnmlpNativeConstants}; use
  * {@code import static org.lnmlp.LnmlpNativeConstants.*;}.
+ *
+ * <p>Experimental: {@link LnmlpNative} also wraps lnmlp.h's experimental tier (declared in C only
+ * under LNMLP_EXPERIMENTAL): sharding ({@code desc_set_sharding}, FEATURE_SHARDING), communicators
+ * ({@code comm_create_*}, {@code comm_destroy}, {@code desc_set_communicator}), the state blob
+ * ({@code plan_get_state_bytes}, {@code plan_export_state}, {@code plan_import_state}) and
+ * BACKEND_CUDA. They work and are tested, but may change in any release.
  */
 public final class Lnmlp {
   private Lnmlp() {}
@@ -37,22 +43,24 @@ public final class Lnmlp {
     return LnmlpNative.get_build_info();
   }
 
-  /** Whether {@code backend} (BACKEND_*) can run {@code feature} (FEATURE_*) here. */
+  /** Whether {@code backend} (BACKEND_*) can run {@code feature} (FEATURE_*) here.
+   * BACKEND_CUDA and FEATURE_SHARDING are experimental. */
   public static boolean supports(int backend, int feature) {
     return LnmlpNative.query_support(backend, feature);
   }
 
-  /** fp8(in[i] * scale) for every element; format FP8_E4M3 or FP8_E5M2. */
-  public static byte[] fp8Encode(int format, float[] in, float scale) {
+  /** fp8(in[i] * scale) for every element; dtype DTYPE_FP8_E4M3 or DTYPE_FP8_E5M2 (an element
+   * type, not an FP8_FORMAT_* recipe choice: those are refused with ERROR_INVALID_ARGUMENT). */
+  public static byte[] fp8Encode(int dtype, float[] in, float scale) {
     byte[] out = new byte[in.length];
-    LnmlpNative.fp8_encode(format, in, scale, out);
+    LnmlpNative.fp8_encode(dtype, in, scale, out);
     return out;
   }
 
-  /** float(in[i]) * scaleInv for every code. */
-  public static float[] fp8Decode(int format, byte[] in, float scaleInv) {
+  /** float(in[i]) * scaleInv for every code; dtype DTYPE_FP8_E4M3 or DTYPE_FP8_E5M2. */
+  public static float[] fp8Decode(int dtype, byte[] in, float scaleInv) {
     float[] out = new float[in.length];
-    LnmlpNative.fp8_decode(format, in, scaleInv, out);
+    LnmlpNative.fp8_decode(dtype, in, scaleInv, out);
     return out;
   }
 }

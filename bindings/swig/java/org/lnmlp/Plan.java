@@ -26,8 +26,8 @@ import java.nio.ByteOrder;
  * (an {@link LnmlpException} with ERROR_INVALID_ARGUMENT); a null where C needs a tensor, or a t
  * above T, gives the C library's own error and message. Calls on one Plan are
  * serialised (synchronized). {@link #close()} frees the C plan; an unreachable, unclosed Plan is
- * freed by a Cleaner. The CUDA backend and zero-copy buffers: use the plan_forward_direct / _ptr
- * functions of {@link LnmlpNative} with {@link #handle()}.
+ * freed by a Cleaner. The CUDA backend (experimental) and zero-copy buffers: use the
+ * plan_forward_direct / _ptr functions of {@link LnmlpNative} with {@link #handle()}.
  *
  * <p>Element types: every tensor is in the plan's dtype ({@link #dtype()}), except the weight
  * gradients dW1, db1, dW2, db2, which are in {@link #gradDtype()}: the dtype or, with
@@ -138,10 +138,12 @@ public final class Plan implements AutoCloseable {
     private boolean accumulateGrads;
     private int gradDtype = -1;
     private int remat = REMAT_SAVE_ALL;
-    private int numThreads;
+    private long numThreads;
     private int recipe = RECIPE_NONE;
     private Integer fp8Format;
-    private int[] delayed; // margin, history length, algo
+    private boolean delayed;
+    private int delayedMargin, delayedAlgo;
+    private long delayedHistoryLen;
     private Integer power2Scale;
     private float amaxEpsilon;
     private boolean externalWorkspace;
@@ -174,11 +176,15 @@ public final class Plan implements AutoCloseable {
      * grads" of a bf16 / f16 plan); build() refuses any other. */
     public Builder gradDtype(int dtype) { this.gradDtype = dtype; return this; }
     public Builder remat(int policy) { this.remat = policy; return this; }
-    public Builder numThreads(int n) { this.numThreads = n; return this; }
+    /** CPU threads; 0 (default) uses every core the process may run on. */
+    public Builder numThreads(long n) { this.numThreads = n; return this; }
     public Builder recipe(int recipe) { this.recipe = recipe; return this; }
     public Builder fp8Format(int format) { this.fp8Format = format; return this; }
-    public Builder delayedScaling(int margin, int amaxHistoryLen, int amaxComputeAlgo) {
-      this.delayed = new int[] {margin, amaxHistoryLen, amaxComputeAlgo};
+    public Builder delayedScaling(int margin, long amaxHistoryLen, int amaxComputeAlgo) {
+      this.delayed = true;
+      this.delayedMargin = margin;
+      this.delayedHistoryLen = amaxHistoryLen;
+      this.delayedAlgo = amaxComputeAlgo;
       return this;
     }
     public Builder scalingOptions(int power2Scale, float amaxEpsilon) {
@@ -205,7 +211,7 @@ public final class Plan implements AutoCloseable {
         LnmlpNative.desc_set_num_threads(d, numThreads);
         LnmlpNative.desc_set_recipe(d, recipe);
         if (fp8Format != null) LnmlpNative.desc_set_fp8_format(d, fp8Format);
-        if (delayed != null) LnmlpNative.desc_set_delayed_scaling(d, delayed[0], delayed[1], delayed[2]);
+        if (delayed) LnmlpNative.desc_set_delayed_scaling(d, delayedMargin, delayedHistoryLen, delayedAlgo);
         if (power2Scale != null) LnmlpNative.desc_set_scaling_options(d, power2Scale, amaxEpsilon);
         LnmlpNative.desc_set_external_workspace(d, externalWorkspace ? 1 : 0);
         return new Plan(LnmlpNative.plan_create(d), this);
@@ -227,7 +233,7 @@ public final class Plan implements AutoCloseable {
   private final int dtype, gradDtype;
   private final boolean accumulateGrads;
   private final long workspaceBytes, savedBytes, savedBytesPerToken, alignment, stateBytes;
-  private final int amaxHistoryLength;
+  private final long amaxHistoryLength;
   private ByteBuffer workspace; // kept reachable while attached
   private ByteBuffer fp8State; // kept reachable while attached
 
@@ -299,8 +305,11 @@ public final class Plan implements AutoCloseable {
   public long savedBytes() { return savedBytes; }
   public long savedBytesPerToken() { return savedBytesPerToken; }
   public long alignment() { return alignment; }
+  /** The size of {@link #exportState()}'s blob (0 for a stateless recipe). Experimental: the
+   * state blob's format may change in any release. */
   public long stateBytes() { return stateBytes; }
-  public int amaxHistoryLength() { return amaxHistoryLength; }
+  /** The amax history length of a DELAYED plan; 0 for any other recipe. */
+  public long amaxHistoryLength() { return amaxHistoryLength; }
 
   /** A zeroed direct buffer of {@code bytes} bytes whose address is a multiple of alignment. */
   public static ByteBuffer allocateAligned(long bytes, long alignment) {
@@ -702,7 +711,7 @@ public final class Plan implements AutoCloseable {
 
   /** The amax history of quantizer q, newest first (a copy). */
   public synchronized float[] amaxHistory(int q) {
-    float[] h = new float[amaxHistoryLength];
+    float[] h = new float[Math.toIntExact(amaxHistoryLength)];
     LnmlpNative.plan_get_quantizer_state(live(), q, h);
     return h;
   }
@@ -761,7 +770,9 @@ public final class Plan implements AutoCloseable {
     fp8State = state;
   }
 
-  /** The whole quantizer state as a versioned blob; empty for stateless recipes. */
+  /** The whole quantizer state as a versioned blob; empty for stateless recipes. Experimental
+   * (lnmlp_plan_export_state): the blob's format may change in any release; for a stable
+   * checkpoint use {@link #quantizerScale} / {@link #amaxHistory} / {@link #setQuantizerState}. */
   public synchronized byte[] exportState() {
     PlanHandle h = live();
     byte[] blob = new byte[Math.toIntExact(stateBytes)];
@@ -769,7 +780,8 @@ public final class Plan implements AutoCloseable {
     return blob;
   }
 
-  /** Restores a blob from {@link #exportState()} of a plan with the same recipe and history. */
+  /** Restores a blob from {@link #exportState()} of a plan with the same recipe and history.
+   * Experimental (lnmlp_plan_import_state), as {@link #exportState()}. */
   public synchronized void importState(byte[] blob) {
     LnmlpNative.plan_import_state(live(), blob);
   }
