@@ -14,7 +14,8 @@ if ! git rev-parse --verify --quiet "$base^{commit}" >/dev/null; then
   exit 0
 fi
 mapfile -t files < <(git diff --name-only --diff-filter=ACMR "$base" -- \
-  'src/*.h' 'src/*.cpp' 'src/*.cu' 'src/*.cuh' 'tests/*.h' 'tests/*.cpp' 'bench/*.h' 'bench/*.cpp' 'examples/*.c')
+  'src/*.h' 'src/*.cpp' 'src/*.cu' 'src/*.cuh' 'tests/*.h' 'tests/*.cpp' 'bench/*.h' 'bench/*.cpp' 'examples/*.c' \
+  'bindings/python/xla_ffi/*.h' 'bindings/python/xla_ffi/*.cpp')
 if ((${#files[@]} == 0)); then
   echo "check-style: no C/C++ file changed since $base"
   exit 0
@@ -42,10 +43,13 @@ for f in "${files[@]}"; do
   case "$f" in
     src/*.h) headers+=("$f") ;;
     src/*.cpp) sources+=("$f") ;;
+    bindings/python/xla_ffi/*.h) headers+=("$f") ;;
+    bindings/python/xla_ffi/*.cpp) sources+=("$f") ;;  # where the build made liblnmlp_xla
   esac
 done
 # A changed header is checked in the translation units that include it: add one of them.
 for h in "${headers[@]}"; do
+  [[ $h == src/* ]] || continue
   inc=${h#src/}
   user=$(grep -rl --include='*.cpp' -e "\"$inc\"" -e "\"$(basename "$inc")\"" src | head -n1 || true)
   [ -n "$user" ] && sources+=("$user")

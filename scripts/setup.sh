@@ -24,3 +24,11 @@ if ((${#missing[@]})); then
   "${sudo_cmd[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+
+# Python: what the binding's tests need, and jax before CMake configures, so that the build makes
+# liblnmlp_xla.so (lnmlp.jax's XLA FFI handlers) against jaxlib's FFI headers.
+python_packages=(numpy ml_dtypes pytest "jax>=0.6")
+if ! python3 -c "import numpy, ml_dtypes, pytest, jax.ffi" >/dev/null 2>&1; then
+  echo "setup: pip installing ${python_packages[*]}"
+  python3 -m pip install -q "${python_packages[@]}"
+fi

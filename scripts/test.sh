@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every test: set up, then build and run the C/C++ suite in Release (with the dlopen example and the
-# Julia and ABI checks), the GPU check rehearsed without a GPU (where nvcc is), the style check of
+# Every test: set up, then build and run the C/C++ suite in Release (with the dlopen example, the
+# Julia and ABI checks, and lnmlp.jax's XLA FFI library), the GPU check rehearsed without a GPU (where nvcc is), the style check of
 # the last change (scripts/check-style.sh), the Python binding's suite and its pip-install check,
 # the Rust crates and the SWIG Java binding against that build, and the C/C++ suite again under
 # AddressSanitizer + UndefinedBehaviorSanitizer.
@@ -15,6 +15,11 @@ cmake --build --preset release -j"$(nproc)"
 # -Werror; its GPU tests skip without a GPU.
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   test -f build/release/src/liblnmlp_cuda.so.1 || { echo "nvcc is present but the CUDA module was not built" >&2; exit 1; }
+fi
+# Where python3 imports jax (scripts/setup.sh installs it), lnmlp.jax's XLA FFI library must
+# have been built; tests/test_jax.py then runs in the Python suite.
+if python3 -c "import jax.ffi" >/dev/null 2>&1; then
+  test -f build/release/src/liblnmlp_xla.so || { echo "jax is installed but liblnmlp_xla.so was not built" >&2; exit 1; }
 fi
 echo "=== release: test ==="
 ctest --preset release

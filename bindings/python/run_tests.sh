@@ -9,6 +9,11 @@ PYTHON="${PYTHON:-python3}"
 if ! "$PYTHON" -c "import numpy, ml_dtypes, pytest" >/dev/null 2>&1; then
   "$PYTHON" -m pip install -q numpy ml_dtypes pytest
 fi
+# lnmlp.jax's tests (tests/test_jax.py) run where the build made liblnmlp_xla.so (CMake found jax);
+# there they must not skip.
+if [ -e "$repo/build/release/src/liblnmlp_xla.so" ]; then
+  export LNMLP_REQUIRE_JAX="${LNMLP_REQUIRE_JAX:-1}"
+fi
 # mpi4py for the one MPI test (tests/test_sharding_mpi.py), when an MPI to build it against is
 # here; without it that test skips.
 if command -v mpicc >/dev/null 2>&1 && ! "$PYTHON" -c "import mpi4py" >/dev/null 2>&1; then

@@ -2,7 +2,8 @@
 self-contained. Metadata lives in pyproject.toml.
 
 The library copied is, in order: $LNMLP_LIBRARY (at build time), else
-<repo>/build/release/src/liblnmlp.so.2 (symlinks resolved). Its original path is also recorded in
+<repo>/build/release/src/liblnmlp.so.2 (symlinks resolved), with liblnmlp_xla.so from the same
+directory when it was built. Its original path is also recorded in
 lnmlp/_build_config.py as a fallback for the loader. Without a built library the package is
 pure Python and finds the library at run time (see lnmlp/_lib.py).
 """
@@ -18,6 +19,7 @@ from setuptools.dist import Distribution
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 SONAME = "liblnmlp.so.2"  # the library's SONAME for the ABI version lnmlp/_lib.py checks (ABI_VERSION)
+XLA_LIBRARY = "liblnmlp_xla.so"  # lnmlp.jax's XLA FFI handlers (bindings/python/xla_ffi)
 
 
 def built_library():
@@ -38,6 +40,11 @@ class BuildPy(build_py):
                              "time (LNMLP_LIBRARY, the build tree, the system loader)\n")
             return
         shutil.copyfile(os.path.realpath(lib), os.path.join(pkg, SONAME))
+        # lnmlp.jax's XLA FFI handlers, built next to liblnmlp when CMake found jax; their RUNPATH
+        # ($ORIGIN) finds the bundled liblnmlp.
+        xla = os.path.join(os.path.dirname(lib), XLA_LIBRARY)
+        if os.path.exists(xla):
+            shutil.copyfile(os.path.realpath(xla), os.path.join(pkg, XLA_LIBRARY))
         with open(os.path.join(pkg, "_build_config.py"), "w") as f:
             f.write(f"# written by setup.py at build time\nLIBRARY_PATH = {lib!r}\n")
 

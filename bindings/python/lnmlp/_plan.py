@@ -279,12 +279,17 @@ class Plan:
     ``forward`` / ``backward(..., weights_unchanged=True)`` reuse the plan's copies of w1 and w2
     (widened or FP8-quantized) made by an earlier call with the same weights, as
     TransformerEngine's ``is_first_microbatch=False``.
+
+    ``external_workspace=True`` makes a plan that allocates no workspace (for a caller that owns
+    the memory, as lnmlp.jax's XLA calls do, or one that only asks for :attr:`workspace_bytes`);
+    its forward and backward need the C API's lnmlp_plan_attach_workspace first.
     """
 
     def __init__(self, tokens, hidden, ffn, *, norm_type="layernorm", zero_centered_gamma=False,
                  epsilon=1e-6, activation_type=("relu",), act_params=None, use_bias1=False,
                  use_bias2=False, dtype=np.float32, remat="save_all", num_threads=0, backend="cpu",
-                 recipe=None, sharding=None, comm=None, accumulate_grads=False, grad_dtype=None):
+                 recipe=None, sharding=None, comm=None, accumulate_grads=False, grad_dtype=None,
+                 external_workspace=False):
         self._handle = None  # set first, so __del__ is safe whatever fails below
         self._lock = threading.RLock()
         lib = _lib.get_lib()
@@ -316,6 +321,7 @@ class Plan:
         P, _, sp = self.sharding
         self._fp8_state = None  # the caller's array attached with attach_fp8_state (kept alive here)
         self.accumulate_grads = _flag("accumulate_grads", accumulate_grads)
+        self.external_workspace = _flag("external_workspace", external_workspace)
         grad_dtype_v = self._grad_dtype_code(grad_dtype)
 
         desc = ctypes.c_void_p()
@@ -347,6 +353,8 @@ class Plan:
                 c(lib.lnmlp_desc_set_communicator(desc, comm_handle))
             if self.sharding != (1, 0, False):
                 c(lib.lnmlp_desc_set_sharding(desc, P, self.sharding[1], int(sp)))
+            if self.external_workspace:
+                c(lib.lnmlp_desc_set_external_workspace(desc, 1))
             handle = ctypes.c_void_p()
             c(lib.lnmlp_plan_create(desc, ctypes.byref(handle)))
             self._handle = handle

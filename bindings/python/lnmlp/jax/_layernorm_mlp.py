@@ -1,0 +1,331 @@
+"""``lnmlp.jax.layernorm_mlp``: TransformerEngine's JAX ``layernorm_mlp`` as a native JAX op.
+
+The block is a ``jax.custom_vjp`` whose forward and backward are XLA FFI custom calls into lnmlp
+(``_ffi.py``, handlers in bindings/python/xla_ffi). Each call's configuration -- shapes, norm,
+activations, biases, dtype, what forward saves -- is a static ``_Spec``; XLA gets it as the custom
+call's attributes and instantiates (or reuses) the lnmlp plan for it. Forward returns y and the
+plan's ``saved`` bytes, the residual backward reads; XLA allocates the plan's workspace as one more
+output of each call.
+
+Under ``jax.vmap`` a call batched in x (and dy) only is one call with the batch folded into the
+tokens; any other batching (batched weights, a cotangent batched alone as ``jax.jacrev`` does) runs
+the batch one element after another with ``jax.lax.map``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _plan
+from .._lib import InvalidArgumentError
+from . import _ffi
+
+__all__ = ["layernorm_mlp", "noop_quantizer_set"]
+
+#: TransformerEngine's ``noop_quantizer_set``: no FP8 quantization.
+noop_quantizer_set = None
+
+_DTYPES = {"float32": 0, "bfloat16": 1, "float16": 2}  # LNMLP_DTYPE_*
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    """One call's configuration: what the lnmlp plan behind it is made for (hashable: it keys the
+    size and custom-call caches, and XLA gets it as attributes)."""
+
+    tokens: int
+    hidden: int
+    ffn: int
+    norm_type: str
+    zero_centered_gamma: bool
+    epsilon: float
+    activations: tuple
+    act_params: tuple  # (limit, alpha, offset) of the clamped SwiGLU; the defaults otherwise
+    has_bias1: bool
+    has_bias2: bool
+    dtype: str  # "float32", "bfloat16" or "float16"
+    remat: str  # "save_all" for a call that is differentiated, "forward_only" for one that is not
+    backend: str  # "cpu" or "cuda"
+
+    def with_(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+    def plan_kwargs(self):
+        ap = dict(zip(("limit", "alpha", "offset"), self.act_params))
+        clamped = self.activations == _plan.GATED_PAIRS["clamped_swiglu"]
+        return dict(tokens=max(self.tokens, 1), hidden=self.hidden, ffn=self.ffn, norm_type=self.norm_type,
+                    zero_centered_gamma=self.zero_centered_gamma, epsilon=self.epsilon,
+                    activation_type=self.activations, act_params=ap if clamped else None,
+                    use_bias1=self.has_bias1, use_bias2=self.has_bias2, dtype=self.dtype, remat=self.remat,
+                    backend=self.backend)
+
+    def attributes(self):
+        """The custom call's attributes, with the exact types liblnmlp_xla's handlers decode."""
+        i32, i64, f32 = np.int32, np.int64, np.float32
+        acts = [_plan.ACTIVATIONS[a] for a in self.activations]
+        return dict(tokens=i64(max(self.tokens, 1)), hidden=i64(self.hidden), ffn=i64(self.ffn),
+                    norm=i32(_plan._NORMS[self.norm_type]), zero_centered_gamma=i32(self.zero_centered_gamma),
+                    epsilon=f32(self.epsilon), act0=i32(acts[0]), act1=i32(acts[1] if len(acts) > 1 else -1),
+                    clamp_limit=f32(self.act_params[0]), clamp_alpha=f32(self.act_params[1]),
+                    clamp_offset=f32(self.act_params[2]), has_bias1=i32(self.has_bias1),
+                    has_bias2=i32(self.has_bias2), dtype=i32(_DTYPES[self.dtype]),
+                    remat=i32(_plan._REMATS[self.remat]), recipe=i32(0), fp8_format=i32(-1), margin=i32(0),
+                    amax_history_len=i64(1024), amax_compute_algo=i32(0), power_2_scale=i32(-1),
+                    amax_epsilon=f32(0.0), backend=i32(_plan._BACKENDS[self.backend]), device=i32(0))
+
+
+@functools.lru_cache(maxsize=512)
+def _sizes(spec: _Spec):
+    """(workspace output bytes, saved bytes) of a call: the plan's workspace plus its alignment
+    (the handler rounds XLA's buffer start up to it), and the saved buffer for the call's tokens."""
+    with _plan.Plan(**spec.plan_kwargs(), external_workspace=True) as p:
+        saved = p.tensor_shape("saved", spec.tokens)
+        return p.workspace_bytes + p.alignment, (saved[0] if saved else 0)
+
+
+def _absent(dtype):
+    """The zero-element stand-in of a tensor the configuration does not take."""
+    return jnp.zeros((0,), dtype)
+
+
+def _no_state():
+    return jnp.zeros((0,), jnp.float32)
+
+
+# ---- the custom calls, each with its batching rule -------------------------------------------------
+
+def _sequential(fn, axis_size, in_batched, args):
+    """fn over the batch, one element at a time (jax.lax.map); unbatched args are shared."""
+    batched = [a for a, b in zip(args, in_batched) if b]
+
+    def one(xs):
+        it = iter(xs)
+        return fn(*[next(it) if b else a for a, b in zip(args, in_batched)])
+
+    outs = jax.lax.map(one, batched)
+    return outs, (True,) * len(outs)
+
+
+@functools.lru_cache(maxsize=512)
+def _forward_call(spec: _Spec):
+    """(x, gamma, beta, w1, b1, w2, b2, state) -> (y, saved, state) for spec's tokens."""
+    ws_bytes, saved_bytes = _sizes(spec)
+    call = jax.ffi.ffi_call(
+        _ffi.FORWARD,
+        (jax.ShapeDtypeStruct((spec.tokens, spec.hidden), jnp.dtype(spec.dtype)),
+         jax.ShapeDtypeStruct((saved_bytes,), jnp.uint8),
+         jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8),
+         jax.ShapeDtypeStruct((0,), jnp.float32)))
+    attrs = spec.attributes()
+
+    @jax.custom_batching.custom_vmap
+    def forward(x, gamma, beta, w1, b1, w2, b2, state):
+        y, saved, _, state = call(x, gamma, beta, w1, b1, w2, b2, state, **attrs)
+        return y, saved, state
+
+    @forward.def_vmap
+    def forward_batched(axis_size, in_batched, x, gamma, beta, w1, b1, w2, b2, state):
+        args = (x, gamma, beta, w1, b1, w2, b2, state)
+        if in_batched[0] and not any(in_batched[1:]):
+            # Only x is batched: one call with the batch folded into the tokens. saved is that
+            # call's, so it stays unbatched (backward's rule below reads it whole).
+            big = spec.with_(tokens=axis_size * spec.tokens)
+            y, saved, state = _forward_call(big)(x.reshape(big.tokens, spec.hidden), *args[1:])
+            return (y.reshape(axis_size, spec.tokens, spec.hidden), saved, state), (True, False, False)
+        return _sequential(forward, axis_size, in_batched, args)
+
+    return forward
+
+
+@functools.lru_cache(maxsize=512)
+def _backward_call(spec: _Spec):
+    """(dy, x, gamma, beta, w1, b1, w2, saved, state) -> (dx, dgamma, dbeta, dw1, db1, dw2, db2, state)."""
+    ws_bytes, _ = _sizes(spec)
+    dt = jnp.dtype(spec.dtype)
+    A = len(spec.activations)
+
+    def shape(present, s):
+        return jax.ShapeDtypeStruct(s if present else (0,), dt)
+
+    call = jax.ffi.ffi_call(
+        _ffi.BACKWARD,
+        (jax.ShapeDtypeStruct((spec.tokens, spec.hidden), dt),  # dx
+         jax.ShapeDtypeStruct((spec.hidden,), dt),  # dgamma
+         shape(spec.norm_type == "layernorm", (spec.hidden,)),  # dbeta
+         jax.ShapeDtypeStruct((spec.hidden, A, spec.ffn), dt),  # dw1
+         shape(spec.has_bias1, (A, spec.ffn)),  # db1
+         jax.ShapeDtypeStruct((spec.ffn, spec.hidden), dt),  # dw2
+         shape(spec.has_bias2, (spec.hidden,)),  # db2
+         jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8),
+         jax.ShapeDtypeStruct((0,), jnp.float32)))
+    attrs = spec.attributes()
+
+    @jax.custom_batching.custom_vmap
+    def backward(dy, x, gamma, beta, w1, b1, w2, saved, state):
+        *grads, _, state = call(dy, x, gamma, beta, w1, b1, w2, saved, state, **attrs)
+        return (*grads, state)
+
+    @backward.def_vmap
+    def backward_batched(axis_size, in_batched, dy, x, gamma, beta, w1, b1, w2, saved, state):
+        args = (dy, x, gamma, beta, w1, b1, w2, saved, state)
+        if in_batched[0] and in_batched[1] and not any(in_batched[2:]):
+            # dy and x batched, saved whole: the backward of forward_batched's one call.
+            big = spec.with_(tokens=axis_size * spec.tokens)
+            rows = (big.tokens, spec.hidden)
+            dx, *rest = _backward_call(big)(dy.reshape(rows), x.reshape(rows), *args[2:])
+            dx = dx.reshape(axis_size, spec.tokens, spec.hidden)
+            return (dx, *rest), (True,) + (False,) * len(rest)
+        return _sequential(backward, axis_size, in_batched, args)
+
+    return backward
+
+
+# ---- the differentiable block ------------------------------------------------------------------------
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _block(spec, x, gamma, beta, w1, b1, w2, b2):
+    # Not differentiated: a plan that saves nothing.
+    y, _, _ = _forward_call(spec.with_(remat="forward_only"))(x, gamma, beta, w1, b1, w2, b2, _no_state())
+    return y
+
+
+def _block_fwd(spec, x, gamma, beta, w1, b1, w2, b2):
+    y, saved, _ = _forward_call(spec)(x, gamma, beta, w1, b1, w2, b2, _no_state())
+    return y, (x, gamma, beta, w1, b1, w2, saved)
+
+
+def _block_bwd(spec, residuals, dy):
+    x, gamma, beta, w1, b1, w2, saved = residuals
+    dx, dgamma, dbeta, dw1, db1, dw2, db2, _ = _backward_call(spec)(dy, x, gamma, beta, w1, b1, w2, saved,
+                                                                    _no_state())
+    return dx, dgamma, dbeta, dw1, db1, dw2, db2
+
+
+_block.defvjp(_block_fwd, _block_bwd)
+
+
+# ---- the public function -----------------------------------------------------------------------------
+
+def _dtype_name(a, name):
+    dt = jnp.dtype(a.dtype)
+    if dt.name not in _DTYPES:
+        raise InvalidArgumentError(f"{name} must be float32, bfloat16 or float16, got {dt.name}")
+    return dt.name
+
+
+def _shape_error(name, want, got):
+    return InvalidArgumentError(f"{name} must have shape {want}, got {tuple(got)}")
+
+
+def _act_params_tuple(activations, act_params):
+    p = _plan._normalize_act_params(act_params)
+    if p is not None and activations != _plan.GATED_PAIRS["clamped_swiglu"]:
+        raise InvalidArgumentError(
+            "act_params applies only to the clamped SwiGLU pair ('clamped_silu', 'clamped_linear'), but "
+            f"activation_type is {activations!r}")
+    p = p or _plan.ActParams()
+    return (float(p.limit), float(p.alpha), float(p.offset))
+
+
+def _backend_of_default_device():
+    return "cuda" if jax.default_backend() == "gpu" else "cpu"
+
+
+def layernorm_mlp(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamma=False, epsilon=1e-6,
+                  transpose_batch_sequence=False, norm_input_axes=None, dot_1_input_axes=None,
+                  dot_2_input_axes=None, kernel_1_axes=None, kernel_2_axes=None, ffn1_ckpt_name="ffn1",
+                  ffn2_ckpt_name="ffn2", activation_type=("relu",), quantizer_set=noop_quantizer_set,
+                  act_params=None):
+    """``act(norm(x) @ kernel_1 + bias_1) @ kernel_2 + bias_2``: TransformerEngine's JAX
+    ``layernorm_mlp``, signature and defaults, as one fused JAX op (forward and backward are
+    lnmlp's, through XLA FFI). Works under ``jax.jit``, ``jax.grad``, ``jax.value_and_grad``,
+    ``jax.vjp`` and ``jax.vmap``.
+
+    x: [..., H] (float32, bfloat16 or float16; every leading dimension is a token); gamma, beta:
+    [H] (beta is ignored for rmsnorm); kernels = [kernel_1 [H, A, F] (or [H, A*F]), kernel_2
+    [F, H]]; biases = [bias_1 [A, F] (or [A*F]) or None, bias_2 [H] or None]. A is 1, or 2 for a
+    gated pair such as ("silu", "linear"). Parameters in another floating dtype than x are cast
+    to x's dtype (their gradients come back in their own). Returns y shaped like x.
+
+    The axes arguments name mesh axes for sharding and have no effect on one device;
+    ``transpose_batch_sequence`` changes nothing, since every leading dimension is flattened into
+    tokens anyway.
+    """
+    del transpose_batch_sequence, norm_input_axes, dot_1_input_axes, dot_2_input_axes
+    del kernel_1_axes, kernel_2_axes, ffn1_ckpt_name, ffn2_ckpt_name
+    if quantizer_set is not None:
+        raise InvalidArgumentError(
+            "lnmlp.jax.layernorm_mlp does not take FP8 quantizer sets yet; pass noop_quantizer_set (None), "
+            "or use the NumPy API lnmlp.layernorm_mlp for FP8")
+    if not isinstance(norm_type, str) or norm_type.lower() not in _plan._NORMS:
+        raise InvalidArgumentError(f"norm_type must be 'layernorm' or 'rmsnorm', got {norm_type!r}")
+    norm_type = norm_type.lower()
+    try:
+        kernel_1, kernel_2 = kernels
+    except (TypeError, ValueError):
+        raise InvalidArgumentError("kernels must be [kernel_1 (H, A, F), kernel_2 (F, H)]") from None
+    try:
+        bias_1, bias_2 = (None, None) if biases is None else biases
+    except (TypeError, ValueError):
+        raise InvalidArgumentError("biases must be [bias_1 (A, F) or None, bias_2 (H,) or None]") from None
+    activations = _plan.normalize_activations(activation_type)
+    act_params = _act_params_tuple(activations, act_params)
+    A = len(activations)
+
+    x = jnp.asarray(x)
+    dtype = _dtype_name(x, "x")
+    if x.ndim < 1:
+        raise InvalidArgumentError("x must have shape [..., H], got a scalar")
+    H = int(x.shape[-1])
+    kernel_1, kernel_2 = jnp.asarray(kernel_1), jnp.asarray(kernel_2)
+    if kernel_1.ndim == 2 and kernel_1.shape[0] == H and kernel_1.shape[1] % A == 0:
+        kernel_1 = kernel_1.reshape(H, A, kernel_1.shape[1] // A)
+    if kernel_1.ndim != 3 or kernel_1.shape[:2] != (H, A):
+        raise _shape_error("kernel_1", f"(H, A, F) = ({H}, {A}, F) or (H, A*F)", kernel_1.shape)
+    F = int(kernel_1.shape[2])
+    if kernel_2.shape != (F, H):
+        raise _shape_error("kernel_2", (F, H), kernel_2.shape)
+    gamma = jnp.asarray(gamma)
+    if gamma.shape != (H,):
+        raise _shape_error("gamma", (H,), gamma.shape)
+    if norm_type == "layernorm":
+        if beta is None:
+            raise InvalidArgumentError("beta is None, but layernorm needs it (shape (H,))")
+        beta = jnp.asarray(beta)
+        if beta.shape != (H,):
+            raise _shape_error("beta", (H,), beta.shape)
+    if bias_1 is not None:
+        bias_1 = jnp.asarray(bias_1)
+        if bias_1.shape == (A * F,):
+            bias_1 = bias_1.reshape(A, F)
+        if bias_1.shape != (A, F):
+            raise _shape_error("bias_1", f"(A, F) = ({A}, {F}) or (A*F,)", bias_1.shape)
+    if bias_2 is not None:
+        bias_2 = jnp.asarray(bias_2)
+        if bias_2.shape != (H,):
+            raise _shape_error("bias_2", (H,), bias_2.shape)
+    for name, p in (("gamma", gamma), ("beta", beta), ("kernel_1", kernel_1), ("kernel_2", kernel_2),
+                    ("bias_1", bias_1), ("bias_2", bias_2)):
+        if p is not None:
+            _dtype_name(p, name)
+
+    dt = jnp.dtype(dtype)
+    cast = lambda p: None if p is None else p.astype(dt)  # noqa: E731 (TE casts parameters to x's dtype)
+    gamma, kernel_1, kernel_2 = cast(gamma), cast(kernel_1), cast(kernel_2)
+    beta = cast(beta) if norm_type == "layernorm" else _absent(dt)
+    b1 = cast(bias_1) if bias_1 is not None else _absent(dt)
+    b2 = cast(bias_2) if bias_2 is not None else _absent(dt)
+    tokens = int(math.prod(x.shape[:-1]))
+    spec = _Spec(tokens=tokens, hidden=H, ffn=F, norm_type=norm_type, zero_centered_gamma=bool(zero_centered_gamma),
+                 epsilon=float(epsilon), activations=activations, act_params=act_params,
+                 has_bias1=bias_1 is not None, has_bias2=bias_2 is not None, dtype=dtype, remat="save_all",
+                 backend=_backend_of_default_device())
+    _ffi.ensure_registered()
+    y = _block(spec, x.reshape(tokens, H), gamma, beta, kernel_1, b1, kernel_2, b2)
+    return y.reshape(x.shape)

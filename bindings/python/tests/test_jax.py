@@ -1,0 +1,184 @@
+"""lnmlp.jax.layernorm_mlp: TransformerEngine's JAX function as a native JAX op (XLA FFI), against
+the independent float64 reference (_reference.py) under jit, grad, value_and_grad, vjp and vmap."""
+
+import os
+
+import numpy as np
+import pytest
+
+import _reference as ref
+
+if os.environ.get("LNMLP_REQUIRE_JAX") == "1":  # the README's test command: never skip silently
+    import jax
+else:
+    jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import lnmlp  # noqa: E402
+import lnmlp.jax as lj  # noqa: E402
+
+H, F = 16, 24
+EPS = 1e-6
+CLAMP = {"limit": 0.75, "alpha": 1.702, "offset": 1.0}  # a small limit, so the clamp is exercised
+
+
+def make(A, dtype, lead=(2, 3), norm="layernorm", bias=(True, True), seed=0, H=H, F=F):
+    rng = np.random.default_rng(seed)
+    f = lambda *s: (rng.standard_normal(s) * 0.5).astype(dtype)  # noqa: E731
+    return dict(x=f(*lead, H), gamma=(1 + f(H)).astype(dtype), beta=f(H) if norm == "layernorm" else None,
+                k1=f(H, A, F), k2=f(F, H), b1=f(A, F) if bias[0] else None, b2=f(H) if bias[1] else None)
+
+
+def run(d, norm, acts, zcg=False, act_params=None, **kw):
+    return lj.layernorm_mlp(d["x"], d["gamma"], d["beta"], [d["k1"], d["k2"]], [d["b1"], d["b2"]], norm,
+                            zero_centered_gamma=zcg, epsilon=EPS, activation_type=acts, act_params=act_params,
+                            **kw)
+
+
+def reference(d, norm, acts, zcg=False, p=None):
+    """y and every gradient of sum(y * dy) in float64, for dy = cos(y_index) (fixed, nonzero)."""
+    x2 = np.asarray(d["x"], np.float64).reshape(-1, H)
+    args = (x2, d["gamma"], d["beta"], d["k1"], d["b1"], d["k2"], d["b2"], norm, zcg, EPS, acts, p or {})
+    y, _ = ref.forward(*args)
+    dy = np.cos(np.arange(y.size, dtype=np.float64)).reshape(y.shape)
+    return y, dy, ref.backward(dy, *args)
+
+
+CASES = [  # norm, activations, biases, zero-centered gamma, act_params
+    ("layernorm", ("gelu",), (True, True), False, None),
+    ("rmsnorm", ("relu",), (False, False), True, None),
+    ("layernorm", ("silu", "linear"), (True, False), True, None),
+    ("rmsnorm", ("clamped_silu", "clamped_linear"), (False, True), False, CLAMP),
+]
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{'_'.join(c[1])}-b{int(c[2][0])}{int(c[2][1])}-z{int(c[3])}")
+def test_jit_grad_matches_the_float64_reference(case, dtype_name):
+    norm, acts, bias, zcg, p = case
+    dtype = ref.DTYPES[dtype_name]
+    d = make(len(acts), dtype, norm=norm, bias=bias, seed=3)
+    y_ref, dy, g_ref = reference(d, norm, acts, zcg, p)
+    dy_j = jnp.asarray(dy.reshape(d["x"].shape), dtype)
+
+    def loss(x, gamma, beta, k1, k2, b1, b2):
+        dd = dict(x=x, gamma=gamma, beta=beta, k1=k1, k2=k2, b1=b1, b2=b2)
+        y = run(dd, norm, acts, zcg, p)
+        return jnp.sum(y.astype(jnp.float32) * dy_j.astype(jnp.float32)), y
+
+    names = ("x", "gamma", "beta", "k1", "k2", "b1", "b2")
+    step = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(7)), has_aux=True))
+    (_, y), grads = step(*(d[n] for n in names))
+    assert y.dtype == dtype and y.shape == d["x"].shape
+    ref.assert_close(f"jax y {case}", np.asarray(y).reshape(-1, H), y_ref, dtype_name)
+    want = dict(x=g_ref["dx"], gamma=g_ref["dgamma"], beta=g_ref["dbeta"], k1=g_ref["dw1"], k2=g_ref["dw2"],
+                b1=g_ref["db1"], b2=g_ref["db2"])
+    for n, g in zip(names, grads):
+        if d[n] is None:
+            assert g is None, f"d{n} of an absent tensor is {g}"
+            continue
+        assert g.dtype == dtype, f"d{n}: {g.dtype}"
+        if n == "beta" and norm == "rmsnorm":  # beta is ignored for rmsnorm: its gradient is zero
+            np.testing.assert_array_equal(np.asarray(g), 0)
+            continue
+        ref.assert_close(f"jax d{n} {case}", np.asarray(g).reshape(want[n].shape), want[n], dtype_name)
+
+
+def test_forward_alone_and_vjp_agree_with_jit_grad():
+    d = make(2, np.float32, seed=5)
+    acts = ("silu", "linear")
+    y_ref, dy, g_ref = reference(d, "layernorm", acts)
+    y_eager = run(d, "layernorm", acts)
+    y_jit = jax.jit(lambda x: run(dict(d, x=x), "layernorm", acts))(d["x"])
+    ref.assert_close("eager y", np.asarray(y_eager).reshape(-1, H), y_ref, "float32")
+    np.testing.assert_array_equal(np.asarray(y_eager), np.asarray(y_jit))
+    y, pullback = jax.vjp(lambda x, k1: run(dict(d, x=x, k1=k1), "layernorm", acts), d["x"], d["k1"])
+    dx, dk1 = pullback(jnp.asarray(dy.reshape(y.shape), jnp.float32))
+    ref.assert_close("vjp dx", np.asarray(dx).reshape(-1, H), g_ref["dx"], "float32")
+    ref.assert_close("vjp dw1", np.asarray(dk1), g_ref["dw1"], "float32")
+
+
+def test_kernel_1_as_h_by_a_times_f_and_bias_1_flat():
+    d = make(2, np.float32, seed=6)
+    acts = ("gelu", "linear")
+    want = run(d, "layernorm", acts)
+    flat = dict(d, k1=d["k1"].reshape(H, 2 * F), b1=d["b1"].reshape(2 * F))
+    np.testing.assert_array_equal(np.asarray(run(flat, "layernorm", acts)), np.asarray(want))
+    g = jax.grad(lambda k1: jnp.sum(run(dict(flat, k1=k1), "layernorm", acts) ** 2))(flat["k1"])
+    assert g.shape == (H, 2 * F)
+
+
+def test_float32_parameters_with_bfloat16_x_are_cast_and_their_gradients_stay_float32():
+    d = make(1, np.float32, seed=7)
+    x16 = jnp.asarray(d["x"], jnp.bfloat16)
+    mixed = dict(d, x=x16)
+    cast = {k: (None if v is None else jnp.asarray(v, jnp.bfloat16)) for k, v in d.items()}
+    y = run(mixed, "layernorm", ("relu",))
+    assert y.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(run(cast, "layernorm", ("relu",)), np.float32))
+    g = jax.grad(lambda k2: jnp.sum(run(dict(mixed, k2=k2), "layernorm", ("relu",)).astype(jnp.float32)))(d["k2"])
+    assert g.dtype == jnp.float32
+
+
+def test_vmap_over_x_is_one_call_with_more_tokens():
+    d = make(1, np.float32, lead=(4, 5), seed=8)
+    f = lambda x: run(dict(d, x=x), "rmsnorm", ("relu",))  # noqa: E731
+    batched = jax.vmap(f)(d["x"])
+    looped = jnp.stack([f(d["x"][i]) for i in range(4)])
+    np.testing.assert_allclose(np.asarray(batched), np.asarray(looped), rtol=1e-6, atol=1e-6)
+    text = jax.jit(jax.vmap(f)).lower(d["x"]).as_text()
+    assert text.count("lnmlp_forward") == 1 and "while" not in text, "the batch is not folded into one call"
+    gb = jax.vmap(jax.grad(lambda x: jnp.sum(f(x) ** 2)))(d["x"])
+    gl = jnp.stack([jax.grad(lambda x: jnp.sum(f(x) ** 2))(d["x"][i]) for i in range(4)])
+    np.testing.assert_allclose(np.asarray(gb), np.asarray(gl), rtol=1e-5, atol=1e-6)
+
+
+def test_vmap_over_weights_and_jacrev_run_the_batch_in_turn():
+    d = make(1, np.float32, lead=(3,), seed=9)
+    ks = np.stack([d["k2"], 2 * d["k2"]])
+    f = lambda k2: run(dict(d, k2=k2), "layernorm", ("gelu",))  # noqa: E731
+    batched = jax.vmap(f)(ks)
+    np.testing.assert_allclose(np.asarray(batched), np.asarray(jnp.stack([f(k) for k in ks])), rtol=1e-6,
+                               atol=1e-6)
+    # jacrev batches the cotangent alone; its column 2 is the central difference along x[2].
+    x0 = np.asarray(d["x"][0], np.float32)
+    g = lambda x: np.asarray(run(dict(d, x=x), "layernorm", ("gelu",)), np.float64)  # noqa: E731
+    J = jax.jacrev(lambda x: run(dict(d, x=x), "layernorm", ("gelu",)))(x0)
+    step = np.float32(1e-2) * np.eye(H, dtype=np.float32)[2]
+    np.testing.assert_allclose(np.asarray(J)[:, 2], (g(x0 + step) - g(x0 - step)) / 2e-2, rtol=2e-2, atol=2e-3)
+
+
+def test_a_call_with_no_tokens():
+    d = make(1, np.float32, lead=(0,), seed=10)
+    y = run(d, "layernorm", ("relu",))
+    assert y.shape == (0, H)
+    g = jax.grad(lambda k1: jnp.sum(run(dict(d, k1=k1), "layernorm", ("relu",))))(d["k1"])
+    np.testing.assert_array_equal(np.asarray(g), 0)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(k1=np.zeros((H, 2, F), np.float32)), "kernel_1"),
+    (dict(k2=np.zeros((F + 1, H), np.float32)), "kernel_2"),
+    (dict(gamma=np.zeros((H + 1,), np.float32)), "gamma"),
+    (dict(beta=None), "beta"),
+    (dict(b1=np.zeros((2, F), np.float32)), "bias_1"),
+    (dict(x=np.zeros((2, H), np.int32)), "x must be float32"),
+    (dict(k2=np.zeros((F, H), np.int32)), "kernel_2 must be float32"),
+])
+def test_bad_input_raises_a_clear_error_at_trace_time(bad, match):
+    d = dict(make(1, np.float32, seed=11), **bad)
+    with pytest.raises(lnmlp.InvalidArgumentError, match=match):
+        jax.jit(lambda x: run(dict(d, x=x), "layernorm", ("relu",))).lower(d["x"])
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(acts=("swish",)), "unknown activation"),
+    (dict(norm="batchnorm"), "norm_type"),
+    (dict(act_params=CLAMP), "act_params applies only"),
+    (dict(quantizer_set=object()), "quantizer set"),
+])
+def test_bad_options_raise_a_clear_error(kw, match):
+    d = make(1, np.float32, seed=12)
+    norm, acts = kw.pop("norm", "layernorm"), kw.pop("acts", ("relu",))
+    with pytest.raises(lnmlp.InvalidArgumentError, match=match):
+        run(d, norm, acts, **kw)

@@ -1,0 +1,292 @@
+// The XLA FFI handlers of lnmlp.jax: forward and backward of the block as custom calls, for XLA's
+// "cpu" platform (the CPU backend) and its "CUDA" platform (the CUDA backend, on XLA's stream).
+//
+// Each handler has two stages. Instantiate (once per executable and call site) reads the call's
+// attributes -- the plan's configuration, see PlanConfig -- and takes the shared plan for it
+// (plan_cache.h). Execute runs the plan on XLA's buffers: the tensors, the saved buffer, a
+// workspace XLA allocates as one more output (lnmlp/jax/_ffi.py sizes it: the plan's workspace
+// bytes plus its alignment, since XLA promises less alignment than a plan needs), and, for delayed
+// scaling, the FP8 state, an input aliased to an output and updated in place. Tensors a
+// configuration does not take (beta for RMSNorm, a disabled bias, the state of a stateless
+// recipe) are zero-element arrays and reach lnmlp as NULL.
+//
+// No exception leaves a handler: failures become an ffi::Error carrying lnmlp's message, which JAX
+// raises as an exception.
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "lnmlp.h"
+#include "plan_cache.h"
+#include "xla/ffi/api/ffi.h"
+
+#define LNMLP_XLA_API extern "C" __attribute__((visibility("default")))
+
+namespace ffi = xla::ffi;
+
+namespace lnmlp_xla {
+namespace {
+
+// The FFI state of one instantiated call site: its plan.
+struct PlanState {
+  static ffi::TypeId id;
+  PlanConfig config;
+  std::shared_ptr<SharedPlan> shared;
+};
+ffi::TypeId PlanState::id = {};
+const XLA_FFI_TypeInfo kPlanStateInfo = ffi::MakeTypeInfo<PlanState>();
+
+struct Failure {
+  ffi::ErrorCode code;
+  std::string message;
+};
+
+[[noreturn]] void fail(ffi::ErrorCode code, std::string message) { throw Failure{code, std::move(message)}; }
+
+void check(int32_t status) {
+  if (status == LNMLP_SUCCESS) return;
+  const bool bad_input = status == LNMLP_ERROR_INVALID_ARGUMENT || status == LNMLP_ERROR_NULL_POINTER ||
+                         status == LNMLP_ERROR_MISALIGNED || status == LNMLP_ERROR_SIZE_OVERFLOW ||
+                         status == LNMLP_ERROR_WORKSPACE_TOO_SMALL;
+  fail(bad_input ? ffi::ErrorCode::kInvalidArgument : ffi::ErrorCode::kInternal,
+       std::string("lnmlp: ") + lnmlp_last_error() + " [" + lnmlp_status_string(status) + "]");
+}
+
+// Runs fn, turning what it throws into the handler's error.
+template <typename Fn> ffi::Error guarded(Fn&& fn) {
+  try {
+    fn();
+    return ffi::Error::Success();
+  } catch (const Failure& f) {
+    return ffi::Error(f.code, f.message);
+  } catch (const std::exception& e) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, e.what());
+  } catch (...) {
+    return ffi::Error::Internal("lnmlp: an unknown C++ exception in the XLA FFI handler");
+  }
+}
+
+template <typename T> T attr(const ffi::Dictionary& attrs, std::string_view name) {
+  ffi::ErrorOr<T> v = attrs.get<T>(name);
+  if (!v.has_value())
+    fail(ffi::ErrorCode::kInvalidArgument,
+         "lnmlp: the custom call's attribute '" + std::string(name) + "' is missing or of the wrong type");
+  return *v;
+}
+
+PlanConfig config_of(const ffi::Dictionary& a) {
+  PlanConfig c;
+  c.tokens = attr<int64_t>(a, "tokens");
+  c.hidden = attr<int64_t>(a, "hidden");
+  c.ffn = attr<int64_t>(a, "ffn");
+  c.norm = attr<int32_t>(a, "norm");
+  c.zero_centered_gamma = attr<int32_t>(a, "zero_centered_gamma");
+  c.epsilon = attr<float>(a, "epsilon");
+  c.act0 = attr<int32_t>(a, "act0");
+  c.act1 = attr<int32_t>(a, "act1");
+  c.clamp_limit = attr<float>(a, "clamp_limit");
+  c.clamp_alpha = attr<float>(a, "clamp_alpha");
+  c.clamp_offset = attr<float>(a, "clamp_offset");
+  c.has_bias1 = attr<int32_t>(a, "has_bias1");
+  c.has_bias2 = attr<int32_t>(a, "has_bias2");
+  c.dtype = attr<int32_t>(a, "dtype");
+  c.remat = attr<int32_t>(a, "remat");
+  c.recipe = attr<int32_t>(a, "recipe");
+  c.fp8_format = attr<int32_t>(a, "fp8_format");
+  c.margin = attr<int32_t>(a, "margin");
+  c.amax_history_len = attr<int64_t>(a, "amax_history_len");
+  c.amax_compute_algo = attr<int32_t>(a, "amax_compute_algo");
+  c.power_2_scale = attr<int32_t>(a, "power_2_scale");
+  c.amax_epsilon = attr<float>(a, "amax_epsilon");
+  c.backend = attr<int32_t>(a, "backend");
+  c.device = attr<int32_t>(a, "device");
+  return c;
+}
+
+ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate(int32_t backend, ffi::Dictionary attrs) {
+  auto state = std::make_unique<PlanState>();
+  ffi::Error e = guarded([&] {
+    state->config = config_of(attrs);
+    if (state->config.backend != backend)
+      fail(ffi::ErrorCode::kInvalidArgument, "lnmlp: the call's backend attribute does not match XLA's platform");
+    state->shared = shared_plan(state->config);
+  });
+  if (e.failure()) return ffi::Unexpected(std::move(e));
+  return state;
+}
+
+// A tensor the configuration takes, or NULL for the zero-element stand-in of one it does not.
+const void* in_ptr(const ffi::AnyBuffer& b) { return b.element_count() == 0 ? nullptr : b.untyped_data(); }
+void* out_ptr(ffi::Result<ffi::AnyBuffer>& b) { return b->element_count() == 0 ? nullptr : b->untyped_data(); }
+
+int64_t tokens_of(const PlanState& s, const ffi::AnyBuffer& x) {
+  const int64_t n = static_cast<int64_t>(x.element_count());
+  if (n % s.config.hidden != 0)
+    fail(ffi::ErrorCode::kInvalidArgument,
+         "lnmlp: x has " + std::to_string(n) + " elements, not a multiple of H = " + std::to_string(s.config.hidden));
+  return n / s.config.hidden;
+}
+
+// Attaches XLA's workspace output, its start rounded up to the plan's alignment (the buffer has
+// that much to spare).
+void attach_workspace(const PlanState& s, ffi::Result<ffi::AnyBuffer>& ws) {
+  const auto base = reinterpret_cast<uintptr_t>(ws->untyped_data());
+  const auto align = static_cast<uintptr_t>(s.shared->alignment);
+  const size_t skip = static_cast<size_t>((align - base % align) % align);
+  void* start = static_cast<char*>(ws->untyped_data()) + skip;
+  check(lnmlp_plan_attach_workspace(s.shared->plan, start, static_cast<int64_t>(ws->size_bytes() - skip)));
+}
+
+// The state array forward / backward update in place: the output XLA aliases to the input. On the
+// CPU, should XLA ever hand over two buffers, the input's values are copied over first.
+void* fp8_state(const ffi::AnyBuffer& in, ffi::Result<ffi::AnyBuffer>& out, int32_t backend) {
+  if (out->element_count() == 0) return nullptr;
+  if (in.untyped_data() != out->untyped_data()) {
+    if (backend != LNMLP_BACKEND_CPU)
+      fail(ffi::ErrorCode::kInternal, "lnmlp: XLA did not alias the FP8 state's input and output");
+    std::memcpy(out->untyped_data(), in.untyped_data(), out->size_bytes());
+  }
+  return out->untyped_data();
+}
+
+ffi::Error forward(PlanState* s, void* stream, ffi::AnyBuffer x, ffi::AnyBuffer gamma, ffi::AnyBuffer beta,
+                   ffi::AnyBuffer w1, ffi::AnyBuffer b1, ffi::AnyBuffer w2, ffi::AnyBuffer b2, ffi::AnyBuffer state_in,
+                   ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> saved,
+                   ffi::Result<ffi::AnyBuffer> workspace, ffi::Result<ffi::AnyBuffer> state_out) {
+  return guarded([&] {
+    const int64_t t = tokens_of(*s, x);
+    std::lock_guard<std::mutex> lock(s->shared->mutex);
+    attach_workspace(*s, workspace);
+    void* st = fp8_state(state_in, state_out, s->config.backend);
+    check(lnmlp_plan_forward(s->shared->plan, t, x.untyped_data(), gamma.untyped_data(), in_ptr(beta),
+                             w1.untyped_data(), in_ptr(b1), w2.untyped_data(), in_ptr(b2), out_ptr(y), out_ptr(saved),
+                             st, LNMLP_CALL_DEFAULT, stream));
+  });
+}
+
+ffi::Error backward(PlanState* s, void* stream, ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer gamma,
+                    ffi::AnyBuffer beta, ffi::AnyBuffer w1, ffi::AnyBuffer b1, ffi::AnyBuffer w2, ffi::AnyBuffer saved,
+                    ffi::AnyBuffer state_in, ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dgamma,
+                    ffi::Result<ffi::AnyBuffer> dbeta, ffi::Result<ffi::AnyBuffer> dw1, ffi::Result<ffi::AnyBuffer> db1,
+                    ffi::Result<ffi::AnyBuffer> dw2, ffi::Result<ffi::AnyBuffer> db2,
+                    ffi::Result<ffi::AnyBuffer> workspace, ffi::Result<ffi::AnyBuffer> state_out) {
+  return guarded([&] {
+    const int64_t t = tokens_of(*s, x);
+    std::lock_guard<std::mutex> lock(s->shared->mutex);
+    attach_workspace(*s, workspace);
+    void* st = fp8_state(state_in, state_out, s->config.backend);
+    check(lnmlp_plan_backward(s->shared->plan, t, dy.untyped_data(), x.untyped_data(), gamma.untyped_data(),
+                              in_ptr(beta), w1.untyped_data(), in_ptr(b1), w2.untyped_data(), in_ptr(saved),
+                              out_ptr(dx), out_ptr(dgamma), out_ptr(dbeta), out_ptr(dw1), out_ptr(db1), out_ptr(dw2),
+                              out_ptr(db2), st, LNMLP_CALL_DEFAULT, stream));
+  });
+}
+
+template <typename B> auto forward_buffers(B b) {
+  return std::move(b)
+      .template Arg<ffi::AnyBuffer>()   // x
+      .template Arg<ffi::AnyBuffer>()   // gamma
+      .template Arg<ffi::AnyBuffer>()   // beta
+      .template Arg<ffi::AnyBuffer>()   // w1
+      .template Arg<ffi::AnyBuffer>()   // b1
+      .template Arg<ffi::AnyBuffer>()   // w2
+      .template Arg<ffi::AnyBuffer>()   // b2
+      .template Arg<ffi::AnyBuffer>()   // fp8 state
+      .template Ret<ffi::AnyBuffer>()   // y
+      .template Ret<ffi::AnyBuffer>()   // saved
+      .template Ret<ffi::AnyBuffer>()   // workspace
+      .template Ret<ffi::AnyBuffer>();  // fp8 state, aliased to the input
+}
+
+template <typename B> auto backward_buffers(B b) {
+  return std::move(b)
+      .template Arg<ffi::AnyBuffer>()   // dy
+      .template Arg<ffi::AnyBuffer>()   // x
+      .template Arg<ffi::AnyBuffer>()   // gamma
+      .template Arg<ffi::AnyBuffer>()   // beta
+      .template Arg<ffi::AnyBuffer>()   // w1
+      .template Arg<ffi::AnyBuffer>()   // b1
+      .template Arg<ffi::AnyBuffer>()   // w2
+      .template Arg<ffi::AnyBuffer>()   // saved
+      .template Arg<ffi::AnyBuffer>()   // fp8 state
+      .template Ret<ffi::AnyBuffer>()   // dx
+      .template Ret<ffi::AnyBuffer>()   // dgamma
+      .template Ret<ffi::AnyBuffer>()   // dbeta
+      .template Ret<ffi::AnyBuffer>()   // dw1
+      .template Ret<ffi::AnyBuffer>()   // db1
+      .template Ret<ffi::AnyBuffer>()   // dw2
+      .template Ret<ffi::AnyBuffer>()   // db2
+      .template Ret<ffi::AnyBuffer>()   // workspace
+      .template Ret<ffi::AnyBuffer>();  // fp8 state, aliased to the input
+}
+
+}  // namespace
+}  // namespace lnmlp_xla
+
+using lnmlp_xla::PlanState;
+
+// ---- exported: the state type and the handlers (jax.ffi.register_ffi_type / _target) ----------
+
+LNMLP_XLA_API const void* lnmlp_xla_state_type_id(void) { return &PlanState::id; }
+LNMLP_XLA_API const void* lnmlp_xla_state_type_info(void) { return &lnmlp_xla::kPlanStateInfo; }
+
+LNMLP_XLA_API XLA_FFI_Error* lnmlp_xla_instantiate_cpu(XLA_FFI_CallFrame*);
+LNMLP_XLA_API XLA_FFI_Error* lnmlp_xla_instantiate_cuda(XLA_FFI_CallFrame*);
+LNMLP_XLA_API XLA_FFI_Error* lnmlp_xla_forward_cpu(XLA_FFI_CallFrame*);
+LNMLP_XLA_API XLA_FFI_Error* lnmlp_xla_forward_cuda(XLA_FFI_CallFrame*);
+LNMLP_XLA_API XLA_FFI_Error* lnmlp_xla_backward_cpu(XLA_FFI_CallFrame*);
+LNMLP_XLA_API XLA_FFI_Error* lnmlp_xla_backward_cuda(XLA_FFI_CallFrame*);
+
+// Instantiation binds the attributes only (XLA gives that stage no buffers); forward and backward
+// share one instantiate handler per platform.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    lnmlp_xla_instantiate_cpu, [](ffi::Dictionary attrs) { return lnmlp_xla::instantiate(LNMLP_BACKEND_CPU, attrs); },
+    ffi::Ffi::BindInstantiate().Attrs<ffi::Dictionary>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    lnmlp_xla_instantiate_cuda, [](ffi::Dictionary attrs) { return lnmlp_xla::instantiate(LNMLP_BACKEND_CUDA, attrs); },
+    ffi::Ffi::BindInstantiate().Attrs<ffi::Dictionary>());
+
+// The CPU handlers pass no stream; the CUDA ones pass XLA's (a cudaStream_t, as void*), enqueue
+// and return: no synchronisation, so XLA may capture them into a command buffer (CUDA graph).
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    lnmlp_xla_forward_cpu,
+    [](PlanState* s, ffi::AnyBuffer x, ffi::AnyBuffer g, ffi::AnyBuffer b, ffi::AnyBuffer w1, ffi::AnyBuffer b1,
+       ffi::AnyBuffer w2, ffi::AnyBuffer b2, ffi::AnyBuffer st, ffi::Result<ffi::AnyBuffer> y,
+       ffi::Result<ffi::AnyBuffer> saved, ffi::Result<ffi::AnyBuffer> ws, ffi::Result<ffi::AnyBuffer> st_out) {
+      return lnmlp_xla::forward(s, nullptr, x, g, b, w1, b1, w2, b2, st, y, saved, ws, st_out);
+    },
+    lnmlp_xla::forward_buffers(ffi::Ffi::Bind().Ctx<ffi::State<PlanState>>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    lnmlp_xla_forward_cuda,
+    [](void* stream, PlanState* s, ffi::AnyBuffer x, ffi::AnyBuffer g, ffi::AnyBuffer b, ffi::AnyBuffer w1,
+       ffi::AnyBuffer b1, ffi::AnyBuffer w2, ffi::AnyBuffer b2, ffi::AnyBuffer st, ffi::Result<ffi::AnyBuffer> y,
+       ffi::Result<ffi::AnyBuffer> saved, ffi::Result<ffi::AnyBuffer> ws, ffi::Result<ffi::AnyBuffer> st_out) {
+      return lnmlp_xla::forward(s, stream, x, g, b, w1, b1, w2, b2, st, y, saved, ws, st_out);
+    },
+    lnmlp_xla::forward_buffers(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::State<PlanState>>()),
+    {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    lnmlp_xla_backward_cpu,
+    [](PlanState* s, ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer g, ffi::AnyBuffer b, ffi::AnyBuffer w1,
+       ffi::AnyBuffer b1, ffi::AnyBuffer w2, ffi::AnyBuffer saved, ffi::AnyBuffer st, ffi::Result<ffi::AnyBuffer> dx,
+       ffi::Result<ffi::AnyBuffer> dg, ffi::Result<ffi::AnyBuffer> db, ffi::Result<ffi::AnyBuffer> dw1,
+       ffi::Result<ffi::AnyBuffer> db1, ffi::Result<ffi::AnyBuffer> dw2, ffi::Result<ffi::AnyBuffer> db2,
+       ffi::Result<ffi::AnyBuffer> ws, ffi::Result<ffi::AnyBuffer> st_out) {
+      return lnmlp_xla::backward(s, nullptr, dy, x, g, b, w1, b1, w2, saved, st, dx, dg, db, dw1, db1, dw2, db2, ws,
+                                 st_out);
+    },
+    lnmlp_xla::backward_buffers(ffi::Ffi::Bind().Ctx<ffi::State<PlanState>>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    lnmlp_xla_backward_cuda,
+    [](void* stream, PlanState* s, ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer g, ffi::AnyBuffer b,
+       ffi::AnyBuffer w1, ffi::AnyBuffer b1, ffi::AnyBuffer w2, ffi::AnyBuffer saved, ffi::AnyBuffer st,
+       ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dg, ffi::Result<ffi::AnyBuffer> db,
+       ffi::Result<ffi::AnyBuffer> dw1, ffi::Result<ffi::AnyBuffer> db1, ffi::Result<ffi::AnyBuffer> dw2,
+       ffi::Result<ffi::AnyBuffer> db2, ffi::Result<ffi::AnyBuffer> ws, ffi::Result<ffi::AnyBuffer> st_out) {
+      return lnmlp_xla::backward(s, stream, dy, x, g, b, w1, b1, w2, saved, st, dx, dg, db, dw1, db1, dw2, db2, ws,
+                                 st_out);
+    },
+    lnmlp_xla::backward_buffers(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::State<PlanState>>()),
+    {ffi::Traits::kCmdBufferCompatible});

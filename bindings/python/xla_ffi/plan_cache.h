@@ -1,0 +1,46 @@
+// The lnmlp plans behind the XLA FFI handlers: one per configuration and token count, shared by
+// every call site (every layer of a model) that has them, created the first time an executable
+// using them is instantiated and kept for the life of the process.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "lnmlp.h"
+
+namespace lnmlp_xla {
+
+// What the plan computes: the lnmlp descriptor's settings, as the JAX side passes them in the
+// custom call's attributes (lnmlp/jax/_ffi.py writes the same names).
+struct PlanConfig {
+  int64_t tokens = 0, hidden = 0, ffn = 0;
+  int32_t norm = LNMLP_NORM_LAYERNORM, zero_centered_gamma = 0;
+  float epsilon = 1e-6f;
+  int32_t act0 = LNMLP_ACT_RELU, act1 = -1;  // act1 -1: one activation
+  float clamp_limit = 7.0f, clamp_alpha = 1.702f, clamp_offset = 1.0f;
+  int32_t has_bias1 = 0, has_bias2 = 0, dtype = LNMLP_DTYPE_F32, remat = LNMLP_REMAT_SAVE_ALL;
+  int32_t recipe = LNMLP_RECIPE_NONE, fp8_format = LNMLP_FP8_FORMAT_DEFAULT;
+  int32_t margin = 0, amax_compute_algo = LNMLP_AMAX_ALGO_MAX, power_2_scale = -1;
+  int64_t amax_history_len = 1024;
+  float amax_epsilon = 0.0f;
+  int32_t backend = LNMLP_BACKEND_CPU, device = 0;
+
+  std::string key() const;  // equal for configurations that make the same plan
+};
+
+// A plan and the lock that keeps its calls one at a time (XLA may run two executables, or two
+// independent call sites of one, at once; an lnmlp plan serves one thread at a time).
+struct SharedPlan {
+  std::mutex mutex;
+  lnmlp_plan* plan = nullptr;
+  int64_t alignment = 0;  // of the workspace and the saved buffer (lnmlp_plan_get_alignment)
+  ~SharedPlan() { lnmlp_plan_destroy(plan); }
+};
+
+// The plan for `config`, created on first use (with an external workspace: XLA owns the memory).
+// Throws std::runtime_error with lnmlp's message when the configuration is invalid.
+std::shared_ptr<SharedPlan> shared_plan(const PlanConfig& config);
+
+}  // namespace lnmlp_xla
