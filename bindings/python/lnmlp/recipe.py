@@ -41,6 +41,9 @@ BACKWARD_QUANTIZERS = QUANTIZERS[4:]
 _RECIPE_DELAYED, _RECIPE_CURRENT, _RECIPE_BLOCK, _RECIPE_MXFP8 = 1, 2, 3, 4
 _FORMATS = {"HYBRID": 0, "E4M3": 1}
 _ALGOS = {"max": 0, "most_recent": 1}
+# The descriptor's FP8 settings as lnmlp_desc_create leaves them (include/lnmlp.h).
+_DEFAULT_SETTINGS = dict(recipe=0, fp8_format=-1, margin=0, amax_history_len=1024, amax_compute_algo=0,
+                         power_2_scale=-1, amax_epsilon=0.0)
 
 
 def _format(value) -> str:
@@ -106,8 +109,22 @@ class Recipe:
         args = ", ".join(f"{f}={getattr(self, f)!r}" for f in self._fields)
         return f"lnmlp.{type(self).__name__}({args})"
 
-    def _apply(self, lib, desc, check):  # pragma: no cover - overridden
+    def _settings(self) -> dict:
+        """The descriptor's FP8 settings for this recipe, as include/lnmlp.h numbers them: recipe,
+        fp8_format, margin, amax_history_len, amax_compute_algo, power_2_scale, amax_epsilon
+        (the library's defaults for the ones the recipe does not use). The plan API applies them
+        (:meth:`_apply`), lnmlp.jax passes them to its XLA custom calls."""
+        return dict(_DEFAULT_SETTINGS, **self._own_settings())
+
+    def _own_settings(self) -> dict:  # pragma: no cover - overridden
         raise NotImplementedError
+
+    def _apply(self, lib, desc, check):
+        s = self._settings()
+        check(lib.lnmlp_desc_set_recipe(desc, s["recipe"]))
+        check(lib.lnmlp_desc_set_fp8_format(desc, s["fp8_format"]))
+        check(lib.lnmlp_desc_set_delayed_scaling(desc, s["margin"], s["amax_history_len"], s["amax_compute_algo"]))
+        check(lib.lnmlp_desc_set_scaling_options(desc, s["power_2_scale"], s["amax_epsilon"]))
 
 
 class DelayedScaling(Recipe):
@@ -136,11 +153,9 @@ class DelayedScaling(Recipe):
                   amax_history_len=_int("amax_history_len", amax_history_len, 1, 65536),
                   amax_compute_algo=algo.lower())
 
-    def _apply(self, lib, desc, check):
-        check(lib.lnmlp_desc_set_recipe(desc, _RECIPE_DELAYED))
-        check(lib.lnmlp_desc_set_fp8_format(desc, _FORMATS[self.fp8_format]))
-        check(lib.lnmlp_desc_set_delayed_scaling(desc, self.margin, self.amax_history_len,
-                                                 _ALGOS[self.amax_compute_algo]))
+    def _own_settings(self):
+        return dict(recipe=_RECIPE_DELAYED, fp8_format=_FORMATS[self.fp8_format], margin=self.margin,
+                    amax_history_len=self.amax_history_len, amax_compute_algo=_ALGOS[self.amax_compute_algo])
 
 
 class Float8CurrentScaling(Recipe):
@@ -156,10 +171,9 @@ class Float8CurrentScaling(Recipe):
 
     _recipe = _RECIPE_CURRENT
 
-    def _apply(self, lib, desc, check):
-        check(lib.lnmlp_desc_set_recipe(desc, self._recipe))
-        check(lib.lnmlp_desc_set_fp8_format(desc, _FORMATS[self.fp8_format]))
-        check(lib.lnmlp_desc_set_scaling_options(desc, int(self.power_2_scale), self.amax_epsilon))
+    def _own_settings(self):
+        return dict(recipe=self._recipe, fp8_format=_FORMATS[self.fp8_format], power_2_scale=int(self.power_2_scale),
+                    amax_epsilon=self.amax_epsilon)
 
 
 class Float8BlockScaling(Float8CurrentScaling):
@@ -183,9 +197,8 @@ class MXFP8BlockScaling(Recipe):
     def __init__(self, fp8_format="E4M3"):
         self._set(fp8_format=_format(fp8_format))
 
-    def _apply(self, lib, desc, check):
-        check(lib.lnmlp_desc_set_recipe(desc, _RECIPE_MXFP8))
-        check(lib.lnmlp_desc_set_fp8_format(desc, _FORMATS[self.fp8_format]))
+    def _own_settings(self):
+        return dict(recipe=_RECIPE_MXFP8, fp8_format=_FORMATS[self.fp8_format])
 
 
 def check_recipe(recipe):

@@ -175,10 +175,80 @@ def test_bad_input_raises_a_clear_error_at_trace_time(bad, match):
     (dict(acts=("swish",)), "unknown activation"),
     (dict(norm="batchnorm"), "norm_type"),
     (dict(act_params=CLAMP), "act_params applies only"),
-    (dict(quantizer_set=object()), "quantizer set"),
+    (dict(quantizer_set=object()), "quantizer_set must be"),
+    (dict(quantizer_set=lnmlp.make_quantizer_set(lnmlp.Float8CurrentScaling())), "quantizer_set must be"),
 ])
 def test_bad_options_raise_a_clear_error(kw, match):
     d = make(1, np.float32, seed=12)
     norm, acts = kw.pop("norm", "layernorm"), kw.pop("acts", ("relu",))
     with pytest.raises(lnmlp.InvalidArgumentError, match=match):
         run(d, norm, acts, **kw)
+
+
+# ---- FP8: every recipe against the NumPy FP8 simulation (its tolerances: test_fp8_recipes.py) ----
+from test_fp8_recipes import (CONFIGS, RECIPES, check_sim, make_dy, make_inputs, recipe_of,  # noqa: E402
+                              sim_for, sim_step)
+
+
+def _fp8_step(cfg, qs, inp, dy):
+    """One jitted training step as TransformerEngine users write it: the gradients, and the
+    quantizer set after the step in the set's cotangent slot."""
+    T, H_, F_, norm, acts, dtype, bias = cfg
+
+    def loss(x, gamma, beta, w1, b1, w2, b2, qs):
+        y = lj.layernorm_mlp(x, gamma, beta, [w1, w2], [b1, b2], norm, activation_type=acts, quantizer_set=qs)
+        return jnp.sum(y.astype(jnp.float32) * jnp.asarray(dy, jnp.float32)), y
+
+    args = [inp[k] for k in ("x", "gamma", "beta", "w1", "b1", "w2", "b2")]
+    (_, y), grads = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(8)), has_aux=True))(*args, qs)
+    names = ("dx", "dgamma", "dbeta", "dw1", "db1", "dw2", "db2")
+    return y, dict(zip(names, grads[:7])), grads[7]
+
+
+@pytest.mark.parametrize("rid", list(RECIPES))
+def test_fp8_recipes_match_the_simulation_under_jit_grad(rid):
+    spec, cfg = RECIPES[rid], CONFIGS["ln-gelu-partial"]
+    T, H_, F_, norm, acts, dtype, bias = cfg
+    inp = make_inputs(T, H_, F_, len(acts), norm, dtype, bias, seed=4)
+    dy = make_dy(T, H_, dtype, seed=4)
+    s = sim_for(cfg, spec)
+    qs = lj.make_quantizer_set(recipe_of(spec))
+    for _ in range(2 if spec[0] == "delayed" else 1):  # delayed: the second step's scales are calibrated
+        y, g, qs = _fp8_step(cfg, qs, inp, dy)
+        y_sim, g_sim = sim_step(s, inp, dy)
+    check_sim(f"jax y {rid}", y, y_sim, dtype)
+    for k, v in g_sim.items():
+        if v is not None:
+            check_sim(f"jax {k} {rid}", g[k], v, dtype)
+    assert (qs.state is None) == (spec[0] != "delayed")
+
+
+def test_delayed_state_over_jitted_steps_equals_the_plan_apis():
+    cfg = CONFIGS["rms-swiglu"]
+    T, H_, F_, norm, acts, dtype, bias = cfg
+    recipe = lj.DelayedScaling(margin=1, amax_history_len=3, amax_compute_algo="most_recent")
+    qs = lj.make_quantizer_set(recipe)
+    with lnmlp.Plan(T, H_, F_, norm_type=norm, activation_type=acts, dtype=dtype, recipe=recipe) as plan:
+        for i in range(4):
+            inp = make_inputs(T, H_, F_, len(acts), norm, dtype, bias, seed=20 + i)
+            dy = make_dy(T, H_, dtype, seed=20 + i)
+            y, g, qs = _fp8_step(cfg, qs, inp, dy)
+            y_p, saved = plan.forward(*(inp[k] for k in ("x", "gamma", "beta", "w1", "b1", "w2", "b2")))
+            g_p = plan.backward(dy, inp["x"], inp["gamma"], inp["beta"], inp["w1"], inp["b1"], inp["w2"], saved)
+            np.testing.assert_array_equal(np.asarray(y), y_p)
+            np.testing.assert_array_equal(np.asarray(g["dw1"]), g_p.dw1)
+            for n in lj.QUANTIZERS:
+                scale, hist = plan.quantizer_state(n)
+                assert float(qs.scale(n)) == scale, (i, n)
+                np.testing.assert_array_equal(np.asarray(qs.amax_history(n)), hist)
+
+
+def test_quantizer_set_state_dict_round_trip():
+    qs = lj.make_quantizer_set(lj.DelayedScaling(amax_history_len=2))
+    d = qs.state_dict()
+    d["dy"] = {"scale": 4.0, "amax_history": np.array([3.0, 1.0], np.float32)}
+    q2 = qs.load_state_dict(d)
+    assert float(q2.scale("dy")) == 4.0 and float(q2.scale("w1")) == 1.0
+    with pytest.raises(lnmlp.InvalidArgumentError):
+        qs.load_state_dict(dict(d, dy={"scale": -1.0, "amax_history": np.zeros(2, np.float32)}))
+    assert lj.make_quantizer_set(lj.MXFP8BlockScaling()).state is None

@@ -1,9 +1,14 @@
 """lnmlp for JAX: TransformerEngine's ``layernorm_mlp`` as a native JAX op (``jax.jit``,
 ``jax.grad``, ``jax.vjp``, ``jax.vmap``), its forward and backward running in lnmlp through XLA
-FFI custom calls. Importing this module imports jax; ``import lnmlp`` alone does not.
+FFI custom calls, with FP8 quantizer sets whose delayed-scaling state is an ordinary jax array.
+Importing this module imports jax; ``import lnmlp`` alone does not.
 """
 
+from ..recipe import DelayedScaling, Float8BlockScaling, Float8CurrentScaling, MXFP8BlockScaling, QUANTIZERS
 from ._ffi import XlaLibraryNotFoundError, library_path
 from ._layernorm_mlp import layernorm_mlp, noop_quantizer_set
+from ._quantizer_set import QuantizerSet, make_quantizer_set
 
-__all__ = ["layernorm_mlp", "noop_quantizer_set", "library_path", "XlaLibraryNotFoundError"]
+__all__ = ["layernorm_mlp", "noop_quantizer_set", "make_quantizer_set", "QuantizerSet", "DelayedScaling",
+           "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling", "QUANTIZERS", "library_path",
+           "XlaLibraryNotFoundError"]

@@ -24,7 +24,10 @@ import numpy as np
 
 from .. import _plan
 from .._lib import InvalidArgumentError
+from .. import recipe as _recipe
+from ..recipe import Recipe
 from . import _ffi
+from ._quantizer_set import QuantizerSet
 
 __all__ = ["layernorm_mlp", "noop_quantizer_set"]
 
@@ -52,6 +55,11 @@ class _Spec:
     dtype: str  # "float32", "bfloat16" or "float16"
     remat: str  # "save_all" for a call that is differentiated, "forward_only" for one that is not
     backend: str  # "cpu" or "cuda"
+    recipe: Recipe = None  # the FP8 recipe (None: no quantization)
+
+    @property
+    def stateful(self):
+        return self.recipe is not None and self.recipe.stateful
 
     def with_(self, **changes):
         return dataclasses.replace(self, **changes)
@@ -63,21 +71,24 @@ class _Spec:
                     zero_centered_gamma=self.zero_centered_gamma, epsilon=self.epsilon,
                     activation_type=self.activations, act_params=ap if clamped else None,
                     use_bias1=self.has_bias1, use_bias2=self.has_bias2, dtype=self.dtype, remat=self.remat,
-                    backend=self.backend)
+                    backend=self.backend, recipe=self.recipe)
 
     def attributes(self):
         """The custom call's attributes, with the exact types liblnmlp_xla's handlers decode."""
         i32, i64, f32 = np.int32, np.int64, np.float32
         acts = [_plan.ACTIVATIONS[a] for a in self.activations]
+        fp8 = self.recipe._settings() if self.recipe is not None else _recipe._DEFAULT_SETTINGS
         return dict(tokens=i64(max(self.tokens, 1)), hidden=i64(self.hidden), ffn=i64(self.ffn),
                     norm=i32(_plan._NORMS[self.norm_type]), zero_centered_gamma=i32(self.zero_centered_gamma),
                     epsilon=f32(self.epsilon), act0=i32(acts[0]), act1=i32(acts[1] if len(acts) > 1 else -1),
                     clamp_limit=f32(self.act_params[0]), clamp_alpha=f32(self.act_params[1]),
                     clamp_offset=f32(self.act_params[2]), has_bias1=i32(self.has_bias1),
                     has_bias2=i32(self.has_bias2), dtype=i32(_DTYPES[self.dtype]),
-                    remat=i32(_plan._REMATS[self.remat]), recipe=i32(0), fp8_format=i32(-1), margin=i32(0),
-                    amax_history_len=i64(1024), amax_compute_algo=i32(0), power_2_scale=i32(-1),
-                    amax_epsilon=f32(0.0), backend=i32(_plan._BACKENDS[self.backend]), device=i32(0))
+                    remat=i32(_plan._REMATS[self.remat]), recipe=i32(fp8["recipe"]),
+                    fp8_format=i32(fp8["fp8_format"]), margin=i32(fp8["margin"]),
+                    amax_history_len=i64(fp8["amax_history_len"]), amax_compute_algo=i32(fp8["amax_compute_algo"]),
+                    power_2_scale=i32(fp8["power_2_scale"]), amax_epsilon=f32(fp8["amax_epsilon"]),
+                    backend=i32(_plan._BACKENDS[self.backend]), device=i32(0))
 
 
 @functools.lru_cache(maxsize=512)
@@ -98,6 +109,12 @@ def _no_state():
     return jnp.zeros((0,), jnp.float32)
 
 
+def _state_type(spec):
+    """The FP8 state's type: float32 [6, 1 + history] under delayed scaling, else empty."""
+    n = spec.recipe.amax_history_len + 1 if spec.stateful else 0
+    return jax.ShapeDtypeStruct((6, n) if n else (0,), jnp.float32)
+
+
 # ---- the custom calls, each with its batching rule -------------------------------------------------
 
 def _sequential(fn, axis_size, in_batched, args):
@@ -116,12 +133,14 @@ def _sequential(fn, axis_size, in_batched, args):
 def _forward_call(spec: _Spec):
     """(x, gamma, beta, w1, b1, w2, b2, state) -> (y, saved, state) for spec's tokens."""
     ws_bytes, saved_bytes = _sizes(spec)
+    # The state (argument 7) is updated in place: XLA aliases it to output 3.
     call = jax.ffi.ffi_call(
         _ffi.FORWARD,
         (jax.ShapeDtypeStruct((spec.tokens, spec.hidden), jnp.dtype(spec.dtype)),
          jax.ShapeDtypeStruct((saved_bytes,), jnp.uint8),
          jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8),
-         jax.ShapeDtypeStruct((0,), jnp.float32)))
+         _state_type(spec)),
+        input_output_aliases={7: 3} if spec.stateful else None)
     attrs = spec.attributes()
 
     @jax.custom_batching.custom_vmap
@@ -163,7 +182,8 @@ def _backward_call(spec: _Spec):
          jax.ShapeDtypeStruct((spec.ffn, spec.hidden), dt),  # dw2
          shape(spec.has_bias2, (spec.hidden,)),  # db2
          jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8),
-         jax.ShapeDtypeStruct((0,), jnp.float32)))
+         _state_type(spec)),
+        input_output_aliases={8: 8} if spec.stateful else None)
     attrs = spec.attributes()
 
     @jax.custom_batching.custom_vmap
@@ -189,22 +209,24 @@ def _backward_call(spec: _Spec):
 # ---- the differentiable block ------------------------------------------------------------------------
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _block(spec, x, gamma, beta, w1, b1, w2, b2):
-    # Not differentiated: a plan that saves nothing.
-    y, _, _ = _forward_call(spec.with_(remat="forward_only"))(x, gamma, beta, w1, b1, w2, b2, _no_state())
+def _block(spec, x, gamma, beta, w1, b1, w2, b2, state):
+    # Not differentiated: a plan that saves nothing; the state's update has nowhere to go (the
+    # seed's function returns y alone), as in TransformerEngine.
+    y, _, _ = _forward_call(spec.with_(remat="forward_only"))(x, gamma, beta, w1, b1, w2, b2, state)
     return y
 
 
-def _block_fwd(spec, x, gamma, beta, w1, b1, w2, b2):
-    y, saved, _ = _forward_call(spec)(x, gamma, beta, w1, b1, w2, b2, _no_state())
-    return y, (x, gamma, beta, w1, b1, w2, saved)
+def _block_fwd(spec, x, gamma, beta, w1, b1, w2, b2, state):
+    y, saved, state = _forward_call(spec)(x, gamma, beta, w1, b1, w2, b2, state)
+    return y, (x, gamma, beta, w1, b1, w2, saved, state)
 
 
 def _block_bwd(spec, residuals, dy):
-    x, gamma, beta, w1, b1, w2, saved = residuals
-    dx, dgamma, dbeta, dw1, db1, dw2, db2, _ = _backward_call(spec)(dy, x, gamma, beta, w1, b1, w2, saved,
-                                                                    _no_state())
-    return dx, dgamma, dbeta, dw1, db1, dw2, db2
+    x, gamma, beta, w1, b1, w2, saved, state = residuals
+    dx, dgamma, dbeta, dw1, db1, dw2, db2, state = _backward_call(spec)(dy, x, gamma, beta, w1, b1, w2, saved,
+                                                                        state)
+    # The state's "cotangent" is the state after this step (TransformerEngine's convention).
+    return dx, dgamma, dbeta, dw1, db1, dw2, db2, state
 
 
 _block.defvjp(_block_fwd, _block_bwd)
@@ -259,10 +281,18 @@ def layernorm_mlp(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamm
     """
     del transpose_batch_sequence, norm_input_axes, dot_1_input_axes, dot_2_input_axes
     del kernel_1_axes, kernel_2_axes, ffn1_ckpt_name, ffn2_ckpt_name
-    if quantizer_set is not None:
+    if quantizer_set is not None and not isinstance(quantizer_set, QuantizerSet):
         raise InvalidArgumentError(
-            "lnmlp.jax.layernorm_mlp does not take FP8 quantizer sets yet; pass noop_quantizer_set (None), "
-            "or use the NumPy API lnmlp.layernorm_mlp for FP8")
+            "quantizer_set must be noop_quantizer_set (None) or a set made by lnmlp.jax.make_quantizer_set(recipe), "
+            f"got {type(quantizer_set).__name__}")
+    recipe = None if quantizer_set is None else quantizer_set.recipe
+    state = _no_state()
+    if recipe is not None and recipe.stateful:
+        state = jnp.asarray(quantizer_set.state)
+        want = (6, 1 + recipe.amax_history_len)
+        if state.shape != want or state.dtype != jnp.float32:
+            raise InvalidArgumentError(f"the quantizer set's state must be float32 {want}, got "
+                                       f"{state.dtype} {tuple(state.shape)}")
     if not isinstance(norm_type, str) or norm_type.lower() not in _plan._NORMS:
         raise InvalidArgumentError(f"norm_type must be 'layernorm' or 'rmsnorm', got {norm_type!r}")
     norm_type = norm_type.lower()
@@ -325,7 +355,7 @@ def layernorm_mlp(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamm
     spec = _Spec(tokens=tokens, hidden=H, ffn=F, norm_type=norm_type, zero_centered_gamma=bool(zero_centered_gamma),
                  epsilon=float(epsilon), activations=activations, act_params=act_params,
                  has_bias1=bias_1 is not None, has_bias2=bias_2 is not None, dtype=dtype, remat="save_all",
-                 backend=_backend_of_default_device())
+                 backend=_backend_of_default_device(), recipe=recipe)
     _ffi.ensure_registered()
-    y = _block(spec, x.reshape(tokens, H), gamma, beta, kernel_1, b1, kernel_2, b2)
+    y = _block(spec, x.reshape(tokens, H), gamma, beta, kernel_1, b1, kernel_2, b2, state)
     return y.reshape(x.shape)

@@ -1,0 +1,83 @@
+"""FP8 quantizer sets for lnmlp.jax: the recipe, and for delayed scaling its state as a jax array.
+
+A :class:`QuantizerSet` is a pytree: the recipe is static, the delayed-scaling state -- float32
+``[6, 1 + amax_history_len]``, per quantizer (``lnmlp.QUANTIZERS`` order: ln_out, w1, act_out,
+w2, dy, dh) its scale, then its amax history, newest first, the library's LNMLP_TENSOR_FP8_STATE
+layout -- is its one leaf. Nothing is hidden in the library or the plan: each layernorm_mlp call
+takes the state in and, under differentiation, hands the updated one back the way
+TransformerEngine's JAX functions do, in the quantizer set's cotangent slot: ``jax.grad`` with
+respect to the set returns the set as it is after the step's forward (ln_out, w1, act_out, w2
+updated) and backward (dy, dh updated). Use one set per layer, as in TransformerEngine.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..recipe import QUANTIZERS, Recipe, check_history, check_scale
+
+__all__ = ["QuantizerSet", "make_quantizer_set"]
+
+
+@jax.tree_util.register_pytree_node_class
+class QuantizerSet:
+    """The quantizers of one layernorm_mlp call site: ``recipe`` (an lnmlp recipe) and ``state``
+    (its delayed-scaling state, a float32 jax array, or None for a stateless recipe)."""
+
+    def __init__(self, recipe: Recipe, state=None):
+        if not isinstance(recipe, Recipe):
+            from .._lib import InvalidArgumentError
+            raise InvalidArgumentError(f"a quantizer set needs an lnmlp recipe, got {type(recipe).__name__}")
+        self.recipe = recipe
+        self.state = state
+
+    def tree_flatten(self):
+        return (self.state,), self.recipe
+
+    @classmethod
+    def tree_unflatten(cls, recipe, children):
+        qs = object.__new__(cls)  # children may be tracers or placeholders: no checks here
+        qs.recipe, qs.state = recipe, children[0]
+        return qs
+
+    def __repr__(self):
+        return f"lnmlp.jax.QuantizerSet({self.recipe!r})"
+
+    def scale(self, quantizer):
+        """One quantizer's scale (a scalar jax array)."""
+        return self.state[QUANTIZERS.index(quantizer), 0]
+
+    def amax_history(self, quantizer):
+        """One quantizer's amax history, newest first."""
+        return self.state[QUANTIZERS.index(quantizer), 1:]
+
+    def state_dict(self) -> dict:
+        """``{name: {"scale": float, "amax_history": numpy array}}``, as the NumPy API's
+        ``QuantizerSet.state()`` gives it (``{}`` for a stateless recipe)."""
+        if self.state is None:
+            return {}
+        s = np.asarray(self.state)
+        return {n: {"scale": float(row[0]), "amax_history": row[1:].copy()} for n, row in zip(QUANTIZERS, s)}
+
+    def load_state_dict(self, state: dict) -> "QuantizerSet":
+        """A new set with the state of :meth:`state_dict` (checked as the NumPy API checks it)."""
+        if self.state is None:
+            return QuantizerSet(self.recipe)
+        rows = [np.concatenate([[check_scale(n, state[n]["scale"])],
+                                check_history(n, state[n]["amax_history"], self.recipe.amax_history_len)])
+                for n in QUANTIZERS]
+        return QuantizerSet(self.recipe, jnp.asarray(np.stack(rows).astype(np.float32)))
+
+
+def make_quantizer_set(recipe: Recipe) -> QuantizerSet:
+    """A quantizer set for ``recipe`` (lnmlp.jax.DelayedScaling, Float8CurrentScaling,
+    Float8BlockScaling, MXFP8BlockScaling; TransformerEngine's names and defaults), to pass as
+    ``quantizer_set=``. Delayed scaling starts with scales 1 and zero histories."""
+    qs = QuantizerSet(recipe)
+    if recipe.stateful:
+        state = np.zeros((len(QUANTIZERS), 1 + recipe.amax_history_len), np.float32)
+        state[:, 0] = 1.0
+        qs.state = jnp.asarray(state)
+    return qs
