@@ -98,20 +98,41 @@ def normalize_activations(activation_type) -> tuple:
     return acts
 
 
+# act_params' fields under their names here and TransformerEngine's (ClampedSwigluParams).
+_ACT_PARAM_NAMES = {"limit": "limit", "alpha": "alpha", "offset": "offset", "glu_linear_offset": "offset"}
+
+
 def _normalize_act_params(act_params):
-    if act_params is None:
-        return None
-    if isinstance(act_params, ActParams):
+    """ActParams from None, ActParams, a dict or an object with the fields -- limit, alpha and
+    offset, or TransformerEngine's glu_linear_offset (an object may also carry them in a
+    ``clamped_swiglu`` attribute); missing fields take the defaults. Anything else, unknown keys,
+    an object with none of the fields, or two different offsets, is an InvalidArgumentError:
+    nothing is dropped silently."""
+    if act_params is None or isinstance(act_params, ActParams):
         return act_params
     if isinstance(act_params, dict):
-        unknown = set(act_params) - {"limit", "alpha", "offset"}
+        unknown = set(act_params) - set(_ACT_PARAM_NAMES)
         if unknown:
             raise InvalidArgumentError(
-                f"act_params has unknown keys {sorted(unknown)}; expected limit, alpha, offset")
-        return ActParams(**act_params)
-    # any object with the attributes (e.g. TransformerEngine's ClampedSwigluParams)
-    d = ActParams()
-    return ActParams(*(float(getattr(act_params, k, getattr(d, k))) for k in ("limit", "alpha", "offset")))
+                f"act_params has unknown keys {sorted(unknown)}; expected limit, alpha and offset "
+                f"(or glu_linear_offset)")
+        given = dict(act_params)
+    else:
+        obj = getattr(act_params, "clamped_swiglu", act_params)
+        given = {k: getattr(obj, k) for k in _ACT_PARAM_NAMES if hasattr(obj, k)}
+        if not given:
+            raise InvalidArgumentError(
+                f"act_params ({type(act_params).__name__}) has none of the fields limit, alpha, offset / "
+                f"glu_linear_offset")
+    fields = {}
+    for k, v in given.items():
+        name = _ACT_PARAM_NAMES[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise InvalidArgumentError(f"act_params.{k} must be a number, got {v!r}")
+        if name in fields and fields[name] != float(v):
+            raise InvalidArgumentError(f"act_params gives two different offsets (offset and glu_linear_offset)")
+        fields[name] = float(v)
+    return ActParams(**fields)
 
 
 def _normalize_dtype(dtype) -> np.dtype:

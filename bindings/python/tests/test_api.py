@@ -172,15 +172,26 @@ def test_act_params_forms():
     acts = ("clamped_silu", "clamped_linear")
     a = arrays(A=2)
 
-    class Params:  # any object with the attributes, like TransformerEngine's
+    class Params:  # any object with the attributes
         limit, alpha, offset = 2.0, 1.0, 0.0
 
+    class TEParams:  # TransformerEngine's field names
+        limit, alpha, glu_linear_offset = 2.0, 1.0, 0.0
+
+    class Wrapped:  # the fields inside a clamped_swiglu attribute
+        clamped_swiglu = TEParams()
+
     ys = []
-    for ap in (None, {"limit": 2.0, "alpha": 1.0, "offset": 0.0}, Params(), lnmlp.ActParams(2.0, 1.0, 0.0)):
+    for ap in (None, {"limit": 2.0, "alpha": 1.0, "offset": 0.0}, Params(), lnmlp.ActParams(2.0, 1.0, 0.0),
+               TEParams(), Wrapped(), {"limit": 2.0, "alpha": 1.0, "glu_linear_offset": 0.0}):
         with lnmlp.Plan(T, H, F, activation_type=acts, act_params=ap) as p:
             ys.append(fwd(p, a)[0])
     assert not np.array_equal(ys[0], ys[1])
-    assert np.array_equal(ys[1], ys[2]) and np.array_equal(ys[1], ys[3])
+    assert all(np.array_equal(ys[1], y) for y in ys[2:]), "every form gives the same parameters"
+    with pytest.raises(lnmlp.InvalidArgumentError, match="none of the fields"):
+        lnmlp.Plan(T, H, F, activation_type=acts, act_params=object())  # not silently the defaults
+    with pytest.raises(lnmlp.InvalidArgumentError, match="two different offsets"):
+        lnmlp.Plan(T, H, F, activation_type=acts, act_params={"offset": 0.0, "glu_linear_offset": 1.0})
     with pytest.raises(lnmlp.InvalidArgumentError, match="act_params applies only"):
         lnmlp.Plan(T, H, F, activation_type="relu", act_params={"limit": 2.0})
     with pytest.raises(lnmlp.InvalidArgumentError, match="unknown keys"):

@@ -252,3 +252,50 @@ def test_quantizer_set_state_dict_round_trip():
     with pytest.raises(lnmlp.InvalidArgumentError):
         qs.load_state_dict(dict(d, dy={"scale": -1.0, "amax_history": np.zeros(2, np.float32)}))
     assert lj.make_quantizer_set(lj.MXFP8BlockScaling()).state is None
+
+
+# ---- checkpoint names ---------------------------------------------------------------------------------
+def test_checkpoint_policies_follow_the_ffn1_and_ffn2_names():
+    import contextlib
+    import io
+    import re
+
+    d = make(1, np.float32, lead=(32,), seed=13)
+
+    def block(x, k1, k2):
+        y = lj.layernorm_mlp(x, d["gamma"], d["beta"], [k1, k2], [None, None], "layernorm",
+                             activation_type=("gelu",), ffn1_ckpt_name="my_ffn1", ffn2_ckpt_name="my_ffn2")
+        return jnp.sum(y * y)
+
+    args = (d["x"], d["k1"], d["k2"])
+
+    def saved(policy):
+        """The residuals a policy keeps besides the arguments and constants, as
+        jax.ad_checkpoint.print_saved_residuals lists them: {description: bytes}."""
+        f = jax.checkpoint(block, policy=policy) if policy else block
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            jax.ad_checkpoint.print_saved_residuals(f, *args)
+        kept = {}
+        for line in out.getvalue().splitlines():
+            m = re.match(r"(\w+)\[([\d,]*)\] (.*)", line)
+            if not m or "from the argument" in line or "from a constant" in line:
+                continue
+            n = int(np.prod([int(v) for v in m.group(2).split(",") if v])) if m.group(2) else 1
+            if n:
+                kept[m.group(3)] = n * {"u8": 1, "f32": 4}[m.group(1)]
+        return kept
+
+    names = jax.checkpoint_policies.save_only_these_names
+    keep_ffn1 = saved(names("my_ffn1"))
+    assert len(keep_ffn1) == 1 and "named 'my_ffn1'" in next(iter(keep_ffn1)), keep_ffn1
+    keep_ffn2 = saved(names("my_ffn2"))
+    assert len(keep_ffn2) == 1 and "named 'my_ffn2'" in next(iter(keep_ffn2)), keep_ffn2
+    assert next(iter(keep_ffn2.values())) == d["x"].nbytes  # y itself
+    assert saved(jax.checkpoint_policies.nothing_saveable) == {}
+    assert any("my_ffn1" in k for k in saved(None)), "without jax.checkpoint the saved buffer is kept"
+    want = jax.grad(block, argnums=(0, 1, 2))(*args)
+    for policy in (names("my_ffn1"), names("my_ffn2"), jax.checkpoint_policies.nothing_saveable):
+        got = jax.jit(jax.grad(jax.checkpoint(block, policy=policy), argnums=(0, 1, 2)))(*args)
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -21,6 +21,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from .. import _plan
 from .._lib import InvalidArgumentError
@@ -208,20 +209,24 @@ def _backward_call(spec: _Spec):
 
 # ---- the differentiable block ------------------------------------------------------------------------
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _block(spec, x, gamma, beta, w1, b1, w2, b2, state):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _block(spec, ffn1_name, x, gamma, beta, w1, b1, w2, b2, state):
     # Not differentiated: a plan that saves nothing; the state's update has nowhere to go (the
     # seed's function returns y alone), as in TransformerEngine.
     y, _, _ = _forward_call(spec.with_(remat="forward_only"))(x, gamma, beta, w1, b1, w2, b2, state)
     return y
 
 
-def _block_fwd(spec, x, gamma, beta, w1, b1, w2, b2, state):
+def _block_fwd(spec, ffn1_name, x, gamma, beta, w1, b1, w2, b2, state):
     y, saved, state = _forward_call(spec)(x, gamma, beta, w1, b1, w2, b2, state)
+    # The saved buffer -- norm statistics, norm output, GEMM1 output ("ffn1"), activation output --
+    # is the residual TransformerEngine names ffn1_ckpt_name: a jax.checkpoint policy that saves
+    # the name keeps it, one that does not recomputes it (the forward runs again in backward).
+    saved = checkpoint_name(saved, ffn1_name)
     return y, (x, gamma, beta, w1, b1, w2, saved, state)
 
 
-def _block_bwd(spec, residuals, dy):
+def _block_bwd(spec, ffn1_name, residuals, dy):
     x, gamma, beta, w1, b1, w2, saved, state = residuals
     dx, dgamma, dbeta, dw1, db1, dw2, db2, state = _backward_call(spec)(dy, x, gamma, beta, w1, b1, w2, saved,
                                                                         state)
@@ -280,7 +285,7 @@ def layernorm_mlp(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamm
     tokens anyway.
     """
     del transpose_batch_sequence, norm_input_axes, dot_1_input_axes, dot_2_input_axes
-    del kernel_1_axes, kernel_2_axes, ffn1_ckpt_name, ffn2_ckpt_name
+    del kernel_1_axes, kernel_2_axes
     if quantizer_set is not None and not isinstance(quantizer_set, QuantizerSet):
         raise InvalidArgumentError(
             "quantizer_set must be noop_quantizer_set (None) or a set made by lnmlp.jax.make_quantizer_set(recipe), "
@@ -357,5 +362,6 @@ def layernorm_mlp(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamm
                  has_bias1=bias_1 is not None, has_bias2=bias_2 is not None, dtype=dtype, remat="save_all",
                  backend=_backend_of_default_device(), recipe=recipe)
     _ffi.ensure_registered()
-    y = _block(spec, x.reshape(tokens, H), gamma, beta, kernel_1, b1, kernel_2, b2, state)
-    return y.reshape(x.shape)
+    y = _block(spec, ffn1_ckpt_name, x.reshape(tokens, H), gamma, beta, kernel_1, b1, kernel_2, b2, state)
+    # The block's output is the GEMM2 output TransformerEngine names ffn2_ckpt_name.
+    return checkpoint_name(y.reshape(x.shape), ffn2_ckpt_name)
