@@ -5,7 +5,8 @@
 // attributes -- the plan's configuration, see PlanConfig -- and takes the shared plan for it
 // (plan_cache.h). Execute runs the plan on XLA's buffers: the tensors, the saved buffer, a
 // workspace XLA allocates as one more output (lnmlp/jax/_ffi.py sizes it: the plan's workspace
-// bytes plus its alignment, since XLA promises less alignment than a plan needs), and, for delayed
+// bytes plus its alignment, since XLA promises less alignment than a plan needs; empty on the CPU,
+// where the plan owns its workspace), and, for delayed
 // scaling, the FP8 state, an input aliased to an output and updated in place. Tensors a
 // configuration does not take (beta for RMSNorm, a disabled bias, the state of a stateless
 // recipe) are zero-element arrays and reach lnmlp as NULL.
@@ -130,8 +131,9 @@ int64_t tokens_of(const PlanState& s, const ffi::AnyBuffer& x) {
 }
 
 // Attaches XLA's workspace output, its start rounded up to the plan's alignment (the buffer has
-// that much to spare).
+// that much to spare), for a plan that takes its workspace from XLA (see plan_cache.cpp).
 void attach_workspace(const PlanState& s, ffi::Result<ffi::AnyBuffer>& ws) {
+  if (!s.shared->external_workspace) return;
   const auto base = reinterpret_cast<uintptr_t>(ws->untyped_data());
   const auto align = static_cast<uintptr_t>(s.shared->alignment);
   const size_t skip = static_cast<size_t>((align - base % align) % align);

@@ -37,7 +37,10 @@ lnmlp_plan* create_plan(const PlanConfig& c) {
     check(lnmlp_desc_set_delayed_scaling(d, c.margin, c.amax_history_len, c.amax_compute_algo), "delayed scaling");
     check(lnmlp_desc_set_scaling_options(d, c.power_2_scale, c.amax_epsilon), "scaling options");
   }
-  check(lnmlp_desc_set_external_workspace(d, 1), "external workspace");
+  // On a GPU the workspace is XLA's (its allocator accounts for device memory and reuses it); on
+  // the CPU the plan owns it, so its pages stay mapped from call to call instead of being faulted
+  // in anew for every buffer XLA allocates (measured: ~10% of a training step at T=1024, H=1024).
+  check(lnmlp_desc_set_external_workspace(d, c.backend == LNMLP_BACKEND_CPU ? 0 : 1), "external workspace");
   lnmlp_plan* plan = nullptr;
   check(lnmlp_plan_create(d, &plan), "lnmlp_plan_create");
   return plan;
@@ -65,6 +68,7 @@ std::shared_ptr<SharedPlan> shared_plan(const PlanConfig& config) {
   auto p = std::make_shared<SharedPlan>();
   p->plan = create_plan(config);
   check(lnmlp_plan_get_alignment(p->plan, &p->alignment), "lnmlp_plan_get_alignment");
+  p->external_workspace = config.backend != LNMLP_BACKEND_CPU;
   cache.emplace(key, p);
   return p;
 }

@@ -36,10 +36,11 @@ struct SharedPlan {
   std::mutex mutex;
   lnmlp_plan* plan = nullptr;
   int64_t alignment = 0;  // of the workspace and the saved buffer (lnmlp_plan_get_alignment)
+  bool external_workspace = false;  // the calls attach XLA's workspace buffer
   ~SharedPlan() { lnmlp_plan_destroy(plan); }
 };
 
-// The plan for `config`, created on first use (with an external workspace: XLA owns the memory).
+// The plan for `config`, created on first use (on the GPU with an external workspace, XLA's).
 // Throws std::runtime_error with lnmlp's message when the configuration is invalid.
 std::shared_ptr<SharedPlan> shared_plan(const PlanConfig& config);
 

@@ -94,11 +94,13 @@ class _Spec:
 
 @functools.lru_cache(maxsize=512)
 def _sizes(spec: _Spec):
-    """(workspace output bytes, saved bytes) of a call: the plan's workspace plus its alignment
-    (the handler rounds XLA's buffer start up to it), and the saved buffer for the call's tokens."""
+    """(workspace output bytes, saved bytes) of a call: on a GPU the plan's workspace plus its
+    alignment (the handler rounds XLA's buffer start up to it), on the CPU nothing (the plan owns
+    its workspace: xla_ffi/plan_cache.cpp says why); and the saved buffer for the call's tokens."""
     with _plan.Plan(**spec.plan_kwargs(), external_workspace=True) as p:
         saved = p.tensor_shape("saved", spec.tokens)
-        return p.workspace_bytes + p.alignment, (saved[0] if saved else 0)
+        workspace = 0 if spec.backend == "cpu" else p.workspace_bytes + p.alignment
+        return workspace, (saved[0] if saved else 0)
 
 
 def _absent(dtype):
