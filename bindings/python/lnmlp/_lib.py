@@ -5,11 +5,11 @@ tools/gen_bindings.py; this module applies them to the loaded library.
 Search order for the library (the first hit wins):
 
 1. the ``LNMLP_LIBRARY`` environment variable (a path to ``liblnmlp.so*``);
-2. a copy bundled inside the package (``lnmlp/liblnmlp.so*``, put there when a wheel is built);
-3. the CMake build tree recorded when the package was built (``lnmlp/_build_config.py``);
-4. the CMake build tree of the source checkout this package lives in
+2. the copy inside the package (``lnmlp/liblnmlp.so.2``, built into the wheel by
+   ``pip install ./bindings/python``);
+3. the CMake build tree of the source checkout this package lives in
    (``<repo>/build/release/src/liblnmlp.so``);
-5. the system loader (``ctypes.util.find_library("lnmlp")``, then ``liblnmlp.so.2``).
+4. the system loader (``ctypes.util.find_library("lnmlp")``, then ``liblnmlp.so.2``).
 
 The loaded library's ABI version (``lnmlp_get_version``) must equal :data:`ABI_VERSION`.
 """
@@ -150,11 +150,6 @@ def _candidates():
         path = os.path.join(_PKG_DIR, name)
         if os.path.exists(path):
             yield "bundled", path
-    try:
-        from . import _build_config  # written by setup.py when the package was built
-        yield "recorded build tree", _build_config.LIBRARY_PATH
-    except ImportError:
-        pass
     repo = os.path.dirname(os.path.dirname(os.path.dirname(_PKG_DIR)))
     yield "source checkout build tree", os.path.join(repo, "build", "release", "src", "liblnmlp.so")
     found = ctypes.util.find_library("lnmlp")
