@@ -148,6 +148,21 @@ def test_vmap_over_weights_and_jacrev_run_the_batch_in_turn():
     np.testing.assert_allclose(np.asarray(J)[:, 2], (g(x0 + step) - g(x0 - step)) / 2e-2, rtol=2e-2, atol=2e-3)
 
 
+def test_one_plan_serves_every_batch_size_on_the_cpu():
+    d = make(1, np.float32, lead=(5,), H=8, F=40, seed=14)
+    f = jax.jit(jax.grad(lambda x: jnp.sum(run(dict(d, x=x), "rmsnorm", ("squared_relu",)))))
+    before = lj.plan_count()
+    f(d["x"])  # a new configuration: its plan (the forward-only one is another configuration)
+    made = lj.plan_count() - before
+    assert made == 1
+    for rows in (3, 17, 2):  # more and fewer tokens: the same plan, grown to the largest
+        x = np.random.default_rng(rows).standard_normal((rows, 8)).astype(np.float32)
+        g = f(x)
+        want = np.stack([np.asarray(f(x[i:i + 1]))[0] for i in range(rows)])
+        np.testing.assert_allclose(np.asarray(g), want, rtol=1e-6, atol=1e-7)
+    assert lj.plan_count() - before == made
+
+
 def test_a_call_with_no_tokens():
     d = make(1, np.float32, lead=(0,), seed=10)
     y = run(d, "layernorm", ("relu",))

@@ -3,13 +3,14 @@
 //
 // Each handler has two stages. Instantiate (once per executable and call site) reads the call's
 // attributes -- the plan's configuration, see PlanConfig -- and takes the shared plan for it
-// (plan_cache.h). Execute runs the plan on XLA's buffers: the tensors, the saved buffer, a
-// workspace XLA allocates as one more output (lnmlp/jax/_ffi.py sizes it: the plan's workspace
-// bytes plus its alignment, since XLA promises less alignment than a plan needs; empty on the CPU,
-// where the plan owns its workspace), and, for delayed
-// scaling, the FP8 state, an input aliased to an output and updated in place. Tensors a
-// configuration does not take (beta for RMSNorm, a disabled bias, the state of a stateless
-// recipe) are zero-element arrays and reach lnmlp as NULL.
+// (plan_cache.h). Execute makes sure the plan takes the call's tokens (on the CPU a plan grows to
+// the largest call) and runs it on XLA's buffers: the tensors, the saved buffer, the workspace
+// (on a GPU an XLA buffer, one more output of the call, sized by lnmlp/jax/_layernorm_mlp.py as
+// the plan's workspace bytes plus its alignment, since XLA promises less alignment than a plan
+// needs; empty on the CPU, where the plan owns its workspace), and, for delayed scaling, the FP8
+// state, an input aliased to an output and updated in place. Tensors a configuration does not
+// take (beta for RMSNorm, a disabled bias, the state of a stateless recipe) are zero-element
+// arrays and reach lnmlp as NULL.
 //
 // No exception leaves a handler: failures become an ffi::Error carrying lnmlp's message, which JAX
 // raises as an exception.
@@ -160,6 +161,7 @@ ffi::Error forward(PlanState* s, void* stream, ffi::AnyBuffer x, ffi::AnyBuffer 
   return guarded([&] {
     const int64_t t = tokens_of(*s, x);
     std::lock_guard<std::mutex> lock(s->shared->mutex);
+    s->shared->reserve(t);
     attach_workspace(*s, workspace);
     void* st = fp8_state(state_in, state_out, s->config.backend);
     check(lnmlp_plan_forward(s->shared->plan, t, x.untyped_data(), gamma.untyped_data(), in_ptr(beta),
@@ -177,6 +179,7 @@ ffi::Error backward(PlanState* s, void* stream, ffi::AnyBuffer dy, ffi::AnyBuffe
   return guarded([&] {
     const int64_t t = tokens_of(*s, x);
     std::lock_guard<std::mutex> lock(s->shared->mutex);
+    s->shared->reserve(t);
     attach_workspace(*s, workspace);
     void* st = fp8_state(state_in, state_out, s->config.backend);
     check(lnmlp_plan_backward(s->shared->plan, t, dy.untyped_data(), x.untyped_data(), gamma.untyped_data(),
@@ -233,6 +236,8 @@ using lnmlp_xla::PlanState;
 
 LNMLP_XLA_API const void* lnmlp_xla_state_type_id(void) { return &PlanState::id; }
 LNMLP_XLA_API const void* lnmlp_xla_state_type_info(void) { return &lnmlp_xla::kPlanStateInfo; }
+// How many lnmlp plans the handlers hold (lnmlp.jax.plan_count(), for tests).
+LNMLP_XLA_API int64_t lnmlp_xla_plan_count(void) { return lnmlp_xla::plan_count(); }
 
 LNMLP_XLA_API XLA_FFI_Error* lnmlp_xla_instantiate_cpu(XLA_FFI_CallFrame*);
 LNMLP_XLA_API XLA_FFI_Error* lnmlp_xla_instantiate_cuda(XLA_FFI_CallFrame*);

@@ -1,5 +1,6 @@
 #include "plan_cache.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <sstream>
@@ -50,7 +51,8 @@ lnmlp_plan* create_plan(const PlanConfig& c) {
 
 std::string PlanConfig::key() const {
   std::ostringstream o;
-  for (int64_t v : {tokens, hidden, ffn, amax_history_len}) put(o, v);
+  const int64_t shared_tokens = backend == LNMLP_BACKEND_CPU ? 0 : tokens;
+  for (int64_t v : {shared_tokens, hidden, ffn, amax_history_len}) put(o, v);
   for (int32_t v : {norm, zero_centered_gamma, act0, act1, has_bias1, has_bias2, dtype, remat, recipe, fp8_format,
                     margin, amax_compute_algo, power_2_scale, backend, device})
     put(o, v);
@@ -58,19 +60,50 @@ std::string PlanConfig::key() const {
   return o.str();
 }
 
+void SharedPlan::reserve(int64_t tokens) {
+  if (plan != nullptr && tokens <= config.tokens) return;
+  PlanConfig c = config;
+  c.tokens = std::max(tokens, c.tokens);
+  lnmlp_plan* bigger = create_plan(c);  // first, so that a failure leaves the old plan in place
+  lnmlp_plan_destroy(plan);
+  plan = bigger;
+  config = c;
+  check(lnmlp_plan_get_alignment(plan, &alignment), "lnmlp_plan_get_alignment");
+  external_workspace = c.backend != LNMLP_BACKEND_CPU;
+}
+
+namespace {
+std::mutex cache_mutex;
+std::map<std::string, std::shared_ptr<SharedPlan>> cache;
+}  // namespace
+
 std::shared_ptr<SharedPlan> shared_plan(const PlanConfig& config) {
-  static std::mutex cache_mutex;
-  static std::map<std::string, std::shared_ptr<SharedPlan>> cache;
-  const std::string key = config.key();
-  std::lock_guard<std::mutex> lock(cache_mutex);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  auto p = std::make_shared<SharedPlan>();
-  p->plan = create_plan(config);
-  check(lnmlp_plan_get_alignment(p->plan, &p->alignment), "lnmlp_plan_get_alignment");
-  p->external_workspace = config.backend != LNMLP_BACKEND_CPU;
-  cache.emplace(key, p);
+  std::shared_ptr<SharedPlan> p;
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    std::shared_ptr<SharedPlan>& slot = cache[config.key()];
+    if (!slot) {
+      slot = std::make_shared<SharedPlan>();
+      slot->config = config;
+    }
+    p = slot;
+  }
+  std::lock_guard<std::mutex> lock(p->mutex);
+  try {
+    p->reserve(config.tokens);
+  } catch (...) {
+    if (p->plan == nullptr) {  // a configuration lnmlp refuses: leave no empty entry behind
+      std::lock_guard<std::mutex> cache_lock(cache_mutex);
+      cache.erase(config.key());
+    }
+    throw;
+  }
   return p;
+}
+
+int64_t plan_count() {
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  return static_cast<int64_t>(cache.size());
 }
 
 }  // namespace lnmlp_xla

@@ -1,6 +1,9 @@
-// The lnmlp plans behind the XLA FFI handlers: one per configuration and token count, shared by
-// every call site (every layer of a model) that has them, created the first time an executable
-// using them is instantiated and kept for the life of the process.
+// The lnmlp plans behind the XLA FFI handlers, shared by every call site (every layer of a model)
+// with the same configuration, created the first time an executable using them is instantiated
+// and kept for the life of the process. On the CPU one plan serves every token count: its most
+// tokens grow to the largest call (ABI 2's tokens per call; the plan owns its workspace). On a GPU
+// the workspace is XLA's, sized at trace time for the plan's most tokens, so a plan serves one
+// token count.
 #pragma once
 
 #include <cstdint>
@@ -27,21 +30,29 @@ struct PlanConfig {
   float amax_epsilon = 0.0f;
   int32_t backend = LNMLP_BACKEND_CPU, device = 0;
 
-  std::string key() const;  // equal for configurations that make the same plan
+  std::string key() const;  // equal for configurations that share a plan (on the CPU: any tokens)
 };
 
 // A plan and the lock that keeps its calls one at a time (XLA may run two executables, or two
 // independent call sites of one, at once; an lnmlp plan serves one thread at a time).
 struct SharedPlan {
   std::mutex mutex;
+  PlanConfig config;  // config.tokens: the plan's most tokens per call
   lnmlp_plan* plan = nullptr;
-  int64_t alignment = 0;  // of the workspace and the saved buffer (lnmlp_plan_get_alignment)
-  bool external_workspace = false;  // the calls attach XLA's workspace buffer
+  int64_t alignment = 0;            // of the workspace and the saved buffer (lnmlp_plan_get_alignment)
+  bool external_workspace = false;  // the calls attach XLA's workspace buffer (GPU)
+
+  // Makes the plan take calls of `tokens` tokens, replacing it by one for that many when it takes
+  // fewer (the CPU's growth; the mutex must be held). Throws std::runtime_error with lnmlp's message.
+  void reserve(int64_t tokens);
   ~SharedPlan() { lnmlp_plan_destroy(plan); }
 };
 
-// The plan for `config`, created on first use (on the GPU with an external workspace, XLA's).
+// The plan for `config`, created on first use, or on the CPU grown to config.tokens.
 // Throws std::runtime_error with lnmlp's message when the configuration is invalid.
 std::shared_ptr<SharedPlan> shared_plan(const PlanConfig& config);
+
+// How many plans the cache holds (for tests: calls that should share a plan do).
+int64_t plan_count();
 
 }  // namespace lnmlp_xla

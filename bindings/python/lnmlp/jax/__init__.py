@@ -5,10 +5,10 @@ Importing this module imports jax; ``import lnmlp`` alone does not.
 """
 
 from ..recipe import DelayedScaling, Float8BlockScaling, Float8CurrentScaling, MXFP8BlockScaling, QUANTIZERS
-from ._ffi import XlaLibraryNotFoundError, library_path
+from ._ffi import XlaLibraryNotFoundError, library_path, plan_count
 from ._layernorm_mlp import layernorm_mlp, noop_quantizer_set
 from ._quantizer_set import QuantizerSet, make_quantizer_set
 
 __all__ = ["layernorm_mlp", "noop_quantizer_set", "make_quantizer_set", "QuantizerSet", "DelayedScaling",
-           "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling", "QUANTIZERS", "library_path",
+           "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling", "QUANTIZERS", "library_path", "plan_count",
            "XlaLibraryNotFoundError"]

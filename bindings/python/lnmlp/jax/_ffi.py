@@ -82,3 +82,12 @@ def _has_platform(name: str) -> bool:
         return bool(jax.devices(name))
     except RuntimeError:
         return False
+
+
+def plan_count() -> int:
+    """How many lnmlp plans the XLA handlers hold: one per configuration on the CPU (every token
+    count shares it), one per configuration and token count on a GPU."""
+    ensure_registered()
+    fn = _library.lnmlp_xla_plan_count
+    fn.restype = ctypes.c_int64
+    return int(fn())
