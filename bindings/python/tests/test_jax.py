@@ -314,3 +314,22 @@ def test_checkpoint_policies_follow_the_ffn1_and_ffn2_names():
         got = jax.jit(jax.grad(jax.checkpoint(block, policy=policy), argnums=(0, 1, 2)))(*args)
         for a, b in zip(got, want):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_calls_from_several_threads_share_plans_safely():
+    """XLA may run calls of one plan at once (two threads, or independent call sites): the handlers
+    keep a plan's calls one at a time, and a plan that grows for one thread's call stays right for
+    the other's."""
+    import concurrent.futures
+
+    d = make(2, np.float32, lead=(1,), H=16, F=24, seed=15)
+    f = jax.jit(jax.value_and_grad(lambda x: jnp.sum(run(dict(d, x=x), "layernorm", ("silu", "linear")) ** 2)))
+    xs = [np.random.default_rng(i).standard_normal((rows, 16)).astype(np.float32) for i, rows in
+          enumerate((3, 40, 7, 64, 1, 33, 5, 50))]
+    want = [f(x) for x in xs]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        for _ in range(3):
+            got = list(pool.map(f, xs))
+            for (v, g), (vw, gw) in zip(got, want):
+                assert float(v) == float(vw)
+                np.testing.assert_array_equal(np.asarray(g), np.asarray(gw))
