@@ -154,77 +154,60 @@ void* fp8_state(const ffi::AnyBuffer& in, ffi::Result<ffi::AnyBuffer>& out, int3
   return out->untyped_data();
 }
 
-ffi::Error forward(PlanState* s, void* stream, ffi::AnyBuffer x, ffi::AnyBuffer gamma, ffi::AnyBuffer beta,
-                   ffi::AnyBuffer w1, ffi::AnyBuffer b1, ffi::AnyBuffer w2, ffi::AnyBuffer b2, ffi::AnyBuffer state_in,
-                   ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> saved,
-                   ffi::Result<ffi::AnyBuffer> workspace, ffi::Result<ffi::AnyBuffer> state_out) {
+// The call's buffers, in the order lnmlp/jax/_layernorm_mlp.py passes them.
+class Buffers {
+ public:
+  Buffers(const char* call, size_t n_args, size_t n_rets, ffi::RemainingArgs args, ffi::RemainingRets rets)
+      : args_(args), rets_(rets) {
+    if (args.size() != n_args || rets.size() != n_rets)
+      fail(ffi::ErrorCode::kInvalidArgument, std::string("lnmlp: the ") + call + " custom call takes " +
+                                                 std::to_string(n_args) + " operands and " + std::to_string(n_rets) +
+                                                 " results, got " + std::to_string(args.size()) + " and " +
+                                                 std::to_string(rets.size()));
+  }
+  ffi::AnyBuffer in(size_t i) const { return *args_.get<ffi::AnyBuffer>(i); }
+  ffi::Result<ffi::AnyBuffer> out(size_t i) const { return *rets_.get<ffi::AnyBuffer>(i); }
+
+ private:
+  ffi::RemainingArgs args_;
+  ffi::RemainingRets rets_;
+};
+
+// Operands x, gamma, beta, w1, b1, w2, b2, fp8 state; results y, saved, workspace, fp8 state.
+ffi::Error forward(PlanState* s, void* stream, ffi::RemainingArgs args, ffi::RemainingRets rets) {
   return guarded([&] {
+    const Buffers b("forward", 8, 4, args, rets);
+    const ffi::AnyBuffer x = b.in(0);
+    ffi::Result<ffi::AnyBuffer> y = b.out(0), saved = b.out(1), workspace = b.out(2), state = b.out(3);
     const int64_t t = tokens_of(*s, x);
     std::lock_guard<std::mutex> lock(s->shared->mutex);
     s->shared->reserve(t);
     attach_workspace(*s, workspace);
-    void* st = fp8_state(state_in, state_out, s->config.backend);
-    check(lnmlp_plan_forward(s->shared->plan, t, x.untyped_data(), gamma.untyped_data(), in_ptr(beta),
-                             w1.untyped_data(), in_ptr(b1), w2.untyped_data(), in_ptr(b2), out_ptr(y), out_ptr(saved),
-                             st, LNMLP_CALL_DEFAULT, stream));
+    void* st = fp8_state(b.in(7), state, s->config.backend);
+    check(lnmlp_plan_forward(s->shared->plan, t, x.untyped_data(), b.in(1).untyped_data(), in_ptr(b.in(2)),
+                             b.in(3).untyped_data(), in_ptr(b.in(4)), b.in(5).untyped_data(), in_ptr(b.in(6)),
+                             out_ptr(y), out_ptr(saved), st, LNMLP_CALL_DEFAULT, stream));
   });
 }
 
-ffi::Error backward(PlanState* s, void* stream, ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer gamma,
-                    ffi::AnyBuffer beta, ffi::AnyBuffer w1, ffi::AnyBuffer b1, ffi::AnyBuffer w2, ffi::AnyBuffer saved,
-                    ffi::AnyBuffer state_in, ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dgamma,
-                    ffi::Result<ffi::AnyBuffer> dbeta, ffi::Result<ffi::AnyBuffer> dw1, ffi::Result<ffi::AnyBuffer> db1,
-                    ffi::Result<ffi::AnyBuffer> dw2, ffi::Result<ffi::AnyBuffer> db2,
-                    ffi::Result<ffi::AnyBuffer> workspace, ffi::Result<ffi::AnyBuffer> state_out) {
+// Operands dy, x, gamma, beta, w1, b1, w2, saved, fp8 state; results dx, dgamma, dbeta, dw1, db1,
+// dw2, db2, workspace, fp8 state.
+ffi::Error backward(PlanState* s, void* stream, ffi::RemainingArgs args, ffi::RemainingRets rets) {
   return guarded([&] {
+    const Buffers b("backward", 9, 9, args, rets);
+    const ffi::AnyBuffer x = b.in(1);
+    ffi::Result<ffi::AnyBuffer> g[7] = {b.out(0), b.out(1), b.out(2), b.out(3), b.out(4), b.out(5), b.out(6)};
+    ffi::Result<ffi::AnyBuffer> workspace = b.out(7), state = b.out(8);
     const int64_t t = tokens_of(*s, x);
     std::lock_guard<std::mutex> lock(s->shared->mutex);
     s->shared->reserve(t);
     attach_workspace(*s, workspace);
-    void* st = fp8_state(state_in, state_out, s->config.backend);
-    check(lnmlp_plan_backward(s->shared->plan, t, dy.untyped_data(), x.untyped_data(), gamma.untyped_data(),
-                              in_ptr(beta), w1.untyped_data(), in_ptr(b1), w2.untyped_data(), in_ptr(saved),
-                              out_ptr(dx), out_ptr(dgamma), out_ptr(dbeta), out_ptr(dw1), out_ptr(db1), out_ptr(dw2),
-                              out_ptr(db2), st, LNMLP_CALL_DEFAULT, stream));
+    void* st = fp8_state(b.in(8), state, s->config.backend);
+    check(lnmlp_plan_backward(s->shared->plan, t, b.in(0).untyped_data(), x.untyped_data(), b.in(2).untyped_data(),
+                              in_ptr(b.in(3)), b.in(4).untyped_data(), in_ptr(b.in(5)), b.in(6).untyped_data(),
+                              in_ptr(b.in(7)), out_ptr(g[0]), out_ptr(g[1]), out_ptr(g[2]), out_ptr(g[3]),
+                              out_ptr(g[4]), out_ptr(g[5]), out_ptr(g[6]), st, LNMLP_CALL_DEFAULT, stream));
   });
-}
-
-template <typename B> auto forward_buffers(B b) {
-  return std::move(b)
-      .template Arg<ffi::AnyBuffer>()   // x
-      .template Arg<ffi::AnyBuffer>()   // gamma
-      .template Arg<ffi::AnyBuffer>()   // beta
-      .template Arg<ffi::AnyBuffer>()   // w1
-      .template Arg<ffi::AnyBuffer>()   // b1
-      .template Arg<ffi::AnyBuffer>()   // w2
-      .template Arg<ffi::AnyBuffer>()   // b2
-      .template Arg<ffi::AnyBuffer>()   // fp8 state
-      .template Ret<ffi::AnyBuffer>()   // y
-      .template Ret<ffi::AnyBuffer>()   // saved
-      .template Ret<ffi::AnyBuffer>()   // workspace
-      .template Ret<ffi::AnyBuffer>();  // fp8 state, aliased to the input
-}
-
-template <typename B> auto backward_buffers(B b) {
-  return std::move(b)
-      .template Arg<ffi::AnyBuffer>()   // dy
-      .template Arg<ffi::AnyBuffer>()   // x
-      .template Arg<ffi::AnyBuffer>()   // gamma
-      .template Arg<ffi::AnyBuffer>()   // beta
-      .template Arg<ffi::AnyBuffer>()   // w1
-      .template Arg<ffi::AnyBuffer>()   // b1
-      .template Arg<ffi::AnyBuffer>()   // w2
-      .template Arg<ffi::AnyBuffer>()   // saved
-      .template Arg<ffi::AnyBuffer>()   // fp8 state
-      .template Ret<ffi::AnyBuffer>()   // dx
-      .template Ret<ffi::AnyBuffer>()   // dgamma
-      .template Ret<ffi::AnyBuffer>()   // dbeta
-      .template Ret<ffi::AnyBuffer>()   // dw1
-      .template Ret<ffi::AnyBuffer>()   // db1
-      .template Ret<ffi::AnyBuffer>()   // dw2
-      .template Ret<ffi::AnyBuffer>()   // db2
-      .template Ret<ffi::AnyBuffer>()   // workspace
-      .template Ret<ffi::AnyBuffer>();  // fp8 state, aliased to the input
 }
 
 }  // namespace
@@ -259,41 +242,23 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 // and return: no synchronisation, so XLA may capture them into a command buffer (CUDA graph).
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     lnmlp_xla_forward_cpu,
-    [](PlanState* s, ffi::AnyBuffer x, ffi::AnyBuffer g, ffi::AnyBuffer b, ffi::AnyBuffer w1, ffi::AnyBuffer b1,
-       ffi::AnyBuffer w2, ffi::AnyBuffer b2, ffi::AnyBuffer st, ffi::Result<ffi::AnyBuffer> y,
-       ffi::Result<ffi::AnyBuffer> saved, ffi::Result<ffi::AnyBuffer> ws, ffi::Result<ffi::AnyBuffer> st_out) {
-      return lnmlp_xla::forward(s, nullptr, x, g, b, w1, b1, w2, b2, st, y, saved, ws, st_out);
-    },
-    lnmlp_xla::forward_buffers(ffi::Ffi::Bind().Ctx<ffi::State<PlanState>>()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    lnmlp_xla_forward_cuda,
-    [](void* stream, PlanState* s, ffi::AnyBuffer x, ffi::AnyBuffer g, ffi::AnyBuffer b, ffi::AnyBuffer w1,
-       ffi::AnyBuffer b1, ffi::AnyBuffer w2, ffi::AnyBuffer b2, ffi::AnyBuffer st, ffi::Result<ffi::AnyBuffer> y,
-       ffi::Result<ffi::AnyBuffer> saved, ffi::Result<ffi::AnyBuffer> ws, ffi::Result<ffi::AnyBuffer> st_out) {
-      return lnmlp_xla::forward(s, stream, x, g, b, w1, b1, w2, b2, st, y, saved, ws, st_out);
-    },
-    lnmlp_xla::forward_buffers(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::State<PlanState>>()),
-    {ffi::Traits::kCmdBufferCompatible});
+    [](PlanState* s, ffi::RemainingArgs a, ffi::RemainingRets r) { return lnmlp_xla::forward(s, nullptr, a, r); },
+    ffi::Ffi::Bind().Ctx<ffi::State<PlanState>>().RemainingArgs().RemainingRets());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     lnmlp_xla_backward_cpu,
-    [](PlanState* s, ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer g, ffi::AnyBuffer b, ffi::AnyBuffer w1,
-       ffi::AnyBuffer b1, ffi::AnyBuffer w2, ffi::AnyBuffer saved, ffi::AnyBuffer st, ffi::Result<ffi::AnyBuffer> dx,
-       ffi::Result<ffi::AnyBuffer> dg, ffi::Result<ffi::AnyBuffer> db, ffi::Result<ffi::AnyBuffer> dw1,
-       ffi::Result<ffi::AnyBuffer> db1, ffi::Result<ffi::AnyBuffer> dw2, ffi::Result<ffi::AnyBuffer> db2,
-       ffi::Result<ffi::AnyBuffer> ws, ffi::Result<ffi::AnyBuffer> st_out) {
-      return lnmlp_xla::backward(s, nullptr, dy, x, g, b, w1, b1, w2, saved, st, dx, dg, db, dw1, db1, dw2, db2, ws,
-                                 st_out);
+    [](PlanState* s, ffi::RemainingArgs a, ffi::RemainingRets r) { return lnmlp_xla::backward(s, nullptr, a, r); },
+    ffi::Ffi::Bind().Ctx<ffi::State<PlanState>>().RemainingArgs().RemainingRets());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    lnmlp_xla_forward_cuda,
+    [](void* stream, PlanState* s, ffi::RemainingArgs a, ffi::RemainingRets r) {
+      return lnmlp_xla::forward(s, stream, a, r);
     },
-    lnmlp_xla::backward_buffers(ffi::Ffi::Bind().Ctx<ffi::State<PlanState>>()));
+    ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::State<PlanState>>().RemainingArgs().RemainingRets(),
+    {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     lnmlp_xla_backward_cuda,
-    [](void* stream, PlanState* s, ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer g, ffi::AnyBuffer b,
-       ffi::AnyBuffer w1, ffi::AnyBuffer b1, ffi::AnyBuffer w2, ffi::AnyBuffer saved, ffi::AnyBuffer st,
-       ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dg, ffi::Result<ffi::AnyBuffer> db,
-       ffi::Result<ffi::AnyBuffer> dw1, ffi::Result<ffi::AnyBuffer> db1, ffi::Result<ffi::AnyBuffer> dw2,
-       ffi::Result<ffi::AnyBuffer> db2, ffi::Result<ffi::AnyBuffer> ws, ffi::Result<ffi::AnyBuffer> st_out) {
-      return lnmlp_xla::backward(s, stream, dy, x, g, b, w1, b1, w2, saved, st, dx, dg, db, dw1, db1, dw2, db2, ws,
-                                 st_out);
+    [](void* stream, PlanState* s, ffi::RemainingArgs a, ffi::RemainingRets r) {
+      return lnmlp_xla::backward(s, stream, a, r);
     },
-    lnmlp_xla::backward_buffers(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::State<PlanState>>()),
+    ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::State<PlanState>>().RemainingArgs().RemainingRets(),
     {ffi::Traits::kCmdBufferCompatible});
