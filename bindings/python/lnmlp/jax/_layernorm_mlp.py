@@ -4,8 +4,8 @@ The block is a ``jax.custom_vjp`` whose forward and backward are XLA FFI custom 
 (``_ffi.py``, handlers in bindings/python/xla_ffi). Each call's configuration -- shapes, norm,
 activations, biases, dtype, what forward saves -- is a static ``_Spec``; XLA gets it as the custom
 call's attributes and instantiates (or reuses) the lnmlp plan for it. Forward returns y and the
-plan's ``saved`` bytes, the residual backward reads; XLA allocates the plan's workspace as one more
-output of each call.
+plan's ``saved`` bytes, the residual backward reads; on a GPU XLA allocates the plan's workspace as
+one more output of each call (on the CPU the plan owns it: xla_ffi/plan_cache.cpp says why).
 
 Under ``jax.vmap`` a call batched in x (and dy) only is one call with the batch folded into the
 tokens; any other batching (batched weights, a cotangent batched alone as ``jax.jacrev`` does) runs
