@@ -105,7 +105,9 @@ def test_kernel_1_as_h_by_a_times_f_and_bias_1_flat():
     flat = dict(d, k1=d["k1"].reshape(H, 2 * F), b1=d["b1"].reshape(2 * F))
     np.testing.assert_array_equal(np.asarray(run(flat, "layernorm", acts)), np.asarray(want))
     g = jax.grad(lambda k1: jnp.sum(run(dict(flat, k1=k1), "layernorm", acts) ** 2))(flat["k1"])
-    assert g.shape == (H, 2 * F)
+    g3 = jax.grad(lambda k1: jnp.sum(run(dict(d, k1=k1), "layernorm", acts) ** 2))(d["k1"])
+    assert g.shape == (H, 2 * F), "the gradient has the layout kernel_1 was given in"
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(g3).reshape(H, 2 * F))
 
 
 def test_float32_parameters_with_bfloat16_x_are_cast_and_their_gradients_stay_float32():

@@ -4,7 +4,8 @@ FFI custom calls, with FP8 quantizer sets whose delayed-scaling state is an ordi
 Importing this module imports jax; ``import lnmlp`` alone does not.
 """
 
-from ..recipe import DelayedScaling, Float8BlockScaling, Float8CurrentScaling, MXFP8BlockScaling, QUANTIZERS
+from ..recipe import (DelayedScaling, Float8BlockScaling, Float8CurrentScaling, MXFP8BlockScaling,
+                      QUANTIZERS)
 from ._ffi import XlaLibraryNotFoundError, library_path, plan_count
 from ._layernorm_mlp import layernorm_mlp, noop_quantizer_set
 from ._quantizer_set import QuantizerSet, make_quantizer_set

@@ -24,6 +24,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from .. import _plan
+from .. import _lib
 from .._lib import InvalidArgumentError
 from .. import recipe as _recipe
 from ..recipe import Recipe
@@ -35,7 +36,6 @@ __all__ = ["layernorm_mlp", "noop_quantizer_set"]
 #: TransformerEngine's ``noop_quantizer_set``: no FP8 quantization.
 noop_quantizer_set = None
 
-_DTYPES = {"float32": 0, "bfloat16": 1, "float16": 2}  # LNMLP_DTYPE_*
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +84,7 @@ class _Spec:
                     epsilon=f32(self.epsilon), act0=i32(acts[0]), act1=i32(acts[1] if len(acts) > 1 else -1),
                     clamp_limit=f32(self.act_params[0]), clamp_alpha=f32(self.act_params[1]),
                     clamp_offset=f32(self.act_params[2]), has_bias1=i32(self.has_bias1),
-                    has_bias2=i32(self.has_bias2), dtype=i32(_DTYPES[self.dtype]),
+                    has_bias2=i32(self.has_bias2), dtype=i32(_plan._DTYPES[np.dtype(jnp.dtype(self.dtype))]),
                     remat=i32(_plan._REMATS[self.remat]), recipe=i32(fp8["recipe"]),
                     fp8_format=i32(fp8["fp8_format"]), margin=i32(fp8["margin"]),
                     amax_history_len=i64(fp8["amax_history_len"]), amax_compute_algo=i32(fp8["amax_compute_algo"]),
@@ -92,15 +92,27 @@ class _Spec:
                     backend=i32(_plan._BACKENDS[self.backend]), device=i32(0))
 
 
+# The outputs of each custom call, as lnmlp_plan_get_tensor_shape names them (a tensor the plan
+# does not take is a zero-element stand-in).
+_FORWARD_OUTPUTS = ("y", "saved")
+_BACKWARD_OUTPUTS = ("dx", "dgamma", "dbeta", "dw1", "db1", "dw2", "db2")
+
+
 @functools.lru_cache(maxsize=512)
-def _sizes(spec: _Spec):
-    """(workspace output bytes, saved bytes) of a call: on a GPU the plan's workspace plus its
-    alignment (the handler rounds XLA's buffer start up to it), on the CPU nothing (the plan owns
-    its workspace: xla_ffi/plan_cache.cpp says why); and the saved buffer for the call's tokens."""
+def _output_types(spec: _Spec):
+    """{name: jax.ShapeDtypeStruct} of a call's outputs, as the library's shape query gives them for
+    the call's tokens: the tensors above, "fp8_state", and "workspace" -- on a GPU the plan's
+    workspace plus its alignment (the handler rounds XLA's buffer start up to it), on the CPU
+    nothing (the plan owns its workspace: xla_ffi/plan_cache.cpp says why)."""
+    types = {}
     with _plan.Plan(**spec.plan_kwargs(), external_workspace=True) as p:
-        saved = p.tensor_shape("saved", spec.tokens)
+        for name in _FORWARD_OUTPUTS + _BACKWARD_OUTPUTS + ("fp8_state",):
+            shape, dtype = p._tensor_shape(_lib.TENSORS[name], spec.tokens, with_dtype=True)
+            types[name] = jax.ShapeDtypeStruct(shape if shape is not None else (0,),
+                                               dtype if dtype is not None else np.float32)
         workspace = 0 if spec.backend == "cpu" else p.workspace_bytes + p.alignment
-        return workspace, (saved[0] if saved else 0)
+    types["workspace"] = jax.ShapeDtypeStruct((workspace,), jnp.uint8)
+    return types
 
 
 def _absent(dtype):
@@ -110,12 +122,6 @@ def _absent(dtype):
 
 def _no_state():
     return jnp.zeros((0,), jnp.float32)
-
-
-def _state_type(spec):
-    """The FP8 state's type: float32 [6, 1 + history] under delayed scaling, else empty."""
-    n = spec.recipe.amax_history_len + 1 if spec.stateful else 0
-    return jax.ShapeDtypeStruct((6, n) if n else (0,), jnp.float32)
 
 
 # ---- the custom calls, each with its batching rule -------------------------------------------------
@@ -135,14 +141,10 @@ def _sequential(fn, axis_size, in_batched, args):
 @functools.lru_cache(maxsize=512)
 def _forward_call(spec: _Spec):
     """(x, gamma, beta, w1, b1, w2, b2, state) -> (y, saved, state) for spec's tokens."""
-    ws_bytes, saved_bytes = _sizes(spec)
+    out = _output_types(spec)
     # The state (argument 7) is updated in place: XLA aliases it to output 3.
     call = jax.ffi.ffi_call(
-        _ffi.FORWARD,
-        (jax.ShapeDtypeStruct((spec.tokens, spec.hidden), jnp.dtype(spec.dtype)),
-         jax.ShapeDtypeStruct((saved_bytes,), jnp.uint8),
-         jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8),
-         _state_type(spec)),
+        _ffi.FORWARD, tuple(out[n] for n in _FORWARD_OUTPUTS + ("workspace", "fp8_state")),
         input_output_aliases={7: 3} if spec.stateful else None)
     attrs = spec.attributes()
 
@@ -168,24 +170,10 @@ def _forward_call(spec: _Spec):
 @functools.lru_cache(maxsize=512)
 def _backward_call(spec: _Spec):
     """(dy, x, gamma, beta, w1, b1, w2, saved, state) -> (dx, dgamma, dbeta, dw1, db1, dw2, db2, state)."""
-    ws_bytes, _ = _sizes(spec)
-    dt = jnp.dtype(spec.dtype)
-    A = len(spec.activations)
-
-    def shape(present, s):
-        return jax.ShapeDtypeStruct(s if present else (0,), dt)
-
+    out = _output_types(spec)
+    # The state (argument 8) is updated in place: XLA aliases it to output 8.
     call = jax.ffi.ffi_call(
-        _ffi.BACKWARD,
-        (jax.ShapeDtypeStruct((spec.tokens, spec.hidden), dt),  # dx
-         jax.ShapeDtypeStruct((spec.hidden,), dt),  # dgamma
-         shape(spec.norm_type == "layernorm", (spec.hidden,)),  # dbeta
-         jax.ShapeDtypeStruct((spec.hidden, A, spec.ffn), dt),  # dw1
-         shape(spec.has_bias1, (A, spec.ffn)),  # db1
-         jax.ShapeDtypeStruct((spec.ffn, spec.hidden), dt),  # dw2
-         shape(spec.has_bias2, (spec.hidden,)),  # db2
-         jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8),
-         _state_type(spec)),
+        _ffi.BACKWARD, tuple(out[n] for n in _BACKWARD_OUTPUTS + ("workspace", "fp8_state")),
         input_output_aliases={8: 8} if spec.stateful else None)
     attrs = spec.attributes()
 
@@ -243,7 +231,7 @@ _block.defvjp(_block_fwd, _block_bwd)
 
 def _dtype_name(a, name):
     dt = jnp.dtype(a.dtype)
-    if dt.name not in _DTYPES:
+    if np.dtype(dt) not in _plan._DTYPES:
         raise InvalidArgumentError(f"{name} must be float32, bfloat16 or float16, got {dt.name}")
     return dt.name
 
