@@ -1,7 +1,8 @@
 // Gradient accumulation (lnmlp_desc_set_weight_gradients): over several micro-batches with the
 // same weights, dW1, db1, dW2 and db2 are added into the caller's buffers, optionally in fp32 while
 // the I/O dtype is bf16 or f16, and end as the float64 reference's sum of the micro-batches'
-// gradients plus what the buffers held before.
+// gradients plus what the buffers held before. Also the weights' own dtype option
+// (lnmlp_desc_set_weight_dtype), whose numerics the Python FP8 tests check against the simulation.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -161,6 +162,56 @@ TEST(GradAccumulationArguments, AreChecked) {
   EXPECT_NE(std::string(lnmlp_last_error()).find("lnmlp_desc_set_weight_gradients"), std::string::npos);
   EXPECT_EQ(p, nullptr);
   lnmlp_desc_destroy(d);
+}
+
+// fp32 weights with a bf16 plan: accepted only under an FP8 recipe, reported by the shape query,
+// and checked as fp32 tensors (4-byte alignment) by forward.
+TEST(WeightDtypeArguments, AreCheckedAndReported) {
+  lnmlp_desc* d = nullptr;
+  ASSERT_EQ(lnmlp_desc_create(&d), LNMLP_SUCCESS);
+  EXPECT_EQ(lnmlp_desc_set_weight_dtype(d, 7), LNMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(lnmlp_desc_set_weight_dtype(d, -2), LNMLP_ERROR_INVALID_ARGUMENT);
+  const int64_t T = 4, H = 16, F = 16;
+  ASSERT_EQ(lnmlp_desc_set_shape(d, T, H, F), LNMLP_SUCCESS);
+  ASSERT_EQ(lnmlp_desc_set_dtype(d, LNMLP_DTYPE_BF16), LNMLP_SUCCESS);
+  lnmlp_plan* p = nullptr;
+  ASSERT_EQ(lnmlp_desc_set_weight_dtype(d, LNMLP_DTYPE_F16), LNMLP_SUCCESS);
+  EXPECT_EQ(lnmlp_plan_create(d, &p), LNMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lnmlp_last_error()).find("lnmlp_desc_set_weight_dtype"), std::string::npos);
+  ASSERT_EQ(lnmlp_desc_set_weight_dtype(d, LNMLP_DTYPE_F32), LNMLP_SUCCESS);
+  EXPECT_EQ(lnmlp_plan_create(d, &p), LNMLP_ERROR_NOT_SUPPORTED);
+  EXPECT_NE(std::string(lnmlp_last_error()).find("FP8 recipe"), std::string::npos);
+  EXPECT_EQ(p, nullptr);
+  ASSERT_EQ(lnmlp_desc_set_recipe(d, LNMLP_RECIPE_CURRENT), LNMLP_SUCCESS);
+  ASSERT_EQ(lnmlp_plan_create(d, &p), LNMLP_SUCCESS) << lnmlp_last_error();
+  lnmlp_desc_destroy(d);
+  const auto dtype_of = [&](int32_t tensor) {
+    int64_t rank = 0, dims[LNMLP_MAX_TENSOR_RANK] = {};
+    int32_t dtype = -1;
+    EXPECT_EQ(lnmlp_plan_get_tensor_shape(p, tensor, T, &rank, dims, &dtype), LNMLP_SUCCESS);
+    return dtype;
+  };
+  EXPECT_EQ(dtype_of(LNMLP_TENSOR_W1), LNMLP_DTYPE_F32);
+  EXPECT_EQ(dtype_of(LNMLP_TENSOR_W2), LNMLP_DTYPE_F32);
+  EXPECT_EQ(dtype_of(LNMLP_TENSOR_X), LNMLP_DTYPE_BF16);
+  EXPECT_EQ(dtype_of(LNMLP_TENSOR_GAMMA), LNMLP_DTYPE_BF16);
+  EXPECT_EQ(dtype_of(LNMLP_TENSOR_DW1), LNMLP_DTYPE_BF16);  // the gradients keep their own option
+  // w1 2-byte aligned (enough for bf16, not for fp32) is refused, naming it.
+  std::vector<uint16_t> x(T * H), gamma(H), beta(H), y(T * H);
+  std::vector<float> w1(H * F + 1), w2(F * H);
+  int64_t saved_bytes = 0;
+  ASSERT_EQ(lnmlp_plan_get_saved_bytes(p, &saved_bytes), LNMLP_SUCCESS);
+  AlignedMemory saved(saved_bytes, 256, 0);
+  const void* w1_off = reinterpret_cast<const char*>(w1.data()) + 2;
+  EXPECT_EQ(lnmlp_plan_forward(p, T, x.data(), gamma.data(), beta.data(), w1_off, nullptr, w2.data(), nullptr, y.data(),
+                               saved.get(), nullptr, LNMLP_CALL_DEFAULT, nullptr),
+            LNMLP_ERROR_MISALIGNED);
+  EXPECT_NE(std::string(lnmlp_last_error()).find("w1"), std::string::npos) << lnmlp_last_error();
+  EXPECT_EQ(lnmlp_plan_forward(p, T, x.data(), gamma.data(), beta.data(), w1.data(), nullptr, w2.data(), nullptr,
+                               y.data(), saved.get(), nullptr, LNMLP_CALL_DEFAULT, nullptr),
+            LNMLP_SUCCESS)
+      << lnmlp_last_error();
+  lnmlp_plan_destroy(p);
 }
 
 }  // namespace

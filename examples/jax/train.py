@@ -7,7 +7,8 @@ Loss:    mean squared error / var(target) (1.0 = predicting the mean); Adam (opt
          installed, else the same update written with jax.tree), fp32 master parameters
 
 Each run's block compute dtype is its "dtype": bfloat16 runs cast the fp32 master parameters to
-bf16 inside lnmlp.jax.layernorm_mlp (their gradients come back in fp32). FP8 runs give every layer
+bf16 inside lnmlp.jax.layernorm_mlp (their gradients come back in fp32); under FP8 the fp32 kernels
+are not cast but quantized from their fp32 values, as TransformerEngine does. FP8 runs give every layer
 its own quantizer set (lnmlp.jax.make_quantizer_set), carried through the jitted step as an
 ordinary pytree: the step returns the updated sets, as TransformerEngine's JAX API does.
 

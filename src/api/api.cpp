@@ -255,6 +255,17 @@ LNMLP_API int32_t lnmlp_desc_set_weight_gradients(lnmlp_desc* desc, int32_t accu
   });
 }
 
+LNMLP_API int32_t lnmlp_desc_set_weight_dtype(lnmlp_desc* desc, int32_t dtype) {
+  return api_guard(__func__, [&] {
+    edit(desc, [&](Config& c) {
+      if (dtype != -1 && dtype != LNMLP_DTYPE_F32 && dtype != LNMLP_DTYPE_BF16 && dtype != LNMLP_DTYPE_F16)
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "dtype must be -1 (the plan's dtype) or an LNMLP_DTYPE_* value, got ",
+             dtype);
+      c.weight_dtype = dtype;
+    });
+  });
+}
+
 LNMLP_API int32_t lnmlp_desc_set_recipe(lnmlp_desc* desc, int32_t recipe) {
   return api_guard(__func__, [&] {
     edit(desc, [&](Config& c) {

@@ -29,6 +29,7 @@ constexpr const char* kNoSaved = " (this plan saves nothing)";
 // Byte sizes of every tensor of the block in the plan's dtype.
 struct Sizes {
   int64_t th, h, w1, b1, w2, saved;
+  int64_t w;                      // W1's and W2's element bytes (their dtype's)
   int64_t g, dw1, db1, dw2, db2;  // dW1, db1, dW2, db2 in their dtype (g: its element's bytes)
   Sizes(const lnmlp_plan& plan, int64_t tokens) {
     const Config& c = plan.cfg;
@@ -36,13 +37,14 @@ struct Sizes {
     th = tokens * c.hidden * e;  // x, y, dy, dx: the call's rows (this rank's under sequence parallelism)
     saved = tokens == c.rows() ? plan.saved.total_bytes : make_saved_layout(c.for_call(tokens)).total_bytes;
     h = c.hidden * e;
-    w1 = c.hidden * c.act_width() * e;
+    w = numerics::dtype_bytes(c.weight_type());
+    w1 = c.hidden * c.act_width() * w;
     b1 = c.act_width() * e;
-    w2 = c.ffn * c.hidden * e;
+    w2 = c.ffn * c.hidden * w;
     g = numerics::dtype_bytes(c.param_grad_type());
-    dw1 = w1 / e * g;
+    dw1 = c.hidden * c.act_width() * g;
     db1 = b1 / e * g;
-    dw2 = w2 / e * g;
+    dw2 = c.ffn * c.hidden * g;
     db2 = h / e * g;
   }
 };
@@ -113,9 +115,9 @@ void check_forward_args(const lnmlp_plan& plan, const ForwardArgs& a) {
                 {{"x", a.x, s.th, true, false, "", none},
                  {"gamma", a.gamma, s.h, true, false},
                  {"beta", a.beta, s.h, c.has_beta(), false, kNoBeta},
-                 {"w1", a.w1, s.w1, true, false},
+                 {"w1", a.w1, s.w1, true, false, "", false, s.w},
                  {"b1", a.b1, s.b1, c.has_bias1, false, kNoBias1},
-                 {"w2", a.w2, s.w2, true, false},
+                 {"w2", a.w2, s.w2, true, false, "", false, s.w},
                  {"b2", a.b2, s.h, c.has_bias2, false, kNoBias2},
                  {"y", a.y, s.th, true, true, "", none},
                  {kSaved, a.saved, s.saved, saves, true, kNoSaved, none}},
@@ -137,10 +139,10 @@ void check_backward_args(const lnmlp_plan& plan, const BackwardArgs& a) {
                  {"x", a.x, s.th, true, false, "", none},
                  {"gamma", a.gamma, s.h, true, false},
                  {"beta", a.beta, s.h, c.has_beta(), false, kNoBeta},
-                 {"w1", a.w1, s.w1, true, false},
+                 {"w1", a.w1, s.w1, true, false, "", false, s.w},
                  // b1 is read only when GEMM1 is recomputed (SAVE_STATS); otherwise it may be NULL.
                  {"b1", a.b1, s.b1, c.has_bias1, false, kNoBias1, c.remat != Remat::SaveStats},
-                 {"w2", a.w2, s.w2, true, false},
+                 {"w2", a.w2, s.w2, true, false, "", false, s.w},
                  {kSaved, a.saved, s.saved, true, false, "", none},
                  {"dx", a.dx, s.th, true, true, "", none},
                  {"dgamma", a.dgamma, s.h, true, true},

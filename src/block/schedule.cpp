@@ -78,8 +78,10 @@ struct Pass {
   uint32_t* amax_of(int q) const { return sc != nullptr ? &sc[q].amax_bits : nullptr; }
   float* state_of(int q) const { return r.stateful() ? offset(fp8_state, q * r.state_stride()) : nullptr; }
 
-  // W1 [H, A*F] and W2 [F, H] as the GEMMs read them.
-  Mat weight(int w, const void* data) const { return w == WeightCopies::kW1 ? io(data, H, AF) : io(data, F, H); }
+  // W1 [H, A*F] and W2 [F, H] as the caller gave them, in their dtype.
+  Mat weight(int w, const void* data) const {
+    return w == WeightCopies::kW1 ? mat(data, c.weight_type(), H, AF) : mat(data, c.weight_type(), F, H);
+  }
 
   // The weights' slots: one for a plain operand (none when the GEMMs read the weight itself) or
   // a quantization whose operand serves both orientations; else one per orientation the plan's

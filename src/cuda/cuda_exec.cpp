@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 
 #include "block/quantized_slot.h"
 #include "block/token_cache.h"
@@ -31,6 +32,10 @@ using block::QuantScalars;
 
 // cuBLASLt workspace offered to the heuristic (32 MiB is what NVIDIA recommends for Hopper).
 constexpr int64_t kMaxGemmWorkspace = int64_t{32} << 20;
+// cuBLAS asks for a 256-byte aligned workspace; the plan's scratch is only kCudaAlignment-aligned
+// (what XLA guarantees), so its region has this much slack and its start is rounded up at run time.
+constexpr int64_t kGemmWorkspaceAlignment = 256;
+constexpr int64_t kGemmWorkspaceSlack = kGemmWorkspaceAlignment - kCudaAlignment;
 
 // How the plan's FP8 recipe runs (cuda_exec.h): per-tensor recipes on FP8 tensor cores with
 // per-tensor scales; BLOCK on cuBLASLt's block-scaled GEMMs where the GPU and cuBLASLt have them
@@ -143,7 +148,7 @@ class CudaExec final : public block::Exec {
       fail(LNMLP_ERROR_NOT_SUPPORTED, "this plan's GEMMs run on FP8 tensor cores, which need a multiple of ",
            kFp8GemmDimMultiple, " tokens (the group's, under sequence parallelism); this call has ", tokens);
     ScopedDevice dev(device_);
-    gemms_now_ = &gemms_.get(tokens, [&](int64_t t) { return make_gemms(t, lt_workspace_.bytes); });
+    gemms_now_ = &gemms_.get(tokens, [&](int64_t t) { return make_gemms(t, gemm_workspace_bytes()); });
     set_chunking(tokens);
   }
 
@@ -272,7 +277,7 @@ class CudaExec final : public block::Exec {
   // ---- GEMM ----
   void do_gemm(GemmRole role, const Operand& a, const Operand& b, const Mat& out, const void* bias) override {
     const Role& g = (*gemms_now_)[static_cast<int>(role)];
-    char* gemm_ws = at<char>(lt_workspace_, scratch_);
+    char* gemm_ws = gemm_workspace();
     if (g.staged) {
       float* acc = at<float>(staging_, scratch_);
       g.lt->run(a.data, b.data, nullptr, acc, gemm_ws, st_, a.scale_inv, b.scale_inv);
@@ -409,7 +414,7 @@ class CudaExec final : public block::Exec {
     gemms_.pin(c_.tokens, std::move(set));
     gemms_now_ = &gemms_.pinned();
     RegionAllocator a;
-    lt_workspace_ = a.take(lt_ws, 1, "cuBLASLt workspace");
+    lt_workspace_ = a.take(lt_ws > 0 ? lt_ws + kGemmWorkspaceSlack : 0, 1, "cuBLASLt workspace");
     staging_ = a.take(staging, 1, "GEMM fp32 staging");
     scratch_bytes_ = a.total();
   }
@@ -456,6 +461,17 @@ class CudaExec final : public block::Exec {
   GemmSet* gemms_now_ = nullptr;      // the current call's
   Region lt_workspace_, staging_;
   int64_t scratch_bytes_ = 0;
+
+  // cuBLASLt's workspace in this pass's scratch, and its usable bytes (without the slack).
+  char* gemm_workspace() const {
+    char* p = at<char>(lt_workspace_, scratch_);
+    if (p == nullptr || lt_workspace_.bytes == 0) return p;
+    const auto misalignment = reinterpret_cast<uintptr_t>(p) % kGemmWorkspaceAlignment;
+    return misalignment == 0 ? p : p + (kGemmWorkspaceAlignment - misalignment);
+  }
+  int64_t gemm_workspace_bytes() const {
+    return lt_workspace_.bytes == 0 ? 0 : lt_workspace_.bytes - kGemmWorkspaceSlack;
+  }
   // This pass's.
   cudaStream_t st_ = nullptr;
   char* scratch_ = nullptr;

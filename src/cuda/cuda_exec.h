@@ -20,8 +20,11 @@
 
 namespace lnmlp::cuda {
 
-// The saved buffer and attached workspace must be aligned to this (lnmlp_plan_get_alignment).
-constexpr int64_t kCudaAlignment = 256;
+// The saved buffer and attached workspace must be aligned to this (lnmlp_plan_get_alignment):
+// 128, what XLA:GPU guarantees for the buffers it allocates, so that JAX's saved and workspace
+// buffers serve as they are. Nothing in the plan needs more, except cuBLASLt's workspace, which
+// wants 256 and is realigned inside the plan's scratch (kGemmWorkspaceAlignment in cuda_exec.cpp).
+constexpr int64_t kCudaAlignment = 128;
 
 // Throws lnmlp::Error: NOT_SUPPORTED when cfg.device is not a device of this machine or cuBLASLt
 // has no algorithm for a GEMM; BACKEND for CUDA failures.

@@ -77,6 +77,9 @@ struct Config {
   // caller's buffers instead of overwriting them, and their dtype (-1: the I/O dtype).
   bool accumulate_grads = false;
   int32_t param_grad_dtype = -1;
+  // The dtype of W1 and W2 (lnmlp_desc_set_weight_dtype; -1: the I/O dtype). fp32 only under an
+  // FP8 recipe, whose quantizers read any dtype.
+  int32_t weight_dtype = -1;
   Fp8Options fp8;
   Sharding shard;
 
@@ -98,6 +101,8 @@ struct Config {
   int64_t act_width() const { return num_acts * ffn; }  // A*F, the GEMM1 output width
   bool has_beta() const { return norm == Norm::LayerNorm; }
   bool quantized() const { return fp8.recipe != Recipe::None; }
+  // The dtype of W1 and W2.
+  DType weight_type() const { return weight_dtype < 0 ? dtype : static_cast<DType>(weight_dtype); }
   // The dtype of dW1, db1, dW2 and db2.
   DType param_grad_type() const { return param_grad_dtype < 0 ? dtype : static_cast<DType>(param_grad_dtype); }
 };

@@ -34,6 +34,17 @@ void validate_config(const Config& cfg) {
          ") must be LNMLP_DTYPE_F32 or the plan's dtype (", static_cast<int32_t>(cfg.dtype),
          "); see lnmlp_desc_set_weight_gradients");
 
+  if (cfg.weight_type() != cfg.dtype) {
+    if (cfg.weight_type() != DType::F32)
+      fail(LNMLP_ERROR_INVALID_ARGUMENT, "the weights' dtype (", cfg.weight_dtype,
+           ") must be LNMLP_DTYPE_F32 or the plan's dtype (", static_cast<int32_t>(cfg.dtype),
+           "); see lnmlp_desc_set_weight_dtype");
+    if (!cfg.quantized())
+      fail(LNMLP_ERROR_NOT_SUPPORTED,
+           "fp32 weights with a bf16 or f16 plan need an FP8 recipe (which quantizes them directly); without one the "
+           "GEMMs multiply in the plan's dtype: convert W1 and W2 to it, or keep the default weight dtype (-1)");
+  }
+
   // CUDA: any ordinal >= 0 (the setter checks that); whether it exists is the module's check at
   // plan creation (LNMLP_ERROR_NOT_SUPPORTED naming the devices present).
   if (cfg.backend == BackendKind::Cpu && cfg.device != 0)

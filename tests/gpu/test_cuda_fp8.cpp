@@ -90,6 +90,30 @@ TEST_P(CudaFp8VsCpu, RecomputationGivesTheBitsOfSaveAll) {
 
 INSTANTIATE_TEST_SUITE_P(All, CudaFp8VsCpu, ::testing::ValuesIn(fp8_cases()), fp8_case_name);
 
+// fp32 weights with bf16 I/O (lnmlp_desc_set_weight_dtype): the GPU quantizes them from the same
+// fp32 values as the CPU backend, for every recipe; weights off the bf16 grid, so a path that
+// rounded them to bf16 first would quantize other values.
+TEST(CudaFp8Float32Weights, MatchTheCpuBackend) {
+  SKIP_WITHOUT_GPU();
+  for (int32_t r : {LNMLP_RECIPE_DELAYED, LNMLP_RECIPE_CURRENT, LNMLP_RECIPE_BLOCK, LNMLP_RECIPE_MXFP8}) {
+    SCOPED_TRACE(recipe_name(r));
+    Problem pr = fp8_problem({r, LNMLP_DTYPE_BF16, true, 256, 128, 192});
+    Rng rng(77);
+    for (auto* w : {&pr.p.w1, &pr.p.w2})
+      for (double& v : *w) v = static_cast<double>(static_cast<float>(v * (1.0 + rng.uniform(-1.0, 1.0) / 512)));
+    pr.bw1 = Buffer::from(pr.p.w1, LNMLP_DTYPE_F32);
+    pr.bw2 = Buffer::from(pr.p.w2, LNMLP_DTYPE_F32);
+    const CpuRun cpu = run_cpu(pr, LNMLP_REMAT_SAVE_ALL, r);
+    const CudaRun gpu = run_cuda(pr, LNMLP_REMAT_SAVE_ALL, r);
+    const auto got = named(gpu.r), ref = named(cpu.r);
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (ref[i].buf->empty()) continue;
+      EXPECT_TRUE(
+          within_tolerance(got[i].name, got[i].buf->to_doubles(), ref[i].buf->to_doubles(), nullptr, kTolFp8Backends));
+    }
+  }
+}
+
 // Forward + backward twice on one plan; then each quantizer's scale and newest two amaxes.
 std::vector<float> state_after_two_steps(const Problem& pr, int32_t backend, int32_t recipe) {
   PlanPtr p = plan_ptr(make_plan(pr, LNMLP_REMAT_SAVE_ALL, backend, 0, recipe));

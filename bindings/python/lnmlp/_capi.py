@@ -141,6 +141,7 @@ PROTOTYPES = {
     "lnmlp_desc_set_backend": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]),
     "lnmlp_desc_set_num_threads": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int64]),
     "lnmlp_desc_set_weight_gradients": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]),
+    "lnmlp_desc_set_weight_dtype": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
     "lnmlp_desc_set_recipe": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
     "lnmlp_desc_set_fp8_format": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
     "lnmlp_desc_set_delayed_scaling": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_int32]),

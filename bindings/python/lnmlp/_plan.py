@@ -297,6 +297,10 @@ class Plan:
     is their dtype: None for the plan's dtype, or "float32" / numpy.float32 (an fp32 "main_grad"
     for a bfloat16 or float16 plan); another dtype raises InvalidArgumentError. :attr:`grad_dtype`
     is the dtype the library reports, and :meth:`zero_weight_grads` makes zeroed buffers.
+    ``weight_dtype`` (``lnmlp_desc_set_weight_dtype``) is w1's and w2's: None for the plan's dtype,
+    or "float32" for fp32 master weights with a bfloat16 / float16 plan under an FP8 recipe, which
+    quantizes them directly (as TransformerEngine quantizes fp32 kernels); without a recipe the
+    library refuses it (NotSupportedError). :attr:`weight_dtype` is the dtype the library reports.
     ``forward`` / ``backward(..., weights_unchanged=True)`` reuse the plan's copies of w1 and w2
     (widened or FP8-quantized) made by an earlier call with the same weights, as
     TransformerEngine's ``is_first_microbatch=False``.
@@ -310,7 +314,7 @@ class Plan:
                  epsilon=1e-6, activation_type=("relu",), act_params=None, use_bias1=False,
                  use_bias2=False, dtype=np.float32, remat="save_all", num_threads=0, backend="cpu",
                  recipe=None, sharding=None, comm=None, accumulate_grads=False, grad_dtype=None,
-                 external_workspace=False):
+                 weight_dtype=None, external_workspace=False):
         self._handle = None  # set first, so __del__ is safe whatever fails below
         self._lock = threading.RLock()
         lib = _lib.get_lib()
@@ -344,6 +348,7 @@ class Plan:
         self.accumulate_grads = _flag("accumulate_grads", accumulate_grads)
         self.external_workspace = _flag("external_workspace", external_workspace)
         grad_dtype_v = self._grad_dtype_code(grad_dtype)
+        weight_dtype_v = self._float32_option_code("weight_dtype", weight_dtype)
 
         desc = ctypes.c_void_p()
         comm_handle = ctypes.c_void_p()
@@ -367,6 +372,8 @@ class Plan:
                 c(lib.lnmlp_desc_set_num_threads(desc, self.num_threads))
             if self.recipe is not None:
                 self.recipe._apply(lib, desc, c)
+            if weight_dtype_v != -1:
+                c(lib.lnmlp_desc_set_weight_dtype(desc, weight_dtype_v))
             if self.accumulate_grads or grad_dtype_v != -1:
                 c(lib.lnmlp_desc_set_weight_gradients(desc, int(self.accumulate_grads), grad_dtype_v))
             if comm is not None:
@@ -400,6 +407,9 @@ class Plan:
         #: The element type of dw1, db1, dw2, db2 as the library reports it: the plan's dtype, or
         #: float32 for ``grad_dtype="float32"``.
         self.grad_dtype = self._dtypes[_lib.TENSOR_DW1]
+        #: The element type of w1 and w2 as the library reports it: the plan's dtype, or float32 for
+        #: ``weight_dtype="float32"``.
+        self.weight_dtype = self._dtypes[_lib.TENSOR_W1]
         self.state_bytes = self._query(lib.lnmlp_plan_get_state_bytes)
         n = ctypes.c_int64()
         _lib.check(lib.lnmlp_plan_get_amax_history_length(self._handle, ctypes.byref(n)))
@@ -412,16 +422,21 @@ class Plan:
         return out.value
 
     def _grad_dtype_code(self, grad_dtype):
-        """grad_dtype -> lnmlp_desc_set_weight_gradients' dtype: -1 for None or the plan's dtype,
-        LNMLP_DTYPE_F32 for float32; another float dtype is passed on for the library to refuse."""
-        if grad_dtype is None:
+        """grad_dtype -> lnmlp_desc_set_weight_gradients' dtype."""
+        return self._float32_option_code("grad_dtype", grad_dtype)
+
+    def _float32_option_code(self, name, dtype):
+        """A dtype option that is the plan's dtype or float32 (grad_dtype, weight_dtype) -> the C
+        setter's dtype: -1 for None or the plan's dtype, LNMLP_DTYPE_F32 for float32; another float
+        dtype is passed on for the library to refuse."""
+        if dtype is None:
             return -1
         try:
-            dt = _normalize_dtype(grad_dtype)
+            dt = _normalize_dtype(dtype)
         except InvalidArgumentError:
             raise InvalidArgumentError(
-                f"grad_dtype must be None (the plan's dtype, {self.dtype.name}) or numpy.float32 / "
-                f"'float32', got {grad_dtype!r}") from None
+                f"{name} must be None (the plan's dtype, {self.dtype.name}) or numpy.float32 / "
+                f"'float32', got {dtype!r}") from None
         return -1 if dt == self.dtype else _DTYPES[dt]
 
     # --- shapes -------------------------------------------------------------------------------------
@@ -573,10 +588,12 @@ class Plan:
             _lib.check(_lib.get_lib().lnmlp_plan_import_state(handle, buf, len(data)))
 
     # --- argument checks --------------------------------------------------------------------------
-    def _ptr(self, name, arr, shape):
-        """The data pointer of a required tensor after checking type, dtype, shape, layout."""
+    def _ptr(self, name, arr, shape, dtype=None):
+        """The data pointer of a required tensor after checking type, dtype (the plan's unless
+        given), shape, layout."""
+        dtype = self.dtype if dtype is None else np.dtype(dtype)
         if self.backend == "cuda":
-            return self._device_ptr(name, arr, shape)
+            return self._device_ptr(name, arr, shape, dtype)
         if arr is None:
             raise NullPointerError(f"{name} is None, but this plan needs it")
         if not isinstance(arr, np.ndarray):
@@ -587,9 +604,10 @@ class Plan:
             raise InvalidArgumentError(
                 f"{name} must be a numpy.ndarray, got {type(arr).__name__}; convert it with "
                 f"numpy.asarray({name}, dtype=...)")
-        if arr.dtype != self.dtype:
+        if arr.dtype != dtype:
             raise InvalidArgumentError(
-                f"{name} has dtype {arr.dtype}, but the plan's dtype is {self.dtype.name}")
+                f"{name} has dtype {arr.dtype}, but the plan's dtype is {dtype.name}"
+                if dtype == self.dtype else f"{name} has dtype {arr.dtype}, but the plan takes {dtype.name}")
         if tuple(arr.shape) != tuple(shape):
             raise InvalidArgumentError(
                 f"{name} has shape {tuple(arr.shape)}, but the plan needs {tuple(shape)}")
@@ -647,7 +665,9 @@ class Plan:
             if beta is None:
                 raise NullPointerError("beta is None, but layernorm needs it")
             pb = self._ptr("beta", beta, sh[_lib.TENSOR_BETA])
-        return pg, pb, self._ptr("w1", w1, sh[_lib.TENSOR_W1]), self._ptr("w2", w2, sh[_lib.TENSOR_W2])
+        wt = self._dtypes
+        return (pg, pb, self._ptr("w1", w1, sh[_lib.TENSOR_W1], wt[_lib.TENSOR_W1]),
+                self._ptr("w2", w2, sh[_lib.TENSOR_W2], wt[_lib.TENSOR_W2]))
 
     def _bias_ptrs(self, b1, b2):
         return (self._opt_ptr("b1", b1, self._shapes[_lib.TENSOR_B1],

@@ -182,10 +182,13 @@ class Sim:
             ("block", fmt, p2, eps) | ("mxfp8", fmt)
     """
 
-    def __init__(self, recipe, norm="layernorm", acts=("gelu",), eps=1e-6, dtype=np.float32, p=None):
+    def __init__(self, recipe, norm="layernorm", acts=("gelu",), eps=1e-6, dtype=np.float32, p=None,
+                 grad_dtype=None):
         kind = recipe[0]
         self.kind, self.norm, self.acts, self.eps = kind, norm, tuple(acts), eps
         self.dtype, self.p = np.dtype(dtype), (p or {})
+        # dW1, db1, dW2, db2's dtype (the plan's grad_dtype): the I/O dtype unless given.
+        self.grad_dtype = self.dtype if grad_dtype is None else np.dtype(grad_dtype)
         if kind == "delayed":
             _, fmt, margin, L, algo = recipe
             self.q = Q("delayed", fmt)
@@ -255,27 +258,28 @@ class Sim:
         T, H, A, F = ctx["shape"]
         fs = ctx["fwd_scales"]
         dy32 = f32(dy.astype(np.float32).reshape(T, H))
-        db2 = rnd(dy32.astype(np.float64).sum(0), D) if ctx["has_b2"] else None
+        G = self.grad_dtype
+        db2 = rnd(dy32.astype(np.float64).sum(0), G) if ctx["has_b2"] else None
         s_dy, s_dh = self._scale("dy"), self._scale("dh")
         q_dy_row = self.q.operand(dy32, "dy", 1, scale=s_dy)                       # dact contracts H
         q_w2_row = self.q.operand(ctx["W2"], "w2", 1, weight=True, scale=fs["w2"])
         dact = f32(q_dy_row @ q_w2_row.T)
         q_act_col = self.q.operand(ctx["a"], "act_out", 0, scale=fs["act_out"])    # dW2 contracts T
         q_dy_col = self.q.operand(dy32, "dy", 0, scale=s_dy)
-        dw2 = rnd(q_act_col.T @ q_dy_col, D)
+        dw2 = rnd(q_act_col.T @ q_dy_col, G)
         da = dact.astype(np.float64)
         if A == 1:
             dh = f32(da * ctx["d0"])[:, None, :]
         else:
             dh = f32(np.stack([da * ctx["f1"] * ctx["d0"], da * ctx["f0"] * ctx["d1"]], axis=1))
         dh2 = dh.reshape(T, A * F)
-        db1 = rnd(dh.astype(np.float64).sum(0), D) if ctx["has_b1"] else None
+        db1 = rnd(dh.astype(np.float64).sum(0), G) if ctx["has_b1"] else None
         q_dh_row = self.q.operand(dh2, "dh", 1, scale=s_dh)                        # dn contracts A*F
         q_w1_row = self.q.operand(ctx["W1"], "w1", 1, weight=True, scale=fs["w1"])
         dn = f32(q_dh_row @ q_w1_row.T).astype(np.float64)
         q_ln_col = self.q.operand(ctx["n"], "ln_out", 0, scale=fs["ln_out"])       # dW1 contracts T
         q_dh_col = self.q.operand(dh2, "dh", 0, scale=s_dh)
-        dw1 = rnd(q_ln_col.T @ q_dh_col, D).reshape(H, A, F)
+        dw1 = rnd(q_ln_col.T @ q_dh_col, G).reshape(H, A, F)
         xhat, rs, g = ctx["xhat"], ctx["rs"], ctx["g"]
         dgamma = rnd((dn * xhat).sum(0), D)
         dbeta = rnd(dn.sum(0), D) if self.norm == "layernorm" else None

@@ -268,6 +268,67 @@ def test_remat_policies_give_identical_results(rid):
 
 
 # ---------------------------------------------------------------------------------------------------
+# fp32 weights with a bf16 plan (weight_dtype="float32"): quantized directly, not rounded to bf16 first
+# ---------------------------------------------------------------------------------------------------
+HAZARD_K = 9  # the weights are 2^-K times values at FP8 scale, so every recipe's scale is 2^K
+
+
+def double_rounding_hazards(shape, seed):
+    """float32 weights on which quantizing directly and quantizing a bf16 copy give different E4M3
+    codes everywhere but at the amax elements. At scale 2^K each value is c + ulp/2 + d, c an E4M3
+    value with an even mantissa, ulp its E4M3 spacing, d a quarter of bf16's half-spacing there:
+    directly it rounds up to c + ulp; rounded to bf16 first it becomes the midpoint c + ulp/2,
+    which ties to the even c. The elements with (row + column) % 16 == 0 are +-448 (E4M3's max) so
+    that every 1x32 block, 128x128 tile and the whole tensor has the amax 448 * 2^-K: per-tensor,
+    block and MXFP8 scales all come out 2^K exactly."""
+    rng = np.random.default_rng(seed)
+    e = rng.integers(2, 8, size=shape)                     # c in [4, 224], not far below the amax
+    c = (1 + rng.choice([0, 2, 4, 6], size=shape) / 8) * np.exp2(e)
+    v = c + np.exp2(e - 4) + np.exp2(e - 9)
+    idx = np.indices(shape)
+    v = np.where((idx[0] + idx[-1]) % 16 == 0, 448.0, v)
+    v = v * rng.choice([-1.0, 1.0], size=shape) * 2.0 ** -HAZARD_K
+    return v.astype(np.float32)
+
+
+@pytest.mark.parametrize("rid", ["delayed-hybrid", "current-hybrid", "block-nop2-hybrid", "mxfp8-e4m3"])
+def test_float32_weights_are_quantized_directly(rid):
+    spec = RECIPES[rid]
+    T, H, F, norm, acts, bias = 64, 64, 96, "layernorm", ("gelu",), True
+    inp = make_inputs(T, H, F, 1, norm, BF16, bias, seed=5)
+    inp["w1"] = double_rounding_hazards((H, 1, F), seed=6)
+    inp["w2"] = double_rounding_hazards((F, H), seed=7)
+    dy = make_dy(T, H, BF16, seed=5)
+    direct = sim.Sim(spec, norm=norm, acts=acts, dtype=BF16, grad_dtype=np.float32)
+    via_bf16 = sim.Sim(spec, norm=norm, acts=acts, dtype=BF16, grad_dtype=np.float32)
+    rounded = dict(inp, w1=inp["w1"].astype(BF16), w2=inp["w2"].astype(BF16))
+    with lnmlp.Plan(T, H, F, norm_type=norm, activation_type=acts, use_bias1=bias, use_bias2=bias, dtype=BF16,
+                    recipe=recipe_of(spec), weight_dtype="float32", grad_dtype="float32") as plan:
+        assert plan.weight_dtype == np.float32 and plan.grad_dtype == np.float32
+        with pytest.raises(lnmlp.InvalidArgumentError, match="w1 has dtype bfloat16"):
+            plan.forward(*(rounded[k] for k in ARGS))
+        for _ in range(2 if spec[0] == "delayed" else 1):  # delayed: the second step's scale is 2^K
+            y, g = step(plan, inp, dy)
+            y_sim, g_sim = sim_step(direct, inp, dy)
+            y_bf16, _ = sim_step(via_bf16, rounded, dy)
+    # The test can fail: rounding the weights to bf16 first gives a y outside the tolerance.
+    with pytest.raises(AssertionError):
+        check_sim("y of bf16-rounded weights", y_bf16, y_sim, BF16)
+    check_sim(f"y {rid}", y, y_sim, BF16)
+    for k, v in g_sim.items():
+        if v is not None:
+            assert g[k].dtype == (np.float32 if k in ("dw1", "db1", "dw2", "db2") else BF16), k
+            check_sim(f"{k} {rid}", g[k], v, BF16)
+
+
+def test_float32_weights_need_an_fp8_recipe():
+    with pytest.raises(lnmlp.NotSupportedError, match="need an FP8 recipe"):
+        lnmlp.Plan(64, 64, 96, dtype=BF16, weight_dtype="float32")
+    with pytest.raises(lnmlp.InvalidArgumentError, match="weight_dtype must be"):
+        lnmlp.Plan(64, 64, 96, dtype=BF16, weight_dtype="int8")
+
+
+# ---------------------------------------------------------------------------------------------------
 # delayed scaling: the state over several steps
 # ---------------------------------------------------------------------------------------------------
 EXACT_AMAX = ("w1", "w2", "dy")        # the amaxes of inputs: the same float32 values

@@ -203,8 +203,8 @@ def test_bad_options_raise_a_clear_error(kw, match):
 
 
 # ---- FP8: every recipe against the NumPy FP8 simulation (its tolerances: test_fp8_recipes.py) ----
-from test_fp8_recipes import (CONFIGS, RECIPES, check_sim, make_dy, make_inputs, recipe_of,  # noqa: E402
-                              sim_for, sim_step)
+from test_fp8_recipes import (BF16, CONFIGS, RECIPES, check_sim, double_rounding_hazards, make_dy,  # noqa: E402
+                              make_inputs, recipe_of, sim_for, sim_step)
 
 
 def _fp8_step(cfg, qs, inp, dy):
@@ -238,6 +238,34 @@ def test_fp8_recipes_match_the_simulation_under_jit_grad(rid):
         if v is not None:
             check_sim(f"jax {k} {rid}", g[k], v, dtype)
     assert (qs.state is None) == (spec[0] != "delayed")
+
+
+@pytest.mark.parametrize("rid", ["current-hybrid", "mxfp8-e4m3"])
+def test_float32_kernels_under_fp8_are_quantized_directly(rid):
+    """fp32 master kernels with a bf16 x under FP8 are quantized from their fp32 values (as
+    TransformerEngine quantizes them), not cast to bf16 first; their gradients are fp32."""
+    spec = RECIPES[rid]
+    T, H_, F_, norm, acts = 64, 64, 96, "layernorm", ("gelu",)
+    cfg = (T, H_, F_, norm, acts, BF16, True)
+    inp = make_inputs(T, H_, F_, 1, norm, BF16, True, seed=5)
+    inp["w1"] = double_rounding_hazards((H_, 1, F_), seed=6)
+    inp["w2"] = double_rounding_hazards((F_, H_), seed=7)
+    dy = make_dy(T, H_, BF16, seed=5)
+    y, g, _ = _fp8_step(cfg, lj.make_quantizer_set(recipe_of(spec)), inp, dy)
+    direct = sim_for(cfg, spec)
+    direct.grad_dtype = np.dtype(np.float32)
+    y_sim, g_sim = sim_step(direct, inp, dy)
+    assert y.dtype == jnp.bfloat16 and g["dw1"].dtype == jnp.float32 and g["dw2"].dtype == jnp.float32
+    check_sim(f"jax y {rid}", y, y_sim, BF16)
+    for k, v in g_sim.items():
+        if v is not None:
+            check_sim(f"jax {k} {rid}", g[k], v, BF16)
+    # bf16 kernels (the same values rounded) give the other, bf16-first result.
+    rounded = dict(inp, w1=inp["w1"].astype(BF16), w2=inp["w2"].astype(BF16))
+    y16, _, _ = _fp8_step(cfg, lj.make_quantizer_set(recipe_of(spec)), rounded, dy)
+    y16_sim, _ = sim_step(sim_for(cfg, spec), rounded, dy)
+    check_sim(f"jax y bf16 kernels {rid}", y16, y16_sim, BF16)
+    assert not np.array_equal(np.asarray(y16, np.float32), np.asarray(y, np.float32))
 
 
 def test_delayed_state_over_jitted_steps_equals_the_plan_apis():

@@ -104,6 +104,7 @@ PlanConfig config_of(const ffi::Dictionary& a) {
   c.amax_epsilon = attr<float>(a, "amax_epsilon");
   c.backend = attr<int32_t>(a, "backend");
   c.device = attr<int32_t>(a, "device");
+  c.weight_dtype = attr<int32_t>(a, "weight_dtype");
   return c;
 }
 

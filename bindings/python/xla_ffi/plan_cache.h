@@ -29,6 +29,7 @@ struct PlanConfig {
   int64_t amax_history_len = 1024;
   float amax_epsilon = 0.0f;
   int32_t backend = LNMLP_BACKEND_CPU, device = 0;
+  int32_t weight_dtype = -1;  // -1: the I/O dtype; LNMLP_DTYPE_F32: fp32 kernels (and gradients) under FP8
 
   std::string key() const;  // equal for configurations that share a plan (on the CPU: any tokens)
 };

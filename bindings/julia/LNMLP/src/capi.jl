@@ -58,6 +58,8 @@ lnmlp_desc_set_num_threads(desc, num_threads) =
     ccall((:lnmlp_desc_set_num_threads, liblnmlp), Int32, (Ptr{Cvoid}, Int64), desc, num_threads)
 lnmlp_desc_set_weight_gradients(desc, accumulate, dtype) =
     ccall((:lnmlp_desc_set_weight_gradients, liblnmlp), Int32, (Ptr{Cvoid}, Int32, Int32), desc, accumulate, dtype)
+lnmlp_desc_set_weight_dtype(desc, dtype) =
+    ccall((:lnmlp_desc_set_weight_dtype, liblnmlp), Int32, (Ptr{Cvoid}, Int32), desc, dtype)
 lnmlp_desc_set_recipe(desc, recipe) =
     ccall((:lnmlp_desc_set_recipe, liblnmlp), Int32, (Ptr{Cvoid}, Int32), desc, recipe)
 lnmlp_desc_set_fp8_format(desc, format) =

@@ -37,7 +37,8 @@ end
          activations=(:relu,), act_params=nothing, use_bias1=false, use_bias2=false,
          dtype=Float32, remat=:save_all, num_threads=0, backend=:cpu, external_workspace=false,
          recipe=:none, fp8_format=:default, margin=0, amax_history_len=1024, amax_compute_algo=:max,
-         power_2_scale=-1, amax_epsilon=0.0, accumulate_grads=false, grad_dtype=nothing)
+         power_2_scale=-1, amax_epsilon=0.0, accumulate_grads=false, grad_dtype=nothing,
+         weight_dtype=nothing)
 
 Validates and allocates a fused block (`lnmlp_plan_create`). `activations` is a name (`:gelu`, or a
 pair name such as `:swiglu`) or a tuple of 1 or 2 names; `act_params` is `(limit=, alpha=, offset=)`
@@ -57,6 +58,13 @@ gradient arrays (from [`new_grads`](@ref)) then, since the allocating `backward`
 grads" of a `Float16` / `BFloat16` plan); the library refuses any other at plan creation.
 `plan.grad_dtype` is the type the library reports. dgamma, dbeta and dx are always overwritten,
 in `dtype`.
+
+`weight_dtype` is the element type of w1 and w2 (`lnmlp_desc_set_weight_dtype`): `nothing` (the
+plan's `dtype`) or `Float32` (fp32 master weights of a `Float16` / `BFloat16` plan, which only an
+FP8 `recipe` accepts: it quantizes them directly; without one plan creation throws
+`LNMLP_ERROR_NOT_SUPPORTED`); the library refuses any other. b1, b2, gamma and beta stay in
+`dtype`. `plan.weight_dtype` is the type the library reports, which forward and backward check
+w1 and w2 against.
 
 `tokens` is the most tokens one call takes (`plan.max_tokens`: this rank's rows under sequence
 parallelism): each [`forward`](@ref) / [`backward`](@ref) takes an `x` with any number of tokens
@@ -87,6 +95,7 @@ mutable struct Plan
     max_tokens::Int                          # the most tokens of one call (x's trailing dims)
     accumulate_grads::Bool                   # backward adds into dw1, db1, dw2, db2
     grad_dtype::DataType                     # element type of dw1, db1, dw2, db2 (the shape query's)
+    weight_dtype::DataType                   # element type of w1, w2 (the shape query's)
     workspace::Union{Nothing,Vector{UInt8}}  # attached caller workspace, kept alive by the plan
     fp8_state::Union{Nothing,Array{Float32}} # attached caller FP8 state, kept alive by the plan
     lock::ReentrantLock
@@ -98,7 +107,8 @@ function Plan(tokens::Integer, hidden::Integer, ffn::Integer; norm=:layernorm, z
               backend=:cpu, external_workspace::Bool=false, recipe=:none, fp8_format=:default,
               margin::Integer=0, amax_history_len::Integer=1024, amax_compute_algo=:max,
               power_2_scale::Integer=-1, amax_epsilon::Real=0.0, sharding=nothing,
-              accumulate_grads::Bool=false, grad_dtype::Union{Nothing,Type}=nothing)
+              accumulate_grads::Bool=false, grad_dtype::Union{Nothing,Type}=nothing,
+              weight_dtype::Union{Nothing,Type}=nothing)
     ensure_loaded()
     acts = _activations(activations)
     haskey(_DTYPES, dtype) || argerror("dtype must be Float32, Float16 or LNMLP.BFloat16, got $dtype")
@@ -112,6 +122,9 @@ function Plan(tokens::Integer, hidden::Integer, ffn::Integer; norm=:layernorm, z
     grad_dtype === nothing || haskey(_DTYPES, grad_dtype) ||
         argerror("grad_dtype must be nothing or the plan's dtype ($dtype), or Float32; got $grad_dtype")
     gradv = grad_dtype === nothing ? Int32(-1) : _DTYPES[grad_dtype]
+    weight_dtype === nothing || haskey(_DTYPES, weight_dtype) ||
+        argerror("weight_dtype must be nothing or the plan's dtype ($dtype), or Float32; got $weight_dtype")
+    weightv = weight_dtype === nothing ? Int32(-1) : _DTYPES[weight_dtype]
     d = Ref{Ptr{Cvoid}}(C_NULL)
     check(lnmlp_desc_create(d))
     h = Ref{Ptr{Cvoid}}(C_NULL)
@@ -131,6 +144,7 @@ function Plan(tokens::Integer, hidden::Integer, ffn::Integer; norm=:layernorm, z
         check(lnmlp_desc_set_bias(desc, Int32(use_bias1), Int32(use_bias2)))
         check(lnmlp_desc_set_dtype(desc, _DTYPES[dtype]))
         check(lnmlp_desc_set_weight_gradients(desc, Int32(accumulate_grads), gradv))
+        check(lnmlp_desc_set_weight_dtype(desc, weightv))
         check(lnmlp_desc_set_remat(desc, rematv))
         check(lnmlp_desc_set_backend(desc, LNMLP_BACKEND_CPU, Int32(0)))
         check(lnmlp_desc_set_num_threads(desc, Int64(num_threads)))
@@ -152,7 +166,7 @@ function Plan(tokens::Integer, hidden::Integer, ffn::Integer; norm=:layernorm, z
     end
     p = Plan(h[], Int(tokens), Int(hidden), Int(ffn), Symbol(norm), acts, dtype, use_bias1, use_bias2,
              Symbol(remat), Symbol(recipe), external_workspace, 0, 0, 0, 0, 0, 0, 0, accumulate_grads, dtype,
-             nothing, nothing, ReentrantLock())
+             dtype, nothing, nothing, ReentrantLock())
     finalizer(_finalize, p)  # registered before anything below can throw
     p.workspace_bytes = _query_i64(lnmlp_plan_get_workspace_bytes, p)
     p.saved_bytes = _query_i64(lnmlp_plan_get_saved_bytes, p)
@@ -162,6 +176,7 @@ function Plan(tokens::Integer, hidden::Integer, ffn::Integer; norm=:layernorm, z
     p.amax_history_length = _query_i64(lnmlp_plan_get_amax_history_length, p)
     p.max_tokens = _shape(p.handle, LNMLP_TENSOR_X)[2]  # x is (hidden, tokens)
     p.grad_dtype = _shape_type(p.handle, LNMLP_TENSOR_DW1)[2]  # dW1 is always taken
+    p.weight_dtype = _shape_type(p.handle, LNMLP_TENSOR_W1)[2]  # W1 too
     return p
 end
 
@@ -194,7 +209,7 @@ Base.show(io::IO, p::Plan) = print(io, "LNMLP.Plan(tokens=$(p.tokens), hidden=$(
     "norm=:$(p.norm), activations=$(p.activations), dtype=$(p.dtype), use_bias1=$(p.use_bias1), ",
     "use_bias2=$(p.use_bias2), remat=:$(p.remat), recipe=:$(p.recipe)",
     p.accumulate_grads ? ", accumulate_grads=true" : "", p.grad_dtype == p.dtype ? "" : ", grad_dtype=$(p.grad_dtype)",
-    ")", isopen(p) ? "" : " [closed]")
+    p.weight_dtype == p.dtype ? "" : ", weight_dtype=$(p.weight_dtype)", ")", isopen(p) ? "" : " [closed]")
 
 # ---- shapes (lnmlp_plan_get_tensor_shape) ------------------------------------------------------
 const TENSORS = Dict(:x => LNMLP_TENSOR_X, :gamma => LNMLP_TENSOR_GAMMA, :beta => LNMLP_TENSOR_BETA,

@@ -57,6 +57,9 @@ class _Spec:
     remat: str  # "save_all" for a call that is differentiated, "forward_only" for one that is not
     backend: str  # "cpu" or "cuda"
     recipe: Recipe = None  # the FP8 recipe (None: no quantization)
+    # "float32": fp32 kernels under an FP8 recipe with a bf16/f16 x, quantized directly (their
+    # gradients fp32 too); None: the kernels are in x's dtype.
+    weight_dtype: str = None
 
     @property
     def stateful(self):
@@ -72,7 +75,8 @@ class _Spec:
                     zero_centered_gamma=self.zero_centered_gamma, epsilon=self.epsilon,
                     activation_type=self.activations, act_params=ap if clamped else None,
                     use_bias1=self.has_bias1, use_bias2=self.has_bias2, dtype=self.dtype, remat=self.remat,
-                    backend=self.backend, recipe=self.recipe)
+                    backend=self.backend, recipe=self.recipe, weight_dtype=self.weight_dtype,
+                    grad_dtype=self.weight_dtype)
 
     def attributes(self):
         """The custom call's attributes, with the exact types liblnmlp_xla's handlers decode."""
@@ -89,7 +93,9 @@ class _Spec:
                     fp8_format=i32(fp8["fp8_format"]), margin=i32(fp8["margin"]),
                     amax_history_len=i64(fp8["amax_history_len"]), amax_compute_algo=i32(fp8["amax_compute_algo"]),
                     power_2_scale=i32(fp8["power_2_scale"]), amax_epsilon=f32(fp8["amax_epsilon"]),
-                    backend=i32(_plan._BACKENDS[self.backend]), device=i32(0))
+                    backend=i32(_plan._BACKENDS[self.backend]), device=i32(0),
+                    weight_dtype=i32(-1 if self.weight_dtype is None else
+                                     _plan._DTYPES[np.dtype(jnp.dtype(self.weight_dtype))]))
 
 
 # The outputs of each custom call, as lnmlp_plan_get_tensor_shape names them (a tensor the plan
@@ -268,7 +274,9 @@ def layernorm_mlp(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamm
     [H] (beta is ignored for rmsnorm); kernels = [kernel_1 [H, A, F] (or [H, A*F]), kernel_2
     [F, H]]; biases = [bias_1 [A, F] (or [A*F]) or None, bias_2 [H] or None]. A is 1, or 2 for a
     gated pair such as ("silu", "linear"). Parameters in another floating dtype than x are cast
-    to x's dtype (their gradients come back in their own). Returns y shaped like x.
+    to x's dtype (their gradients come back in their own), except float32 kernels with a bfloat16
+    or float16 x under an FP8 quantizer set: those are quantized from their float32 values, as
+    TransformerEngine does, and their gradients computed in float32. Returns y shaped like x.
 
     The axes arguments name mesh axes for sharding and have no effect on one device;
     ``transpose_batch_sequence`` changes nothing, since every leading dimension is flattened into
@@ -342,7 +350,15 @@ def layernorm_mlp(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamm
 
     dt = jnp.dtype(dtype)
     cast = lambda p: None if p is None else p.astype(dt)  # noqa: E731 (TE casts parameters to x's dtype)
-    gamma, kernel_1, kernel_2 = cast(gamma), cast(kernel_1), cast(kernel_2)
+    weight_dtype = None
+    if recipe is not None and dt != jnp.float32 and jnp.float32 in (kernel_1.dtype, kernel_2.dtype):
+        # fp32 (master) kernels under FP8 are quantized from their fp32 values, as TransformerEngine
+        # quantizes them, not rounded to x's dtype first; their gradients come back in fp32.
+        weight_dtype = "float32"
+        kernel_1, kernel_2 = kernel_1.astype(jnp.float32), kernel_2.astype(jnp.float32)
+    else:
+        kernel_1, kernel_2 = cast(kernel_1), cast(kernel_2)
+    gamma = cast(gamma)
     beta = cast(beta) if norm_type == "layernorm" else _absent(dt)
     b1 = cast(bias_1) if bias_1 is not None else _absent(dt)
     b2 = cast(bias_2) if bias_2 is not None else _absent(dt)
@@ -350,7 +366,7 @@ def layernorm_mlp(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamm
     spec = _Spec(tokens=tokens, hidden=H, ffn=F, norm_type=norm_type, zero_centered_gamma=bool(zero_centered_gamma),
                  epsilon=float(epsilon), activations=activations, act_params=act_params,
                  has_bias1=bias_1 is not None, has_bias2=bias_2 is not None, dtype=dtype, remat="save_all",
-                 backend=_backend_of_default_device(), recipe=recipe)
+                 backend=_backend_of_default_device(), recipe=recipe, weight_dtype=weight_dtype)
     _ffi.ensure_registered()
     y = _block(spec, ffn1_ckpt_name, x.reshape(tokens, H), gamma, beta, kernel_1, b1, kernel_2, b2, state)
     # The block's output is the GEMM2 output TransformerEngine names ffn2_ckpt_name.

@@ -412,6 +412,17 @@ extern "C" {
     /// @param\[in\] accumulate, dtype
     /// @param\[in,out\] desc
     pub fn lnmlp_desc_set_weight_gradients(desc: *mut lnmlp_desc, accumulate: i32, dtype: i32) -> i32;
+    /// The dtype of the weights W1 and W2 that forward and backward read: -1 (default) the plan's I/O
+    /// dtype; or LNMLP_DTYPE_F32 for fp32 (master) weights while the I/O dtype is bf16 or f16, which
+    /// only an FP8 recipe accepts: the weights are quantized from their fp32 values, their amax taken
+    /// on them, as TransformerEngine quantizes fp32 kernels (no rounding to the I/O dtype first).
+    /// Without an FP8 recipe the GEMMs multiply in the I/O dtype, so lnmlp_plan_create refuses fp32
+    /// weights there: convert them to the I/O dtype first, as TransformerEngine does. b1, b2, gamma
+    /// and beta stay in the I/O dtype; lnmlp_plan_get_tensor_shape reports W1's and W2's dtype.
+    /// @since 0.2
+    /// @param\[in\] dtype
+    /// @param\[in,out\] desc
+    pub fn lnmlp_desc_set_weight_dtype(desc: *mut lnmlp_desc, dtype: i32) -> i32;
     /// recipe: LNMLP_RECIPE_*. Default NONE. The recipe's options keep their values when the recipe
     /// changes; the ones a recipe does not use are ignored.
     /// @since 0.1
@@ -477,7 +488,7 @@ extern "C" {
     /// @param\[in\] plan
     /// @param\[out\] bytes
     pub fn lnmlp_plan_get_saved_bytes_per_token(plan: *const lnmlp_plan, bytes: *mut i64) -> i32;
-    /// Alignment in bytes the saved buffer and attached workspace must have (64 on CPU, 256 on CUDA).
+    /// Alignment in bytes the saved buffer and attached workspace must have (64 on CPU, 128 on CUDA).
     /// @since 0.1
     /// @param\[in\] plan
     /// @param\[out\] bytes

@@ -17,9 +17,9 @@ use crate::{
 /// given below, creates the plan and destroys the descriptor, returning the first failure with
 /// the library's message. Settings left alone keep the library's defaults: no shape (must be
 /// set), layernorm, gamma not zero-centered, epsilon 1e-6, relu, no biases, f32, save-all, CPU
-/// backend, all cores, weight gradients overwritten in the I/O dtype, no FP8 recipe, no sharding,
-/// no communicator, plan-owned workspace. Sharding and the communicator are experimental (the
-/// `experimental` feature).
+/// backend, all cores, weight gradients overwritten in the I/O dtype, W1 and W2 in the I/O dtype,
+/// no FP8 recipe, no sharding, no communicator, plan-owned workspace. Sharding and the
+/// communicator are experimental (the `experimental` feature).
 #[derive(Clone, Debug, Default)]
 pub struct PlanBuilder {
     shape: Option<(i64, i64, i64)>,
@@ -36,6 +36,7 @@ pub struct PlanBuilder {
     num_threads: Option<i64>,
     accumulate_grads: Option<bool>,
     grad_dtype: Option<DType>,
+    weight_dtype: Option<DType>,
     recipe: Option<Recipe>,
     fp8_format: Option<Fp8Format>,
     delayed: Option<DelayedScaling>,
@@ -191,6 +192,22 @@ impl PlanBuilder {
         self
     }
 
+    /// The element type of W1 and W2 (`lnmlp_desc_set_weight_dtype`): the plan's I/O dtype (the
+    /// default), or [`DType::F32`] for fp32 master weights while the I/O dtype is bf16 or f16,
+    /// which only an FP8 [`PlanBuilder::recipe`] accepts (it quantizes them from their fp32
+    /// values, as TransformerEngine quantizes fp32 kernels); without one [`PlanBuilder::build`]
+    /// fails with [`crate::Status::NotSupported`] (convert the weights to the I/O dtype instead).
+    /// Any other type fails with [`crate::Status::InvalidArgument`]. b1, b2, gamma and beta stay
+    /// in the I/O dtype. [`Plan::weight_dtype`] and [`Plan::tensor_shape`] report it; the
+    /// [`Weights`]`<T, W>` of each call then have `w1` and `w2` of this type `W` (`f32`), checked
+    /// before each call.
+    ///
+    /// [`Weights`]: crate::Weights
+    pub fn weight_dtype(mut self, dtype: DType) -> Self {
+        self.weight_dtype = Some(dtype);
+        self
+    }
+
     /// The FP8 recipe. Default [`Recipe::None`].
     pub fn recipe(mut self, recipe: Recipe) -> Self {
         self.recipe = Some(recipe);
@@ -302,6 +319,9 @@ impl PlanBuilder {
             if self.accumulate_grads.is_some() || self.grad_dtype.is_some() {
                 let accumulate = self.cfg_accumulate_grads() as i32;
                 check(sys::lnmlp_desc_set_weight_gradients(d, accumulate, self.grad_dtype.map_or(-1, DType::raw)))?;
+            }
+            if let Some(t) = self.weight_dtype {
+                check(sys::lnmlp_desc_set_weight_dtype(d, t.raw()))?;
             }
             if let Some(r) = self.recipe {
                 check(sys::lnmlp_desc_set_recipe(d, r.raw()))?;

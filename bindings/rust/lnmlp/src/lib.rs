@@ -31,7 +31,8 @@
 //! [`Plan::backward_with_options`]); and a plan may add its weight gradients into the caller's
 //! buffers instead of overwriting them, optionally in f32 under bf16 / f16 I/O
 //! ([`PlanBuilder::accumulate_grads`], [`PlanBuilder::grad_dtype`], [`Plan::backward_into`] with
-//! [`GradientsMut`]`<T, G>`).
+//! [`GradientsMut`]`<T, G>`). An FP8 plan with bf16 / f16 I/O may also take fp32 master weights
+//! W1 and W2 ([`PlanBuilder::weight_dtype`], [`Weights`]`<T, W>`).
 //!
 //! # Example
 //!

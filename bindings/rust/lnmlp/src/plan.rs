@@ -19,19 +19,21 @@ use crate::{
 /// The parameters of the block, borrowed: shapes `gamma`, `beta` `[H]`; `w1` `[H, A, F]`; `b1`
 /// `[A, F]`; `w2` `[F, H]`; `b2` `[H]`, row-major. `beta` is `Some` exactly for layernorm; `b1` and
 /// `b2` are `Some` exactly when the plan has that bias (in backward `b1` may be `None` unless
-/// the plan is [`Remat::SaveStats`], which recomputes GEMM1).
+/// the plan is [`Remat::SaveStats`], which recomputes GEMM1). `w1` and `w2` have the type `W` of
+/// [`PlanBuilder::weight_dtype`] (`T` by default, `f32` for fp32 master weights of a bf16 / f16
+/// FP8 plan), the others the plan's I/O type `T`.
 #[derive(Clone, Copy, Debug)]
-pub struct Weights<'a, T> {
+pub struct Weights<'a, T, W = T> {
     /// Norm scale, `[H]`.
     pub gamma: &'a [T],
     /// Norm shift, `[H]`; `None` for RMSNorm.
     pub beta: Option<&'a [T]>,
     /// First GEMM's weight, `[H, A, F]`.
-    pub w1: &'a [T],
+    pub w1: &'a [W],
     /// First GEMM's bias, `[A, F]`.
     pub b1: Option<&'a [T]>,
     /// Second GEMM's weight, `[F, H]`.
-    pub w2: &'a [T],
+    pub w2: &'a [W],
     /// Second GEMM's bias, `[H]`.
     pub b2: Option<&'a [T]>,
 }
@@ -236,6 +238,8 @@ pub struct Plan {
     accumulate_grads: bool,
     /// The element type of dW1, db1, dW2, db2 (the library's shape of dW1).
     grad_dtype: DType,
+    /// The element type of W1 and W2 (the library's shape of W1).
+    weight_dtype: DType,
     remat: Remat,
     backend: Backend,
     device: i32,
@@ -335,6 +339,7 @@ impl Plan {
             dtype: cfg.cfg_dtype(),
             accumulate_grads: cfg.cfg_accumulate_grads(),
             grad_dtype: cfg.cfg_dtype(),
+            weight_dtype: cfg.cfg_dtype(),
             remat: cfg.cfg_remat(),
             backend,
             device,
@@ -377,15 +382,10 @@ impl Plan {
         for t in Tensor::ALL {
             plan.shapes[t.index()] = plan.query_shape(t, sys::LNMLP_TOKENS_MAX)?;
         }
-        // The weight gradients' type is the library's (the I/O dtype, or f32 as the builder asked).
-        plan.grad_dtype = match plan.shapes[Tensor::DW1.index()].map(|s| s.element_type()) {
-            Some(ElementType::F32) => DType::F32,
-            Some(ElementType::Bf16) => DType::Bf16,
-            Some(ElementType::F16) => DType::F16,
-            other => {
-                return Err(Error::new(Status::Internal, format!("the library reported dW1's type as {other:?}")));
-            }
-        };
+        // The weight gradients' and the weights' types are the library's (the I/O dtype, or f32
+        // as the builder asked).
+        plan.grad_dtype = plan.reported_dtype(Tensor::DW1)?;
+        plan.weight_dtype = plan.reported_dtype(Tensor::W1)?;
         // x is [T, H] (this rank's T under sequence parallelism): T is the most tokens a call takes.
         match plan.shapes[Tensor::X.index()].as_ref().map(|s| s.dims().to_vec()).as_deref() {
             Some(&[t, h]) if h >= 1 => (plan.max_tokens, plan.hidden) = (t, h),
@@ -394,6 +394,16 @@ impl Plan {
             }
         }
         Ok(plan)
+    }
+
+    /// The element type the library reports for a tensor every plan takes, as a [`DType`].
+    fn reported_dtype(&self, tensor: Tensor) -> Result<DType> {
+        match self.shape(tensor).map(|s| s.element_type()) {
+            Some(ElementType::F32) => Ok(DType::F32),
+            Some(ElementType::Bf16) => Ok(DType::Bf16),
+            Some(ElementType::F16) => Ok(DType::F16),
+            other => Err(Error::new(Status::Internal, format!("the library reported {tensor}'s type as {other:?}"))),
+        }
     }
 
     /// `lnmlp_plan_get_tensor_shape`; `None` for a tensor the plan does not take.
@@ -501,6 +511,11 @@ impl Plan {
     /// [`Tensor::DW1`] shape): the I/O dtype, or [`DType::F32`].
     pub fn grad_dtype(&self) -> DType {
         self.grad_dtype
+    }
+    /// The element type of W1 and W2 ([`PlanBuilder::weight_dtype`]; the library's
+    /// [`Tensor::W1`] shape): the I/O dtype, or [`DType::F32`].
+    pub fn weight_dtype(&self) -> DType {
+        self.weight_dtype
     }
     /// The remat policy.
     pub fn remat(&self) -> Remat {
@@ -824,7 +839,8 @@ impl Plan {
     }
 
     /// A slice's element type against the library's: the I/O type for every tensor but the
-    /// weight gradients, whose type is [`Plan::grad_dtype`].
+    /// weight gradients, whose type is [`Plan::grad_dtype`], and W1 and W2, whose type is
+    /// [`Plan::weight_dtype`].
     fn check_type<E: Element>(&self, tensor: Tensor, shape: &Shape) -> Result<()> {
         let want = shape.element_type();
         if ElementType::from(E::DTYPE) == want {
@@ -837,6 +853,13 @@ impl Plan {
                 self.dtype,
                 rust_name(self.dtype),
                 rust_name(self.grad_dtype)
+            ),
+            Tensor::W1 | Tensor::W2 => format!(
+                "this plan's weights W1, W2 are {want:?} (PlanBuilder::weight_dtype; the I/O dtype is {:?}): use \
+                 Weights::<{}, {}> with w1 and w2 of that type",
+                self.dtype,
+                rust_name(self.dtype),
+                rust_name(self.weight_dtype)
             ),
             _ => format!("the plan's {} is {want:?} (the plan's dtype is {:?})", tensor.name(), self.dtype),
         };
@@ -914,7 +937,7 @@ impl Plan {
     }
 
     /// (gamma, beta, w1, w2) pointers after checking lengths and presence.
-    fn weight_ptrs<T: Element>(&self, w: &Weights<'_, T>) -> Result<[*const c_void; 4]> {
+    fn weight_ptrs<T: Element, W: Element>(&self, w: &Weights<'_, T, W>) -> Result<[*const c_void; 4]> {
         let g = self.req_in(Tensor::Gamma, w.gamma, self.shape(Tensor::Gamma), None)?;
         let beta = self.opt_in(
             Tensor::Beta,
@@ -929,7 +952,7 @@ impl Plan {
         Ok([g, beta, w1, w2])
     }
 
-    fn b2_ptr<T: Element>(&self, w: &Weights<'_, T>) -> Result<*const c_void> {
+    fn b2_ptr<T: Element, W: Element>(&self, w: &Weights<'_, T, W>) -> Result<*const c_void> {
         self.opt_in(Tensor::B2, w.b2, self.shape(Tensor::B2), None, "the plan has b2", "the plan has no b2")
     }
 
@@ -993,7 +1016,7 @@ impl Plan {
     /// multiple of H, gives the call's token count, from 0 to [`Plan::max_tokens`], and y must
     /// have the same length. Every slice's length is checked against the library's shapes
     /// before the library is called; a wrong one is a [`Status::InvalidArgument`] error.
-    pub fn forward<T: Element>(&mut self, x: &[T], w: &Weights<'_, T>, y: &mut [T]) -> Result<Saved> {
+    pub fn forward<T: Element, W: Element>(&mut self, x: &[T], w: &Weights<'_, T, W>, y: &mut [T]) -> Result<Saved> {
         self.check_host::<T>("forward")?;
         let t = self.call_tokens(Tensor::X, x.len())?;
         let mut saved = self.new_saved_for(t)?;
@@ -1004,10 +1027,10 @@ impl Plan {
     /// Forward into a caller-provided saved buffer (from [`Plan::new_saved`], which serves every
     /// call, [`Plan::new_saved_for`], or an earlier forward of this plan with at least as many
     /// tokens), so repeated steps allocate nothing.
-    pub fn forward_into<T: Element>(
+    pub fn forward_into<T: Element, W: Element>(
         &mut self,
         x: &[T],
-        w: &Weights<'_, T>,
+        w: &Weights<'_, T, W>,
         y: &mut [T],
         saved: &mut Saved,
     ) -> Result<()> {
@@ -1019,10 +1042,10 @@ impl Plan {
     /// [`Plan::new_fp8_state`]) of a [`Recipe::Delayed`] plan, read and updated in place instead
     /// of the plan's state (which does not change). For frameworks that carry the state
     /// functionally. The borrow ends with the call: nothing keeps a pointer to it.
-    pub fn forward_with_state<T: Element>(
+    pub fn forward_with_state<T: Element, W: Element>(
         &mut self,
         x: &[T],
-        w: &Weights<'_, T>,
+        w: &Weights<'_, T, W>,
         y: &mut [T],
         saved: &mut Saved,
         fp8_state: &mut [f32],
@@ -1052,10 +1075,10 @@ impl Plan {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn forward_with_options<T: Element>(
+    pub fn forward_with_options<T: Element, W: Element>(
         &mut self,
         x: &[T],
-        w: &Weights<'_, T>,
+        w: &Weights<'_, T, W>,
         y: &mut [T],
         saved: &mut Saved,
         options: CallOptions<'_>,
@@ -1063,10 +1086,10 @@ impl Plan {
         self.forward_impl(x, w, y, saved, options)
     }
 
-    fn forward_impl<T: Element>(
+    fn forward_impl<T: Element, W: Element>(
         &mut self,
         x: &[T],
-        w: &Weights<'_, T>,
+        w: &Weights<'_, T, W>,
         y: &mut [T],
         saved: &mut Saved,
         options: CallOptions<'_>,
@@ -1112,7 +1135,7 @@ impl Plan {
     }
 
     /// Forward, allocating `y` (as long as x). Returns `(y, saved)`.
-    pub fn forward_alloc<T: Element>(&mut self, x: &[T], w: &Weights<'_, T>) -> Result<(Vec<T>, Saved)> {
+    pub fn forward_alloc<T: Element, W: Element>(&mut self, x: &[T], w: &Weights<'_, T, W>) -> Result<(Vec<T>, Saved)> {
         self.check_host::<T>("forward")?;
         self.call_tokens(Tensor::X, x.len())?;
         let mut y = vec![T::default(); x.len()];
@@ -1127,11 +1150,11 @@ impl Plan {
     /// ([`PlanBuilder::accumulate_grads`]: pass the accumulators to [`Plan::backward_into`]) or
     /// whose weight gradients are of another type ([`PlanBuilder::grad_dtype`]: see
     /// [`Plan::new_gradients_as`]).
-    pub fn backward<T: Element>(
+    pub fn backward<T: Element, W: Element>(
         &mut self,
         dy: &[T],
         x: &[T],
-        w: &Weights<'_, T>,
+        w: &Weights<'_, T, W>,
         saved: &Saved,
     ) -> Result<Gradients<T>> {
         self.check_host::<T>("backward")?;
@@ -1152,13 +1175,14 @@ impl Plan {
     /// dgamma and dbeta are overwritten; dW1, db1, dW2 and db2 too, unless the plan accumulates
     /// ([`PlanBuilder::accumulate_grads`]): then backward adds this call's gradients into them
     /// (a call with 0 tokens leaves them as they are). `T` is the plan's I/O type, `G` its
-    /// [`Plan::grad_dtype`] (`T` unless [`PlanBuilder::grad_dtype`] chose `f32`); lengths and
-    /// types are checked against the library's shapes before the library is called.
-    pub fn backward_into<T: Element, G: Element>(
+    /// [`Plan::grad_dtype`] (`T` unless [`PlanBuilder::grad_dtype`] chose `f32`), `W` its
+    /// [`Plan::weight_dtype`] (likewise, [`PlanBuilder::weight_dtype`]); lengths and types are
+    /// checked against the library's shapes before the library is called.
+    pub fn backward_into<T: Element, W: Element, G: Element>(
         &mut self,
         dy: &[T],
         x: &[T],
-        w: &Weights<'_, T>,
+        w: &Weights<'_, T, W>,
         saved: &Saved,
         out: GradientsMut<'_, T, G>,
     ) -> Result<()> {
@@ -1167,11 +1191,11 @@ impl Plan {
 
     /// [`Plan::backward_into`] with a caller-owned FP8 quantizer state for this call only (see
     /// [`Plan::forward_with_state`]): pass the array the matching forward used.
-    pub fn backward_with_state<T: Element, G: Element>(
+    pub fn backward_with_state<T: Element, W: Element, G: Element>(
         &mut self,
         dy: &[T],
         x: &[T],
-        w: &Weights<'_, T>,
+        w: &Weights<'_, T, W>,
         saved: &Saved,
         out: GradientsMut<'_, T, G>,
         fp8_state: &mut [f32],
@@ -1182,11 +1206,11 @@ impl Plan {
     /// [`Plan::backward_into`] with the call's [`CallOptions`] (see
     /// [`Plan::forward_with_options`]): with [`CallOptions::weights_unchanged`] the backward
     /// reuses the weight copies its forward (or an earlier call) made.
-    pub fn backward_with_options<T: Element, G: Element>(
+    pub fn backward_with_options<T: Element, W: Element, G: Element>(
         &mut self,
         dy: &[T],
         x: &[T],
-        w: &Weights<'_, T>,
+        w: &Weights<'_, T, W>,
         saved: &Saved,
         out: GradientsMut<'_, T, G>,
         options: CallOptions<'_>,
@@ -1194,11 +1218,11 @@ impl Plan {
         self.backward_impl(dy, x, w, saved, out, options)
     }
 
-    fn backward_impl<T: Element, G: Element>(
+    fn backward_impl<T: Element, W: Element, G: Element>(
         &mut self,
         dy: &[T],
         x: &[T],
-        w: &Weights<'_, T>,
+        w: &Weights<'_, T, W>,
         saved: &Saved,
         out: GradientsMut<'_, T, G>,
         options: CallOptions<'_>,
@@ -1684,6 +1708,7 @@ impl fmt::Debug for Plan {
             .field("dtype", &self.dtype)
             .field("accumulate_grads", &self.accumulate_grads)
             .field("grad_dtype", &self.grad_dtype)
+            .field("weight_dtype", &self.weight_dtype)
             .field("remat", &self.remat)
             .field("backend", &self.backend)
             .field("recipe", &self.recipe)

@@ -31,7 +31,11 @@ import java.nio.ByteOrder;
  *
  * <p>Element types: every tensor is in the plan's dtype ({@link #dtype()}), except the weight
  * gradients dW1, db1, dW2, db2, which are in {@link #gradDtype()}: the dtype or, with
- * {@link Builder#gradDtype}(DTYPE_F32), fp32 "main grads" of a bf16 / f16 plan. Gradients go into
+ * {@link Builder#gradDtype}(DTYPE_F32), fp32 "main grads" of a bf16 / f16 plan; and the weights
+ * W1, W2, which are in {@link #weightDtype()}: the dtype or, with
+ * {@link Builder#weightDtype}(DTYPE_F32) and an FP8 recipe, fp32 master weights of a bf16 / f16
+ * plan (this class's short[] calls refuse such a plan: pass direct ByteBuffers to
+ * LnmlpNative.plan_forward_direct / plan_backward_direct with {@link #handle()}). Gradients go into
  * {@link Grads} (f32 plans), {@link Grads16} (bf16 / f16 plans, 16-bit weight gradients) or
  * {@link MainGrads} (bf16 / f16 plans, fp32 weight gradients); a holder, array type or dtype
  * that does not fit the plan throws {@link LnmlpException} (ERROR_INVALID_ARGUMENT) before C is
@@ -137,6 +141,7 @@ public final class Plan implements AutoCloseable {
     private int dtype = DTYPE_F32;
     private boolean accumulateGrads;
     private int gradDtype = -1;
+    private int weightDtype = -1;
     private int remat = REMAT_SAVE_ALL;
     private long numThreads;
     private int recipe = RECIPE_NONE;
@@ -175,6 +180,10 @@ public final class Plan implements AutoCloseable {
     /** The dtype of dW1, db1, dW2, db2: -1 (default) the plan's dtype, or DTYPE_F32 (fp32 "main
      * grads" of a bf16 / f16 plan); build() refuses any other. */
     public Builder gradDtype(int dtype) { this.gradDtype = dtype; return this; }
+    /** The dtype of W1 and W2 (lnmlp_desc_set_weight_dtype): -1 (default) the plan's dtype, or
+     * DTYPE_F32 (fp32 master weights of a bf16 / f16 plan, which only an FP8 recipe accepts:
+     * build() throws ERROR_NOT_SUPPORTED without one); build() refuses any other. */
+    public Builder weightDtype(int dtype) { this.weightDtype = dtype; return this; }
     public Builder remat(int policy) { this.remat = policy; return this; }
     /** CPU threads; 0 (default) uses every core the process may run on. */
     public Builder numThreads(long n) { this.numThreads = n; return this; }
@@ -207,6 +216,7 @@ public final class Plan implements AutoCloseable {
         LnmlpNative.desc_set_bias(d, bias1 ? 1 : 0, bias2 ? 1 : 0);
         LnmlpNative.desc_set_dtype(d, dtype);
         LnmlpNative.desc_set_weight_gradients(d, accumulateGrads ? 1 : 0, gradDtype);
+        LnmlpNative.desc_set_weight_dtype(d, weightDtype);
         LnmlpNative.desc_set_remat(d, remat);
         LnmlpNative.desc_set_num_threads(d, numThreads);
         LnmlpNative.desc_set_recipe(d, recipe);
@@ -230,7 +240,7 @@ public final class Plan implements AutoCloseable {
   private final Cleaner.Cleanable cleanable;
   private final long tokens, hidden, ffn, maxTokens;
   private final int numActivations;
-  private final int dtype, gradDtype;
+  private final int dtype, gradDtype, weightDtype;
   private final boolean accumulateGrads;
   private final long workspaceBytes, savedBytes, savedBytesPerToken, alignment, stateBytes;
   private final long amaxHistoryLength;
@@ -250,6 +260,8 @@ public final class Plan implements AutoCloseable {
     this.dtype = dt[0];
     LnmlpNative.plan_get_tensor_shape(h, TENSOR_DW1, TOKENS_MAX, dt); // dW1 is always taken
     this.gradDtype = dt[0];
+    LnmlpNative.plan_get_tensor_shape(h, TENSOR_W1, TOKENS_MAX, dt); // W1 too
+    this.weightDtype = dt[0];
     this.accumulateGrads = b.accumulateGrads;
     this.workspaceBytes = LnmlpNative.plan_get_workspace_bytes(h);
     this.savedBytes = LnmlpNative.plan_get_saved_bytes(h);
@@ -295,10 +307,13 @@ public final class Plan implements AutoCloseable {
   public long hidden() { return hidden; }
   public long ffn() { return ffn; }
   public int numActivations() { return numActivations; }
-  /** The I/O dtype (DTYPE_*): of every tensor but the weight gradients. */
+  /** The I/O dtype (DTYPE_*): of every tensor but the weight gradients (and W1, W2 with
+   * {@link Builder#weightDtype}). */
   public int dtype() { return dtype; }
   /** The dtype of dW1, db1, dW2 and db2 (the shape query's): dtype(), or DTYPE_F32. */
   public int gradDtype() { return gradDtype; }
+  /** The dtype of W1 and W2 (the shape query's): dtype(), or DTYPE_F32. */
+  public int weightDtype() { return weightDtype; }
   /** Whether backward adds into dW1, db1, dW2, db2 ({@link Builder#accumulateGrads}). */
   public boolean accumulatesGrads() { return accumulateGrads; }
   public long workspaceBytes() { return workspaceBytes; }
@@ -406,6 +421,15 @@ public final class Plan implements AutoCloseable {
     if (dtype != DTYPE_BF16 && dtype != DTYPE_F16) {
       throw new LnmlpException(ERROR_INVALID_ARGUMENT, what + " takes short[] tensors, for a bf16 / f16 plan; this"
           + " plan's dtype is " + dtypeName(dtype) + ": pass float[] (the float[] overloads)");
+    }
+  }
+
+  /** short[] w1 / w2 hold 16-bit weights: the plan's W1 and W2 must be in its dtype. */
+  private void requireWeightDtype16(String what) {
+    if (weightDtype != dtype) {
+      throw new LnmlpException(ERROR_INVALID_ARGUMENT, what + " takes short[] w1 and w2, but this plan's W1, W2 are "
+          + dtypeName(weightDtype) + " (weightDtype; plan dtype " + dtypeName(dtype) + "): pass direct ByteBuffers"
+          + " to LnmlpNative.plan_forward_direct / plan_backward_direct with handle()");
     }
   }
 
@@ -630,6 +654,7 @@ public final class Plan implements AutoCloseable {
       boolean weightsUnchanged) {
     PlanHandle h = live();
     require16("forward");
+    requireWeightDtype16("forward");
     long t = x == null ? 0 : tokensOf("x", x.length);
     checkInputs(gamma, beta, w1, b1, w2, b2, fp8State);
     if (x != null) len("y", y, x.length);
@@ -642,6 +667,7 @@ public final class Plan implements AutoCloseable {
   private long checkBackward16(short[] dy, short[] x, short[] gamma, short[] beta, short[] w1,
       short[] b1, short[] w2, ByteBuffer saved, short[] dx, float[] fp8State) {
     require16("backward");
+    requireWeightDtype16("backward");
     long t = x == null ? 0 : tokensOf("x", x.length);
     if (x != null) {
       len("dy", dy, x.length);
