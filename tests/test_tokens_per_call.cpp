@@ -219,6 +219,30 @@ TEST(TokensPerCallEdges, NoTokens) {
   EXPECT_EQ(f.state_blob(), before);
 }
 
+// Forward writes every byte of the call's saved bytes, the regions' padding included: two
+// forwards into buffers poisoned differently leave the same bytes (37 tokens: every region padded).
+TEST_P(TokensPerCall, ForwardWritesTheWholeSavedBuffer) {
+  Fixture f(GetParam(), kMaxTokens);
+  const int64_t t = 37;
+  int64_t rank = 0, dims[LNMLP_MAX_TENSOR_RANK] = {};
+  int32_t dtype = 0;
+  ASSERT_EQ(lnmlp_plan_get_tensor_shape(f.plan->get(), LNMLP_TENSOR_SAVED, t, &rank, dims, &dtype), LNMLP_SUCCESS);
+  Buffer y(f.pr.dtype, static_cast<size_t>(t * f.pr.cfg.hidden));
+  std::vector<std::vector<unsigned char>> got;
+  const std::vector<unsigned char> state = f.state_blob();  // both forwards start from it (delayed)
+  for (unsigned char poison : {0x00, 0xFF}) {
+    if (!state.empty()) {
+      ASSERT_EQ(lnmlp_plan_import_state(f.plan->get(), state.data(), static_cast<int64_t>(state.size())),
+                LNMLP_SUCCESS);
+    }
+    std::memset(f.saved.get(), poison, static_cast<size_t>(f.saved.bytes));
+    ASSERT_EQ(f.forward(t, y.data()), LNMLP_SUCCESS) << lnmlp_last_error();
+    const auto* b = static_cast<const unsigned char*>(f.saved.get());
+    got.emplace_back(b, b + dims[0]);
+  }
+  EXPECT_EQ(got[0], got[1]) << "saved bytes the forward did not write";
+}
+
 TEST(TokensPerCallEdges, ATokenCountOutsideThePlansIsRefusedAndChangesNothing) {
   Fixture f(kCases[0], 16);
   const int64_t H = f.pr.cfg.hidden;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `pip install ./bindings/python` into a fresh virtual environment gives a working, self-contained
 # package: pip builds the wheel from source (scikit-build-core runs the project's CMake; no CMake
-# step first), then the seed's usage example and a jitted lnmlp.jax gradient run from outside the
-# source tree, with no LNMLP_LIBRARY set, on the libraries inside the package.
+# step first), then the seed's usage example, a jitted lnmlp.jax gradient and an lnmlp.torch module's
+# gradient run from outside the source tree, with no LNMLP_LIBRARY set, on the libraries inside the
+# package.
 #
 # The CUDA module is left out of this wheel build (-C cmake.define.LNMLP_CUDA=OFF) to keep CI
 # short: the release build compiles it, and a wheel built where nvcc exists carries it.
@@ -27,3 +28,8 @@ import jax, jax.numpy as jnp, lnmlp.jax as lj
 x = jnp.ones((4, 8)); k1 = jnp.ones((8, 1, 16)) / 8; k2 = jnp.ones((16, 8)) / 16
 g = jax.jit(jax.grad(lambda x: lj.layernorm_mlp(x, jnp.ones(8), jnp.zeros(8), [k1, k2], [None, None], 'rmsnorm').sum()))(x)
 print('installed lnmlp.jax:', lj.library_path(), g.shape)"
+env -u LNMLP_LIBRARY "$venv/bin/python" -c "
+import torch, lnmlp, lnmlp.torch as lt
+m = lt.LayerNormMLP(8, 16, activation='swiglu'); x = torch.ones(4, 8, requires_grad=True)
+m(x).sum().backward()
+print('installed lnmlp.torch:', lnmlp.library_path(), tuple(m.fc1_weight.grad.shape))"

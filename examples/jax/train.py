@@ -43,12 +43,13 @@ RUNS = {  # name -> (block dtype, FP8 recipe)
 }
 
 
-def data(seed=0):
+def teacher(seed=0):
+    """batch(rng, n): n inputs drawn from rng and the fixed teacher's targets for them."""
     rng = np.random.default_rng(seed)
     A = rng.standard_normal((HIDDEN, 64)) / np.sqrt(HIDDEN)
     B = rng.standard_normal((64, OUT)) / 8.0
 
-    def batch(n):
+    def batch(rng, n):
         x = rng.standard_normal((n, HIDDEN))
         return jnp.asarray(x, jnp.float32), jnp.asarray(np.sin(x @ A) @ B, jnp.float32)
 
@@ -115,12 +116,13 @@ def train(name, steps, batch, test, var, opt):
         return jax.tree.map(lambda p, u: p + u, params, upd), new_qsets, opt_state, loss
 
     evaluate = jax.jit(lambda params, qsets: loss_fn(params, qsets, test[0], test[1], dtype, var))
+    rng = np.random.default_rng(2)  # every run sees the same batches
     curve, t0 = [], time.perf_counter()
     for i in range(steps + 1):
         if i % EVAL_EVERY == 0:
             curve.append((i, float(evaluate(params, qsets))))
         if i < steps:
-            params, qsets, opt_state, _ = step(params, qsets, opt_state, *batch(TOKENS))
+            params, qsets, opt_state, _ = step(params, qsets, opt_state, *batch(rng, TOKENS))
     return curve, time.perf_counter() - t0
 
 
@@ -129,8 +131,8 @@ def main():
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--png", default=None, help="write the loss curves here (needs matplotlib)")
     args = ap.parse_args()
-    batch = data()
-    test = batch(1024)
+    batch = teacher()
+    test = batch(np.random.default_rng(1), 1024)
     var = float(jnp.var(test[1]))
     opt, opt_name = adam()
     print(f"# {LAYERS} residual lnmlp.jax blocks, T={TOKENS} H={HIDDEN} F={FFN} swiglu-style (gelu, linear), "

@@ -374,6 +374,13 @@ void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardA
                  WeightCopies* weights) {
   Pass p(x, c, sv, ws, a.stream, a.fp8_state, weights);
   p.used_scales = saved_at<float>(sv.fwd_scales, a.saved);
+  // Forward writes every byte of the call's saved bytes: the regions' padding is zeroed, so the
+  // buffer is a function of the inputs alone (comparable, reproducible, safe to checkpoint).
+  if (ws.live() && a.saved != nullptr)
+    for (const Region* r : sv.regions()) {
+      const int64_t pad = r->present() ? padded_region_bytes(r->bytes, "a saved region") - r->bytes : 0;
+      if (pad > 0) x.zero(saved_at<char>(*r, a.saved) + r->bytes, pad, a.stream);
+    }
   const int64_t T = p.T, Tn = p.Tn, H = p.H, F = p.F, AF = p.AF;
 
   // 1. Statistics, ln = norm(x) and GEMM1's operand of it.

@@ -8,7 +8,7 @@
 namespace lnmlp::cpu {
 
 void* allocate_host(int64_t bytes) {
-  const int64_t padded = checked_add(bytes, kRegionAlign - 1, "the workspace") / kRegionAlign * kRegionAlign;
+  const int64_t padded = padded_region_bytes(bytes, "the workspace");
   void* p = std::aligned_alloc(kRegionAlign, static_cast<size_t>(padded));
   if (p == nullptr) fail(LNMLP_ERROR_OUT_OF_MEMORY, "could not allocate ", bytes, " bytes of workspace");
   return p;

@@ -26,9 +26,12 @@ Region RegionAllocator::take(int64_t count, int64_t elem_bytes, const char* what
   Region r;
   r.offset = end_;
   r.bytes = checked_mul(count, elem_bytes, what);
-  const int64_t padded = checked_add(r.bytes, kRegionAlign - 1, what) / kRegionAlign * kRegionAlign;
-  end_ = checked_add(end_, padded, what);
+  end_ = checked_add(end_, padded_region_bytes(r.bytes, what), what);
   return r;
+}
+
+int64_t padded_region_bytes(int64_t bytes, const char* what) {
+  return checked_add(bytes, kRegionAlign - 1, what) / kRegionAlign * kRegionAlign;
 }
 
 SavedLayout make_saved_layout(const Config& cfg) {

@@ -2,6 +2,7 @@
 // is part of the contract between forward and backward) and a helper to carve workspaces.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "config.h"
@@ -51,7 +52,15 @@ struct SavedLayout {
   Region act_q_scale;  // blocked: [ceil(T/block), F]
   int64_t total_bytes = 0;
   int64_t bytes_per_token = 0;  // without padding
+
+  // Every region, present or not.
+  std::array<const Region*, 10> regions() const {
+    return {&mu, &rs, &ln_out, &h, &act, &fwd_scales, &ln_q, &ln_q_scale, &act_q, &act_q_scale};
+  }
 };
+
+// The bytes a region of `bytes` bytes takes, with its padding to kRegionAlign.
+int64_t padded_region_bytes(int64_t bytes, const char* what);
 
 SavedLayout make_saved_layout(const Config& cfg);
 

@@ -98,6 +98,20 @@ def _as_array(name, a):
     return np.asarray(a)
 
 
+def unpack_kernels_and_biases(kernels, biases):
+    """(kernel_1, kernel_2, bias_1, bias_2) from the seed's ``kernels`` and ``biases`` (None: no
+    biases), or InvalidArgumentError naming the expected form. Every front end's call starts here."""
+    try:
+        kernel_1, kernel_2 = kernels
+    except (TypeError, ValueError):
+        raise InvalidArgumentError("kernels must be [kernel_1 (H, A, F), kernel_2 (F, H)]") from None
+    try:
+        bias_1, bias_2 = (None, None) if biases is None else biases
+    except (TypeError, ValueError):
+        raise InvalidArgumentError("biases must be [bias_1 (A, F) or None, bias_2 (H,) or None]") from None
+    return kernel_1, kernel_2, bias_1, bias_2
+
+
 def _prepare(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamma, epsilon,
              activation_type, quantizer_set, act_params, remat):
     if quantizer_set is not None and not isinstance(quantizer_set, QuantizerSet):
@@ -107,16 +121,7 @@ def _prepare(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamma, ep
     recipe = None if quantizer_set is None else quantizer_set.recipe
     if not isinstance(norm_type, str):
         raise InvalidArgumentError(f"norm_type must be 'layernorm' or 'rmsnorm', got {norm_type!r}")
-    try:
-        kernel_1, kernel_2 = kernels
-    except (TypeError, ValueError):
-        raise InvalidArgumentError("kernels must be [kernel_1 (H, A, F), kernel_2 (F, H)]")
-    if biases is None:
-        biases = (None, None)
-    try:
-        bias_1, bias_2 = biases
-    except (TypeError, ValueError):
-        raise InvalidArgumentError("biases must be [bias_1 (A, F) or None, bias_2 (H,) or None]")
+    kernel_1, kernel_2, bias_1, bias_2 = unpack_kernels_and_biases(kernels, biases)
     x, gamma, beta = _as_array("x", x), _as_array("gamma", gamma), _as_array("beta", beta)
     kernel_1, kernel_2 = _as_array("kernel_1", kernel_1), _as_array("kernel_2", kernel_2)
     bias_1, bias_2 = _as_array("bias_1", bias_1), _as_array("bias_2", bias_2)

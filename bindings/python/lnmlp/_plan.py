@@ -307,14 +307,15 @@ class Plan:
 
     ``external_workspace=True`` makes a plan that allocates no workspace (for a caller that owns
     the memory, as lnmlp.jax's XLA calls do, or one that only asks for :attr:`workspace_bytes`);
-    its forward and backward need the C API's lnmlp_plan_attach_workspace first.
+    its forward and backward need the C API's lnmlp_plan_attach_workspace first. ``device`` is the
+    CUDA device ordinal of a ``backend="cuda"`` plan (the CPU backend has only device 0).
     """
 
     def __init__(self, tokens, hidden, ffn, *, norm_type="layernorm", zero_centered_gamma=False,
                  epsilon=1e-6, activation_type=("relu",), act_params=None, use_bias1=False,
                  use_bias2=False, dtype=np.float32, remat="save_all", num_threads=0, backend="cpu",
                  recipe=None, sharding=None, comm=None, accumulate_grads=False, grad_dtype=None,
-                 weight_dtype=None, external_workspace=False):
+                 weight_dtype=None, external_workspace=False, device=0):
         self._handle = None  # set first, so __del__ is safe whatever fails below
         self._lock = threading.RLock()
         lib = _lib.get_lib()
@@ -349,13 +350,16 @@ class Plan:
         self.external_workspace = _flag("external_workspace", external_workspace)
         grad_dtype_v = self._grad_dtype_code(grad_dtype)
         weight_dtype_v = self._float32_option_code("weight_dtype", weight_dtype)
+        if isinstance(device, bool) or not isinstance(device, (int, np.integer)) or not 0 <= device < 2**31:
+            raise InvalidArgumentError(f"device must be a device ordinal (an int >= 0), got {device!r}")
+        device_v = self.device = int(device)
 
         desc = ctypes.c_void_p()
         comm_handle = ctypes.c_void_p()
         _lib.check(lib.lnmlp_desc_create(ctypes.byref(desc)))
         try:
             c = _lib.check
-            c(lib.lnmlp_desc_set_backend(desc, backend_v, 0))
+            c(lib.lnmlp_desc_set_backend(desc, backend_v, device_v))
             c(lib.lnmlp_desc_set_shape(desc, self.tokens, self.hidden, self.ffn))
             c(lib.lnmlp_desc_set_norm(desc, norm))
             c(lib.lnmlp_desc_set_zero_centered_gamma(desc, int(self.zero_centered_gamma)))

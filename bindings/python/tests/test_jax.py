@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import _reference as ref
+from _block_cases import CASES, CLAMP, EPS, F, H, case_id, make, reference
 
 if os.environ.get("LNMLP_REQUIRE_JAX") == "1":  # the README's test command: never skip silently
     import jax
@@ -17,17 +18,6 @@ import jax.numpy as jnp  # noqa: E402
 import lnmlp  # noqa: E402
 import lnmlp.jax as lj  # noqa: E402
 
-H, F = 16, 24
-EPS = 1e-6
-CLAMP = {"limit": 0.75, "alpha": 1.702, "offset": 1.0}  # a small limit, so the clamp is exercised
-
-
-def make(A, dtype, lead=(2, 3), norm="layernorm", bias=(True, True), seed=0, H=H, F=F):
-    rng = np.random.default_rng(seed)
-    f = lambda *s: (rng.standard_normal(s) * 0.5).astype(dtype)  # noqa: E731
-    return dict(x=f(*lead, H), gamma=(1 + f(H)).astype(dtype), beta=f(H) if norm == "layernorm" else None,
-                k1=f(H, A, F), k2=f(F, H), b1=f(A, F) if bias[0] else None, b2=f(H) if bias[1] else None)
-
 
 def run(d, norm, acts, zcg=False, act_params=None, **kw):
     return lj.layernorm_mlp(d["x"], d["gamma"], d["beta"], [d["k1"], d["k2"]], [d["b1"], d["b2"]], norm,
@@ -35,25 +25,8 @@ def run(d, norm, acts, zcg=False, act_params=None, **kw):
                             **kw)
 
 
-def reference(d, norm, acts, zcg=False, p=None):
-    """y and every gradient of sum(y * dy) in float64, for dy = cos(y_index) (fixed, nonzero)."""
-    x2 = np.asarray(d["x"], np.float64).reshape(-1, H)
-    args = (x2, d["gamma"], d["beta"], d["k1"], d["b1"], d["k2"], d["b2"], norm, zcg, EPS, acts, p or {})
-    y, _ = ref.forward(*args)
-    dy = np.cos(np.arange(y.size, dtype=np.float64)).reshape(y.shape)
-    return y, dy, ref.backward(dy, *args)
-
-
-CASES = [  # norm, activations, biases, zero-centered gamma, act_params
-    ("layernorm", ("gelu",), (True, True), False, None),
-    ("rmsnorm", ("relu",), (False, False), True, None),
-    ("layernorm", ("silu", "linear"), (True, False), True, None),
-    ("rmsnorm", ("clamped_silu", "clamped_linear"), (False, True), False, CLAMP),
-]
-
-
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16", "float16"])
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{'_'.join(c[1])}-b{int(c[2][0])}{int(c[2][1])}-z{int(c[3])}")
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_jit_grad_matches_the_float64_reference(case, dtype_name):
     norm, acts, bias, zcg, p = case
     dtype = ref.DTYPES[dtype_name]

@@ -24,6 +24,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from .. import _plan
+from .._functional import unpack_kernels_and_biases
 from .. import _lib
 from .._lib import InvalidArgumentError
 from .. import recipe as _recipe
@@ -299,14 +300,7 @@ def layernorm_mlp(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamm
     if not isinstance(norm_type, str) or norm_type.lower() not in _plan._NORMS:
         raise InvalidArgumentError(f"norm_type must be 'layernorm' or 'rmsnorm', got {norm_type!r}")
     norm_type = norm_type.lower()
-    try:
-        kernel_1, kernel_2 = kernels
-    except (TypeError, ValueError):
-        raise InvalidArgumentError("kernels must be [kernel_1 (H, A, F), kernel_2 (F, H)]") from None
-    try:
-        bias_1, bias_2 = (None, None) if biases is None else biases
-    except (TypeError, ValueError):
-        raise InvalidArgumentError("biases must be [bias_1 (A, F) or None, bias_2 (H,) or None]") from None
+    kernel_1, kernel_2, bias_1, bias_2 = unpack_kernels_and_biases(kernels, biases)
     activations = _plan.normalize_activations(activation_type)
     act_params = _act_params_tuple(activations, act_params)
     A = len(activations)

@@ -1,0 +1,222 @@
+"""``lnmlp.torch.LayerNormMLP``: TransformerEngine PyTorch's ``LayerNormMLP`` module on lnmlp, and
+``fp8_autocast``.
+
+Parameters carry TransformerEngine's names and shapes (``fc1_weight`` [A*F, H], ``fc2_weight``
+[H, F], ...), so a TransformerEngine checkpoint loads with ``load_state_dict``. The two weights
+are stored transposed -- ``fc1_weight`` is a [A*F, H] view of a contiguous [H, A*F] tensor,
+``fc2_weight`` a [H, F] view of a contiguous [F, H] one -- which is the layout lnmlp's GEMMs read,
+so forward and backward use them in place, with no copy; ``.to()``, optimizers and
+``load_state_dict`` (which copies into the existing tensors) keep that layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import weakref
+
+import torch
+
+from .._lib import InvalidArgumentError, NotSupportedError
+from ..recipe import QUANTIZERS, DelayedScaling, Recipe
+from . import _functional, _ops
+
+__all__ = ["LayerNormMLP", "fp8_autocast"]
+
+# TransformerEngine PyTorch's activation names -> lnmlp's activations.
+ACTIVATIONS = {"gelu": ("gelu",), "geglu": ("gelu", "linear"), "qgelu": ("quick_gelu",),
+               "qgeglu": ("quick_gelu", "linear"), "relu": ("relu",), "reglu": ("relu", "linear"),
+               "srelu": ("squared_relu",), "sreglu": ("squared_relu", "linear"), "silu": ("silu",),
+               "swiglu": ("silu", "linear"), "clamped_swiglu": ("clamped_silu", "clamped_linear")}
+_NORMALIZATIONS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}
+
+
+class _Fp8Autocast(threading.local):
+    enabled = False
+    recipe = None
+
+
+_autocast = _Fp8Autocast()
+
+
+@contextlib.contextmanager
+def fp8_autocast(enabled: bool = True, fp8_recipe: Recipe | None = None):
+    """Runs the :class:`LayerNormMLP` modules called inside under FP8 (TransformerEngine's
+    ``fp8_autocast``): ``fp8_recipe`` is an lnmlp recipe, ``DelayedScaling()`` by default. A module
+    made with ``fp8_recipe=`` uses its own recipe whatever the context says."""
+    if fp8_recipe is not None and not isinstance(fp8_recipe, Recipe):
+        raise InvalidArgumentError(f"fp8_recipe must be an lnmlp recipe, got {type(fp8_recipe).__name__}")
+    before = (_autocast.enabled, _autocast.recipe)
+    _autocast.enabled = bool(enabled)
+    _autocast.recipe = (fp8_recipe or DelayedScaling()) if enabled else None
+    try:
+        yield
+    finally:
+        _autocast.enabled, _autocast.recipe = before
+
+
+_slots = itertools.count(1)
+
+
+def _init_normal(tensor):
+    """TransformerEngine's default init method: N(0, 0.023)."""
+    return torch.nn.init.normal_(tensor, mean=0.0, std=0.023)
+
+
+class LayerNormMLP(torch.nn.Module):
+    """``fc2(act(fc1(norm(x))))`` as one fused lnmlp op, with TransformerEngine's ``LayerNormMLP``
+    constructor names where they apply.
+
+    hidden_size, ffn_hidden_size: H and F. eps: the norm's epsilon (TE's default 1e-5).
+    bias: fc1 and fc2 biases. normalization: "LayerNorm" or "RMSNorm". activation: "gelu",
+    "geglu", "qgelu", "qgeglu", "relu", "reglu", "srelu", "sreglu", "silu", "swiglu" or
+    "clamped_swiglu" (``activation_params={"limit", "alpha", "glu_linear_offset"}``); gated ones
+    make fc1 2F wide, its first F rows feeding the activation, the next F the linear half.
+    init_method / output_layer_init_method: fc1's / fc2's weight init (TE's default N(0, 0.023));
+    biases start at 0, layer_norm_weight at 1 (0 with zero_centered_gamma).
+    params_dtype: the parameters' dtype (default torch.get_default_dtype()); inputs may have
+    another (parameters are cast to the input's dtype, except fp32 weights under FP8, quantized
+    from fp32). device: where the parameters live ("cpu" or a CUDA device).
+    fuse_wgrad_accumulation: backward adds dW into each weight's fp32 ``main_grad`` (made here
+    when absent, in the weight's layout) instead of returning ``.grad``.
+    return_bias: forward returns (output without fc2's bias, fc2_bias), as TE does.
+    fp8_recipe: an lnmlp recipe this module always uses (else the surrounding :func:`fp8_autocast`
+    decides); with delayed scaling its state is the buffer ``fp8_state``, in ``state_dict()``.
+
+    ``forward(inp, is_first_microbatch=None)``: ``is_first_microbatch=False`` promises the weights
+    are unchanged since the previous micro-batch, so their FP8 (or widened) copies are reused.
+    """
+
+    def __init__(self, hidden_size: int, ffn_hidden_size: int, eps: float = 1e-5, bias: bool = True,
+                 normalization: str = "LayerNorm", activation: str = "gelu", init_method=None,
+                 output_layer_init_method=None, fuse_wgrad_accumulation: bool = False, params_dtype=None,
+                 return_layernorm_output: bool = False, return_bias: bool = False,
+                 zero_centered_gamma: bool = False, device="cpu", activation_params: dict | None = None,
+                 fp8_recipe: Recipe | None = None):
+        super().__init__()
+        if normalization not in _NORMALIZATIONS:
+            raise InvalidArgumentError(f"normalization must be 'LayerNorm' or 'RMSNorm', got {normalization!r}")
+        if activation not in ACTIVATIONS:
+            raise InvalidArgumentError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
+        if return_layernorm_output:
+            raise NotSupportedError("return_layernorm_output=True is not supported: the fused op does not keep the "
+                                    "norm's output (under FP8 it saves only its FP8 codes)")
+        if fp8_recipe is not None and not isinstance(fp8_recipe, Recipe):
+            raise InvalidArgumentError(f"fp8_recipe must be an lnmlp recipe, got {type(fp8_recipe).__name__}")
+        for name, v in (("hidden_size", hidden_size), ("ffn_hidden_size", ffn_hidden_size)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InvalidArgumentError(f"{name} must be an int >= 1, got {v!r}")
+        self.hidden_size, self.ffn_hidden_size = hidden_size, ffn_hidden_size
+        self.eps, self.use_bias, self.normalization, self.activation = eps, bool(bias), normalization, activation
+        self.zero_centered_gamma = bool(zero_centered_gamma)
+        self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
+        self.return_bias = bool(return_bias)
+        self.fp8_recipe = fp8_recipe
+        self.activation_params = activation_params
+        # Checks the settings once, here (forward only swaps the recipe and flags).
+        self._cfg = _functional.config(_NORMALIZATIONS[normalization], zero_centered_gamma, eps,
+                                       ACTIVATIONS[activation], activation_params, None, slot=next(_slots))
+        weakref.finalize(self, _ops.drop_slot, self._cfg.slot)
+        A = len(ACTIVATIONS[activation])
+        H, F = hidden_size, ffn_hidden_size
+        dtype = params_dtype if params_dtype is not None else torch.get_default_dtype()
+        kw = dict(dtype=dtype, device=device)
+        param = lambda present, t: torch.nn.Parameter(t) if present else None  # noqa: E731
+        self.register_parameter("layer_norm_weight", param(True, torch.empty(H, **kw)))
+        self.register_parameter("layer_norm_bias", param(normalization == "LayerNorm", torch.empty(H, **kw)))
+        # Stored as lnmlp reads them: [H, A*F] and [F, H], exposed as TE's [A*F, H] and [H, F].
+        self.register_parameter("fc1_weight", param(True, torch.empty(H, A * F, **kw).t()))
+        self.register_parameter("fc1_bias", param(bias, torch.empty(A * F, **kw)))
+        self.register_parameter("fc2_weight", param(True, torch.empty(F, H, **kw).t()))
+        self.register_parameter("fc2_bias", param(bias, torch.empty(H, **kw)))
+        self._init_method = init_method or _init_normal
+        self._output_layer_init_method = output_layer_init_method or _init_normal
+        self.register_buffer("fp8_state", None)
+        if fp8_recipe is not None and fp8_recipe.stateful:
+            self.fp8_state = _functional.fresh_state(fp8_recipe, device)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        with torch.no_grad():
+            self.layer_norm_weight.fill_(0.0 if self.zero_centered_gamma else 1.0)
+            if self.layer_norm_bias is not None:
+                self.layer_norm_bias.zero_()
+            self._init_method(self.fc1_weight)
+            self._output_layer_init_method(self.fc2_weight)
+            for b in (self.fc1_bias, self.fc2_bias):
+                if b is not None:
+                    b.zero_()
+
+    def extra_repr(self):
+        return (f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "
+                f"normalization={self.normalization}, activation={self.activation}, bias={self.use_bias}, "
+                f"eps={self.eps}, fp8_recipe={self.fp8_recipe!r}")
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # A checkpoint with delayed-scaling state loads into a module that has none yet.
+        key = prefix + "fp8_state"
+        if key in state_dict and self.fp8_state is None:
+            self.fp8_state = torch.empty_like(state_dict[key], device=self.layer_norm_weight.device)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+    def _recipe(self):
+        if self.fp8_recipe is not None:
+            return self.fp8_recipe
+        return _autocast.recipe if _autocast.enabled else None
+
+    def _state_for(self, recipe):
+        if recipe is None or not recipe.stateful:
+            return None
+        want = (len(QUANTIZERS), 1 + recipe.amax_history_len)
+        if self.fp8_state is None:
+            # First FP8 step under fp8_autocast. The buffer must exist before torch.compile traces.
+            if torch.compiler.is_compiling():
+                raise InvalidArgumentError(
+                    "this module has no delayed-scaling state yet, and torch.compile cannot create a buffer while "
+                    "tracing: make it with LayerNormMLP(..., fp8_recipe=recipe), or run one step eagerly first")
+            self.fp8_state = _functional.fresh_state(recipe, self.layer_norm_weight.device)
+        elif tuple(self.fp8_state.shape) != want:
+            raise InvalidArgumentError(f"this module's fp8_state was made for amax_history_len "
+                                       f"{self.fp8_state.shape[1] - 1}, but the recipe has {recipe.amax_history_len}")
+        return self.fp8_state
+
+    def _main_grads(self, A, F):
+        """fc1's and fc2's fp32 main_grad as lnmlp's [H, A, F] and [F, H] (made when absent)."""
+        H = self.hidden_size
+        out = []
+        for name, w, shape in (("fc1_weight", self.fc1_weight, (H, A, F)), ("fc2_weight", self.fc2_weight, (F, H))):
+            mg = getattr(w, "main_grad", None)
+            if mg is None:
+                mg = w.main_grad = torch.zeros_like(w, dtype=torch.float32)
+            t = mg.t()
+            if mg.dtype != torch.float32 or tuple(mg.shape) != tuple(w.shape) or not t.is_contiguous():
+                raise InvalidArgumentError(
+                    f"{name}.main_grad must be a float32 tensor in {name}'s layout (torch.zeros_like({name}, "
+                    "dtype=torch.float32)), to be accumulated into in place")
+            out.append(t.view(shape))
+        return out
+
+    def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None):
+        recipe = self._recipe()
+        A = len(self._cfg.activations)
+        H, F = self.hidden_size, self.ffn_hidden_size
+        flags = 0
+        if is_first_microbatch is False:
+            flags = _ops._lib.CALL_WEIGHTS_UNCHANGED
+        cfg = self._cfg.with_(recipe=_ops.recipe_number(recipe), flags=flags)
+        # The weights as lnmlp reads them: views of their storage (a copy only if someone replaced
+        # a weight by a tensor in another layout).
+        w1, w2 = self.fc1_weight.t(), self.fc2_weight.t()
+        w1 = (w1 if w1.is_contiguous() else w1.contiguous()).view(H, A, F)
+        w2 = w2 if w2.is_contiguous() else w2.contiguous()
+        b1 = None if self.fc1_bias is None else self.fc1_bias.view(A, F)
+        b2 = None if self.fc2_bias is None or self.return_bias else self.fc2_bias
+        main = self._main_grads(A, F) if self.fuse_wgrad_accumulation and torch.is_grad_enabled() else None
+        y = _functional.run(cfg, recipe, inp, self.layer_norm_weight, self.layer_norm_bias, w1, b1, w2, b2,
+                            self._state_for(recipe), main_grads=main)
+        if self.return_bias:
+            return y, self.fc2_bias
+        return y

@@ -1,0 +1,403 @@
+"""lnmlp's forward and backward as PyTorch custom ops (``torch.library.custom_op``).
+
+Three ops, each with a fake (meta) implementation for ``torch.compile`` and ``opcheck``:
+
+* ``lnmlp::forward(x, gamma, beta, w1, b1, w2, b2, state, main_dw1, main_dw2, ints, floats)
+  -> (y, saved, state)`` (main_dw1 / main_dw2: the fp32 accumulators its backward adds the weight
+  gradients into, or None; forward only keeps them for backward)
+* ``lnmlp::backward(dy, x, gamma, beta, w1, b1, w2, saved, state, ints, floats)
+  -> (dx, dgamma, dbeta, dw1, db1, dw2, db2, state)``
+* ``lnmlp::backward_accumulate(dy, ..., state, main_dw1, main_dw2, ints, floats)
+  -> (dx, dgamma, dbeta, db1, db2, state)``, which adds dW1 and dW2 into fp32 ``main_dw1`` /
+  ``main_dw2`` in place inside the GEMMs (TransformerEngine's ``fuse_wgrad_accumulation``).
+  Eager backward uses it; under ``torch.compile`` (whose backward graphs do not take a mutating
+  custom op) backward computes fp32 dW with ``lnmlp::backward`` and adds it.
+
+``forward`` is differentiable (``register_autograd``): its backward runs ``lnmlp::backward``
+(or ``backward_accumulate``). Every op is functional but the last one's two accumulators: the
+delayed-scaling state comes in and goes out as a fresh tensor, and the caller copies it back
+(``_functional.py``), which both eager PyTorch and ``torch.compile`` handle; the backward formula
+copies the backward quantizers' update into the caller's state tensor the same way.
+
+Tensors are passed to the C library by pointer, with no copies: x is ``[T, H]``, w1 ``[H, A, F]``,
+w2 ``[F, H]``, all contiguous (the wrappers refuse anything else with a clear error). CPU tensors
+run on the CPU backend, CUDA tensors on the CUDA backend on ``torch.cuda.current_stream()``.
+
+The configuration travels as two lists (``ints``, ``floats``; ``_Config`` packs and unpacks them),
+and the plan behind a call comes from a cache keyed by the configuration, device and dtypes; on the
+CPU by thread too (a plan's lock keeps its calls one at a time, and a CPU call holds it for the
+whole computation), on a GPU by stream instead (a call only enqueues, and calls on one stream are
+ordered: forward and autograd's backward, which runs on its own thread, then share the plan and its
+workspace); and by a *slot*: 0 for the functional API's
+shared plans, a module's own number for a module's plans (their kept weight copies are then that
+module's, which ``is_first_microbatch=False`` relies on). On the CPU a plan serves every token
+count up to the largest seen so far (ABI 2's tokens per call); a larger call replaces it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import threading
+from typing import List, Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .. import _lib
+from .. import _plan
+from .._lib import InvalidArgumentError
+
+# torch dtype -> (NumPy dtype for lnmlp.Plan, LNMLP_DTYPE_*)
+_DTYPES = {torch.float32: (np.dtype(np.float32), _lib.DTYPE_F32),
+           torch.float16: (np.dtype(np.float16), _lib.DTYPE_F16)}
+if _plan._BF16 is not None:
+    _DTYPES[torch.bfloat16] = (_plan._BF16, _lib.DTYPE_BF16)
+_CODE_TO_TORCH = {code: t for t, (_, code) in _DTYPES.items()}
+_ACT_NAMES = {v: k for k, v in _plan.ACTIVATIONS.items()}
+_REMAT_NAMES = {v: k for k, v in _plan._REMATS.items()}
+
+# Recipes by number: the ops take ints, lnmlp.Plan takes the recipe object.
+_recipes: list = [None]
+_recipe_numbers: dict = {}
+_recipes_lock = threading.Lock()
+
+
+@torch.compiler.assume_constant_result  # torch.compile: a constant for the recipe it traces with
+def recipe_number(recipe) -> int:
+    """A recipe's number in the ops' configuration (0: none). Equal recipes share a number."""
+    if recipe is None:
+        return 0
+    with _recipes_lock:
+        n = _recipe_numbers.get(recipe)
+        if n is None:
+            n = _recipe_numbers[recipe] = len(_recipes)
+            _recipes.append(recipe)
+        return n
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    """What a call computes besides its tensors (their shapes and dtypes say the rest)."""
+
+    slot: int = 0           # 0: the shared plans; a module's number: its own plans
+    norm: int = 0           # LNMLP_NORM_*
+    zero_centered_gamma: int = 0
+    act0: int = _plan.ACTIVATIONS["relu"]
+    act1: int = -1          # -1: one activation
+    remat: int = _plan._REMATS["save_all"]
+    recipe: int = 0         # recipe_number()
+    flags: int = 0          # LNMLP_CALL_* of this call
+    grad_dtype: int = -1    # dW1, db1, dW2, db2: -1 the I/O dtype, or LNMLP_DTYPE_F32
+    epsilon: float = 1e-6
+    clamp_limit: float = 7.0
+    clamp_alpha: float = 1.702
+    clamp_offset: float = 1.0
+
+    _INTS = ("slot", "norm", "zero_centered_gamma", "act0", "act1", "remat", "recipe", "flags", "grad_dtype")
+    _FLOATS = ("epsilon", "clamp_limit", "clamp_alpha", "clamp_offset")
+
+    def ints(self) -> List[int]:
+        return [int(getattr(self, n)) for n in self._INTS]
+
+    def floats(self) -> List[float]:
+        return [float(getattr(self, n)) for n in self._FLOATS]
+
+    @classmethod
+    def unpack(cls, ints, floats) -> "_Config":
+        return _unpack(tuple(ints), tuple(floats))
+
+    def with_(self, **changes) -> "_Config":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def activations(self):
+        return (_ACT_NAMES[self.act0],) if self.act1 < 0 else (_ACT_NAMES[self.act0], _ACT_NAMES[self.act1])
+
+
+@functools.lru_cache(maxsize=1024)  # a call unpacks its configuration several times: once per tuple
+def _unpack(ints: tuple, floats: tuple) -> _Config:
+    if len(ints) != len(_Config._INTS) or len(floats) != len(_Config._FLOATS):
+        raise InvalidArgumentError(f"lnmlp ops: expected {len(_Config._INTS)} ints and {len(_Config._FLOATS)} "
+                                   f"floats of configuration, got {len(ints)} and {len(floats)}")
+    return _Config(**dict(zip(_Config._INTS, map(int, ints))), **dict(zip(_Config._FLOATS, map(float, floats))))
+
+
+# ---- plans ------------------------------------------------------------------------------------------
+
+_plans_lock = threading.Lock()
+_plans: dict = {}       # key -> lnmlp.Plan
+_size_plans: dict = {}  # the saved-buffer bound's terms per configuration (a CPU plan answers)
+
+
+def _plan_kwargs(cfg: _Config, hidden, ffn, dtype, has_b1, has_b2, weight_dtype, accumulate):
+    np_dtype = _DTYPES[dtype][0]
+    clamped = cfg.activations == _plan.GATED_PAIRS["clamped_swiglu"]
+    return dict(hidden=hidden, ffn=ffn, norm_type="layernorm" if cfg.norm == 0 else "rmsnorm",
+                zero_centered_gamma=bool(cfg.zero_centered_gamma), epsilon=cfg.epsilon,
+                activation_type=cfg.activations,
+                act_params=_plan.ActParams(cfg.clamp_limit, cfg.clamp_alpha, cfg.clamp_offset) if clamped else None,
+                use_bias1=has_b1, use_bias2=has_b2, dtype=np_dtype, remat=_REMAT_NAMES[cfg.remat],
+                recipe=_recipes[cfg.recipe], grad_dtype=np.float32 if cfg.grad_dtype == _lib.DTYPE_F32 else None,
+                weight_dtype=_DTYPES[weight_dtype][0] if weight_dtype != dtype else None, accumulate_grads=accumulate)
+
+
+def _plan_for(cfg: _Config, x: Tensor, w1: Tensor, has_b1, has_b2, accumulate=False):
+    """The plan for this call (made, or replaced by a larger one, as needed)."""
+    tokens, hidden = x.shape
+    _, A, ffn = w1.shape
+    device = x.device
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    owner = stream if device.type == "cuda" else threading.get_ident()
+    key = (cfg.with_(flags=0), hidden, A, ffn, x.dtype, w1.dtype, has_b1, has_b2, accumulate, str(device), owner)
+    with _plans_lock:
+        plan = _plans.get(key)
+    if plan is not None and plan.local_tokens >= tokens:
+        return plan
+    most = max(tokens, 1 if plan is None else plan.local_tokens)
+    kw = _plan_kwargs(cfg, hidden, ffn, x.dtype, has_b1, has_b2, w1.dtype, accumulate)
+    if device.type == "cuda":
+        new = _plan.Plan(most, backend="cuda", device=device.index, **kw)
+    else:
+        new = _plan.Plan(most, **kw)
+    with _plans_lock:
+        old = _plans.get(key)
+        _plans[key] = new
+    if old is not None:
+        old.close()
+    return new
+
+
+def drop_slot(slot: int) -> None:
+    """Closes the plans of a module's slot (called when the module is garbage-collected)."""
+    with _plans_lock:
+        keys = [k for k in _plans if k[0].slot == slot]
+        gone = [_plans.pop(k) for k in keys]
+    for p in gone:
+        p.close()
+
+
+def plan_count() -> int:
+    """How many plans the ops keep (every slot, thread, device and configuration)."""
+    with _plans_lock:
+        return len(_plans)
+
+
+# A call with t tokens needs at most per_token * t + _SAVED_SLACK bytes of saved buffer, the bound
+# the ops allocate (a shape the fake implementations can state for a symbolic t). The saved layout
+# (docs/design.md, src/plan/layout.cpp) has at most 10 regions, each padded to 256 bytes, and the
+# blocked recipes' scale rows for ceil(t / block) blocks of ln_out [H] and act_out [F] columns add
+# at most one block row (<= 4 bytes a column) beyond the per-token share per_token counts. A test
+# (test_torch.py) checks the bound against the library's exact size for many t.
+_SAVED_REGION_SLACK = 10 * 256
+
+
+def _saved_terms(cfg: _Config, hidden, A, ffn, dtype, has_b1, has_b2):
+    """(per_token, slack) of the saved-size bound for this configuration."""
+    key = (cfg.with_(slot=0, flags=0), hidden, A, ffn, dtype, has_b1, has_b2)
+    with _plans_lock:
+        terms = _size_plans.get(key)
+    if terms is None:
+        kw = _plan_kwargs(cfg, hidden, ffn, dtype, has_b1, has_b2, dtype, False)
+        kw["grad_dtype"] = None
+        with _plan.Plan(1, external_workspace=True, **kw) as p:  # the layout is every backend's
+            per_token = p.saved_bytes_per_token
+        slack = 0 if per_token == 0 else _SAVED_REGION_SLACK + 4 * (hidden + ffn)
+        terms = (per_token, slack)
+        with _plans_lock:
+            _size_plans[key] = terms
+    return terms
+
+
+def saved_bytes_bound(cfg: _Config, tokens, hidden, A, ffn, dtype, has_b1, has_b2):
+    """The bound for `tokens` tokens (which may be symbolic; the model's dimensions are fixed)."""
+    per_token, slack = _saved_terms(cfg, int(hidden), int(A), int(ffn), dtype, has_b1, has_b2)
+    return per_token * tokens + slack if per_token else 0
+
+
+# ---- the C calls ------------------------------------------------------------------------------------
+
+def _ptr(t: Optional[Tensor]):
+    return None if t is None or t.numel() == 0 else ctypes.c_void_p(t.data_ptr())
+
+
+def _stream(device):
+    return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream) if device.type == "cuda" else None
+
+
+def _state_copy(state: Optional[Tensor], device):
+    """A fresh copy of the delayed state for the call to update (empty without one)."""
+    if state is None or state.numel() == 0:
+        return torch.empty(0, dtype=torch.float32, device=device)
+    return state.clone()
+
+
+def _empty_like_param(present: bool, shape, dtype, device):
+    return torch.empty(shape if present else (0,), dtype=dtype, device=device)
+
+
+@torch.library.custom_op("lnmlp::forward", mutates_args=(), device_types=("cpu", "cuda"))
+def forward_op(x: Tensor, gamma: Tensor, beta: Optional[Tensor], w1: Tensor, b1: Optional[Tensor], w2: Tensor,
+               b2: Optional[Tensor], state: Optional[Tensor], main_dw1: Optional[Tensor],
+               main_dw2: Optional[Tensor], ints: List[int], floats: List[float]) -> tuple[Tensor, Tensor, Tensor]:
+    cfg = _Config.unpack(ints, floats)
+    T, H = x.shape
+    _, A, F = w1.shape
+    plan = _plan_for(cfg, x, w1, b1 is not None, b2 is not None)
+    y = torch.empty_like(x)
+    saved = torch.empty(saved_bytes_bound(cfg, T, H, A, F, x.dtype, b1 is not None, b2 is not None),
+                        dtype=torch.uint8, device=x.device)
+    new_state = _state_copy(state, x.device)
+    lib = _lib.get_lib()
+    with plan._lock:
+        _lib.check(lib.lnmlp_plan_forward(plan._live(), T, _ptr(x), _ptr(gamma), _ptr(beta), _ptr(w1), _ptr(b1),
+                                          _ptr(w2), _ptr(b2), _ptr(y), _ptr(saved), _ptr(new_state), cfg.flags,
+                                          _stream(x.device)))
+    # The library writes every byte of the call's saved bytes; the bound's slack beyond them is
+    # zeroed too, so the output is a function of the inputs (opcheck compares it).
+    exact = 0 if saved.numel() == 0 else plan._tensor_shape(_lib.TENSOR_SAVED, T)[0]
+    if saved.numel() > exact:
+        saved[exact:].zero_()
+    return y, saved, new_state
+
+
+@forward_op.register_fake
+def _forward_fake(x, gamma, beta, w1, b1, w2, b2, state, main_dw1, main_dw2, ints, floats):
+    cfg = _Config.unpack(ints, floats)
+    T, H = x.shape
+    _, A, F = w1.shape
+    saved = x.new_empty(saved_bytes_bound(cfg, T, H, A, F, x.dtype, b1 is not None, b2 is not None),
+                        dtype=torch.uint8)
+    new_state = x.new_empty(state.shape if state is not None else (0,), dtype=torch.float32)
+    return torch.empty_like(x), saved, new_state
+
+
+def _grad_type(cfg: _Config, io: torch.dtype) -> torch.dtype:
+    return io if cfg.grad_dtype < 0 else _CODE_TO_TORCH[cfg.grad_dtype]
+
+
+@torch.library.custom_op("lnmlp::backward", mutates_args=(), device_types=("cpu", "cuda"))
+def backward_op(dy: Tensor, x: Tensor, gamma: Tensor, beta: Optional[Tensor], w1: Tensor, b1: Optional[Tensor],
+                w2: Tensor, has_b2: bool, saved: Tensor, state: Optional[Tensor], ints: List[int],
+                floats: List[float]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    cfg = _Config.unpack(ints, floats)
+    T, H = x.shape
+    _, A, F = w1.shape
+    plan = _plan_for(cfg, x, w1, b1 is not None, has_b2)
+    g = _grad_type(cfg, x.dtype)
+    dx, dgamma = torch.empty_like(x), torch.empty_like(gamma)
+    dbeta = _empty_like_param(beta is not None, (H,), x.dtype, x.device)
+    dw1 = torch.empty((H, A, F), dtype=g, device=x.device)
+    db1 = _empty_like_param(b1 is not None, (A, F), g, x.device)
+    dw2 = torch.empty((F, H), dtype=g, device=x.device)
+    db2 = _empty_like_param(has_b2, (H,), g, x.device)
+    new_state = _state_copy(state, x.device)
+    lib = _lib.get_lib()
+    with plan._lock:
+        _lib.check(lib.lnmlp_plan_backward(plan._live(), T, _ptr(dy), _ptr(x), _ptr(gamma), _ptr(beta), _ptr(w1),
+                                           _ptr(b1), _ptr(w2), _ptr(saved), _ptr(dx), _ptr(dgamma), _ptr(dbeta),
+                                           _ptr(dw1), _ptr(db1), _ptr(dw2), _ptr(db2), _ptr(new_state), cfg.flags,
+                                           _stream(x.device)))
+    return dx, dgamma, dbeta, dw1, db1, dw2, db2, new_state
+
+
+@backward_op.register_fake
+def _backward_fake(dy, x, gamma, beta, w1, b1, w2, has_b2, saved, state, ints, floats):
+    cfg = _Config.unpack(ints, floats)
+    H = x.shape[1]
+    _, A, F = w1.shape
+    g = _grad_type(cfg, x.dtype)
+    return (torch.empty_like(x), torch.empty_like(gamma), x.new_empty((H,) if beta is not None else (0,)),
+            x.new_empty((H, A, F), dtype=g), x.new_empty((A, F) if b1 is not None else (0,), dtype=g),
+            x.new_empty((F, H), dtype=g), x.new_empty((H,) if has_b2 else (0,), dtype=g),
+            x.new_empty(state.shape if state is not None else (0,), dtype=torch.float32))
+
+
+@torch.library.custom_op("lnmlp::backward_accumulate", mutates_args=("main_dw1", "main_dw2"),
+                         device_types=("cpu", "cuda"))
+def backward_accumulate_op(dy: Tensor, x: Tensor, gamma: Tensor, beta: Optional[Tensor], w1: Tensor,
+                           b1: Optional[Tensor], w2: Tensor, has_b2: bool, saved: Tensor, state: Optional[Tensor],
+                           main_dw1: Tensor, main_dw2: Tensor, ints: List[int],
+                           floats: List[float]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    cfg = _Config.unpack(ints, floats).with_(grad_dtype=_lib.DTYPE_F32)
+    T, H = x.shape
+    _, A, F = w1.shape
+    plan = _plan_for(cfg, x, w1, b1 is not None, has_b2, accumulate=True)
+    dx, dgamma = torch.empty_like(x), torch.empty_like(gamma)
+    dbeta = _empty_like_param(beta is not None, (H,), x.dtype, x.device)
+    # The bias gradients accumulate too (the plan's option covers all four): into zeros, i.e. this
+    # call's gradient in fp32.
+    db1 = torch.zeros((A, F) if b1 is not None else (0,), dtype=torch.float32, device=x.device)
+    db2 = torch.zeros((H,) if has_b2 else (0,), dtype=torch.float32, device=x.device)
+    new_state = _state_copy(state, x.device)
+    lib = _lib.get_lib()
+    with plan._lock:
+        _lib.check(lib.lnmlp_plan_backward(plan._live(), T, _ptr(dy), _ptr(x), _ptr(gamma), _ptr(beta), _ptr(w1),
+                                           _ptr(b1), _ptr(w2), _ptr(saved), _ptr(dx), _ptr(dgamma), _ptr(dbeta),
+                                           ctypes.c_void_p(main_dw1.data_ptr()), _ptr(db1),
+                                           ctypes.c_void_p(main_dw2.data_ptr()), _ptr(db2), _ptr(new_state),
+                                           cfg.flags, _stream(x.device)))
+    return dx, dgamma, dbeta, db1, db2, new_state
+
+
+@backward_accumulate_op.register_fake
+def _backward_accumulate_fake(dy, x, gamma, beta, w1, b1, w2, has_b2, saved, state, main_dw1, main_dw2, ints,
+                              floats):
+    H = x.shape[1]
+    _, A, F = w1.shape
+    return (torch.empty_like(x), torch.empty_like(gamma), x.new_empty((H,) if beta is not None else (0,)),
+            x.new_empty((A, F) if b1 is not None else (0,), dtype=torch.float32),
+            x.new_empty((H,) if has_b2 else (0,), dtype=torch.float32),
+            x.new_empty(state.shape if state is not None else (0,), dtype=torch.float32))
+
+
+# ---- autograd ---------------------------------------------------------------------------------------
+
+def _setup_context(ctx, inputs, output):
+    x, gamma, beta, w1, b1, w2, b2, state, main_dw1, main_dw2, ints, floats = inputs
+    _, saved, new_state = output
+    ctx.mark_non_differentiable(saved, new_state)
+    ctx.save_for_backward(x, gamma, beta, w1, b1, w2, saved)
+    ctx.cfg = _Config.unpack(ints, floats)
+    ctx.has_b2 = b2 is not None
+    ctx.dtypes = (gamma.dtype, None if beta is None else beta.dtype, w1.dtype, None if b1 is None else b1.dtype,
+                  w2.dtype, None if b2 is None else b2.dtype)
+    # Backward reads the caller's state as it is then (forward's update already copied into it)
+    # and writes its own update (the dy and dh quantizers) back into it.
+    ctx.state = state
+    # The fp32 accumulators the weight gradients go to instead of being returned (or None).
+    ctx.main_grads = None if main_dw1 is None else (main_dw1, main_dw2)
+
+
+def _backward(ctx, dy, _dsaved, _dstate):
+    x, gamma, beta, w1, b1, w2, saved = ctx.saved_tensors
+    cfg = ctx.cfg
+    state = ctx.state
+    dy = dy.contiguous()
+    if ctx.main_grads is not None and not torch.compiler.is_compiling():
+        main_dw1, main_dw2 = ctx.main_grads
+        dx, dgamma, dbeta, db1, db2, new_state = backward_accumulate_op(
+            dy, x, gamma, beta, w1, b1, w2, ctx.has_b2, saved, state, main_dw1, main_dw2, cfg.ints(), cfg.floats())
+        dw1 = dw2 = None
+    elif ctx.main_grads is not None:
+        main_dw1, main_dw2 = ctx.main_grads
+        dx, dgamma, dbeta, dw1, db1, dw2, db2, new_state = backward_op(
+            dy, x, gamma, beta, w1, b1, w2, ctx.has_b2, saved, state, cfg.with_(grad_dtype=_lib.DTYPE_F32).ints(),
+            cfg.floats())
+        main_dw1.add_(dw1)
+        main_dw2.add_(dw2)
+        dw1 = dw2 = None
+    else:
+        dx, dgamma, dbeta, dw1, db1, dw2, db2, new_state = backward_op(
+            dy, x, gamma, beta, w1, b1, w2, ctx.has_b2, saved, state, cfg.ints(), cfg.floats())
+    if state is not None and state.numel():
+        state.copy_(new_state)
+    g_dt, beta_dt, w1_dt, b1_dt, w2_dt, b2_dt = ctx.dtypes
+    cast = lambda t, dt: None if dt is None or t is None else t.to(dt)  # noqa: E731
+    return (dx, cast(dgamma, g_dt), cast(dbeta, beta_dt), cast(dw1, w1_dt), cast(db1, b1_dt), cast(dw2, w2_dt),
+            cast(db2, b2_dt), None, None, None, None, None)
+
+
+forward_op.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,360 @@
+"""lnmlp.torch: the custom ops (opcheck), the functional API and the LayerNormMLP module, eager and
+under torch.compile, against the independent float64 reference (_reference.py) and, under FP8,
+against the NumPy FP8 simulation (_fp8_sim.py); state_dict round trips; bad input."""
+
+import os
+
+import numpy as np
+import pytest
+
+import _reference as ref
+from _block_cases import CASES, EPS, F, H, case_id, make, reference
+
+if os.environ.get("LNMLP_REQUIRE_TORCH") == "1":  # the README's test command: never skip silently
+    import torch
+else:
+    torch = pytest.importorskip("torch")
+
+import lnmlp  # noqa: E402
+import lnmlp.torch as lt  # noqa: E402
+from lnmlp.torch import _ops  # noqa: E402
+from test_fp8_recipes import (RECIPES, check_sim, make_dy, make_inputs, recipe_of,  # noqa: E402
+                              sim_for, sim_step)
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def tensor(a, dtype, requires_grad=False):
+    """A numpy array (already holding values of `dtype`) as a torch tensor of that dtype, exactly."""
+    if a is None:
+        return None
+    t = torch.from_numpy(np.asarray(a, np.float32).copy()).to(dtype)
+    return t.requires_grad_(requires_grad)
+
+
+def numpy(t):
+    return t.detach().float().cpu().numpy().astype(np.float64)
+
+
+NAMES = ("x", "gamma", "beta", "k1", "b1", "k2", "b2")
+GRAD_OF = dict(x="dx", gamma="dgamma", beta="dbeta", k1="dw1", b1="db1", k2="dw2", b2="db2")
+
+
+def functional_step(d, norm, acts, zcg, p, dy, dtype, compiled=False):
+    """y and the gradients of sum(y * dy) through lnmlp.torch.layernorm_mlp (eager or compiled)."""
+    ts = {n: tensor(d[n], dtype, requires_grad=True) for n in NAMES}
+
+    def call(x, gamma, beta, k1, b1, k2, b2):
+        return lt.layernorm_mlp(x, gamma, beta, [k1, k2], [b1, b2], norm, zero_centered_gamma=zcg, epsilon=EPS,
+                                activation_type=acts, act_params=p)
+
+    if compiled:
+        torch._dynamo.reset()  # each case is a new configuration: a fresh compile, not a recompile
+    y = (torch.compile(call, fullgraph=True) if compiled else call)(*(ts[n] for n in NAMES))
+    (y.float() * tensor(dy.reshape(y.shape), torch.float32)).sum().backward()
+    return y, {n: (None if ts[n] is None else ts[n].grad) for n in NAMES}
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_forward_and_gradients_match_the_float64_reference(case, dtype_name, mode):
+    norm, acts, bias, zcg, p = case
+    d = make(len(acts), ref.DTYPES[dtype_name], norm=norm, bias=bias, seed=3)
+    y_ref, dy, g_ref = reference(d, norm, acts, zcg, p)
+    y, grads = functional_step(d, norm, acts, zcg, p, dy, TORCH_DTYPES[dtype_name], compiled=mode == "compiled")
+    assert y.dtype == TORCH_DTYPES[dtype_name] and y.shape == d["x"].shape
+    ref.assert_close(f"torch {mode} y {case}", numpy(y).reshape(-1, H), y_ref, dtype_name)
+    for n, g in grads.items():
+        if d[n] is None:
+            assert g is None, n
+            continue
+        if n == "beta" and norm == "rmsnorm":  # ignored for rmsnorm: no gradient flows to it
+            assert g is None or not g.any(), n
+            continue
+        assert g.dtype == TORCH_DTYPES[dtype_name], f"d{n}: {g.dtype}"
+        want = g_ref[GRAD_OF[n]]
+        ref.assert_close(f"torch {mode} d{n} {case}", numpy(g).reshape(want.shape), want, dtype_name)
+    if mode == "compiled":  # the compiled graph runs the same ops: the eager bits exactly
+        y_e, g_e = functional_step(d, norm, acts, zcg, p, dy, TORCH_DTYPES[dtype_name])
+        torch.testing.assert_close(y, y_e, rtol=0, atol=0)
+        for n in NAMES:
+            if g_e[n] is not None:
+                torch.testing.assert_close(grads[n], g_e[n], rtol=0, atol=0, msg=f"d{n}")
+
+
+# ---- the ops: opcheck --------------------------------------------------------------------------------
+
+def _op_args(dtype=torch.float32, recipe=None, T=6):
+    torch.manual_seed(0)
+    A = 2
+    cfg = lt._functional.config("layernorm", False, EPS, ("silu", "linear"), None, recipe)
+    x = torch.randn(T, H, dtype=dtype)
+    gamma, beta = torch.randn(H, dtype=dtype), torch.randn(H, dtype=dtype)
+    w1, b1 = torch.randn(H, A, F, dtype=dtype) * 0.3, torch.randn(A, F, dtype=dtype)
+    w2, b2 = torch.randn(F, H, dtype=dtype) * 0.3, torch.randn(H, dtype=dtype)
+    state = lt._functional.fresh_state(recipe) if recipe is not None and recipe.stateful else None
+    return cfg, x, gamma, beta, w1, b1, w2, b2, state
+
+
+@pytest.mark.parametrize("recipe", [None, lnmlp.DelayedScaling(amax_history_len=4)], ids=["plain", "delayed"])
+def test_opcheck_passes_on_every_op(recipe):
+    cfg, x, gamma, beta, w1, b1, w2, b2, state = _op_args(recipe=recipe)
+    leaf = lambda t: t.clone().requires_grad_(True)  # noqa: E731
+    fwd_args = (leaf(x), leaf(gamma), leaf(beta), leaf(w1), leaf(b1), leaf(w2), leaf(b2), state, None, None,
+                cfg.ints(), cfg.floats())
+    torch.library.opcheck(torch.ops.lnmlp.forward.default, fwd_args)
+    y, saved, st = torch.ops.lnmlp.forward(x, gamma, beta, w1, b1, w2, b2, state, None, None, cfg.ints(),
+                                           cfg.floats())
+    dy = torch.randn_like(y)
+    bwd_args = (dy, x, gamma, beta, w1, b1, w2, True, saved, st, cfg.ints(), cfg.floats())
+    torch.library.opcheck(torch.ops.lnmlp.backward.default, bwd_args)
+    acc = cfg.with_(grad_dtype=lnmlp._lib.DTYPE_F32)
+    main1, main2 = torch.zeros(H, 2, F), torch.zeros(F, H)
+    acc_args = (dy, x, gamma, beta, w1, b1, w2, True, saved, st, main1, main2, acc.ints(), acc.floats())
+    torch.library.opcheck(torch.ops.lnmlp.backward_accumulate.default, acc_args)
+
+
+def test_the_saved_bound_covers_every_call():
+    """The ops allocate saved = per_token * t + slack bytes (a shape torch.compile can state for a
+    symbolic t): never less than the library's exact size for the call."""
+    for recipe in (None, lnmlp.DelayedScaling(), lnmlp.Float8BlockScaling(), lnmlp.MXFP8BlockScaling()):
+        for remat in ("save_all", "save_ffn1", "save_stats"):
+            for Hh, Ff in ((16, 24), (96, 200)):
+                cfg = lt._functional.config("layernorm", False, EPS, ("gelu", "linear"), None, recipe)
+                cfg = cfg.with_(remat=lnmlp._plan._REMATS[remat])
+                with lnmlp.Plan(300, Hh, Ff, activation_type=("gelu", "linear"), use_bias1=True, use_bias2=True,
+                                recipe=recipe, remat=remat) as plan:
+                    for t in range(1, 300, 7):
+                        exact = plan.tensor_shape("saved", t)[0]
+                        bound = _ops.saved_bytes_bound(cfg, t, Hh, 2, Ff, torch.float32, True, True)
+                        assert exact <= bound, (recipe, remat, Hh, Ff, t, exact, bound)
+
+
+# ---- the module ------------------------------------------------------------------------------------------
+
+def module_reference(m, x, acts, dy):
+    """The float64 reference for module m: its parameters in lnmlp's layout (W1 = fc1_weight^T as
+    [H, A, F]: the first F rows of fc1_weight feed the activation, the next F the linear half)."""
+    A = len(acts)
+    k1 = numpy(m.fc1_weight).T.reshape(H, A, F)
+    d = dict(x=numpy(x), gamma=numpy(m.layer_norm_weight), beta=numpy(m.layer_norm_bias), k1=k1,
+             b1=None if m.fc1_bias is None else numpy(m.fc1_bias).reshape(A, F), k2=numpy(m.fc2_weight).T,
+             b2=None if m.fc2_bias is None else numpy(m.fc2_bias))
+    args = (d["x"].reshape(-1, H), d["gamma"], d["beta"], d["k1"], d["b1"], d["k2"], d["b2"],
+            "layernorm", False, 1e-5, acts, {})
+    y, _ = ref.forward(*args)
+    return y, ref.backward(dy, *args)
+
+
+def test_module_parameters_are_transformer_engines_and_a_te_checkpoint_loads():
+    torch.manual_seed(1)
+    m = lt.LayerNormMLP(H, F, activation="swiglu")
+    shapes = {n: tuple(p.shape) for n, p in m.named_parameters()}
+    assert shapes == {"layer_norm_weight": (H,), "layer_norm_bias": (H,), "fc1_weight": (2 * F, H),
+                      "fc1_bias": (2 * F,), "fc2_weight": (H, F), "fc2_bias": (H,)}
+    assert torch.equal(m.layer_norm_weight, torch.ones(H)) and not m.fc1_bias.any()
+    assert 0.015 < float(m.fc1_weight.detach().std()) < 0.03  # TE's N(0, 0.023)
+    # A checkpoint as TransformerEngine writes it: contiguous tensors in TE's shapes.
+    g = torch.Generator().manual_seed(2)
+    te = {n: torch.randn(s, generator=g) * 0.3 for n, s in shapes.items()}
+    m.load_state_dict(te)
+    assert m.fc1_weight.t().is_contiguous(), "the loaded weight keeps the layout lnmlp reads in place"
+    x = torch.randn(3, 5, H, generator=g, requires_grad=True)
+    y = m(x)
+    dy = np.cos(np.arange(y.numel(), dtype=np.float64)).reshape(-1, H)
+    (y * tensor(dy.reshape(y.shape), torch.float32)).sum().backward()
+    y_ref, g_ref = module_reference(m, x, ("silu", "linear"), dy)
+    ref.assert_close("module y", numpy(y).reshape(-1, H), y_ref, "float32")
+    ref.assert_close("module dfc1_weight", numpy(m.fc1_weight.grad), g_ref["dw1"].reshape(H, 2 * F).T, "float32")
+    ref.assert_close("module dfc2_weight", numpy(m.fc2_weight.grad), g_ref["dw2"].T, "float32")
+    ref.assert_close("module dx", numpy(x.grad).reshape(-1, H), g_ref["dx"], "float32")
+    assert m.fc1_weight.grad.shape == m.fc1_weight.shape
+    rms = lt.LayerNormMLP(H, F, normalization="RMSNorm", bias=False, zero_centered_gamma=True)
+    assert [n for n, _ in rms.named_parameters()] == ["layer_norm_weight", "fc1_weight", "fc2_weight"]
+    assert not rms.layer_norm_weight.any(), "zero-centered gamma starts at 0"
+
+
+def test_compiled_module_has_no_graph_breaks_and_one_graph_for_every_batch_size():
+    torch.manual_seed(3)
+    m = lt.LayerNormMLP(H, F, activation="geglu")
+    x = torch.randn(4, 8, H)
+    explain = torch._dynamo.explain(m)(x)
+    assert explain.graph_count == 1 and explain.graph_break_count == 0, str(explain)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(m, fullgraph=True, dynamic=True)
+    for batch in (2, 5, 9):
+        xb = torch.randn(batch, 8, H, requires_grad=True)
+        xe = xb.detach().clone().requires_grad_(True)
+        m.zero_grad()
+        yc = compiled(xb)
+        yc.square().sum().backward()
+        gc = m.fc1_weight.grad.clone()
+        m.zero_grad()
+        ye = m(xe)
+        ye.square().sum().backward()
+        torch.testing.assert_close(yc, ye, rtol=0, atol=0)
+        torch.testing.assert_close(xb.grad, xe.grad, rtol=0, atol=0)
+        torch.testing.assert_close(gc, m.fc1_weight.grad, rtol=0, atol=0)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1, dict(torch._dynamo.utils.counters["stats"])
+
+
+# ---- FP8 -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rid", list(RECIPES))
+def test_fp8_recipes_match_the_simulation(rid):
+    spec = RECIPES[rid]
+    cfg = (160, 96, 200, "layernorm", ("gelu",), np.float32, True)
+    T, H_, F_, norm, acts, dtype, bias = cfg
+    inp = make_inputs(T, H_, F_, 1, norm, dtype, bias, seed=4)
+    dy = make_dy(T, H_, dtype, seed=4)
+    s = sim_for(cfg, spec)
+    qs = lt.make_quantizer_set(recipe_of(spec))
+    for _ in range(2 if spec[0] == "delayed" else 1):  # delayed: the second step's scales are calibrated
+        ts = {k: tensor(inp[k], torch.float32, requires_grad=True) for k in ("x", "gamma", "beta", "w1", "b1",
+                                                                              "w2", "b2")}
+        y = lt.layernorm_mlp(ts["x"], ts["gamma"], ts["beta"], [ts["w1"], ts["w2"]], [ts["b1"], ts["b2"]], norm,
+                             activation_type=acts, quantizer_set=qs)
+        y.backward(tensor(dy, torch.float32))
+        y_sim, g_sim = sim_step(s, inp, dy)
+    check_sim(f"torch y {rid}", numpy(y), y_sim, dtype)
+    names = dict(dx="x", dgamma="gamma", dbeta="beta", dw1="w1", db1="b1", dw2="w2", db2="b2")
+    for k, v in g_sim.items():
+        if v is not None:
+            check_sim(f"torch {k} {rid}", numpy(ts[names[k]].grad), v, dtype)
+    if spec[0] == "delayed":
+        want = s.state
+        for i, n in enumerate(lnmlp.QUANTIZERS):
+            assert float(qs.state[i, 0]) == pytest.approx(float(want.scale[n]), rel=1e-6), n
+
+
+def test_fp8_module_state_dict_round_trip_resumes_bit_exactly():
+    torch.manual_seed(5)
+    recipe = lnmlp.DelayedScaling(amax_history_len=4)
+    a = lt.LayerNormMLP(H, F, activation="swiglu", fp8_recipe=recipe)
+    batches = [torch.randn(16, H) for _ in range(4)]
+    for x in batches[:2]:
+        a(x).square().sum().backward()
+    sd = {k: v.clone() for k, v in a.state_dict().items()}
+    assert "fp8_state" in sd and sd["fp8_state"].shape == (6, 5)
+    b = lt.LayerNormMLP(H, F, activation="swiglu")  # no recipe yet: the checkpoint brings the state
+    b.load_state_dict(sd)
+    for x in batches[2:]:
+        with lt.fp8_autocast(fp8_recipe=recipe):
+            yb = b(x)
+        ya = a(x)
+        torch.testing.assert_close(yb, ya, rtol=0, atol=0)
+        ya.square().sum().backward()
+        yb.square().sum().backward()
+        assert torch.equal(a.fp8_state, b.fp8_state)
+    assert not torch.equal(a.fp8_state, sd["fp8_state"]), "the state moved on"
+
+
+def test_fp8_autocast_and_compiled_delayed_scaling_match_eager():
+    torch.manual_seed(6)
+    recipe = lnmlp.DelayedScaling(amax_history_len=3)
+    eager = lt.LayerNormMLP(H, F, activation="gelu", fp8_recipe=recipe)
+    comp = lt.LayerNormMLP(H, F, activation="gelu", fp8_recipe=recipe)
+    comp.load_state_dict(eager.state_dict())
+    step = torch.compile(comp, fullgraph=True)
+    for i in range(3):
+        x = torch.randn(32, H)
+        ye, yc = eager(x), step(x)
+        torch.testing.assert_close(yc, ye, rtol=0, atol=0)
+        ye.square().sum().backward()
+        yc.square().sum().backward()
+        assert torch.equal(eager.fp8_state, comp.fp8_state), i
+    torch.testing.assert_close(comp.fc1_weight.grad, eager.fc1_weight.grad, rtol=0, atol=0)
+    assert float(eager.fp8_state[4, 1]) > 0, "backward recorded the dy amax"
+
+
+def test_compiling_delayed_scaling_before_its_state_exists_says_what_to_do():
+    step = torch.compile(lt.LayerNormMLP(H, F), fullgraph=True)
+    with lt.fp8_autocast(fp8_recipe=lnmlp.DelayedScaling()), pytest.raises(Exception, match="fp8_recipe=recipe"):
+        step(torch.randn(4, H))
+
+
+# ---- training features ---------------------------------------------------------------------------------
+
+def test_fuse_wgrad_accumulation_adds_into_main_grad():
+    torch.manual_seed(7)
+    m = lt.LayerNormMLP(H, F, activation="swiglu", fuse_wgrad_accumulation=True)
+    plain = lt.LayerNormMLP(H, F, activation="swiglu")
+    plain.load_state_dict(m.state_dict())
+    xs = [torch.randn(10, H) for _ in range(3)]
+    for i, x in enumerate(xs):
+        m(x, is_first_microbatch=(i == 0)).square().sum().backward()
+        plain(x).square().sum().backward()
+    assert m.fc1_weight.grad is None and m.fc2_weight.grad is None
+    assert m.fc1_weight.main_grad.dtype == torch.float32
+    torch.testing.assert_close(m.fc1_weight.main_grad, plain.fc1_weight.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(m.fc2_weight.main_grad, plain.fc2_weight.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(m.fc1_bias.grad, plain.fc1_bias.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_is_first_microbatch_false_reuses_the_fp8_weight_copies():
+    torch.manual_seed(8)
+    m = lt.LayerNormMLP(H, F, activation="gelu", fp8_recipe=lnmlp.Float8CurrentScaling())
+    x = torch.randn(16, H)
+    with torch.no_grad():
+        y1 = m(x, is_first_microbatch=True)
+        m.fc1_weight.mul_(2.0)  # a promise broken on purpose: the copies show it
+        y_reused = m(x, is_first_microbatch=False)
+        y_fresh = m(x, is_first_microbatch=None)
+    torch.testing.assert_close(y_reused, y1, rtol=0, atol=0)
+    assert not torch.equal(y_fresh, y1)
+
+
+# ---- bad input -------------------------------------------------------------------------------------------
+
+def _call(**over):
+    d = make(1, np.float32, seed=9)
+    ts = {n: tensor(d[n], torch.float32) for n in NAMES}
+    ts.update(over)
+    return lt.layernorm_mlp(ts["x"], ts["gamma"], ts["beta"], [ts["k1"], ts["k2"]], [ts["b1"], ts["b2"]],
+                            "layernorm", activation_type=("gelu",))
+
+
+@pytest.mark.parametrize("over, match", [
+    (dict(x=torch.zeros(2, H, dtype=torch.int32)), "x must be float32"),
+    (dict(x=torch.zeros(2, H, device="meta")), "lnmlp runs on CPU and CUDA"),
+    (dict(x=torch.zeros(H, 4).t()), "not contiguous"),
+    (dict(k1=torch.zeros(H, 2, F)), "kernel_1 must have shape"),
+    (dict(k2=torch.zeros(F + 1, H)), "kernel_2 must have shape"),
+    (dict(gamma=torch.zeros(H + 1)), "gamma must have shape"),
+    (dict(beta=None), "beta is None"),
+    (dict(b1=torch.zeros(3, F)), "bias_1 must have shape"),
+    (dict(k1=np.zeros((H, 1, F), np.float32)), "kernel_1 must be a torch.Tensor"),
+])
+def test_bad_input_raises_a_clear_error(over, match):
+    with pytest.raises(lnmlp.InvalidArgumentError, match=match):
+        _call(**over)
+
+
+def test_bad_options_raise_a_clear_error():
+    with pytest.raises(lnmlp.InvalidArgumentError, match="activation must be one of"):
+        lt.LayerNormMLP(H, F, activation="tanh")
+    with pytest.raises(lnmlp.InvalidArgumentError, match="normalization"):
+        lt.LayerNormMLP(H, F, normalization="BatchNorm")
+    with pytest.raises(lnmlp.NotSupportedError):
+        lt.LayerNormMLP(H, F, return_layernorm_output=True)
+    with pytest.raises(lnmlp.InvalidArgumentError, match="quantizer_set"):
+        _call_qs = make(1, np.float32)
+        lt.layernorm_mlp(tensor(_call_qs["x"], torch.float32), tensor(_call_qs["gamma"], torch.float32),
+                         tensor(_call_qs["beta"], torch.float32),
+                         [tensor(_call_qs["k1"], torch.float32), tensor(_call_qs["k2"], torch.float32)],
+                         [None, None], "layernorm", activation_type=("gelu",), quantizer_set="delayed")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tensors_run_on_the_cuda_backend():  # pragma: no cover - runs where a GPU is lent
+    norm, acts, bias, zcg, p = CASES[2]
+    d = make(len(acts), np.float32, norm=norm, bias=bias, seed=11)
+    y_ref, dy, g_ref = reference(d, norm, acts, zcg, p)
+    ts = {n: (None if d[n] is None else tensor(d[n], torch.float32).cuda().requires_grad_(True)) for n in NAMES}
+    y = lt.layernorm_mlp(ts["x"], ts["gamma"], ts["beta"], [ts["k1"], ts["k2"]], [ts["b1"], ts["b2"]], norm,
+                         zero_centered_gamma=zcg, epsilon=EPS, activation_type=acts)
+    (y * tensor(dy.reshape(y.shape), torch.float32).cuda()).sum().backward()
+    ref.assert_close("cuda y", numpy(y).reshape(-1, H), y_ref, "float32")
+    ref.assert_close("cuda dw1", numpy(ts["k1"].grad), g_ref["dw1"], "float32")
