@@ -402,7 +402,10 @@ LNMLP_API int32_t lnmlp_desc_set_remat(lnmlp_desc* desc, int32_t policy);
  * @param[in,out] desc */
 LNMLP_API int32_t lnmlp_desc_set_backend(lnmlp_desc* desc, int32_t backend, int32_t device);
 
-/* CPU backend threads, 0 .. 65536: 0 (default) uses every core the process may run on.
+/* CPU backend threads, 0 .. 65536: 0 (default) uses OpenMP's default (OMP_NUM_THREADS, else every
+ * core). A plan never runs more threads than the cores the process may run on (its CPU affinity):
+ * a larger count is clamped to that, so that no call can oversubscribe the machine or ask the
+ * OpenMP runtime for a team it cannot start (which would end the process).
  * @since 0.1; changed in 0.2 (int64_t num_threads)
  * @param[in] num_threads
  * @param[in,out] desc */

@@ -2,6 +2,7 @@
 #include "isa.h"
 
 #include <omp.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <array>
@@ -51,10 +52,27 @@ template <typename Fn> void with_activations(const Config& c, Fn&& fn) {
 
 template <typename T> T* typed(const Mat& m) { return static_cast<T*>(m.data); }
 
+// The cores this process may run on (its CPU affinity), at least 1.
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, omp_get_num_procs());
+}
+
+// The plan's thread count: what it asked for (0: OpenMP's default, OMP_NUM_THREADS or every
+// core), never more than the cores the process may use. A larger team only oversubscribes, and
+// one the system cannot start makes the OpenMP runtime exit the process (libgomp: "Thread creation
+// failed"), which must never happen inside a library call.
+int plan_threads(int32_t asked) {
+  const int wanted = asked > 0 ? asked : omp_get_max_threads();
+  return std::min(wanted, usable_cores());
+}
+
 class CpuExec final : public block::Exec {
  public:
   explicit CpuExec(const Config& cfg) : c_(cfg), r_(resolve_recipe(cfg.fp8)) {
-    threads_ = c_.num_threads > 0 ? c_.num_threads : omp_get_max_threads();
+    threads_ = plan_threads(c_.num_threads);
     chunks_ = threads_;
     np_ = NormParams{c_.norm, c_.zero_centered_gamma, c_.epsilon, c_.hidden};
     quantized_ = r_.recipe != Recipe::None;

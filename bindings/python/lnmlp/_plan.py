@@ -225,6 +225,19 @@ def device_array_info(name, obj):
 
 
 # --- the plan -------------------------------------------------------------------------------------
+_INT64_MAX = 2**63 - 1
+
+
+def _int_in(name, v, lo, hi):
+    """v as an int in [lo, hi], checked before ctypes sees it (ctypes wraps out-of-range integers
+    silently: 2**64 + 8 would reach the library as 8)."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise InvalidArgumentError(f"{name} must be an int, got {v!r}")
+    if not lo <= int(v) <= hi:
+        raise InvalidArgumentError(f"{name} must be in [{lo}, {hi}], got {v}")
+    return int(v)
+
+
 def _normalize_sharding(sharding):
     """None -> (1, 0, False); (group_size, rank, sequence_parallel) checked for type."""
     if sharding is None:
@@ -235,8 +248,7 @@ def _normalize_sharding(sharding):
         raise InvalidArgumentError(
             f"sharding must be (group_size, rank, sequence_parallel), got {sharding!r}") from None
     for nm, v in (("group_size", g), ("rank", r)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise InvalidArgumentError(f"sharding's {nm} must be an int, got {v!r}")
+        _int_in(f"sharding's {nm}", v, -_INT64_MAX - 1, _INT64_MAX)
     if int(g) < 1 or not 0 <= int(r) < int(g):
         raise InvalidArgumentError(f"sharding needs group_size >= 1 and 0 <= rank < group_size, got {sharding!r}")
     return (int(g), int(r), bool(sp))
@@ -321,8 +333,7 @@ class Plan:
         lib = _lib.get_lib()
         self._destroy_fn = lib.lnmlp_plan_destroy  # kept for __del__ at interpreter shutdown
         for nm, v in (("tokens", tokens), ("hidden", hidden), ("ffn", ffn)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise InvalidArgumentError(f"{nm} must be an int, got {v!r}")
+            _int_in(nm, v, -_INT64_MAX - 1, _INT64_MAX)  # the library says what it accepts within int64
         self.tokens, self.hidden, self.ffn = int(tokens), int(hidden), int(ffn)
         self.norm_type = norm_type.lower() if isinstance(norm_type, str) else norm_type
         norm = _choice("norm_type", norm_type, _NORMS)
@@ -341,7 +352,7 @@ class Plan:
         remat_v = _choice("remat", remat, _REMATS)
         self.backend = backend.lower() if isinstance(backend, str) else backend
         backend_v = _choice("backend", backend, _BACKENDS)
-        self.num_threads = int(num_threads)
+        self.num_threads = _int_in("num_threads", num_threads, 0, 65536)
         self.recipe = check_recipe(recipe)
         self.sharding = _normalize_sharding(sharding)
         P, _, sp = self.sharding
@@ -477,8 +488,8 @@ class Plan:
                 f"tensor must be one of {', '.join(_lib.TENSORS)} (or 0..{_lib.TENSOR_COUNT - 1}), got {tensor!r}")
         if tokens is None:
             tokens = _lib.TOKENS_MAX
-        elif isinstance(tokens, bool) or not isinstance(tokens, (int, np.integer)):
-            raise InvalidArgumentError(f"tokens must be an int or None, got {tokens!r}")
+        else:
+            tokens = _int_in("tokens", tokens, -_INT64_MAX - 1, _INT64_MAX)
         with self._lock:
             return self._tensor_shape(t, int(tokens))
 

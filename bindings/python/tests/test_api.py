@@ -422,3 +422,35 @@ def test_threads_distinct_plans_and_one_shared_plan():
             t.join()
     assert not errors and len(results) == 80
     assert all(np.array_equal(r, expected) for r in results)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(tokens=2**64 + 8), r"tokens must be in \[-9223372036854775808, 9223372036854775807\]"),
+    (dict(hidden=-(2**63) - 1), "hidden must be in"),
+    (dict(num_threads=2**32), r"num_threads must be in \[0, 65536\]"),
+    (dict(sharding=(2**64 + 1, 0, False)), "sharding's group_size must be in"),
+])
+def test_out_of_range_integers_are_refused_not_wrapped(kwargs, match):
+    """ctypes wraps integers silently (2**64 + 8 reached the library as 8: an 8-token plan whose
+    Plan.tokens said 2**64 + 8); the binding refuses them first."""
+    args = dict(tokens=8, hidden=16, ffn=24)
+    args.update({k: v for k, v in kwargs.items() if k in args})
+    rest = {k: v for k, v in kwargs.items() if k not in args}
+    with pytest.raises(lnmlp.InvalidArgumentError, match=match):
+        lnmlp.Plan(args["tokens"], args["hidden"], args["ffn"], **rest)
+    with lnmlp.Plan(8, 16, 24) as p:
+        with pytest.raises(lnmlp.InvalidArgumentError, match="tokens must be in"):
+            p.tensor_shape("x", 2**64 + 1)
+
+
+def test_a_thread_count_above_the_cores_runs():
+    """num_threads=100000 used to end the interpreter (libgomp could not start the team); the
+    library now runs such a plan on the cores the process may use."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    w1 = rng.standard_normal((16, 1, 24)).astype(np.float32)
+    w2 = rng.standard_normal((24, 16)).astype(np.float32)
+    g, b = np.ones(16, np.float32), np.zeros(16, np.float32)
+    with lnmlp.Plan(8, 16, 24, num_threads=65536) as many, lnmlp.Plan(8, 16, 24, num_threads=1) as one:
+        np.testing.assert_allclose(many.forward(x, g, b, w1, None, w2, None)[0],
+                                   one.forward(x, g, b, w1, None, w2, None)[0], rtol=1e-6, atol=1e-6)

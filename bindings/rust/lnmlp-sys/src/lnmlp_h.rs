@@ -391,7 +391,10 @@ extern "C" {
     /// @param\[in\] backend, device
     /// @param\[in,out\] desc
     pub fn lnmlp_desc_set_backend(desc: *mut lnmlp_desc, backend: i32, device: i32) -> i32;
-    /// CPU backend threads, 0 .. 65536: 0 (default) uses every core the process may run on.
+    /// CPU backend threads, 0 .. 65536: 0 (default) uses OpenMP's default (OMP_NUM_THREADS, else every
+    /// core). A plan never runs more threads than the cores the process may run on (its CPU affinity):
+    /// a larger count is clamped to that, so that no call can oversubscribe the machine or ask the
+    /// OpenMP runtime for a team it cannot start (which would end the process).
     /// @since 0.1; changed in 0.2 (int64_t num_threads)
     /// @param\[in\] num_threads
     /// @param\[in,out\] desc
