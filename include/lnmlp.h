@@ -106,7 +106,8 @@ enum {
   LNMLP_ERROR_INVALID_ARGUMENT = 1,   /* a value out of its range, an unknown enum, a bad combination */
   LNMLP_ERROR_NULL_POINTER = 2,       /* a required pointer (tensor, handle, output) is NULL */
   LNMLP_ERROR_SIZE_OVERFLOW = 3,      /* sizes whose products or byte counts do not fit */
-  LNMLP_ERROR_INVALID_HANDLE = 4,     /* a handle that is not a live descriptor / plan */
+  LNMLP_ERROR_INVALID_HANDLE = 4,     /* a handle that is not a live descriptor / plan / communicator
+                                         (handles are never reused: a destroyed one stays invalid) */
   LNMLP_ERROR_NOT_SUPPORTED = 5,      /* valid, but not available in this build or on this machine */
   LNMLP_ERROR_OUT_OF_MEMORY = 6,      /* an allocation failed (only at plan creation) */
   LNMLP_ERROR_WORKSPACE_TOO_SMALL = 7,/* attached workspace smaller than lnmlp_plan_get_workspace_bytes */

@@ -16,6 +16,7 @@
 #include <initializer_list>
 #include <limits>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -955,6 +956,56 @@ TEST(Handles, PlanUsedAfterDestroy) {
   EXPECT_TRUE(b.outputs_untouched());
   EXPECT_FAILS(lnmlp_plan_destroy(dead), LNMLP_ERROR_INVALID_HANDLE, "plan");  // twice
   EXPECT_TRUE(b.run() == before);  // the live plan is unaffected
+}
+
+// A handle is never reused: a destroyed handle stays dead even when a new object's memory lands
+// where the old one was. Handles used to be addresses; in a Release build malloc reuses them at
+// once, and a stale T=4 plan handle then ran a new T=4096 plan (so this test failed).
+TEST(Handles, AreNeverReused) {
+  std::set<const void*> seen;
+  for (int i = 0; i < 200; ++i) {
+    lnmlp_desc* d = make_desc(kSmall);
+    lnmlp_plan* p = nullptr;
+    ASSERT_OK(lnmlp_plan_create(d, &p));
+    EXPECT_TRUE(seen.insert(d).second) << "a descriptor handle came back";
+    EXPECT_TRUE(seen.insert(p).second) << "a plan handle came back";
+    ASSERT_OK(lnmlp_plan_destroy(p));
+    ASSERT_OK(lnmlp_desc_destroy(d));
+    int64_t bytes = 0;
+    EXPECT_FAILS(lnmlp_plan_get_saved_bytes(p, &bytes), LNMLP_ERROR_INVALID_HANDLE, "plan");
+    EXPECT_FAILS(lnmlp_desc_set_epsilon(d, 1e-5f), LNMLP_ERROR_INVALID_HANDLE, "descriptor");
+  }
+}
+
+// Getters racing lnmlp_plan_destroy: each call sees the live plan or INVALID_HANDLE, never freed
+// memory (ASan and TSan reported a heap-use-after-free here while getters did not hold the plan).
+TEST(Handles, GettersRacingDestroyAreSafe) {
+  for (int round = 0; round < 20; ++round) {
+    lnmlp_desc* d = make_desc(kSmall);
+    lnmlp_plan* p = nullptr;
+    ASSERT_OK(lnmlp_plan_create(d, &p));
+    ASSERT_OK(lnmlp_desc_destroy(d));
+    std::atomic<bool> go{false};
+    std::atomic<int> unexpected{0};
+    std::vector<std::thread> readers;
+    for (int t = 0; t < 3; ++t)
+      readers.emplace_back([&] {
+        while (!go.load()) {
+        }
+        for (int i = 0; i < 300; ++i) {
+          int64_t v = 0, rank = 0, dims[LNMLP_MAX_TENSOR_RANK] = {};
+          int32_t dtype = 0;
+          for (int32_t st : {lnmlp_plan_get_saved_bytes(p, &v), lnmlp_plan_get_workspace_bytes(p, &v),
+                             lnmlp_plan_get_alignment(p, &v), lnmlp_plan_get_amax_history_length(p, &v),
+                             lnmlp_plan_get_tensor_shape(p, LNMLP_TENSOR_W1, 1, &rank, dims, &dtype)})
+            if (st != LNMLP_SUCCESS && st != LNMLP_ERROR_INVALID_HANDLE) unexpected.fetch_add(1);
+        }
+      });
+    go.store(true);
+    EXPECT_OK(lnmlp_plan_destroy(p));
+    for (auto& r : readers) r.join();
+    EXPECT_EQ(unexpected.load(), 0);
+  }
 }
 
 TEST(Handles, ForeignAndMismatchedHandles) {

@@ -34,7 +34,7 @@ void require_out(const void* p, const char* name) {
 
 // Applies `change` to a copy of the descriptor's config and stores it only if nothing threw.
 template <typename Fn> void edit(lnmlp_desc* d, Fn&& change) {
-  require_desc(d);
+  const Held<lnmlp_desc> held(d, "desc");
   Config c = d->cfg;
   change(c);
   d->cfg = c;
@@ -106,17 +106,14 @@ LNMLP_API int32_t lnmlp_get_build_info(const char** info) {
 LNMLP_API int32_t lnmlp_desc_create(lnmlp_desc** desc) {
   return api_guard(__func__, [&] {
     require_out(desc, "desc");
-    auto d = std::make_unique<lnmlp_desc>();
-    register_desc(d.get());
-    *desc = d.release();
+    *desc = register_handle(std::make_unique<lnmlp_desc>());
   });
 }
 
 LNMLP_API int32_t lnmlp_desc_destroy(lnmlp_desc* desc) {
   return api_guard(__func__, [&] {
     if (desc == nullptr) return;
-    unregister_desc(desc);
-    delete desc;
+    unregister_handle(desc);
   });
 }
 
@@ -337,9 +334,8 @@ LNMLP_API int32_t lnmlp_desc_set_sharding(lnmlp_desc* desc, int64_t group_size, 
 
 LNMLP_API int32_t lnmlp_desc_set_communicator(lnmlp_desc* desc, lnmlp_comm* comm) {
   return api_guard(__func__, [&] {
-    require_desc(desc);
-    if (comm != nullptr) require_comm(comm);
-    desc->comm = comm != nullptr ? comm->impl : nullptr;
+    const Held<lnmlp_desc> held(desc, "desc");
+    desc->comm = comm != nullptr ? lookup_handle(comm, "comm")->impl : nullptr;
     desc->cfg.shard.comm = desc->comm.get();
   });
 }
@@ -354,8 +350,7 @@ LNMLP_API int32_t lnmlp_comm_create_callbacks(const lnmlp_comm_callbacks* table,
            "lnmlp_comm_callbacks has ", sizeof(lnmlp_comm_callbacks), " bytes: set it to sizeof(lnmlp_comm_callbacks)");
     auto c = std::make_unique<lnmlp_comm>();
     c->impl = make_callback_communicator(*table);
-    register_comm(c.get());
-    *comm = c.release();
+    *comm = register_handle(std::move(c));
   });
 }
 
@@ -365,8 +360,7 @@ LNMLP_API int32_t lnmlp_comm_create_mpi(const void* mpi_comm, lnmlp_comm** comm)
     require_out(comm, "comm");
     auto c = std::make_unique<lnmlp_comm>();
     c->impl = make_mpi_communicator(mpi_comm);
-    register_comm(c.get());
-    *comm = c.release();
+    *comm = register_handle(std::move(c));
   });
 }
 
@@ -376,16 +370,14 @@ LNMLP_API int32_t lnmlp_comm_create_nccl(const void* nccl_comm, lnmlp_comm** com
     require_out(comm, "comm");
     auto c = std::make_unique<lnmlp_comm>();
     c->impl = make_nccl_communicator(nccl_comm);
-    register_comm(c.get());
-    *comm = c.release();
+    *comm = register_handle(std::move(c));
   });
 }
 
 LNMLP_API int32_t lnmlp_comm_destroy(lnmlp_comm* comm) {
   return api_guard(__func__, [&] {
     if (comm == nullptr) return;
-    unregister_comm(comm);
-    delete comm;
+    unregister_handle(comm);
   });
 }
 
@@ -398,7 +390,7 @@ LNMLP_API int32_t lnmlp_desc_set_external_workspace(lnmlp_desc* desc, int32_t en
 
 LNMLP_API int32_t lnmlp_plan_create(const lnmlp_desc* desc, lnmlp_plan** plan) {
   return api_guard(__func__, [&] {
-    require_desc(desc);
+    const Held<lnmlp_desc> held(desc, "desc");
     require_out(plan, "plan");
     validate_config(desc->cfg);
     validate_sharding(desc->cfg);
@@ -414,8 +406,7 @@ LNMLP_API int32_t lnmlp_plan_create(const lnmlp_desc* desc, lnmlp_plan** plan) {
       p->workspace = p->owned_workspace;
     }
     init_fp8_state(*p);
-    register_plan(p.get());
-    *plan = p.release();
+    *plan = register_handle(std::move(p));
   });
 }
 
@@ -423,13 +414,12 @@ LNMLP_API int32_t lnmlp_plan_destroy(lnmlp_plan* plan) {
   return api_guard(__func__, [&] {
     if (plan == nullptr) return;
     unregister_plan(plan);
-    delete plan;
   });
 }
 
 LNMLP_API int32_t lnmlp_plan_get_workspace_bytes(const lnmlp_plan* plan, int64_t* bytes) {
   return api_guard(__func__, [&] {
-    require_plan(plan);
+    const Held<lnmlp_plan> held(plan, "plan");
     require_out(bytes, "bytes");
     *bytes = plan->workspace_bytes;
   });
@@ -437,7 +427,7 @@ LNMLP_API int32_t lnmlp_plan_get_workspace_bytes(const lnmlp_plan* plan, int64_t
 
 LNMLP_API int32_t lnmlp_plan_get_saved_bytes(const lnmlp_plan* plan, int64_t* bytes) {
   return api_guard(__func__, [&] {
-    require_plan(plan);
+    const Held<lnmlp_plan> held(plan, "plan");
     require_out(bytes, "bytes");
     *bytes = plan->saved.total_bytes;
   });
@@ -445,7 +435,7 @@ LNMLP_API int32_t lnmlp_plan_get_saved_bytes(const lnmlp_plan* plan, int64_t* by
 
 LNMLP_API int32_t lnmlp_plan_get_saved_bytes_per_token(const lnmlp_plan* plan, int64_t* bytes) {
   return api_guard(__func__, [&] {
-    require_plan(plan);
+    const Held<lnmlp_plan> held(plan, "plan");
     require_out(bytes, "bytes");
     *bytes = plan->saved.bytes_per_token;
   });
@@ -453,7 +443,7 @@ LNMLP_API int32_t lnmlp_plan_get_saved_bytes_per_token(const lnmlp_plan* plan, i
 
 LNMLP_API int32_t lnmlp_plan_get_alignment(const lnmlp_plan* plan, int64_t* bytes) {
   return api_guard(__func__, [&] {
-    require_plan(plan);
+    const Held<lnmlp_plan> held(plan, "plan");
     require_out(bytes, "bytes");
     *bytes = plan->engine->alignment();
   });

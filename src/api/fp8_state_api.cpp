@@ -58,8 +58,6 @@ std::vector<float> read_state(const lnmlp_plan& p) {
   return s;
 }
 
-lnmlp_plan* mutable_plan(const lnmlp_plan* p) { return const_cast<lnmlp_plan*>(p); }
-
 }  // namespace
 
 namespace lnmlp {
@@ -90,7 +88,7 @@ LNMLP_API int32_t lnmlp_plan_attach_fp8_state(lnmlp_plan* plan, void* state) {
 
 LNMLP_API int32_t lnmlp_plan_get_amax_history_length(const lnmlp_plan* plan, int64_t* length) {
   return api_guard(__func__, [&] {
-    require_plan(plan);
+    const Held<lnmlp_plan> held(plan, "plan");
     if (length == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "length is NULL; pass where to write the result");
     *length = plan->recipe.history_len;
   });
@@ -99,7 +97,7 @@ LNMLP_API int32_t lnmlp_plan_get_amax_history_length(const lnmlp_plan* plan, int
 LNMLP_API int32_t lnmlp_plan_get_quantizer_state(const lnmlp_plan* plan, int32_t quantizer, float* scale,
                                                  float* amax_history, int64_t length) {
   return api_guard(__func__, [&] {
-    PlanUse use(mutable_plan(plan));
+    PlanUse use(plan);
     require_stateful(*plan);
     require_quantizer(quantizer);
     if (scale == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "scale is NULL; pass where to write the scale");
@@ -135,7 +133,7 @@ LNMLP_API int32_t lnmlp_plan_set_quantizer_state(lnmlp_plan* plan, int32_t quant
 
 LNMLP_API int32_t lnmlp_plan_get_state_bytes(const lnmlp_plan* plan, int64_t* bytes) {
   return api_guard(__func__, [&] {
-    require_plan(plan);
+    const Held<lnmlp_plan> held(plan, "plan");
     if (bytes == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "bytes is NULL; pass where to write the result");
     *bytes = blob_bytes(*plan);
   });
@@ -143,7 +141,7 @@ LNMLP_API int32_t lnmlp_plan_get_state_bytes(const lnmlp_plan* plan, int64_t* by
 
 LNMLP_API int32_t lnmlp_plan_export_state(const lnmlp_plan* plan, void* blob, int64_t bytes) {
   return api_guard(__func__, [&] {
-    PlanUse use(mutable_plan(plan));
+    PlanUse use(plan);
     const int64_t need = blob_bytes(*plan);
     if (need == 0) return;
     if (blob == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "blob is NULL");

@@ -1,18 +1,28 @@
 #include "handles.h"
 
+#include <cstdint>
 #include <mutex>
-#include <unordered_set>
+#include <unordered_map>
 
 #include "common/error.h"
 
 namespace lnmlp {
 namespace {
 
+const char* kind_name(const lnmlp_desc*) { return "descriptor"; }
+const char* kind_name(const lnmlp_plan*) { return "plan"; }
+const char* kind_name(const lnmlp_comm*) { return "communicator"; }
+
 struct Registry {
   std::mutex mutex;
-  std::unordered_set<const void*> descs;
-  std::unordered_set<const void*> plans;
-  std::unordered_set<const void*> comms;
+  uint64_t next_serial = 1;
+  std::unordered_map<uintptr_t, std::shared_ptr<lnmlp_desc>> descs;
+  std::unordered_map<uintptr_t, std::shared_ptr<lnmlp_plan>> plans;
+  std::unordered_map<uintptr_t, std::shared_ptr<lnmlp_comm>> comms;
+
+  auto& table(const lnmlp_desc*) { return descs; }
+  auto& table(const lnmlp_plan*) { return plans; }
+  auto& table(const lnmlp_comm*) { return comms; }
 };
 
 Registry& registry() {
@@ -25,65 +35,66 @@ Registry& registry() {
        " is not a live handle (already destroyed, or never created by lnmlp)");
 }
 
+uintptr_t key(const void* handle) { return reinterpret_cast<uintptr_t>(handle); }
+
 }  // namespace
 
-void register_desc(lnmlp_desc* d) {
-  std::lock_guard<std::mutex> lock(registry().mutex);
-  registry().descs.insert(d);
+template <typename T> T* register_handle(std::unique_ptr<T> object) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  // Serial * 16 + 8: never 0 (NULL), never reused, and never a plausible object address.
+  const uintptr_t token = static_cast<uintptr_t>(r.next_serial++) * 16 + 8;
+  r.table(static_cast<const T*>(nullptr)).emplace(token, std::shared_ptr<T>(std::move(object)));
+  return reinterpret_cast<T*>(token);  // NOLINT(performance-no-int-to-ptr): a token, never dereferenced
 }
 
-void unregister_desc(const lnmlp_desc* d) {
-  std::lock_guard<std::mutex> lock(registry().mutex);
-  if (registry().descs.erase(d) == 0) invalid("descriptor", d);
+template <typename T> std::shared_ptr<T> lookup_handle(const T* handle, const char* name) {
+  if (handle == nullptr) fail(LNMLP_ERROR_NULL_POINTER, name, " is NULL");
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto& t = r.table(handle);
+  const auto it = t.find(key(handle));
+  if (it == t.end()) invalid(kind_name(handle), handle);
+  return it->second;
 }
 
-void require_desc(const lnmlp_desc* d, const char* name) {
-  if (d == nullptr) fail(LNMLP_ERROR_NULL_POINTER, name, " is NULL");
-  std::lock_guard<std::mutex> lock(registry().mutex);
-  if (registry().descs.count(d) == 0) invalid("descriptor", d);
+template <typename T> void unregister_handle(const T* handle) {
+  std::shared_ptr<T> last;  // freed after the lock is released
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto& t = r.table(handle);
+  const auto it = t.find(key(handle));
+  if (it == t.end()) invalid(kind_name(handle), handle);
+  last = std::move(it->second);
+  t.erase(it);
 }
 
-void register_plan(lnmlp_plan* p) {
-  std::lock_guard<std::mutex> lock(registry().mutex);
-  registry().plans.insert(p);
+void unregister_plan(const lnmlp_plan* handle) {
+  std::shared_ptr<lnmlp_plan> last;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    const auto it = r.plans.find(key(handle));
+    if (it == r.plans.end()) invalid("plan", handle);
+    if (it->second->busy.load())
+      fail(LNMLP_ERROR_PLAN_BUSY, "the plan is running on another thread; destroy it after that call returns");
+    last = std::move(it->second);
+    r.plans.erase(it);
+  }
 }
 
-void unregister_plan(const lnmlp_plan* p) {
-  std::lock_guard<std::mutex> lock(registry().mutex);
-  if (registry().plans.count(p) == 0) invalid("plan", p);
-  if (p->busy.load())
-    fail(LNMLP_ERROR_PLAN_BUSY, "the plan is running on another thread; destroy it after that call returns");
-  registry().plans.erase(p);
-}
+template lnmlp_desc* register_handle(std::unique_ptr<lnmlp_desc>);
+template lnmlp_plan* register_handle(std::unique_ptr<lnmlp_plan>);
+template lnmlp_comm* register_handle(std::unique_ptr<lnmlp_comm>);
+template std::shared_ptr<lnmlp_desc> lookup_handle(const lnmlp_desc*, const char*);
+template std::shared_ptr<lnmlp_plan> lookup_handle(const lnmlp_plan*, const char*);
+template std::shared_ptr<lnmlp_comm> lookup_handle(const lnmlp_comm*, const char*);
+template void unregister_handle(const lnmlp_desc*);
+template void unregister_handle(const lnmlp_comm*);
 
-void require_plan(const lnmlp_plan* p) {
-  if (p == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "plan is NULL");
-  std::lock_guard<std::mutex> lock(registry().mutex);
-  if (registry().plans.count(p) == 0) invalid("plan", p);
-}
-
-void register_comm(lnmlp_comm* c) {
-  std::lock_guard<std::mutex> lock(registry().mutex);
-  registry().comms.insert(c);
-}
-
-void unregister_comm(const lnmlp_comm* c) {
-  std::lock_guard<std::mutex> lock(registry().mutex);
-  if (registry().comms.erase(c) == 0) invalid("communicator", c);
-}
-
-void require_comm(const lnmlp_comm* c) {
-  if (c == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "comm is NULL");
-  std::lock_guard<std::mutex> lock(registry().mutex);
-  if (registry().comms.count(c) == 0) invalid("communicator", c);
-}
-
-PlanUse::PlanUse(lnmlp_plan* p) : plan_(p) {
-  if (p == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "plan is NULL");
-  std::lock_guard<std::mutex> lock(registry().mutex);
-  if (registry().plans.count(p) == 0) invalid("plan", p);
+void PlanUse::mark_busy() {
   bool expected = false;
-  if (!p->busy.compare_exchange_strong(expected, true))
+  if (!plan_->busy.compare_exchange_strong(expected, true))
     fail(LNMLP_ERROR_PLAN_BUSY, "the plan is in use by another thread; a plan runs on one thread at a time");
 }
 

@@ -68,7 +68,7 @@ extern "C" {
 LNMLP_API int32_t lnmlp_plan_get_tensor_shape(const lnmlp_plan* plan, int32_t tensor, int64_t tokens, int64_t* rank,
                                               int64_t* dims, int32_t* dtype) {
   return api_guard(__func__, [&] {
-    require_plan(plan);
+    const Held<lnmlp_plan> held(plan, "plan");
     if (rank == nullptr || dims == nullptr || dtype == nullptr)
       fail(LNMLP_ERROR_NULL_POINTER,
            rank == nullptr   ? "rank"

@@ -27,7 +27,8 @@ pub const LNMLP_ERROR_INVALID_ARGUMENT: i32 = 1;
 pub const LNMLP_ERROR_NULL_POINTER: i32 = 2;
 /// sizes whose products or byte counts do not fit
 pub const LNMLP_ERROR_SIZE_OVERFLOW: i32 = 3;
-/// a handle that is not a live descriptor / plan
+/// a handle that is not a live descriptor / plan / communicator
+/// (handles are never reused: a destroyed one stays invalid)
 pub const LNMLP_ERROR_INVALID_HANDLE: i32 = 4;
 /// valid, but not available in this build or on this machine
 pub const LNMLP_ERROR_NOT_SUPPORTED: i32 = 5;
