@@ -19,11 +19,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import os
 import re
-import subprocess
-import tempfile
+import sys
 import time
 
 
@@ -35,6 +33,8 @@ import lnmlp  # noqa: E402
 import lnmlp.jax as lj  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+from measured_peak import measured_peak  # noqa: E402
 ACTS = ("gelu", "linear")
 
 
@@ -82,20 +82,6 @@ def residual_bytes(loss, args):
     return total
 
 
-def measured_peak(T, H, F, dtype_name):
-    """(GFLOP/s, what) of this CPU for the dtype's GEMMs, as lnmlp-bench measures it; None when
-    the build has no lnmlp-bench."""
-    exe = os.path.join(REPO, "build", "release", "bench", "lnmlp-bench")
-    if not os.path.exists(exe):
-        return None
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "b.json")
-        subprocess.run([exe, "--tokens", str(T), "--hidden", str(H), "--ffn", str(F), "--act", "geglu",
-                        "--dtype", {"float32": "f32", "bfloat16": "bf16"}[dtype_name], "--iters", "1",
-                        "--json", path], check=True, capture_output=True)
-        b = json.load(open(path))
-    return b.get("peak_gflops"), b.get("peak_what", "")
-
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -118,7 +104,7 @@ def main():
     flops = 3 * 2 * T * H * F * 3  # forward: GEMM1 2*T*H*2F + GEMM2 2*T*F*H; backward twice that
     print(f"{'dtype':9s} {'block':7s} {'ms':>9s} {'GFLOP/s':>9s} {'of peak':>8s} {'residual B/token':>17s}")
     for dtype_name, dtype in (("float32", jnp.float32), ("bfloat16", jnp.bfloat16)):
-        peak = measured_peak(T, H, F, dtype_name)
+        peak = measured_peak(T, H, F, "geglu", {"float32": "f32", "bfloat16": "bf16"}[dtype_name])
         ps = params(T, H, F, dtype)
         for name, block in (("lnmlp", lnmlp_block), ("plain", plain_block)):
             loss = lambda *p: jnp.sum(block(*p).astype(jnp.float32))  # noqa: E731

@@ -21,10 +21,8 @@ torch.cuda.is_available() (timed with torch.cuda.synchronize() around each step)
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import tempfile
+import sys
 import time
 
 import numpy as np
@@ -35,6 +33,8 @@ import lnmlp
 import lnmlp.torch as lt
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+from measured_peak import measured_peak  # noqa: E402
 EPS = 1e-5
 VARIANTS = {"gelu": 1, "geglu": 2}  # TransformerEngine's activation name -> A
 
@@ -105,20 +105,6 @@ def median_ms(step, device, warmup, iters):
     return 1e3 * float(np.median(times))
 
 
-def measured_peak(T, H, F, act, dtype):
-    """(GFLOP/s, what) of this CPU for the dtype's GEMMs, as lnmlp-bench measures it; None when
-    the build has no lnmlp-bench."""
-    exe = os.path.join(REPO, "build", "release", "bench", "lnmlp-bench")
-    if not os.path.exists(exe):
-        return None
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "b.json")
-        subprocess.run([exe, "--tokens", str(T), "--hidden", str(H), "--ffn", str(F), "--act", act,
-                        "--dtype", {torch.float32: "f32", torch.bfloat16: "bf16"}[dtype], "--iters", "1",
-                        "--json", path], check=True, capture_output=True)
-        b = json.load(open(path))
-    return b.get("peak_gflops"), b.get("peak_what", "")
-
 
 def cpu_model():
     info = {}
@@ -179,7 +165,7 @@ def main():
         for dtype_name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
             for act, A in VARIANTS.items():
                 flops = 3 * 2 * T * H * (A * F) + 3 * 2 * T * F * H
-                peak = measured_peak(T, H, F, act, dtype) if dev.type == "cpu" else None
+                peak = measured_peak(T, H, F, act, {torch.float32: "f32", torch.bfloat16: "bf16"}[dtype]) if dev.type == "cpu" else None
                 torch._dynamo.reset()
                 m, plain, x, dy = make_blocks(T, H, F, act, dtype, dev)
                 steps = step_fns(m, plain, x, dy, gated=A == 2)
