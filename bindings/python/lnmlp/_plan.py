@@ -130,7 +130,7 @@ def _normalize_act_params(act_params):
         if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
             raise InvalidArgumentError(f"act_params.{k} must be a number, got {v!r}")
         if name in fields and fields[name] != float(v):
-            raise InvalidArgumentError(f"act_params gives two different offsets (offset and glu_linear_offset)")
+            raise InvalidArgumentError("act_params gives two different offsets (offset and glu_linear_offset)")
         fields[name] = float(v)
     return ActParams(**fields)
 
@@ -225,6 +225,17 @@ def device_array_info(name, obj):
 
 
 # --- the plan -------------------------------------------------------------------------------------
+def act_params_for(activations, act_params):
+    """act_params as an ActParams (None when not given) for normalized ``activations``; an error
+    when given for anything but the clamped SwiGLU pair. Every front end checks them here."""
+    p = _normalize_act_params(act_params)
+    if p is not None and tuple(activations) != GATED_PAIRS["clamped_swiglu"]:
+        raise InvalidArgumentError(
+            "act_params applies only to the clamped SwiGLU pair "
+            f"('clamped_silu', 'clamped_linear'), but activation_type is {tuple(activations)!r}")
+    return p
+
+
 _INT64_MAX = 2**63 - 1
 
 
@@ -341,11 +352,7 @@ class Plan:
         self.epsilon = float(epsilon)
         self.activation_type = normalize_activations(activation_type)
         self.num_activations = len(self.activation_type)
-        self.act_params = _normalize_act_params(act_params)
-        if self.act_params is not None and self.activation_type != GATED_PAIRS["clamped_swiglu"]:
-            raise InvalidArgumentError(
-                "act_params applies only to the clamped SwiGLU pair "
-                f"('clamped_silu', 'clamped_linear'), but activation_type is {self.activation_type!r}")
+        self.act_params = act_params_for(self.activation_type, act_params)
         self.use_bias1, self.use_bias2 = bool(use_bias1), bool(use_bias2)
         self.dtype = _normalize_dtype(dtype)
         self.remat = remat.lower() if isinstance(remat, str) else remat

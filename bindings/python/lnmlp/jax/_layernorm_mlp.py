@@ -248,12 +248,7 @@ def _shape_error(name, want, got):
 
 
 def _act_params_tuple(activations, act_params):
-    p = _plan._normalize_act_params(act_params)
-    if p is not None and activations != _plan.GATED_PAIRS["clamped_swiglu"]:
-        raise InvalidArgumentError(
-            "act_params applies only to the clamped SwiGLU pair ('clamped_silu', 'clamped_linear'), but "
-            f"activation_type is {activations!r}")
-    p = p or _plan.ActParams()
+    p = _plan.act_params_for(activations, act_params) or _plan.ActParams()
     return (float(p.limit), float(p.alpha), float(p.offset))
 
 

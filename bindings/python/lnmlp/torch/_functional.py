@@ -108,11 +108,7 @@ def config(norm_type, zero_centered_gamma, epsilon, activation_type, act_params,
     if not isinstance(norm_type, str) or norm_type.lower() not in _plan._NORMS:
         raise InvalidArgumentError(f"norm_type must be 'layernorm' or 'rmsnorm', got {norm_type!r}")
     acts = _plan.normalize_activations(activation_type)
-    p = _plan._normalize_act_params(act_params)
-    if p is not None and acts != _plan.GATED_PAIRS["clamped_swiglu"]:
-        raise InvalidArgumentError("act_params applies only to the clamped SwiGLU pair ('clamped_silu', "
-                                   f"'clamped_linear'), but activation_type is {acts!r}")
-    p = p or _plan.ActParams()
+    p = _plan.act_params_for(acts, act_params) or _plan.ActParams()
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not math.isfinite(epsilon) or epsilon < 0:
         raise InvalidArgumentError(f"epsilon must be a finite float >= 0, got {epsilon!r}")
     return _ops._Config(slot=slot, norm=_plan._NORMS[norm_type.lower()], zero_centered_gamma=int(bool(zero_centered_gamma)),
