@@ -103,19 +103,20 @@ LNMLP_API int32_t lnmlp_get_version(int32_t* major, int32_t* minor, int32_t* pat
 
 enum {
   LNMLP_SUCCESS = 0,
-  LNMLP_ERROR_INVALID_ARGUMENT = 1,   /* a value out of its range, an unknown enum, a bad combination */
-  LNMLP_ERROR_NULL_POINTER = 2,       /* a required pointer (tensor, handle, output) is NULL */
-  LNMLP_ERROR_SIZE_OVERFLOW = 3,      /* sizes whose products or byte counts do not fit */
-  LNMLP_ERROR_INVALID_HANDLE = 4,     /* a handle that is not a live descriptor / plan / communicator
-                                         (handles are never reused: a destroyed one stays invalid) */
-  LNMLP_ERROR_NOT_SUPPORTED = 5,      /* valid, but not available in this build or on this machine */
-  LNMLP_ERROR_OUT_OF_MEMORY = 6,      /* an allocation failed (only at plan creation) */
-  LNMLP_ERROR_WORKSPACE_TOO_SMALL = 7,/* attached workspace smaller than lnmlp_plan_get_workspace_bytes */
-  LNMLP_ERROR_NO_WORKSPACE = 8,       /* an external-workspace plan ran before lnmlp_plan_attach_workspace */
-  LNMLP_ERROR_MISALIGNED = 9,         /* a pointer not aligned as the tensor's type or the backend requires */
-  LNMLP_ERROR_PLAN_BUSY = 10,         /* the plan is being used by another thread right now */
-  LNMLP_ERROR_BACKEND = 11,           /* the BLAS, CUDA or cuBLASLt layer reported a failure */
-  LNMLP_ERROR_INTERNAL = 12           /* a bug in lnmlp; the message says where */
+  LNMLP_ERROR_INVALID_ARGUMENT = 1,    /* a value out of its range, an unknown enum, a bad combination */
+  LNMLP_ERROR_NULL_POINTER = 2,        /* a required pointer (tensor, handle, output) is NULL */
+  LNMLP_ERROR_SIZE_OVERFLOW = 3,       /* sizes whose products or byte counts do not fit */
+  LNMLP_ERROR_INVALID_HANDLE = 4,      /* a handle that is not a live descriptor / plan / communicator
+                                          (handles are never reused: a destroyed one stays invalid) */
+  LNMLP_ERROR_NOT_SUPPORTED = 5,       /* valid, but not available in this build or on this machine */
+  LNMLP_ERROR_OUT_OF_MEMORY = 6,       /* an allocation failed: host or GPU memory, at plan creation or
+                                          in a call (see "A call that fails" under Execution) */
+  LNMLP_ERROR_WORKSPACE_TOO_SMALL = 7, /* attached workspace smaller than lnmlp_plan_get_workspace_bytes */
+  LNMLP_ERROR_NO_WORKSPACE = 8,        /* an external-workspace plan ran before lnmlp_plan_attach_workspace */
+  LNMLP_ERROR_MISALIGNED = 9,          /* a pointer not aligned as the tensor's type or the backend requires */
+  LNMLP_ERROR_PLAN_BUSY = 10,          /* the plan is being used by another thread right now */
+  LNMLP_ERROR_BACKEND = 11,            /* the BLAS, CUDA or cuBLASLt layer reported a failure */
+  LNMLP_ERROR_INTERNAL = 12            /* a bug in lnmlp; the message says where */
 };
 
 /* The name of a status code ("LNMLP_ERROR_NULL_POINTER"); "LNMLP_UNKNOWN_STATUS" for a value that
@@ -406,7 +407,9 @@ LNMLP_API int32_t lnmlp_desc_set_backend(lnmlp_desc* desc, int32_t backend, int3
 /* CPU backend threads, 0 .. 65536: 0 (default) uses OpenMP's default (OMP_NUM_THREADS, else every
  * core). A plan never runs more threads than the cores the process may run on (its CPU affinity):
  * a larger count is clamped to that, so that no call can oversubscribe the machine or ask the
- * OpenMP runtime for a team it cannot start (which would end the process).
+ * OpenMP runtime for a team it cannot start (which would end the process). In a child forked from
+ * the process that loaded lnmlp, CPU calls run on the calling thread alone (the OpenMP thread pool
+ * does not survive fork: docs/design.md, "fork()").
  * @since 0.1; changed in 0.2 (int64_t num_threads)
  * @param[in] num_threads
  * @param[in,out] desc */
@@ -660,6 +663,17 @@ enum {
   LNMLP_CALL_DEFAULT = 0,          /* no flag */
   LNMLP_CALL_WEIGHTS_UNCHANGED = 1 /* W1 and W2 as when the plan made its copies of them: reuse those */
 };
+
+/* A call that fails. Forward and backward check every argument before they read or write
+ * anything: a call that returns LNMLP_ERROR_INVALID_ARGUMENT, NULL_POINTER, SIZE_OVERFLOW,
+ * INVALID_HANDLE, NOT_SUPPORTED, WORKSPACE_TOO_SMALL, NO_WORKSPACE, MISALIGNED or PLAN_BUSY has
+ * changed nothing. A call that fails while it runs -- LNMLP_ERROR_OUT_OF_MEMORY (the GEMM library
+ * allocates during calls below AVX-512, and a call with a new token count prepares its GEMMs),
+ * BACKEND or INTERNAL -- leaves the FP8 state as it was (it is updated last) and the plan usable
+ * (its kept weight copies are dropped, so LNMLP_CALL_WEIGHTS_UNCHANGED in the next call makes them
+ * again), but its outputs undefined: y and saved (forward); dx, dgamma, dbeta, dW1, db1, dW2 and
+ * db2 (backward), accumulating ones included, which may hold part of the call's sum (keep a copy,
+ * or drop the step). */
 
 /* Forward: y = act(norm(x) @ W1 + b1) @ W2 + b2 for `tokens` tokens, and writes `saved` for
  * backward: aligned to lnmlp_plan_get_alignment, of at least the call's LNMLP_TENSOR_SAVED bytes

@@ -11,6 +11,9 @@ packages=(
   clang-format clang-tidy            # scripts/check-style.sh (.clang-format, .clang-tidy)
   swig openjdk-17-jdk-headless       # the SWIG-generated Java binding and its test
   libopenmpi-dev openmpi-bin         # MPI: lnmlp_comm_create_mpi and the sharding tests under mpirun
+  clang libclang-rt-14-dev           # scripts/fuzz.sh (libFuzzer) and scripts/tsan.sh (ThreadSanitizer)
+  libomp-14-dev                      # scripts/tsan.sh: LLVM's OpenMP and its TSan tool, Archer
+  valgrind                           # scripts/valgrind.sh (memcheck)
 )
 
 missing=()

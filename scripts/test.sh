@@ -2,8 +2,10 @@
 # Every test: set up, then build and run the C/C++ suite in Release (with the dlopen example, the
 # Julia and ABI checks, and lnmlp.jax's XLA FFI library), the GPU check rehearsed without a GPU (where nvcc is), the style check of
 # the last change (scripts/check-style.sh), the Python binding's suite and its pip-install check,
-# the Rust crates and the SWIG Java binding against that build, and the C/C++ suite again under
-# AddressSanitizer + UndefinedBehaviorSanitizer.
+# the Rust crates and the SWIG Java binding against that build, valgrind's memcheck
+# (scripts/valgrind.sh), the C/C++ suite again under AddressSanitizer + UndefinedBehaviorSanitizer,
+# the concurrency and sharding tests under ThreadSanitizer (scripts/tsan.sh), and each libFuzzer
+# harness for 60 s (scripts/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -46,8 +48,16 @@ LNMLP_LIB_DIR="$PWD/build/release/src" bash bindings/rust/run_tests.sh
 echo "=== swig: the Java binding ==="
 LNMLP_LIB_DIR="$PWD/build/release/src" bash bindings/swig/run_tests.sh
 
+echo "=== valgrind: memcheck of the C example and a plan's life in a loop ==="
+bash scripts/valgrind.sh build/release
+
 echo "=== asan: build ==="
 cmake --preset asan >/dev/null
 cmake --build --preset asan -j"$(nproc)"
 echo "=== asan: test ==="
 ctest --preset asan
+
+echo "=== tsan: the concurrency and sharding tests under ThreadSanitizer ==="
+bash scripts/tsan.sh
+echo "=== fuzz: each libFuzzer harness for 60 s (ASan + UBSan) ==="
+bash scripts/fuzz.sh 60

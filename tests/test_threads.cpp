@@ -3,10 +3,20 @@
 // used to make libgomp print "Thread creation failed" and exit the process, or crash, on the first
 // forward. CTest also runs this file's tests under OMP_NUM_THREADS=100000
 // (lnmlp_threads_with_huge_omp_num_threads), where the default count is the one asked for.
+//
+// fork(): a child of a process whose plans ran threads used to wait forever in its first forward
+// (libgomp's pool threads do not exist in a child, src/cpu/fork_child.h); now it runs on its one
+// thread.
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
 
 #include "test_util.h"
 #include "tolerances.h"
@@ -53,6 +63,69 @@ TEST(Threads, TheDefaultCountRunsAndIsRight) {
   EXPECT_TRUE(within_tolerance("y", r.y.to_doubles(), lnmlp_ref::forward(pr.cfg, pr.x, pr.p), nullptr, tol));
   EXPECT_TRUE(within_tolerance("dx", r.dx.to_doubles(), g.dx, nullptr, tol));
   EXPECT_TRUE(within_tolerance("dW1", r.dw1.to_doubles(), g.dw1, nullptr, tol));
+}
+
+// Forward with `plan` on the problem's tokens: y, or an empty buffer when the call fails.
+Buffer forward_y(const Plan& plan, const Problem& pr) {
+  int64_t saved_bytes = 0;
+  lnmlp_plan_get_saved_bytes(plan.get(), &saved_bytes);
+  AlignedMemory saved(saved_bytes, plan.alignment(), 0);
+  Buffer y(pr.dtype, static_cast<size_t>(pr.cfg.tokens * pr.cfg.hidden));
+  const int32_t s = lnmlp_plan_forward(plan.get(), pr.cfg.tokens, pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(),
+                                       pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), pr.bb2.data(), y.data(),
+                                       saved.get(), nullptr, LNMLP_CALL_DEFAULT, nullptr);
+  return s == LNMLP_SUCCESS ? y : Buffer();
+}
+
+// In the child: the same forward and backward on a plan made there, a forward on a plan the parent
+// made and ran (its GEMMs made for two threads), and lnmlp_fp8_encode over an array large enough
+// to be parallel. alarm() ends a deadlocked child with SIGALRM instead of hanging the test. CTest
+// runs this with oneDNN at every ISA and held to AVX2 (its sgemm driver, whose GEMMs fix their
+// thread count when they are made).
+TEST(Fork, AChildRunsAfterTheParentRanThreads) {
+  if (usable_cores() < 2) GTEST_SKIP() << "one usable core: the parent starts no thread team";
+  const Problem pr = problem();
+  RunOptions o;
+  o.num_threads = 2;
+  run_library(pr, o);  // starts OpenMP's thread pool
+  const Plan kept(pr, o);
+  ASSERT_FALSE(forward_y(kept, pr).empty());
+  std::vector<float> big(size_t{1} << 20, 1.5f);
+  std::vector<uint8_t> codes(big.size());
+  ASSERT_EQ(lnmlp_fp8_encode(LNMLP_DTYPE_FP8_E4M3, big.data(), static_cast<int64_t>(big.size()), 1.0f, codes.data()),
+            LNMLP_SUCCESS);
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    alarm(60);
+    // Right, but not always the parent's bits: oneDNN's sgemm splits its sums by thread count.
+    const RunResult child = run_library(pr, o);
+    const Tolerance tol = tolerance_for(pr.dtype);
+    const auto g = lnmlp_ref::backward(pr.cfg, pr.x, pr.p, pr.dy);
+    const auto y_ref = lnmlp_ref::forward(pr.cfg, pr.x, pr.p);
+    int failures = 0;
+    failures += !within_tolerance("y", child.y.to_doubles(), y_ref, nullptr, tol);
+    failures += !within_tolerance("dx", child.dx.to_doubles(), g.dx, nullptr, tol);
+    failures += !within_tolerance("dW1", child.dw1.to_doubles(), g.dw1, nullptr, tol);
+    failures += !within_tolerance("dW2", child.dw2.to_doubles(), g.dw2, nullptr, tol);
+    const Buffer again_y = forward_y(kept, pr);
+    failures +=
+        again_y.empty() || !within_tolerance("y of the parent's plan", again_y.to_doubles(), y_ref, nullptr, tol);
+    std::vector<uint8_t> again(codes.size(), 0);
+    if (lnmlp_fp8_encode(LNMLP_DTYPE_FP8_E4M3, big.data(), static_cast<int64_t>(big.size()), 1.0f, again.data()) !=
+            LNMLP_SUCCESS ||
+        again != codes)
+      failures += 1;
+    _exit(failures == 0 ? 0 : 3);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  if (WIFSIGNALED(status))
+    FAIL() << "the child was killed by signal " << WTERMSIG(status)
+           << (WTERMSIG(status) == SIGALRM ? " (SIGALRM: it hung for 60 s)" : "");
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child's results are wrong (its output above says which)";
 }
 
 }  // namespace

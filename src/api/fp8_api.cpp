@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/error.h"
+#include "cpu/fork_child.h"
 #include "lnmlp.h"
 #include "numerics/fp8.h"
 
@@ -31,12 +32,12 @@ Fp8Format check_args(int32_t dtype, const void* in, int64_t count, float scale, 
 }
 
 template <Fp8Format F> void encode(const float* in, int64_t count, float scale, uint8_t* out) {
-#pragma omp parallel for simd schedule(static) if (count >= kParallelMin)
+#pragma omp parallel for simd schedule(static) if (count >= kParallelMin && !cpu::in_forked_child())
   for (int64_t i = 0; i < count; ++i) out[i] = numerics::float_to_fp8<F>(in[i] * scale);
 }
 
 template <Fp8Format F> void decode(const uint8_t* in, int64_t count, float scale_inv, float* out) {
-#pragma omp parallel for simd schedule(static) if (count >= kParallelMin)
+#pragma omp parallel for simd schedule(static) if (count >= kParallelMin && !cpu::in_forked_child())
   for (int64_t i = 0; i < count; ++i) out[i] = numerics::fp8_to_float<F>(in[i]) * scale_inv;
 }
 

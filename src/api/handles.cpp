@@ -1,5 +1,6 @@
 #include "handles.h"
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <unordered_map>
@@ -13,9 +14,12 @@ const char* kind_name(const lnmlp_desc*) { return "descriptor"; }
 const char* kind_name(const lnmlp_plan*) { return "plan"; }
 const char* kind_name(const lnmlp_comm*) { return "communicator"; }
 
+// Outside the registry, so that a registry made again after release_registry_if_empty() never
+// hands out an old handle's number.
+std::atomic<uint64_t> next_serial{1};
+
 struct Registry {
   std::mutex mutex;
-  uint64_t next_serial = 1;
   std::unordered_map<uintptr_t, std::shared_ptr<lnmlp_desc>> descs;
   std::unordered_map<uintptr_t, std::shared_ptr<lnmlp_plan>> plans;
   std::unordered_map<uintptr_t, std::shared_ptr<lnmlp_comm>> comms;
@@ -23,10 +27,19 @@ struct Registry {
   auto& table(const lnmlp_desc*) { return descs; }
   auto& table(const lnmlp_plan*) { return plans; }
   auto& table(const lnmlp_comm*) { return comms; }
+  bool empty() const { return descs.empty() && plans.empty() && comms.empty(); }
 };
 
+// Made on first use, freed only by release_registry_if_empty(): while handles live, their objects
+// may still be released during exit, after static destructors.
+std::atomic<Registry*> the_registry{nullptr};
+
 Registry& registry() {
-  static Registry* r = new Registry;  // never destroyed: handles may be released during exit
+  Registry* r = the_registry.load(std::memory_order_acquire);
+  if (r != nullptr) return *r;
+  auto* made = new Registry;
+  if (the_registry.compare_exchange_strong(r, made, std::memory_order_acq_rel)) return *made;
+  delete made;  // another thread made it first
   return *r;
 }
 
@@ -43,7 +56,7 @@ template <typename T> T* register_handle(std::unique_ptr<T> object) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   // Serial * 16 + 8: never 0 (NULL), never reused, and never a plausible object address.
-  const uintptr_t token = static_cast<uintptr_t>(r.next_serial++) * 16 + 8;
+  const uintptr_t token = static_cast<uintptr_t>(next_serial++) * 16 + 8;
   r.table(static_cast<const T*>(nullptr)).emplace(token, std::shared_ptr<T>(std::move(object)));
   return reinterpret_cast<T*>(token);  // NOLINT(performance-no-int-to-ptr): a token, never dereferenced
 }
@@ -91,6 +104,18 @@ template std::shared_ptr<lnmlp_plan> lookup_handle(const lnmlp_plan*, const char
 template std::shared_ptr<lnmlp_comm> lookup_handle(const lnmlp_comm*, const char*);
 template void unregister_handle(const lnmlp_desc*);
 template void unregister_handle(const lnmlp_comm*);
+
+bool release_registry_if_empty() noexcept {
+  Registry* r = the_registry.load(std::memory_order_acquire);
+  if (r == nullptr) return true;
+  {
+    std::lock_guard<std::mutex> lock(r->mutex);
+    if (!r->empty()) return false;
+  }
+  the_registry.store(nullptr, std::memory_order_release);
+  delete r;
+  return true;
+}
 
 void PlanUse::mark_busy() {
   bool expected = false;

@@ -21,6 +21,9 @@ template <typename T> std::shared_ptr<T> lookup_handle(const T* handle, const ch
 template <typename T> void unregister_handle(const T* handle);
 // As unregister_handle, but PLAN_BUSY while a call is running on the plan.
 void unregister_plan(const lnmlp_plan* handle);
+// Frees the registry when no handle is live (the library being unloaded: src/api/unload.cpp) and
+// says whether it did; a later call makes a new one.
+bool release_registry_if_empty() noexcept;
 
 // Resolves one handle for the lifetime of the guard and rebinds the caller's handle variable to
 // the object itself, so the rest of the call reads `plan->...` on an object that stays alive.

@@ -11,6 +11,7 @@
 
 #include "block/quantized_slot.h"
 #include "block/token_cache.h"
+#include "fork_child.h"
 #include "fp8_operands.h"
 #include "gemm.h"
 #include "gemm_plan.h"
@@ -72,8 +73,8 @@ int plan_threads(int32_t asked) {
 class CpuExec final : public block::Exec {
  public:
   explicit CpuExec(const Config& cfg) : c_(cfg), r_(resolve_recipe(cfg.fp8)) {
-    threads_ = plan_threads(c_.num_threads);
-    chunks_ = threads_;
+    max_threads_ = plan_threads(c_.num_threads);
+    chunks_ = max_threads_;
     np_ = NormParams{c_.norm, c_.zero_centered_gamma, c_.epsilon, c_.hidden};
     quantized_ = r_.recipe != Recipe::None;
     decoded_ = fp8_operand_type(r_);
@@ -88,12 +89,13 @@ class CpuExec final : public block::Exec {
     }
     gemms_.pin(c_.tokens, std::move(gemms));
     gemms_now_ = &gemms_.pinned();
+    gemms_single_threaded_ = in_forked_child();
     // The pass's scratch: the GEMM library's, the staged GEMM results, the quantizers' column bands.
     RegionAllocator a;
     gemm_scratch_ = a.take(gemm_scratch, 1, "GEMM scratch");
     staging_ = a.take(staging, 1, "GEMM fp32 staging");
     const int64_t widest = std::max({c_.hidden, c_.ffn, c_.act_width()});
-    work_ = a.take_if(quantized_, checked_mul(threads_, widest, "FP8 column bands"), 4, "FP8 column bands");
+    work_ = a.take_if(quantized_, checked_mul(max_threads_, widest, "FP8 column bands"), 4, "FP8 column bands");
     scratch_bytes_ = a.total();
   }
 
@@ -126,12 +128,20 @@ class CpuExec final : public block::Exec {
 
   // ---- one call ----
   void prepare_tokens(int64_t tokens) override {
+    if (in_forked_child() && !gemms_single_threaded_ && max_threads_ > 1) {
+      // Made before a fork() with a team of threads, which oneDNN's GEMMs fix when they are made:
+      // in the child they are made again for one thread (fork_child.h).
+      gemms_.clear();
+      gemms_.pin(c_.tokens, make_gemms(c_.tokens, gemm_scratch_.bytes));
+      gemms_single_threaded_ = true;
+    }
     gemms_now_ = &gemms_.get(tokens, [&](int64_t t) { return make_gemms(t, gemm_scratch_.bytes); });
   }
 
  protected:
   // ---- one pass ----
   void do_begin(void*, void* scratch) override {
+    threads_ = in_forked_child() ? 1 : max_threads_;  // fork_child.h
     previous_threads_ = omp_get_max_threads();
     omp_set_num_threads(threads_);  // the GEMM library reads it
     scratch_ = static_cast<char*>(scratch);
@@ -381,7 +391,10 @@ class CpuExec final : public block::Exec {
   // The GEMMs of a pass over `tokens` tokens (the group's). scratch_limit: the GEMM scratch the
   // plan's workspace holds (-1 at plan creation, which sizes it); a GEMM library that wants more
   // for this count allocates its own instead.
+  // The GEMMs for `tokens`, made for the thread count they will run with (oneDNN fixes it when
+  // it makes a GEMM).
   std::unique_ptr<GemmSet> make_gemms(int64_t tokens, int64_t scratch_limit) const {
+    const ScopedOmpThreads team(in_forked_child() ? 1 : max_threads_);
     Config c = c_;
     c.tokens = tokens;
     auto set = std::make_unique<GemmSet>();
@@ -462,9 +475,11 @@ class CpuExec final : public block::Exec {
   Config c_;
   ResolvedRecipe r_;
   NormParams np_{};
-  int threads_ = 1;
+  int max_threads_ = 1;  // the plan's (sizes the per-thread scratch)
+  int threads_ = 1;      // this pass's: max_threads_, or 1 in a forked child
   int chunks_ = 1;
   int previous_threads_ = 1;
+  bool gemms_single_threaded_ = false;  // made in a forked child
   bool quantized_ = false;
   GemmType decoded_ = GemmType::BF16;  // what FP8 codes are decoded into
   block::TokenCache<GemmSet> gemms_;   // per token count; the plan's maximum pinned

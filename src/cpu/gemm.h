@@ -47,4 +47,8 @@ bool gemm_native_bf16();
 // Name and version of the GEMM library, for lnmlp_get_build_info.
 const char* gemm_library_description();
 
+// Frees what the GEMM layer keeps for the process (oneDNN's engine). Only when no GEMM exists:
+// the library being unloaded with no plan left (src/api/unload.cpp); a later GEMM makes it again.
+void release_gemm_library() noexcept;
+
 }  // namespace lnmlp::cpu

@@ -3,10 +3,11 @@
 // C API with memory objects whose data handles are swapped in, so run() never allocates.
 #include <oneapi/dnnl/dnnl.h>
 
-#include <oneapi/dnnl/dnnl.hpp>
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 
 #include "common/error.h"
@@ -19,13 +20,24 @@ namespace {
 
 using dnnl::memory;
 
+// Below AVX-512, oneDNN's sgemm mallocs its packing buffers in every matmul (gemm_library_description),
+// so memory pressure surfaces here as dnnl_out_of_memory: the caller's status is OUT_OF_MEMORY.
 void check(dnnl_status_t s, const char* what) {
+  if (s == dnnl_out_of_memory) fail(LNMLP_ERROR_OUT_OF_MEMORY, "oneDNN ", what, " ran out of host memory");
   if (s != dnnl_success) fail(LNMLP_ERROR_BACKEND, "oneDNN ", what, " failed with status ", static_cast<int>(s));
 }
 
+// Made on first use and kept (oneDNN's objects must not be destroyed during exit while a plan may
+// still use them), until release_gemm_library().
+std::atomic<dnnl::engine*> the_engine{nullptr};
+
 const dnnl::engine& cpu_engine() {
-  static const dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
-  return *engine;
+  dnnl::engine* e = the_engine.load(std::memory_order_acquire);
+  if (e != nullptr) return *e;
+  auto* made = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  if (the_engine.compare_exchange_strong(e, made, std::memory_order_acq_rel)) return *made;
+  delete made;  // another thread made it first
+  return *e;
 }
 
 class OneDnnGemm final : public Gemm {
@@ -54,8 +66,8 @@ class OneDnnGemm final : public Gemm {
     if (s.bias) bias_ = memory(bias_md, cpu_engine(), DNNL_MEMORY_NONE);
     scratch_ = memory(scratch_md_, cpu_engine(), DNNL_MEMORY_NONE);
   } catch (const dnnl::error& e) {
-    fail(LNMLP_ERROR_BACKEND, "oneDNN could not create a matmul for [", s.m, " x ", s.k, "] @ [", s.k, " x ", s.n,
-         "]: ", e.what());
+    fail(e.status == dnnl_out_of_memory ? LNMLP_ERROR_OUT_OF_MEMORY : LNMLP_ERROR_BACKEND,
+         "oneDNN could not create a matmul for [", s.m, " x ", s.k, "] @ [", s.k, " x ", s.n, "]: ", e.what());
   }
 
   int64_t scratch_bytes() const override { return static_cast<int64_t>(scratch_md_.get_size()); }
@@ -142,6 +154,8 @@ bool gemm_native_bf16() {
   }();
   return ok;
 }
+
+void release_gemm_library() noexcept { delete the_engine.exchange(nullptr); }
 
 std::unique_ptr<Gemm> make_gemm(const GemmShape& shape) {
   if (shape.input == GemmType::BF16 && !gemm_native_bf16()) return make_bf16_on_f32_gemm(shape, make_onednn_gemm);

@@ -1,4 +1,5 @@
-// CUDA runtime and cuBLASLt failures as lnmlp errors (LNMLP_ERROR_BACKEND, naming the call).
+// CUDA runtime and cuBLASLt failures as lnmlp errors (LNMLP_ERROR_BACKEND naming the call, or
+// LNMLP_ERROR_OUT_OF_MEMORY for an allocation that failed).
 #pragma once
 
 #include <cublasLt.h>
@@ -19,6 +20,8 @@ inline void cuda_check(cudaError_t e, const char* what) {
 }
 
 inline void cublas_check(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_ALLOC_FAILED)
+    fail(LNMLP_ERROR_OUT_OF_MEMORY, what, ": cuBLASLt could not allocate (", cublasLtGetStatusString(s), ")");
   if (s != CUBLAS_STATUS_SUCCESS)
     fail(LNMLP_ERROR_BACKEND, what, " failed: ", cublasLtGetStatusName(s), " (", cublasLtGetStatusString(s), ")");
 }

@@ -40,6 +40,31 @@ inline double bf16_to_double(uint16_t b) {
   return f;
 }
 
+#if defined(__clang__) && __clang_major__ < 15
+// clang before 15 has no _Float16 on x86-64 without AVX512-FP16 (the tsan and fuzz presets build
+// with clang 14): IEEE binary16 by hand, round to nearest even from the double itself.
+inline uint16_t f16_from_double(double v) {
+  const uint16_t sign = std::signbit(v) ? 0x8000 : 0;
+  const double a = std::fabs(v);
+  if (std::isnan(v)) return sign | 0x7e00;
+  if (a < 0x1p-14) return static_cast<uint16_t>(sign | static_cast<uint16_t>(std::nearbyint(a * 0x1p24)));
+  int e = 0;
+  std::frexp(a, &e);                                 // a = m * 2^e, m in [0.5, 1)
+  double q = std::nearbyint(std::ldexp(a, 11 - e));  // 11 significant bits, in [1024, 2048]
+  int biased = e - 1 + 15;
+  if (q == 2048) q = 1024, ++biased;
+  if (biased >= 31) return sign | 0x7c00;
+  return static_cast<uint16_t>(sign | (biased << 10) | (static_cast<int>(q) - 1024));
+}
+
+inline double f16_to_double(uint16_t b) {
+  const double sign = (b & 0x8000) ? -1.0 : 1.0;
+  const int biased = (b >> 10) & 0x1f, frac = b & 0x3ff;
+  if (biased == 31) return frac != 0 ? std::nan("") : sign * HUGE_VAL;
+  if (biased == 0) return sign * std::ldexp(frac, -24);
+  return sign * std::ldexp(1024 + frac, biased - 25);
+}
+#else
 inline uint16_t f16_from_double(double v) {
   const _Float16 h = static_cast<_Float16>(v);  // IEEE conversion, round to nearest even
   uint16_t b;
@@ -52,5 +77,6 @@ inline double f16_to_double(uint16_t b) {
   std::memcpy(&h, &b, 2);
   return static_cast<double>(h);
 }
+#endif
 
 }  // namespace lnmlp_ref

@@ -238,10 +238,21 @@ def error_for(status: int, message: str | None = None) -> Error:
     return cls(message or "(no message)", status=int(status), status_name=status_string(status))
 
 
-def check(status: int) -> None:
-    """Raises the Error subclass for a failing status; returns None on success."""
+# The statuses of a call that failed while it ran (lnmlp.h, "A call that fails"): its outputs are
+# undefined; every other failure changed nothing.
+_FAILED_WHILE_RUNNING = frozenset({ERROR_OUT_OF_MEMORY, ERROR_BACKEND, ERROR_INTERNAL})
+
+
+def check(status: int, outputs: str | None = None) -> None:
+    """Raises the Error subclass for a failing status; returns None on success. ``outputs`` names
+    the caller's arrays the call writes: when the call failed while it ran, the message says they
+    are undefined now."""
     if status != SUCCESS:
-        raise error_for(status)
+        error = error_for(status)
+        if outputs and int(status) in _FAILED_WHILE_RUNNING:
+            error = error_for(status, f"{error.message}; {outputs} (the caller's arrays) are undefined now: "
+                                      "an accumulating gradient may hold part of this call's sum")
+        raise error
 
 
 def build_info() -> str:

@@ -960,7 +960,10 @@ class Plan:
         and backward adds this call's gradients into them, each element rnd(old + gradient) with
         the gradient in fp32 (gradient accumulation over micro-batches; 0 tokens leaves them as they
         are); otherwise backward overwrites them (out-arrays). The returned Grads holds these same
-        arrays as dw1, db1, dw2, db2.
+        arrays as dw1, db1, dw2, db2. If the call fails while it runs (OutOfMemoryError,
+        BackendError, InternalError) these arrays are undefined afterwards, an accumulating one
+        possibly holding part of the call's sum; any other error is raised before anything is
+        written. The FP8 state is never left half-updated.
 
         ``weights_unchanged`` (TransformerEngine's ``is_first_microbatch=False``; passes
         LNMLP_CALL_WEIGHTS_UNCHANGED): True promises that w1 and w2 hold the values they had in the
@@ -1017,5 +1020,5 @@ class Plan:
                 dx_ptr = p(dx)
             _lib.check(lib.lnmlp_plan_backward(
                 handle, t, pdy, px, pg, pb, pw1, pb1, pw2, p(saved), dx_ptr, *(p(g) for g in grads), pst,
-                flags, None))
+                flags, None), outputs=None if user is None else "grads")
             return Grads(dx, *grads)

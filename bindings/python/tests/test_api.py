@@ -454,3 +454,55 @@ def test_a_thread_count_above_the_cores_runs():
     with lnmlp.Plan(8, 16, 24, num_threads=65536) as many, lnmlp.Plan(8, 16, 24, num_threads=1) as one:
         np.testing.assert_allclose(many.forward(x, g, b, w1, None, w2, None)[0],
                                    one.forward(x, g, b, w1, None, w2, None)[0], rtol=1e-6, atol=1e-6)
+
+
+def _forward_in_child(plan, inputs, conn):
+    try:
+        conn.send(plan.forward(*inputs)[0])
+    finally:
+        conn.close()
+
+
+def test_a_forked_child_runs_after_the_parent_ran_threads():
+    """multiprocessing's fork start method (DataLoader-style workers): the child's first forward,
+    on the parent's plan, used to wait forever for the OpenMP threads a child does not have. It
+    now runs on the child's one thread (bit for bit the parent's but where oneDNN's sgemm, below
+    AVX-512, splits its sums by thread count)."""
+    import multiprocessing
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one usable core: the parent starts no thread team")
+    rng = np.random.default_rng(1)
+    T, H, F = 64, 32, 48
+    inputs = (rng.standard_normal((T, H)).astype(np.float32), np.ones(H, np.float32), np.zeros(H, np.float32),
+              rng.standard_normal((H, 1, F)).astype(np.float32), None,
+              rng.standard_normal((F, H)).astype(np.float32), None)
+    ctx = multiprocessing.get_context("fork")
+    with lnmlp.Plan(T, H, F, num_threads=2) as plan:
+        expected = plan.forward(*inputs)[0]  # the parent runs a thread team first
+        receive, send = ctx.Pipe(duplex=False)
+        child = ctx.Process(target=_forward_in_child, args=(plan, inputs, send))
+        child.start()
+        send.close()
+        got = receive.recv() if receive.poll(60) else None
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+        assert got is not None, "the forked child's forward did not finish within 60 s"
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_call_that_fails_while_running_says_the_callers_arrays_are_undefined():
+    """lnmlp.h, "A call that fails": after OUT_OF_MEMORY, BACKEND or INTERNAL the outputs are
+    undefined (an accumulating gradient may hold part of the sum); every other failure changed
+    nothing. The error raised where the caller's arrays were written says which is which."""
+    for status in (_lib.ERROR_OUT_OF_MEMORY, _lib.ERROR_BACKEND, _lib.ERROR_INTERNAL):
+        with pytest.raises(lnmlp.Error, match=r"grads \(the caller's arrays\) are undefined now") as e:
+            _lib.check(status, outputs="grads")
+        assert e.value.status == status
+    for status in (_lib.ERROR_INVALID_ARGUMENT, _lib.ERROR_MISALIGNED, _lib.ERROR_PLAN_BUSY):
+        with pytest.raises(lnmlp.Error) as e:
+            _lib.check(status, outputs="grads")
+        assert "undefined" not in str(e.value)
+    with pytest.raises(lnmlp.OutOfMemoryError) as e:
+        _lib.check(_lib.ERROR_OUT_OF_MEMORY)
+    assert "undefined" not in str(e.value)

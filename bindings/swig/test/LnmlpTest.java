@@ -403,6 +403,40 @@ public final class LnmlpTest {
     return true;
   }
 
+  // ---- integers out of range: refused with the binding's exception, never wrapped ---------------
+  static void testOutOfRangeIntegers() {
+    // Builder's long arguments reach C whole (int64_t): 2^32 + k is not k.
+    final long big = 1L << 32;
+    expectStatus(ERROR_INVALID_ARGUMENT, "num_threads",
+        () -> Plan.builder(4, 8, 16).numThreads(big + 2).build(), "Builder.numThreads(2^32 + 2)");
+    expectStatus(ERROR_INVALID_ARGUMENT, "amax_history_len",
+        () -> Plan.builder(4, 8, 16).recipe(RECIPE_DELAYED).delayedScaling(0, big + 4, AMAX_ALGO_MAX).build(),
+        "Builder.delayedScaling history 2^32 + 4");
+    expectStatus(ERROR_INVALID_ARGUMENT, "tokens",
+        () -> Plan.builder(Long.MIN_VALUE, 8, 16).build(), "Builder tokens Long.MIN_VALUE");
+    // allocateAligned: bytes + alignment used to wrap (Long.MAX_VALUE + 64 < Integer.MAX_VALUE),
+    // passing its check and failing later with an IllegalArgumentException of ByteBuffer.
+    expectStatus(ERROR_SIZE_OVERFLOW, "do not fit", () -> Plan.allocateAligned(Long.MAX_VALUE, 64),
+        "allocateAligned(Long.MAX_VALUE, 64)");
+    expectStatus(ERROR_SIZE_OVERFLOW, "do not fit", () -> Plan.allocateAligned(100, Long.MAX_VALUE),
+        "allocateAligned(100, Long.MAX_VALUE)");
+    // Sizes that are not a multiple of the alignment: bytes + alignment was not always enough
+    // (alignedSlice rounds both ends inwards), which limit(bytes) then refused.
+    for (long n = 1; n <= 300; n += 13) {
+      for (long a : new long[] {16, 64, 4096}) {
+        check(Plan.allocateAligned(n, a).capacity() == n, "allocateAligned(" + n + ", " + a + ")");
+      }
+    }
+    // A plan whose dx ([T, H], T*H > Integer.MAX_VALUE) no Java array holds: SIZE_OVERFLOW, not
+    // Math.toIntExact's ArithmeticException. External workspace: the plan allocates nothing for T.
+    try (Plan huge = Plan.builder(Integer.MAX_VALUE, 8, 8).externalWorkspace(true).build()) {
+      expectStatus(ERROR_SIZE_OVERFLOW, "more than a Java array holds", () -> huge.newGrads(TOKENS_MAX),
+          "newGrads of a plan whose dx exceeds a Java array");
+      check(huge.newGrads(4).dx.length == 4 * 8, "newGrads for 4 tokens of that plan");
+    }
+    System.out.println("out-of-range integers: refused");
+  }
+
   static void testTokens() {
     final int T = 12, H = 32, F = 48, t = 5;
     Random r = new Random(99);
@@ -865,6 +899,7 @@ public final class LnmlpTest {
     testVersion();
     testForwardBackward();
     testErrors();
+    testOutOfRangeIntegers();
     testTokens();
     testDelayedState();
     testFp8StateOfCaller();

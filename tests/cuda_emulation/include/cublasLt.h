@@ -10,7 +10,7 @@ typedef struct EmulatedLtMatrixLayout* cublasLtMatrixLayout_t;
 struct cublasLtMatmulAlgo_t {
   int unused;
 };
-enum cublasStatus_t { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_NOT_SUPPORTED = 15 };
+enum cublasStatus_t { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_ALLOC_FAILED = 3, CUBLAS_STATUS_NOT_SUPPORTED = 15 };
 
 inline cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
   static char tag;

@@ -23,7 +23,7 @@ include("constants.jl")   # generated: the header's enum constants (Int32) and i
 include("library.jl")     # finding the library, the ABI check, LNMLP_ABI_VERSION's docstring
 include("capi.jl")        # generated: one raw ccall wrapper per C function (the only file with
                           # ccall), the lnmlp_comm_callbacks struct
-include("errors.jl")      # LNMLPError, check
+include("errors.jl")      # LNMLPError, check, _int_in (integer arguments range-checked before ccall)
 include("bfloat16.jl")    # BFloat16, a 16-bit storage type for LNMLP_DTYPE_BF16
 include("plan.jl")        # Plan, forward, backward, backward!, close
 include("fp8.jl")         # FP8 conversions and delayed-scaling state

@@ -32,3 +32,14 @@ end
 
 # A binding-side argument check, reported like the library reports its own.
 argerror(msg::AbstractString) = throw(LNMLPError(LNMLP_ERROR_INVALID_ARGUMENT, msg))
+
+# An integer argument as its C parameter's type T, checked to lie in [lo, hi] (T's range, or the
+# tighter one the binding documents) before ccall converts it: ccall's own conversion throws an
+# InexactError instead of this error, and a Bool would pass as 0 or 1.
+function _int_in(name, v, lo::T, hi::T) where {T<:Integer}
+    v isa Integer && !(v isa Bool) || argerror("$name must be an integer, got $(repr(v))")
+    lo <= v <= hi || argerror("$name must be in [$lo, $hi], got $v")
+    return T(v)
+end
+const _INT64 = (typemin(Int64), typemax(Int64))
+const _INT32 = (typemin(Int32), typemax(Int32))

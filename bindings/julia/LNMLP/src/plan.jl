@@ -125,6 +125,10 @@ function Plan(tokens::Integer, hidden::Integer, ffn::Integer; norm=:layernorm, z
     weight_dtype === nothing || haskey(_DTYPES, weight_dtype) ||
         argerror("weight_dtype must be nothing or the plan's dtype ($dtype), or Float32; got $weight_dtype")
     weightv = weight_dtype === nothing ? Int32(-1) : _DTYPES[weight_dtype]
+    # the library says what it accepts within int64 (as the Python binding, num_threads here)
+    tokens, hidden, ffn = _int_in("tokens", tokens, _INT64...), _int_in("hidden", hidden, _INT64...),
+                          _int_in("ffn", ffn, _INT64...)
+    num_threads = _int_in("num_threads", num_threads, Int64(0), Int64(65536))
     d = Ref{Ptr{Cvoid}}(C_NULL)
     check(lnmlp_desc_create(d))
     h = Ref{Ptr{Cvoid}}(C_NULL)
@@ -147,18 +151,21 @@ function Plan(tokens::Integer, hidden::Integer, ffn::Integer; norm=:layernorm, z
         check(lnmlp_desc_set_weight_dtype(desc, weightv))
         check(lnmlp_desc_set_remat(desc, rematv))
         check(lnmlp_desc_set_backend(desc, LNMLP_BACKEND_CPU, Int32(0)))
-        check(lnmlp_desc_set_num_threads(desc, Int64(num_threads)))
+        check(lnmlp_desc_set_num_threads(desc, num_threads))
         check(lnmlp_desc_set_external_workspace(desc, Int32(external_workspace)))
         if sharding !== nothing  # experimental: (group_size, rank, sequence_parallel); the library accepts group 1
             g, r, sp = sharding
-            check(lnmlp_desc_set_sharding(desc, Int64(g), Int64(r), Int32(Bool(sp))))
+            check(lnmlp_desc_set_sharding(desc, _int_in("sharding's group_size", g, _INT64...),
+                                          _int_in("sharding's rank", r, _INT64...), Int32(Bool(sp))))
         end
         if recipev != LNMLP_RECIPE_NONE
             check(lnmlp_desc_set_recipe(desc, recipev))
             check(lnmlp_desc_set_fp8_format(desc, _choice("fp8_format", fp8_format, _FORMATS)))
-            check(lnmlp_desc_set_delayed_scaling(desc, Int32(margin), Int64(amax_history_len),
+            check(lnmlp_desc_set_delayed_scaling(desc, _int_in("margin", margin, _INT32...),
+                                                 _int_in("amax_history_len", amax_history_len, _INT64...),
                                                  _choice("amax_compute_algo", amax_compute_algo, _ALGOS)))
-            check(lnmlp_desc_set_scaling_options(desc, Int32(power_2_scale), Float32(amax_epsilon)))
+            check(lnmlp_desc_set_scaling_options(desc, _int_in("power_2_scale", power_2_scale, _INT32...),
+                                                 Float32(amax_epsilon)))
         end
         check(lnmlp_plan_create(desc, h))
     finally
@@ -250,7 +257,8 @@ The size of the array `plan` takes as `tensor` (`:x, :gamma, :beta, :w1, :b1, :w
 """
 function tensor_shape(p::Plan, tensor; tokens::Union{Nothing,Integer}=nothing)
     lock(p.lock) do
-        _shape(_live(p), _choice("tensor", tensor, TENSORS), tokens === nothing ? LNMLP_TOKENS_MAX : tokens)
+        _shape(_live(p), _choice("tensor", tensor, TENSORS),
+               tokens === nothing ? LNMLP_TOKENS_MAX : _int_in("tokens", tokens, _INT64...))
     end
 end
 
@@ -489,7 +497,7 @@ same arrays, to accumulate into.
 function new_grads(p::Plan; tokens::Union{Nothing,Integer}=nothing)
     lock(p.lock) do
         h = _live(p)
-        t = tokens === nothing ? LNMLP_TOKENS_MAX : tokens
+        t = tokens === nothing ? LNMLP_TOKENS_MAX : _int_in("tokens", tokens, _INT64...)
         z(tensor) = (st = _shape_type(h, tensor, t); st[1] === nothing ? nothing : zeros(st[2], st[1]))
         return (; dx=z(LNMLP_TENSOR_DX), dgamma=z(LNMLP_TENSOR_DGAMMA), dbeta=z(LNMLP_TENSOR_DBETA),
                 dw1=z(LNMLP_TENSOR_DW1), db1=z(LNMLP_TENSOR_DB1), dw2=z(LNMLP_TENSOR_DW2),

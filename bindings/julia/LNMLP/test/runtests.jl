@@ -156,6 +156,30 @@ thrown(f) = try f(); nothing catch err; err end
         plan = nothing; GC.gc()  # the finalizer frees the C plan
     end
 
+    @testset "out-of-range integers are refused before ccall" begin
+        # ccall's own conversion threw InexactError (Int64(2^64 + 8)), not LNMLPError; a Bool passed as 0 or 1
+        i64 = "[$(typemin(Int64)), $(typemax(Int64))]"
+        for (f, msg) in ((() -> Plan(big(2)^64 + 8, H, F), "tokens must be in $i64, got $(big(2)^64 + 8)"),
+                         (() -> Plan(T, UInt64(2)^63, F), "hidden must be in $i64, got 9223372036854775808"),
+                         (() -> Plan(T, H, -big(2)^63 - 1), "ffn must be in $i64"),
+                         (() -> Plan(true, H, F), "tokens must be an integer, got true"),
+                         (() -> Plan(T, H, F; num_threads=2^32), "num_threads must be in [0, 65536], got 4294967296"),
+                         (() -> Plan(T, H, F; sharding=(big(2)^64 + 1, 0, false)), "sharding's group_size must be in $i64"),
+                         (() -> Plan(T, H, F; sharding=(2, 2.0, false)), "sharding's rank must be an integer"),
+                         (() -> Plan(T, H, F; recipe=:delayed, margin=2^31), "margin must be in"),
+                         (() -> Plan(T, H, F; recipe=:delayed, amax_history_len=typemax(UInt64)), "amax_history_len must be in"),
+                         (() -> Plan(T, H, F; recipe=:current, power_2_scale=-2^31 - 1), "power_2_scale must be in"))
+            e = thrown(f)
+            @test e isa LNMLPError && e.status == LNMLP_ERROR_INVALID_ARGUMENT && occursin(msg, e.message)
+        end
+        plan = Plan(T, H, F; num_threads=65536)  # the bound itself is the library's to take
+        e = thrown(() -> tensor_shape(plan, :x; tokens=typemax(UInt64)))
+        @test e isa LNMLPError && e.status == LNMLP_ERROR_INVALID_ARGUMENT && occursin("tokens must be in $i64", e.message)
+        e = thrown(() -> new_grads(plan; tokens=big(2)^63))
+        @test e isa LNMLPError && e.status == LNMLP_ERROR_INVALID_ARGUMENT && occursin("tokens must be in $i64", e.message)
+        close(plan)
+    end
+
     @testset "FP8" begin
         codes = fp8_encode(:e4m3, Float32[1, -2, 448, 1000], 1)
         @test fp8_decode(:e4m3, codes, 1) == Float32[1, -2, 448, 448]  # saturates

@@ -338,7 +338,7 @@ def backward_accumulate_op(dy: Tensor, x: Tensor, gamma: Tensor, beta: Optional[
                                            _ptr(b1), _ptr(w2), _ptr(saved), _ptr(dx), _ptr(dgamma), _ptr(dbeta),
                                            ctypes.c_void_p(main_dw1.data_ptr()), _ptr(db1),
                                            ctypes.c_void_p(main_dw2.data_ptr()), _ptr(db2), _ptr(new_state),
-                                           cfg.flags, _stream(x.device)))
+                                           cfg.flags, _stream(x.device)), outputs="fc1/fc2 main_grad")
     return dx, dgamma, dbeta, db1, db2, new_state
 
 

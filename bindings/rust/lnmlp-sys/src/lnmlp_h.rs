@@ -32,7 +32,8 @@ pub const LNMLP_ERROR_SIZE_OVERFLOW: i32 = 3;
 pub const LNMLP_ERROR_INVALID_HANDLE: i32 = 4;
 /// valid, but not available in this build or on this machine
 pub const LNMLP_ERROR_NOT_SUPPORTED: i32 = 5;
-/// an allocation failed (only at plan creation)
+/// an allocation failed: host or GPU memory, at plan creation or
+/// in a call (see "A call that fails" under Execution)
 pub const LNMLP_ERROR_OUT_OF_MEMORY: i32 = 6;
 /// attached workspace smaller than lnmlp_plan_get_workspace_bytes
 pub const LNMLP_ERROR_WORKSPACE_TOO_SMALL: i32 = 7;
@@ -395,7 +396,9 @@ extern "C" {
     /// CPU backend threads, 0 .. 65536: 0 (default) uses OpenMP's default (OMP_NUM_THREADS, else every
     /// core). A plan never runs more threads than the cores the process may run on (its CPU affinity):
     /// a larger count is clamped to that, so that no call can oversubscribe the machine or ask the
-    /// OpenMP runtime for a team it cannot start (which would end the process).
+    /// OpenMP runtime for a team it cannot start (which would end the process). In a child forked from
+    /// the process that loaded lnmlp, CPU calls run on the calling thread alone (the OpenMP thread pool
+    /// does not survive fork: docs/design.md, "fork()").
     /// @since 0.1; changed in 0.2 (int64_t num_threads)
     /// @param\[in\] num_threads
     /// @param\[in,out\] desc

@@ -22,7 +22,7 @@ use crate::{
 /// communicator are experimental (the `experimental` feature).
 #[derive(Clone, Debug, Default)]
 pub struct PlanBuilder {
-    shape: Option<(i64, i64, i64)>,
+    shape: Option<(usize, usize, usize)>,
     norm: Option<Norm>,
     zero_centered_gamma: Option<bool>,
     epsilon: Option<f32>,
@@ -33,7 +33,7 @@ pub struct PlanBuilder {
     dtype: Option<DType>,
     remat: Option<Remat>,
     backend: Option<(Backend, i32)>,
-    num_threads: Option<i64>,
+    num_threads: Option<usize>,
     accumulate_grads: Option<bool>,
     grad_dtype: Option<DType>,
     weight_dtype: Option<DType>,
@@ -42,7 +42,7 @@ pub struct PlanBuilder {
     delayed: Option<DelayedScaling>,
     scaling_options: Option<(Option<bool>, f32)>,
     #[cfg(feature = "experimental")]
-    sharding: Option<(i64, i64, bool)>,
+    sharding: Option<(usize, usize, bool)>,
     #[cfg(feature = "experimental")]
     communicator: Option<Communicator>,
     external_workspace: Option<bool>,
@@ -51,10 +51,17 @@ pub struct PlanBuilder {
 /// The same builder under the C API's name for it.
 pub type DescriptorBuilder = PlanBuilder;
 
-/// A size as the C API's `int64_t`; -1 (which the library rejects with its message) for one that
-/// does not fit.
-fn c_size(v: usize) -> i64 {
-    i64::try_from(v).unwrap_or(-1)
+/// The most CPU threads `lnmlp_desc_set_num_threads` takes.
+const MAX_THREADS: i64 = 65536;
+
+/// `v` as the C API's `int64_t`, checked against `0 ..= max` before the library sees it: a value
+/// that does not fit is [`crate::Status::InvalidArgument`] naming `name` and its range, never cut
+/// or replaced (the library checks the rest of the range with its own message).
+fn c_int(name: &str, v: usize, max: i64) -> Result<i64> {
+    i64::try_from(v)
+        .ok()
+        .filter(|&c| c <= max)
+        .ok_or_else(|| Error::invalid(format!("{name} must be in [0, {max}], got {v}")))
 }
 
 impl PlanBuilder {
@@ -66,9 +73,10 @@ impl PlanBuilder {
     /// T (tokens: all leading dims of x flattened), H (hidden) and F (ffn); each must be >= 1.
     /// T is the most tokens one forward / backward takes: each call takes any count from 0 to T
     /// (the length of its x), and the workspace and [`Plan::saved_bytes`] are sized for T.
-    /// Sizes that do not fit an `i64` are rejected at [`PlanBuilder::build`].
+    /// Sizes above `i64::MAX` are rejected at [`PlanBuilder::build`] with
+    /// [`crate::Status::InvalidArgument`].
     pub fn shape(mut self, tokens: usize, hidden: usize, ffn: usize) -> Self {
-        self.shape = Some((c_size(tokens), c_size(hidden), c_size(ffn)));
+        self.shape = Some((tokens, hidden, ffn));
         self
     }
 
@@ -161,8 +169,10 @@ impl PlanBuilder {
     }
 
     /// CPU backend threads, 0 ..= 65536; 0 (default) uses every core the process may run on.
+    /// A larger count is rejected at [`PlanBuilder::build`] with
+    /// [`crate::Status::InvalidArgument`].
     pub fn num_threads(mut self, num_threads: usize) -> Self {
-        self.num_threads = Some(c_size(num_threads));
+        self.num_threads = Some(num_threads);
         self
     }
 
@@ -248,7 +258,7 @@ impl PlanBuilder {
     /// `group_size` above `i32::MAX`).
     #[cfg(feature = "experimental")]
     pub fn sharding(mut self, group_size: usize, rank: usize, sequence_parallel: bool) -> Self {
-        self.sharding = Some((c_size(group_size), c_size(rank), sequence_parallel));
+        self.sharding = Some((group_size, rank, sequence_parallel));
         self
     }
 
@@ -286,6 +296,8 @@ impl PlanBuilder {
                 check(sys::lnmlp_desc_set_backend(d, b.raw(), dev))?;
             }
             if let Some((t, h, f)) = self.shape {
+                let (t, h, f) =
+                    (c_int("tokens", t, i64::MAX)?, c_int("hidden", h, i64::MAX)?, c_int("ffn", f, i64::MAX)?);
                 check(sys::lnmlp_desc_set_shape(d, t, h, f))?;
             }
             if let Some(n) = self.norm {
@@ -314,7 +326,7 @@ impl PlanBuilder {
                 check(sys::lnmlp_desc_set_remat(d, r.raw()))?;
             }
             if let Some(n) = self.num_threads {
-                check(sys::lnmlp_desc_set_num_threads(d, n))?;
+                check(sys::lnmlp_desc_set_num_threads(d, c_int("num_threads", n, MAX_THREADS)?))?;
             }
             if self.accumulate_grads.is_some() || self.grad_dtype.is_some() {
                 let accumulate = self.cfg_accumulate_grads() as i32;
@@ -330,7 +342,7 @@ impl PlanBuilder {
                 check(sys::lnmlp_desc_set_fp8_format(d, f.raw()))?;
             }
             if let Some(o) = self.delayed {
-                let len = c_size(o.amax_history_len);
+                let len = c_int("amax_history_len", o.amax_history_len, i64::MAX)?;
                 check(sys::lnmlp_desc_set_delayed_scaling(d, o.margin, len, o.amax_compute_algo.raw()))?;
             }
             if let Some((p2, eps)) = self.scaling_options {
@@ -343,6 +355,7 @@ impl PlanBuilder {
             }
             #[cfg(feature = "experimental")]
             if let Some((g, r, sp)) = self.sharding {
+                let (g, r) = (c_int("group_size", g, i64::MAX)?, c_int("rank", r, i64::MAX)?);
                 check(sys::lnmlp_desc_set_sharding(d, g, r, sp as i32))?;
             }
             #[cfg(feature = "experimental")]
@@ -384,11 +397,11 @@ impl PlanBuilder {
     pub(crate) fn cfg_recipe(&self) -> Recipe {
         self.recipe.unwrap_or_default()
     }
-    pub(crate) fn cfg_shape(&self) -> (i64, i64, i64) {
+    pub(crate) fn cfg_shape(&self) -> (usize, usize, usize) {
         self.shape.unwrap_or((0, 0, 0))
     }
     /// (group size, rank, sequence parallel); (1, 0, false) when not sharded.
-    pub(crate) fn cfg_sharding(&self) -> (i64, i64, bool) {
+    pub(crate) fn cfg_sharding(&self) -> (usize, usize, bool) {
         #[cfg(feature = "experimental")]
         if let Some(s) = self.sharding {
             return s;

@@ -220,6 +220,12 @@ pub struct QuantizerState {
 /// A plan is [`Send`] (it may move to another thread) but not [`Sync`]: the library allows one
 /// thread at a time per plan, which `&mut self` on every running method enforces.
 ///
+/// A forward or backward that returns an error has changed nothing, except one that failed while
+/// it ran ([`Status::OutOfMemory`], [`Status::Backend`], [`Status::Internal`]): then the slices
+/// it writes are undefined -- accumulated gradients ([`Plan::backward_into`]) may hold part of
+/// the call's sum, so keep a copy or drop the step -- while the FP8 state is as it was and the
+/// plan stays usable.
+///
 /// ```compile_fail
 /// fn needs_sync<T: Sync>() {}
 /// needs_sync::<lnmlp::Plan>();
@@ -329,9 +335,9 @@ impl Plan {
         let (group_size, rank, sp) = cfg.cfg_sharding();
         let mut plan = Plan {
             raw,
-            tokens: t as usize,
-            hidden: h as usize,
-            ffn: f as usize,
+            tokens: t,
+            hidden: h,
+            ffn: f,
             num_activations: cfg.cfg_activations().count(),
             norm: cfg.cfg_norm(),
             has_bias1: b1,
@@ -352,8 +358,8 @@ impl Plan {
             amax_history_length: 0,
             #[cfg(feature = "experimental")]
             state_bytes: 0,
-            group_size: group_size.max(1) as usize,
-            rank: rank.max(0) as usize,
+            group_size: group_size.max(1),
+            rank,
             sequence_parallel: sp && group_size > 1,
             shapes: [None; TENSOR_COUNT],
             max_tokens: 0,

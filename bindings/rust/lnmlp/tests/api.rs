@@ -303,3 +303,45 @@ fn plan_is_send() {
     assert_eq!(y0, y1);
     drop(plan);
 }
+
+#[test]
+fn out_of_range_integers_are_refused_not_cut() {
+    // A usize above i64::MAX used to reach the library as -1 ("tokens must be >= 1, got -1"); now
+    // the builder refuses it with its own message, without calling the library: the thread's
+    // last library message stays the one left here.
+    let _ = PlanBuilder::new().shape(0, 1, 1).build().unwrap_err();
+    let before = last_error();
+    let big = i64::MAX as usize + 1;
+    let delayed = |len| {
+        small().recipe(Recipe::Delayed).delayed_scaling(DelayedScaling { amax_history_len: len, ..Default::default() })
+    };
+    let cases = vec![
+        (small().shape(usize::MAX, 8, 16), "tokens must be in [0, 9223372036854775807], got 18446744073709551615"),
+        (small().shape(2, big, 16), "hidden must be in [0, 9223372036854775807], got 9223372036854775808"),
+        (small().shape(2, 8, big), "ffn must be in [0, 9223372036854775807], got 9223372036854775808"),
+        (small().num_threads(usize::MAX), "num_threads must be in [0, 65536], got 18446744073709551615"),
+        (small().num_threads(1 << 32), "num_threads must be in [0, 65536], got 4294967296"),
+        (small().num_threads(65537), "num_threads must be in [0, 65536], got 65537"),
+        (delayed(big), "amax_history_len must be in [0, 9223372036854775807], got 9223372036854775808"),
+    ];
+    #[cfg(feature = "experimental")]
+    let cases = [
+        cases,
+        vec![
+            (
+                small().sharding(usize::MAX, 0, false),
+                "group_size must be in [0, 9223372036854775807], got 18446744073709551615",
+            ),
+            (small().sharding(2, big, false), "rank must be in [0, 9223372036854775807], got 9223372036854775808"),
+        ],
+    ]
+    .concat();
+    for (builder, message) in cases {
+        let e = builder.build().unwrap_err();
+        assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+        assert_eq!(e.message(), message);
+    }
+    assert_eq!(last_error(), before, "a refused value reached the library");
+    // The bounds themselves are the library's to take.
+    assert_eq!(small().num_threads(65536).build().unwrap().tokens(), 2);
+}

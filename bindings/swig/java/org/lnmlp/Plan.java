@@ -54,6 +54,12 @@ import java.nio.ByteOrder;
  * <p>FP8 delayed scaling: the plan keeps its own state, or a caller's: per call (the
  * {@code fp8State} overloads, a float[] of {@link #newFp8State()}'s layout, updated in place) or
  * attached ({@link #attachFp8State}, a direct buffer from {@link #newFp8StateBuffer()}).
+ *
+ * <p>A forward or backward that throws has changed nothing, except one that failed while it ran
+ * (status {@code LnmlpNative.ERROR_OUT_OF_MEMORY}, {@code ERROR_BACKEND} or {@code ERROR_INTERNAL}):
+ * the arrays it writes are then undefined -- accumulated gradients may hold part of the call's
+ * sum, so keep a copy or drop the step -- while the FP8 state is as it was and the plan stays
+ * usable.
  */
 public final class Plan implements AutoCloseable {
   private static final Cleaner CLEANER = Cleaner.create();
@@ -328,11 +334,17 @@ public final class Plan implements AutoCloseable {
 
   /** A zeroed direct buffer of {@code bytes} bytes whose address is a multiple of alignment. */
   public static ByteBuffer allocateAligned(long bytes, long alignment) {
-    if (bytes < 0 || alignment < 1 || bytes + alignment > Integer.MAX_VALUE) {
+    // Compared before any sum is formed (bytes + alignment could wrap past Long.MAX_VALUE).
+    if (bytes < 0 || alignment < 1 || alignment > Integer.MAX_VALUE / 2
+        || bytes > Integer.MAX_VALUE - 2 * alignment) {
       throw new LnmlpException(ERROR_SIZE_OVERFLOW,
           bytes + " bytes aligned to " + alignment + " do not fit a java.nio.ByteBuffer");
     }
-    ByteBuffer raw = ByteBuffer.allocateDirect((int) (bytes + alignment));
+    // alignedSlice rounds both ends inwards: bytes rounded up to the alignment, plus one more
+    // alignment, always leaves bytes between them (bytes + alignment did not when bytes was not
+    // a multiple of it and the buffer's address was unaligned).
+    long padded = (bytes + alignment - 1) / alignment * alignment + alignment;
+    ByteBuffer raw = ByteBuffer.allocateDirect((int) padded);
     ByteBuffer b = raw.alignedSlice((int) alignment);
     b.limit((int) bytes);
     return b.slice().order(ByteOrder.nativeOrder());
@@ -350,6 +362,16 @@ public final class Plan implements AutoCloseable {
   /** {@link #tensorShape(int, long)} for the plan's most tokens. */
   public long[] tensorShape(int tensor) {
     return tensorShape(tensor, TOKENS_MAX);
+  }
+
+  /** {@code n} elements as a Java array length; ERROR_SIZE_OVERFLOW (not a wrapped int, nor
+   * Math.toIntExact's ArithmeticException) when more than an array holds. */
+  private static int arrayLength(String what, long n) {
+    if (n < 0 || n > Integer.MAX_VALUE) {
+      throw new LnmlpException(ERROR_SIZE_OVERFLOW,
+          what + " has " + n + " elements, more than a Java array holds (Integer.MAX_VALUE)");
+    }
+    return (int) n;
   }
 
   /** The number of elements of a tensor of that shape; -1 when the plan does not take it. */
@@ -626,7 +648,7 @@ public final class Plan implements AutoCloseable {
   public synchronized Grads newGrads(long tokens) {
     live();
     requireF32("newGrads");
-    return grads(Math.toIntExact(elements(TENSOR_DX, tokens)));
+    return grads(arrayLength("dx", elements(TENSOR_DX, tokens)));
   }
 
   private Grads grads(int dxLength) {
@@ -637,12 +659,12 @@ public final class Plan implements AutoCloseable {
   /** A new array for a gradient, sized by the shape query; null when the plan has none. */
   private float[] newFloats(int tensor) {
     long n = elements(tensor);
-    return n < 0 ? null : new float[Math.toIntExact(n)];
+    return n < 0 ? null : new float[arrayLength("gradient tensor " + tensor, n)];
   }
 
   private short[] newShorts(int tensor) {
     long n = elements(tensor);
-    return n < 0 ? null : new short[Math.toIntExact(n)];
+    return n < 0 ? null : new short[arrayLength("gradient tensor " + tensor, n)];
   }
 
   // -- bf16 / f16 plans: short[] bit patterns --
@@ -713,7 +735,7 @@ public final class Plan implements AutoCloseable {
     live();
     require16("newGrads16");
     requireGradDtype(dtype, "Plan.Grads16");
-    return new Grads16(new short[Math.toIntExact(elements(TENSOR_DX, tokens))],
+    return new Grads16(new short[arrayLength("dx", elements(TENSOR_DX, tokens))],
         newShorts(TENSOR_DGAMMA), newShorts(TENSOR_DBETA), newShorts(TENSOR_DW1),
         newShorts(TENSOR_DB1), newShorts(TENSOR_DW2), newShorts(TENSOR_DB2));
   }
@@ -723,7 +745,7 @@ public final class Plan implements AutoCloseable {
     live();
     require16("newMainGrads");
     requireGradDtype(DTYPE_F32, "Plan.MainGrads");
-    return new MainGrads(new short[Math.toIntExact(elements(TENSOR_DX, tokens))],
+    return new MainGrads(new short[arrayLength("dx", elements(TENSOR_DX, tokens))],
         newShorts(TENSOR_DGAMMA), newShorts(TENSOR_DBETA), newFloats(TENSOR_DW1),
         newFloats(TENSOR_DB1), newFloats(TENSOR_DW2), newFloats(TENSOR_DB2));
   }
@@ -737,7 +759,7 @@ public final class Plan implements AutoCloseable {
 
   /** The amax history of quantizer q, newest first (a copy). */
   public synchronized float[] amaxHistory(int q) {
-    float[] h = new float[Math.toIntExact(amaxHistoryLength)];
+    float[] h = new float[arrayLength("the amax history", amaxHistoryLength)];
     LnmlpNative.plan_get_quantizer_state(live(), q, h);
     return h;
   }
@@ -759,7 +781,7 @@ public final class Plan implements AutoCloseable {
       throw new LnmlpException(ERROR_INVALID_ARGUMENT,
           "this plan's recipe keeps no quantizer state (only RECIPE_DELAYED does)");
     }
-    float[] s = new float[Math.toIntExact(dims[0] * dims[1])];
+    float[] s = new float[arrayLength("the FP8 state", dims[0] * dims[1])];
     for (int q = 0; q < dims[0]; q++) s[Math.toIntExact(q * dims[1])] = 1f;
     return s;
   }
@@ -801,7 +823,7 @@ public final class Plan implements AutoCloseable {
    * checkpoint use {@link #quantizerScale} / {@link #amaxHistory} / {@link #setQuantizerState}. */
   public synchronized byte[] exportState() {
     PlanHandle h = live();
-    byte[] blob = new byte[Math.toIntExact(stateBytes)];
+    byte[] blob = new byte[arrayLength("the state blob", stateBytes)];
     if (blob.length > 0) LnmlpNative.plan_export_state(h, blob);
     return blob;
   }
