@@ -34,6 +34,15 @@ for h in $harnesses; do
   log=$run/$h.log
   mkdir -p "$corpus" "$artifacts"
   cp -n tests/fuzz/corpus/"$h"/* "$corpus"/
+  # The inputs that once broke a promise (tests/fuzz/crashes/README.md) must pass: regressions.
+  if compgen -G "tests/fuzz/crashes/$h/*" >/dev/null; then
+    echo "=== $h: the inputs of tests/fuzz/crashes/$h, once each"
+    if ! build/fuzz/tests/fuzz/"$h" tests/fuzz/crashes/"$h"/* >"$run/$h.regressions.log" 2>&1; then
+      status=1
+      tail -n 60 "$run/$h.regressions.log"
+      summary+=("$h: a regression input of tests/fuzz/crashes/$h fails again")
+    fi
+  fi
   echo "=== $h: ${seconds}s over $corpus ($(ls "$corpus" | wc -l) inputs)"
   rc=0
   build/fuzz/tests/fuzz/"$h" "$corpus" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \

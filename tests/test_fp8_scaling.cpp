@@ -119,6 +119,18 @@ TEST(DelayedScaling, TinyAmaxGivesFloatMax) {
   EXPECT_EQ(nx::delayed_scale_update(1.0f, std::numeric_limits<float>::denorm_min(), kE5M2Max, 0), FLT_MAX);
 }
 
+// (448 / 1e30) / 2^127 underflows fp32 to 0; the plan then stored scale 0, which its own
+// lnmlp_plan_set_quantizer_state refuses (fuzz_state's crash input). The smallest normal instead,
+// with a finite inverse; at the edge of the normal range the exact quotient.
+TEST(DelayedScaling, HugeAmaxWithALargeMarginGivesTheSmallestNormal) {
+  const float min_normal = std::numeric_limits<float>::min();
+  EXPECT_EQ(nx::delayed_scale_update(1.0f, 1e30f, kE4M3Max, 127), min_normal);
+  EXPECT_EQ(nx::delayed_scale_update(1.0f, FLT_MAX, kE5M2Max, 127), min_normal);
+  EXPECT_EQ(nx::delayed_scale_update(1.0f, FLT_MAX, kE4M3Max, 20), min_normal);  // a subnormal before
+  EXPECT_TRUE(std::isfinite(1.0f / nx::delayed_scale_update(1.0f, FLT_MAX, kE4M3Max, 127)));
+  EXPECT_EQ(nx::delayed_scale_update(1.0f, 448.0f, kE4M3Max, 126), min_normal);  // exactly 2^-126
+}
+
 // A known amax sequence through a history of length 4, both algorithms, checked against a deque
 // kept here (newest at the front).
 TEST(DelayedScaling, HistoryMaxAndMostRecent) {

@@ -27,6 +27,7 @@ namespace lnmlp::numerics {
 
 // The largest finite fp32, the scale used when fmt_max / amax overflows (as TransformerEngine).
 constexpr float kFloatMax = 3.40282346638528859811704183484516925e+38f;
+constexpr float kFloatMinNormal = 1.17549435082228750796873653722224568e-38f;  // 2^-126
 
 // 2^e as a float, exactly, for e in [-126, 127] (normal floats); e is clamped to that range.
 LNMLP_HD float pow2_float(int e) {
@@ -46,13 +47,17 @@ LNMLP_HD bool positive_finite(float v) {
 // If amax_h is 0 or not finite (NaN, inf) -- or negative, which no amax is -- the old scale is
 // returned unchanged.
 // If the quotient overflows fp32 (amax_h tiny), the scale is FLT_MAX, as TransformerEngine does:
-// the tensor's amax then maps below fmt_max, the best fp32 can do.
+// the tensor's amax then maps below fmt_max, the best fp32 can do. If it leaves the normal range
+// at the other end (amax_h near FLT_MAX with a large margin: (448 / 1e30) / 2^127 is 0 in fp32),
+// the scale is the smallest normal float, 2^-126, so that it stays > 0 with a finite inverse (a
+// state the plan's own lnmlp_plan_set_quantizer_state accepts; found by tests/fuzz's fuzz_state).
 // margin is clamped to [-126, 127]; the division by 2^margin is exact (a power of two) except
 // where the result leaves fp32's normal range.
 LNMLP_HD float delayed_scale_update(float old_scale, float amax_h, float fmt_max, int margin) {
   float scale = (fmt_max / amax_h) / pow2_float(margin);
   scale = bits_float(select_bits((float_bits(scale) & 0x7fffffffu) == 0x7f800000u,
                                  float_bits(kFloatMax), float_bits(scale)));
+  scale = bits_float(select_bits(scale < kFloatMinNormal, float_bits(kFloatMinNormal), float_bits(scale)));
   return bits_float(select_bits(positive_finite(amax_h), float_bits(scale), float_bits(old_scale)));
 }
 

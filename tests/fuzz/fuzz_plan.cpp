@@ -690,6 +690,27 @@ struct Runner {
     return s;
   }
 
+  // After a pass of a DELAYED plan, its state (the plan's, or the caller's array) holds values the
+  // state functions accept -- scales finite and > 0, amaxes >= 0, +inf or NaN -- so that it exports
+  // as a blob the plan imports again.
+  void check_state_after_pass(const char* call, const StateArg& state) {
+    if (!delayed) return;
+    const std::vector<uint8_t> blob = state_blob(plan);
+    const int32_t st = API(lnmlp_plan_import_state(plan, blob.data(), static_cast<int64_t>(blob.size())));
+    FUZZ_CHECK(st == LNMLP_SUCCESS, "after a %s the plan's FP8 state exports as a blob its import refuses", call);
+    if (state.ptr == nullptr) return;
+    const int64_t stride = state.array.size() / 4 / LNMLP_QUANTIZER_COUNT;
+    for (int64_t q = 0; q < LNMLP_QUANTIZER_COUNT; ++q) {
+      const float scale = state.ptr[q * stride];
+      FUZZ_CHECK(std::isfinite(scale) && scale > 0.0f,
+                 "after a %s the caller's fp8_state holds scale %g (quantizer %lld)", call, scale,
+                 static_cast<long long>(q));
+      for (int64_t i = 1; i < stride; ++i)
+        FUZZ_CHECK(!(state.ptr[q * stride + i] < 0.0f), "after a %s the caller's fp8_state holds amax %g", call,
+                   state.ptr[q * stride + i]);
+    }
+  }
+
   static void check_unchanged(const char* call, const std::vector<Arg>& args,
                               const std::vector<std::vector<uint8_t>>& before, bool outputs_too, const Buf* extra,
                               const std::vector<uint8_t>* extra_before) {
@@ -764,6 +785,7 @@ struct Runner {
       if (tc == 0 || state.ptr != nullptr)
         FUZZ_CHECK(state_blob(plan) == blob_before, "forward (tokens %lld, fp8_state %s) changed the plan's FP8 state",
                    static_cast<long long>(tc), state.ptr ? "given" : "NULL");
+      check_state_after_pass("forward", state);
     }
     // Backward reads what this forward saved: only after it succeeded, or when the call is bad anyway.
     if (st != LNMLP_SUCCESS && tc_ok && flags_ok) return;
@@ -831,6 +853,7 @@ struct Runner {
     if (tc == 0 || state.ptr != nullptr)
       FUZZ_CHECK(state_blob(plan) == blob_before, "backward (tokens %lld, fp8_state %s) changed the plan's FP8 state",
                  static_cast<long long>(tc), state.ptr ? "given" : "NULL");
+    check_state_after_pass("backward", state);
     if (tc == 0) {
       FUZZ_CHECK(state.array.same(state_before), "backward with no tokens changed the caller's FP8 state");
       // No tokens: the parameter gradients are zeros, or stay as they were when they accumulate.

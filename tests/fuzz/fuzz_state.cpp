@@ -26,6 +26,9 @@ struct Dims {
 constexpr Dims kShapes[8] = {{1, 1, 1},   {2, 4, 8},    {4, 8, 4},   {3, 5, 7},
                              {8, 16, 32}, {16, 32, 16}, {5, 33, 17}, {32, 64, 64}};
 constexpr int64_t kLongHistories[16] = {1024, 65536, 100, 31, 32, 33, 127, 128, 129, 255, 256, 257, 1000, 4096, 2, 3};
+// Delayed scaling's margins: small ones mostly, and the extremes of [-126, 127].
+constexpr int32_t kMargins[32] = {-2,  -1,  0,   1,  2,  3,  4,   8,   16,  24,  30,  31,   32,   40,   64,   100,
+                                  120, 126, 127, -3, -4, -8, -16, -30, -31, -32, -64, -100, -120, -125, -126, 50};
 
 // A value the state functions accept in a history: >= 0, +inf or NaN (not below zero).
 bool valid_amax(float v) { return !(v < 0.0f); }
@@ -488,7 +491,7 @@ bool make_plan(State& s, Reader& r) {
   s.bias2 = (b1 >> 6) & 1;
   const int32_t format = b2 % 3 - 1;
   s.algo = (b2 >> 2) & 1;
-  const int32_t margin = static_cast<int32_t>((b2 >> 3) % 5) - 2;
+  const int32_t margin = kMargins[b2 >> 3];
   s.L = b3 < 0xF0 ? 1 + b3 % 16 : kLongHistories[b3 - 0xF0];
 
   lnmlp_desc* desc = nullptr;

@@ -266,10 +266,15 @@ def library_blob(lnmlp, np, shape, dtype, hist, algo, fmt, passes, seed):
         return bytes(plan.export_state())
 
 
+# fuzz_state's margins: entry (b2 >> 3) of this table.
+STATE_MARGINS = [-2, -1, 0, 1, 2, 3, 4, 8, 16, 24, 30, 31, 32, 40, 64, 100, 120, 126, 127, -3, -4, -8, -16, -30, -31,
+                 -32, -64, -100, -120, -125, -126, 50]
+
+
 def state_header(shape_idx, dtype=0, rms=0, remat=0, b1=0, b2=0, fmt=0, algo=0, margin=0, hist=4):
     b0 = shape_idx
     b1_ = dtype | (rms << 2) | (remat << 3) | (b1 << 5) | (b2 << 6)
-    b2_ = (fmt + 1) | (algo << 2) | ((margin + 2) << 3)
+    b2_ = (fmt + 1) | (algo << 2) | (STATE_MARGINS.index(margin) << 3)
     assert 1 <= hist <= 16
     return bytes([b0, b1_, b2_, hist - 1])
 

@@ -24,6 +24,7 @@ E4M3, E5M2 = "e4m3", "e5m2"
 FP8_DTYPE = {E4M3: np.dtype(ml_dtypes.float8_e4m3fn), E5M2: np.dtype(ml_dtypes.float8_e5m2)}
 FMT_MAX = {E4M3: np.float32(448.0), E5M2: np.float32(57344.0)}
 FLT_MAX = np.float32(np.finfo(np.float32).max)
+FLT_MIN = np.float32(np.finfo(np.float32).tiny)  # the smallest normal float, 2^-126
 NAMES = ("ln_out", "w1", "act_out", "w2", "dy", "dh")
 
 
@@ -75,9 +76,9 @@ def delayed_scale(old_scale, history, fmt, margin, algo):
     amax_h = np.float32(np.max(h)) if algo == "max" else h[0]  # np.max propagates NaN
     if not positive_finite(amax_h):
         return np.float32(old_scale)
-    with np.errstate(divide="ignore", over="ignore"):
+    with np.errstate(divide="ignore", over="ignore", under="ignore"):
         s = np.float32(FMT_MAX[fmt] / amax_h) / np.float32(2.0 ** margin)
-    return FLT_MAX if np.isinf(s) else np.float32(s)
+    return FLT_MAX if np.isinf(s) else max(np.float32(s), FLT_MIN)
 
 
 def mxfp8_exponent(amax_block, fmt):
