@@ -49,7 +49,8 @@ for h in $harnesses; do
     -print_final_stats=1 -print_funcs=0 -artifact_prefix="$artifacts/" >"$log" 2>&1 || rc=$?
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n1)
   speed=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -n1)
-  cov=$(grep -E '^#[0-9]+' "$log" | grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+/[0-9a-zA-Z]+' | tail -n1)
+  # No such line when the time ran out while the corpus was still loading: say so, do not stop.
+  cov=$(grep -E '^#[0-9]+' "$log" | grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+/[0-9a-zA-Z]+' | tail -n1 || true)
   line="$h: ${execs:-?} executions (${speed:-?}/s), ${cov:-no coverage line}"
   if ((rc != 0)); then
     status=1

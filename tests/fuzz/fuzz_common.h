@@ -15,7 +15,10 @@
 #include <limits>
 #include <string>
 #include <utility>
+
 #include <vector>
+#include "float_bits.h"               // tests/: a float's bits and back
+#include "reference/dtype_convert.h"  // tests/: bf16 and f16 rounded to nearest even
 
 #include "lnmlp.h"
 
@@ -284,44 +287,12 @@ inline int64_t elem_bytes(int32_t dtype) {
   }
 }
 
-inline uint32_t f32_bits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
-}
-inline float f32_from_bits(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
-
-inline uint16_t bf16_from_float(float f) {
-  const uint32_t b = f32_bits(f);
-  if (std::isnan(f)) return static_cast<uint16_t>((b >> 16) | 0x40);
-  return static_cast<uint16_t>((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-}
-
-// IEEE binary16, rounded to nearest even.
-inline uint16_t f16_from_float(float f) {
-  const uint32_t b = f32_bits(f);
-  const uint16_t sign = static_cast<uint16_t>((b >> 16) & 0x8000u);
-  const uint32_t a = b & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
-  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: infinity
-  if (a < 0x38800000u) {                                               // below 2^-14: subnormal or zero
-    const float v = f32_from_bits(a) * 16777216.0f;                    // units of 2^-24, rounded to even
-    return static_cast<uint16_t>(sign | static_cast<uint16_t>(std::nearbyint(v)));
-  }
-  const uint32_t r = a + 0xfffu + ((a >> 13) & 1u);
-  return static_cast<uint16_t>(sign | static_cast<uint16_t>((r - 0x38000000u) >> 13));
-}
-
 // Writes one value in dtype (F32, BF16 or F16) at element i.
 inline void store(uint8_t* p, int64_t i, int32_t dtype, float v) {
   if (dtype == LNMLP_DTYPE_F32) {
     std::memcpy(p + 4 * i, &v, 4);
   } else {
-    const uint16_t h = dtype == LNMLP_DTYPE_BF16 ? bf16_from_float(v) : f16_from_float(v);
+    const uint16_t h = dtype == LNMLP_DTYPE_BF16 ? lnmlp_ref::bf16_from_double(v) : lnmlp_ref::f16_from_double(v);
     std::memcpy(p + 2 * i, &h, 2);
   }
 }

@@ -63,7 +63,7 @@ uint8_t reference_encode(const Format& f, float v) {
 
 bool same_float(float want, float got) {
   if (std::isnan(want)) return std::isnan(got) && std::signbit(want) == std::signbit(got);
-  return fuzz::f32_bits(want) == fuzz::f32_bits(got);
+  return lnmlp_test::to_bits(want) == lnmlp_test::to_bits(got);
 }
 
 }  // namespace
@@ -127,7 +127,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FUZZ_CHECK(same_float(want, y[i]), "fp8_decode(%s) of 0x%02x * %a: %a, the reference says %a",
                  dtype == LNMLP_DTYPE_FP8_E4M3 ? "E4M3" : "E5M2", c, scale, y[i], want);
       if (is_nan_code(f, c))
-        FUZZ_CHECK((fuzz::f32_bits(y[i]) & 0x00400000u) != 0, "a NaN code decodes to a signalling NaN");
+        FUZZ_CHECK((lnmlp_test::to_bits(y[i]) & 0x00400000u) != 0, "a NaN code decodes to a signalling NaN");
     }
   }
 

@@ -187,18 +187,18 @@ void check_pass(const State& s, const std::vector<uint32_t>& before, const std::
     for (int64_t i = 2; i < s.stride; ++i)
       FUZZ_CHECK(a[i] == b[i - 1], "quantizer %d: history entry %lld is not the previous entry %lld after a pass", q,
                  static_cast<long long>(i - 1), static_cast<long long>(i - 2));
-    const float newest = fuzz::f32_from_bits(a[1]);
+    const float newest = lnmlp_test::from_bits(a[1]);
     FUZZ_CHECK(valid_amax(newest), "quantizer %d recorded amax %g", q, newest);
     bool keeps = false;
     if (s.algo == LNMLP_AMAX_ALGO_MOST_RECENT) {
       keeps = newest == 0.0f || !std::isfinite(newest);
     } else {
       keeps = true;  // the largest entry: 0 when every entry is 0
-      for (int64_t i = 1; i < s.stride; ++i) keeps = keeps && fuzz::f32_from_bits(a[i]) == 0.0f;
+      for (int64_t i = 1; i < s.stride; ++i) keeps = keeps && lnmlp_test::from_bits(a[i]) == 0.0f;
     }
     if (keeps) FUZZ_CHECK(a[0] == b[0], "quantizer %d: the scale changed although its amax is 0, inf or NaN", q);
-    FUZZ_CHECK(valid_scale(fuzz::f32_from_bits(a[0])), "quantizer %d: a pass left scale %g (not finite and > 0)", q,
-               fuzz::f32_from_bits(a[0]));
+    FUZZ_CHECK(valid_scale(lnmlp_test::from_bits(a[0])), "quantizer %d: a pass left scale %g (not finite and > 0)", q,
+               lnmlp_test::from_bits(a[0]));
   }
 }
 
@@ -358,7 +358,7 @@ void op_set_quantizer(State& s, Reader& r) {
     return;
   }
   std::vector<uint32_t> v = s.current();
-  v[static_cast<size_t>(q * s.stride)] = fuzz::f32_bits(scale);
+  v[static_cast<size_t>(q * s.stride)] = lnmlp_test::to_bits(scale);
   std::memcpy(v.data() + q * s.stride + 1, h, static_cast<size_t>(s.L) * 4);
   s.set_current(v);
   // Read back, bit for bit.
@@ -366,7 +366,7 @@ void op_set_quantizer(State& s, Reader& r) {
   Buf got(s.L * 4, 4);
   EXPECT_STATUS(API(lnmlp_plan_get_quantizer_state(s.plan, q, &got_scale, reinterpret_cast<float*>(got.data()), s.L)),
                 LNMLP_SUCCESS);
-  FUZZ_CHECK(fuzz::f32_bits(got_scale) == fuzz::f32_bits(scale) && std::memcmp(got.data(), h, s.L * 4) == 0,
+  FUZZ_CHECK(lnmlp_test::to_bits(got_scale) == lnmlp_test::to_bits(scale) && std::memcmp(got.data(), h, s.L * 4) == 0,
              "get_quantizer_state does not return what set_quantizer_state set");
 }
 
@@ -389,7 +389,7 @@ void op_get_quantizer(State& s, Reader& r) {
     return;
   }
   const std::vector<uint32_t> v = s.current();
-  FUZZ_CHECK(fuzz::f32_bits(scale) == v[static_cast<size_t>(q * s.stride)], "get_quantizer_state: scale differs");
+  FUZZ_CHECK(lnmlp_test::to_bits(scale) == v[static_cast<size_t>(q * s.stride)], "get_quantizer_state: scale differs");
   if (!null_history)
     FUZZ_CHECK(std::memcmp(hist.data(), v.data() + q * s.stride + 1, s.L * 4) == 0,
                "get_quantizer_state: history differs from the export's");
@@ -520,7 +520,7 @@ bool make_plan(State& s, Reader& r) {
   EXPECT_STATUS(API(lnmlp_plan_get_state_bytes(s.plan, nullptr)), LNMLP_ERROR_NULL_POINTER);
   // A fresh state: every scale 1, every history entry 0.
   s.owned.assign(static_cast<size_t>(kQ * s.stride), 0u);
-  for (int q = 0; q < kQ; ++q) s.owned[static_cast<size_t>(q * s.stride)] = fuzz::f32_bits(1.0f);
+  for (int q = 0; q < kQ; ++q) s.owned[static_cast<size_t>(q * s.stride)] = lnmlp_test::to_bits(1.0f);
   const std::vector<uint8_t> first = s.export_blob();
   std::memcpy(&s.version, first.data() + 8, 4);
   s.check_export("plan creation");
