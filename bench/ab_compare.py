@@ -27,11 +27,13 @@ STANDARD = [
     ("T=4096 layernorm gelu f32", ["--dtype", "f32"]),
     ("T=4096 layernorm gelu bf16", ["--dtype", "bf16"]),
     ("T=4096 layernorm gelu f16", ["--dtype", "f16"]),
+    ("T=4096 rmsnorm swiglu F=2730 f32", ["--dtype", "f32", "--norm", "rmsnorm", "--act", "swiglu", "--ffn", "2730"]),
     ("T=4096 rmsnorm swiglu F=2730 bf16", ["--dtype", "bf16", "--norm", "rmsnorm", "--act", "swiglu", "--ffn", "2730"]),
     ("T=4096 gelu f32 save_stats", ["--dtype", "f32", "--remat", "save_stats"]),
     ("T=4096 gelu bf16 fp8 delayed", ["--dtype", "bf16", "--recipe", "delayed"]),
     ("T=4096 gelu bf16 fp8 block", ["--dtype", "bf16", "--recipe", "block"]),
     ("T=4096 gelu bf16 fp8 mxfp8", ["--dtype", "bf16", "--recipe", "mxfp8"]),
+    ("T=1024 layernorm gelu f32", ["--dtype", "f32", "--tokens", "1024"]),
     ("T=256 layernorm gelu f32", ["--dtype", "f32", "--tokens", "256"]),
     ("T=256 layernorm gelu bf16", ["--dtype", "bf16", "--tokens", "256"]),
 ]

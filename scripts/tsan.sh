@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ThreadSanitizer over the tests that run lnmlp from several threads at once: concurrent plans, one
-# plan from two threads (PLAN_BUSY), destroy racing calls and getters, the handle registry, and the
-# sharded groups (P ranks as P threads exchanging through the in-process communicator).
+# plan from two threads (PLAN_BUSY), destroy racing calls and getters, the handle registry, the
+# sharded groups (P ranks as P threads exchanging through the in-process communicator), and the
+# sliced GEMM (slices shared out to OpenMP threads; two of them at once from two threads).
 #
 # The `tsan` preset builds with clang and LLVM's OpenMP runtime (libomp), and the OpenMP tool
 # Archer (libarcher, from Debian's libomp-14-dev) tells TSan about the runtime's barriers and
@@ -12,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake --preset tsan >/dev/null
-cmake --build --preset tsan -j"$(nproc)" --target lnmlp_api_tests lnmlp_call_tests lnmlp_sharding_tests
+cmake --build --preset tsan -j"$(nproc)" --target lnmlp_api_tests lnmlp_call_tests lnmlp_sharding_tests lnmlp_gemm_tests
 
 archer=$(ls /usr/lib/llvm-*/lib/libarcher.so 2>/dev/null | sort -V | tail -n 1)
 if [ -z "$archer" ]; then
@@ -33,4 +34,5 @@ run() {
 run "$bin/lnmlp_api_tests" --gtest_filter='Threads.*:Handles.*:Status.LastErrorIsNeverNullAndThreadLocal'
 run "$bin/lnmlp_call_tests" --gtest_filter='Threads.*'
 run "$bin/lnmlp_sharding_tests"
+run "$bin/lnmlp_gemm_tests" --gtest_filter='SlicedGemmThreads.*:AllLayouts/SlicedGemm.*_f32in_f32out_*'
 echo "tsan: no reports"

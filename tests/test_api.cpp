@@ -1251,6 +1251,23 @@ TEST(Status, BuildInfo) {
   EXPECT_EQ(info, again) << "the build info string is static";
 }
 
+// It names the GEMM library and the kernel the library runs for fp32 (and bf16 where it has a bf16
+// matmul): oneDNN's implementation names, which say the instruction set ("brg:avx512_core",
+// "gemm:jit").
+TEST(Status, BuildInfoNamesTheGemmKernels) {
+  const char* info = nullptr;
+  ASSERT_OK(lnmlp_get_build_info(&info));
+  const std::string s(info);
+  EXPECT_NE(s.find("CPU backend: oneDNN "), std::string::npos) << s;
+  const size_t f32 = s.find("fp32 kernel ");
+  ASSERT_NE(f32, std::string::npos) << s;
+  const std::string kernel = s.substr(f32 + 12, s.find_first_of(",;)", f32) - f32 - 12);
+  EXPECT_FALSE(kernel.empty()) << s;
+  EXPECT_NE(kernel, "none") << "oneDNN has an fp32 matmul on every x86-64 CPU: " << s;
+  const bool bf16_matmul = s.find("no bf16 matmul on this CPU") == std::string::npos;
+  EXPECT_EQ(s.find("bf16 kernel ") != std::string::npos, bf16_matmul) << s;
+}
+
 // The build info names the ISA level the CPU kernels run at (src/cpu/isa.h); when a test run asks
 // for a lower level (LNMLP_CPU_ISA, tests/CMakeLists.txt), that is the level running.
 TEST(Status, BuildInfoNamesTheCpuKernelLevel) {

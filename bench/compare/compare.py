@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -41,7 +42,10 @@ THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small T, few iterations (development; about 3 min)")
-    p.add_argument("--tokens", type=int, help="T of the comparison (default 4096; --quick 256)")
+    p.add_argument("--tokens", help="comma-separated T of the comparison (default 4096,256; --quick 256)")
+    p.add_argument("--contended-tokens", help="comma-separated T of the contended comparison: f32, lnmlp "
+                   "and its peers with one of the workers' CPUs kept busy by a spinner process (default "
+                   "256; --quick none; 'none' for none)")
     p.add_argument("--iters", type=int, help="timed runs per implementation, median reported (default 5; --quick 2)")
     p.add_argument("--warmup", type=int, help="untimed runs first (default 2; --quick 1)")
     p.add_argument("--threads", type=int, default=2, help="threads for every framework (default 2)")
@@ -61,7 +65,8 @@ def parse_args(argv):
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     quick = args.quick
-    defaults = dict(tokens=256 if quick else 4096, iters=2 if quick else 5, warmup=1 if quick else 2,
+    defaults = dict(tokens="256" if quick else "4096,256", contended_tokens="none" if quick else "256",
+                    iters=2 if quick else 5, warmup=1 if quick else 2,
                     step_limit=10.0 if quick else 60.0, worker_timeout=180.0 if quick else 900.0,
                     out_dir=str(REPO / ("build/compare-quick" if quick else "docs")),
                     scaling_tokens="64,128,256,512,1024" if quick else ",".join(str(64 << i) for i in range(9)))
@@ -69,6 +74,9 @@ def parse_args(argv):
         if getattr(args, k) is None:
             setattr(args, k, v)
     args.scaling_tokens = [int(t) for t in args.scaling_tokens.split(",")]
+    args.tokens = [int(t) for t in args.tokens.split(",")]
+    args.contended_tokens = [] if args.contended_tokens == "none" else \
+        [int(t) for t in args.contended_tokens.split(",")]
     for name in ("impls", "shapes", "dtypes"):
         setattr(args, name, [s.strip() for s in getattr(args, name).split(",") if s.strip()])
     return args
@@ -123,10 +131,15 @@ class Runner:
     def _pin(self):
         os.sched_setaffinity(0, self.cpus)
 
-    def _spawn(self, cmd, what):
-        """Runs cmd; shows its '@progress' lines, logs the rest; stops it after the timeout.
+    def _spawn(self, cmd, what, contended=False):
+        """Runs cmd; shows its '@progress' lines, logs the rest; stops it after the timeout. With
+        `contended`, a spinner process keeps the last of the workers' CPUs busy meanwhile.
         Returns (exit code, log path, timed out)."""
         self.n += 1
+        with Spinner(self.cpus[-1]) if contended else nullcontext():
+            return self._run(cmd, what)
+
+    def _run(self, cmd, what):
         log = self.tmp / f"job{self.n:03d}.log"
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=self.env, preexec_fn=self._pin, cwd=REPO)
@@ -143,12 +156,12 @@ class Runner:
         timer.cancel()
         return rc, log, timed_out
 
-    def worker(self, spec, what):
+    def worker(self, spec, what, contended=False):
         result_path = self.tmp / f"result{self.n + 1:03d}.json"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec),
                "--result", str(result_path)]
         self.progress.show(what)
-        rc, log, timed_out = self._spawn(cmd, what)
+        rc, log, timed_out = self._spawn(cmd, what, contended)
         if result_path.exists():
             result = json.loads(result_path.read_text())
         elif timed_out:
@@ -173,6 +186,23 @@ class Runner:
             return dict(status="n/a", reason=f"lnmlp-bench exited with {rc}: {last_line(log) or e}")
 
 
+class Spinner:
+    """A process that keeps one CPU busy (a shared node's other job) while a worker runs: a busy
+    loop at the same priority, pinned to that CPU."""
+
+    def __init__(self, cpu):
+        self.cpu = cpu
+
+    def __enter__(self):
+        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                     preexec_fn=lambda: os.sched_setaffinity(0, [self.cpu]))
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.kill()
+        self.proc.wait()
+
+
 def last_line(path):
     lines = [ln.strip() for ln in Path(path).read_text(errors="replace").splitlines() if ln.strip()]
     return lines[-1][:160] if lines else ""
@@ -180,13 +210,19 @@ def last_line(path):
 
 # --- the comparison -------------------------------------------------------------------------------
 def configs(args):
-    for shape in args.shapes:
-        for dtype in args.dtypes:
-            yield shape, dict(SHAPES[shape], tokens=args.tokens, dtype=dtype, recipe="none")
+    """(shape, config, contended) of every comparison: each T, shape and dtype quiet, then the
+    contended T in f32 (lnmlp and its peers only)."""
+    for tokens in args.tokens:
+        for shape in args.shapes:
+            for dtype in args.dtypes:
+                yield shape, dict(SHAPES[shape], tokens=tokens, dtype=dtype, recipe="none"), False
+    for tokens in args.contended_tokens:
+        for shape in args.shapes:
+            yield shape, dict(SHAPES[shape], tokens=tokens, dtype="f32", recipe="none"), True
 
 
-def fp8_configs(args, cfg):
-    if "fp8" not in args.impls or cfg["dtype"] != "bf16":
+def fp8_configs(args, cfg, contended):
+    if "fp8" not in args.impls or cfg["dtype"] != "bf16" or contended:
         return []
     return [dict(cfg, recipe=r) for r in RECIPES]
 
@@ -194,38 +230,41 @@ def fp8_configs(args, cfg):
 def count_jobs(args):
     n = 0
     if not args.scaling_only:
-        for _, cfg in configs(args):
-            lnmlp_runs = ("lnmlp" in args.impls) + len(fp8_configs(args, cfg))
-            n += 2 * lnmlp_runs + sum(p in args.impls for p in PEERS)
+        for _, cfg, contended in configs(args):
+            lnmlp_runs = ("lnmlp" in args.impls) + len(fp8_configs(args, cfg, contended))
+            n += (1 if contended else 2) * lnmlp_runs + sum(p in args.impls for p in PEERS)
     if not args.no_scaling:
         n += 2 * len(scaling_threads(args))
     return n
 
 
-def describe(shape, cfg, impl):
+def describe(shape, cfg, impl, contended=False):
     recipe = "" if cfg["recipe"] == "none" else f" fp8 {cfg['recipe']}"
-    return f"({shape}) {cfg['act']} {cfg['dtype']} T={cfg['tokens']}: {impl}{recipe}"
+    busy = " contended" if contended else ""
+    return f"({shape}) {cfg['act']} {cfg['dtype']} T={cfg['tokens']}{busy}: {impl}{recipe}"
 
 
 def run_comparison(runner, args):
     rows = []
-    for shape, cfg in configs(args):
+    for shape, cfg, contended in configs(args):
         impls = [i for i in ("lnmlp",) + PEERS if i in args.impls]
         for impl in impls:
-            rows.append(run_one(runner, args, shape, cfg, impl))
-        for fcfg in fp8_configs(args, cfg):
+            rows.append(run_one(runner, args, shape, cfg, impl, contended))
+        for fcfg in fp8_configs(args, cfg, contended):
             rows.append(run_one(runner, args, shape, fcfg, "lnmlp"))
     return rows
 
 
-def run_one(runner, args, shape, cfg, impl):
-    what = describe(shape, cfg, impl)
-    dump = runner.tmp / f"{shape}-{cfg['dtype']}-{cfg['recipe']}-{impl}"
+def run_one(runner, args, shape, cfg, impl, contended=False):
+    what = describe(shape, cfg, impl, contended)
+    dump = runner.tmp / (f"{shape}-{cfg['tokens']}-{cfg['dtype']}-{cfg['recipe']}-{impl}" +
+                         ("-contended" if contended else ""))
     spec = dict(config=cfg, impl=impl, threads=args.threads, warmup=args.warmup, iters=args.iters,
                 dump=str(dump), step_limit_s=args.step_limit)
-    row = dict(shape=shape, config=cfg, impl=impl, dump=str(dump), **runner.worker(spec, what))
+    row = dict(shape=shape, config=cfg, impl=impl, contended=contended, dump=str(dump),
+               **runner.worker(spec, what, contended))
     runner.progress.finish(what, outcome(row))
-    if impl == "lnmlp":
+    if impl == "lnmlp" and not contended:  # the time outside GEMMs is measured on a quiet machine
         bench_what = what + " (lnmlp-bench)"
         row["bench"] = runner.bench(cfg, bench_what)
         b = row["bench"]
@@ -287,8 +326,9 @@ def main(argv):
     with tempfile.TemporaryDirectory(prefix="lnmlp-compare-") as tmp:
         runner = Runner(args, tmp)
         machine = machine_info(args, runner.cpus)
-        settings = dict(quick=args.quick, tokens=args.tokens, iters=args.iters, warmup=args.warmup,
-                        step_limit_s=args.step_limit, tolerances=report.TOLERANCES)
+        settings = dict(quick=args.quick, tokens=args.tokens, contended_tokens=args.contended_tokens,
+                        iters=args.iters, warmup=args.warmup, step_limit_s=args.step_limit,
+                        tolerances=report.TOLERANCES, targets=report.TARGETS)
         if not args.scaling_only:
             rows = report.analyse(run_comparison(runner, args))
             report.print_comparison(rows, machine, settings)

@@ -159,12 +159,16 @@ class Lnmlp:
         lib, h, i, o = _lib.get_lib(), self.plan._handle, self.inp, self.out
         p = lambda a: None if a is None else a.ctypes.data  # noqa: E731
         params = [p(i["x"]), p(i["gamma"]), p(i.get("beta")), p(i["w1"]), p(i["b1"]), p(i["w2"])]
-        T = self.cfg.tokens  # every call takes the plan's tokens; the plan's own FP8 state; no flags
+        # Every call takes the plan's tokens and its own FP8 state. A training step: the forward
+        # makes the plan's copies of the weights (FP8-quantized, or widened where the GEMMs need
+        # it), and the backward of that forward reuses them (LNMLP_CALL_WEIGHTS_UNCHANGED, as
+        # TransformerEngine's backward uses the weights its forward quantized).
+        T = self.cfg.tokens
         self._fwd = (lib.lnmlp_plan_forward, h, T, *params, p(i["b2"]), p(o["y"]), p(self.saved),
                      None, _lib.CALL_DEFAULT, None)
         self._bwd = (lib.lnmlp_plan_backward, h, T, p(i["dy"]), *params, p(self.saved), p(o["dx"]),
                      p(o["dgamma"]), p(o.get("dbeta")), p(o["dw1"]), p(o["db1"]), p(o["dw2"]),
-                     p(o["db2"]), None, _lib.CALL_DEFAULT, None)
+                     p(o["db2"]), None, _lib.CALL_WEIGHTS_UNCHANGED, None)
         self._check = _lib.check
 
     def step(self):

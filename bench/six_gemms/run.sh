@@ -10,6 +10,9 @@
 #   openblas-pypi     OpenBLAS 0.3.34 from PyPI scipy-openblas32 (pthreads; fp32 only)
 #   openblas-pypi-haswell  the same with OPENBLAS_CORETYPE=Haswell (its AVX2 kernels), as this
 #                     workplace's environment sets it (run.sh unsets it for all other runs)
+#   onednn-debian-avx2, onednn-pypi-gomp-avx2  those oneDNN builds with ONEDNN_MAX_CPU_ISA=AVX2:
+#                     an AVX2-only CPU (Zen 3) imitated on an AVX-512 one; like
+#                     openblas-pypi-haswell, their "% peak" is of the AVX2 FMA peak
 #   mkl               oneMKL 2026.2 from PyPI mkl-devel, MKL_THREADING_LAYER=GNU (libgomp)
 #   mkl-intel         the same with MKL_THREADING_LAYER=INTEL (Intel's libiomp5); not by default
 #   blis              BLIS 0.9, Debian libblis-openmp-dev (fp32 only)
@@ -28,7 +31,7 @@ mkdir -p "${OUT}"
 
 QUICK=0
 [[ "${1:-}" == "--quick" ]] && QUICK=1
-LIBS="${LIBS:-onednn-debian onednn-pypi onednn-pypi-gomp openblas-pypi openblas-pypi-haswell mkl blis}"
+LIBS="${LIBS:-onednn-debian onednn-pypi onednn-pypi-gomp openblas-pypi openblas-pypi-haswell onednn-debian-avx2 onednn-pypi-gomp-avx2 mkl blis}"
 if ((QUICK)); then
   THREADS_LIST="${THREADS_LIST:-2}" TOKENS="${TOKENS:-256,1024}" REPS="${REPS:-3}"
 else
@@ -69,12 +72,16 @@ ML=/usr/lib/x86_64-linux-gnu MI=/usr/include/x86_64-linux-gnu
 FLAGS=(-std=c++17 -O2 -fopenmp -Wall -Wextra)
 gcc -O2 -c "${REPO}/tests/alloc/alloc_counter.c" -o "${OUT}/alloc_counter.o"
 g++ -O2 -march=native -fopenmp -c "${BENCH}/peak.cpp" -o "${OUT}/peak.o"
+g++ -O2 -march=haswell -fopenmp -c "${BENCH}/peak.cpp" -o "${OUT}/peak_avx2.o"  # the AVX2 FMA peak, for the *-avx2 rows
 COMMON=("${HERE}/six_gemms.cpp" "${OUT}/peak.o" "${OUT}/alloc_counter.o")
 rpath() { echo "-L$1" "-Wl,--disable-new-dtags,-rpath,$1"; }  # RPATH: also for the libraries' own dependencies
 build() {  # build LIB
   local o="${OUT}/six_gemms_$1"
   case "$1" in
-    onednn-debian) g++ "${FLAGS[@]}" -DSIX_GEMMS_ONEDNN "${COMMON[@]}" -o "$o" -ldnnl ;;
+    onednn-debian) g++ "${FLAGS[@]}" -DSIX_GEMMS_ONEDNN "${COMMON[@]}" -o "$o" -ldnnl
+      g++ "${FLAGS[@]}" -DSIX_GEMMS_ONEDNN "${HERE}/six_gemms.cpp" "${OUT}/peak_avx2.o" "${OUT}/alloc_counter.o" \
+        -o "${OUT}/six_gemms_peak-avx2" -ldnnl ;;
+    *-avx2) [[ -x "${OUT}/six_gemms_${1%-avx2}" ]] || build "${1%-avx2}" ;;
     onednn-pypi) g++ "${FLAGS[@]}" -DSIX_GEMMS_ONEDNN -I"${V}/include" "${COMMON[@]}" -o "$o" $(rpath "${V}/lib") -ldnnl -ltbb ;;
     onednn-pypi-gomp) g++ "${FLAGS[@]}" -DSIX_GEMMS_ONEDNN -I"${VG}/include" "${COMMON[@]}" -o "$o" $(rpath "${VG}/lib") -ldnnl ;;
     openblas-pypi | openblas-pypi-haswell)
@@ -102,25 +109,30 @@ unset OPENBLAS_CORETYPE OPENBLAS_NUM_THREADS OPENBLAS_L2_SIZE MKL_NUM_THREADS MK
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), family $(grep -m1 '^cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')," \
   "model $(grep -m1 '^model\s' /proc/cpuinfo | cut -d: -f2 | tr -d ' '), $(nproc) CPUs;" \
   "flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|avx512f|avx512_bf16|amx_tile|amx_bf16)$' | tr '\n' ' ')" | tee -a "${LOG}"
-declare -A PEAK
+declare -A PEAK PEAK_AVX2
 for t in ${THREADS_LIST}; do
   line="$(OMP_NUM_THREADS=$t "${OUT}/six_gemms_onednn-debian" --peak --threads "$t")"
   echo "${line}" | tee -a "${LOG}"
   PEAK[$t]="$(echo "${line}" | sed -n 's/.* fp32=\([0-9.]*\).*/\1/p')"
+  line="$(OMP_NUM_THREADS=$t "${OUT}/six_gemms_peak-avx2" --peak --threads "$t")"
+  echo "${line}" | tee -a "${LOG}"
+  PEAK_AVX2[$t]="$(echo "${line}" | sed -n 's/.* fp32=\([0-9.]*\).*/\1/p')"
 done
 run() {  # run LIB DTYPE THREADS [extra six_gemms arguments]
   local lib="$1" dtype="$2" t="$3"; shift 3
-  local bin="${OUT}/six_gemms_${lib}" env=(OMP_NUM_THREADS="$t")
+  local bin="${OUT}/six_gemms_${lib}" env=(OMP_NUM_THREADS="$t") peak="${PEAK[$t]}"
   case "${lib}" in
+    *-avx2) bin="${OUT}/six_gemms_${lib%-avx2}" env+=(ONEDNN_MAX_CPU_ISA=AVX2) peak="${PEAK_AVX2[$t]}" ;;
     onednn-pypi) env+=(OCL_ICD_FILENAMES="${V}/lib/libintelocl.so") ;;  # the OpenCL CPU device SYCL needs
     openblas-pypi) env+=(OPENBLAS_NUM_THREADS="$t") ;;
-    openblas-pypi-haswell) bin="${OUT}/six_gemms_openblas-pypi" env+=(OPENBLAS_NUM_THREADS="$t" OPENBLAS_CORETYPE=Haswell) ;;
+    openblas-pypi-haswell) bin="${OUT}/six_gemms_openblas-pypi" env+=(OPENBLAS_NUM_THREADS="$t" OPENBLAS_CORETYPE=Haswell)
+      peak="${PEAK_AVX2[$t]}" ;;
     mkl) env+=(MKL_THREADING_LAYER=GNU MKL_NUM_THREADS="$t") ;;
     mkl-intel) bin="${OUT}/six_gemms_mkl" env+=(MKL_THREADING_LAYER=INTEL MKL_NUM_THREADS="$t") ;;
     blis) env+=(BLIS_NUM_THREADS="$t") ;;
   esac
   env "${env[@]}" "${bin}" --threads "$t" --dtype "${dtype}" --tokens "${TOKENS}" --ffn 4096,2730g --reps "${REPS}" \
-    --reps-large "${REPS_LARGE}" --peak-gflops "${PEAK[$t]}" --breakdown "$@" | sed "s/^/${lib}${TAG:-} /" | tee -a "${LOG}"
+    --reps-large "${REPS_LARGE}" --peak-gflops "${peak}" --breakdown "$@" | sed "s/^/${lib}${TAG:-} /" | tee -a "${LOG}"
 }
 # CPU time other processes took during each run (all CPUs' busy time minus this run's own): a
 # disturbed run shows up as "foreign CPU" well above 0 in its CHECK line; rerun it then.

@@ -39,6 +39,12 @@ class Gemm {
 
 std::unique_ptr<Gemm> make_gemm(const GemmShape& shape);
 
+// The GEMM as `slices` single-threaded GEMMs on bands of C's rows (m >= n) or columns, which the
+// calling thread's OpenMP threads take one at a time: what make_gemm makes of large GEMMs where
+// that is faster (gemm_onednn.cpp, SplitGemm). Exposed for the tests, which cover it on small
+// shapes. Inputs of a type the library multiplies natively (gemm_native_bf16 for bf16).
+std::unique_ptr<Gemm> make_sliced_gemm(const GemmShape& shape, int slices);
+
 // Whether the library multiplies bf16 natively on this CPU. Where it does not, bf16 GEMMs run on
 // fp32 copies of their operands (gemm_bf16_on_f32.h), so callers that can produce fp32 operands
 // directly should.

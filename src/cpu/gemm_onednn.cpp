@@ -1,4 +1,5 @@
-// GEMMs through oneDNN's matmul primitive (chosen by measurement, see docs/blas-choice.md).
+// GEMMs through oneDNN's matmul primitive (chosen by measurement: docs/blas-choice.md, then
+// docs/gemm-libraries.md).
 // Primitives are created once per shape with a user-managed scratchpad, and executed through the
 // C API with memory objects whose data handles are swapped in, so run() never allocates.
 #include <oneapi/dnnl/dnnl.h>
@@ -6,9 +7,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
+#include <vector>
 
 #include "common/error.h"
 #include "gemm.h"
@@ -40,14 +44,43 @@ const dnnl::engine& cpu_engine() {
   return *e;
 }
 
+// The implementation oneDNN picks on this CPU for a block-sized matmul ([256, 1024] x [1024, 4096])
+// with inputs of `type`, e.g. "brg:avx512_core_bf16" or "gemm:jit": the kernel path that
+// lnmlp_get_build_info names. oneDNN picks per shape, but on one CPU the block's shapes share it.
+std::string matmul_kernel(memory::data_type type) {
+  const memory::desc a({256, 1024}, type, memory::dims{1024, 1});
+  const memory::desc b({1024, 4096}, type, memory::dims{4096, 1});
+  const memory::desc c({256, 4096}, memory::data_type::f32, memory::dims{4096, 1});
+  try {
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), cpu_engine()).impl_info_str();
+  } catch (const dnnl::error&) {
+    return "none";
+  }
+}
+
+// Whether oneDNN runs its brgemm kernels ("brg:...", AVX-512 and up) for the block's GEMMs of
+// this input type on this CPU, rather than its gemm driver ("gemm:jit").
+bool brgemm_kernels(GemmType input) {
+  static const bool f32 = matmul_kernel(memory::data_type::f32).rfind("brg", 0) == 0;
+  static const bool bf16 = matmul_kernel(memory::data_type::bf16).rfind("brg", 0) == 0;
+  return input == GemmType::BF16 ? bf16 : f32;
+}
+
+// Leading dimensions (elements between consecutive rows as stored) of A, B and C when they are
+// slices of wider matrices (SplitGemm); 0 for a matrix stored whole.
+struct LeadingDims {
+  int64_t a = 0, b = 0, c = 0;
+};
+
 class OneDnnGemm final : public Gemm {
  public:
-  explicit OneDnnGemm(const GemmShape& s) try {
+  explicit OneDnnGemm(const GemmShape& s, LeadingDims ld = {}) try {
     const auto type = [](GemmType t) { return t == GemmType::BF16 ? memory::data_type::bf16 : memory::data_type::f32; };
     const memory::data_type in = type(s.input);
-    const memory::desc a_md({s.m, s.k}, in, s.trans_a ? memory::dims{1, s.m} : memory::dims{s.k, 1});
-    const memory::desc b_md({s.k, s.n}, in, s.trans_b ? memory::dims{1, s.k} : memory::dims{s.n, 1});
-    const memory::desc c_md({s.m, s.n}, type(s.output), memory::dims{s.n, 1});
+    const int64_t lda = ld.a ? ld.a : s.trans_a ? s.m : s.k, ldb = ld.b ? ld.b : s.trans_b ? s.k : s.n;
+    const memory::desc a_md({s.m, s.k}, in, s.trans_a ? memory::dims{1, lda} : memory::dims{lda, 1});
+    const memory::desc b_md({s.k, s.n}, in, s.trans_b ? memory::dims{1, ldb} : memory::dims{ldb, 1});
+    const memory::desc c_md({s.m, s.n}, type(s.output), memory::dims{ld.c ? ld.c : s.n, 1});
     const memory::desc bias_md = s.bias ? memory::desc({1, s.n}, in, memory::dims{s.n, 1}) : memory::desc();
     dnnl::primitive_attr attr;
     if (!s.library_scratch) attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -133,10 +166,127 @@ class OffsetWeightsGemm final : public Gemm {
   std::unique_ptr<Gemm> inner_;
 };
 
+// One large GEMM as 2 x threads independent single-threaded GEMMs on slices of C (bands of
+// rows, or of columns: whichever dimension is larger, so that the operand every slice re-reads
+// is the smaller one), which the threads take one at a time (dynamic schedule).
+//
+// Why: with oneDNN's brgemm kernels (AVX-512 and up) this runs the block's large GEMMs faster than
+// oneDNN's own partition over the threads: the whole block took 2-11 % less time at T = 1024 and
+// 4096 (H = 1024, 2 threads, AMD EPYC family 26 model 2), while at T = 256 it took 2-6 % more,
+// and with oneDNN's AVX2 sgemm (ONEDNN_MAX_CPU_ISA=AVX2) 0.5-3 % more at every T
+// (docs/gemm-libraries.md, bench/ab_compare.py): hence the size threshold and the kernel condition. The dynamic
+// schedule also means that a thread descheduled by other work on its core holds up only its current slice, not a fixed
+// share of the GEMM. LNMLP_CPU_GEMM_SLICES (read once) overrides that choice for comparisons, and for a CPU where it
+// would be wrong: "off" leaves every GEMM whole, "on" slices every GEMM on 2 or more threads whatever its size and
+// kernels.
+class SplitGemm final : public Gemm {
+ public:
+  static constexpr int64_t kMinSlice = 64;            // rows or columns: narrower slices lose speed
+  static constexpr double kMinMultiplyAdds = 0x1p32;  // m * n * k: 1024 tokens x 1024 x 4096
+
+  enum class Mode { Auto, Off, On };  // LNMLP_CPU_GEMM_SLICES unset (or other), "off", "on"
+  static Mode mode() {
+    static const Mode m = [] {
+      const char* v = std::getenv("LNMLP_CPU_GEMM_SLICES");
+      if (v != nullptr && std::strcmp(v, "off") == 0) return Mode::Off;
+      if (v != nullptr && std::strcmp(v, "on") == 0) return Mode::On;
+      return Mode::Auto;
+    }();
+    return m;
+  }
+
+  // Whether this process slices its large GEMMs (for lnmlp_get_build_info).
+  static bool slices_large_gemms() {
+    return mode() == Mode::On || (mode() == Mode::Auto && brgemm_kernels(GemmType::F32));
+  }
+
+  // The number of slices for `threads` threads, 0 where the GEMM is better left whole.
+  static int slices_for(const GemmShape& s, int threads) {
+    if (mode() == Mode::Off || threads < 2) return 0;
+    const double multiply_adds = static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
+    if (mode() == Mode::Auto && (!brgemm_kernels(s.input) || multiply_adds < kMinMultiplyAdds)) return 0;
+    const int want = 2 * threads;
+    return std::max(s.m, s.n) >= want * kMinSlice ? want : 0;
+  }
+
+  SplitGemm(const GemmShape& s, int slices) {
+    const bool rows = s.m >= s.n;  // slices of C's rows, else of its columns
+    const int64_t in_size = s.input == GemmType::BF16 ? 2 : 4, out_size = s.output == GemmType::BF16 ? 2 : 4;
+    const int64_t extent = rows ? s.m : s.n;
+    slices = static_cast<int>(std::clamp<int64_t>(extent / 16, 1, std::max(slices, 1)));  // none empty
+    const LeadingDims ld{s.trans_a ? s.m : s.k, s.trans_b ? s.k : s.n, s.n};
+    const ScopedOmpThreads one(1);  // each slice runs on one thread: let oneDNN block for that
+    int64_t scratch = 0;
+    for (int i = 0; i < slices; ++i) {
+      // Slice boundaries on multiples of 16, so that every slice but the last is kernel-aligned.
+      const int64_t begin = (extent * i / slices) / 16 * 16;
+      const int64_t end = i + 1 == slices ? extent : (extent * (i + 1) / slices) / 16 * 16;
+      GemmShape part = s;
+      Slice slice;
+      if (rows) {  // rows [begin, end) of op(A) and C
+        part.m = end - begin;
+        slice.a = (s.trans_a ? begin : begin * s.k) * in_size;
+        slice.c = begin * s.n * out_size;
+      } else {  // columns [begin, end) of op(B), C and the bias
+        part.n = end - begin;
+        slice.b = (s.trans_b ? begin * s.k : begin) * in_size;
+        slice.c = begin * out_size;
+        slice.bias = begin * in_size;
+      }
+      slice.scratch = scratch;
+      slice.gemm = std::make_unique<OneDnnGemm>(part, ld);
+      scratch += (slice.gemm->scratch_bytes() + 63) / 64 * 64;
+      slices_.push_back(std::move(slice));
+    }
+    scratch_bytes_ = scratch;
+  }
+
+  int64_t scratch_bytes() const override { return scratch_bytes_; }
+
+  void run(const void* a, const void* b, const void* bias, void* c, void* scratch) override {
+    const auto* ca = static_cast<const char*>(a);
+    const auto* cb = static_cast<const char*>(b);
+    const auto* cbias = static_cast<const char*>(bias);
+    auto* cc = static_cast<char*>(c);
+    auto* cs = static_cast<char*>(scratch);
+    auto run_slice = [&](const Slice& sl) {
+      sl.gemm->run(ca + sl.a, cb + sl.b, bias ? cbias + sl.bias : nullptr, cc + sl.c, cs + sl.scratch);
+    };
+    const int threads = omp_get_max_threads();
+    const int n = static_cast<int>(slices_.size());
+    if (threads == 1) {  // no parallel region (a forked child, or one thread asked for)
+      for (const Slice& sl : slices_) run_slice(sl);
+      return;
+    }
+    // An exception must not leave the parallel region: the first one is kept and rethrown.
+    std::exception_ptr error;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+    for (int i = 0; i < n; ++i) {
+      try {
+        run_slice(slices_[i]);
+      } catch (...) {
+#pragma omp critical(lnmlp_split_gemm_error)
+        if (!error) error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
+  }
+
+ private:
+  struct Slice {
+    std::unique_ptr<Gemm> gemm;
+    int64_t a = 0, b = 0, c = 0, bias = 0, scratch = 0;  // byte offsets of the slice's operands
+  };
+  std::vector<Slice> slices_;
+  int64_t scratch_bytes_ = 0;
+};
+
 std::unique_ptr<Gemm> make_onednn_gemm(const GemmShape& shape) {
-  auto gemm = std::make_unique<OneDnnGemm>(shape);
-  if (OffsetWeightsGemm::wanted(shape)) return std::make_unique<OffsetWeightsGemm>(shape, std::move(gemm));
-  return gemm;
+  if (OffsetWeightsGemm::wanted(shape))
+    return std::make_unique<OffsetWeightsGemm>(shape, std::make_unique<OneDnnGemm>(shape));
+  if (const int slices = SplitGemm::slices_for(shape, omp_get_max_threads()); slices > 0)
+    return std::make_unique<SplitGemm>(shape, slices);
+  return std::make_unique<OneDnnGemm>(shape);
 }
 
 }  // namespace
@@ -157,6 +307,10 @@ bool gemm_native_bf16() {
 
 void release_gemm_library() noexcept { delete the_engine.exchange(nullptr); }
 
+std::unique_ptr<Gemm> make_sliced_gemm(const GemmShape& shape, int slices) {
+  return std::make_unique<SplitGemm>(shape, slices);
+}
+
 std::unique_ptr<Gemm> make_gemm(const GemmShape& shape) {
   if (shape.input == GemmType::BF16 && !gemm_native_bf16()) return make_bf16_on_f32_gemm(shape, make_onednn_gemm);
   return make_onednn_gemm(shape);
@@ -165,13 +319,17 @@ std::unique_ptr<Gemm> make_gemm(const GemmShape& shape) {
 const char* gemm_library_description() {
   static const std::string desc = [] {
     const dnnl_version_t* v = dnnl_version();
+    const std::string f32 = "fp32 kernel " + matmul_kernel(memory::data_type::f32);
     return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
-           (gemm_native_bf16() ? " matmul (fp32 and bf16, OpenMP)"
-                               // Below AVX-512 oneDNN 2.x's f32 matmul is its sgemm driver, which
-                               // mallocs its packing buffers on every call (sized by the weights'
-                               // dimensions and its blocking, not by the tokens). tests/alloc reads this.
-                               : " matmul (fp32, OpenMP, packing in per-call heap buffers; "
-                                 "bf16 on fp32 copies: no bf16 matmul on this CPU)");
+           (gemm_native_bf16()
+                ? " matmul (" + f32 + ", bf16 kernel " + matmul_kernel(memory::data_type::bf16) + "; OpenMP" +
+                      (SplitGemm::slices_large_gemms() ? "; large GEMMs in single-thread slices" : "") + ")"
+                // Below AVX-512 oneDNN 2.x's f32 matmul is its sgemm driver, which
+                // mallocs its packing buffers on every call (sized by the weights'
+                // dimensions and its blocking, not by the tokens). tests/alloc reads this.
+                : " matmul (" + f32 +
+                      "; OpenMP, packing in per-call heap buffers; "
+                      "bf16 on fp32 copies: no bf16 matmul on this CPU)");
   }();
   return desc.c_str();
 }
