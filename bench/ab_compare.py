@@ -34,6 +34,8 @@ STANDARD = [
     ("T=4096 gelu bf16 fp8 block", ["--dtype", "bf16", "--recipe", "block"]),
     ("T=4096 gelu bf16 fp8 mxfp8", ["--dtype", "bf16", "--recipe", "mxfp8"]),
     ("T=1024 layernorm gelu f32", ["--dtype", "f32", "--tokens", "1024"]),
+    ("T=512 layernorm gelu f32", ["--dtype", "f32", "--tokens", "512"]),
+    ("T=512 layernorm gelu bf16", ["--dtype", "bf16", "--tokens", "512"]),
     ("T=256 layernorm gelu f32", ["--dtype", "f32", "--tokens", "256"]),
     ("T=256 layernorm gelu bf16", ["--dtype", "bf16", "--tokens", "256"]),
 ]

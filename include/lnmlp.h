@@ -520,7 +520,9 @@ LNMLP_API int32_t lnmlp_plan_get_workspace_bytes(const lnmlp_plan* plan, int64_t
  * @param[out] bytes */
 LNMLP_API int32_t lnmlp_plan_get_saved_bytes(const lnmlp_plan* plan, int64_t* bytes);
 
-/* The saved buffer's bytes per token, without alignment padding (see LNMLP_REMAT_*).
+/* The saved buffer's bytes per token, without alignment padding (see LNMLP_REMAT_*): for T
+ * tokens an estimate, not the size. LNMLP_TENSOR_SAVED's bytes add each section's padding, and
+ * FP8 block scales (one per block of tokens) count here as whole bytes for every token.
  * @since 0.1
  * @param[in] plan
  * @param[out] bytes */

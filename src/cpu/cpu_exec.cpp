@@ -141,7 +141,7 @@ class CpuExec final : public block::Exec {
  protected:
   // ---- one pass ----
   void do_begin(void*, void* scratch) override {
-    threads_ = in_forked_child() ? 1 : max_threads_;  // fork_child.h
+    threads_ = process_threads();
     previous_threads_ = omp_get_max_threads();
     omp_set_num_threads(threads_);  // the GEMM library reads it
     scratch_ = static_cast<char*>(scratch);
@@ -388,13 +388,15 @@ class CpuExec final : public block::Exec {
   };
   using GemmSet = std::array<Role, block::kGemmRoles>;
 
-  // The GEMMs of a pass over `tokens` tokens (the group's). scratch_limit: the GEMM scratch the
-  // plan's workspace holds (-1 at plan creation, which sizes it); a GEMM library that wants more
-  // for this count allocates its own instead.
-  // The GEMMs for `tokens`, made for the thread count they will run with (oneDNN fixes it when
-  // it makes a GEMM).
+  // The threads a pass runs on in this process: the plan's, or one in a forked child (fork_child.h).
+  int process_threads() const { return in_forked_child() ? 1 : max_threads_; }
+
+  // The GEMMs of a pass over `tokens` tokens (the group's), made for the thread count they will
+  // run with (oneDNN fixes it when it makes a GEMM, and the sliced GEMMs are sized by it).
+  // scratch_limit: the GEMM scratch the plan's workspace holds (-1 at plan creation, which sizes
+  // it); a GEMM library that wants more for this count allocates its own instead.
   std::unique_ptr<GemmSet> make_gemms(int64_t tokens, int64_t scratch_limit) const {
-    const ScopedOmpThreads team(in_forked_child() ? 1 : max_threads_);
+    const ScopedOmpThreads team(process_threads());
     Config c = c_;
     c.tokens = tokens;
     auto set = std::make_unique<GemmSet>();

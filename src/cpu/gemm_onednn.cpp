@@ -172,7 +172,8 @@ class OffsetWeightsGemm final : public Gemm {
 //
 // Why: with oneDNN's brgemm kernels (AVX-512 and up) this runs the block's large GEMMs faster than
 // oneDNN's own partition over the threads: the whole block took 2-11 % less time at T = 1024 and
-// 4096 (H = 1024, 2 threads, AMD EPYC family 26 model 2), while at T = 256 it took 2-6 % more,
+// 4096 and 7 % less at T = 512 in f32 (bf16 level) (H = 1024, 2 threads, AMD EPYC family 26
+// model 2), while at T = 256 it took 2-6 % more,
 // and with oneDNN's AVX2 sgemm (ONEDNN_MAX_CPU_ISA=AVX2) 0.5-3 % more at every T
 // (docs/gemm-libraries.md, bench/ab_compare.py): hence the size threshold and the kernel condition. The dynamic
 // schedule also means that a thread descheduled by other work on its core holds up only its current slice, not a fixed
@@ -182,7 +183,7 @@ class OffsetWeightsGemm final : public Gemm {
 class SplitGemm final : public Gemm {
  public:
   static constexpr int64_t kMinSlice = 64;            // rows or columns: narrower slices lose speed
-  static constexpr double kMinMultiplyAdds = 0x1p32;  // m * n * k: 1024 tokens x 1024 x 4096
+  static constexpr double kMinMultiplyAdds = 0x1p31;  // m * n * k: 512 tokens x 1024 x 4096
 
   enum class Mode { Auto, Off, On };  // LNMLP_CPU_GEMM_SLICES unset (or other), "off", "on"
   static Mode mode() {

@@ -490,7 +490,9 @@ extern "C" {
     /// @param\[in\] plan
     /// @param\[out\] bytes
     pub fn lnmlp_plan_get_saved_bytes(plan: *const lnmlp_plan, bytes: *mut i64) -> i32;
-    /// The saved buffer's bytes per token, without alignment padding (see LNMLP_REMAT_*).
+    /// The saved buffer's bytes per token, without alignment padding (see LNMLP_REMAT_*): for T
+    /// tokens an estimate, not the size. LNMLP_TENSOR_SAVED's bytes add each section's padding, and
+    /// FP8 block scales (one per block of tokens) count here as whole bytes for every token.
     /// @since 0.1
     /// @param\[in\] plan
     /// @param\[out\] bytes
