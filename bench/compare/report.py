@@ -200,7 +200,7 @@ def target_checks(rows):
     for r in rows:
         if "time_vs_bf16" in r:
             checks.append((f"({r['shape']}) {config_label(r['config'])}: {r['name']} / lnmlp bf16",
-                           f"{r['time_vs_bf16']:.2f}", f"<= {t['fp8_vs_bf16']:.2f}", r["time_vs_bf16"] <= t["fp8_vs_bf16"]))
+                           f"{r['time_vs_bf16']:.3f}", f"<= {t['fp8_vs_bf16']:.2f}", r["time_vs_bf16"] <= t["fp8_vs_bf16"]))
         b = r.get("bench") or {}
         if "outside_gemms_fraction" in b and r["config"]["tokens"] >= t["large_t"]:
             f = b["outside_gemms_fraction"]
