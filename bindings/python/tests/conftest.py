@@ -5,6 +5,9 @@ import sys
 # slower when other processes share the cores (seen: test_fp8_recipes.py 7 s -> 100 s on 2 loaded
 # cores); passive waiting costs nothing at these sizes. Set before lnmlp loads its library.
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+# Eight CPU devices for the device-mesh tests (test_jax_mesh.py): set before jax is imported.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
 # Test the package of this source tree (also when another copy is installed).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -13,6 +16,10 @@ import _reference  # noqa: E402
 
 
 def pytest_terminal_summary(terminalreporter):
+    if _reference.MESH_REPORT:
+        terminalreporter.write_sep("-", "lnmlp.jax on CPU meshes: largest error against one device, HLO collectives")
+        for line in _reference.MESH_REPORT:
+            terminalreporter.write_line(line)
     if not _reference.MAX_ERRORS:
         return
     terminalreporter.write_sep("-", "largest normalised error per dtype (max|got-ref| / max|ref|)")

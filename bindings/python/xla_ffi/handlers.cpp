@@ -16,7 +16,9 @@
 // raises as an exception.
 #include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -31,11 +33,29 @@ namespace ffi = xla::ffi;
 namespace lnmlp_xla {
 namespace {
 
-// The FFI state of one instantiated call site: its plan.
+// The FFI state of one instantiated call site: its plan, and on GPUs the plan of each other GPU
+// the executable runs on (an executable over a mesh runs the call site on every device of it).
 struct PlanState {
   static ffi::TypeId id;
   PlanConfig config;
-  std::shared_ptr<SharedPlan> shared;
+  std::shared_ptr<SharedPlan> shared;  // the plan on config.device
+
+  // The plan for the device XLA runs this call on.
+  SharedPlan& on_device(int32_t device) {
+    if (device == config.device) return *shared;
+    std::lock_guard<std::mutex> lock(devices_mutex);
+    std::shared_ptr<SharedPlan>& plan = other_devices[device];
+    if (!plan) {
+      PlanConfig c = config;
+      c.device = device;
+      plan = shared_plan(c);
+    }
+    return *plan;
+  }
+
+ private:
+  std::mutex devices_mutex;
+  std::map<int32_t, std::shared_ptr<SharedPlan>> other_devices;
 };
 ffi::TypeId PlanState::id = {};
 const XLA_FFI_TypeInfo kPlanStateInfo = ffi::MakeTypeInfo<PlanState>();
@@ -134,13 +154,13 @@ int64_t tokens_of(const PlanState& s, const ffi::AnyBuffer& x) {
 
 // Attaches XLA's workspace output, its start rounded up to the plan's alignment (the buffer has
 // that much to spare), for a plan that takes its workspace from XLA (see plan_cache.cpp).
-void attach_workspace(const PlanState& s, ffi::Result<ffi::AnyBuffer>& ws) {
-  if (!s.shared->external_workspace) return;
+void attach_workspace(const SharedPlan& p, ffi::Result<ffi::AnyBuffer>& ws) {
+  if (!p.external_workspace) return;
   const auto base = reinterpret_cast<uintptr_t>(ws->untyped_data());
-  const auto align = static_cast<uintptr_t>(s.shared->alignment);
+  const auto align = static_cast<uintptr_t>(p.alignment);
   const size_t skip = static_cast<size_t>((align - base % align) % align);
   void* start = static_cast<char*>(ws->untyped_data()) + skip;
-  check(lnmlp_plan_attach_workspace(s.shared->plan, start, static_cast<int64_t>(ws->size_bytes() - skip)));
+  check(lnmlp_plan_attach_workspace(p.plan, start, static_cast<int64_t>(ws->size_bytes() - skip)));
 }
 
 // The state array forward / backward update in place: the output XLA aliases to the input. On the
@@ -175,17 +195,18 @@ class Buffers {
 };
 
 // Operands x, gamma, beta, w1, b1, w2, b2, fp8 state; results y, saved, workspace, fp8 state.
-ffi::Error forward(PlanState* s, void* stream, ffi::RemainingArgs args, ffi::RemainingRets rets) {
+ffi::Error forward(PlanState* s, void* stream, int32_t device, ffi::RemainingArgs args, ffi::RemainingRets rets) {
   return guarded([&] {
     const Buffers b("forward", 8, 4, args, rets);
     const ffi::AnyBuffer x = b.in(0);
     ffi::Result<ffi::AnyBuffer> y = b.out(0), saved = b.out(1), workspace = b.out(2), state = b.out(3);
     const int64_t t = tokens_of(*s, x);
-    std::lock_guard<std::mutex> lock(s->shared->mutex);
-    s->shared->reserve(t);
-    attach_workspace(*s, workspace);
+    SharedPlan& p = s->on_device(device);
+    std::lock_guard<std::mutex> lock(p.mutex);
+    p.reserve(t);
+    attach_workspace(p, workspace);
     void* st = fp8_state(b.in(7), state, s->config.backend);
-    check(lnmlp_plan_forward(s->shared->plan, t, x.untyped_data(), b.in(1).untyped_data(), in_ptr(b.in(2)),
+    check(lnmlp_plan_forward(p.plan, t, x.untyped_data(), b.in(1).untyped_data(), in_ptr(b.in(2)),
                              b.in(3).untyped_data(), in_ptr(b.in(4)), b.in(5).untyped_data(), in_ptr(b.in(6)),
                              out_ptr(y), out_ptr(saved), st, LNMLP_CALL_DEFAULT, stream));
   });
@@ -193,18 +214,19 @@ ffi::Error forward(PlanState* s, void* stream, ffi::RemainingArgs args, ffi::Rem
 
 // Operands dy, x, gamma, beta, w1, b1, w2, saved, fp8 state; results dx, dgamma, dbeta, dw1, db1,
 // dw2, db2, workspace, fp8 state.
-ffi::Error backward(PlanState* s, void* stream, ffi::RemainingArgs args, ffi::RemainingRets rets) {
+ffi::Error backward(PlanState* s, void* stream, int32_t device, ffi::RemainingArgs args, ffi::RemainingRets rets) {
   return guarded([&] {
     const Buffers b("backward", 9, 9, args, rets);
     const ffi::AnyBuffer x = b.in(1);
     ffi::Result<ffi::AnyBuffer> g[7] = {b.out(0), b.out(1), b.out(2), b.out(3), b.out(4), b.out(5), b.out(6)};
     ffi::Result<ffi::AnyBuffer> workspace = b.out(7), state = b.out(8);
     const int64_t t = tokens_of(*s, x);
-    std::lock_guard<std::mutex> lock(s->shared->mutex);
-    s->shared->reserve(t);
-    attach_workspace(*s, workspace);
+    SharedPlan& p = s->on_device(device);
+    std::lock_guard<std::mutex> lock(p.mutex);
+    p.reserve(t);
+    attach_workspace(p, workspace);
     void* st = fp8_state(b.in(8), state, s->config.backend);
-    check(lnmlp_plan_backward(s->shared->plan, t, b.in(0).untyped_data(), x.untyped_data(), b.in(2).untyped_data(),
+    check(lnmlp_plan_backward(p.plan, t, b.in(0).untyped_data(), x.untyped_data(), b.in(2).untyped_data(),
                               in_ptr(b.in(3)), b.in(4).untyped_data(), in_ptr(b.in(5)), b.in(6).untyped_data(),
                               in_ptr(b.in(7)), out_ptr(g[0]), out_ptr(g[1]), out_ptr(g[2]), out_ptr(g[3]),
                               out_ptr(g[4]), out_ptr(g[5]), out_ptr(g[6]), st, LNMLP_CALL_DEFAULT, stream));
@@ -239,27 +261,41 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     lnmlp_xla_instantiate_cuda, [](ffi::Dictionary attrs) { return lnmlp_xla::instantiate(LNMLP_BACKEND_CUDA, attrs); },
     ffi::Ffi::BindInstantiate().Attrs<ffi::Dictionary>());
 
-// The CPU handlers pass no stream; the CUDA ones pass XLA's (a cudaStream_t, as void*), enqueue
-// and return: no synchronisation, so XLA may capture them into a command buffer (CUDA graph).
+// The CPU handlers pass no stream; the CUDA ones pass XLA's (a cudaStream_t, as void*) and the GPU
+// it belongs to (the plan on that GPU runs), enqueue and return: no synchronisation, so XLA may
+// capture them into a command buffer (CUDA graph).
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     lnmlp_xla_forward_cpu,
-    [](PlanState* s, ffi::RemainingArgs a, ffi::RemainingRets r) { return lnmlp_xla::forward(s, nullptr, a, r); },
+    [](PlanState* s, ffi::RemainingArgs a, ffi::RemainingRets r) {
+      return lnmlp_xla::forward(s, nullptr, s->config.device, a, r);
+    },
     ffi::Ffi::Bind().Ctx<ffi::State<PlanState>>().RemainingArgs().RemainingRets());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     lnmlp_xla_backward_cpu,
-    [](PlanState* s, ffi::RemainingArgs a, ffi::RemainingRets r) { return lnmlp_xla::backward(s, nullptr, a, r); },
+    [](PlanState* s, ffi::RemainingArgs a, ffi::RemainingRets r) {
+      return lnmlp_xla::backward(s, nullptr, s->config.device, a, r);
+    },
     ffi::Ffi::Bind().Ctx<ffi::State<PlanState>>().RemainingArgs().RemainingRets());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    lnmlp_xla_forward_cuda,
-    [](void* stream, PlanState* s, ffi::RemainingArgs a, ffi::RemainingRets r) {
-      return lnmlp_xla::forward(s, stream, a, r);
-    },
-    ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::State<PlanState>>().RemainingArgs().RemainingRets(),
-    {ffi::Traits::kCmdBufferCompatible});
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    lnmlp_xla_backward_cuda,
-    [](void* stream, PlanState* s, ffi::RemainingArgs a, ffi::RemainingRets r) {
-      return lnmlp_xla::backward(s, stream, a, r);
-    },
-    ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::State<PlanState>>().RemainingArgs().RemainingRets(),
-    {ffi::Traits::kCmdBufferCompatible});
+
+namespace lnmlp_xla {
+namespace {
+// The CUDA handlers' context: XLA's stream, the GPU it belongs to, the call site's state.
+auto cuda_binding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::PlatformStream<void*>>()
+      .Ctx<ffi::DeviceOrdinal>()
+      .Ctx<ffi::State<PlanState>>()
+      .RemainingArgs()
+      .RemainingRets();
+}
+}  // namespace
+}  // namespace lnmlp_xla
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(lnmlp_xla_forward_cuda,
+                              [](void* stream, int32_t device, PlanState* s, ffi::RemainingArgs a,
+                                 ffi::RemainingRets r) { return lnmlp_xla::forward(s, stream, device, a, r); },
+                              lnmlp_xla::cuda_binding(), {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(lnmlp_xla_backward_cuda,
+                              [](void* stream, int32_t device, PlanState* s, ffi::RemainingArgs a,
+                                 ffi::RemainingRets r) { return lnmlp_xla::backward(s, stream, device, a, r); },
+                              lnmlp_xla::cuda_binding(), {ffi::Traits::kCmdBufferCompatible});

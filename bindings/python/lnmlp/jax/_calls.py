@@ -1,0 +1,191 @@
+"""The two XLA FFI custom calls of lnmlp.jax, lnmlp's forward and backward (handlers in
+bindings/python/xla_ffi), for one static configuration each (``Spec``), with their batching rules.
+
+Each call's configuration -- shapes, norm, activations, biases, dtype, what forward saves -- is a
+static ``Spec``; XLA gets it as the custom call's attributes and instantiates (or reuses) the
+lnmlp plan for it. Forward returns y and the plan's ``saved`` bytes, the residual backward reads;
+on a GPU XLA allocates the plan's workspace as one more output of each call (on the CPU the plan
+owns it: xla_ffi/plan_cache.cpp says why).
+
+Under ``jax.vmap`` a call batched in x (and dy) only is one call with the batch folded into the
+tokens; any other batching (batched weights, a cotangent batched alone as ``jax.jacrev`` does) runs
+the batch one element after another with ``jax.lax.map``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _lib, _plan
+from .. import recipe as _recipe
+from ..recipe import Recipe
+from . import _ffi
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """One call's configuration: what the lnmlp plan behind it is made for (hashable: it keys the
+    size and custom-call caches, and XLA gets it as attributes)."""
+
+    tokens: int
+    hidden: int
+    ffn: int
+    norm_type: str
+    zero_centered_gamma: bool
+    epsilon: float
+    activations: tuple
+    act_params: tuple  # (limit, alpha, offset) of the clamped SwiGLU; the defaults otherwise
+    has_bias1: bool
+    has_bias2: bool
+    dtype: str  # "float32", "bfloat16" or "float16"
+    remat: str  # "save_all" for a call that is differentiated, "forward_only" for one that is not
+    backend: str  # "cpu" or "cuda"
+    recipe: Recipe = None  # the FP8 recipe (None: no quantization)
+    # "float32": fp32 kernels under an FP8 recipe with a bf16/f16 x, quantized directly (their
+    # gradients fp32 too); None: the kernels are in x's dtype.
+    weight_dtype: str = None
+
+    @property
+    def stateful(self):
+        return self.recipe is not None and self.recipe.stateful
+
+    def with_(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+    def plan_kwargs(self):
+        ap = dict(zip(("limit", "alpha", "offset"), self.act_params))
+        clamped = self.activations == _plan.GATED_PAIRS["clamped_swiglu"]
+        return dict(tokens=max(self.tokens, 1), hidden=self.hidden, ffn=self.ffn, norm_type=self.norm_type,
+                    zero_centered_gamma=self.zero_centered_gamma, epsilon=self.epsilon,
+                    activation_type=self.activations, act_params=ap if clamped else None,
+                    use_bias1=self.has_bias1, use_bias2=self.has_bias2, dtype=self.dtype, remat=self.remat,
+                    backend=self.backend, recipe=self.recipe, weight_dtype=self.weight_dtype,
+                    grad_dtype=self.weight_dtype)
+
+    def attributes(self):
+        """The custom call's attributes, with the exact types liblnmlp_xla's handlers decode."""
+        i32, i64, f32 = np.int32, np.int64, np.float32
+        acts = [_plan.ACTIVATIONS[a] for a in self.activations]
+        fp8 = self.recipe._settings() if self.recipe is not None else _recipe._DEFAULT_SETTINGS
+        return dict(tokens=i64(max(self.tokens, 1)), hidden=i64(self.hidden), ffn=i64(self.ffn),
+                    norm=i32(_plan._NORMS[self.norm_type]), zero_centered_gamma=i32(self.zero_centered_gamma),
+                    epsilon=f32(self.epsilon), act0=i32(acts[0]), act1=i32(acts[1] if len(acts) > 1 else -1),
+                    clamp_limit=f32(self.act_params[0]), clamp_alpha=f32(self.act_params[1]),
+                    clamp_offset=f32(self.act_params[2]), has_bias1=i32(self.has_bias1),
+                    has_bias2=i32(self.has_bias2), dtype=i32(_plan._DTYPES[np.dtype(jnp.dtype(self.dtype))]),
+                    remat=i32(_plan._REMATS[self.remat]), recipe=i32(fp8["recipe"]),
+                    fp8_format=i32(fp8["fp8_format"]), margin=i32(fp8["margin"]),
+                    amax_history_len=i64(fp8["amax_history_len"]), amax_compute_algo=i32(fp8["amax_compute_algo"]),
+                    power_2_scale=i32(fp8["power_2_scale"]), amax_epsilon=f32(fp8["amax_epsilon"]),
+                    backend=i32(_plan._BACKENDS[self.backend]), device=i32(0),
+                    weight_dtype=i32(-1 if self.weight_dtype is None else
+                                     _plan._DTYPES[np.dtype(jnp.dtype(self.weight_dtype))]))
+
+
+# The outputs of each custom call, as lnmlp_plan_get_tensor_shape names them (a tensor the plan
+# does not take is a zero-element stand-in).
+_FORWARD_OUTPUTS = ("y", "saved")
+_BACKWARD_OUTPUTS = ("dx", "dgamma", "dbeta", "dw1", "db1", "dw2", "db2")
+
+
+@functools.lru_cache(maxsize=512)
+def _output_types(spec: Spec):
+    """{name: jax.ShapeDtypeStruct} of a call's outputs, as the library's shape query gives them for
+    the call's tokens: the tensors above, "fp8_state", and "workspace" -- on a GPU the plan's
+    workspace plus its alignment (the handler rounds XLA's buffer start up to it), on the CPU
+    nothing (the plan owns its workspace: xla_ffi/plan_cache.cpp says why)."""
+    types = {}
+    with _plan.Plan(**spec.plan_kwargs(), external_workspace=True) as p:
+        for name in _FORWARD_OUTPUTS + _BACKWARD_OUTPUTS + ("fp8_state",):
+            shape, dtype = p._tensor_shape(_lib.TENSORS[name], spec.tokens, with_dtype=True)
+            types[name] = jax.ShapeDtypeStruct(shape if shape is not None else (0,),
+                                               dtype if dtype is not None else np.float32)
+        workspace = 0 if spec.backend == "cpu" else p.workspace_bytes + p.alignment
+    types["workspace"] = jax.ShapeDtypeStruct((workspace,), jnp.uint8)
+    return types
+
+
+def absent(dtype):
+    """The zero-element stand-in of a tensor the configuration does not take."""
+    return jnp.zeros((0,), dtype)
+
+
+def no_state():
+    return jnp.zeros((0,), jnp.float32)
+
+
+# ---- the custom calls, each with its batching rule -------------------------------------------------
+
+def _sequential(fn, axis_size, in_batched, args):
+    """fn over the batch, one element at a time (jax.lax.map); unbatched args are shared."""
+    batched = [a for a, b in zip(args, in_batched) if b]
+
+    def one(xs):
+        it = iter(xs)
+        return fn(*[next(it) if b else a for a, b in zip(args, in_batched)])
+
+    outs = jax.lax.map(one, batched)
+    return outs, (True,) * len(outs)
+
+
+@functools.lru_cache(maxsize=512)
+def forward_call(spec: Spec):
+    """(x, gamma, beta, w1, b1, w2, b2, state) -> (y, saved, state) for spec's tokens."""
+    out = _output_types(spec)
+    # The state (argument 7) is updated in place: XLA aliases it to output 3.
+    call = jax.ffi.ffi_call(
+        _ffi.FORWARD, tuple(out[n] for n in _FORWARD_OUTPUTS + ("workspace", "fp8_state")),
+        input_output_aliases={7: 3} if spec.stateful else None)
+    attrs = spec.attributes()
+
+    @jax.custom_batching.custom_vmap
+    def forward(x, gamma, beta, w1, b1, w2, b2, state):
+        y, saved, _, state = call(x, gamma, beta, w1, b1, w2, b2, state, **attrs)
+        return y, saved, state
+
+    @forward.def_vmap
+    def forward_batched(axis_size, in_batched, x, gamma, beta, w1, b1, w2, b2, state):
+        args = (x, gamma, beta, w1, b1, w2, b2, state)
+        if in_batched[0] and not any(in_batched[1:]):
+            # Only x is batched: one call with the batch folded into the tokens. saved is that
+            # call's, so it stays unbatched (backward's rule below reads it whole).
+            big = spec.with_(tokens=axis_size * spec.tokens)
+            y, saved, state = forward_call(big)(x.reshape(big.tokens, spec.hidden), *args[1:])
+            return (y.reshape(axis_size, spec.tokens, spec.hidden), saved, state), (True, False, False)
+        return _sequential(forward, axis_size, in_batched, args)
+
+    return forward
+
+
+@functools.lru_cache(maxsize=512)
+def backward_call(spec: Spec):
+    """(dy, x, gamma, beta, w1, b1, w2, saved, state) -> (dx, dgamma, dbeta, dw1, db1, dw2, db2, state)."""
+    out = _output_types(spec)
+    # The state (argument 8) is updated in place: XLA aliases it to output 8.
+    call = jax.ffi.ffi_call(
+        _ffi.BACKWARD, tuple(out[n] for n in _BACKWARD_OUTPUTS + ("workspace", "fp8_state")),
+        input_output_aliases={8: 8} if spec.stateful else None)
+    attrs = spec.attributes()
+
+    @jax.custom_batching.custom_vmap
+    def backward(dy, x, gamma, beta, w1, b1, w2, saved, state):
+        *grads, _, state = call(dy, x, gamma, beta, w1, b1, w2, saved, state, **attrs)
+        return (*grads, state)
+
+    @backward.def_vmap
+    def backward_batched(axis_size, in_batched, dy, x, gamma, beta, w1, b1, w2, saved, state):
+        args = (dy, x, gamma, beta, w1, b1, w2, saved, state)
+        if in_batched[0] and in_batched[1] and not any(in_batched[2:]):
+            # dy and x batched, saved whole: the backward of forward_batched's one call.
+            big = spec.with_(tokens=axis_size * spec.tokens)
+            rows = (big.tokens, spec.hidden)
+            dx, *rest = backward_call(big)(dy.reshape(rows), x.reshape(rows), *args[2:])
+            dx = dx.reshape(axis_size, spec.tokens, spec.hidden)
+            return (dx, *rest), (True,) + (False,) * len(rest)
+        return _sequential(backward, axis_size, in_batched, args)
+
+    return backward

@@ -1,0 +1,315 @@
+"""lnmlp.jax over a device mesh: data, tensor and sequence parallelism, the collectives by XLA.
+
+``layernorm_mlp``'s axes arguments say how x and the kernels lie on the mesh of the context
+(``jax.set_mesh(mesh)``, or the older ``with mesh:``): ``norm_input_axes`` names x's dimensions,
+``kernel_1_axes`` and ``kernel_2_axes`` the kernels'. Each name is a mesh axis, or a logical name
+that flax's logical axis rules (``flax.linen.logical_axis_rules``) map to mesh axes, as with
+TransformerEngine; a name that is neither leaves its dimension whole. From them:
+
+* the tensor axis: the mesh axes of kernel_1's F dimension, which must be kernel_2's F dimension's
+  too (W1 column-parallel, W2 row-parallel, b1 with W1);
+* sequence parallelism: x's token dimensions are split over the tensor axis too;
+* data parallelism: x's token dimensions split over other mesh axes.
+
+The block then runs as ``jax.shard_map`` over the mesh: on each device one lnmlp custom call on its
+shards (``_calls.py``), and between the calls XLA's collectives, as docs/jax-mesh.md draws them:
+
+forward   [SP: all-gather x over the tensor axis] -> lnmlp forward without b2 -> GEMM2's partial
+          outputs summed in fp32 over the tensor axis (psum; SP: psum_scatter) -> + b2
+backward  [SP: all-gather dy and x] -> lnmlp backward -> dx's partial sums summed like y's;
+          dgamma, dbeta (and db2) summed over the tensor and data axes; dW1, db1, dW2 over the
+          data axes
+
+dx is a sum of per-rank terms because the norm's backward is linear in its incoming gradient: the
+norm backward of each rank's partial dn, summed, is the norm backward of the summed dn. Each
+partial (y's, dx's) is rounded to the I/O dtype by its call before the fp32 sum.
+
+FP8: delayed scaling quantizes with the scales of the state every rank holds; after each call the
+amax histories are max-reduced over every mesh axis the block is split on (pmax), and each
+quantizer's scale is taken from a rank whose amax equals the group's, which is the scale the
+unsharded call computes, so the state stays identical on every rank. Current scaling needs the
+group's amax of a tensor inside the fused call, before it is quantized; that has no XLA
+collective to run on and is refused on a mesh. Blocked recipes need no reduction: their scales
+are per block of each shard (docs/sharding.md, "FP8 recipes").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from .._lib import InvalidArgumentError, NotSupportedError
+from . import _calls
+
+__all__ = ["Layout", "resolve_layout", "forward", "backward"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How one call lies on its mesh (static, hashable)."""
+
+    mesh: object  # jax.sharding.Mesh or AbstractMesh
+    x_spec: P  # x's PartitionSpec, every dimension; the hidden one is never split
+    tensor_axes: tuple  # the mesh axes W1's columns and W2's rows are split over; () for none
+    token_axes: tuple  # the mesh axes x's tokens are split over (tensor axes included under SP)
+
+    @property
+    def tensor_size(self):
+        return math.prod(self.mesh.shape[a] for a in self.tensor_axes)
+
+    @property
+    def sequence_parallel(self):
+        return bool(self.tensor_axes) and set(self.tensor_axes) <= set(self.token_axes)
+
+    @property
+    def data_axes(self):
+        """The token axes that are not the tensor axes: gradients of weights are summed over them."""
+        return tuple(a for a in self.token_axes if a not in self.tensor_axes)
+
+    @property
+    def split_axes(self):
+        """Every mesh axis the block is split over: FP8 amaxes are max-reduced over them."""
+        return self.token_axes + tuple(a for a in self.tensor_axes if a not in self.token_axes)
+
+    def weight_specs(self):
+        t = self.tensor_axes or None
+        return dict(w1=P(None, None, t), b1=P(None, t), w2=P(t, None))
+
+
+def _context_mesh():
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh is not None and not mesh.empty:
+        return mesh
+    from jax._src import mesh as mesh_lib  # `with mesh:`, deprecated in jax but still in use
+
+    physical = mesh_lib.thread_resources.env.physical_mesh
+    return None if physical.empty else physical
+
+
+def _mesh_axes(names, mesh, what):
+    """The mesh axes (a tuple per dimension) of a tuple of axis names: flax's logical axis rules
+    where they name it, the name itself where it is one of the mesh's axes, else none."""
+    if names is None:
+        return None
+    if isinstance(names, str) or not all(n is None or isinstance(n, str) for n in names):
+        raise InvalidArgumentError(f"{what} must be a tuple of axis names (str or None), got {names!r}")
+    mapped = [None] * len(names)
+    flax_linen = sys.modules.get("flax.linen")  # rules only exist where flax is in use
+    if flax_linen is not None and flax_linen.get_logical_axis_rules():
+        mapped = list(flax_linen.logical_to_mesh_axes(tuple(names)))
+    out = []
+    for name, m in zip(names, mapped):
+        if m is None and name in mesh.axis_names:
+            m = name
+        axes = () if m is None else (m,) if isinstance(m, str) else tuple(m)
+        for a in axes:
+            if a not in mesh.axis_names:
+                raise InvalidArgumentError(f"{what}: {name!r} maps to mesh axis {a!r}, which the mesh "
+                                           f"{tuple(mesh.axis_names)} does not have")
+        out.append(axes)
+    return out
+
+
+def _explicit_axes(a):
+    """The mesh axes of each dimension of a traced array whose sharding is in its type (a mesh of
+    Explicit axes), and that mesh; (None, None) where there is none."""
+    sharding = getattr(jax.typeof(a), "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or mesh.empty:
+        return None, None
+    spec = tuple(sharding.spec) + (None,) * (a.ndim - len(sharding.spec))
+    return [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in spec], mesh
+
+
+def resolve_layout(x, kernel_1, kernel_2, recipe, norm_input_axes, kernel_1_axes, kernel_2_axes, kernel_1_ndim):
+    """The call's Layout, or None when it runs whole on one device. The axes arguments name the
+    layout on the context's mesh; without them, arrays whose sharding is in their type (a mesh of
+    Explicit axes) give theirs. kernel_1 is [H, A, F]. Raises InvalidArgumentError /
+    NotSupportedError for a layout the block cannot run."""
+    x_shape, ffn = x.shape, kernel_1.shape[2]
+    if norm_input_axes is None and kernel_1_axes is None and kernel_2_axes is None:
+        (x_axes, mesh), (k1, _), (k2, _) = _explicit_axes(x), _explicit_axes(kernel_1), _explicit_axes(kernel_2)
+        if mesh is None or mesh.size == 1:
+            return None
+        kernel_1_ndim = 3
+    else:
+        mesh = _context_mesh()
+        if mesh is None or mesh.size == 1:
+            return None  # as TransformerEngine: the axes name a layout only where there is a mesh
+        x_axes = _mesh_axes(norm_input_axes, mesh, "norm_input_axes")
+        k1 = _mesh_axes(kernel_1_axes, mesh, "kernel_1_axes")
+        k2 = _mesh_axes(kernel_2_axes, mesh, "kernel_2_axes")
+    if x_axes is None:
+        x_axes = [()] * len(x_shape)
+    if len(x_axes) != len(x_shape):
+        raise InvalidArgumentError(f"norm_input_axes has {len(x_axes)} names for x's {len(x_shape)} dimensions")
+    if x_axes[-1]:
+        raise NotSupportedError(f"x's hidden dimension cannot be split over the mesh (norm_input_axes maps it to "
+                                f"{x_axes[-1]}); split its token dimensions")
+    if k1 is not None and len(k1) != kernel_1_ndim:
+        raise InvalidArgumentError(f"kernel_1_axes has {len(k1)} names for kernel_1's {kernel_1_ndim} dimensions")
+    if k2 is not None and len(k2) != 2:
+        raise InvalidArgumentError(f"kernel_2_axes has {len(k2)} names for kernel_2's 2 dimensions")
+    if k1 is not None and kernel_1_ndim == 3 and k1[1]:
+        raise NotSupportedError(f"kernel_1's activation dimension cannot be split (kernel_1_axes maps it to {k1[1]})")
+    tensor_1 = k1[-1] if k1 is not None else ()
+    tensor_2 = k2[0] if k2 is not None else ()
+    if tensor_1 != tensor_2:
+        raise InvalidArgumentError(
+            f"kernel_1's F dimension is split over mesh axes {tensor_1} and kernel_2's over {tensor_2}: W1's columns "
+            "and W2's rows must be split over the same tensor axis")
+    token_axes = tuple(a for axes in x_axes[:-1] for a in axes)
+    if len(set(token_axes)) != len(token_axes):
+        raise InvalidArgumentError(f"norm_input_axes uses a mesh axis twice: {token_axes}")
+    if set(tensor_1) & set(token_axes) and not set(tensor_1) <= set(token_axes):
+        raise NotSupportedError(f"x's tokens are split over part of the tensor axes {tensor_1} only: sequence "
+                                "parallelism splits them over all of them")
+    for n, axes in zip(x_shape, x_axes):
+        size = math.prod(mesh.shape[a] for a in axes)
+        if n % size:
+            raise InvalidArgumentError(f"x's dimension of {n} is not divisible by the {size} shards of mesh axes {axes}")
+    # Axes of size 1 split nothing: no collective over them.
+    layout = Layout(mesh=mesh, x_spec=P(*[a or None for a in x_axes]),
+                    tensor_axes=tuple(a for a in tensor_1 if mesh.shape[a] > 1),
+                    token_axes=tuple(a for a in token_axes if mesh.shape[a] > 1))
+    if layout.tensor_size == 1 and math.prod(mesh.shape[a] for a in token_axes) == 1:
+        return None
+    if ffn % layout.tensor_size:
+        raise InvalidArgumentError(f"F = {ffn} is not divisible by the {layout.tensor_size} shards of the tensor "
+                                   f"axes {layout.tensor_axes}")
+    if recipe is not None:
+        name = type(recipe).__name__
+        if name == "Float8CurrentScaling":
+            raise NotSupportedError(
+                "Float8CurrentScaling cannot run split over a mesh: each tensor's scale needs the group's amax "
+                "inside the fused call, before it is quantized. Use DelayedScaling (its amax histories are "
+                "reduced over the mesh), Float8BlockScaling or MXFP8BlockScaling (scales per block)")
+        if name == "Float8BlockScaling" and not recipe.power_2_scale and (ffn // layout.tensor_size) % 128:
+            raise NotSupportedError(
+                f"Float8BlockScaling without power_2_scale needs F / tensor shards = {ffn // layout.tensor_size} to "
+                "be a multiple of 128 (docs/sharding.md, 'FP8 recipes'); use power_2_scale=True")
+    return layout
+
+
+# ---- the two passes ------------------------------------------------------------------------------------
+
+def _sum(a, axes):
+    """a summed over mesh axes in fp32, back in its dtype."""
+    return jax.lax.psum(a.astype(jnp.float32), axes).astype(a.dtype) if axes and a.size else a
+
+
+def _partials_summed(a, layout, out_dtype):
+    """GEMM2's (or dx's) per-rank partial rows summed in fp32 over the tensor axes: whole (psum)
+    or, under sequence parallelism, this rank's rows (psum_scatter)."""
+    a = a.astype(jnp.float32)
+    if layout.sequence_parallel:
+        a = jax.lax.psum_scatter(a, layout.tensor_axes, scatter_dimension=0, tiled=True)
+    else:
+        a = jax.lax.psum(a, layout.tensor_axes)
+    return a.astype(out_dtype)
+
+
+def _gathered(rows, layout):
+    """Under sequence parallelism the rows of every rank of the tensor group; else rows."""
+    if layout.sequence_parallel:
+        return jax.lax.all_gather(rows, layout.tensor_axes, axis=0, tiled=True)
+    return rows
+
+
+def _agreed_state(state, spec, layout):
+    """The delayed-scaling state after a call, made identical on every rank and equal to the
+    unsharded call's: histories max-reduced over the split axes (the newest entry becomes the
+    group's amax, older ones are identical already); each quantizer's scale taken from a rank
+    whose reduced amax equals the group's (the scale is a function of that amax, so this is the
+    scale the library computes for the group's history)."""
+    if not spec.stateful:
+        return state
+    axes = layout.split_axes
+    history = state[:, 1:]
+    group_history = jax.lax.pmax(history, axes)
+
+    def reduced(h):
+        return h[:, 0] if spec.recipe.amax_compute_algo == "most_recent" else jnp.max(h, axis=1)
+
+    mine, group = reduced(history), reduced(group_history)
+    holds_it = (mine == group) | (jnp.isnan(mine) & jnp.isnan(group))
+    scale = jax.lax.pmax(jnp.where(holds_it, state[:, 0], -jnp.inf), axes)
+    return jnp.concatenate([scale[:, None], group_history], axis=1)
+
+
+def _local_spec(spec, layout, rows):
+    """The configuration of one rank's call: its rows, its F shard, b2 left to after the sum."""
+    tp = layout.tensor_size
+    return spec.with_(tokens=rows, ffn=spec.ffn // tp, has_bias2=spec.has_bias2 and tp == 1)
+
+
+def forward(spec, layout, x, gamma, beta, w1, b1, w2, b2, state):
+    """(y shaped like x, saved, state). saved is the call's residual: the plan's bytes, or on a
+    mesh every device's, stacked along a leading axis split over all the mesh's axes."""
+    H = spec.hidden
+    if layout is None:
+        y, saved, state = _calls.forward_call(spec)(x.reshape(-1, H), gamma, beta, w1, b1, w2, b2, state)
+        return y.reshape(x.shape), saved, state
+    tp = layout.tensor_size
+
+    def local(x, gamma, beta, w1, b1, w2, b2, state):
+        rows = _gathered(x.reshape(-1, H), layout)
+        call = _calls.forward_call(_local_spec(spec, layout, rows.shape[0]))
+        y, saved, state = call(rows, gamma, beta, w1, b1, w2, b2 if tp == 1 else _calls.absent(b2.dtype), state)
+        if tp > 1:
+            y32 = _partials_summed(y, layout, jnp.float32)
+            y = (y32 + b2.astype(jnp.float32) if spec.has_bias2 else y32).astype(y.dtype)
+        return y.reshape(x.shape), saved[None], _agreed_state(state, spec, layout)
+
+    w = layout.weight_specs()
+    every_device = P(tuple(layout.mesh.axis_names))
+    return jax.shard_map(local, mesh=layout.mesh, check_vma=False,
+                         in_specs=(layout.x_spec, P(), P(), w["w1"], _bias_spec(b1, w), w["w2"], P(), P()),
+                         out_specs=(layout.x_spec, every_device, P()))(x, gamma, beta, w1, b1, w2, b2, state)
+
+
+def _bias_spec(b1, w):
+    return w["b1"] if b1.size else P()
+
+
+def backward(spec, layout, dy, x, gamma, beta, w1, b1, w2, saved, state):
+    """(dx, dgamma, dbeta, dw1, db1, dw2, db2, state) for forward's residuals."""
+    H = spec.hidden
+    if layout is None:
+        dx, *grads = _calls.backward_call(spec)(dy.reshape(-1, H), x.reshape(-1, H), gamma, beta, w1, b1, w2, saved,
+                                                state)
+        return (dx.reshape(x.shape), *grads)
+    tp = layout.tensor_size
+    data, everything = layout.data_axes, layout.data_axes + layout.tensor_axes
+
+    def local(dy, x, gamma, beta, w1, b1, w2, saved, state):
+        dy_rows = dy.reshape(-1, H)
+        rows = _gathered(x.reshape(-1, H), layout)
+        call = _calls.backward_call(_local_spec(spec, layout, rows.shape[0]))
+        dx, dgamma, dbeta, dw1, db1, dw2, db2, state = call(_gathered(dy_rows, layout), rows, gamma, beta, w1, b1, w2,
+                                                            saved[0], state)
+        if tp > 1:
+            dx = _partials_summed(dx, layout, dx.dtype)
+            # The call had no b2: its gradient is the sum of every rank's dy rows, in fp32 until
+            # the one rounding.
+            if spec.has_bias2:
+                db2 = jnp.sum(dy_rows.astype(jnp.float32), axis=0)
+                db2 = (jax.lax.psum(db2, layout.token_axes) if layout.token_axes else db2).astype(dy.dtype)
+            dgamma, dbeta = _sum(dgamma, everything), _sum(dbeta, everything)
+        else:
+            dgamma, dbeta, db2 = _sum(dgamma, data), _sum(dbeta, data), _sum(db2, data)
+        dw1, db1, dw2 = _sum(dw1, data), _sum(db1, data), _sum(dw2, data)
+        return dx.reshape(x.shape), dgamma, dbeta, dw1, db1, dw2, db2, _agreed_state(state, spec, layout)
+
+    w = layout.weight_specs()
+    every_device = P(tuple(layout.mesh.axis_names))
+    return jax.shard_map(local, mesh=layout.mesh, check_vma=False,
+                         in_specs=(layout.x_spec, layout.x_spec, P(), P(), w["w1"], _bias_spec(b1, w), w["w2"],
+                                   every_device, P()),
+                         out_specs=(layout.x_spec, P(), P(), w["w1"], _bias_spec(b1, w), w["w2"], P(), P()))(
+        dy, x, gamma, beta, w1, b1, w2, saved, state)

@@ -1,0 +1,135 @@
+"""``lnmlp.jax.flax.LayerNormMLP``: TransformerEngine's Flax (linen) module ``LayerNormMLP`` on
+lnmlp's fused block (``lnmlp.jax.layernorm_mlp``). Importing this module imports flax.
+
+Constructor names and defaults are TransformerEngine's where the fused block has the feature;
+parameters are named, shaped, initialised and given logical axes as TransformerEngine's module
+gives them: ``scale`` and ``ln_bias`` [H] (axes ``("embed",)``), ``wi_kernel`` [H, A, F]
+(``kernel_axes_1``), ``wi_bias`` [A, F] (``bias_axes_1``), ``wo_kernel`` [F, H]
+(``kernel_axes_2``), ``wo_bias`` [H] (``bias_axes_2``). The kernel axes are also the block's
+``kernel_1_axes`` / ``kernel_2_axes``, so under flax's logical axis rules and a mesh
+(``jax.set_mesh``) the block runs split as docs/jax-mesh.md says.
+
+FP8: with ``fp8_recipe`` a delayed-scaling recipe, the quantizer state (scales and amax
+histories) is the variable ``quantizer_state`` of the collection ``"_overwrite_with_gradient"``,
+as TransformerEngine keeps its FP8 metadata: differentiate the loss with respect to that
+collection too, and replace it with its "gradient", which is the state after the step.
+
+Not here, because the fused block has no place for them: dropout between the activation and
+GEMM2 (``intermediate_dropout_rate`` must be 0), the norm output as a second result
+(``return_layernorm_output`` must be False), LoRA, and a module without the norm.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from .._lib import NotSupportedError
+from .. import _plan
+from ..recipe import Recipe
+from ._layernorm_mlp import layernorm_mlp
+from ._quantizer_set import QuantizerSet, make_quantizer_set
+
+__all__ = ["LayerNormMLP", "OVERWRITE_WITH_GRADIENT"]
+
+#: The variable collection of the delayed-scaling state (TransformerEngine's name).
+OVERWRITE_WITH_GRADIENT = "_overwrite_with_gradient"
+
+
+def _default_kernel_init():
+    return nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+
+
+class LayerNormMLP(nn.Module):
+    """norm -> Dense(intermediate_dim * A) + bias -> activation(s) -> Dense(H) + bias, fused.
+
+    ``__call__(inputs, deterministic=False)`` returns ``(out, None)`` (TransformerEngine's pair;
+    the second is the norm output, which the fused block does not return)."""
+
+    intermediate_dim: int = 2048
+    enable_layernorm: bool = True
+    layernorm_type: str = "layernorm"
+    epsilon: float = 1e-6
+    zero_centered_gamma: bool = False
+    scale_init: Optional[Callable] = None
+    scale_axes: Tuple[str, ...] = ("embed",)
+    ln_bias_init: Callable = nn.initializers.zeros
+    ln_bias_axes: Tuple[str, ...] = ("embed",)
+    kernel_init: Optional[Callable] = None
+    kernel_axes_1: Tuple[str, ...] = ("embed", "act", "mlp")
+    kernel_axes_2: Tuple[str, ...] = ("mlp", "embed")
+    use_bias: bool = False
+    bias_init: Callable = nn.initializers.zeros
+    bias_axes_1: Tuple[str, ...] = ("act", "mlp")
+    bias_axes_2: Tuple[str, ...] = ("embed",)
+    return_layernorm_output: bool = False
+    activations: Sequence[str] = ("relu",)
+    activation_params: Optional[dict] = None
+    intermediate_dropout_rate: float = 0.0
+    axis: int = -1
+    dtype: Any = jnp.float32
+    transpose_batch_sequence: bool = False
+    layernorm_input_axes: Optional[Tuple[str, ...]] = None
+    dot_1_input_axes: Optional[Tuple[str, ...]] = None
+    dot_2_input_axes: Optional[Tuple[str, ...]] = None
+    ffn1_ckpt_name: str = "ffn1"
+    ffn2_ckpt_name: str = "ffn2"
+    fp8_recipe: Optional[Recipe] = None  # lnmlp.jax.DelayedScaling(), ... ; None: no FP8
+
+    def _check(self, inputs):
+        if not self.enable_layernorm:
+            raise NotSupportedError("LayerNormMLP: the fused block always normalises (enable_layernorm=False)")
+        if self.return_layernorm_output:
+            raise NotSupportedError("LayerNormMLP: the fused block does not return the norm output "
+                                    "(return_layernorm_output=True)")
+        if self.intermediate_dropout_rate:
+            raise NotSupportedError("LayerNormMLP: the fused block has no dropout between the activation and GEMM2 "
+                                    f"(intermediate_dropout_rate={self.intermediate_dropout_rate})")
+        if self.axis not in (-1, inputs.ndim - 1):
+            raise NotSupportedError(f"LayerNormMLP: the hidden dimension must be the last (axis={self.axis})")
+
+    @nn.compact
+    def __call__(self, inputs, deterministic: bool = False):
+        del deterministic  # no dropout in the fused block
+        self._check(inputs)
+        H = inputs.shape[-1]
+        A, F = len(_plan.normalize_activations(self.activations)), self.intermediate_dim
+        scale_init = self.scale_init or (nn.initializers.zeros if self.zero_centered_gamma else nn.initializers.ones)
+        kernel_init = self.kernel_init or _default_kernel_init()
+
+        def param(name, init, shape, axes):
+            return self.param(name, nn.with_logical_partitioning(init, axes), shape, self.dtype)
+
+        def stacked_kernel_init(key, shape, dtype):
+            # One [H, F] kernel per activation, each with fan-in H, as TransformerEngine initialises them.
+            keys = jax.random.split(key, shape[1])
+            return jnp.stack([kernel_init(k, (shape[0], shape[2]), dtype) for k in keys], axis=1)
+
+        gamma = param("scale", scale_init, (H,), self.scale_axes)
+        beta = param("ln_bias", self.ln_bias_init, (H,), self.ln_bias_axes) if self.layernorm_type == "layernorm" \
+            else None
+        k1 = param("wi_kernel", stacked_kernel_init, (H, A, F), self.kernel_axes_1)
+        k2 = param("wo_kernel", kernel_init, (F, H), self.kernel_axes_2)
+        b1 = param("wi_bias", self.bias_init, (A, F), self.bias_axes_1) if self.use_bias else None
+        b2 = param("wo_bias", self.bias_init, (H,), self.bias_axes_2) if self.use_bias else None
+
+        quantizer_set = None
+        if self.fp8_recipe is not None:
+            quantizer_set = QuantizerSet(self.fp8_recipe)
+            if self.fp8_recipe.stateful:
+                state = self.variable(OVERWRITE_WITH_GRADIENT, "quantizer_state",
+                                      lambda: make_quantizer_set(self.fp8_recipe).state)
+                quantizer_set.state = state.value
+
+        out = layernorm_mlp(inputs, gamma, beta, [k1, k2], [b1, b2], self.layernorm_type,
+                            zero_centered_gamma=self.zero_centered_gamma, epsilon=self.epsilon,
+                            transpose_batch_sequence=self.transpose_batch_sequence,
+                            norm_input_axes=self.layernorm_input_axes, dot_1_input_axes=self.dot_1_input_axes,
+                            dot_2_input_axes=self.dot_2_input_axes, kernel_1_axes=self.kernel_axes_1,
+                            kernel_2_axes=self.kernel_axes_2, ffn1_ckpt_name=self.ffn1_ckpt_name,
+                            ffn2_ckpt_name=self.ffn2_ckpt_name, activation_type=tuple(self.activations),
+                            quantizer_set=quantizer_set, act_params=self.activation_params)
+        return out, None

@@ -1,0 +1,269 @@
+"""lnmlp.jax on a device mesh of 8 CPU devices (conftest.py sets XLA_FLAGS): data, tensor and
+sequence parallelism through layernorm_mlp's axes arguments, XLA doing the collectives.
+
+Each configuration runs one jitted value-and-grad step over inputs placed with NamedSharding, and
+the same step on one device; y and every gradient must equal the one-device call within the
+dtype's tolerance (and, without FP8, the float64 reference too), and the compiled HLO must show
+the collectives docs/jax-mesh.md lists for the layout and no all-gather of a weight.
+"""
+
+import os
+import re
+
+import numpy as np
+import pytest
+
+import _reference as ref
+from _block_cases import EPS, make
+
+if os.environ.get("LNMLP_REQUIRE_JAX") == "1":  # the README's test command: never skip silently
+    import jax
+else:
+    jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+import lnmlp  # noqa: E402
+import lnmlp.jax as lj  # noqa: E402
+
+B, S, H, F = 4, 16, 64, 128  # T = 64 tokens; F/4 = 32 (whole MXFP8 blocks, partial BLOCK tiles)
+NAMES = ("x", "gamma", "beta", "k1", "k2", "b1", "b2")
+MESHES = [(1, 2), (2, 2), (1, 4)]  # (data, tensor)
+BLOCKS = [("layernorm", ("gelu",)), ("rmsnorm", ("silu", "linear"))]
+
+if jax.device_count() < 8:
+    if os.environ.get("LNMLP_REQUIRE_JAX") == "1":
+        raise RuntimeError(f"the mesh tests need 8 CPU devices, jax has {jax.device_count()}: XLA_FLAGS was set too "
+                           "late (conftest.py sets it before jax is imported)")
+    pytest.skip("fewer than 8 jax devices", allow_module_level=True)
+
+
+def _mesh(dp, tp):
+    return jax.make_mesh((dp, tp), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def _axes(sp):
+    tokens = ("data", "tensor" if sp else None, None)
+    return dict(norm_input_axes=tokens, kernel_1_axes=(None, None, "tensor"), kernel_2_axes=("tensor", None))
+
+
+def _specs(sp):
+    return dict(x=P("data", "tensor" if sp else None, None), gamma=P(), beta=P(), k1=P(None, None, "tensor"),
+                k2=P("tensor", None), b1=P(None, "tensor"), b2=P())
+
+
+def _step(norm, acts, dy, axes, recipe):
+    """A jitted value-and-grad of sum(y * dy) over the seven tensors (and the quantizer set)."""
+
+    def loss(x, gamma, beta, k1, k2, b1, b2, qs):
+        y = lj.layernorm_mlp(x, gamma, beta, [k1, k2], [b1, b2], norm, epsilon=EPS, activation_type=acts,
+                             quantizer_set=qs, **axes)
+        return jnp.sum(y.astype(jnp.float32) * dy), y
+
+    argnums = tuple(range(8 if recipe is not None and recipe.stateful else 7))
+    return jax.jit(jax.value_and_grad(loss, argnums=argnums, has_aux=True))
+
+
+def _collectives(hlo):
+    """[(op, output type)] of every collective in compiled HLO text."""
+    return re.findall(r"=\s*(\S.*?)\s+(all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)"
+                      r"(?:-start)?\(", hlo)
+
+
+def _check_collectives(hlo, dp, tp, sp, dtype):
+    """The collectives a layout must compile to (docs/jax-mesh.md), as a summary string."""
+    found = _collectives(hlo)
+    ops = {op for _, op in found}
+    assert not ops & {"all-to-all", "collective-permute"}, found
+    gathers = [t for t, op in found if op == "all-gather"]
+    rows = B * S // dp
+    if sp:
+        assert {"all-gather", "reduce-scatter"} <= ops, found
+        # Only rows of x and dy are gathered: [T/dp, H] (XLA:CPU may gather bf16 as f32).
+        for t in gathers:
+            assert re.fullmatch(r"(f32|bf16)\[%d,%d\]\{1,0\}" % (rows, H), t), f"all-gather of {t}: not x's or dy's rows"
+    else:
+        assert not gathers, f"all-gather without sequence parallelism: {gathers}"
+        assert "reduce-scatter" not in ops, found
+        assert "all-reduce" in ops, found
+    counts = {op: sum(1 for _, o in found if o == op) for op in sorted(ops)}
+    return ", ".join(f"{n} {op}" for op, n in counts.items())
+
+
+def _max_err(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape and np.all(np.isfinite(got))
+    return float(np.max(np.abs(got - want))) / max(float(np.max(np.abs(want))), 1e-30)
+
+
+def _run(dp, tp, sp, norm, acts, dtype_name, recipe=None, what=None):
+    dtype = ref.DTYPES[dtype_name]
+    d = make(len(acts), dtype, lead=(B, S), norm=norm, seed=11, H=H, F=F)
+    # The float64 answer for a dy the block can take exactly (in the I/O dtype).
+    x2 = np.asarray(d["x"], np.float64).reshape(-1, H)
+    block = (x2, d["gamma"], d["beta"], d["k1"], d["b1"], d["k2"], d["b2"], norm, False, EPS, acts, {})
+    y_ref, _ = ref.forward(*block)
+    dy = np.cos(np.arange(y_ref.size, dtype=np.float64)).reshape(y_ref.shape).astype(dtype).astype(np.float64)
+    g_ref = ref.backward(dy, *block)
+    dy = jnp.asarray(dy.reshape(B, S, H), jnp.float32)
+    qs = lj.make_quantizer_set(recipe) if recipe is not None else None
+    args = [d[n] for n in NAMES] + [qs]
+
+    (_, y1), g1 = _step(norm, acts, dy, {}, recipe)(*args)
+    mesh = _mesh(dp, tp)
+    specs = _specs(sp)
+    placed = [jax.device_put(a, NamedSharding(mesh, specs[n])) if a is not None else None
+              for n, a in zip(NAMES, args)] + [qs]
+    with jax.set_mesh(mesh):
+        step = _step(norm, acts, dy, _axes(sp), recipe)
+        (_, ym), gm = step(*placed)
+        hlo = step.lower(*placed).compile().as_text()
+    summary = _check_collectives(hlo, dp, tp, sp, dtype_name)
+
+    tol = ref.TOLERANCE_FP8_SHARDED if recipe is not None else ref.TOLERANCES[dtype_name]
+    errs = {"y": _max_err(ym, y1)}
+    for n, a, b in zip(NAMES, gm, g1):
+        if args[NAMES.index(n)] is None:
+            continue
+        assert a.dtype == b.dtype and a.shape == b.shape, n
+        errs["d" + n] = _max_err(a, b)
+    worst = max(errs, key=errs.get)
+    assert errs[worst] <= tol, f"{worst}: {errs[worst]:.3e} from the one-device call > {tol}"
+    if recipe is None:  # the float64 reference, independently of the one-device call
+        ref.assert_close("mesh y", np.asarray(ym).reshape(-1, H), y_ref, dtype_name)
+        want = dict(x=g_ref["dx"], gamma=g_ref["dgamma"], beta=g_ref["dbeta"], k1=g_ref["dw1"], k2=g_ref["dw2"],
+                    b1=g_ref["db1"], b2=g_ref["db2"])
+        for n, g in zip(NAMES, gm):
+            if d[n] is not None:
+                ref.assert_close(f"mesh d{n}", np.asarray(g).reshape(want[n].shape), want[n], dtype_name)
+    if recipe is not None and recipe.stateful:
+        state = gm[7].state
+        copies = [np.asarray(s.data) for s in state.addressable_shards]
+        assert all(np.array_equal(c, copies[0], equal_nan=True) for c in copies), "the state differs between devices"
+        one = np.asarray(g1[7].state)
+        # w1, w2 and dy's amaxes are of the same values; ln_out's, act_out's and dh's of values
+        # computed in another order of sums (test_fp8_recipes.py's AMAX_RTOL is for the same
+        # order), and the scales follow them.
+        np.testing.assert_allclose(copies[0], one, rtol=1e-3, err_msg="the state differs from the one-device call")
+    ref.MESH_REPORT.append(f"{dp}x{tp} {'SP' if sp else '  '} {norm:9s} {'+'.join(acts):12s} {dtype_name:8s} "
+                           f"{what or '':19s} max error {errs[worst]:.1e} ({worst:6s}) HLO: {summary}")
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+@pytest.mark.parametrize("norm, acts", BLOCKS, ids=lambda v: v if isinstance(v, str) else "_".join(v))
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "sp"])
+@pytest.mark.parametrize("dp, tp", MESHES, ids=lambda v: str(v))
+def test_mesh_equals_one_device(dp, tp, sp, norm, acts, dtype_name):
+    _run(dp, tp, sp, norm, acts, dtype_name)
+
+
+FP8_RECIPES = {"delayed": lambda: lj.DelayedScaling(amax_history_len=4),
+               "delayed-most-recent": lambda: lj.DelayedScaling(margin=1, amax_history_len=4,
+                                                                amax_compute_algo="most_recent"),
+               "block": lambda: lj.Float8BlockScaling(), "mxfp8": lambda: lj.MXFP8BlockScaling()}
+
+
+@pytest.mark.parametrize("rid", list(FP8_RECIPES))
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "sp"])
+@pytest.mark.parametrize("dp, tp", MESHES, ids=lambda v: str(v))
+def test_fp8_on_a_mesh_equals_one_device(dp, tp, sp, rid):
+    norm, acts = BLOCKS[1] if rid.startswith("delayed") else BLOCKS[0]
+    _run(dp, tp, sp, norm, acts, "bfloat16", FP8_RECIPES[rid](), rid)
+
+
+def test_delayed_state_stays_identical_over_steps():
+    """Three steps, each fed the state the last one returned: every device holds the same state,
+    and it equals the one-device run's."""
+    recipe = lj.DelayedScaling(amax_history_len=3)
+    d = make(2, ref.DTYPES["bfloat16"], lead=(B, S), norm="rmsnorm", seed=5, H=H, F=F)
+    dy = jnp.asarray(np.cos(np.arange(B * S * H)).reshape(B, S, H), jnp.float32)
+    mesh = _mesh(2, 2)
+    one, sharded = lj.make_quantizer_set(recipe), lj.make_quantizer_set(recipe)
+    args = [d[n] for n in NAMES]
+    placed = [jax.device_put(a, NamedSharding(mesh, _specs(True)[n])) for n, a in zip(NAMES, args)]
+    step = _step("rmsnorm", ("silu", "linear"), dy, {}, recipe)
+    for _ in range(3):
+        one = step(*args, one)[1][7]
+        with jax.set_mesh(mesh):
+            sharded = _step("rmsnorm", ("silu", "linear"), dy, _axes(True), recipe)(*placed, sharded)[1][7]
+    copies = [np.asarray(s.data) for s in sharded.state.addressable_shards]
+    assert all(np.array_equal(c, copies[0]) for c in copies)
+    np.testing.assert_allclose(copies[0], np.asarray(one.state), rtol=1e-3)
+    assert np.all(copies[0][:, 1:] > 0), "a history entry was not recorded"
+
+
+def test_current_scaling_on_a_mesh_is_refused_clearly():
+    d = make(1, np.float32, lead=(B, S), H=H, F=F)
+    with jax.set_mesh(_mesh(1, 2)), pytest.raises(lnmlp.NotSupportedError, match="Float8CurrentScaling"):
+        lj.layernorm_mlp(d["x"], d["gamma"], d["beta"], [d["k1"], d["k2"]], [d["b1"], d["b2"]], "layernorm",
+                         quantizer_set=lj.make_quantizer_set(lj.Float8CurrentScaling()), **_axes(False))
+
+
+@pytest.mark.parametrize("axes, error, match", [
+    (dict(kernel_1_axes=(None, None, "tensor"), kernel_2_axes=(None, "tensor")), lnmlp.InvalidArgumentError,
+     "same tensor axis"),
+    (dict(norm_input_axes=("data", None, "tensor")), lnmlp.NotSupportedError, "hidden dimension"),
+    (dict(norm_input_axes=("data", None)), lnmlp.InvalidArgumentError, "2 names for x's 3 dimensions"),
+    (dict(kernel_1_axes=(None, None, "nope"), kernel_2_axes=("nope", None)), None, None),
+])
+def test_bad_axes_raise_a_clear_error(axes, error, match):
+    d = make(1, np.float32, lead=(B, S), H=H, F=F)
+    call = lambda: lj.layernorm_mlp(d["x"], d["gamma"], d["beta"], [d["k1"], d["k2"]],  # noqa: E731
+                                    [d["b1"], d["b2"]], "layernorm", **axes)
+    with jax.set_mesh(_mesh(2, 2)):
+        if error is None:  # a name that is neither a mesh axis nor a logical rule's: not split
+            np.testing.assert_allclose(np.asarray(call()), np.asarray(lj.layernorm_mlp(
+                d["x"], d["gamma"], d["beta"], [d["k1"], d["k2"]], [d["b1"], d["b2"]], "layernorm")), rtol=0)
+            return
+        with pytest.raises(error, match=match):
+            call()
+
+
+def test_axes_without_a_mesh_change_nothing():
+    d = make(1, np.float32, lead=(B, S), H=H, F=F)
+    args = (d["x"], d["gamma"], d["beta"], [d["k1"], d["k2"]], [d["b1"], d["b2"]], "layernorm")
+    np.testing.assert_array_equal(np.asarray(lj.layernorm_mlp(*args, **_axes(True))),
+                                  np.asarray(lj.layernorm_mlp(*args)))
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "sp"])
+def test_shardings_in_types_split_the_block_without_axes(sp):
+    """On a mesh of Explicit axes the arrays' types carry their shardings: a plain jit over
+    inputs placed with NamedSharding splits the block as the axes arguments would."""
+    d = make(2, np.float32, lead=(B, S), norm="rmsnorm", seed=2, H=H, F=F)
+    dy = jnp.asarray(np.cos(np.arange(B * S * H)).reshape(B, S, H), jnp.float32)
+    args = [d[n] for n in NAMES] + [None]
+    (_, y1), g1 = _step("rmsnorm", ("silu", "linear"), dy, {}, None)(*args)
+    mesh = jax.make_mesh((2, 2), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    placed = [jax.device_put(a, NamedSharding(mesh, _specs(sp)[n])) if a is not None else None
+              for n, a in zip(NAMES, args)] + [None]
+    with jax.set_mesh(mesh):
+        step = _step("rmsnorm", ("silu", "linear"), dy, {}, None)
+        (_, ym), gm = step(*placed)
+        hlo = step.lower(*placed).compile().as_text()
+    summary = _check_collectives(hlo, 2, 2, sp, "float32")
+    assert ym.sharding.spec == _specs(sp)["x"] and gm[3].sharding.spec == _specs(sp)["k1"]
+    errs = {"y": _max_err(ym, y1), **{"d" + n: _max_err(a, b) for n, a, b in zip(NAMES, gm, g1) if d[n] is not None}}
+    worst = max(errs, key=errs.get)
+    assert errs[worst] <= ref.TOLERANCES["float32"], errs
+    ref.MESH_REPORT.append(f"2x2 {'SP' if sp else '  '} explicit axes, no axes arguments: max error "
+                           f"{errs[worst]:.1e} ({worst})  HLO: {summary}")
+
+
+def test_kernels_split_along_h_too_are_gathered_by_xla():
+    """kernel axes that also split H (FSDP-style) are gathered along it by XLA before the call
+    (the block takes whole rows of W1 and columns of W2): same results, an all-gather of the
+    weights' shards, never of whole weights."""
+    d = make(1, np.float32, lead=(B, S), seed=4, H=H, F=F)
+    dy = jnp.asarray(np.cos(np.arange(B * S * H)).reshape(B, S, H), jnp.float32)
+    args = [d[n] for n in NAMES] + [None]
+    (_, y1), g1 = _step("layernorm", ("gelu",), dy, {}, None)(*args)
+    mesh = _mesh(2, 2)
+    axes = dict(norm_input_axes=("data", None, None), kernel_1_axes=("data", None, "tensor"),
+                kernel_2_axes=("tensor", "data"))
+    specs = {**_specs(False), "k1": P("data", None, "tensor"), "k2": P("tensor", "data")}
+    placed = [jax.device_put(a, NamedSharding(mesh, specs[n])) for n, a in zip(NAMES, args[:-1])] + [None]
+    with jax.set_mesh(mesh):
+        (_, ym), gm = _step("layernorm", ("gelu",), dy, axes, None)(*placed)
+    for a, b in zip((ym, *gm), (y1, *g1)):
+        assert _max_err(a, b) <= ref.TOLERANCES["float32"]
