@@ -124,3 +124,18 @@ def test_dropout_and_the_norm_output_are_refused_clearly():
     for kw, match in ((dict(intermediate_dropout_rate=0.1), "dropout"), (dict(return_layernorm_output=True), "norm output")):
         with pytest.raises(lnmlp.NotSupportedError, match=match):
             LayerNormMLP(intermediate_dim=F, **kw).init(jax.random.key(0), x)
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "sp"])
+def test_the_mesh_example_trains_as_one_device(sp):
+    """examples/jax/mesh.py, the set-up docs/jax-mesh.md shows, on a 2x4 mesh."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "jax", "mesh.py")
+    spec = importlib.util.spec_from_file_location("lnmlp_mesh_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    losses, one_losses, diff, collectives = example.main(2, 4, sp, steps=3, batch=4, seq=16, hidden=64, ffn=128)
+    np.testing.assert_allclose(losses, one_losses, rtol=ref.TOLERANCES["float32"])
+    assert diff <= ref.TOLERANCES["float32"]
+    assert "all-gather" in collectives if sp else set(collectives) == {"all-reduce"}, collectives

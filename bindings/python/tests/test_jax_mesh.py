@@ -157,6 +157,29 @@ def test_mesh_equals_one_device(dp, tp, sp, norm, acts, dtype_name):
     _run(dp, tp, sp, norm, acts, dtype_name)
 
 
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+def test_data_parallel_alone_equals_one_device(dtype_name):
+    """x's batch over a 4-way data axis, the weights whole: each device's gradients summed."""
+    dtype = ref.DTYPES[dtype_name]
+    d = make(1, dtype, lead=(B, S), seed=8, H=H, F=F)
+    dy = jnp.asarray(np.cos(np.arange(B * S * H)).reshape(B, S, H).astype(dtype), jnp.float32)
+    args = [d[n] for n in NAMES] + [None]
+    (_, y1), g1 = _step("layernorm", ("gelu",), dy, {}, None)(*args)
+    mesh = jax.make_mesh((4, 2), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    placed = [jax.device_put(a, NamedSharding(mesh, P("data", None, None) if n == "x" else P()))
+              for n, a in zip(NAMES, args[:-1])] + [None]
+    with jax.set_mesh(mesh):
+        step = _step("layernorm", ("gelu",), dy, dict(norm_input_axes=("data", None, None)), None)
+        (_, ym), gm = step(*placed)
+        found = _collectives(step.lower(*placed).compile().as_text())
+    assert {op for _, op in found} == {"all-reduce"}, found
+    errs = {"y": _max_err(ym, y1), **{"d" + n: _max_err(a, b) for n, a, b in zip(NAMES, gm, g1)}}
+    worst = max(errs, key=errs.get)
+    assert errs[worst] <= ref.TOLERANCES[dtype_name], errs
+    ref.MESH_REPORT.append(f"4x1    data parallel alone, {dtype_name}: max error {errs[worst]:.1e} ({worst})  "
+                           f"HLO: {len(found)} all-reduce")
+
+
 FP8_RECIPES = {"delayed": lambda: lj.DelayedScaling(amax_history_len=4),
                "delayed-most-recent": lambda: lj.DelayedScaling(margin=1, amax_history_len=4,
                                                                 amax_compute_algo="most_recent"),

@@ -76,9 +76,10 @@ class Layout:
         """Every mesh axis the block is split over: FP8 amaxes are max-reduced over them."""
         return self.token_axes + tuple(a for a in self.tensor_axes if a not in self.token_axes)
 
-    def weight_specs(self):
+    def weight_specs(self, b1):
+        """The PartitionSpecs of W1, b1 (its zero-element stand-in when absent) and W2."""
         t = self.tensor_axes or None
-        return dict(w1=P(None, None, t), b1=P(None, t), w2=P(t, None))
+        return P(None, None, t), P(None, t) if b1.size else P(), P(t, None)
 
 
 def _context_mesh():
@@ -242,6 +243,16 @@ def _agreed_state(state, spec, layout):
     return jnp.concatenate([scale[:, None], group_history], axis=1)
 
 
+def _shard_map(f, mesh, in_specs, out_specs):
+    """jax.shard_map (jax >= 0.7; jax.experimental's before), its replication unchecked: the
+    outputs said to be replicated are made so by the collectives in f."""
+    if hasattr(jax, "shard_map"):
+        return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+    from jax.experimental.shard_map import shard_map
+
+    return shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)
+
+
 def _local_spec(spec, layout, rows):
     """The configuration of one rank's call: its rows, its F shard, b2 left to after the sum."""
     tp = layout.tensor_size
@@ -266,15 +277,11 @@ def forward(spec, layout, x, gamma, beta, w1, b1, w2, b2, state):
             y = (y32 + b2.astype(jnp.float32) if spec.has_bias2 else y32).astype(y.dtype)
         return y.reshape(x.shape), saved[None], _agreed_state(state, spec, layout)
 
-    w = layout.weight_specs()
+    w1_spec, b1_spec, w2_spec = layout.weight_specs(b1)
     every_device = P(tuple(layout.mesh.axis_names))
-    return jax.shard_map(local, mesh=layout.mesh, check_vma=False,
-                         in_specs=(layout.x_spec, P(), P(), w["w1"], _bias_spec(b1, w), w["w2"], P(), P()),
-                         out_specs=(layout.x_spec, every_device, P()))(x, gamma, beta, w1, b1, w2, b2, state)
-
-
-def _bias_spec(b1, w):
-    return w["b1"] if b1.size else P()
+    return _shard_map(local, layout.mesh,
+                      in_specs=(layout.x_spec, P(), P(), w1_spec, b1_spec, w2_spec, P(), P()),
+                      out_specs=(layout.x_spec, every_device, P()))(x, gamma, beta, w1, b1, w2, b2, state)
 
 
 def backward(spec, layout, dy, x, gamma, beta, w1, b1, w2, saved, state):
@@ -295,21 +302,20 @@ def backward(spec, layout, dy, x, gamma, beta, w1, b1, w2, saved, state):
                                                             saved[0], state)
         if tp > 1:
             dx = _partials_summed(dx, layout, dx.dtype)
-            # The call had no b2: its gradient is the sum of every rank's dy rows, in fp32 until
-            # the one rounding.
-            if spec.has_bias2:
-                db2 = jnp.sum(dy_rows.astype(jnp.float32), axis=0)
-                db2 = (jax.lax.psum(db2, layout.token_axes) if layout.token_axes else db2).astype(dy.dtype)
-            dgamma, dbeta = _sum(dgamma, everything), _sum(dbeta, everything)
-        else:
-            dgamma, dbeta, db2 = _sum(dgamma, data), _sum(dbeta, data), _sum(db2, data)
+        if spec.has_bias2:
+            # The sum of every rank's dy rows, in fp32 until the one rounding (the call has no b2
+            # when F is split, and its db2 is of this rank's rows only, rounded).
+            db2 = jnp.sum(dy_rows.astype(jnp.float32), axis=0)
+            db2 = (jax.lax.psum(db2, layout.token_axes) if layout.token_axes else db2).astype(dy.dtype)
+        # dgamma and dbeta: this rank's rows, and split along F its part of dn; the weights'
+        # gradients: this rank's rows.
+        dgamma, dbeta = _sum(dgamma, everything), _sum(dbeta, everything)
         dw1, db1, dw2 = _sum(dw1, data), _sum(db1, data), _sum(dw2, data)
         return dx.reshape(x.shape), dgamma, dbeta, dw1, db1, dw2, db2, _agreed_state(state, spec, layout)
 
-    w = layout.weight_specs()
+    w1_spec, b1_spec, w2_spec = layout.weight_specs(b1)
     every_device = P(tuple(layout.mesh.axis_names))
-    return jax.shard_map(local, mesh=layout.mesh, check_vma=False,
-                         in_specs=(layout.x_spec, layout.x_spec, P(), P(), w["w1"], _bias_spec(b1, w), w["w2"],
-                                   every_device, P()),
-                         out_specs=(layout.x_spec, P(), P(), w["w1"], _bias_spec(b1, w), w["w2"], P(), P()))(
+    return _shard_map(local, layout.mesh,
+                      in_specs=(layout.x_spec, layout.x_spec, P(), P(), w1_spec, b1_spec, w2_spec, every_device, P()),
+                      out_specs=(layout.x_spec, P(), P(), w1_spec, b1_spec, w2_spec, P(), P()))(
         dy, x, gamma, beta, w1, b1, w2, saved, state)
