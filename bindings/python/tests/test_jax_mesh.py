@@ -96,9 +96,9 @@ def _max_err(got, want):
     return float(np.max(np.abs(got - want))) / max(float(np.max(np.abs(want))), 1e-30)
 
 
-def _run(dp, tp, sp, norm, acts, dtype_name, recipe=None, what=None):
+def _run(dp, tp, sp, norm, acts, dtype_name, recipe=None, what=None, ffn=F):
     dtype = ref.DTYPES[dtype_name]
-    d = make(len(acts), dtype, lead=(B, S), norm=norm, seed=11, H=H, F=F)
+    d = make(len(acts), dtype, lead=(B, S), norm=norm, seed=11, H=H, F=ffn)
     # The float64 answer for a dy the block can take exactly (in the I/O dtype).
     x2 = np.asarray(d["x"], np.float64).reshape(-1, H)
     block = (x2, d["gamma"], d["beta"], d["k1"], d["b1"], d["k2"], d["b2"], norm, False, EPS, acts, {})
@@ -192,6 +192,15 @@ FP8_RECIPES = {"delayed": lambda: lj.DelayedScaling(amax_history_len=4),
 def test_fp8_on_a_mesh_equals_one_device(dp, tp, sp, rid):
     norm, acts = BLOCKS[1] if rid.startswith("delayed") else BLOCKS[0]
     _run(dp, tp, sp, norm, acts, "bfloat16", FP8_RECIPES[rid](), rid)
+
+
+def test_block_scaling_without_powers_of_2_needs_whole_128_column_shards():
+    """As docs/sharding.md says: with arbitrary block scales a partial block would be scaled
+    differently from the one-device call, so F/P must be a multiple of 128."""
+    _run(1, 2, True, "layernorm", ("gelu",), "bfloat16", lj.Float8BlockScaling(power_2_scale=False),
+         "block-nop2 F=256", ffn=256)
+    with pytest.raises(lnmlp.NotSupportedError, match="multiple of 128"):
+        _run(1, 2, False, "layernorm", ("gelu",), "bfloat16", lj.Float8BlockScaling(power_2_scale=False))
 
 
 def test_delayed_state_stays_identical_over_steps():

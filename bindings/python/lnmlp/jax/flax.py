@@ -104,9 +104,13 @@ class LayerNormMLP(nn.Module):
             return self.param(name, nn.with_logical_partitioning(init, axes), shape, self.dtype)
 
         def stacked_kernel_init(key, shape, dtype):
-            # One [H, F] kernel per activation, each with fan-in H, as TransformerEngine initialises them.
-            keys = jax.random.split(key, shape[1])
-            return jnp.stack([kernel_init(k, (shape[0], shape[2]), dtype) for k in keys], axis=1)
+            # One [H, F] kernel per activation, each with fan-in H and a key split off the last, as
+            # TransformerEngine initialises them.
+            kernels = []
+            for _ in range(shape[1]):
+                key, one = jax.random.split(key)
+                kernels.append(kernel_init(one, (shape[0], shape[2]), dtype))
+            return jnp.stack(kernels, axis=1)
 
         gamma = param("scale", scale_init, (H,), self.scale_axes)
         beta = param("ln_bias", self.ln_bias_init, (H,), self.ln_bias_axes) if self.layernorm_type == "layernorm" \
