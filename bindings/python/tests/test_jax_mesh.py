@@ -299,3 +299,37 @@ def test_kernels_split_along_h_too_are_gathered_by_xla():
         (_, ym), gm = _step("layernorm", ("gelu",), dy, axes, None)(*placed)
     for a, b in zip((ym, *gm), (y1, *g1)):
         assert _max_err(a, b) <= ref.TOLERANCES["float32"]
+
+
+@pytest.mark.parametrize("policy", ["nothing_saveable", "save_ffn1"])
+def test_checkpoint_policies_on_a_mesh(policy):
+    """jax.checkpoint around a split block: recomputed or kept, the gradients are the one-device ones."""
+    pol = (jax.checkpoint_policies.nothing_saveable if policy == "nothing_saveable"
+           else jax.checkpoint_policies.save_only_these_names("ffn1"))
+    d = make(1, np.float32, lead=(B, S), seed=1, H=H, F=F)
+
+    def loss(x, k1, k2, axes, remat):
+        def block(x, k1, k2):
+            return lj.layernorm_mlp(x, d["gamma"], d["beta"], [k1, k2], [d["b1"], d["b2"]], "layernorm", **axes)
+        return jnp.sum(jnp.sin(jax.checkpoint(block, policy=pol)(x, k1, k2) if remat else block(x, k1, k2)))
+
+    want = jax.grad(loss, argnums=(0, 1, 2))(d["x"], d["k1"], d["k2"], {}, False)
+    mesh, specs = _mesh(2, 2), _specs(True)
+    placed = [jax.device_put(d[n], NamedSharding(mesh, specs[n])) for n in ("x", "k1", "k2")]
+    with jax.set_mesh(mesh):
+        got = jax.jit(jax.grad(lambda *a: loss(*a, _axes(True), True), argnums=(0, 1, 2)))(*placed)
+    for a, b in zip(got, want):
+        assert _max_err(a, b) <= ref.TOLERANCES["float32"]
+
+
+def test_vmap_of_a_split_call():
+    d = make(1, np.float32, lead=(B, S), seed=1, H=H, F=F)
+    mesh, specs = _mesh(2, 2), _specs(False)
+    k1, k2 = (jax.device_put(d[n], NamedSharding(mesh, specs[n])) for n in ("k1", "k2"))
+    xs = jnp.stack([d["x"], 2 * d["x"]])
+    with jax.set_mesh(mesh):
+        ys = jax.jit(jax.vmap(lambda x: lj.layernorm_mlp(x, d["gamma"], d["beta"], [k1, k2], [d["b1"], d["b2"]],
+                                                         "layernorm", **_axes(False))))(xs)
+    for i in range(2):
+        want = lj.layernorm_mlp(xs[i], d["gamma"], d["beta"], [d["k1"], d["k2"]], [d["b1"], d["b2"]], "layernorm")
+        assert _max_err(ys[i], want) <= ref.TOLERANCES["float32"]
