@@ -4,7 +4,8 @@
 (``jax.set_mesh(mesh)``, or the older ``with mesh:``): ``norm_input_axes`` names x's dimensions,
 ``kernel_1_axes`` and ``kernel_2_axes`` the kernels'. Each name is a mesh axis, or a logical name
 that flax's logical axis rules (``flax.linen.logical_axis_rules``) map to mesh axes, as with
-TransformerEngine; a name that is neither leaves its dimension whole. From them:
+TransformerEngine; a name that is neither leaves its dimension whole. Without axes arguments,
+arrays whose sharding is in their type (a mesh of Explicit axes) give their own. From them:
 
 * the tensor axis: the mesh axes of kernel_1's F dimension, which must be kernel_2's F dimension's
   too (W1 column-parallel, W2 row-parallel, b1 with W1);
