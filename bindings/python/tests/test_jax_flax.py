@@ -64,7 +64,8 @@ def test_parameters_are_named_shaped_and_initialised_as_transformer_engine_does(
     boxed = _model().init(jax.random.key(0), x)
     specs = nn.get_partition_spec(boxed)["params"]
     params = nn.unbox(boxed)["params"]
-    want = {"scale": ((H,), ("embed",)), "ln_bias": ((H,), ("embed",)), "wi_kernel": ((H, 2, F), ("embed", "act", "mlp")),
+    want = {"scale": ((H,), ("embed",)), "ln_bias": ((H,), ("embed",)),
+            "wi_kernel": ((H, 2, F), ("embed", "act", "mlp")),
             "wi_bias": ((2, F), ("act", "mlp")), "wo_kernel": ((F, H), ("mlp", "embed")), "wo_bias": ((H,), ("embed",))}
     assert set(params) == set(want)
     for name, (shape, axes) in want.items():
@@ -121,7 +122,8 @@ def test_training_steps_on_a_mesh_equal_one_device(kind):
 
 def test_dropout_and_the_norm_output_are_refused_clearly():
     x, _ = _data(jnp.float32)
-    for kw, match in ((dict(intermediate_dropout_rate=0.1), "dropout"), (dict(return_layernorm_output=True), "norm output")):
+    for kw, match in ((dict(intermediate_dropout_rate=0.1), "dropout"),
+                      (dict(return_layernorm_output=True), "norm output")):
         with pytest.raises(lnmlp.NotSupportedError, match=match):
             LayerNormMLP(intermediate_dim=F, **kw).init(jax.random.key(0), x)
 

@@ -70,7 +70,7 @@ def _collectives(hlo):
                       r"(?:-start)?\(", hlo)
 
 
-def _check_collectives(hlo, dp, tp, sp, dtype):
+def _check_collectives(hlo, dp, sp):
     """The collectives a layout must compile to (docs/jax-mesh.md), as a summary string."""
     found = _collectives(hlo)
     ops = {op for _, op in found}
@@ -81,7 +81,8 @@ def _check_collectives(hlo, dp, tp, sp, dtype):
         assert {"all-gather", "reduce-scatter"} <= ops, found
         # Only rows of x and dy are gathered: [T/dp, H] (XLA:CPU may gather bf16 as f32).
         for t in gathers:
-            assert re.fullmatch(r"(f32|bf16)\[%d,%d\]\{1,0\}" % (rows, H), t), f"all-gather of {t}: not x's or dy's rows"
+            assert re.fullmatch(r"(f32|bf16)\[%d,%d\]\{1,0\}" % (rows, H), t), \
+                f"all-gather of {t}: not x's or dy's rows"
     else:
         assert not gathers, f"all-gather without sequence parallelism: {gathers}"
         assert "reduce-scatter" not in ops, found
@@ -96,6 +97,27 @@ def _max_err(got, want):
     return float(np.max(np.abs(got - want))) / max(float(np.max(np.abs(want))), 1e-30)
 
 
+def _one_device_and_mesh(d, norm, acts, dy, mesh, specs, axes, recipe=None):
+    """The jitted step on one device and over `mesh` (inputs placed by `specs`, the block given
+    `axes`): the mesh's (y, grads), the one device's, the compiled mesh step's HLO text, and the
+    largest error per output ("y", "dx", ...) against the one device."""
+    qs = lj.make_quantizer_set(recipe) if recipe is not None else None
+    args = [d[n] for n in NAMES] + [qs]
+    (_, y1), g1 = _step(norm, acts, dy, {}, recipe)(*args)
+    placed = [jax.device_put(a, NamedSharding(mesh, specs[n])) if a is not None else None
+              for n, a in zip(NAMES, args)] + [qs]
+    with jax.set_mesh(mesh):
+        step = _step(norm, acts, dy, axes, recipe)
+        (_, ym), gm = step(*placed)
+        hlo = step.lower(*placed).compile().as_text()
+    errs = {"y": _max_err(ym, y1)}
+    for n, a, b in zip(NAMES, gm, g1):
+        if d[n] is not None:
+            assert a.dtype == b.dtype and a.shape == b.shape, n
+            errs["d" + n] = _max_err(a, b)
+    return (ym, gm), (y1, g1), hlo, errs
+
+
 def _run(dp, tp, sp, norm, acts, dtype_name, recipe=None, what=None, ffn=F):
     dtype = ref.DTYPES[dtype_name]
     d = make(len(acts), dtype, lead=(B, S), norm=norm, seed=11, H=H, F=ffn)
@@ -106,27 +128,11 @@ def _run(dp, tp, sp, norm, acts, dtype_name, recipe=None, what=None, ffn=F):
     dy = np.cos(np.arange(y_ref.size, dtype=np.float64)).reshape(y_ref.shape).astype(dtype).astype(np.float64)
     g_ref = ref.backward(dy, *block)
     dy = jnp.asarray(dy.reshape(B, S, H), jnp.float32)
-    qs = lj.make_quantizer_set(recipe) if recipe is not None else None
-    args = [d[n] for n in NAMES] + [qs]
-
-    (_, y1), g1 = _step(norm, acts, dy, {}, recipe)(*args)
-    mesh = _mesh(dp, tp)
-    specs = _specs(sp)
-    placed = [jax.device_put(a, NamedSharding(mesh, specs[n])) if a is not None else None
-              for n, a in zip(NAMES, args)] + [qs]
-    with jax.set_mesh(mesh):
-        step = _step(norm, acts, dy, _axes(sp), recipe)
-        (_, ym), gm = step(*placed)
-        hlo = step.lower(*placed).compile().as_text()
-    summary = _check_collectives(hlo, dp, tp, sp, dtype_name)
+    (ym, gm), (_, g1), hlo, errs = _one_device_and_mesh(d, norm, acts, dy, _mesh(dp, tp), _specs(sp), _axes(sp),
+                                                         recipe)
+    summary = _check_collectives(hlo, dp, sp)
 
     tol = ref.TOLERANCE_FP8_SHARDED if recipe is not None else ref.TOLERANCES[dtype_name]
-    errs = {"y": _max_err(ym, y1)}
-    for n, a, b in zip(NAMES, gm, g1):
-        if args[NAMES.index(n)] is None:
-            continue
-        assert a.dtype == b.dtype and a.shape == b.shape, n
-        errs["d" + n] = _max_err(a, b)
     worst = max(errs, key=errs.get)
     assert errs[worst] <= tol, f"{worst}: {errs[worst]:.3e} from the one-device call > {tol}"
     if recipe is None:  # the float64 reference, independently of the one-device call
@@ -163,17 +169,12 @@ def test_data_parallel_alone_equals_one_device(dtype_name):
     dtype = ref.DTYPES[dtype_name]
     d = make(1, dtype, lead=(B, S), seed=8, H=H, F=F)
     dy = jnp.asarray(np.cos(np.arange(B * S * H)).reshape(B, S, H).astype(dtype), jnp.float32)
-    args = [d[n] for n in NAMES] + [None]
-    (_, y1), g1 = _step("layernorm", ("gelu",), dy, {}, None)(*args)
     mesh = jax.make_mesh((4, 2), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    placed = [jax.device_put(a, NamedSharding(mesh, P("data", None, None) if n == "x" else P()))
-              for n, a in zip(NAMES, args[:-1])] + [None]
-    with jax.set_mesh(mesh):
-        step = _step("layernorm", ("gelu",), dy, dict(norm_input_axes=("data", None, None)), None)
-        (_, ym), gm = step(*placed)
-        found = _collectives(step.lower(*placed).compile().as_text())
+    specs = {n: P("data", None, None) if n == "x" else P() for n in NAMES}
+    _, _, hlo, errs = _one_device_and_mesh(d, "layernorm", ("gelu",), dy, mesh, specs,
+                                           dict(norm_input_axes=("data", None, None)))
+    found = _collectives(hlo)
     assert {op for _, op in found} == {"all-reduce"}, found
-    errs = {"y": _max_err(ym, y1), **{"d" + n: _max_err(a, b) for n, a, b in zip(NAMES, gm, g1)}}
     worst = max(errs, key=errs.get)
     assert errs[worst] <= ref.TOLERANCES[dtype_name], errs
     ref.MESH_REPORT.append(f"4x1    data parallel alone, {dtype_name}: max error {errs[worst]:.1e} ({worst})  "
@@ -244,8 +245,7 @@ def test_bad_axes_raise_a_clear_error(axes, error, match):
                                     [d["b1"], d["b2"]], "layernorm", **axes)
     with jax.set_mesh(_mesh(2, 2)):
         if error is None:  # a name that is neither a mesh axis nor a logical rule's: not split
-            np.testing.assert_allclose(np.asarray(call()), np.asarray(lj.layernorm_mlp(
-                d["x"], d["gamma"], d["beta"], [d["k1"], d["k2"]], [d["b1"], d["b2"]], "layernorm")), rtol=0)
+            assert not _collectives(jax.jit(call).lower().compile().as_text())
             return
         with pytest.raises(error, match=match):
             call()
@@ -264,18 +264,10 @@ def test_shardings_in_types_split_the_block_without_axes(sp):
     inputs placed with NamedSharding splits the block as the axes arguments would."""
     d = make(2, np.float32, lead=(B, S), norm="rmsnorm", seed=2, H=H, F=F)
     dy = jnp.asarray(np.cos(np.arange(B * S * H)).reshape(B, S, H), jnp.float32)
-    args = [d[n] for n in NAMES] + [None]
-    (_, y1), g1 = _step("rmsnorm", ("silu", "linear"), dy, {}, None)(*args)
     mesh = jax.make_mesh((2, 2), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
-    placed = [jax.device_put(a, NamedSharding(mesh, _specs(sp)[n])) if a is not None else None
-              for n, a in zip(NAMES, args)] + [None]
-    with jax.set_mesh(mesh):
-        step = _step("rmsnorm", ("silu", "linear"), dy, {}, None)
-        (_, ym), gm = step(*placed)
-        hlo = step.lower(*placed).compile().as_text()
-    summary = _check_collectives(hlo, 2, 2, sp, "float32")
+    (ym, gm), _, hlo, errs = _one_device_and_mesh(d, "rmsnorm", ("silu", "linear"), dy, mesh, _specs(sp), {})
+    summary = _check_collectives(hlo, 2, sp)
     assert ym.sharding.spec == _specs(sp)["x"] and gm[3].sharding.spec == _specs(sp)["k1"]
-    errs = {"y": _max_err(ym, y1), **{"d" + n: _max_err(a, b) for n, a, b in zip(NAMES, gm, g1) if d[n] is not None}}
     worst = max(errs, key=errs.get)
     assert errs[worst] <= ref.TOLERANCES["float32"], errs
     ref.MESH_REPORT.append(f"2x2 {'SP' if sp else '  '} explicit axes, no axes arguments: max error "
@@ -285,20 +277,18 @@ def test_shardings_in_types_split_the_block_without_axes(sp):
 def test_kernels_split_along_h_too_are_gathered_by_xla():
     """kernel axes that also split H (FSDP-style) are gathered along it by XLA before the call
     (the block takes whole rows of W1 and columns of W2): same results, an all-gather of the
-    weights' shards, never of whole weights."""
+    weights' tensor shards, never of whole weights."""
     d = make(1, np.float32, lead=(B, S), seed=4, H=H, F=F)
     dy = jnp.asarray(np.cos(np.arange(B * S * H)).reshape(B, S, H), jnp.float32)
-    args = [d[n] for n in NAMES] + [None]
-    (_, y1), g1 = _step("layernorm", ("gelu",), dy, {}, None)(*args)
-    mesh = _mesh(2, 2)
     axes = dict(norm_input_axes=("data", None, None), kernel_1_axes=("data", None, "tensor"),
                 kernel_2_axes=("tensor", "data"))
     specs = {**_specs(False), "k1": P("data", None, "tensor"), "k2": P("tensor", "data")}
-    placed = [jax.device_put(a, NamedSharding(mesh, specs[n])) for n, a in zip(NAMES, args[:-1])] + [None]
-    with jax.set_mesh(mesh):
-        (_, ym), gm = _step("layernorm", ("gelu",), dy, axes, None)(*placed)
-    for a, b in zip((ym, *gm), (y1, *g1)):
-        assert _max_err(a, b) <= ref.TOLERANCES["float32"]
+    _, _, hlo, errs = _one_device_and_mesh(d, "layernorm", ("gelu",), dy, _mesh(2, 2), specs, axes)
+    assert max(errs.values()) <= ref.TOLERANCES["float32"], errs
+    gathers = [t for t, op in _collectives(hlo) if op == "all-gather"]
+    assert gathers, "the kernels' H shards were not gathered"
+    whole = (r"f32\[%d,1,%d\]" % (H, F), r"f32\[%d,%d\]" % (F, H))
+    assert not [t for t in gathers if any(re.match(w, t) for w in whole)], f"a whole weight was gathered: {gathers}"
 
 
 @pytest.mark.parametrize("policy", ["nothing_saveable", "save_ffn1"])

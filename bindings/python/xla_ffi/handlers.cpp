@@ -40,7 +40,8 @@ struct PlanState {
   PlanConfig config;
   std::shared_ptr<SharedPlan> shared;  // the plan on config.device
 
-  // The plan for the device XLA runs this call on.
+  // The plan for the device XLA runs this call on (other GPUs' plans are kept here, so that an
+  // execution does not look the process-wide cache up).
   SharedPlan& on_device(int32_t device) {
     if (device == config.device) return *shared;
     std::lock_guard<std::mutex> lock(devices_mutex);

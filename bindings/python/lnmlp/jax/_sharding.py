@@ -74,8 +74,14 @@ class Layout:
 
     @property
     def split_axes(self):
-        """Every mesh axis the block is split over: FP8 amaxes are max-reduced over them."""
+        """Every mesh axis the block is split over: FP8 amaxes are max-reduced over them, and
+        dgamma and dbeta summed."""
         return self.token_axes + tuple(a for a in self.tensor_axes if a not in self.token_axes)
+
+    @property
+    def per_device(self):
+        """The spec of an array stacked from one block per device (the saved residuals)."""
+        return P(tuple(self.mesh.axis_names))
 
     def weight_specs(self, b1):
         """The PartitionSpecs of W1, b1 (its zero-element stand-in when absent) and W2."""
@@ -174,7 +180,8 @@ def resolve_layout(x, kernel_1, kernel_2, recipe, norm_input_axes, kernel_1_axes
     for n, axes in zip(x_shape, x_axes):
         size = math.prod(mesh.shape[a] for a in axes)
         if n % size:
-            raise InvalidArgumentError(f"x's dimension of {n} is not divisible by the {size} shards of mesh axes {axes}")
+            raise InvalidArgumentError(f"x's dimension of {n} is not divisible by the {size} shards of mesh axes "
+                                       f"{axes}")
     # Axes of size 1 split nothing: no collective over them.
     layout = Layout(mesh=mesh, x_spec=P(*[a or None for a in x_axes]),
                     tensor_axes=tuple(a for a in tensor_1 if mesh.shape[a] > 1),
@@ -279,10 +286,9 @@ def forward(spec, layout, x, gamma, beta, w1, b1, w2, b2, state):
         return y.reshape(x.shape), saved[None], _agreed_state(state, spec, layout)
 
     w1_spec, b1_spec, w2_spec = layout.weight_specs(b1)
-    every_device = P(tuple(layout.mesh.axis_names))
     return _shard_map(local, layout.mesh,
                       in_specs=(layout.x_spec, P(), P(), w1_spec, b1_spec, w2_spec, P(), P()),
-                      out_specs=(layout.x_spec, every_device, P()))(x, gamma, beta, w1, b1, w2, b2, state)
+                      out_specs=(layout.x_spec, layout.per_device, P()))(x, gamma, beta, w1, b1, w2, b2, state)
 
 
 def backward(spec, layout, dy, x, gamma, beta, w1, b1, w2, saved, state):
@@ -293,7 +299,7 @@ def backward(spec, layout, dy, x, gamma, beta, w1, b1, w2, saved, state):
                                                 state)
         return (dx.reshape(x.shape), *grads)
     tp = layout.tensor_size
-    data, everything = layout.data_axes, layout.data_axes + layout.tensor_axes
+    data = layout.data_axes
 
     def local(dy, x, gamma, beta, w1, b1, w2, saved, state):
         dy_rows = dy.reshape(-1, H)
@@ -310,13 +316,13 @@ def backward(spec, layout, dy, x, gamma, beta, w1, b1, w2, saved, state):
             db2 = (jax.lax.psum(db2, layout.token_axes) if layout.token_axes else db2).astype(dy.dtype)
         # dgamma and dbeta: this rank's rows, and split along F its part of dn; the weights'
         # gradients: this rank's rows.
-        dgamma, dbeta = _sum(dgamma, everything), _sum(dbeta, everything)
+        dgamma, dbeta = _sum(dgamma, layout.split_axes), _sum(dbeta, layout.split_axes)
         dw1, db1, dw2 = _sum(dw1, data), _sum(db1, data), _sum(dw2, data)
         return dx.reshape(x.shape), dgamma, dbeta, dw1, db1, dw2, db2, _agreed_state(state, spec, layout)
 
     w1_spec, b1_spec, w2_spec = layout.weight_specs(b1)
-    every_device = P(tuple(layout.mesh.axis_names))
     return _shard_map(local, layout.mesh,
-                      in_specs=(layout.x_spec, layout.x_spec, P(), P(), w1_spec, b1_spec, w2_spec, every_device, P()),
+                      in_specs=(layout.x_spec, layout.x_spec, P(), P(), w1_spec, b1_spec, w2_spec, layout.per_device,
+                                P()),
                       out_specs=(layout.x_spec, P(), P(), w1_spec, b1_spec, w2_spec, P(), P()))(
         dy, x, gamma, beta, w1, b1, w2, saved, state)
