@@ -4,9 +4,12 @@
     python3 bench/ab_compare.py --a OLD/bench/lnmlp-bench --b NEW/bench/lnmlp-bench [--rounds 3]
                                 [--iters 3] [--set standard|quick|fp8] [--only TEXT]
                                 [--label-a old --label-b new] [--env-a VAR=VALUE] [--env-b VAR=VALUE]
+                                [--args-a ARGS] [--args-b ARGS]
 
 --env-b LNMLP_CPU_ISA=x86-64 with the same binary as --a compares the CPU kernels' baseline
 level against the level the CPU gets (what a build without run-time dispatch would run).
+--args-b "--weight-layout out_in" with the same binary as --a compares PyTorch's out x in weights
+(lnmlp_desc_set_weight_layout) against the default in x out ones.
 
 Each configuration runs A then B, `rounds` times (A B A B ...), so a drift of the shared machine
 hits both alike; every run is a whole lnmlp-bench process (its own warm-up, medians of `iters`
@@ -75,6 +78,8 @@ def main():
     p.add_argument("--label-b", default="B")
     p.add_argument("--env-a", action="append", default=[], metavar="VAR=VALUE", help="environment of A's runs")
     p.add_argument("--env-b", action="append", default=[], metavar="VAR=VALUE", help="environment of B's runs")
+    p.add_argument("--args-a", default="", metavar="ARGS", help="more lnmlp-bench arguments for A's runs")
+    p.add_argument("--args-b", default="", metavar="ARGS", help="more lnmlp-bench arguments for B's runs")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--set", choices=["standard", "quick", "fp8"], default="standard")
@@ -85,7 +90,7 @@ def main():
     configs = {"standard": STANDARD, "quick": QUICK, "fp8": FP8}[o.set]
     configs = [c for c in configs if o.only in c[0]]
     print(f"{cpu_model()}, {os.cpu_count()} CPUs; {o.rounds} rounds of A B, lnmlp-bench --iters {o.iters} each")
-    print(f"A = {o.label_a}: {o.a} {' '.join(o.env_a)}\nB = {o.label_b}: {o.b} {' '.join(o.env_b)}")
+    print(f"A = {o.label_a}: {o.a} {o.args_a} {' '.join(o.env_a)}\nB = {o.label_b}: {o.b} {o.args_b} {' '.join(o.env_b)}")
     head = f"{'configuration':36} {o.label_a + ' ms':>12} {o.label_b + ' ms':>12} {'B/A':>7} {'outside A':>10} {'outside B':>10}"
     print(head)
     print("-" * len(head))
@@ -93,8 +98,8 @@ def main():
         a, b = [], []
         for r in range(o.rounds):
             print(f"  {name}: round {r + 1}/{o.rounds}   ", end="\r", file=sys.stderr, flush=True)
-            a.append(run(o.a, args, o.iters, env_a))
-            b.append(run(o.b, args, o.iters, env_b))
+            a.append(run(o.a, args + o.args_a.split(), o.iters, env_a))
+            b.append(run(o.b, args + o.args_b.split(), o.iters, env_b))
         ta = statistics.median(x["total_ms"] for x in a)
         tb = statistics.median(x["total_ms"] for x in b)
         ratios = [y["total_ms"] / x["total_ms"] for x, y in zip(a, b)]

@@ -17,6 +17,7 @@ using lnmlp::cpu::make_gemm;
 struct GemmPeer::State {
   std::unique_ptr<Gemm> g1, g2, g_dact, g_dw2, g_dn, g_dw1;
   bool recompute_gemm1 = false;
+  bool weights_out_in = false;  // the weight gradients' sides swapped (block/gemm_roles.h)
   // Zero-filled operands (GEMM speed does not depend on the values); 4 bytes per element covers
   // every type.
   std::vector<float> ln, w1, b1, h, act, w2, b2, y, dy, dact, dw2, dh, dn, dw1;
@@ -25,7 +26,7 @@ struct GemmPeer::State {
 };
 
 GemmPeer::GemmPeer(int64_t T, int64_t H, int64_t F, int32_t A, int32_t dtype, bool bias1, bool bias2,
-                   bool recompute_gemm1)
+                   bool recompute_gemm1, int32_t weight_layout)
     : s_(std::make_unique<State>()) {
   // Exactly the GEMMs the CPU backend creates for this configuration (cpu/gemm_plan.h); the
   // staged ones write their fp32 result, as the backend's do before its epilogue pass.
@@ -34,6 +35,8 @@ GemmPeer::GemmPeer(int64_t T, int64_t H, int64_t F, int32_t A, int32_t dtype, bo
   c.tokens = T, c.hidden = H, c.ffn = F, c.num_acts = A;
   c.dtype = static_cast<lnmlp::numerics::DType>(dtype);
   c.has_bias1 = bias1, c.has_bias2 = bias2;
+  c.weight_layout = static_cast<lnmlp::WeightLayout>(weight_layout);
+  s.weights_out_in = c.weights_out_in();
   auto make = [&](lnmlp::block::GemmRole role) {
     return make_gemm(lnmlp::cpu::cpu_gemm(lnmlp::block::gemm_spec(role, c), c).shape);
   };
@@ -67,9 +70,10 @@ GemmPeerTimes GemmPeer::run_once() {
   const auto t1 = std::chrono::steady_clock::now();
   if (s.recompute_gemm1) s.g1->run(s.ln.data(), s.w1.data(), s.b1.data(), s.h.data(), s.scratch);
   s.g_dact->run(s.dy.data(), s.w2.data(), nullptr, s.dact.data(), s.scratch);
-  s.g_dw2->run(s.act.data(), s.dy.data(), nullptr, s.dw2.data(), s.scratch);
+  const bool oi = s.weights_out_in;
+  s.g_dw2->run(oi ? s.dy.data() : s.act.data(), oi ? s.act.data() : s.dy.data(), nullptr, s.dw2.data(), s.scratch);
   s.g_dn->run(s.dh.data(), s.w1.data(), nullptr, s.dn.data(), s.scratch);
-  s.g_dw1->run(s.ln.data(), s.dh.data(), nullptr, s.dw1.data(), s.scratch);
+  s.g_dw1->run(oi ? s.dh.data() : s.ln.data(), oi ? s.ln.data() : s.dh.data(), nullptr, s.dw1.data(), s.scratch);
   const auto t2 = std::chrono::steady_clock::now();
   return {std::chrono::duration<double>(t1 - t0).count(), std::chrono::duration<double>(t2 - t1).count()};
 }

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "lnmlp.h"
+
 struct GemmPeerTimes {
   double forward_s;   // GEMM1 + GEMM2
   double backward_s;  // dact, dW2, dgrad, dW1 (+ GEMM1 again for save_stats)
@@ -15,9 +17,10 @@ struct GemmPeerTimes {
 // the caller can interleave them with the block's own iterations (a shared machine drifts).
 class GemmPeer {
  public:
-  // dtype: LNMLP_DTYPE_*; num_acts: A; recompute_gemm1: the save_stats policy.
+  // dtype: LNMLP_DTYPE_*; num_acts: A; recompute_gemm1: the save_stats policy; weight_layout:
+  // LNMLP_WEIGHT_LAYOUT_*.
   GemmPeer(int64_t tokens, int64_t hidden, int64_t ffn, int32_t num_acts, int32_t dtype, bool bias1, bool bias2,
-           bool recompute_gemm1);
+           bool recompute_gemm1, int32_t weight_layout = LNMLP_WEIGHT_LAYOUT_IN_OUT);
   ~GemmPeer();
   GemmPeerTimes run_once();
 

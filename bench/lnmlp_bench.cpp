@@ -5,7 +5,7 @@
 //
 //   lnmlp-bench [--tokens T] [--hidden H] [--ffn F] [--act NAME] [--norm layernorm|rmsnorm]
 //               [--dtype f32|bf16|f16] [--remat save_all|save_ffn1|save_stats] [--iters N]
-//               [--threads N] [--check-tokens N] [--json FILE]
+//               [--threads N] [--check-tokens N] [--weight-layout in_out|out_in] [--json FILE]
 //
 // --json FILE also writes the figures as one JSON object (bench/compare reads it).
 #include <omp.h>
@@ -38,6 +38,7 @@ struct Options {
   int iters = 5;
   int threads = 0;
   int64_t check_tokens = 16;
+  std::string weight_layout = "in_out";  // W1 [H, A*F], W2 [F, H]; out_in: [A*F, H], [H, F] (PyTorch's)
   std::string json;  // where to write the figures as JSON; empty = nowhere
 };
 
@@ -47,7 +48,8 @@ struct Options {
                "usage: lnmlp-bench [--tokens T] [--hidden H] [--ffn F] [--act NAME] [--norm layernorm|rmsnorm]\n"
                "                   [--dtype f32|bf16|f16] [--remat save_all|save_ffn1|save_stats]\n"
                "                   [--recipe none|delayed|current|block|mxfp8]\n"
-               "                   [--iters N] [--threads N] [--check-tokens N] [--json FILE]\n"
+               "                   [--iters N] [--threads N] [--check-tokens N] [--weight-layout in_out|out_in]\n"
+               "                   [--json FILE]\n"
                "  NAME: linear relu gelu silu quick_gelu squared_relu sigmoid, or a gated pair\n"
                "        geglu swiglu reglu qgeglu sreglu glu clamped_swiglu\n",
                msg);
@@ -73,6 +75,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--threads") o.threads = std::atoi(v);
     else if (a == "--check-tokens") o.check_tokens = std::atoll(v);
     else if (a == "--json") o.json = v;
+    else if (a == "--weight-layout") o.weight_layout = v;
     else usage(("unknown option " + a).c_str());
   }
   if (o.iters < 1) usage("--iters must be >= 1");
@@ -132,6 +135,14 @@ struct Tensor {
     for (size_t i = 0; i < out.size(); ++i) out[i] = get(i);
     return out;
   }
+  // The tensor as a [rows, cols] matrix, transposed into [cols, rows].
+  Tensor transposed(int64_t rows, int64_t cols) const {
+    Tensor t(dtype, bytes.size() / (dtype == LNMLP_DTYPE_F32 ? 4 : 2));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        t.set(static_cast<size_t>(c * rows + r), get(static_cast<size_t>(r * cols + c)));
+    return t;
+  }
   void* data() { return bytes.data(); }
 };
 
@@ -187,15 +198,20 @@ int main(int argc, char** argv) {
                          : o.recipe == "block" ? LNMLP_RECIPE_BLOCK
                          : o.recipe == "mxfp8" ? LNMLP_RECIPE_MXFP8
                                                : (usage("--recipe is none, delayed, current, block or mxfp8"), 0);
+  const int32_t layout = o.weight_layout == "in_out"   ? LNMLP_WEIGHT_LAYOUT_IN_OUT
+                         : o.weight_layout == "out_in" ? LNMLP_WEIGHT_LAYOUT_OUT_IN
+                                                       : (usage("--weight-layout is in_out or out_in"), 0);
   const int64_t T = o.tokens, H = o.hidden, F = o.ffn;
   const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
 
   const char* info = nullptr;
   check(lnmlp_get_build_info(&info), "lnmlp_get_build_info");
   std::printf("%s\n", info);
-  std::printf("block: tokens %lld, hidden %lld, ffn %lld, %s, act %s, %s, remat %s, FP8 recipe %s, biases on, %d threads\n",
-              static_cast<long long>(T), static_cast<long long>(H), static_cast<long long>(F), o.norm.c_str(),
-              o.act.c_str(), o.dtype.c_str(), o.remat.c_str(), o.recipe.c_str(), threads);
+  std::printf(
+      "block: tokens %lld, hidden %lld, ffn %lld, %s, act %s, %s, remat %s, FP8 recipe %s, biases on, weights %s, %d "
+      "threads\n",
+      static_cast<long long>(T), static_cast<long long>(H), static_cast<long long>(F), o.norm.c_str(), o.act.c_str(),
+      o.dtype.c_str(), o.remat.c_str(), o.recipe.c_str(), o.weight_layout.c_str(), threads);
   if (recipe != LNMLP_RECIPE_NONE)
     std::printf("(FP8 is emulated on the CPU: FP8 codes decoded into bf16/fp32 GEMM operands, see docs/fp8.md;\n"
                 " the peer below is the unquantized GEMMs in %s)\n", o.dtype.c_str());
@@ -210,6 +226,7 @@ int main(int argc, char** argv) {
   check(lnmlp_desc_set_remat(desc, remat), "set_remat");
   check(lnmlp_desc_set_num_threads(desc, o.threads), "set_num_threads");
   check(lnmlp_desc_set_recipe(desc, recipe), "set_recipe");
+  check(lnmlp_desc_set_weight_layout(desc, layout), "set_weight_layout");
   lnmlp_plan* plan = nullptr;
   const auto t_plan = std::chrono::steady_clock::now();
   check(lnmlp_plan_create(desc, &plan), "lnmlp_plan_create");
@@ -225,9 +242,13 @@ int main(int argc, char** argv) {
   std::mt19937_64 rng(2024);
   const std::vector<double> x_d = random_vector(T * H, 1.0, 0.0, rng);
   Tensor x(dtype, x_d), gamma(dtype, random_vector(H, 0.1, 1.0, rng)), beta(dtype, random_vector(H, 0.1, 0.0, rng));
-  Tensor w1(dtype, random_vector(H * A * F, 1.0 / std::sqrt(double(H)), 0.0, rng));
+  // The weights in x out (the reference's), and as the plan takes them.
+  const Tensor w1_in_out(dtype, random_vector(H * A * F, 1.0 / std::sqrt(double(H)), 0.0, rng));
   Tensor b1(dtype, random_vector(A * F, 0.1, 0.0, rng));
-  Tensor w2(dtype, random_vector(F * H, 1.0 / std::sqrt(double(F)), 0.0, rng));
+  const Tensor w2_in_out(dtype, random_vector(F * H, 1.0 / std::sqrt(double(F)), 0.0, rng));
+  const bool out_in = layout == LNMLP_WEIGHT_LAYOUT_OUT_IN;
+  Tensor w1 = out_in ? w1_in_out.transposed(H, A * F) : w1_in_out;
+  Tensor w2 = out_in ? w2_in_out.transposed(F, H) : w2_in_out;
   Tensor b2(dtype, random_vector(H, 0.1, 0.0, rng));
   Tensor dy(dtype, random_vector(T * H, 1.0, 0.0, rng));
   Tensor y(dtype, T * H), dx(dtype, T * H), dgamma(dtype, H), dbeta(dtype, H), dw1(dtype, H * A * F),
@@ -240,7 +261,7 @@ int main(int argc, char** argv) {
   // The peer: the same GEMMs alone. Its iterations are interleaved with the block's, so that a
   // shared machine's drift affects both alike.
   omp_set_num_threads(threads);
-  GemmPeer peer(T, H, F, A, dtype, true, true, remat == LNMLP_REMAT_SAVE_STATS);
+  GemmPeer peer(T, H, F, A, dtype, true, true, remat == LNMLP_REMAT_SAVE_STATS, layout);
 
   // Warm-up, then timed iterations with a progress indicator on stderr.
   std::vector<double> fwd_secs, bwd_secs, peer_fwd_secs, peer_bwd_secs, reuse_secs;
@@ -308,8 +329,8 @@ int main(int argc, char** argv) {
   rc.norm = norm == LNMLP_NORM_LAYERNORM ? lnmlp_ref::Norm::LayerNorm : lnmlp_ref::Norm::RmsNorm;
   rc.acts.assign(acts.begin(), acts.end());
   rc.has_bias1 = rc.has_bias2 = true;
-  const lnmlp_ref::Params rp{gamma.as_double(), beta.as_double(), w1.as_double(), b1.as_double(), w2.as_double(),
-                             b2.as_double()};
+  const lnmlp_ref::Params rp{gamma.as_double(), beta.as_double(),      w1_in_out.as_double(),
+                             b1.as_double(),    w2_in_out.as_double(), b2.as_double()};
   std::vector<double> xs(S * H), dys(S * H);
   for (int64_t r = 0; r < S; ++r)
     for (int64_t j = 0; j < H; ++j) {
@@ -359,17 +380,18 @@ int main(int argc, char** argv) {
     }
     std::fprintf(f,
                  "{\"tokens\": %lld, \"hidden\": %lld, \"ffn\": %lld, \"act\": \"%s\", \"norm\": \"%s\", "
-                 "\"dtype\": \"%s\", \"recipe\": \"%s\", \"remat\": \"%s\", \"threads\": %d, \"iters\": %d,\n"
+                 "\"dtype\": \"%s\", \"recipe\": \"%s\", \"remat\": \"%s\", \"weight_layout\": \"%s\", \"threads\": "
+                 "%d, \"iters\": %d,\n"
                  " \"forward_ms\": %.4f, \"backward_ms\": %.4f, \"total_ms\": %.4f, \"gemms_alone_ms\": %.4f,\n"
                  " \"weights_reused_total_ms\": %.4f,\n"
                  " \"outside_gemms_fraction\": %.5f, \"gflops\": %.3f, \"peak_gflops\": %.3f, \"peak_what\": \"%s\",\n"
                  " \"saved_bytes_per_token\": %lld, \"workspace_bytes\": %lld, \"plan_create_ms\": %.3f,\n"
                  " \"err_y\": %.3e, \"err_dx\": %.3e, \"build_info\": \"%s\"}\n",
                  static_cast<long long>(T), static_cast<long long>(H), static_cast<long long>(F), o.act.c_str(),
-                 o.norm.c_str(), o.dtype.c_str(), o.recipe.c_str(), o.remat.c_str(), threads, o.iters, tf * 1e3,
-                 tb * 1e3, tt * 1e3, pt * 1e3, tr * 1e3, std::max(0.0, tt - pt) / tt, flops / tt * 1e-9, peak.gflops,
-                 peak.what, static_cast<long long>(saved_per_token), static_cast<long long>(ws_bytes), plan_secs * 1e3,
-                 err_y, err_dx, info);
+                 o.norm.c_str(), o.dtype.c_str(), o.recipe.c_str(), o.remat.c_str(), o.weight_layout.c_str(), threads,
+                 o.iters, tf * 1e3, tb * 1e3, tt * 1e3, pt * 1e3, tr * 1e3, std::max(0.0, tt - pt) / tt,
+                 flops / tt * 1e-9, peak.gflops, peak.what, static_cast<long long>(saved_per_token),
+                 static_cast<long long>(ws_bytes), plan_secs * 1e3, err_y, err_dx, info);
     std::fclose(f);
   }
   lnmlp_plan_destroy(plan);

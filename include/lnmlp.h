@@ -32,9 +32,9 @@
  *
  *     x, y, dx, dy    [T, H]
  *     gamma, beta     [H]          beta is absent (NULL) for RMSNorm
- *     W1              [H, A, F]
+ *     W1              [H, A, F]    or [A, F, H] (lnmlp_desc_set_weight_layout: PyTorch's out x in)
  *     b1              [A, F]       optional (lnmlp_desc_set_bias)
- *     W2              [F, H]
+ *     W2              [F, H]       or [H, F]
  *     b2              [H]          optional, independently of b1
  *
  * Thread safety: distinct plans may be used from distinct threads at the same time; one plan must
@@ -329,8 +329,8 @@ LNMLP_API int32_t lnmlp_fp8_decode(int32_t dtype, const uint8_t* in, int64_t cou
 typedef struct lnmlp_desc lnmlp_desc;
 
 /* Creates a descriptor with the defaults: no shape (must be set), layernorm, gamma not
- * zero-centered, epsilon 1e-6, activation (RELU), no biases, f32, SAVE_ALL, CPU backend,
- * device 0, recipe NONE, no sharding, all cores.
+ * zero-centered, epsilon 1e-6, activation (RELU), no biases, f32, weights IN_OUT, SAVE_ALL, CPU
+ * backend, device 0, recipe NONE, no sharding, all cores.
  * @since 0.1
  * @param[out] desc */
 LNMLP_API int32_t lnmlp_desc_create(lnmlp_desc** desc);
@@ -443,6 +443,25 @@ LNMLP_API int32_t lnmlp_desc_set_weight_gradients(lnmlp_desc* desc, int32_t accu
  * @param[in] dtype
  * @param[in,out] desc */
 LNMLP_API int32_t lnmlp_desc_set_weight_dtype(lnmlp_desc* desc, int32_t dtype);
+
+/* How W1 and W2 (and dW1, dW2) are laid out in memory (lnmlp_desc_set_weight_layout).
+ *  IN_OUT  W1 [H, A, F], W2 [F, H]: input features by output features, as JAX/Flax kernels and
+ *          TransformerEngine's JAX layernorm_mlp hold them (the default).
+ *  OUT_IN  W1 [A, F, H], W2 [H, F]: output features by input features, as PyTorch's nn.Linear
+ *          weights and TransformerEngine PyTorch's fc1_weight [A*F, H] / fc2_weight [H, F] hold
+ *          them (row a*F + f of W1 is column (a, f) of the IN_OUT W1). */
+enum { LNMLP_WEIGHT_LAYOUT_IN_OUT = 0, LNMLP_WEIGHT_LAYOUT_OUT_IN = 1 };
+
+/* The layout of W1 and W2 that forward and backward read, and of dW1 and dW2 that backward writes
+ * (or adds into, lnmlp_desc_set_weight_gradients): an LNMLP_WEIGHT_LAYOUT_* value, default IN_OUT.
+ * Both layouts compute the same block on every backend and recipe -- the GEMMs read either
+ * orientation in place, and FP8 quantizes the same blocks of the same elements -- so a framework
+ * passes its parameters as it stores them, without a transposed copy. A sharded plan's shards are
+ * then W1 [A, F/P, H] and W2 [H, F/P]. lnmlp_plan_get_tensor_shape reports the shapes.
+ * @since 0.2
+ * @param[in] layout
+ * @param[in,out] desc */
+LNMLP_API int32_t lnmlp_desc_set_weight_layout(lnmlp_desc* desc, int32_t layout);
 
 /* recipe: LNMLP_RECIPE_*. Default NONE. The recipe's options keep their values when the recipe
  * changes; the ones a recipe does not use are ignored.
@@ -577,7 +596,9 @@ enum {
  * backward take it, or LNMLP_TOKENS_MAX): writes its number of dimensions to *rank, the
  * dimensions to dims[0 .. *rank - 1] (dims holds LNMLP_MAX_TENSOR_RANK values; the rest are
  * set to 0) and its element type (LNMLP_DTYPE_*) to *dtype. The shapes are this rank's under
- * sharding (W1 [H, A, F/P], x [T, H] with T this rank's rows under sequence parallelism).
+ * sharding (W1 [H, A, F/P], x [T, H] with T this rank's rows under sequence parallelism), and W1,
+ * dW1, W2 and dW2 are in the plan's weight layout (lnmlp_desc_set_weight_layout: OUT_IN gives
+ * W1 [A, F, H], W2 [H, F]).
  * A tensor the plan does not take (beta and dbeta with RMSNorm, a disabled bias and its
  * gradient, saved for a plan that saves nothing, the FP8 state for a recipe other than DELAYED)
  * has *rank = -1: pass NULL for it.
@@ -749,7 +770,9 @@ enum { LNMLP_FEATURE_SHARDING = 8 };
  *     W2  [F/P, H]      the same rows of W2
  *     gamma, beta, b2   [H], replicated (identical on every rank)
  *
- * and so do the gradients dW1, db1 and dW2. Without sequence parallelism x, y, dy and dx are
+ * and so do the gradients dW1, db1 and dW2 (in the OUT_IN weight layout the same elements are
+ * W1 [A, F/P, H] and W2 [H, F/P]: TransformerEngine PyTorch's column-parallel fc1 and row-parallel
+ * fc2 shards). Without sequence parallelism x, y, dy and dx are
  * [T, H] and identical on every rank; dgamma, dbeta and db2 come out identical on every rank.
  * With sequence_parallel = 1 the tokens are split too: x, y, dy and dx are this rank's
  * [T/P, H] rows (rows rank*T/P .. (rank+1)*T/P - 1 of the group's tensors), and dgamma, dbeta and

@@ -46,16 +46,18 @@ inline ShardGeometry geometry(const Problem& pr, int P, int rank, bool sp) {
 }
 
 // Rank `rank`'s inputs: W1 [H, A, F/P] and b1 [A, F/P] (its columns of each of the A halves),
-// W2 [F/P, H] (its rows), and under sequence parallelism its T/P rows of x and dy. The config
-// (the group's shape) and the doubles stay the group's.
+// W2 [F/P, H] (its rows), in the problem's weight layout, and under sequence parallelism its T/P
+// rows of x and dy. The config (the group's shape) and the doubles stay the group's.
 inline Problem shard_problem(const Problem& pr, int P, int rank, bool sp) {
   const ShardGeometry g = geometry(pr, P, rank, sp);
   Problem s = pr;
   s.bx = slice(pr.bx, g.H, g.row0(), g.rows(), 0, g.H);
   s.bdy = slice(pr.bdy, g.H, g.row0(), g.rows(), 0, g.H);
-  s.bw1 = slice(pr.bw1, g.F, 0, g.H * g.A, g.col0(), g.fl());
+  const Buffer w1 = weight_in_out(pr.bw1, g.H, g.A * g.F, pr.weight_layout);
+  const Buffer w2 = weight_in_out(pr.bw2, g.F, g.H, pr.weight_layout);
+  s.bw1 = weight_in_layout(slice(w1, g.F, 0, g.H * g.A, g.col0(), g.fl()), g.H, g.A * g.fl(), pr.weight_layout);
   if (!pr.bb1.empty()) s.bb1 = slice(pr.bb1, g.F, 0, g.A, g.col0(), g.fl());
-  s.bw2 = slice(pr.bw2, g.H, g.col0(), g.fl(), 0, g.H);
+  s.bw2 = weight_in_layout(slice(w2, g.H, g.col0(), g.fl(), 0, g.H), g.fl(), g.H, pr.weight_layout);
   return s;
 }
 
@@ -253,7 +255,7 @@ inline Problem nan_in_last_shard_problem() {
   cfg.acts = {LNMLP_ACT_GELU};
   Problem pr = make_problem(cfg, LNMLP_DTYPE_BF16, 77);
   pr.p.w1[static_cast<size_t>(cfg.ffn - 1)] = std::numeric_limits<double>::quiet_NaN();  // row 0, last column
-  pr.bw1 = Buffer::from(pr.p.w1, pr.dtype);  // the last column is in the last rank's shard
+  set_weights(pr, pr.dtype);  // the last column is in the last rank's shard
   return pr;
 }
 inline RunOptions nan_in_last_shard_options() {

@@ -696,6 +696,8 @@ std::vector<BadSetter> bad_setters() {
       {"rank -1", [](lnmlp_desc* d) { return lnmlp_desc_set_sharding(d, 1, -1, 0); }, I, "rank"},
       {"seq par 2", [](lnmlp_desc* d) { return lnmlp_desc_set_sharding(d, 1, 0, 2); }, I, "sequence_parallel"},
       {"ext ws 2", [](lnmlp_desc* d) { return lnmlp_desc_set_external_workspace(d, 2); }, I, "enabled"},
+      {"weight layout 2", [](lnmlp_desc* d) { return lnmlp_desc_set_weight_layout(d, 2); }, I, "layout"},
+      {"weight layout -1", [](lnmlp_desc* d) { return lnmlp_desc_set_weight_layout(d, -1); }, I, "layout"},
   };
 }
 
@@ -866,7 +868,9 @@ std::vector<std::pair<const char*, std::function<int32_t()>>> desc_calls(lnmlp_d
       {"set_recipe", [d] { return lnmlp_desc_set_recipe(d, LNMLP_RECIPE_NONE); }},
       {"set_sharding", [d] { return lnmlp_desc_set_sharding(d, 1, 0, 0); }},
       {"set_external_workspace", [d] { return lnmlp_desc_set_external_workspace(d, 1); }},
-      {"plan_create", [d] {
+      {"set_weight_layout", [d] { return lnmlp_desc_set_weight_layout(d, LNMLP_WEIGHT_LAYOUT_OUT_IN); }},
+      {"plan_create",
+       [d] {
          lnmlp_plan* p = nullptr;
          const int32_t st = lnmlp_plan_create(d, &p);
          if (st == LNMLP_SUCCESS) lnmlp_plan_destroy(p);

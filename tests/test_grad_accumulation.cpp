@@ -78,6 +78,7 @@ TEST_P(GradAccumulation, MicroBatchesAddUpToTheReferenceSum) {
   LNMLP_TEST_CHECK(lnmlp_desc_set_activations(d, 2, acts));
   LNMLP_TEST_CHECK(lnmlp_desc_set_bias(d, 1, 1));
   LNMLP_TEST_CHECK(lnmlp_desc_set_dtype(d, k.dtype));
+  LNMLP_TEST_CHECK(lnmlp_desc_set_weight_layout(d, first.weight_layout));
   LNMLP_TEST_CHECK(lnmlp_desc_set_remat(d, k.remat));
   LNMLP_TEST_CHECK(lnmlp_desc_set_recipe(d, k.recipe));
   LNMLP_TEST_CHECK(lnmlp_desc_set_num_threads(d, 2));
@@ -100,8 +101,10 @@ TEST_P(GradAccumulation, MicroBatchesAddUpToTheReferenceSum) {
   for (auto* v : {&dw1, &db1, &dw2, &db2})
     for (size_t i = 0; i < v->size(); ++i)
       (*v)[i] = round_to_dtype(0.01 * static_cast<double>((i * 37) % 11) - 0.05, gdtype);
-  Buffer bdw1 = holding(dw1, gdtype), bdb1 = holding(db1, gdtype), bdw2 = holding(dw2, gdtype),
-         bdb2 = holding(db2, gdtype);
+  // dW1 and dW2 in the weights' layout (the sums below stay in x out).
+  const int32_t layout = first.weight_layout;
+  Buffer bdw1 = weight_in_layout(holding(dw1, gdtype), H, AF, layout), bdb1 = holding(db1, gdtype),
+         bdw2 = weight_in_layout(holding(dw2, gdtype), F, H, layout), bdb2 = holding(db2, gdtype);
 
   int64_t saved_bytes = 0;
   LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes(p.get(), &saved_bytes));
@@ -129,9 +132,9 @@ TEST_P(GradAccumulation, MicroBatchesAddUpToTheReferenceSum) {
   // Each accumulation rounds once into the buffer's dtype: the I/O dtype's tolerance (FP8's
   // under a recipe) bounds the sum as it bounds one gradient.
   const Tolerance tol = k.recipe == LNMLP_RECIPE_NONE ? tolerance_for(k.dtype) : kTolFp8;
-  EXPECT_TRUE(within_tolerance("dW1", bdw1.to_doubles(), dw1, nullptr, tol));
+  EXPECT_TRUE(within_tolerance("dW1", weight_in_out(bdw1, H, AF, layout).to_doubles(), dw1, nullptr, tol));
   EXPECT_TRUE(within_tolerance("db1", bdb1.to_doubles(), db1, nullptr, tol));
-  EXPECT_TRUE(within_tolerance("dW2", bdw2.to_doubles(), dw2, nullptr, tol));
+  EXPECT_TRUE(within_tolerance("dW2", weight_in_out(bdw2, F, H, layout).to_doubles(), dw2, nullptr, tol));
   EXPECT_TRUE(within_tolerance("db2", bdb2.to_doubles(), db2, nullptr, tol));
 
   // A micro-batch with no tokens leaves the accumulated gradients as they are.

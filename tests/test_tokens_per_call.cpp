@@ -299,10 +299,13 @@ TEST(ShapeQuery, EveryTensorOfALayerNormGatedPlanWithBiases) {
   for (int32_t t : {LNMLP_TENSOR_GAMMA, LNMLP_TENSOR_BETA, LNMLP_TENSOR_B2, LNMLP_TENSOR_DGAMMA, LNMLP_TENSOR_DBETA,
                     LNMLP_TENSOR_DB2})
     EXPECT_EQ(query(p, t, 5).dims, (V{32}));
-  EXPECT_EQ(query(p, LNMLP_TENSOR_W1, 5).dims, (V{32, 2, 48}));
-  EXPECT_EQ(query(p, LNMLP_TENSOR_DW1, 5).dims, (V{32, 2, 48}));
+  // The weights in the plan's layout: in x out [H, A, F] and [F, H], or out x in [A, F, H] and [H, F].
+  const bool out_in = f.pr.weight_layout == LNMLP_WEIGHT_LAYOUT_OUT_IN;
+  for (int32_t t : {LNMLP_TENSOR_W1, LNMLP_TENSOR_DW1})
+    EXPECT_EQ(query(p, t, 5).dims, out_in ? (V{2, 48, 32}) : (V{32, 2, 48}));
   EXPECT_EQ(query(p, LNMLP_TENSOR_B1, 5).dims, (V{2, 48}));
-  EXPECT_EQ(query(p, LNMLP_TENSOR_W2, 5).dims, (V{48, 32}));
+  for (int32_t t : {LNMLP_TENSOR_W2, LNMLP_TENSOR_DW2})
+    EXPECT_EQ(query(p, t, 5).dims, out_in ? (V{32, 48}) : (V{48, 32}));
   EXPECT_EQ(query(p, LNMLP_TENSOR_FP8_STATE, 5).rank, -1);
   // The saved buffer of a call is what a plan made for its tokens saves.
   int64_t most = 0;

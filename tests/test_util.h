@@ -130,6 +130,15 @@ struct Buffer {
     return v;
   }
 
+  // The buffer as a [rows, cols] matrix, transposed into [cols, rows].
+  Buffer transposed(size_t rows, size_t cols) const {
+    Buffer t(dtype, rows * cols);
+    const size_t es = static_cast<size_t>(dtype_size(dtype));
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t c = 0; c < cols; ++c) std::memcpy(&t.bytes[(c * rows + r) * es], &bytes[(r * cols + c) * es], es);
+    return t;
+  }
+
   // Poisons the buffer (all bytes 0xFF: a NaN in every dtype), so an element the library forgets
   // to write cannot pass a comparison.
   void poison() { std::fill(bytes.begin(), bytes.end(), static_cast<unsigned char>(0xFF)); }
@@ -156,6 +165,26 @@ struct AlignedMemory {
 };
 
 // ---------------------------------------------------------------------------------------------
+// The weight layout (lnmlp_desc_set_weight_layout) the tests run under: LNMLP_TEST_WEIGHT_LAYOUT=
+// out_in gives every plan of a suite out x in weights (W1 [A*F, H], W2 [H, F]), and CTest runs the
+// numerics, FP8, call, sharding and emulated CUDA suites that way too. The reference and every
+// comparison keep the in x out layout: a problem's weight buffers are converted into the layout,
+// and run_library converts dW1 and dW2 back.
+// ---------------------------------------------------------------------------------------------
+inline int32_t weight_layout_under_test() {
+  const char* v = std::getenv("LNMLP_TEST_WEIGHT_LAYOUT");
+  return v != nullptr && std::string(v) == "out_in" ? LNMLP_WEIGHT_LAYOUT_OUT_IN : LNMLP_WEIGHT_LAYOUT_IN_OUT;
+}
+
+// A weight (or its gradient) of `in` x `out` features, [in, out], in `layout`; and back.
+inline Buffer weight_in_layout(const Buffer& in_out, size_t in, size_t out, int32_t layout) {
+  return layout == LNMLP_WEIGHT_LAYOUT_OUT_IN ? in_out.transposed(in, out) : in_out;
+}
+inline Buffer weight_in_out(const Buffer& b, size_t in, size_t out, int32_t layout) {
+  return layout == LNMLP_WEIGHT_LAYOUT_OUT_IN ? b.transposed(out, in) : b;
+}
+
+// ---------------------------------------------------------------------------------------------
 // A problem: the configuration, and inputs rounded to the dtype, as bits (for the library) and as
 // the same values in double (for the reference).
 // ---------------------------------------------------------------------------------------------
@@ -164,8 +193,19 @@ struct Problem {
   int32_t dtype = LNMLP_DTYPE_F32;
   std::vector<double> x, dy;
   lnmlp_ref::Params p;
-  Buffer bx, bdy, bgamma, bbeta, bw1, bb1, bw2, bb2;  // empty when absent
+  Buffer bx, bdy, bgamma, bbeta, bw1, bb1, bw2, bb2;  // empty when absent; bw1, bw2 in weight_layout
+  int32_t weight_layout = LNMLP_WEIGHT_LAYOUT_IN_OUT;
+
+  size_t H() const { return static_cast<size_t>(cfg.hidden); }
+  size_t F() const { return static_cast<size_t>(cfg.ffn); }
+  size_t AF() const { return cfg.acts.size() * F(); }
 };
+
+// bw1 and bw2 from the doubles p.w1 [H, A*F] and p.w2 [F, H], in `dtype` and the problem's layout.
+inline void set_weights(Problem& pr, int32_t dtype) {
+  pr.bw1 = weight_in_layout(Buffer::from(pr.p.w1, dtype), pr.H(), pr.AF(), pr.weight_layout);
+  pr.bw2 = weight_in_layout(Buffer::from(pr.p.w2, dtype), pr.F(), pr.H(), pr.weight_layout);
+}
 
 struct InputScales {
   double h_std = 1.5;  // the standard deviation GEMM1's output gets (roughly): how far into the activations
@@ -208,9 +248,9 @@ inline Problem make_problem(const lnmlp_ref::Config& cfg, int32_t dtype, uint64_
   pr.bdy = Buffer::from(pr.dy, dtype);
   pr.bgamma = Buffer::from(pr.p.gamma, dtype);
   pr.bbeta = Buffer::from(pr.p.beta, dtype);
-  pr.bw1 = Buffer::from(pr.p.w1, dtype);
+  pr.weight_layout = weight_layout_under_test();
+  set_weights(pr, dtype);
   pr.bb1 = Buffer::from(pr.p.b1, dtype);
-  pr.bw2 = Buffer::from(pr.p.w2, dtype);
   pr.bb2 = Buffer::from(pr.p.b2, dtype);
   return pr;
 }
@@ -273,6 +313,7 @@ class Plan {
                                                    static_cast<float>(c.offset)));
     LNMLP_TEST_CHECK(lnmlp_desc_set_bias(d, c.has_bias1 ? 1 : 0, c.has_bias2 ? 1 : 0));
     LNMLP_TEST_CHECK(lnmlp_desc_set_dtype(d, pr.dtype));
+    LNMLP_TEST_CHECK(lnmlp_desc_set_weight_layout(d, pr.weight_layout));
     LNMLP_TEST_CHECK(lnmlp_desc_set_remat(d, o.remat));
     LNMLP_TEST_CHECK(lnmlp_desc_set_num_threads(d, o.num_threads));
     LNMLP_TEST_CHECK(lnmlp_desc_set_external_workspace(d, o.external_workspace ? 1 : 0));
@@ -349,6 +390,11 @@ inline RunResult run_library(const Problem& pr, const RunOptions& o) {
         plan.get(), static_cast<int64_t>(T), pr.bdy.data(), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(),
         pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), saved.get(), r.dx.data(), r.dgamma.data(), r.dbeta.data(),
         r.dw1.data(), r.db1.data(), r.dw2.data(), r.db2.data(), call_state, LNMLP_CALL_DEFAULT, nullptr));
+  }
+  // dW1 and dW2 in x out, as the reference has them.
+  if (o.backward) {
+    r.dw1 = weight_in_out(r.dw1, H, AF, pr.weight_layout);
+    r.dw2 = weight_in_out(r.dw2, F, H, pr.weight_layout);
   }
   // The state the run left, exported as a blob: a caller's array is attached first, so the export
   // reads it.

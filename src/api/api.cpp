@@ -263,6 +263,16 @@ LNMLP_API int32_t lnmlp_desc_set_weight_dtype(lnmlp_desc* desc, int32_t dtype) {
   });
 }
 
+LNMLP_API int32_t lnmlp_desc_set_weight_layout(lnmlp_desc* desc, int32_t layout) {
+  return api_guard(__func__, [&] {
+    edit(desc, [&](Config& c) {
+      if (layout != LNMLP_WEIGHT_LAYOUT_IN_OUT && layout != LNMLP_WEIGHT_LAYOUT_OUT_IN)
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "layout must be LNMLP_WEIGHT_LAYOUT_IN_OUT (0) or OUT_IN (1), got ", layout);
+      c.weight_layout = static_cast<WeightLayout>(layout);
+    });
+  });
+}
+
 LNMLP_API int32_t lnmlp_desc_set_recipe(lnmlp_desc* desc, int32_t recipe) {
   return api_guard(__func__, [&] {
     edit(desc, [&](Config& c) {

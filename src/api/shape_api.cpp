@@ -24,6 +24,7 @@ Shape shape_of(const lnmlp_plan& plan, int32_t tensor, int64_t tokens) {
   const int32_t io = static_cast<int32_t>(c.dtype);
   const int32_t wt = static_cast<int32_t>(c.weight_type());      // W1, W2
   const int32_t wg = static_cast<int32_t>(c.param_grad_type());  // dW1, db1, dW2, db2
+  const bool out_in = c.weights_out_in();                        // W1, W2 and their gradients
   const auto make = [&](bool present, std::initializer_list<int64_t> dims, int32_t dtype) {
     Shape s;
     if (!present) return s;
@@ -42,12 +43,12 @@ Shape shape_of(const lnmlp_plan& plan, int32_t tensor, int64_t tokens) {
     case LNMLP_TENSOR_DGAMMA: return make(true, {H}, io);
     case LNMLP_TENSOR_BETA:
     case LNMLP_TENSOR_DBETA: return make(c.has_beta(), {H}, io);
-    case LNMLP_TENSOR_W1: return make(true, {H, A, F}, wt);
-    case LNMLP_TENSOR_DW1: return make(true, {H, A, F}, wg);
+    case LNMLP_TENSOR_W1: return out_in ? make(true, {A, F, H}, wt) : make(true, {H, A, F}, wt);
+    case LNMLP_TENSOR_DW1: return out_in ? make(true, {A, F, H}, wg) : make(true, {H, A, F}, wg);
     case LNMLP_TENSOR_B1: return make(c.has_bias1, {A, F}, io);
     case LNMLP_TENSOR_DB1: return make(c.has_bias1, {A, F}, wg);
-    case LNMLP_TENSOR_W2: return make(true, {F, H}, wt);
-    case LNMLP_TENSOR_DW2: return make(true, {F, H}, wg);
+    case LNMLP_TENSOR_W2: return out_in ? make(true, {H, F}, wt) : make(true, {F, H}, wt);
+    case LNMLP_TENSOR_DW2: return out_in ? make(true, {H, F}, wg) : make(true, {F, H}, wg);
     case LNMLP_TENSOR_B2: return make(c.has_bias2, {H}, io);
     case LNMLP_TENSOR_DB2: return make(c.has_bias2, {H}, wg);
     case LNMLP_TENSOR_SAVED: {

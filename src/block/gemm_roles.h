@@ -13,6 +13,11 @@
 //   dn     dn [T, H]     =  dh [T, A*F]  @ W1^T           T    H    A*F   fp32
 //   dw1    dW1 [H, A*F]  =  ln^T         @ dh             H    A*F  T
 //
+// With out x in weights (lnmlp_desc_set_weight_layout: W1 [A*F, H], W2 [H, F], PyTorch's) the
+// forward GEMMs read W^T (trans_b), dact and dn read W as it is, and the weight gradients are the
+// transposed products, dW2 [H, F] = dy^T @ act and dW1 [A*F, H] = dh^T @ ln (the gradient side
+// first: the schedule passes each side by its quantizer, gemm_sides).
+//
 // T is the group's token count (every GEMM sees all tokens, sequence parallel or not) and F the
 // shard's ffn. Under FP8 each side is one quantizer's tensor, quantized along the contracted
 // dimension: a side whose contraction runs along its stored rows' length is read "rowwise"; one

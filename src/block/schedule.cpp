@@ -60,11 +60,15 @@ struct Pass {
 
   Mat io(const void* p, int64_t rows, int64_t cols) const { return mat(p, D, rows, cols); }
   // dW1, db1, dW2 or db2: in their dtype, added into when they accumulate.
-  Mat weight_grad(void* p, int64_t rows, int64_t cols) const {
-    Mat m = mat(p, c.param_grad_type(), rows, cols);
+  Mat param_grad(Mat m) const {
     m.accumulate = c.accumulate_grads;
     return m;
   }
+  Mat weight_grad(void* p, int64_t rows, int64_t cols) const {
+    return param_grad(mat(p, c.param_grad_type(), rows, cols));
+  }
+  // dW1 or dW2, in the weights' layout.
+  Mat weight_grad(int w, void* p) const { return param_grad(weight_matrix(w, p, c.param_grad_type())); }
   Mat f32(const void* p, int64_t rows, int64_t cols) const { return mat(p, DType::F32, rows, cols); }
   Mat take(DType t, int64_t rows, int64_t cols, const char* what) {
     return mat(ws.take_bytes(checked_mul(rows, cols, what), numerics::dtype_bytes(t), what), t, rows, cols);
@@ -78,14 +82,22 @@ struct Pass {
   uint32_t* amax_of(int q) const { return sc != nullptr ? &sc[q].amax_bits : nullptr; }
   float* state_of(int q) const { return r.stateful() ? offset(fp8_state, q * r.state_stride()) : nullptr; }
 
-  // W1 [H, A*F] and W2 [F, H] as the caller gave them, in their dtype.
-  Mat weight(int w, const void* data) const {
-    return w == WeightCopies::kW1 ? mat(data, c.weight_type(), H, AF) : mat(data, c.weight_type(), F, H);
+  // W1 or W2 (WeightCopies::kW1, kW2) as a [rows, cols] matrix in `type`: in x out, W1 [H, A*F]
+  // and W2 [F, H]; out x in, [A*F, H] and [H, F] (the weight layout). Their gradients too.
+  Mat weight_matrix(int w, const void* data, DType type) const {
+    const int64_t in = w == WeightCopies::kW1 ? H : F, out = w == WeightCopies::kW1 ? AF : H;
+    return c.weights_out_in() ? mat(data, type, out, in) : mat(data, type, in, out);
   }
+  // A weight as the caller gave it, in its dtype.
+  Mat weight(int w, const void* data) const { return weight_matrix(w, data, c.weight_type()); }
+  // The orientation in which the forward GEMMs read a weight: they contract its input dimension,
+  // down the columns of an in x out weight and along the rows of an out x in one. The
+  // data-gradient GEMMs (dact, dn) contract its output dimension: the other orientation.
+  bool forward_reads_rowwise() const { return c.weights_out_in(); }
 
   // The weights' slots: one for a plain operand (none when the GEMMs read the weight itself) or
   // a quantization whose operand serves both orientations; else one per orientation the plan's
-  // GEMMs read (forward: columnwise; backward: rowwise).
+  // GEMMs read (forward_reads_rowwise).
   void take_weight_slots() {
     for (int w : {WeightCopies::kW1, WeightCopies::kW2}) {
       const int q = w == WeightCopies::kW1 ? kW1 : kW2;
@@ -102,9 +114,13 @@ struct Pass {
         weight_slot[w][0] = slot(x.quantize_bytes(quantize_call(q, m, true, backward)), name);
         continue;
       }
-      if (backward)
-        weight_slot[w][WeightCopies::kRowwise] = slot(x.quantize_bytes(quantize_call(q, m, true, false)), name);
-      weight_slot[w][WeightCopies::kColumnwise] = slot(x.quantize_bytes(quantize_call(q, m, false, true)), name);
+      const bool fwd_row = forward_reads_rowwise();
+      const auto take_orientation = [&](bool row) {
+        weight_slot[w][row ? WeightCopies::kRowwise : WeightCopies::kColumnwise] =
+            slot(x.quantize_bytes(quantize_call(q, m, row, !row)), name);
+      };
+      if (backward) take_orientation(!fwd_row);
+      take_orientation(fwd_row);
     }
   }
   QuantizeCall quantize_call(int q, const Mat& t, bool rowwise, bool columnwise) const {
@@ -268,6 +284,25 @@ Quantized weight_operands(Pass& p, int w, const void* data, bool rowwise, bool c
   return out;
 }
 
+// Weight w's operands for the forward GEMMs (GEMM1 or GEMM2) and for the data-gradient ones (dn
+// or dact), those asked for: weight_operands in the orientation each reads.
+struct WeightUses {
+  Operand forward, data_grad;
+};
+WeightUses weight_uses(Pass& p, int w, const void* data, bool forward, bool data_grad, ScaleFrom from) {
+  const bool fwd_row = p.forward_reads_rowwise();
+  const Quantized q = weight_operands(p, w, data, fwd_row ? forward : data_grad, fwd_row ? data_grad : forward, from);
+  return {fwd_row ? q.rowwise : q.columnwise, fwd_row ? q.columnwise : q.rowwise};
+}
+
+// A weight gradient's GEMM (dW1, dW2) from the operands of its forward activation (ln, act) and
+// of its gradient (dh, dy), passed in the order of the role's sides (gemm_roles.h: the gradient
+// first for out x in weights).
+void weight_grad_gemm(Pass& p, GemmRole role, const Operand& activation, const Operand& gradient, const Mat& out) {
+  if (p.c.weights_out_in()) p.x.gemm(role, gradient, activation, out, nullptr);
+  else p.x.gemm(role, activation, gradient, out, nullptr);
+}
+
 // The GEMM operands (FP8 recipes) of a tensor [rows, cols] the pass makes itself in fp32 (ln_out,
 // act_out, dh) for quantizer q: produce(out, fp8) writes it, with `fp8` the quantizer's work done
 // in the producer's pass (ProducerFp8) or NULL. Per tensor, where the producer writes the whole
@@ -390,7 +425,7 @@ void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardA
   const Operand ln = norm_forward(p, in, a.saved);
 
   // 2. h = ln @ W1 + b1; a = act(h), and GEMM2's operand of it.
-  const Operand w1 = weight_operands(p, WeightCopies::kW1, a.w1, false, true, ScaleFrom::Own).columnwise;
+  const Operand w1 = weight_uses(p, WeightCopies::kW1, a.w1, true, false, ScaleFrom::Own).forward;
   const Mat h = p.saved_or_take(sv.h, a.saved, p.D, T, AF, "ffn1");
   Operand act_op;
   if (!p.quantized) {
@@ -405,7 +440,7 @@ void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardA
   }
 
   // 3. y = a @ W2 + b2; sharded, the fp32 partial sums summed over the group first.
-  const Operand w2 = weight_operands(p, WeightCopies::kW2, a.w2, false, true, ScaleFrom::Own).columnwise;
+  const Operand w2 = weight_uses(p, WeightCopies::kW2, a.w2, true, false, ScaleFrom::Own).forward;
   if (!c.sharded()) {
     x.gemm(GemmRole::Gemm2, act_op, w2, p.io(a.y, T, H), a.b2);
   } else {
@@ -448,7 +483,7 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
   // 2. W1's operands (for dn; for GEMM1 when it is recomputed); h and a's operand for dW2:
   //    forward's saved tensors or codes, or GEMM1 and the activation again. (A policy that
   //    recomputes h saves no activation either.)
-  const Quantized w1 = weight_operands(p, WeightCopies::kW1, a.w1, true, recompute_h, ScaleFrom::Forward);
+  const WeightUses w1 = weight_uses(p, WeightCopies::kW1, a.w1, recompute_h, true, ScaleFrom::Forward);
   const Mat h = recompute_h ? p.take(p.D, T, AF, "ffn1") : p.io(saved_at<void>(sv.h, a.saved), T, AF);
   Operand act;
   if (sv.act_q.present()) {
@@ -458,11 +493,11 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
   } else if (!p.quantized) {
     const Mat av = p.take(p.D, T, F, "act_out");
     void* op_slot = p.slot(x.plain_bytes(av), "act_out operand");
-    act = recompute_h ? x.gemm1_act(ln.rowwise, w1.columnwise, a.b1, h, av, op_slot) : x.act_forward(h, av, op_slot);
+    act = recompute_h ? x.gemm1_act(ln.rowwise, w1.forward, a.b1, h, av, op_slot) : x.act_forward(h, av, op_slot);
   } else {
     act = produced_operands(p, kActOut, T, F, false, true, ScaleFrom::Forward, {}, true, "act_out fp32",
                             [&](const Mat& out, ProducerFp8* fp8) {
-                              if (recompute_h) x.gemm1_act(ln.rowwise, w1.columnwise, a.b1, h, out, nullptr, fp8);
+                              if (recompute_h) x.gemm1_act(ln.rowwise, w1.forward, a.b1, h, out, nullptr, fp8);
                               else x.act_forward(h, out, nullptr, fp8);
                             })
               .columnwise;
@@ -480,10 +515,10 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
   const Quantized dyq = operands(p, kDy, dy, true, true, ScaleFrom::Own);
 
   // 4. GEMM2's gradients: dact = dy @ W2^T, dW2 = a^T @ dy.
-  const Quantized w2 = weight_operands(p, WeightCopies::kW2, a.w2, true, false, ScaleFrom::Forward);
+  const Operand w2 = weight_uses(p, WeightCopies::kW2, a.w2, false, true, ScaleFrom::Forward).data_grad;
   const Mat dact = p.take(DType::F32, T, F, "dact");
-  x.gemm(GemmRole::Dact, dyq.rowwise, w2.rowwise, dact, nullptr);
-  x.gemm(GemmRole::Dw2, act, dyq.columnwise, p.weight_grad(a.dw2, F, H), nullptr);
+  x.gemm(GemmRole::Dact, dyq.rowwise, w2, dact, nullptr);
+  weight_grad_gemm(p, GemmRole::Dw2, act, dyq.columnwise, p.weight_grad(WeightCopies::kW2, a.dw2));
 
   // 5. dh = dact * act'(h) with db1's partial sums: in the GEMMs' operand type, or fp32 for the
   //    quantizer.
@@ -502,8 +537,8 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
 
   // 6. GEMM1's gradients: dn = dh @ W1^T (a rank's partial sum when sharded), dW1 = ln^T @ dh.
   const Mat dn = p.take(DType::F32, T, H, "dln_out");
-  x.gemm(GemmRole::Dn, dhq.rowwise, w1.rowwise, dn, nullptr);
-  x.gemm(GemmRole::Dw1, ln.columnwise, dhq.columnwise, p.weight_grad(a.dw1, H, AF), nullptr);
+  x.gemm(GemmRole::Dn, dhq.rowwise, w1.data_grad, dn, nullptr);
+  weight_grad_gemm(p, GemmRole::Dw1, ln.columnwise, dhq.columnwise, p.weight_grad(WeightCopies::kW1, a.dw1));
   float* dn_local = ws.take_if<float>(p.sp, Tn * H, "reduce-scattered dln_out rows");
   const float* dn_rows = p.group_sum_rows(static_cast<float*>(dn.data), dn_local, H);
 

@@ -52,6 +52,10 @@ struct Sharding {
 // Values match the public LNMLP_BACKEND_* constants.
 enum class BackendKind : int32_t { Cpu = 0, Cuda = 1 };
 
+// Values match the public LNMLP_WEIGHT_LAYOUT_* constants: W1 [H, A*F] and W2 [F, H] (in x out),
+// or W1 [A*F, H] and W2 [H, F] (out x in, PyTorch's).
+enum class WeightLayout : int32_t { InOut = 0, OutIn = 1 };
+
 // A descriptor's Config holds the group's (global) shape; a plan's holds its shard's
 // (shard_config in sharding.h): ffn is then F/P, while tokens stays the group's T (the rows of
 // the GEMMs, which see every token) and rows() gives the rows of x, y, dy and dx.
@@ -80,6 +84,7 @@ struct Config {
   // The dtype of W1 and W2 (lnmlp_desc_set_weight_dtype; -1: the I/O dtype). fp32 only under an
   // FP8 recipe, whose quantizers read any dtype.
   int32_t weight_dtype = -1;
+  WeightLayout weight_layout = WeightLayout::InOut;
   Fp8Options fp8;
   Sharding shard;
 
@@ -103,6 +108,8 @@ struct Config {
   bool quantized() const { return fp8.recipe != Recipe::None; }
   // The dtype of W1 and W2.
   DType weight_type() const { return weight_dtype < 0 ? dtype : static_cast<DType>(weight_dtype); }
+  // W1 and W2 (and their gradients) stored out x in (lnmlp_desc_set_weight_layout).
+  bool weights_out_in() const { return weight_layout == WeightLayout::OutIn; }
   // The dtype of dW1, db1, dW2 and db2.
   DType param_grad_type() const { return param_grad_dtype < 0 ? dtype : static_cast<DType>(param_grad_dtype); }
 };

@@ -128,6 +128,7 @@ inline lnmlp_plan* make_plan(const Problem& pr, int32_t remat, int32_t backend, 
                                                  static_cast<float>(c.offset)));
   LNMLP_TEST_CHECK(lnmlp_desc_set_bias(d, c.has_bias1 ? 1 : 0, c.has_bias2 ? 1 : 0));
   LNMLP_TEST_CHECK(lnmlp_desc_set_dtype(d, pr.dtype));
+  LNMLP_TEST_CHECK(lnmlp_desc_set_weight_layout(d, pr.weight_layout));
   // fp32 weights with a bf16/f16 problem (lnmlp_desc_set_weight_dtype, FP8 recipes only).
   if (pr.bw1.dtype != pr.dtype) LNMLP_TEST_CHECK(lnmlp_desc_set_weight_dtype(d, pr.bw1.dtype));
   LNMLP_TEST_CHECK(lnmlp_desc_set_remat(d, remat));

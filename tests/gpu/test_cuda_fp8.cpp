@@ -101,8 +101,7 @@ TEST(CudaFp8Float32Weights, MatchTheCpuBackend) {
     Rng rng(77);
     for (auto* w : {&pr.p.w1, &pr.p.w2})
       for (double& v : *w) v = static_cast<double>(static_cast<float>(v * (1.0 + rng.uniform(-1.0, 1.0) / 512)));
-    pr.bw1 = Buffer::from(pr.p.w1, LNMLP_DTYPE_F32);
-    pr.bw2 = Buffer::from(pr.p.w2, LNMLP_DTYPE_F32);
+    set_weights(pr, LNMLP_DTYPE_F32);
     const CpuRun cpu = run_cpu(pr, LNMLP_REMAT_SAVE_ALL, r);
     const CudaRun gpu = run_cuda(pr, LNMLP_REMAT_SAVE_ALL, r);
     const auto got = named(gpu.r), ref = named(cpu.r);

@@ -173,6 +173,8 @@ RankResult run_rank(const Problem& shard, const ShardGeometry& g, const Case& k,
   fetch(r.db1, out.db1, AF);
   fetch(r.dw2, out.dw2, F * H);
   fetch(r.db2, out.db2, H);
+  r.dw1 = weight_in_out(r.dw1, H, AF, shard.weight_layout);  // as assemble() and the reference have them
+  r.dw2 = weight_in_out(r.dw2, F, H, shard.weight_layout);
   int64_t state_bytes = 0;
   LNMLP_TEST_CHECK(lnmlp_plan_get_state_bytes(p.get(), &state_bytes));
   rr.state.resize(static_cast<size_t>(state_bytes));

@@ -78,6 +78,8 @@ FEATURE_EXTERNAL_WORKSPACE = 9
 UNSUPPORTED = 0
 SUPPORTED = 1
 SUPPORTED_EMULATED = 2  # an FP8 recipe whose quantized GEMMs are emulated exactly: codes decoded and multiplied in bf16/fp32 with fp32 accumulation, the values FP8 hardware gives (up to the order of sums), slower
+WEIGHT_LAYOUT_IN_OUT = 0
+WEIGHT_LAYOUT_OUT_IN = 1
 TENSOR_X = 0
 TENSOR_GAMMA = 1
 TENSOR_BETA = 2
@@ -142,6 +144,7 @@ PROTOTYPES = {
     "lnmlp_desc_set_num_threads": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int64]),
     "lnmlp_desc_set_weight_gradients": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]),
     "lnmlp_desc_set_weight_dtype": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
+    "lnmlp_desc_set_weight_layout": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
     "lnmlp_desc_set_recipe": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
     "lnmlp_desc_set_fp8_format": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
     "lnmlp_desc_set_delayed_scaling": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_int32]),

@@ -40,6 +40,8 @@ GATED_PAIRS = {"geglu": ("gelu", "linear"), "swiglu": ("silu", "linear"),
                "sreglu": ("squared_relu", "linear"), "glu": ("sigmoid", "linear"),
                "clamped_swiglu": ("clamped_silu", "clamped_linear")}
 _REMATS = {"save_all": 0, "save_ffn1": 1, "save_stats": 2, "forward_only": 3}
+# W1 [H, A, F], W2 [F, H] (in x out: JAX's kernels), or W1 [A, F, H], W2 [H, F] (out x in: PyTorch's)
+_WEIGHT_LAYOUTS = {"in_out": _lib.WEIGHT_LAYOUT_IN_OUT, "out_in": _lib.WEIGHT_LAYOUT_OUT_IN}
 _BACKENDS = _lib._BACKENDS  # "cpu", "cuda" (the experimental tier) -> LNMLP_BACKEND_*
 # LNMLP_DTYPE_* of lnmlp_plan_get_tensor_shape -> NumPy element types.
 _ELEMENT_TYPES = {_lib.DTYPE_F32: np.dtype(np.float32), _lib.DTYPE_F16: np.dtype(np.float16),
@@ -284,7 +286,9 @@ class Plan:
     ``tokens`` (a call with t tokens computes exactly what a plan made for t tokens computes; more
     than ``tokens`` raises the library's InvalidArgumentError). gamma, beta [H] (beta None for
     rmsnorm); w1 [H, A, F]; b1 [A, F]; w2 [F, H]; b2 [H]. A is the number of activations (1, or 2
-    for a gated pair). :meth:`tensor_shape` gives every shape as the library computes it. Every
+    for a gated pair). ``weight_layout="out_in"`` (``lnmlp_desc_set_weight_layout``) takes w1
+    [A, F, H] and w2 [H, F] instead, and gives dw1 and dw2 so: PyTorch's ``nn.Linear`` weights as
+    they are stored (the default "in_out" is JAX's kernels); both compute the same block. :meth:`tensor_shape` gives every shape as the library computes it. Every
     array has the plan's dtype and is C-contiguous. One plan must be used by one thread at a time
     (calls on one Plan object are serialised by a lock). ``close()`` frees the C plan; so does
     garbage collection.
@@ -338,7 +342,7 @@ class Plan:
                  epsilon=1e-6, activation_type=("relu",), act_params=None, use_bias1=False,
                  use_bias2=False, dtype=np.float32, remat="save_all", num_threads=0, backend="cpu",
                  recipe=None, sharding=None, comm=None, accumulate_grads=False, grad_dtype=None,
-                 weight_dtype=None, external_workspace=False, device=0):
+                 weight_dtype=None, external_workspace=False, device=0, weight_layout="in_out"):
         self._handle = None  # set first, so __del__ is safe whatever fails below
         self._lock = threading.RLock()
         lib = _lib.get_lib()
@@ -357,6 +361,8 @@ class Plan:
         self.dtype = _normalize_dtype(dtype)
         self.remat = remat.lower() if isinstance(remat, str) else remat
         remat_v = _choice("remat", remat, _REMATS)
+        self.weight_layout = weight_layout.lower() if isinstance(weight_layout, str) else weight_layout
+        layout_v = _choice("weight_layout", weight_layout, _WEIGHT_LAYOUTS)
         self.backend = backend.lower() if isinstance(backend, str) else backend
         backend_v = _choice("backend", backend, _BACKENDS)
         self.num_threads = _int_in("num_threads", num_threads, 0, 65536)
@@ -390,6 +396,7 @@ class Plan:
             c(lib.lnmlp_desc_set_bias(desc, int(self.use_bias1), int(self.use_bias2)))
             c(lib.lnmlp_desc_set_dtype(desc, _DTYPES[self.dtype]))
             c(lib.lnmlp_desc_set_remat(desc, remat_v))
+            c(lib.lnmlp_desc_set_weight_layout(desc, layout_v))
             if self.num_threads:
                 c(lib.lnmlp_desc_set_num_threads(desc, self.num_threads))
             if self.recipe is not None:
@@ -425,7 +432,7 @@ class Plan:
         #: rank under sequence parallelism.
         self.local_tokens, self._row_width = self._tensor_shape(_lib.TENSOR_X, _lib.TOKENS_MAX)
         #: This rank's columns of F (``ffn``, or ``ffn / P`` under sharding).
-        self.local_ffn = self._shapes[_lib.TENSOR_W1][2]
+        self.local_ffn = self._shapes[_lib.TENSOR_W1][2 if self.weight_layout == "in_out" else 1]
         #: The element type of dw1, db1, dw2, db2 as the library reports it: the plan's dtype, or
         #: float32 for ``grad_dtype="float32"``.
         self.grad_dtype = self._dtypes[_lib.TENSOR_DW1]
@@ -538,7 +545,8 @@ class Plan:
                 f"norm_type={self.norm_type!r}, activation_type={self.activation_type!r}, "
                 f"dtype={self.dtype.name}, use_bias1={self.use_bias1}, use_bias2={self.use_bias2}, "
                 f"remat={self.remat!r}, backend={self.backend!r}, recipe={self.recipe!r}, "
-                f"sharding={self.sharding!r}, accumulate_grads={self.accumulate_grads}, "
+                f"weight_layout={self.weight_layout!r}, sharding={self.sharding!r}, "
+                f"accumulate_grads={self.accumulate_grads}, "
                 f"grad_dtype={getattr(self, 'grad_dtype', self.dtype).name}) [{state}]")
 
     # --- FP8 quantizer state (delayed scaling) -----------------------------------------------------

@@ -71,7 +71,7 @@ def test_reference_gradients_match_finite_differences(acts, norm):
 
 # --- the library against the reference -------------------------------------------------------------
 def run_case(acts, norm, dtype_name, bias1=True, bias2=True, zcg=False, lead=(2, 3), H=32, F=24,
-             remat="save_all", seed=0):
+             remat="save_all", seed=0, weight_layout="in_out"):
     dtype = ref.DTYPES[dtype_name]
     rng = np.random.default_rng(seed)
     t = make_inputs(rng, lead, H, F, len(acts), norm, bias1, bias2, zcg)
@@ -87,11 +87,15 @@ def run_case(acts, norm, dtype_name, bias1=True, bias2=True, zcg=False, lead=(2,
         # than the I/O dtype's rounding, so the test compares numerics, not which side of a kink.
         h = ref.forward(*args, norm=norm, zcg=zcg, eps=eps, acts=acts, p=p)[1]["h"]
         p = dict(p, limit=pick_limit(h, margin=0.02))
+    w1, w2 = c["w1"], c["w2"]  # [H, A, F] and [F, H]; out x in: [A, F, H] and [H, F]
+    if weight_layout == "out_in":
+        w1, w2 = np.ascontiguousarray(w1.transpose(1, 2, 0)), np.ascontiguousarray(w2.T)
     with lnmlp.Plan(int(np.prod(lead)), H, F, norm_type=norm, zero_centered_gamma=zcg,
-                    epsilon=eps, activation_type=acts, act_params=p or None,
-                    use_bias1=bias1, use_bias2=bias2, dtype=dtype, remat=remat) as plan:
-        y, saved = plan.forward(c["x"], c["gamma"], c["beta"], c["w1"], c["b1"], c["w2"], c["b2"])
-        g = plan.backward(c["dy"], c["x"], c["gamma"], c["beta"], c["w1"], c["b1"], c["w2"], saved)
+                    epsilon=eps, activation_type=acts, act_params=p or None, use_bias1=bias1, use_bias2=bias2,
+                    dtype=dtype, remat=remat, weight_layout=weight_layout) as plan:
+        assert plan.tensor_shape("w1") == w1.shape and plan.tensor_shape("dw2") == w2.shape
+        y, saved = plan.forward(c["x"], c["gamma"], c["beta"], w1, c["b1"], w2, c["b2"])
+        g = plan.backward(c["dy"], c["x"], c["gamma"], c["beta"], w1, c["b1"], w2, saved)
     assert y.dtype == dtype and y.shape == lead + (H,)
     assert g.dx.shape == lead + (H,)
     kw = dict(norm=norm, zcg=zcg, eps=eps, acts=acts, p=p)
@@ -106,6 +110,8 @@ def run_case(acts, norm, dtype_name, bias1=True, bias2=True, zcg=False, lead=(2,
             continue
         if name == "dx":
             got = got.reshape(T, H)
+        if weight_layout == "out_in" and name in ("dw1", "dw2"):
+            got = got.transpose(2, 0, 1) if name == "dw1" else got.T
         assert got.dtype == dtype
         ref.assert_close(f"{name} {label}", got, gr[name], dtype_name)
 
@@ -133,6 +139,14 @@ def test_zero_centered_gamma_reduced_precision(dtype_name):
 @pytest.mark.parametrize("lead", [(), (5,), (2, 3), (2, 1, 3)], ids=str)
 def test_leading_dims(lead):
     run_case(("relu",), "layernorm", "float32", lead=lead if lead else (1,), seed=3)
+
+
+@pytest.mark.parametrize("remat", ["save_all", "save_stats"])
+@pytest.mark.parametrize("dtype_name", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("acts", [("gelu",), ("silu", "linear")], ids=lambda a: "+".join(a))
+def test_weights_out_in(acts, dtype_name, remat):
+    # PyTorch's layout (w1 [A, F, H], w2 [H, F]; dw1, dw2 alike) against the same reference.
+    run_case(acts, "layernorm", dtype_name, remat=remat, weight_layout="out_in")
 
 
 @pytest.mark.parametrize("remat", ["save_all", "save_ffn1", "save_stats"])

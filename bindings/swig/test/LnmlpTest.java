@@ -131,6 +131,14 @@ public final class LnmlpTest {
     return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x);
   }
 
+  /** A row-major [rows, cols] matrix transposed into [cols, rows]. */
+  static float[] transposed(float[] v, int rows, int cols) {
+    float[] t = new float[v.length];
+    for (int r = 0; r < rows; r++)
+      for (int c = 0; c < cols; c++) t[c * rows + r] = v[r * cols + c];
+    return t;
+  }
+
   static void testForwardBackward() {
     final int T = 12, H = 32, F = 48;
     final float eps = 1e-5f;
@@ -223,6 +231,22 @@ public final class LnmlpTest {
         close("dx", g.dx, dx, tol);
       }
     }
+
+    // PyTorch's out x in weights (W1 [F, H], W2 [H, F]) and their gradients: the same block
+    System.out.println("f32 layernorm+gelu+biases, weights out x in (WEIGHT_LAYOUT_OUT_IN):");
+    try (Plan plan = Plan.builder(T, H, F).norm(NORM_LAYERNORM).epsilon(eps).activations(ACT_GELU)
+             .bias(true, true).weightLayout(WEIGHT_LAYOUT_OUT_IN).numThreads(2).build()) {
+      check(plan.weightLayout() == WEIGHT_LAYOUT_OUT_IN, "weightLayout()");
+      float[] w1t = transposed(w1, H, F), w2t = transposed(w2, F, H);
+      ByteBuffer saved = plan.newSavedBuffer();
+      close("y", plan.forward(x, gamma, beta, w1t, b1, w2t, b2, saved), y, tol);
+      Plan.Grads g = plan.backward(dy, x, gamma, beta, w1t, b1, w2t, saved);
+      close("dW1", transposed(g.dw1, F, H), dw1, tol);
+      close("dW2", transposed(g.dw2, H, F), dw2, tol);
+      close("dx", g.dx, dx, tol);
+    }
+    expectStatus(ERROR_INVALID_ARGUMENT, "layout",
+        () -> Plan.builder(T, H, F).weightLayout(2).build(), "weight layout 2");
 
     // the raw calls, with an external workspace
     DescHandle d = LnmlpNative.desc_create();

@@ -60,6 +60,8 @@ lnmlp_desc_set_weight_gradients(desc, accumulate, dtype) =
     ccall((:lnmlp_desc_set_weight_gradients, liblnmlp), Int32, (Ptr{Cvoid}, Int32, Int32), desc, accumulate, dtype)
 lnmlp_desc_set_weight_dtype(desc, dtype) =
     ccall((:lnmlp_desc_set_weight_dtype, liblnmlp), Int32, (Ptr{Cvoid}, Int32), desc, dtype)
+lnmlp_desc_set_weight_layout(desc, layout) =
+    ccall((:lnmlp_desc_set_weight_layout, liblnmlp), Int32, (Ptr{Cvoid}, Int32), desc, layout)
 lnmlp_desc_set_recipe(desc, recipe) =
     ccall((:lnmlp_desc_set_recipe, liblnmlp), Int32, (Ptr{Cvoid}, Int32), desc, recipe)
 lnmlp_desc_set_fp8_format(desc, format) =

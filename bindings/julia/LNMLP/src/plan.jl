@@ -15,6 +15,7 @@ const GATED_PAIRS = Dict(:geglu => (:gelu, :linear), :swiglu => (:silu, :linear)
                          :glu => (:sigmoid, :linear), :clamped_swiglu => (:clamped_silu, :clamped_linear))
 const _REMATS = Dict(:save_all => LNMLP_REMAT_SAVE_ALL, :save_ffn1 => LNMLP_REMAT_SAVE_FFN1,
                      :save_stats => LNMLP_REMAT_SAVE_STATS, :forward_only => LNMLP_REMAT_FORWARD_ONLY)
+const _WEIGHT_LAYOUTS = Dict(:in_out => LNMLP_WEIGHT_LAYOUT_IN_OUT, :out_in => LNMLP_WEIGHT_LAYOUT_OUT_IN)
 const _RECIPES = Dict(:none => LNMLP_RECIPE_NONE, :delayed => LNMLP_RECIPE_DELAYED,
                       :current => LNMLP_RECIPE_CURRENT, :block => LNMLP_RECIPE_BLOCK, :mxfp8 => LNMLP_RECIPE_MXFP8)
 const _FORMATS = Dict(:default => LNMLP_FP8_FORMAT_DEFAULT, :hybrid => LNMLP_FP8_FORMAT_HYBRID,
@@ -38,7 +39,7 @@ end
          dtype=Float32, remat=:save_all, num_threads=0, backend=:cpu, external_workspace=false,
          recipe=:none, fp8_format=:default, margin=0, amax_history_len=1024, amax_compute_algo=:max,
          power_2_scale=-1, amax_epsilon=0.0, accumulate_grads=false, grad_dtype=nothing,
-         weight_dtype=nothing)
+         weight_dtype=nothing, weight_layout=:in_out)
 
 Validates and allocates a fused block (`lnmlp_plan_create`). `activations` is a name (`:gelu`, or a
 pair name such as `:swiglu`) or a tuple of 1 or 2 names; `act_params` is `(limit=, alpha=, offset=)`
@@ -58,6 +59,11 @@ gradient arrays (from [`new_grads`](@ref)) then, since the allocating `backward`
 grads" of a `Float16` / `BFloat16` plan); the library refuses any other at plan creation.
 `plan.grad_dtype` is the type the library reports. dgamma, dbeta and dx are always overwritten,
 in `dtype`.
+
+`weight_layout` (`lnmlp_desc_set_weight_layout`) is how w1 and w2 (and dw1, dw2) are laid out:
+`:in_out` (the default: C's W1 [H, A, F] and W2 [F, H], Julia arrays (F, A, H) and (H, F)) or
+`:out_in` (C's W1 [A, F, H] and W2 [H, F], PyTorch's: Julia arrays (H, F, A) and (F, H)); both
+compute the same block, and [`tensor_shape`](@ref) reports the shapes.
 
 `weight_dtype` is the element type of w1 and w2 (`lnmlp_desc_set_weight_dtype`): `nothing` (the
 plan's `dtype`) or `Float32` (fp32 master weights of a `Float16` / `BFloat16` plan, which only an
@@ -108,7 +114,7 @@ function Plan(tokens::Integer, hidden::Integer, ffn::Integer; norm=:layernorm, z
               margin::Integer=0, amax_history_len::Integer=1024, amax_compute_algo=:max,
               power_2_scale::Integer=-1, amax_epsilon::Real=0.0, sharding=nothing,
               accumulate_grads::Bool=false, grad_dtype::Union{Nothing,Type}=nothing,
-              weight_dtype::Union{Nothing,Type}=nothing)
+              weight_dtype::Union{Nothing,Type}=nothing, weight_layout=:in_out)
     ensure_loaded()
     acts = _activations(activations)
     haskey(_DTYPES, dtype) || argerror("dtype must be Float32, Float16 or LNMLP.BFloat16, got $dtype")
@@ -118,6 +124,7 @@ function Plan(tokens::Integer, hidden::Integer, ffn::Integer; norm=:layernorm, z
         argerror("act_params applies only to activations=:clamped_swiglu, but activations is $acts")
     end
     normv, rematv = _choice("norm", norm, _NORMS), _choice("remat", remat, _REMATS)
+    layoutv = _choice("weight_layout", weight_layout, _WEIGHT_LAYOUTS)
     recipev = _choice("recipe", recipe, _RECIPES)
     grad_dtype === nothing || haskey(_DTYPES, grad_dtype) ||
         argerror("grad_dtype must be nothing or the plan's dtype ($dtype), or Float32; got $grad_dtype")
@@ -149,6 +156,7 @@ function Plan(tokens::Integer, hidden::Integer, ffn::Integer; norm=:layernorm, z
         check(lnmlp_desc_set_dtype(desc, _DTYPES[dtype]))
         check(lnmlp_desc_set_weight_gradients(desc, Int32(accumulate_grads), gradv))
         check(lnmlp_desc_set_weight_dtype(desc, weightv))
+        check(lnmlp_desc_set_weight_layout(desc, layoutv))
         check(lnmlp_desc_set_remat(desc, rematv))
         check(lnmlp_desc_set_backend(desc, LNMLP_BACKEND_CPU, Int32(0)))
         check(lnmlp_desc_set_num_threads(desc, num_threads))

@@ -153,6 +153,10 @@ pub const LNMLP_SUPPORTED: i32 = 1;
 /// decoded and multiplied in bf16/fp32 with fp32 accumulation, the
 /// values FP8 hardware gives (up to the order of sums), slower
 pub const LNMLP_SUPPORTED_EMULATED: i32 = 2;
+/// `LNMLP_WEIGHT_LAYOUT_IN_OUT` of include/lnmlp.h.
+pub const LNMLP_WEIGHT_LAYOUT_IN_OUT: i32 = 0;
+/// `LNMLP_WEIGHT_LAYOUT_OUT_IN` of include/lnmlp.h.
+pub const LNMLP_WEIGHT_LAYOUT_OUT_IN: i32 = 1;
 /// `LNMLP_TENSOR_X` of include/lnmlp.h.
 pub const LNMLP_TENSOR_X: i32 = 0;
 /// `LNMLP_TENSOR_GAMMA` of include/lnmlp.h.
@@ -330,8 +334,8 @@ extern "C" {
     /// @param\[out\] out
     pub fn lnmlp_fp8_decode(dtype: i32, in_: *const u8, count: i64, scale_inv: f32, out: *mut f32) -> i32;
     /// Creates a descriptor with the defaults: no shape (must be set), layernorm, gamma not
-    /// zero-centered, epsilon 1e-6, activation (RELU), no biases, f32, SAVE_ALL, CPU backend,
-    /// device 0, recipe NONE, no sharding, all cores.
+    /// zero-centered, epsilon 1e-6, activation (RELU), no biases, f32, weights IN_OUT, SAVE_ALL, CPU
+    /// backend, device 0, recipe NONE, no sharding, all cores.
     /// @since 0.1
     /// @param\[out\] desc
     pub fn lnmlp_desc_create(desc: *mut *mut lnmlp_desc) -> i32;
@@ -430,6 +434,16 @@ extern "C" {
     /// @param\[in\] dtype
     /// @param\[in,out\] desc
     pub fn lnmlp_desc_set_weight_dtype(desc: *mut lnmlp_desc, dtype: i32) -> i32;
+    /// The layout of W1 and W2 that forward and backward read, and of dW1 and dW2 that backward writes
+    /// (or adds into, lnmlp_desc_set_weight_gradients): an LNMLP_WEIGHT_LAYOUT_* value, default IN_OUT.
+    /// Both layouts compute the same block on every backend and recipe -- the GEMMs read either
+    /// orientation in place, and FP8 quantizes the same blocks of the same elements -- so a framework
+    /// passes its parameters as it stores them, without a transposed copy. A sharded plan's shards are
+    /// then W1 \[A, F/P, H\] and W2 \[H, F/P\]. lnmlp_plan_get_tensor_shape reports the shapes.
+    /// @since 0.2
+    /// @param\[in\] layout
+    /// @param\[in,out\] desc
+    pub fn lnmlp_desc_set_weight_layout(desc: *mut lnmlp_desc, layout: i32) -> i32;
     /// recipe: LNMLP_RECIPE_*. Default NONE. The recipe's options keep their values when the recipe
     /// changes; the ones a recipe does not use are ignored.
     /// @since 0.1
@@ -513,7 +527,9 @@ extern "C" {
     /// backward take it, or LNMLP_TOKENS_MAX): writes its number of dimensions to *rank, the
     /// dimensions to dims\[0 .. *rank - 1\] (dims holds LNMLP_MAX_TENSOR_RANK values; the rest are
     /// set to 0) and its element type (LNMLP_DTYPE_*) to *dtype. The shapes are this rank's under
-    /// sharding (W1 \[H, A, F/P\], x \[T, H\] with T this rank's rows under sequence parallelism).
+    /// sharding (W1 \[H, A, F/P\], x \[T, H\] with T this rank's rows under sequence parallelism), and W1,
+    /// dW1, W2 and dW2 are in the plan's weight layout (lnmlp_desc_set_weight_layout: OUT_IN gives
+    /// W1 \[A, F, H\], W2 \[H, F\]).
     /// A tensor the plan does not take (beta and dbeta with RMSNorm, a disabled bias and its
     /// gradient, saved for a plan that saves nothing, the FP8 state for a recipe other than DELAYED)
     /// has *rank = -1: pass NULL for it.
@@ -592,7 +608,9 @@ extern "C" {
     /// W2  \[F/P, H\]      the same rows of W2
     /// gamma, beta, b2   \[H\], replicated (identical on every rank)
     ///
-    /// and so do the gradients dW1, db1 and dW2. Without sequence parallelism x, y, dy and dx are
+    /// and so do the gradients dW1, db1 and dW2 (in the OUT_IN weight layout the same elements are
+    /// W1 \[A, F/P, H\] and W2 \[H, F/P\]: TransformerEngine PyTorch's column-parallel fc1 and row-parallel
+    /// fc2 shards). Without sequence parallelism x, y, dy and dx are
     /// \[T, H\] and identical on every rank; dgamma, dbeta and db2 come out identical on every rank.
     /// With sequence_parallel = 1 the tokens are split too: x, y, dy and dx are this rank's
     /// \[T/P, H\] rows (rows rank*T/P .. (rank+1)*T/P - 1 of the group's tensors), and dgamma, dbeta and

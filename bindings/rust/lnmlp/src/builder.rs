@@ -9,7 +9,7 @@ use crate::error::check;
 use crate::Communicator;
 use crate::{
     Activation, Activations, Backend, ClampedSwiglu, DType, DelayedScaling, Element, Error, Fp8Format, Norm, Plan,
-    Recipe, Remat, Result,
+    Recipe, Remat, Result, WeightLayout,
 };
 
 /// Describes a plan: every setter of the C descriptor (`lnmlp_desc_set_*`). Setters chain and
@@ -37,6 +37,7 @@ pub struct PlanBuilder {
     accumulate_grads: Option<bool>,
     grad_dtype: Option<DType>,
     weight_dtype: Option<DType>,
+    weight_layout: Option<WeightLayout>,
     recipe: Option<Recipe>,
     fp8_format: Option<Fp8Format>,
     delayed: Option<DelayedScaling>,
@@ -218,6 +219,15 @@ impl PlanBuilder {
         self
     }
 
+    /// The layout of W1 and W2 and of their gradients (`lnmlp_desc_set_weight_layout`):
+    /// [`WeightLayout::InOut`] (the default: W1 `[H, A, F]`, W2 `[F, H]`) or
+    /// [`WeightLayout::OutIn`] (W1 `[A, F, H]`, W2 `[H, F]`, PyTorch's). Both compute the same
+    /// block; [`Plan::tensor_shape`] reports the shapes.
+    pub fn weight_layout(mut self, layout: WeightLayout) -> Self {
+        self.weight_layout = Some(layout);
+        self
+    }
+
     /// The FP8 recipe. Default [`Recipe::None`].
     pub fn recipe(mut self, recipe: Recipe) -> Self {
         self.recipe = Some(recipe);
@@ -335,6 +345,9 @@ impl PlanBuilder {
             if let Some(t) = self.weight_dtype {
                 check(sys::lnmlp_desc_set_weight_dtype(d, t.raw()))?;
             }
+            if let Some(l) = self.weight_layout {
+                check(sys::lnmlp_desc_set_weight_layout(d, l.raw()))?;
+            }
             if let Some(r) = self.recipe {
                 check(sys::lnmlp_desc_set_recipe(d, r.raw()))?;
             }
@@ -387,6 +400,9 @@ impl PlanBuilder {
     }
     pub(crate) fn cfg_accumulate_grads(&self) -> bool {
         self.accumulate_grads.unwrap_or(false)
+    }
+    pub(crate) fn cfg_weight_layout(&self) -> WeightLayout {
+        self.weight_layout.unwrap_or_default()
     }
     pub(crate) fn cfg_remat(&self) -> Remat {
         self.remat.unwrap_or_default()

@@ -144,7 +144,7 @@ pub use error::{last_error, status_string, Error, Result, Status};
 pub use plan::{CallOptions, Gradients, GradientsMut, Plan, QuantizerState, Weights};
 pub use types::{
     Activation, Activations, AmaxAlgo, Backend, CallFlags, ClampedSwiglu, DType, DelayedScaling, ElementType, Feature,
-    Fp8Encoding, Fp8Format, Norm, Quantizer, Recipe, Remat, Shape, Tensor, Tokens,
+    Fp8Encoding, Fp8Format, Norm, Quantizer, Recipe, Remat, Shape, Tensor, Tokens, WeightLayout,
 };
 
 /// Re-export of the raw declarations.

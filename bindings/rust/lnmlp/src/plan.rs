@@ -13,7 +13,7 @@ use crate::error::check;
 use crate::Communicator;
 use crate::{
     Backend, CallFlags, DType, Element, ElementType, Error, Norm, PlanBuilder, Quantizer, Recipe, Remat, Result, Saved,
-    Shape, Status, Tensor, Tokens,
+    Shape, Status, Tensor, Tokens, WeightLayout,
 };
 
 /// The parameters of the block, borrowed: shapes `gamma`, `beta` `[H]`; `w1` `[H, A, F]`; `b1`
@@ -246,6 +246,7 @@ pub struct Plan {
     grad_dtype: DType,
     /// The element type of W1 and W2 (the library's shape of W1).
     weight_dtype: DType,
+    weight_layout: WeightLayout,
     remat: Remat,
     backend: Backend,
     device: i32,
@@ -346,6 +347,7 @@ impl Plan {
             accumulate_grads: cfg.cfg_accumulate_grads(),
             grad_dtype: cfg.cfg_dtype(),
             weight_dtype: cfg.cfg_dtype(),
+            weight_layout: cfg.cfg_weight_layout(),
             remat: cfg.cfg_remat(),
             backend,
             device,
@@ -472,9 +474,10 @@ impl Plan {
     pub fn ffn(&self) -> usize {
         self.ffn
     }
-    /// The ffn columns this plan's shard holds: F / P (the rows of W2's shape).
+    /// The ffn columns this plan's shard holds: F / P (W2's rows, or its columns out x in).
     pub fn local_ffn(&self) -> usize {
-        self.shape(Tensor::W2).map_or(0, |s| s.dims()[0])
+        let f = if self.weight_layout == WeightLayout::OutIn { 1 } else { 0 };
+        self.shape(Tensor::W2).map_or(0, |s| s.dims()[f])
     }
     /// P, the size of the tensor-parallel group (1: not sharded).
     pub fn group_size(&self) -> usize {
@@ -522,6 +525,10 @@ impl Plan {
     /// [`Tensor::W1`] shape): the I/O dtype, or [`DType::F32`].
     pub fn weight_dtype(&self) -> DType {
         self.weight_dtype
+    }
+    /// The layout of W1, W2, dW1 and dW2 ([`PlanBuilder::weight_layout`]).
+    pub fn weight_layout(&self) -> WeightLayout {
+        self.weight_layout
     }
     /// The remat policy.
     pub fn remat(&self) -> Remat {
@@ -639,9 +646,14 @@ impl Plan {
     /// The symbolic shape of a tensor, for messages: the shard's when sharded.
     fn label(&self, tensor: Tensor) -> &'static str {
         let sharded = self.group_size > 1;
+        let out_in = self.weight_layout == WeightLayout::OutIn;
         match tensor {
             Tensor::X | Tensor::Y | Tensor::Dy | Tensor::Dx => "[tokens, H]",
             Tensor::Gamma | Tensor::Beta | Tensor::B2 | Tensor::DGamma | Tensor::DBeta | Tensor::DB2 => "[H]",
+            Tensor::W1 | Tensor::DW1 if out_in && sharded => "[A, F/P, H]",
+            Tensor::W1 | Tensor::DW1 if out_in => "[A, F, H]",
+            Tensor::W2 | Tensor::DW2 if out_in && sharded => "[H, F/P]",
+            Tensor::W2 | Tensor::DW2 if out_in => "[H, F]",
             Tensor::W1 | Tensor::DW1 if sharded => "[H, A, F/P]",
             Tensor::W1 | Tensor::DW1 => "[H, A, F]",
             Tensor::B1 | Tensor::DB1 if sharded => "[A, F/P]",
@@ -1715,6 +1727,7 @@ impl fmt::Debug for Plan {
             .field("accumulate_grads", &self.accumulate_grads)
             .field("grad_dtype", &self.grad_dtype)
             .field("weight_dtype", &self.weight_dtype)
+            .field("weight_layout", &self.weight_layout)
             .field("remat", &self.remat)
             .field("backend", &self.backend)
             .field("recipe", &self.recipe)

@@ -264,6 +264,29 @@ impl Remat {
     }
 }
 
+/// How W1 and W2 (and dW1, dW2) are laid out (`LNMLP_WEIGHT_LAYOUT_*`,
+/// [`crate::PlanBuilder::weight_layout`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum WeightLayout {
+    /// W1 `[H, A, F]`, W2 `[F, H]`: input features by output features, as JAX kernels (the
+    /// default).
+    #[default]
+    InOut,
+    /// W1 `[A, F, H]`, W2 `[H, F]`: output features by input features, as PyTorch's `nn.Linear`
+    /// weights.
+    OutIn,
+}
+
+impl WeightLayout {
+    /// The C value.
+    pub fn raw(self) -> i32 {
+        match self {
+            WeightLayout::InOut => sys::LNMLP_WEIGHT_LAYOUT_IN_OUT,
+            WeightLayout::OutIn => sys::LNMLP_WEIGHT_LAYOUT_OUT_IN,
+        }
+    }
+}
+
 /// Where a plan runs (`LNMLP_BACKEND_*`). Non-exhaustive: [`Backend::Cuda`] exists only with the
 /// `experimental` feature.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

@@ -2,7 +2,7 @@
 mod common;
 
 use common::*;
-use lnmlp::{Activation, Bf16, Element, Norm, Plan, PlanBuilder, Remat, Weights, F16};
+use lnmlp::{Activation, Bf16, Element, Norm, Plan, PlanBuilder, Remat, Tensor, Tokens, WeightLayout, Weights, F16};
 
 struct Case {
     cfg: Cfg,
@@ -38,14 +38,30 @@ fn to_f64<T: Element>(v: &[T]) -> Vec<f64> {
     v.iter().map(|x| x.to_f32() as f64).collect()
 }
 
+/// A row-major [rows, cols] matrix transposed into [cols, rows].
+fn transposed<T: Copy>(v: &[T], rows: usize, cols: usize) -> Vec<T> {
+    (0..cols * rows).map(|i| v[(i % rows) * cols + i / rows]).collect()
+}
+
 fn run<T: Element>(c: &Case, remat: Remat, tol: f64) {
+    run_in_layout::<T>(c, remat, tol, WeightLayout::InOut);
+}
+
+/// The case with its weights in `layout` (the reference's are in x out: W1 [H, A*F], W2 [F, H]).
+fn run_in_layout<T: Element>(c: &Case, remat: Remat, tol: f64, layout: WeightLayout) {
     let cfg = &c.cfg;
+    let (af, h, f) = (cfg.a() * cfg.f, cfg.h, cfg.f);
+    let out_in = layout == WeightLayout::OutIn;
     let (x, xr) = rounded::<T>(&c.x);
     let (gamma, gr) = rounded::<T>(&c.p.gamma);
     let (beta, br) = rounded::<T>(&c.p.beta);
-    let (w1, w1r) = rounded::<T>(&c.p.w1);
+    let (mut w1, w1r) = rounded::<T>(&c.p.w1);
     let (b1, b1r) = rounded::<T>(&c.p.b1);
-    let (w2, w2r) = rounded::<T>(&c.p.w2);
+    let (mut w2, w2r) = rounded::<T>(&c.p.w2);
+    if out_in {
+        w1 = transposed(&w1, h, af);
+        w2 = transposed(&w2, f, h);
+    }
     let (b2, b2r) = rounded::<T>(&c.p.b2);
     let (dy, dyr) = rounded::<T>(&c.dy);
     let pr = Params { gamma: gr, beta: br, w1: w1r, b1: b1r, w2: w2r, b2: b2r };
@@ -67,6 +83,7 @@ fn run<T: Element>(c: &Case, remat: Remat, tol: f64) {
         .bias(cfg.bias1, cfg.bias2)
         .element::<T>()
         .remat(remat)
+        .weight_layout(layout)
         .num_threads(2);
     b = if acts.len() == 2 && acts == [Activation::Silu, Activation::Linear] {
         b.activation_name("swiglu") // the gated pair by name
@@ -77,6 +94,10 @@ fn run<T: Element>(c: &Case, remat: Remat, tol: f64) {
     };
     let mut plan: Plan = b.build().expect("plan");
     assert_eq!(plan.num_activations(), cfg.a());
+    assert_eq!(plan.weight_layout(), layout);
+    let w1_dims = if out_in { vec![cfg.a(), f, h] } else { vec![h, cfg.a(), f] };
+    assert_eq!(plan.tensor_shape(Tensor::W1, Tokens::Max).unwrap().unwrap().dims(), &w1_dims[..]);
+    assert_eq!(plan.local_ffn(), f);
 
     let w = Weights {
         gamma: &gamma,
@@ -102,12 +123,14 @@ fn run<T: Element>(c: &Case, remat: Remat, tol: f64) {
     if let Some(d) = &g.dbeta {
         assert_close("dbeta", &to_f64(d), &r.dbeta, tol);
     }
-    assert_close("dw1", &to_f64(&g.dw1), &r.dw1, tol);
+    let (dw1, dw2) =
+        if out_in { (transposed(&g.dw1, af, h), transposed(&g.dw2, h, f)) } else { (g.dw1.clone(), g.dw2.clone()) };
+    assert_close("dw1", &to_f64(&dw1), &r.dw1, tol);
     assert_eq!(g.db1.is_some(), cfg.bias1);
     if let Some(d) = &g.db1 {
         assert_close("db1", &to_f64(d), &r.db1, tol);
     }
-    assert_close("dw2", &to_f64(&g.dw2), &r.dw2, tol);
+    assert_close("dw2", &to_f64(&dw2), &r.dw2, tol);
     assert_eq!(g.db2.is_some(), cfg.bias2);
     if let Some(d) = &g.db2 {
         assert_close("db2", &to_f64(d), &r.db2, tol);
@@ -177,6 +200,15 @@ fn bf16_layernorm_gelu_and_swiglu() {
 #[test]
 fn f16_layernorm_gelu() {
     run::<F16>(&case(ln_gelu(), 7), Remat::SaveAll, TOL_F16);
+}
+
+#[test]
+fn out_in_weights_every_dtype() {
+    // PyTorch's layout: W1 [A, F, H], W2 [H, F], and dW1, dW2 alike.
+    run_in_layout::<f32>(&case(ln_gelu(), 9), Remat::SaveAll, TOL_F32, WeightLayout::OutIn);
+    run_in_layout::<f32>(&case(rms_swiglu(), 10), Remat::SaveStats, TOL_F32, WeightLayout::OutIn);
+    run_in_layout::<Bf16>(&case(rms_swiglu(), 11), Remat::SaveAll, TOL_BF16, WeightLayout::OutIn);
+    run_in_layout::<F16>(&case(ln_gelu(), 12), Remat::SaveAll, TOL_F16, WeightLayout::OutIn);
 }
 
 #[test]

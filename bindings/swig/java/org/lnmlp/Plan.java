@@ -148,6 +148,7 @@ public final class Plan implements AutoCloseable {
     private boolean accumulateGrads;
     private int gradDtype = -1;
     private int weightDtype = -1;
+    private int weightLayout = WEIGHT_LAYOUT_IN_OUT;
     private int remat = REMAT_SAVE_ALL;
     private long numThreads;
     private int recipe = RECIPE_NONE;
@@ -190,6 +191,10 @@ public final class Plan implements AutoCloseable {
      * DTYPE_F32 (fp32 master weights of a bf16 / f16 plan, which only an FP8 recipe accepts:
      * build() throws ERROR_NOT_SUPPORTED without one); build() refuses any other. */
     public Builder weightDtype(int dtype) { this.weightDtype = dtype; return this; }
+    /** The layout of W1 and W2 and their gradients (lnmlp_desc_set_weight_layout):
+     * WEIGHT_LAYOUT_IN_OUT (default: W1 [H, A, F], W2 [F, H]) or WEIGHT_LAYOUT_OUT_IN (W1 [A, F, H],
+     * W2 [H, F], PyTorch's); both compute the same block. */
+    public Builder weightLayout(int layout) { this.weightLayout = layout; return this; }
     public Builder remat(int policy) { this.remat = policy; return this; }
     /** CPU threads; 0 (default) uses every core the process may run on. */
     public Builder numThreads(long n) { this.numThreads = n; return this; }
@@ -223,6 +228,7 @@ public final class Plan implements AutoCloseable {
         LnmlpNative.desc_set_dtype(d, dtype);
         LnmlpNative.desc_set_weight_gradients(d, accumulateGrads ? 1 : 0, gradDtype);
         LnmlpNative.desc_set_weight_dtype(d, weightDtype);
+        LnmlpNative.desc_set_weight_layout(d, weightLayout);
         LnmlpNative.desc_set_remat(d, remat);
         LnmlpNative.desc_set_num_threads(d, numThreads);
         LnmlpNative.desc_set_recipe(d, recipe);
@@ -246,7 +252,7 @@ public final class Plan implements AutoCloseable {
   private final Cleaner.Cleanable cleanable;
   private final long tokens, hidden, ffn, maxTokens;
   private final int numActivations;
-  private final int dtype, gradDtype, weightDtype;
+  private final int dtype, gradDtype, weightDtype, weightLayout;
   private final boolean accumulateGrads;
   private final long workspaceBytes, savedBytes, savedBytesPerToken, alignment, stateBytes;
   private final long amaxHistoryLength;
@@ -268,6 +274,7 @@ public final class Plan implements AutoCloseable {
     this.gradDtype = dt[0];
     LnmlpNative.plan_get_tensor_shape(h, TENSOR_W1, TOKENS_MAX, dt); // W1 too
     this.weightDtype = dt[0];
+    this.weightLayout = b.weightLayout;
     this.accumulateGrads = b.accumulateGrads;
     this.workspaceBytes = LnmlpNative.plan_get_workspace_bytes(h);
     this.savedBytes = LnmlpNative.plan_get_saved_bytes(h);
@@ -320,6 +327,8 @@ public final class Plan implements AutoCloseable {
   public int gradDtype() { return gradDtype; }
   /** The dtype of W1 and W2 (the shape query's): dtype(), or DTYPE_F32. */
   public int weightDtype() { return weightDtype; }
+  /** The layout of W1, W2, dW1 and dW2 (WEIGHT_LAYOUT_*, {@link Builder#weightLayout}). */
+  public int weightLayout() { return weightLayout; }
   /** Whether backward adds into dW1, db1, dW2, db2 ({@link Builder#accumulateGrads}). */
   public boolean accumulatesGrads() { return accumulateGrads; }
   public long workspaceBytes() { return workspaceBytes; }
