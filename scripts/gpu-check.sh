@@ -1,20 +1,28 @@
 #!/usr/bin/env bash
 # The GPU check: runs on a machine with an NVIDIA GPU what scripts/build-gpu-carry.sh built
-# elsewhere (this script builds nothing), in about 5 minutes at most, so that a rerun fits a lent
-# GPU's time. Steps, each under a timeout and all under one budget (LNMLP_GPU_CHECK_BUDGET, 300 s):
+# elsewhere (this script builds nothing), in 270 s at most, unpacking included, so that two runs
+# (the check and a rerun after a fix) and the machine's start fit a lent GPU's 15 minutes. Steps,
+# each under a limit of its own and all under one budget (scripts/gpu-check-lib.sh has the table;
+# LNMLP_GPU_CHECK_BUDGET overrides the budget):
 #   libraries  every carried binary loads (the carried libraries, the machine's cuBLASLt 13);
 #   kernels    lnmlp_gpu_kernel_tests: each kernel against src/numerics on the host, so that a
 #              failure names its kernel (first, before anything runs a whole plan);
-#   tests      lnmlp_gpu_tests: the CUDA backend against the CPU backend, CUDA graphs, stream
-#              ordering, error paths;
+#   tests-*    lnmlp_gpu_tests in three shards, one process each, so that a timeout or a crash
+#              still leaves the others' results: tests-basic (host side, error paths, the calls'
+#              options, CUDA graphs), tests-fp8 (every recipe against the CPU backend),
+#              tests-numerics (every configuration against the CPU backend); cuBLASLt logs its
+#              errors and heuristic status into cublaslt-<shard>-<pid>.log, so that a refused GEMM
+#              says why;
 #   nccl       the one-rank NCCL tests (lnmlp_gpu_sharding_tests), where the machine has
 #              libnccl.so.2 (218 MB: it cannot travel in the carry);
-#   memcheck   compute-sanitizer --tool memcheck on a small set of the tests;
+#   memcheck   compute-sanitizer --tool memcheck on a small set of the tests ("skipped: sanitizer
+#              unsupported" where it cannot instrument this GPU, as in gVisor sandboxes);
 #   bench      lnmlp-gpu-bench --quick (the block and its GEMMs alone, in one run);
-#   peers      bench/gpu/torch_peer.py --quick (PyTorch eager, torch.compile, JAX), where installed.
+#   peers      bench/gpu/torch_peer.py --quick (PyTorch eager, JAX, torch.compile), where installed.
+# bench and peers report figures only: their failure or timeout does not fail the check.
 # Writes into ${OUT:-./gpu-check-out}: summary.json (always, also when a step fails or the script
-# is interrupted), gpu-check.log, one log per step, and the carried build's MANIFEST (the commit
-# it was built from).
+# is interrupted), gpu-check.log, one log per step (each kept under 2 MiB), and the carried
+# build's MANIFEST (the commit it was built from).
 #
 #   OUT=dir bash scripts/gpu-check.sh             on the GPU machine (carry build/gpu.tar.gz there)
 #   OUT=dir bash scripts/gpu-check.sh --dry-run   here, without a GPU: every step that can run
@@ -25,6 +33,8 @@
 # is unpacked beside it. LD_LIBRARY_PATH may be unset.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/gpu-check-lib.sh
+source scripts/gpu-check-lib.sh
 
 dry_run=0
 for a in "$@"; do
@@ -36,15 +46,17 @@ done
 out=${OUT:-./gpu-check-out}
 mkdir -p "$out"
 carry=${LNMLP_GPU_BUILD:-build/gpu}
-budget=${LNMLP_GPU_CHECK_BUDGET:-300}
+budget=${LNMLP_GPU_CHECK_BUDGET:-$GPU_CHECK_BUDGET}
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
 t_start=$(date +%s)
 elapsed() { echo $(($(date +%s) - t_start)); }
 : > "$out/gpu-check.log"
 log() { echo "[gpu-check $(elapsed)s] $*" | tee -a "$out/gpu-check.log"; }
+gpu_check_limits_fit "$budget" ||
+  log "note: the steps' limits ($(gpu_check_limits_sum) s) and the reserve (${GPU_CHECK_RESERVE} s) exceed the ${budget} s budget: the last steps get what is left"
 
 # ---- results, and the summary written whatever happens ----------------------------------------
-steps=(libraries kernels tests nccl memcheck bench peers)
+steps=("${GPU_CHECK_STEPS[@]}")
 declare -A status detail seconds
 for s in "${steps[@]}"; do status[$s]="not run"; detail[$s]=""; seconds[$s]=0; done
 gpu_name="none"
@@ -70,20 +82,26 @@ json_lines() {  # the JSON object lines of a log, as a JSON array
   fi
   printf ']'
 }
-all_ok() {
+# Whether every step of kind $1 (check: the verdict's steps; report: bench and peers) passed or
+# skipped.
+steps_ok() {
   local s
   for s in "${steps[@]}"; do
+    if gpu_check_is_report_step "$s"; then [ "$1" = report ] || continue; else [ "$1" = check ] || continue; fi
     case "${status[$s]}" in fail* | timeout*) return 1 ;; esac
   done
   return 0
 }
+all_ok() { steps_ok check; }
 write_summary() {
-  local ok=false s first=1
+  local ok=false report_ok=false s first=1
   all_ok && ok=true
+  steps_ok report && report_ok=true
   {
     printf '{\n "dry_run": %s,\n "gpu": %s,\n' "$([ $dry_run -eq 1 ] && echo true || echo false)" "$(json_string "$gpu_name")"
     printf ' "carried_build": %s,\n "tree_commit": %s,\n' "$(json_string "$built_from")" "$(json_string "$tree_commit")"
-    printf ' "seconds": %d,\n "ok": %s,\n "steps": {' "$(elapsed)" "$ok"
+    printf ' "seconds": %d,\n "budget_seconds": %d,\n "ok": %s,\n "report_ok": %s,\n' "$(elapsed)" "$budget" "$ok" "$report_ok"
+    printf ' "report_steps": ["bench", "peers"],\n "steps": {'
     for s in "${steps[@]}"; do
       if [ $first -eq 0 ]; then printf ','; fi
       first=0
@@ -98,6 +116,8 @@ write_summary() {
   } > "$out/summary.json"
 }
 finish() {
+  local f
+  for f in "$out"/*.log; do [ -f "$f" ] && gpu_check_trim_log "$f"; done
   write_summary
   log "summary.json: $(all_ok && echo ok || echo 'NOT ok'); files in $out: $(ls "$out" | tr '\n' ' ')"
 }
@@ -109,13 +129,13 @@ skip_all_from() {  # marks every step not yet run as skipped, with the reason $1
   for s in "${steps[@]}"; do [ "${status[$s]}" = "not run" ] && status[$s]="skipped: $1"; done
 }
 
-# Runs step $1's command (the rest of the arguments) under min($2 s, what is left of the budget),
-# its output into $out/$1.log; sets rc and the step's seconds. Returns 1 (and marks the step) when
-# the budget is spent.
+# Runs step $1's command (the rest of the arguments) under min(its limit in GPU_CHECK_LIMIT, what is
+# left of the budget), its output into $out/$1.log; sets rc and the step's seconds. Returns 1 (and
+# marks the step) when the budget is spent.
 rc=0
 run_step() {
-  local name=$1 limit=$2
-  shift 2
+  local name=$1 limit=${GPU_CHECK_LIMIT[$1]}
+  shift
   local left=$((budget - $(elapsed) - 5))
   if [ "$left" -lt 10 ]; then
     status[$name]="skipped: the check's ${budget}s budget is spent"
@@ -129,17 +149,6 @@ run_step() {
   seconds[$name]=$(($(date +%s) - t0))
   return 0
 }
-verdict() {  # pass, timeout or fail(rc) from rc
-  if [ "$rc" -eq 0 ]; then echo pass; elif [ "$rc" -eq 124 ]; then echo "timeout"; else echo "fail(rc $rc)"; fi
-}
-gtest_counts() {  # "N passed, M skipped, K failed" from a GoogleTest log's summary lines
-  local p s f
-  p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$1" 2>/dev/null | tail -n1)
-  s=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$1" 2>/dev/null | tail -n1)
-  f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$1" 2>/dev/null | tail -n1)
-  echo "${p:-0} passed, ${s:-0} skipped, ${f:-0} failed$(grep -m1 -E 'no usable GPU|no CUDA device' "$1" 2>/dev/null | sed 's/^[^:]*: */; /' | cut -c1-240)"
-}
-
 # ---- the carried build -----------------------------------------------------------------------
 if [ ! -x "$carry/bin/lnmlp_gpu_tests" ] && [ -f "$carry.tar.gz" ]; then
   log "unpacking $carry.tar.gz"
@@ -229,27 +238,25 @@ log "libraries: ${status[libraries]} ${detail[libraries]}"
 
 # ---- kernels ---------------------------------------------------------------------------------
 log "kernels: lnmlp_gpu_kernel_tests"
-if run_step kernels 40 "$carry/bin/lnmlp_gpu_kernel_tests" --gtest_brief=1; then
-  detail[kernels]=$(gtest_counts "$out/kernels.log")
-  status[kernels]=$(verdict)
-  if [ "$rc" -eq 0 ] && grep -q "no CUDA device" "$out/kernels.log"; then
-    if [ $have_gpu -eq 1 ]; then status[kernels]="fail(the GPU is not usable by the tests)"; else status[kernels]="skipped: no GPU"; fi
-  fi
+if run_step kernels "$carry/bin/lnmlp_gpu_kernel_tests"; then
+  detail[kernels]=$(gpu_check_gtest_counts "$out/kernels.log")
+  status[kernels]=$(gpu_check_tests_status "$out/kernels.log" "$rc" "$have_gpu")
+  [ "${status[kernels]}" = "pass; GPU tests skipped: no GPU" ] && status[kernels]="skipped: no GPU"
 fi
 log "   ${status[kernels]}: ${detail[kernels]}"
 
-# ---- tests -----------------------------------------------------------------------------------
-log "tests: lnmlp_gpu_tests"
-if run_step tests 100 "$carry/bin/lnmlp_gpu_tests" --gtest_brief=1; then
-  detail[tests]=$(gtest_counts "$out/tests.log")
-  status[tests]=$(verdict)
-  # With a GPU, tests that skipped for want of one are a failure of the check (the module did not
-  # load, cuBLASLt is missing, the driver is too old): the reason is in the log.
-  if [ "$rc" -eq 0 ] && grep -q "no usable GPU" "$out/tests.log"; then
-    if [ $have_gpu -eq 1 ]; then status[tests]="fail(the CUDA backend is not usable)"; else status[tests]="pass; GPU tests skipped: no GPU"; fi
+# ---- tests, in shards ------------------------------------------------------------------------
+# Without --gtest_brief, so that a shard cut short still shows which tests passed. cuBLASLt's
+# errors and heuristic status (log mask 1 + 8; not its per-call trace) go to a file per process.
+for shard in "${GPU_TESTS_SHARDS[@]}"; do
+  log "$shard: lnmlp_gpu_tests --gtest_filter=${GPU_TESTS_FILTER[$shard]}"
+  if CUBLASLT_LOG_MASK=9 CUBLASLT_LOG_FILE="$out/cublaslt-$shard-%i.log" \
+    run_step "$shard" "$carry/bin/lnmlp_gpu_tests" --gtest_filter="${GPU_TESTS_FILTER[$shard]}"; then
+    detail[$shard]=$(gpu_check_gtest_counts "$out/$shard.log")
+    status[$shard]=$(gpu_check_tests_status "$out/$shard.log" "$rc" "$have_gpu")
   fi
-fi
-log "   ${status[tests]}: ${detail[tests]}"
+  log "   ${status[$shard]}: ${detail[$shard]}"
+done
 
 # ---- nccl ------------------------------------------------------------------------------------
 if [ ! -x "$carry/bin/lnmlp_gpu_sharding_tests" ]; then
@@ -258,9 +265,9 @@ elif [ -z "$nccl_dir" ]; then
   status[nccl]="skipped: libnccl.so.2 is not on this machine, and it cannot travel (218 MB, 187 MB compressed)"
 else
   log "nccl: lnmlp_gpu_sharding_tests (one rank; two-rank tests need two GPUs and skip otherwise)"
-  if LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$nccl_dir" run_step nccl 40 "$carry/bin/lnmlp_gpu_sharding_tests" --gtest_brief=1; then
-    detail[nccl]="NCCL from $nccl_dir; $(gtest_counts "$out/nccl.log")"
-    status[nccl]=$(verdict)
+  if LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$nccl_dir" run_step nccl "$carry/bin/lnmlp_gpu_sharding_tests"; then
+    detail[nccl]="NCCL from $nccl_dir; $(gpu_check_gtest_counts "$out/nccl.log")"
+    status[nccl]=$(gpu_check_verdict "$rc")
     if [ "$rc" -eq 0 ] && [ $have_gpu -eq 0 ]; then status[nccl]="skipped: no GPU"; fi
   fi
 fi
@@ -275,41 +282,36 @@ elif [ -z "$sanitizer" ]; then
   status[memcheck]="skipped: compute-sanitizer is not on this machine"
 else
   log "memcheck: $sanitizer --tool memcheck"
-  if run_step memcheck 75 "$sanitizer" --tool memcheck --error-exitcode 9 "$carry/bin/lnmlp_gpu_tests" --gtest_brief=1 \
+  if run_step memcheck "$sanitizer" --tool memcheck --error-exitcode 9 "$carry/bin/lnmlp_gpu_tests" --gtest_brief=1 \
     --gtest_filter="$memcheck_filter"; then
-    detail[memcheck]=$(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -n1)
-    status[memcheck]=$(verdict)
-    if [ -z "${detail[memcheck]}" ] && [ "$rc" -ne 124 ]; then
-      # The sanitizer did not get to run the tests (it refused this GPU or driver): not a result.
-      status[memcheck]="skipped: compute-sanitizer could not run here"
-      detail[memcheck]=$(grep -m1 -iE 'error|unsupported|not supported|failed' "$out/memcheck.log" | cut -c1-300)
-    fi
+    IFS=$'\t' read -r "status[memcheck]" "detail[memcheck]" < <(gpu_check_memcheck_result "$out/memcheck.log" "$rc")
   fi
 fi
 log "   memcheck: ${status[memcheck]} ${detail[memcheck]}"
 
-# ---- bench -----------------------------------------------------------------------------------
+# ---- bench (reports; does not gate) ----------------------------------------------------------
 if [ $have_gpu -eq 0 ]; then
   status[bench]="skipped: no GPU"
 else
   log "bench: lnmlp-gpu-bench --quick"
-  if run_step bench 60 "$carry/bin/lnmlp-gpu-bench" --quick --iters 5 --warmup 2; then
-    status[bench]=$(verdict)
+  if run_step bench "$carry/bin/lnmlp-gpu-bench" --quick --iters 5 --warmup 2; then
+    status[bench]=$(gpu_check_verdict "$rc")
     grep -v '^{' "$out/bench.log" | tee -a "$out/gpu-check.log"
   fi
 fi
 log "   bench: ${status[bench]}"
 
-# ---- peers -----------------------------------------------------------------------------------
+# ---- peers (reports; does not gate) ----------------------------------------------------------
 if [ $have_gpu -eq 0 ]; then
   status[peers]="skipped: no GPU"
 elif ! command -v python3 >/dev/null 2>&1; then
   status[peers]="skipped: no python3 on this machine"
 else
   log "peers: bench/gpu/torch_peer.py --quick"
-  # The frameworks bring their own CUDA libraries: not the carried ones.
-  if LD_LIBRARY_PATH="" run_step peers 40 python3 bench/gpu/torch_peer.py --quick --iters 5 --warmup 2; then
-    status[peers]=$(verdict)
+  # The frameworks bring their own CUDA libraries: not the carried ones. Each case prints its line
+  # as it finishes, so a timeout in torch.compile (last) keeps eager's and JAX's figures.
+  if LD_LIBRARY_PATH="" run_step peers python3 bench/gpu/torch_peer.py --quick --iters 5 --warmup 2; then
+    status[peers]=$(gpu_check_verdict "$rc")
     grep -v '^{' "$out/peers.log" | tee -a "$out/gpu-check.log"
   fi
 fi
