@@ -148,7 +148,20 @@ class CudaExec final : public block::Exec {
       fail(LNMLP_ERROR_NOT_SUPPORTED, "this plan's GEMMs run on FP8 tensor cores, which need a multiple of ",
            kFp8GemmDimMultiple, " tokens (the group's, under sequence parallelism); this call has ", tokens);
     ScopedDevice dev(device_);
-    gemms_now_ = &gemms_.get(tokens, [&](int64_t t) { return make_gemms(t, gemm_workspace_bytes()); });
+    gemms_now_ = &gemms_.get(tokens, [&](int64_t t) {
+      auto set = make_gemms(t, gemm_workspace_bytes());
+      // The fp32 staging was sized for the plan's GEMMs. cuBLASLt's support depends on the types
+      // and the epilogue, not on the token count, so a smaller count stages no more than they do;
+      // should a GEMM of this count still need more, the call is refused rather than write past
+      // the region.
+      const int64_t need = staging_bytes(*set, t);
+      if (need > staging_.bytes)
+        fail(LNMLP_ERROR_NOT_SUPPORTED, "at ", t,
+             " tokens cuBLASLt has no algorithm that writes a GEMM's result as the ", "plan's ", c_.tokens,
+             "-token GEMMs do, and the fp32 staging it would need instead (", need,
+             " bytes) is larger than the plan holds (", staging_.bytes, "); make a plan for ", t, " tokens");
+      return set;
+    });
     set_chunking(tokens);
   }
 
@@ -387,8 +400,10 @@ class CudaExec final : public block::Exec {
       try {
         g.lt = std::make_unique<LtGemm>(lt_, plan.shape, max_workspace, s.name);
       } catch (const Error& e) {
-        // No algorithm writes this result type with this bias: stage it in fp32 instead.
-        if (e.status() != LNMLP_ERROR_NOT_SUPPORTED || plan.shape.c == LtType::F32) throw;
+        // No algorithm writes this result type with this bias epilogue: an fp32 result without
+        // the epilogue (the bias added after, or staged and rounded with it). A GEMM that has
+        // neither to give up has no fallback.
+        if (e.status() != LNMLP_ERROR_NOT_SUPPORTED || (plan.shape.c == LtType::F32 && !plan.shape.bias)) throw;
         plan = cuda_gemm(s, c, native_block, false);
         g.lt = std::make_unique<LtGemm>(lt_, plan.shape, max_workspace, s.name);
       }
@@ -403,20 +418,29 @@ class CudaExec final : public block::Exec {
   void make_gemms() {
     release_gemms();
     auto set = make_gemms(c_.tokens, kMaxGemmWorkspace);
-    int64_t lt_ws = 0, staging = 0;
-    for (GemmRole role : block::kAllGemmRoles) {
-      const Role& g = (*set)[static_cast<int>(role)];
-      if (g.lt == nullptr) continue;
-      lt_ws = std::max(lt_ws, g.lt->workspace_bytes());
-      const block::GemmSpec s = block::gemm_spec(role, c_);
-      if (g.staged) staging = std::max(staging, checked_mul(s.m, s.n, "a GEMM's fp32 result") * 4);
-    }
+    int64_t lt_ws = 0;
+    for (const Role& g : *set)
+      if (g.lt != nullptr) lt_ws = std::max(lt_ws, g.lt->workspace_bytes());
+    const int64_t staging = staging_bytes(*set, c_.tokens);
     gemms_.pin(c_.tokens, std::move(set));
     gemms_now_ = &gemms_.pinned();
     RegionAllocator a;
     lt_workspace_ = a.take(lt_ws > 0 ? lt_ws + kGemmWorkspaceSlack : 0, 1, "cuBLASLt workspace");
     staging_ = a.take(staging, 1, "GEMM fp32 staging");
     scratch_bytes_ = a.total();
+  }
+
+  // The fp32 staging the staged GEMMs of a set for `tokens` tokens need: the largest result.
+  int64_t staging_bytes(const GemmSet& set, int64_t tokens) const {
+    Config c = c_;
+    c.tokens = tokens;
+    int64_t bytes = 0;
+    for (GemmRole role : block::kAllGemmRoles) {
+      if (!set[static_cast<int>(role)].staged) continue;
+      const block::GemmSpec s = block::gemm_spec(role, c);
+      bytes = std::max(bytes, checked_mul(checked_mul(s.m, s.n, "a GEMM's fp32 result"), 4, "a GEMM's fp32 result"));
+    }
+    return bytes;
   }
 
   // The column reductions' chunking for `tokens` tokens (at most the plan's, whose chunks the

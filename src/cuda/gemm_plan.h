@@ -12,8 +12,9 @@
 // Results. Written by cuBLASLt in their own type, with the forward GEMMs' bias in its epilogue
 // where it takes one: the result and the bias in bf16 or f16, or an unquantized fp32 plan. An FP8
 // GEMM of an fp32 plan takes no fp32 bias, so its bias is added after, in place (bias_after).
-// Where cuBLASLt has no algorithm for that (fused_epilogue false, the backend's fallback), the
-// result goes to fp32 staging and a kernel rounds it, with the bias, into the dtype (staged).
+// Where cuBLASLt has no algorithm for that result type or that bias epilogue (fused_epilogue
+// false, the backend's fallback), a bf16/f16 result goes to fp32 staging and a kernel rounds it,
+// with the bias, into the dtype (staged); an fp32 result gets its bias after (bias_after).
 #pragma once
 
 #include "block/gemm_roles.h"
@@ -45,8 +46,7 @@ inline CudaGemm cuda_gemm(const block::GemmSpec& s, const Config& c, bool native
   g.shape = {s.m, s.n, s.k, s.trans_a, s.trans_b, io, io, s.out_f32 ? LtType::F32 : io, s.bias};
   g.shape.accumulate = s.accumulate;
   const ResolvedRecipe r = resolve_recipe(c.fp8);
-  if (r.recipe == Recipe::None) return g;
-  const bool codes = fp8_codes_gemm(r, native_block);
+  const bool codes = r.recipe != Recipe::None && fp8_codes_gemm(r, native_block);
   if (codes) {
     g.shape.trans_a = false;
     g.shape.trans_b = true;
@@ -57,11 +57,15 @@ inline CudaGemm cuda_gemm(const block::GemmSpec& s, const Config& c, bool native
       g.shape.scale_a = weight(s.quantizer_a) ? LtScale::Blk128 : LtScale::Vec128;
       g.shape.scale_b = weight(s.quantizer_b) ? LtScale::Blk128 : LtScale::Vec128;
     }
-  } else {
+  } else if (r.recipe != Recipe::None) {
     g.shape.a = g.shape.b = r.recipe == Recipe::Block && !r.power_2_scale ? LtType::F32 : LtType::BF16;
   }
   if (!fused_epilogue) {
-    g.staged = !s.out_f32;
+    // An fp32 result is written where it goes and gets its bias after, in place; a bf16/f16 one
+    // is staged in fp32 and rounded, with the bias, by the kernel.
+    const bool f32_result = g.shape.c == LtType::F32;
+    g.staged = !f32_result;
+    g.bias_after = f32_result && g.shape.bias;
     g.shape.c = LtType::F32;
     g.shape.bias = false;
     g.shape.accumulate = s.accumulate && !g.staged;  // staged: the epilogue adds into the result

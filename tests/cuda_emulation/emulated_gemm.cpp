@@ -4,9 +4,11 @@
 // or the whole K by the per-tensor ones), the block scales read where numerics/quantize.h's
 // gemm_*_scale_index put them, the bias, the result in its type (added to C's values with beta 1). It checks what
 // cuBLASLt would refuse that lnmlp relies on (FP8 operands K-major, a bias pointer with a bias epilogue).
-// LNMLP_EMULATION_NO_BLOCK_SCALING and LNMLP_EMULATION_NO_FUSED_OUTPUT make it refuse block
-// scaling, or FP8 results in bf16/f16, as a GPU or cuBLASLt without them does, so the backend's
-// fallbacks run too.
+// LNMLP_EMULATION_NO_BLOCK_SCALING, LNMLP_EMULATION_NO_FUSED_OUTPUT and
+// LNMLP_EMULATION_NO_BIAS_EPILOGUE make it refuse block scaling, FP8 results in bf16/f16, or any
+// bias epilogue, as a GPU or cuBLASLt without them does, so the backend's fallbacks run too;
+// LNMLP_EMULATION_NO_FUSED_OUTPUT_BELOW_M=N refuses any result but fp32 without a bias for GEMMs
+// of fewer than N rows only (a token count that would need more staging than the plan's).
 #include <algorithm>
 #include <cstdlib>
 
@@ -66,6 +68,13 @@ LtGemm::LtGemm(cublasLtHandle_t handle, const LtShape& s, int64_t, const char* n
   if (is_fp8(s.a) && s.c != LtType::F32 && refuse("LNMLP_EMULATION_NO_FUSED_OUTPUT"))
     fail(LNMLP_ERROR_NOT_SUPPORTED, "no FP8 GEMM with a ", lt_type_name(s.c), " result for ", name,
          " (LNMLP_EMULATION_NO_FUSED_OUTPUT)");
+  const char* below = std::getenv("LNMLP_EMULATION_NO_FUSED_OUTPUT_BELOW_M");
+  if (below != nullptr && s.m < std::atoll(below) && (s.c != LtType::F32 || s.bias))
+    fail(LNMLP_ERROR_NOT_SUPPORTED, "no ", lt_type_name(s.c), " result", s.bias ? " with a bias" : "", " for ", name,
+         " at ", s.m, " rows (LNMLP_EMULATION_NO_FUSED_OUTPUT_BELOW_M)");
+  if (s.bias && refuse("LNMLP_EMULATION_NO_BIAS_EPILOGUE"))
+    fail(LNMLP_ERROR_NOT_SUPPORTED, "no bias epilogue with a ", lt_type_name(s.c), " result for ", name,
+         " (LNMLP_EMULATION_NO_BIAS_EPILOGUE)");
   if ((is_fp8(s.a) || is_fp8(s.b)) && (s.trans_a || !s.trans_b))
     fail(LNMLP_ERROR_NOT_SUPPORTED, "FP8 GEMMs take K-major operands only (", name, ")");
   workspace_bytes_ = 0;

@@ -3,6 +3,7 @@
 // caller device memory. (Skips without a GPU; runs on the CPU against the CUDA emulation too.)
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -248,6 +249,32 @@ TEST(CudaCallsEdges, PerTensorFp8NeedsMultiplesOf16Tokens) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("multiple of 16"), std::string::npos) << e.what();
   }
+}
+
+// A token count whose GEMMs would need more fp32 staging than the plan's own GEMMs (a result type
+// or bias epilogue cuBLASLt refuses at that count only) is refused at the call, before anything
+// runs, and the plan's own count still runs right afterwards. cuBLASLt's support depends on types
+// and epilogues, not on sizes, so only the emulation can force this
+// (LNMLP_EMULATION_NO_FUSED_OUTPUT_BELOW_M); elsewhere the test skips.
+TEST(CudaCallsEdges, ACountNeedingMoreStagingThanThePlanHoldsIsRefused) {
+  SKIP_WITHOUT_GPU();
+  const char* below = std::getenv("LNMLP_EMULATION_NO_FUSED_OUTPUT_BELOW_M");
+  constexpr int64_t kSmall = 16;
+  if (below == nullptr || std::atoll(below) <= kSmall || std::atoll(below) > kMaxTokens)
+    GTEST_SKIP() << "needs the emulation's LNMLP_EMULATION_NO_FUSED_OUTPUT_BELOW_M in (" << kSmall << ", " << kMaxTokens
+                 << "]";
+  const Problem full = make_problem(config(kMaxTokens, false), LNMLP_DTYPE_BF16, 91);
+  Calls cuda(full, LNMLP_BACKEND_CUDA, LNMLP_RECIPE_NONE, PlanCalls{kMaxTokens});
+  Calls cpu(full, LNMLP_BACKEND_CPU, LNMLP_RECIPE_NONE, PlanCalls{});
+  cuda.set_gradients(cuda.gradients(0.0));
+  cpu.set_gradients(cpu.gradients(0.0));
+  try {
+    cuda.step(with_parameters(make_problem(config(kSmall, false), LNMLP_DTYPE_BF16, 92), full));
+    FAIL() << kSmall << " tokens were accepted without the staging their GEMMs need";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("fp32 staging"), std::string::npos) << e.what();
+  }
+  expect_close(cuda.step(full), cpu.step(full), gpu_vs_cpu_tolerance(LNMLP_DTYPE_BF16), "the plan's count after");
 }
 
 // Delayed scaling's state in caller device memory, per call: the bits of the plan's own state.
