@@ -112,8 +112,8 @@ void act_forward(DType d, const ActSpec& s, const void* h, void* act, bool act_f
   with_dtype(d, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     const auto* hs = static_cast<const storage_t<D>*>(h);
-    const dim3 grid(static_cast<unsigned>((s.ffn + kTileDim - 1) / kTileDim),
-                    grid_dim((s.rows + kTileDim - 1) / kTileDim, kMaxGridY));
+    const dim3 grid = grid_2d((s.ffn + kTileDim - 1) / kTileDim,
+                              grid_dim((s.rows + kTileDim - 1) / kTileDim, grid_y_cap()), "act_forward_kernel");
     if (vec4(s.ffn)) act_forward_kernel<D, true><<<grid, kTileThreads, 0, stream>>>(s, hs, act, act_f32, fp8);
     else act_forward_kernel<D, false><<<grid, kTileThreads, 0, stream>>>(s, hs, act, act_f32, fp8);
   });
@@ -125,7 +125,7 @@ void act_backward(DType d, const ActSpec& s, const Chunking& ch, const float* da
   with_dtype(d, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     const auto* hs = static_cast<const storage_t<D>*>(h);
-    const dim3 grid(static_cast<unsigned>((s.ffn + kTileDim - 1) / kTileDim), static_cast<unsigned>(ch.chunks));
+    const dim3 grid = grid_2d((s.ffn + kTileDim - 1) / kTileDim, ch.chunks, "act_backward_kernel");
     if (vec4(s.ffn))
       act_backward_kernel<D, true><<<grid, kTileThreads, 0, stream>>>(s, ch, dact, hs, dh, dh_f32, fp8, db1_partials);
     else

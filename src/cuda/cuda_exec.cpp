@@ -157,7 +157,7 @@ class CudaExec final : public block::Exec {
       const int64_t need = staging_bytes(*set, t);
       if (need > staging_.bytes)
         fail(LNMLP_ERROR_NOT_SUPPORTED, "at ", t,
-             " tokens cuBLASLt has no algorithm that writes a GEMM's result as the ", "plan's ", c_.tokens,
+             " tokens cuBLASLt has no algorithm that writes a GEMM's result as the plan's ", c_.tokens,
              "-token GEMMs do, and the fp32 staging it would need instead (", need,
              " bytes) is larger than the plan holds (", staging_.bytes, "); make a plan for ", t, " tokens");
       return set;

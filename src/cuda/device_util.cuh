@@ -3,6 +3,7 @@
 // dtype and activation dispatch are src/numerics/'s.
 #pragma once
 
+#include "common/error.h"
 #include "kernels.h"
 #include "numerics/activation.h"
 #include "numerics/dtype.h"
@@ -118,11 +119,24 @@ __device__ __forceinline__ uint8_t fp8_code(float x, float scale, bool e5m2) {
   return e5m2 ? float_to_fp8<Fp8Format::E5M2>(x * scale) : float_to_fp8<Fp8Format::E4M3>(x * scale);
 }
 
-// Grid sizes: at most this many blocks along a grid-stride dimension.
+// Grid limits of every device lnmlp runs on (compute capability 8.0 and up): 2^31 - 1 blocks along
+// x, 65535 along y.
 constexpr int64_t kMaxGridY = 65535;
+constexpr int64_t kDeviceMaxGridX = (int64_t{1} << 31) - 1;
+// At most this many blocks along a grid-stride x dimension.
 constexpr int64_t kMaxGridX = int64_t{1} << 20;
 
 inline unsigned grid_dim(int64_t n, int64_t cap) { return static_cast<unsigned>(n < cap ? (n < 1 ? 1 : n) : cap); }
+
+// A launch grid of x by y blocks (at least one each), checked against the device's limits: a grid
+// beyond them fails here, naming the kernel, rather than as an invalid configuration that the
+// pass reports at its end.
+inline dim3 grid_2d(int64_t x, int64_t y, const char* kernel) {
+  if (x > kDeviceMaxGridX || y > kMaxGridY)
+    fail(LNMLP_ERROR_INTERNAL, "the grid of ", kernel, ", ", x, " x ", y, " blocks, is beyond the device's limits (",
+         kDeviceMaxGridX, " x ", kMaxGridY, ")");
+  return dim3(static_cast<unsigned>(x < 1 ? 1 : x), static_cast<unsigned>(y < 1 ? 1 : y));
+}
 
 inline unsigned column_blocks(int64_t cols) { return static_cast<unsigned>((cols + kColumnThreads - 1) / kColumnThreads); }
 

@@ -197,8 +197,9 @@ template <DType D, Fp8Format F> __global__ void __launch_bounds__(kThreads)
 }
 
 // 128 x 1 blocks down columns, written transposed (cuBLASLt's K-major columnwise operand): a block
-// of threads takes a band of 128 rows by 32 columns through shared memory; column c of band b gets
-// its scale at b * s_band + c and its 128 codes at codes_t[c * rows + 128 b ..], 16 bytes a thread.
+// of threads takes bands of 128 rows by 32 columns through shared memory (grid-stride over the
+// bands: the grid's y is capped); column c of band b gets its scale at b * s_band + c and its 128
+// codes at codes_t[c * rows + 128 b ..], 16 bytes a thread.
 constexpr int kBandCols = 32;
 template <DType D, Fp8Format F, bool Vec> __global__ void __launch_bounds__(kThreads)
     quantize_cols_transposed_kernel(const storage_t<D>* __restrict__ x, int64_t rows, int64_t cols, BlockScaler<F> sc,
@@ -206,45 +207,51 @@ template <DType D, Fp8Format F, bool Vec> __global__ void __launch_bounds__(kThr
   constexpr int B = static_cast<int>(numerics::kBlockScalingLength);
   __shared__ float tile[B][kBandCols + 1];
   const int t = static_cast<int>(threadIdx.x);
-  const int64_t band = blockIdx.y, r0 = band * B, c0 = static_cast<int64_t>(blockIdx.x) * kBandCols;
-  {  // 8 threads read a row's 32 columns, four each; 32 rows per step
-    const int64_t c = c0 + 4 * (t & 7);
-    const int n = valid4(c, cols);
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kBandCols;
+  for (int64_t band = blockIdx.y; band * B < rows; band += gridDim.y) {
+    const int64_t r0 = band * B;
+    {  // 8 threads read a row's 32 columns, four each; 32 rows per step
+      const int64_t c = c0 + 4 * (t & 7);
+      const int n = valid4(c, cols);
 #pragma unroll
-    for (int i = 0; i < B / 32; ++i) {
-      const int tr = (t >> 3) + 32 * i;
-      const int64_t r = r0 + tr;
-      float v[4] = {};
-      if (r < rows && n > 0) load4<D, Vec>(x + r * cols + c, n, v);
+      for (int i = 0; i < B / 32; ++i) {
+        const int tr = (t >> 3) + 32 * i;
+        const int64_t r = r0 + tr;
+        float v[4] = {};
+        if (r < rows && n > 0) load4<D, Vec>(x + r * cols + c, n, v);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) tile[tr][4 * (t & 7) + j] = v[j];  // outside the tensor: 0
+        for (int j = 0; j < 4; ++j) tile[tr][4 * (t & 7) + j] = v[j];  // outside the tensor: 0
+      }
     }
-  }
-  __syncthreads();
-  const int k = t >> 3, g = t & 7;  // column k of the band, rows 16 g .. 16 g + 15
-  uint32_t m = 0;
+    __syncthreads();
+    const int k = t >> 3, g = t & 7;  // column k of the band, rows 16 g .. 16 g + 15
+    uint32_t m = 0;
 #pragma unroll
-  for (int e = 0; e < 16; ++e) m = amax_bits_max(m, magnitude_bits(tile[16 * g + e][k]));
+    for (int e = 0; e < 16; ++e) m = amax_bits_max(m, magnitude_bits(tile[16 * g + e][k]));
 #pragma unroll
-  for (int o = 1; o < 8; o <<= 1) m = amax_bits_max(m, __shfl_xor_sync(0xffffffffu, m, o));  // the column's 8 threads
-  const numerics::BlockScaleChoice ch = sc.choose(numerics::amax_from_bits(m));
-  const int64_t c = c0 + k, r = r0 + 16 * g;
-  if (c >= cols || r >= rows) return;
-  if (g == 0) sc.store(scales_t, band * s_band + c, ch);
-  alignas(16) uint8_t q[16];
+    for (int o = 1; o < 8; o <<= 1) m = amax_bits_max(m, __shfl_xor_sync(0xffffffffu, m, o));  // the column's 8
+    const numerics::BlockScaleChoice ch = sc.choose(numerics::amax_from_bits(m));
+    const int64_t c = c0 + k, r = r0 + 16 * g;
+    if (c < cols && r < rows) {
+      if (g == 0) sc.store(scales_t, band * s_band + c, ch);
+      alignas(16) uint8_t q[16];
 #pragma unroll
-  for (int e = 0; e < 16; ++e) q[e] = numerics::float_to_fp8<F>(tile[16 * g + e][k] * ch.scale);
-  uint8_t* dst = codes_t + c * rows + r;
-  if (rows % 16 == 0) {
-    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(q);
-  } else {
-    for (int e = 0; e < 16 && r + e < rows; ++e) dst[e] = q[e];
+      for (int e = 0; e < 16; ++e) q[e] = numerics::float_to_fp8<F>(tile[16 * g + e][k] * ch.scale);
+      uint8_t* dst = codes_t + c * rows + r;
+      if (rows % 16 == 0) {
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(q);
+      } else {
+        for (int e = 0; e < 16 && r + e < rows; ++e) dst[e] = q[e];
+      }
+    }
+    __syncthreads();  // the tile is read before the next band refills it
   }
 }
 
-// 128 x 128 weight tiles (BLOCK), one block of threads per tile: its codes in place (codes, the
-// scale at tile_row * s_tile_row + tile_col) and/or transposed (codes_t, the scale at
-// tile_col * s_tile_row_t + tile_row). 32 threads read a row's 128 columns, four each.
+// 128 x 128 weight tiles (BLOCK), one block of threads per tile (grid-stride over the tile rows:
+// the grid's y is capped): its codes in place (codes, the scale at tile_row * s_tile_row +
+// tile_col) and/or transposed (codes_t, the scale at tile_col * s_tile_row_t + tile_row). 32
+// threads read a row's 128 columns, four each.
 template <DType D, Fp8Format F, bool Vec> __global__ void __launch_bounds__(kThreads)
     quantize_tiles_kernel(const storage_t<D>* __restrict__ x, int64_t rows, int64_t cols, BlockScaler<F> sc,
                           uint8_t* __restrict__ codes, void* scales, int64_t s_tile_row, uint8_t* __restrict__ codes_t,
@@ -254,44 +261,48 @@ template <DType D, Fp8Format F, bool Vec> __global__ void __launch_bounds__(kThr
   __shared__ uint8_t tile[B][B + 4];
   __shared__ uint32_t warp_m[kThreads / 32];
   const int tx = static_cast<int>(threadIdx.x & 31), ty = static_cast<int>(threadIdx.x >> 5);
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * B, c0 = static_cast<int64_t>(blockIdx.x) * B;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * B;
   const int64_t c = c0 + 4 * tx;
   const int n = valid4(c, cols);
-  uint32_t m = 0;
-  for (int i = 0; i < B / kRowsPerStep; ++i) {
-    const int64_t r = r0 + ty + kRowsPerStep * i;
-    if (r >= rows || n == 0) continue;
-    float v[4];
-    load4<D, Vec>(x + r * cols + c, n, v);
+  for (int64_t tile_row = blockIdx.y; tile_row * B < rows; tile_row += gridDim.y) {
+    const int64_t r0 = tile_row * B;
+    uint32_t m = 0;
+    for (int i = 0; i < B / kRowsPerStep; ++i) {
+      const int64_t r = r0 + ty + kRowsPerStep * i;
+      if (r >= rows || n == 0) continue;
+      float v[4];
+      load4<D, Vec>(x + r * cols + c, n, v);
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-      if (j < n) m = amax_bits_max(m, magnitude_bits(v[j]));
+      for (int j = 0; j < 4; ++j)
+        if (j < n) m = amax_bits_max(m, magnitude_bits(v[j]));
+    }
+    m = warp_max_bits(m);
+    if (tx == 0) warp_m[ty] = m;
+    __syncthreads();
+    m = 0;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) m = amax_bits_max(m, warp_m[w]);
+    const numerics::BlockScaleChoice ch = sc.choose(numerics::amax_from_bits(m));
+    if (threadIdx.x == 0) {
+      if (codes != nullptr) sc.store(scales, tile_row * s_tile_row + blockIdx.x, ch);
+      if (codes_t != nullptr) sc.store(scales_t, static_cast<int64_t>(blockIdx.x) * s_tile_row_t + tile_row, ch);
+    }
+    for (int i = 0; i < B / kRowsPerStep; ++i) {
+      const int tr = ty + kRowsPerStep * i;
+      const int64_t r = r0 + tr;
+      if (r >= rows || n == 0) continue;
+      float v[4];
+      load4<D, Vec>(x + r * cols + c, n, v);
+      uint8_t q[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) q[j] = numerics::float_to_fp8<F>(v[j] * ch.scale);
+      if (codes != nullptr) store_codes4<Vec>(codes + r * cols + c, n, q);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) tile[tr][4 * tx + j] = q[j];
+    }
+    if (codes_t != nullptr) write_transposed_codes<B, kThreads>(tile, r0, c0, rows, cols, 0, codes_t);  // uniform
+    __syncthreads();  // warp_m and the tile are read before the next tile row refills them
   }
-  m = warp_max_bits(m);
-  if (tx == 0) warp_m[ty] = m;
-  __syncthreads();
-  m = 0;
-#pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) m = amax_bits_max(m, warp_m[w]);
-  const numerics::BlockScaleChoice ch = sc.choose(numerics::amax_from_bits(m));
-  if (threadIdx.x == 0) {
-    if (codes != nullptr) sc.store(scales, static_cast<int64_t>(blockIdx.y) * s_tile_row + blockIdx.x, ch);
-    if (codes_t != nullptr) sc.store(scales_t, static_cast<int64_t>(blockIdx.x) * s_tile_row_t + blockIdx.y, ch);
-  }
-  for (int i = 0; i < B / kRowsPerStep; ++i) {
-    const int tr = ty + kRowsPerStep * i;
-    const int64_t r = r0 + tr;
-    if (r >= rows || n == 0) continue;
-    float v[4];
-    load4<D, Vec>(x + r * cols + c, n, v);
-    uint8_t q[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) q[j] = numerics::float_to_fp8<F>(v[j] * ch.scale);
-    if (codes != nullptr) store_codes4<Vec>(codes + r * cols + c, n, q);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) tile[tr][4 * tx + j] = q[j];
-  }
-  if (codes_t != nullptr) write_transposed_codes<B, kThreads>(tile, r0, c0, rows, cols, 0, codes_t);  // uniform
 }
 
 // ---- decoding into GEMM operands (emulated recipes) --------------------------------------------
@@ -356,13 +367,12 @@ template <DType D, bool Vec> __global__ void __launch_bounds__(kThreads)
 unsigned flat_grid(int64_t n) { return grid_dim((n + 4 * kThreads - 1) / (4 * kThreads), 8192); }
 
 // Rows over y, four columns a thread over x.
-dim3 row_grid(int64_t rows, int64_t cols) {
-  return dim3(grid_dim((cols + 4 * kThreads - 1) / (4 * kThreads), 64), grid_dim(rows, kMaxGridY));
+dim3 row_grid(int64_t rows, int64_t cols, const char* kernel) {
+  return grid_2d(grid_dim((cols + 4 * kThreads - 1) / (4 * kThreads), 64), grid_dim(rows, grid_y_cap()), kernel);
 }
 
-dim3 tile_grid(int64_t rows, int64_t cols) {
-  return dim3(static_cast<unsigned>((cols + kTileDim - 1) / kTileDim),
-              grid_dim((rows + kTileDim - 1) / kTileDim, kMaxGridY));
+dim3 tile_grid(int64_t rows, int64_t cols, const char* kernel) {
+  return grid_2d((cols + kTileDim - 1) / kTileDim, grid_dim((rows + kTileDim - 1) / kTileDim, grid_y_cap()), kernel);
 }
 
 }  // namespace
@@ -395,15 +405,21 @@ void fp8_quantize_per_tensor(DType in, Fp8Format f, const void* x, int64_t rows,
     constexpr DType D = decltype(tag)::value;
     const auto* xs = static_cast<const storage_t<D>*>(x);
     if (vec4(cols))
-      quantize_tile_kernel<D, true><<<tile_grid(rows, cols), kTileThreads, 0, stream>>>(xs, rows, cols, o);
-    else quantize_tile_kernel<D, false><<<tile_grid(rows, cols), kTileThreads, 0, stream>>>(xs, rows, cols, o);
+      quantize_tile_kernel<D, true>
+          <<<tile_grid(rows, cols, "quantize_tile_kernel"), kTileThreads, 0, stream>>>(xs, rows, cols, o);
+    else
+      quantize_tile_kernel<D, false>
+          <<<tile_grid(rows, cols, "quantize_tile_kernel"), kTileThreads, 0, stream>>>(xs, rows, cols, o);
   });
 }
 
 void fp8_transpose_codes(const uint8_t* codes, int64_t rows, int64_t cols, uint8_t* out, cudaStream_t stream) {
   if (vec4(cols))
-    transpose_codes_kernel<true><<<tile_grid(rows, cols), kTileThreads, 0, stream>>>(codes, rows, cols, out);
-  else transpose_codes_kernel<false><<<tile_grid(rows, cols), kTileThreads, 0, stream>>>(codes, rows, cols, out);
+    transpose_codes_kernel<true>
+        <<<tile_grid(rows, cols, "transpose_codes_kernel"), kTileThreads, 0, stream>>>(codes, rows, cols, out);
+  else
+    transpose_codes_kernel<false>
+        <<<tile_grid(rows, cols, "transpose_codes_kernel"), kTileThreads, 0, stream>>>(codes, rows, cols, out);
 }
 
 void fp8_delayed_update(float* state_q, int32_t history_len, const uint32_t* amax_bits, bool use_max, float fmt_max,
@@ -435,7 +451,7 @@ template <DType D, Fp8Format F> void launch_tiles(const storage_t<D>* x, int64_t
                                                   int64_t s_tile_row, uint8_t* codes_t, void* scales_t,
                                                   int64_t s_tile_row_t, cudaStream_t stream) {
   const int64_t b = numerics::kBlockScalingLength;
-  const dim3 grid(static_cast<unsigned>((cols + b - 1) / b), static_cast<unsigned>((rows + b - 1) / b));
+  const dim3 grid = grid_2d((cols + b - 1) / b, grid_dim((rows + b - 1) / b, grid_y_cap()), "quantize_tiles_kernel");
   if (vec4(cols))
     quantize_tiles_kernel<D, F, true>
         <<<grid, kThreads, 0, stream>>>(x, rows, cols, sc, codes, scales, s_tile_row, codes_t, scales_t, s_tile_row_t);
@@ -461,7 +477,8 @@ void fp8_quantize_blocked(DType in, const QuantKind& k, const void* x, int64_t r
       } else if (k.contract == Contract::Cols) {
         launch_rows<D, F>(k, xs, rows, cols, sc, codes, scales, numerics::num_blocks(cols, b), 1, stream);
       } else {
-        const dim3 grid(column_blocks(cols), grid_dim((rows + b - 1) / b, kMaxGridY));
+        const dim3 grid =
+            grid_2d(column_blocks(cols), grid_dim((rows + b - 1) / b, grid_y_cap()), "quantize_cols_kernel");
         quantize_cols_kernel<D, F><<<grid, kThreads, 0, stream>>>(xs, rows, cols, b, sc, codes, scales);
       }
     });
@@ -488,8 +505,8 @@ void fp8_quantize_blocked_native(DType in, const QuantKind& k, const void* x, in
       if (codes != nullptr)  // [outer = rows, K = cols]: scale (c / 128) * round_up4(rows) + r
         launch_rows<D, F>(k, xs, rows, cols, sc, codes, scales, 1, round_up4(rows), stream);
       if (codes_t != nullptr) {  // [outer = cols, K = rows]: scale (r / 128) * round_up4(cols) + c
-        const dim3 grid(static_cast<unsigned>((cols + kBandCols - 1) / kBandCols),
-                        grid_dim(num_blocks(rows, b), kMaxGridY));
+        const dim3 grid = grid_2d((cols + kBandCols - 1) / kBandCols, grid_dim(num_blocks(rows, b), grid_y_cap()),
+                                  "quantize_cols_transposed_kernel");
         if (vec4(cols))
           quantize_cols_transposed_kernel<D, F, true>
               <<<grid, kThreads, 0, stream>>>(xs, rows, cols, sc, codes_t, scales_t, round_up4(cols));
@@ -505,7 +522,7 @@ void fp8_decode_operand(const QuantKind& k, const uint8_t* codes, const void* sc
                         bool f32_out, void* out, cudaStream_t stream) {
   const numerics::ScaleLayout layout = k.scale_layout();
   const bool e8m0 = k.recipe == Recipe::Mxfp8;
-  const dim3 grid = row_grid(rows, cols);
+  const dim3 grid = row_grid(rows, cols, "decode_kernel");
   with_fp8(k.format, [&](auto ft) {
     constexpr Fp8Format F = decltype(ft)::value;
     auto launch = [&](auto b) {
@@ -525,7 +542,7 @@ void bias_round(DType d, const float* acc, int64_t rows, int64_t cols, const voi
     constexpr DType D = decltype(tag)::value;
     const auto* b = static_cast<const storage_t<D>*>(bias);
     auto* o = static_cast<storage_t<D>*>(out);
-    const dim3 grid = row_grid(rows, cols);
+    const dim3 grid = row_grid(rows, cols, "bias_round_kernel");
     if (vec4(cols)) bias_round_kernel<D, true><<<grid, kThreads, 0, stream>>>(acc, rows, cols, b, accumulate, o);
     else bias_round_kernel<D, false><<<grid, kThreads, 0, stream>>>(acc, rows, cols, b, accumulate, o);
   });

@@ -89,6 +89,11 @@ struct Fp8Out {
 // into out (NULL: not written), rounded to the dtype, or unrounded in fp32 when out_f32 (FP8
 // recipes quantize that), with fp8's amax and rowwise codes (not codes_t) made in the same pass.
 // mu is NULL for rmsnorm.
+// The most blocks a launch puts along a grid-stride y dimension, the kernels looping over the rest:
+// the device's limit (65535), lowered only by the kernel tests so that those loops run at small
+// sizes.
+int64_t& grid_y_cap();
+
 void norm_forward(DType d, const NormSpec& s, const void* x, const void* gamma, const void* beta, bool compute_stats,
                   float* mu, float* rs, void* out, bool out_f32, const Fp8Out& fp8, cudaStream_t stream);
 

@@ -191,7 +191,7 @@ void norm_param_grads(DType d, const NormSpec& s, const Chunking& ch, const floa
                       const float* rs, float* dgamma_partials, float* dbeta_partials, cudaStream_t stream) {
   with_dtype(d, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
-    const dim3 grid(column_blocks(s.hidden), static_cast<unsigned>(ch.chunks));
+    const dim3 grid = grid_2d(column_blocks(s.hidden), ch.chunks, "norm_param_kernel");
     norm_param_kernel<D><<<grid, kColumnThreads, 0, stream>>>(s, ch, dn, static_cast<const storage_t<D>*>(x), mu, rs,
                                                                dgamma_partials, dbeta_partials);
   });

@@ -3,6 +3,12 @@
 #include "device_util.cuh"
 
 namespace lnmlp::cuda {
+
+int64_t& grid_y_cap() {
+  static int64_t cap = kMaxGridY;
+  return cap;
+}
+
 namespace {
 
 template <DType D>
@@ -35,7 +41,7 @@ void column_sums(DType d, const Chunking& ch, int64_t rows, int64_t cols, const 
                  cudaStream_t stream) {
   with_dtype(d, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
-    const dim3 grid(column_blocks(cols), static_cast<unsigned>(ch.chunks));
+    const dim3 grid = grid_2d(column_blocks(cols), ch.chunks, "column_sums_kernel");
     column_sums_kernel<D><<<grid, kColumnThreads, 0, stream>>>(ch, rows, cols, static_cast<const storage_t<D>*>(in),
                                                                partials);
   });

@@ -19,6 +19,7 @@
 #include "cpu/fp8_operands.h"
 #include "cpu/kernels.h"
 #include "cuda/fp8_kernels.h"
+#include "cuda/kernels.h"
 #include "kernel_test_util.h"
 #include "numerics/scaling.h"
 
@@ -239,7 +240,22 @@ TEST(CudaFp8KernelsPerTensor, DelayedUpdateOfLongHistoriesIsTheCpuBackends) {
 // backend's codes and scales, moved to cuBLASLt's layouts (numerics/quantize.h): rowwise codes in
 // place with their 1 x 128 scales by K-block; columnwise codes transposed with the scales of the
 // 128 x 1 blocks down the columns; 128 x 128 weight tiles in both orientations from one pass.
-TEST(CudaFp8KernelsNativeBlock, LayoutsHoldTheCpuBackendsCodesAndScales) {
+// Run once with the launches' y dimension at the device's limit, and once capped at one block, so
+// that the kernels' loops over bands and tile rows (what covers tensors of more than 65535 of them)
+// write every band too.
+class CudaFp8KernelsNativeBlock : public ::testing::TestWithParam<int64_t> {
+ protected:
+  void SetUp() override {
+    saved_cap_ = lnmlp::cuda::grid_y_cap();
+    if (GetParam() > 0) lnmlp::cuda::grid_y_cap() = GetParam();
+  }
+  void TearDown() override { lnmlp::cuda::grid_y_cap() = saved_cap_; }
+
+ private:
+  int64_t saved_cap_ = 0;
+};
+
+TEST_P(CudaFp8KernelsNativeBlock, LayoutsHoldTheCpuBackendsCodesAndScales) {
   SKIP_WITHOUT_DEVICE();
   using lnmlp::numerics::gemm_blk128_scale_index;
   using lnmlp::numerics::gemm_block_scale_count;
@@ -310,6 +326,11 @@ TEST(CudaFp8KernelsNativeBlock, LayoutsHoldTheCpuBackendsCodesAndScales) {
           EXPECT_EQ(first_difference(gcodes_t, dalone.host()), -1) << "columnwise codes alone";
         }
 }
+
+INSTANTIATE_TEST_SUITE_P(GridY, CudaFp8KernelsNativeBlock, ::testing::Values(int64_t{0}, int64_t{1}),
+                         [](const ::testing::TestParamInfo<int64_t>& i) {
+                           return i.param == 0 ? std::string("device_limit") : "capped_at_" + std::to_string(i.param);
+                         });
 
 // The GEMM epilogue after a collective or an fp32 staging: rnd(acc + bias), also in place.
 TEST(CudaFp8KernelsEpilogue, BiasRoundIsTheCpuBackendsAlsoInPlace) {
