@@ -59,6 +59,9 @@ declare -A GPU_TESTS_FILTER=(
 )
 
 # ---- reading logs ----------------------------------------------------------------------------
+# What the GPU tests print when they skip for want of a usable GPU (the reason follows it).
+GPU_CHECK_NO_GPU_PATTERN='no usable GPU|no CUDA device'
+
 # pass, timeout or fail(rc N) from an exit status (timeout(1) exits 124; 137 is its KILL).
 gpu_check_verdict() {
   case "$1" in
@@ -75,7 +78,7 @@ gpu_check_gtest_counts() {
   p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log" 2>/dev/null | tail -n1)
   s=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$log" 2>/dev/null | tail -n1)
   f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$log" 2>/dev/null | tail -n1)
-  why=$(grep -m1 -E 'no usable GPU|no CUDA device' "$log" 2>/dev/null | sed 's/^[^:]*: */; /' | cut -c1-240)
+  why=$(grep -m1 -E "$GPU_CHECK_NO_GPU_PATTERN" "$log" 2>/dev/null | sed 's/^[^:]*: */; /' | cut -c1-240)
   if [ -z "$p$s$f" ] && [ -f "$log" ] && ! grep -q '^\[==========\] .* ran\.' "$log"; then
     p=$(grep -c '^\[       OK \] ' "$log")
     s=$(grep -c '^\[  SKIPPED \] .*(' "$log")
@@ -93,7 +96,7 @@ gpu_check_gtest_counts() {
 # without one. $3: 1 where the machine has a GPU.
 gpu_check_tests_status() {
   local log=$1 rc=$2 have_gpu=$3
-  if [ "$rc" -eq 0 ] && grep -q -E 'no usable GPU|no CUDA device' "$log" 2>/dev/null; then
+  if [ "$rc" -eq 0 ] && grep -q -E "$GPU_CHECK_NO_GPU_PATTERN" "$log" 2>/dev/null; then
     if [ "$have_gpu" -eq 1 ]; then echo "fail(the GPU is not usable by the tests)"; else echo "pass; GPU tests skipped: no GPU"; fi
     return
   fi

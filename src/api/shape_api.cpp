@@ -24,7 +24,6 @@ Shape shape_of(const lnmlp_plan& plan, int32_t tensor, int64_t tokens) {
   const int32_t io = static_cast<int32_t>(c.dtype);
   const int32_t wt = static_cast<int32_t>(c.weight_type());      // W1, W2
   const int32_t wg = static_cast<int32_t>(c.param_grad_type());  // dW1, db1, dW2, db2
-  const bool out_in = c.weights_out_in();                        // W1, W2 and their gradients
   const auto make = [&](bool present, std::initializer_list<int64_t> dims, int32_t dtype) {
     Shape s;
     if (!present) return s;
@@ -34,6 +33,11 @@ Shape shape_of(const lnmlp_plan& plan, int32_t tensor, int64_t tokens) {
     s.dtype = dtype;
     return s;
   };
+  // W1 and W2 (or their gradients, in `dtype`) in the plan's weight layout: in x out [H, A, F] and
+  // [F, H], or out x in [A, F, H] and [H, F].
+  const bool out_in = c.weights_out_in();
+  const auto w1 = [&](int32_t dtype) { return out_in ? make(true, {A, F, H}, dtype) : make(true, {H, A, F}, dtype); };
+  const auto w2 = [&](int32_t dtype) { return out_in ? make(true, {H, F}, dtype) : make(true, {F, H}, dtype); };
   switch (tensor) {
     case LNMLP_TENSOR_X:
     case LNMLP_TENSOR_Y:
@@ -43,12 +47,12 @@ Shape shape_of(const lnmlp_plan& plan, int32_t tensor, int64_t tokens) {
     case LNMLP_TENSOR_DGAMMA: return make(true, {H}, io);
     case LNMLP_TENSOR_BETA:
     case LNMLP_TENSOR_DBETA: return make(c.has_beta(), {H}, io);
-    case LNMLP_TENSOR_W1: return out_in ? make(true, {A, F, H}, wt) : make(true, {H, A, F}, wt);
-    case LNMLP_TENSOR_DW1: return out_in ? make(true, {A, F, H}, wg) : make(true, {H, A, F}, wg);
+    case LNMLP_TENSOR_W1: return w1(wt);
+    case LNMLP_TENSOR_DW1: return w1(wg);
     case LNMLP_TENSOR_B1: return make(c.has_bias1, {A, F}, io);
     case LNMLP_TENSOR_DB1: return make(c.has_bias1, {A, F}, wg);
-    case LNMLP_TENSOR_W2: return out_in ? make(true, {H, F}, wt) : make(true, {F, H}, wt);
-    case LNMLP_TENSOR_DW2: return out_in ? make(true, {H, F}, wg) : make(true, {F, H}, wg);
+    case LNMLP_TENSOR_W2: return w2(wt);
+    case LNMLP_TENSOR_DW2: return w2(wg);
     case LNMLP_TENSOR_B2: return make(c.has_bias2, {H}, io);
     case LNMLP_TENSOR_DB2: return make(c.has_bias2, {H}, wg);
     case LNMLP_TENSOR_SAVED: {

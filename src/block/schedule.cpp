@@ -59,16 +59,14 @@ struct Pass {
   const float* forward_scales = nullptr;  // backward: those scales
 
   Mat io(const void* p, int64_t rows, int64_t cols) const { return mat(p, D, rows, cols); }
-  // dW1, db1, dW2 or db2: in their dtype, added into when they accumulate.
-  Mat param_grad(Mat m) const {
+  // dW1, db1, dW2 or db2 (in their dtype, added into when they accumulate): db1 or db2 as [1, n],
+  // dW1 or dW2 in the weights' layout.
+  Mat accumulating(Mat m) const {
     m.accumulate = c.accumulate_grads;
     return m;
   }
-  Mat weight_grad(void* p, int64_t rows, int64_t cols) const {
-    return param_grad(mat(p, c.param_grad_type(), rows, cols));
-  }
-  // dW1 or dW2, in the weights' layout.
-  Mat weight_grad(int w, void* p) const { return param_grad(weight_matrix(w, p, c.param_grad_type())); }
+  Mat bias_grad(void* p, int64_t n) const { return accumulating(mat(p, c.param_grad_type(), 1, n)); }
+  Mat weight_grad(int w, void* p) const { return accumulating(weight_matrix(w, p, c.param_grad_type())); }
   Mat f32(const void* p, int64_t rows, int64_t cols) const { return mat(p, DType::F32, rows, cols); }
   Mat take(DType t, int64_t rows, int64_t cols, const char* what) {
     return mat(ws.take_bytes(checked_mul(rows, cols, what), numerics::dtype_bytes(t), what), t, rows, cols);
@@ -549,8 +547,8 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
   float* group = ws.take_if<float>(p.sp, H, "group-summed parameter gradient");
   param_grad(p, ColumnSum::Dgamma, part_dg, p.io(a.dgamma, 1, H), true, group);
   if (c.has_beta()) param_grad(p, ColumnSum::Dbeta, part_dbeta, p.io(a.dbeta, 1, H), true, group);
-  if (c.has_bias1) param_grad(p, ColumnSum::Db1, part_db1, p.weight_grad(a.db1, 1, AF), false, nullptr);
-  if (c.has_bias2) param_grad(p, ColumnSum::Db2, part_db2, p.weight_grad(a.db2, 1, H), true, group);
+  if (c.has_bias1) param_grad(p, ColumnSum::Db1, part_db1, p.bias_grad(a.db1, AF), false, nullptr);
+  if (c.has_bias2) param_grad(p, ColumnSum::Db2, part_db2, p.bias_grad(a.db2, H), true, group);
 
   // 8. Delayed scaling: the backward quantizers move on.
   if (p.r.stateful())
