@@ -12,22 +12,26 @@
 # gpu_check_limits_fit says so, and the lib test checks it.
 GPU_CHECK_BUDGET=270
 GPU_CHECK_RESERVE=20
-GPU_CHECK_STEPS=(libraries kernels tests-basic tests-fp8 tests-numerics nccl memcheck bench peers)
+GPU_CHECK_STEPS=(libraries kernels tests-basic tests-fp8 tests-numerics sync-rerun nccl memcheck bench peers)
 declare -A GPU_CHECK_LIMIT=(
   [libraries]=0        # ldd only: inside the reserve
   [kernels]=20         # lnmlp_gpu_kernel_tests
   [tests-basic]=25     # lnmlp_gpu_tests, the shards below, most telling first
   [tests-fp8]=35
   [tests-numerics]=55  # about 220 configurations x 4 remat policies, each against the CPU backend
+  [sync-rerun]=20      # the shards' failed tests again under LNMLP_CUDA_SYNC_CHECK=1 (at most
+                       # GPU_CHECK_RERUN_MAX), so that a kernel's fault names the kernel
   [nccl]=20            # one-rank NCCL tests
-  [memcheck]=40        # compute-sanitizer on a few tests (10-50x slower than without)
-  [bench]=30           # lnmlp-gpu-bench --quick
-  [peers]=25           # torch eager, JAX, then torch.compile (cold: it may not finish; eager and JAX
+  [memcheck]=30        # compute-sanitizer on a few tests (10-50x slower than without)
+  [bench]=25           # lnmlp-gpu-bench --quick
+  [peers]=20           # torch eager, JAX, then torch.compile (cold: it may not finish; eager and JAX
                        # have reported by then)
 )
-# The steps whose result is the check's verdict (summary.json's "ok", the exit status). bench and
-# peers only report figures: a failure or timeout there is shown, and does not fail the check.
-GPU_CHECK_REPORT_STEPS=(bench peers)
+GPU_CHECK_RERUN_MAX=10
+# The steps whose result is the check's verdict (summary.json's "ok", the exit status). The rerun
+# explains failures the shards already counted; bench and peers only report figures: a failure or
+# timeout there is shown, and does not fail the check.
+GPU_CHECK_REPORT_STEPS=(sync-rerun bench peers)
 
 gpu_check_limits_sum() {
   local s sum=0
@@ -88,6 +92,20 @@ gpu_check_gtest_counts() {
     why="$why; cut short after $((p + s + f)) tests${last:+, in $last}"
   fi
   echo "${p:-0} passed, ${s:-0} skipped, ${f:-0} failed$why"
+}
+
+# The tests a GoogleTest log shows failing, one per line: each "[  FAILED  ] name" (the list under
+# the summary repeats them: once each), and the test a crash or a timeout cut (the last
+# "[ RUN      ]" with no result after it). Nothing when none failed.
+gpu_check_failed_tests() {
+  local log=$1
+  [ -f "$log" ] || return 0
+  {
+    sed -n 's/^\[  FAILED  \] \([^ ,]*\).*/\1/p' "$log" | grep -v '^[0-9]*$'
+    awk '/^\[ RUN      \] / { test = $4; open = 1 }
+         /^\[       OK \] |^\[  FAILED  \] |^\[  SKIPPED \] / { open = 0 }
+         END { if (open) print test }' "$log"
+  } | awk 'NF && !seen[$0]++'
 }
 
 # The status of a GPU test step from its log and exit status: the verdict, except that tests

@@ -13,13 +13,17 @@
 #              tests-numerics (every configuration against the CPU backend); cuBLASLt logs its
 #              errors and heuristic status into cublaslt-<shard>-<pid>.log, so that a refused GEMM
 #              says why;
+#   sync-rerun the tests the shards saw fail (or crash in), at most GPU_CHECK_RERUN_MAX, again with
+#              LNMLP_CUDA_SYNC_CHECK=1: every launch waits for its stream, so that a kernel's fault
+#              is reported naming the kernel rather than a later call (its detail quotes the line);
 #   nccl       the one-rank NCCL tests (lnmlp_gpu_sharding_tests), where the machine has
 #              libnccl.so.2 (218 MB: it cannot travel in the carry);
 #   memcheck   compute-sanitizer --tool memcheck on a small set of the tests ("skipped: sanitizer
 #              unsupported" where it cannot instrument this GPU, as in gVisor sandboxes);
 #   bench      lnmlp-gpu-bench --quick (the block and its GEMMs alone, in one run);
 #   peers      bench/gpu/torch_peer.py --quick (PyTorch eager, JAX, torch.compile), where installed.
-# bench and peers report figures only: their failure or timeout does not fail the check.
+# sync-rerun explains, bench and peers report figures: their failure or timeout does not fail the
+# check.
 # Writes into ${OUT:-./gpu-check-out}: summary.json (always, also when a step fails or the script
 # is interrupted), gpu-check.log, one log per step (each kept under 2 MiB), and the carried
 # build's MANIFEST (the commit it was built from).
@@ -28,6 +32,8 @@
 #   OUT=dir bash scripts/gpu-check.sh --dry-run   here, without a GPU: every step that can run
 #                                                 without one runs, the rest say "skipped: no GPU";
 #                                                 exit status 0 when nothing failed (CI runs it)
+#   OUT=dir bash scripts/gpu-check.sh --sync-check   every step with LNMLP_CUDA_SYNC_CHECK=1 (a
+#                                                 rerun that hunts a fault; slower)
 #
 # The carried build: LNMLP_GPU_BUILD (default build/gpu), or its archive build/gpu.tar.gz, which
 # is unpacked beside it. LD_LIBRARY_PATH may be unset.
@@ -37,12 +43,15 @@ cd "$(dirname "$0")/.."
 source scripts/gpu-check-lib.sh
 
 dry_run=0
+sync_check=0
 for a in "$@"; do
   case "$a" in
     --dry-run) dry_run=1 ;;
-    *) echo "usage: OUT=dir bash scripts/gpu-check.sh [--dry-run]" >&2; exit 2 ;;
+    --sync-check) sync_check=1 ;;
+    *) echo "usage: OUT=dir bash scripts/gpu-check.sh [--dry-run] [--sync-check]" >&2; exit 2 ;;
   esac
 done
+[ $sync_check -eq 1 ] && export LNMLP_CUDA_SYNC_CHECK=1
 out=${OUT:-./gpu-check-out}
 mkdir -p "$out"
 carry=${LNMLP_GPU_BUILD:-build/gpu}
@@ -98,10 +107,12 @@ write_summary() {
   all_ok && ok=true
   steps_ok report && report_ok=true
   {
-    printf '{\n "dry_run": %s,\n "gpu": %s,\n' "$([ $dry_run -eq 1 ] && echo true || echo false)" "$(json_string "$gpu_name")"
+    printf '{\n "dry_run": %s,\n "sync_check": %s,\n "gpu": %s,\n' "$([ $dry_run -eq 1 ] && echo true || echo false)" \
+      "$([ $sync_check -eq 1 ] && echo true || echo false)" "$(json_string "$gpu_name")"
     printf ' "carried_build": %s,\n "tree_commit": %s,\n' "$(json_string "$built_from")" "$(json_string "$tree_commit")"
     printf ' "seconds": %d,\n "budget_seconds": %d,\n "ok": %s,\n "report_ok": %s,\n' "$(elapsed)" "$budget" "$ok" "$report_ok"
-    printf ' "report_steps": ["bench", "peers"],\n "steps": {'
+    printf ' "report_steps": [%s],\n "steps": {' \
+      "$(for s in "${GPU_CHECK_REPORT_STEPS[@]}"; do json_string "$s"; printf ', '; done | sed 's/, $//')"
     for s in "${steps[@]}"; do
       if [ $first -eq 0 ]; then printf ','; fi
       first=0
@@ -257,6 +268,22 @@ for shard in "${GPU_TESTS_SHARDS[@]}"; do
   fi
   log "   ${status[$shard]}: ${detail[$shard]}"
 done
+
+# ---- sync-rerun (explains; does not gate) ---------------------------------------------------
+rerun=$(for shard in "${GPU_TESTS_SHARDS[@]}"; do gpu_check_failed_tests "$out/$shard.log"; done |
+  awk '!seen[$0]++' | head -n "$GPU_CHECK_RERUN_MAX" | paste -sd: -)
+if [ -z "$rerun" ]; then
+  status[sync-rerun]="skipped: no test failed"
+else
+  log "sync-rerun: LNMLP_CUDA_SYNC_CHECK=1 lnmlp_gpu_tests --gtest_filter=$rerun"
+  if LNMLP_CUDA_SYNC_CHECK=1 CUBLASLT_LOG_MASK=9 CUBLASLT_LOG_FILE="$out/cublaslt-sync-rerun-%i.log" \
+    run_step sync-rerun "$carry/bin/lnmlp_gpu_tests" --gtest_filter="$rerun"; then
+    status[sync-rerun]=$(gpu_check_verdict "$rc")
+    named=$(grep -m1 -E 'failed while running|the launch of' "$out/sync-rerun.log" | cut -c1-400)
+    detail[sync-rerun]="$(gpu_check_gtest_counts "$out/sync-rerun.log")${named:+; $named}"
+  fi
+fi
+log "   sync-rerun: ${status[sync-rerun]} ${detail[sync-rerun]}"
 
 # ---- nccl ------------------------------------------------------------------------------------
 if [ ! -x "$carry/bin/lnmlp_gpu_sharding_tests" ]; then

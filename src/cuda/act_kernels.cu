@@ -101,7 +101,8 @@ template <DType D, bool Vec> __global__ void __launch_bounds__(kTileThreads)
 }
 
 void zero_amax(const Fp8Out& o, cudaStream_t stream) {
-  if (o.amax_bits != nullptr) cudaMemsetAsync(o.amax_bits, 0, sizeof(uint32_t), stream);
+  if (o.amax_bits != nullptr)
+    cuda_check(cudaMemsetAsync(o.amax_bits, 0, sizeof(uint32_t), stream), "cudaMemsetAsync (the activation's amax)");
 }
 
 }  // namespace
@@ -117,6 +118,7 @@ void act_forward(DType d, const ActSpec& s, const void* h, void* act, bool act_f
     if (vec4(s.ffn)) act_forward_kernel<D, true><<<grid, kTileThreads, 0, stream>>>(s, hs, act, act_f32, fp8);
     else act_forward_kernel<D, false><<<grid, kTileThreads, 0, stream>>>(s, hs, act, act_f32, fp8);
   });
+  check_launch("act_forward_kernel", stream);
 }
 
 void act_backward(DType d, const ActSpec& s, const Chunking& ch, const float* dact, const void* h, void* dh,
@@ -131,6 +133,7 @@ void act_backward(DType d, const ActSpec& s, const Chunking& ch, const float* da
     else
       act_backward_kernel<D, false><<<grid, kTileThreads, 0, stream>>>(s, ch, dact, hs, dh, dh_f32, fp8, db1_partials);
   });
+  check_launch("act_backward_kernel", stream);
 }
 
 }  // namespace lnmlp::cuda

@@ -3,7 +3,7 @@
 // dtype and activation dispatch are src/numerics/'s.
 #pragma once
 
-#include "common/error.h"
+#include "check.h"
 #include "kernels.h"
 #include "numerics/activation.h"
 #include "numerics/dtype.h"

@@ -378,13 +378,14 @@ dim3 tile_grid(int64_t rows, int64_t cols, const char* kernel) {
 }  // namespace
 
 void fp8_amax(DType in, const void* x, int64_t n, uint32_t* amax_bits, cudaStream_t stream) {
-  cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), stream);
+  cuda_check(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), stream), "cudaMemsetAsync (an amax)");
   with_dtype(in, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     const auto* xs = static_cast<const storage_t<D>*>(x);
     if (vec4(n)) amax_kernel<D, true><<<flat_grid(n), kThreads, 0, stream>>>(xs, n, amax_bits);
     else amax_kernel<D, false><<<flat_grid(n), kThreads, 0, stream>>>(xs, n, amax_bits);
   });
+  check_launch("amax_kernel", stream);
 }
 
 void fp8_per_tensor_scale(const float* given, const float* state_scale, const uint32_t* amax_bits, float fmt_max,
@@ -392,6 +393,7 @@ void fp8_per_tensor_scale(const float* given, const float* state_scale, const ui
                           cudaStream_t stream) {
   per_tensor_scale_kernel<<<1, 1, 0, stream>>>(given, state_scale, amax_bits, fmt_max, power_2_scale, amax_epsilon,
                                                scale_out, used_out);
+  check_launch("per_tensor_scale_kernel", stream);
 }
 
 void fp8_quantize_per_tensor(DType in, Fp8Format f, const void* x, int64_t rows, int64_t cols, const float* scale,
@@ -411,6 +413,7 @@ void fp8_quantize_per_tensor(DType in, Fp8Format f, const void* x, int64_t rows,
       quantize_tile_kernel<D, false>
           <<<tile_grid(rows, cols, "quantize_tile_kernel"), kTileThreads, 0, stream>>>(xs, rows, cols, o);
   });
+  check_launch("quantize_tile_kernel", stream);
 }
 
 void fp8_transpose_codes(const uint8_t* codes, int64_t rows, int64_t cols, uint8_t* out, cudaStream_t stream) {
@@ -420,11 +423,13 @@ void fp8_transpose_codes(const uint8_t* codes, int64_t rows, int64_t cols, uint8
   else
     transpose_codes_kernel<false>
         <<<tile_grid(rows, cols, "transpose_codes_kernel"), kTileThreads, 0, stream>>>(codes, rows, cols, out);
+  check_launch("transpose_codes_kernel", stream);
 }
 
 void fp8_delayed_update(float* state_q, int32_t history_len, const uint32_t* amax_bits, bool use_max, float fmt_max,
                         int32_t margin, cudaStream_t stream) {
   delayed_update_kernel<<<1, kHistoryThreads, 0, stream>>>(state_q, history_len, amax_bits, use_max, fmt_max, margin);
+  check_launch("delayed_update_kernel", stream);
 }
 
 namespace {
@@ -444,6 +449,7 @@ template <DType D, Fp8Format F> void launch_rows(const QuantKind& k, const stora
   else
     quantize_rows_kernel<D, F, 128, false>
         <<<grid, kThreads, 0, stream>>>(x, rows, cols, sc, codes, scales, s_row, s_block);
+  check_launch("quantize_rows_kernel", stream);
 }
 
 template <DType D, Fp8Format F> void launch_tiles(const storage_t<D>* x, int64_t rows, int64_t cols,
@@ -458,6 +464,7 @@ template <DType D, Fp8Format F> void launch_tiles(const storage_t<D>* x, int64_t
   else
     quantize_tiles_kernel<D, F, false>
         <<<grid, kThreads, 0, stream>>>(x, rows, cols, sc, codes, scales, s_tile_row, codes_t, scales_t, s_tile_row_t);
+  check_launch("quantize_tiles_kernel", stream);
 }
 
 }  // namespace
@@ -480,6 +487,7 @@ void fp8_quantize_blocked(DType in, const QuantKind& k, const void* x, int64_t r
         const dim3 grid =
             grid_2d(column_blocks(cols), grid_dim((rows + b - 1) / b, grid_y_cap()), "quantize_cols_kernel");
         quantize_cols_kernel<D, F><<<grid, kThreads, 0, stream>>>(xs, rows, cols, b, sc, codes, scales);
+        check_launch("quantize_cols_kernel", stream);
       }
     });
   });
@@ -513,6 +521,7 @@ void fp8_quantize_blocked_native(DType in, const QuantKind& k, const void* x, in
         else
           quantize_cols_transposed_kernel<D, F, false>
               <<<grid, kThreads, 0, stream>>>(xs, rows, cols, sc, codes_t, scales_t, round_up4(cols));
+        check_launch("quantize_cols_transposed_kernel", stream);
       }
     });
   });
@@ -534,6 +543,7 @@ void fp8_decode_operand(const QuantKind& k, const uint8_t* codes, const void* sc
     if (k.block() == 32) launch(std::integral_constant<int, 32>{});
     else launch(std::integral_constant<int, 128>{});
   });
+  check_launch("decode_kernel", stream);
 }
 
 void bias_round(DType d, const float* acc, int64_t rows, int64_t cols, const void* bias, bool accumulate, void* out,
@@ -546,6 +556,7 @@ void bias_round(DType d, const float* acc, int64_t rows, int64_t cols, const voi
     if (vec4(cols)) bias_round_kernel<D, true><<<grid, kThreads, 0, stream>>>(acc, rows, cols, b, accumulate, o);
     else bias_round_kernel<D, false><<<grid, kThreads, 0, stream>>>(acc, rows, cols, b, accumulate, o);
   });
+  check_launch("bias_round_kernel", stream);
 }
 
 }  // namespace lnmlp::cuda

@@ -153,6 +153,7 @@ void LtGemm::run(const void* a, const void* b, const void* bias, void* c, void* 
   if (st != CUBLAS_STATUS_SUCCESS)
     fail(LNMLP_ERROR_BACKEND, "cublasLtMatmul (", name_, " GEMM) failed: ", cublasLtGetStatusName(st), " (",
          cublasLtGetStatusString(st), ")");
+  if (sync_check()) sync_check_after(("cublasLtMatmul (the " + std::string(name_) + " GEMM)").c_str(), stream);
 }
 
 const char* cublaslt_description() {

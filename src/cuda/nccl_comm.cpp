@@ -1,5 +1,6 @@
 #include "nccl_comm.h"
 
+#include "check.h"
 #include "common/error.h"
 #include "devices.h"
 
@@ -128,14 +129,17 @@ class NcclCommunicator final : public Communicator {
 
   void all_gather(const void* s, void* r, int64_t n, CommType t, void* st) override {
     nccl_check(nccl().all_gather(s, r, count(n), nccl_type(t), comm_, stream(st)), comm_, "ncclAllGather");
+    sync_check_after("ncclAllGather", stream(st));
   }
   void reduce_scatter_sum(const void* s, void* r, int64_t n, CommType t, void* st) override {
     nccl_check(nccl().reduce_scatter(s, r, count(n), reduced_type(t, "a sum"), ncclSum, comm_, stream(st)), comm_,
                "ncclReduceScatter");
+    sync_check_after("ncclReduceScatter", stream(st));
   }
   void all_reduce_sum(const void* s, void* r, int64_t n, CommType t, void* st) override {
     nccl_check(nccl().all_reduce(s, r, count(n), reduced_type(t, "a sum"), ncclSum, comm_, stream(st)), comm_,
                "ncclAllReduce (sum)");
+    sync_check_after("ncclAllReduce (sum)", stream(st));
   }
   // lnmlp max-reduces amaxes only: non-negative floats or NaN (numerics/quantize.h), whose bit
   // patterns order as unsigned integers, every NaN above +inf. Reduced as those integers, a NaN on
@@ -143,6 +147,7 @@ class NcclCommunicator final : public Communicator {
   void all_reduce_max(const void* s, void* r, int64_t n, CommType t, void* st) override {
     reduced_type(t, "a maximum");
     nccl_check(nccl().all_reduce(s, r, count(n), ncclUint32, ncclMax, comm_, stream(st)), comm_, "ncclAllReduce (max)");
+    sync_check_after("ncclAllReduce (max)", stream(st));
   }
 
  private:

@@ -159,7 +159,8 @@ __global__ void __launch_bounds__(kColumnThreads)
 
 void norm_forward(DType d, const NormSpec& s, const void* x, const void* gamma, const void* beta, bool compute_stats,
                   float* mu, float* rs, void* out, bool out_f32, const Fp8Out& fp8, cudaStream_t stream) {
-  if (fp8.amax_bits != nullptr) cudaMemsetAsync(fp8.amax_bits, 0, sizeof(uint32_t), stream);
+  if (fp8.amax_bits != nullptr)
+    cuda_check(cudaMemsetAsync(fp8.amax_bits, 0, sizeof(uint32_t), stream), "cudaMemsetAsync (the norm's amax)");
   with_dtype(d, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     using S = storage_t<D>;
@@ -172,6 +173,7 @@ void norm_forward(DType d, const NormSpec& s, const void* x, const void* gamma, 
       norm_forward_kernel<D, false>
           <<<grid, kRowThreads, 0, stream>>>(s, xs, gs, bs, compute_stats, mu, rs, out, out_f32, fp8);
   });
+  check_launch("norm_forward_kernel", stream);
 }
 
 void norm_backward_dx(DType d, const NormSpec& s, const float* dn, const void* x, const void* gamma, const float* mu,
@@ -185,6 +187,7 @@ void norm_backward_dx(DType d, const NormSpec& s, const float* dn, const void* x
       norm_dx_kernel<D, true><<<grid, kRowThreads, 0, stream>>>(s, dn, xs, gs, mu, rs, static_cast<S*>(dx));
     else norm_dx_kernel<D, false><<<grid, kRowThreads, 0, stream>>>(s, dn, xs, gs, mu, rs, static_cast<S*>(dx));
   });
+  check_launch("norm_dx_kernel", stream);
 }
 
 void norm_param_grads(DType d, const NormSpec& s, const Chunking& ch, const float* dn, const void* x, const float* mu,
@@ -195,6 +198,7 @@ void norm_param_grads(DType d, const NormSpec& s, const Chunking& ch, const floa
     norm_param_kernel<D><<<grid, kColumnThreads, 0, stream>>>(s, ch, dn, static_cast<const storage_t<D>*>(x), mu, rs,
                                                                dgamma_partials, dbeta_partials);
   });
+  check_launch("norm_param_kernel", stream);
 }
 
 }  // namespace lnmlp::cuda

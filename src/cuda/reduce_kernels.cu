@@ -45,6 +45,7 @@ void column_sums(DType d, const Chunking& ch, int64_t rows, int64_t cols, const 
     column_sums_kernel<D><<<grid, kColumnThreads, 0, stream>>>(ch, rows, cols, static_cast<const storage_t<D>*>(in),
                                                                partials);
   });
+  check_launch("column_sums_kernel", stream);
 }
 
 void reduce_partials(DType d, int64_t chunks, int64_t n, const float* partials, bool accumulate, void* out,
@@ -54,6 +55,7 @@ void reduce_partials(DType d, int64_t chunks, int64_t n, const float* partials, 
     reduce_partials_kernel<D><<<column_blocks(n), kColumnThreads, 0, stream>>>(chunks, n, partials, accumulate,
                                                                                static_cast<storage_t<D>*>(out));
   });
+  check_launch("reduce_partials_kernel", stream);
 }
 
 }  // namespace lnmlp::cuda

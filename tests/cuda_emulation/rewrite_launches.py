@@ -2,7 +2,7 @@
 """Rewrites the CUDA kernel launches of a .cu file for the CPU emulation (README.md here):
 
     kernel<T...><<<grid, block, shared, stream>>>(args...)
- -> ::cuda_emulation::launch(grid, block, shared, stream, kernel<T...>, args...)
+ -> ::cuda_emulation::launch(grid, block, shared, stream, "kernel", kernel<T...>, args...)
 
 so that the host compiler takes the file. Usage: rewrite_launches.py IN.cu OUT.cpp
 """
@@ -75,7 +75,8 @@ def rewrite(src):
         args_open = src.find("(", config_end)
         args_close = closing(src, args_open, "(", ")")
         args = src[args_open + 1 : args_close].strip()
-        call = "::cuda_emulation::launch(%s, %s%s)" % (", ".join(config), kernel, ", " + args if args else "")
+        name = kernel.split("<", 1)[0].split("::")[-1].strip()  # for the emulation's injected faults
+        call = '::cuda_emulation::launch(%s, "%s", %s%s)' % (", ".join(config), name, kernel, ", " + args if args else "")
         src = src[:start] + call + src[args_close + 1 :]
 
 

@@ -27,6 +27,28 @@ std::mutex g_launch;  // one block at a time: __shared__ variables are statics, 
 std::mutex g_memory;
 std::map<const char*, size_t> g_device_ranges;
 
+// Errors as the runtime reports them (cuda_runtime_api.h's run_grid): a launch's configuration
+// error, per thread until cudaGetLastError reads it; an injected kernel fault, for the process,
+// pending until a call waits for the device and sticky from then on.
+thread_local cudaError_t t_launch_error = cudaSuccess;
+enum class Fault { None, Pending, Reported };
+std::atomic<Fault> g_fault{Fault::None};
+std::atomic<bool> g_fault_injected{false};
+
+// The result of a call that waits for the device: the fault, once the kernel has faulted.
+cudaError_t device_wait() {
+  if (g_fault.load() == Fault::None) return cudaSuccess;
+  g_fault = Fault::Reported;
+  return cudaErrorIllegalAddress;
+}
+
+// Whether this launch of `kernel` is the one LNMLP_EMULATION_FAULT_IN names (its first).
+bool faults(const char* kernel) {
+  const char* name = std::getenv("LNMLP_EMULATION_FAULT_IN");
+  if (name == nullptr || std::strcmp(name, kernel) != 0) return false;
+  return !g_fault_injected.exchange(true);
+}
+
 bool is_device_memory(const void* p) {
   std::lock_guard<std::mutex> lock(g_memory);
   const char* c = static_cast<const char*>(p);
@@ -136,9 +158,17 @@ unsigned atomicMax(unsigned* address, unsigned v) {  // one block at a time: a p
 }
 
 namespace cuda_emulation {
-void run_grid(dim3 grid, dim3 block_dim, const std::function<void()>& body) {
+void run_grid(dim3 grid, dim3 block_dim, const char* kernel, const std::function<void()>& body) {
+  // The limits of every device lnmlp runs on (compute capability 8.0 and up).
+  const uint64_t n_threads = uint64_t{block_dim.x} * block_dim.y * block_dim.z;
+  if (grid.x < 1 || grid.y < 1 || grid.z < 1 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535 ||
+      n_threads < 1 || n_threads > 1024 || block_dim.z > 64) {
+    t_launch_error = cudaErrorInvalidConfiguration;
+    return;
+  }
+  if (faults(kernel) && g_fault.load() == Fault::None) g_fault = Fault::Pending;
   std::lock_guard<std::mutex> lock(g_launch);
-  const unsigned n = block_dim.x * block_dim.y * block_dim.z, warps = (n + 31) / 32;
+  const unsigned n = static_cast<unsigned>(n_threads), warps = (n + 31) / 32;
   while (stacks().size() < n) {
     void* s = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (s == MAP_FAILED) {
@@ -217,6 +247,7 @@ cudaError_t cudaHostUnregister(void* p) {
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
   std::lock_guard<std::mutex> lock(g_launch);  // ordered against kernels, as on the legacy stream
+  if (const cudaError_t e = device_wait(); e != cudaSuccess) return e;
   if (bytes > 0) std::memcpy(dst, src, bytes);
   return cudaSuccess;
 }
@@ -229,8 +260,8 @@ cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) { return cudaMemset(dst, value, bytes); }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() { return device_wait(); }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return device_wait(); }
 cudaError_t cudaStreamCreate(cudaStream_t* s) {
   static char tag;
   *s = reinterpret_cast<cudaStream_t>(&tag);
@@ -270,13 +301,31 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
   prop->multiProcessorCount = 132;
   return cudaSuccess;
 }
-cudaError_t cudaGetLastError() { return cudaSuccess; }  // launches and calls report their errors directly
-cudaError_t cudaPeekAtLastError() { return cudaSuccess; }
+cudaError_t cudaPeekAtLastError() {
+  if (g_fault.load() == Fault::Reported) return cudaErrorIllegalAddress;
+  return t_launch_error;
+}
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = cudaPeekAtLastError();
+  t_launch_error = cudaSuccess;
+  return e;
+}
 const char* cudaGetErrorString(cudaError_t e) {
-  return e == cudaSuccess ? "no error" : "an error of the CUDA emulation";
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    default: return "an error of the CUDA emulation";
+  }
 }
 const char* cudaGetErrorName(cudaError_t e) {
-  return e == cudaSuccess ? "cudaSuccess" : e == cudaErrorNotSupported ? "cudaErrorNotSupported" : "cudaErrorEmulation";
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorNotSupported: return "cudaErrorNotSupported";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    default: return "cudaErrorEmulation";
+  }
 }
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* p) {
   std::memset(attributes, 0, sizeof *attributes);
@@ -289,7 +338,7 @@ cudaError_t cudaEventCreate(cudaEvent_t* e) {
   return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return device_wait(); }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
   *ms = 1.0f;  // no timing here
   return cudaSuccess;

@@ -29,6 +29,7 @@ for s in "${GPU_CHECK_STEPS[@]}"; do
 done
 expect_eq "bench is a report step" "$(gpu_check_is_report_step bench && echo yes)" yes
 expect_eq "tests-numerics gates the check" "$(gpu_check_is_report_step tests-numerics || echo no)" no
+expect_eq "the sync rerun explains, and does not gate" "$(gpu_check_is_report_step sync-rerun && echo yes)" yes
 
 # ---- every GPU test in exactly one shard -----------------------------------------------------
 list() {  # the full names of the tests a filter selects
@@ -81,6 +82,14 @@ expect_eq "counts of a shard cut short" "$(gpu_check_gtest_counts "$work/cut.log
 printf '%s\n' '[==========] 3 tests from 1 test suite ran. (9 ms total)' '[  PASSED  ] 2 tests.' \
   '[  SKIPPED ] 1 test, listed below:' '[  SKIPPED ] S.c' > "$work/done.log"
 expect_eq "counts of a whole run" "$(gpu_check_gtest_counts "$work/done.log")" "2 passed, 1 skipped, 0 failed"
+expect_eq "the tests to rerun: the failed one and the one cut" "$(gpu_check_failed_tests "$work/cut.log" | paste -sd: -)" "S.b:S.c"
+expect_eq "no test to rerun after a clean run" "$(gpu_check_failed_tests "$work/done.log")" ""
+printf '%s\n' '[ RUN      ] All/P.x/f32_T37' 'x.cpp:9: Failure' \
+  '[  FAILED  ] All/P.x/f32_T37, where GetParam() = 4-byte object <25-00 00-00> (3 ms)' \
+  '[==========] 1 test from 1 test suite ran. (3 ms total)' '[  FAILED  ] 1 test, listed below:' \
+  '[  FAILED  ] All/P.x/f32_T37, where GetParam() = 4-byte object <25-00 00-00>' ' 1 FAILED TEST' > "$work/param.log"
+expect_eq "a failed parameterized test, once, by its name" "$(gpu_check_failed_tests "$work/param.log" | paste -sd: -)" \
+  "All/P.x/f32_T37"
 printf '%s\n' 'lnmlp_gpu_tests: no usable GPU: no CUDA device' '[  PASSED  ] 0 tests.' > "$work/nogpu.log"
 expect_eq "tests skipped on a machine with a GPU" "$(gpu_check_tests_status "$work/nogpu.log" 0 1)" \
   "fail(the GPU is not usable by the tests)"

@@ -277,6 +277,35 @@ TEST(CudaCallsEdges, ACountNeedingMoreStagingThanThePlanHoldsIsRefused) {
   expect_close(cuda.step(full), cpu.step(full), gpu_vs_cpu_tolerance(LNMLP_DTYPE_BF16), "the plan's count after");
 }
 
+// A kernel that faults while it runs is named by the call that launched it under
+// LNMLP_CUDA_SYNC_CHECK (every launch waits for its stream); without it the fault surfaces later,
+// at the first wait for the device, which cannot say which kernel it was. Only the emulation can
+// fault a kernel on purpose (LNMLP_EMULATION_FAULT_IN; a real fault poisons the process), so
+// elsewhere the test skips.
+TEST(CudaCallsEdges, AKernelsFaultIsNamedUnderTheSyncCheck) {
+  SKIP_WITHOUT_GPU();
+  const char* kernel = std::getenv("LNMLP_EMULATION_FAULT_IN");
+  if (kernel == nullptr) GTEST_SKIP() << "needs the emulation's LNMLP_EMULATION_FAULT_IN";
+  const char* sync = std::getenv("LNMLP_CUDA_SYNC_CHECK");
+  const bool sync_check = sync != nullptr && *sync != '\0' && std::string(sync) != "0";
+  const Problem pr = make_problem(config(kMaxTokens, false), LNMLP_DTYPE_BF16, 93);
+  Calls cuda(pr, LNMLP_BACKEND_CUDA, LNMLP_RECIPE_NONE, PlanCalls{kMaxTokens});
+  cuda.set_gradients(cuda.gradients(0.0));
+  try {
+    cuda.step(pr);
+    FAIL() << "a step in which " << kernel << " faulted succeeded";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("illegal memory access"), std::string::npos) << what;
+    if (sync_check) {
+      EXPECT_NE(what.find(std::string(kernel) + " failed while running: cudaErrorIllegalAddress"), std::string::npos)
+          << what;
+    } else {
+      EXPECT_EQ(what.find(kernel), std::string::npos) << "reported late, yet naming the kernel: " << what;
+    }
+  }
+}
+
 // Delayed scaling's state in caller device memory, per call: the bits of the plan's own state.
 TEST(CudaCallsEdges, CallerOwnedDeviceStateMatchesThePlansOwn) {
   SKIP_WITHOUT_GPU();

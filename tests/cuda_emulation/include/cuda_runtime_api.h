@@ -70,9 +70,11 @@ enum cudaError_t {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,
   cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidConfiguration = 9,
   cudaErrorInsufficientDriver = 35,
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
+  cudaErrorIllegalAddress = 700,
   cudaErrorNotSupported = 801,
 };
 typedef cudaError_t cudaError;
@@ -160,13 +162,18 @@ cudaError_t cudaEventDestroy(cudaEvent_t e);
 namespace cuda_emulation {
 // Runs body() for every thread of every block of the grid, on the calling thread: the blocks one
 // after another (every launch of the process holds one lock), a block's threads as fibers that
-// take turns at their barriers.
-void run_grid(dim3 grid, dim3 block, const std::function<void()>& body);
+// take turns at their barriers. A grid or block beyond the device's limits is not run: the next
+// cudaGetLastError says cudaErrorInvalidConfiguration, as on a GPU. The launch of the kernel named
+// by LNMLP_EMULATION_FAULT_IN (its first launch) faults as a kernel on a GPU does: asynchronously,
+// reported by the next call that waits for the device (cudaStreamSynchronize,
+// cudaDeviceSynchronize, cudaEventSynchronize, cudaMemcpy) and from then on by those calls and
+// cudaGetLastError (a sticky cudaErrorIllegalAddress).
+void run_grid(dim3 grid, dim3 block, const char* kernel, const std::function<void()>& body);
 
-// kernel<<<grid, block, shared_bytes, stream>>>(args...), as rewrite_launches.py writes it. Streams
-// do not exist here: the launch has finished when this returns.
+// kernel<<<grid, block, shared_bytes, stream>>>(args...), as rewrite_launches.py writes it, with the
+// kernel's name. Streams do not exist here: the launch has finished when this returns.
 template <typename Kernel, typename... Args>
-void launch(dim3 grid, dim3 block, size_t, cudaStream_t, Kernel kernel, Args... args) {
-  run_grid(grid, block, [&]() { kernel(args...); });
+void launch(dim3 grid, dim3 block, size_t, cudaStream_t, const char* name, Kernel kernel, Args... args) {
+  run_grid(grid, block, name, [&]() { kernel(args...); });
 }
 }  // namespace cuda_emulation
