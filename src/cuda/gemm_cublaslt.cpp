@@ -41,7 +41,44 @@ cublasLtMatmulMatrixScale_t scale_mode(LtScale s) {
 constexpr bool kBuiltWithBlockScaling = false;
 #endif
 
+// A pointer for the heuristic to read the alignment of, where it asks for a device pointer that a
+// run will set (the bias, the scale_invs): the least aligned one the API accepts
+// (kGemmPointerAlignment bytes, not more), so that the algorithms it offers work for every pointer
+// a run may give. Never read.
+const void* representative_pointer() {
+  alignas(256) static const char kRegion[256 + kGemmPointerAlignment] = {};
+  return kRegion + kGemmPointerAlignment;
+}
+
+// The compute capability of the current device as major * 10 + minor (0 when it cannot be asked).
+int current_sm() {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return major * 10 + minor;
+}
+
 }  // namespace
+
+std::string gemm_refusal_reason(const LtShape& s, int sm, bool library_has_block_scaling) {
+  const std::string arch = "sm_" + std::to_string(sm), gpu = "this GPU is " + arch;
+  const char* log = "CUBLASLT_LOG_MASK=9 in the environment makes cuBLASLt log its reason";
+  const bool blocks = s.scale_a != LtScale::Tensor || s.scale_b != LtScale::Tensor;
+  const bool fp8 = is_fp8(s.a) || is_fp8(s.b);
+  if (blocks && !library_has_block_scaling) return "block-scaled FP8 GEMMs need cuBLASLt 12.9 or newer";
+  if (blocks && sm != 90)
+    return "cuBLASLt offers its 128-element block-scaled FP8 GEMMs on Hopper (sm_90), and none here; " + gpu;
+  if (fp8 && sm < 89) return "FP8 GEMMs need FP8 tensor cores (sm_89 or newer); " + gpu;
+  if (fp8)
+    return std::string("cuBLASLt offers no FP8 algorithm with this result type") +
+           (s.bias ? " and bias epilogue" : "") + (blocks ? " and block scaling" : "") + " for this shape on " + arch +
+           "; " + log;
+  return std::string("try another dtype, or dimensions that are multiples of 8; ") + log;
+}
 
 bool cublaslt_has_block_scaling() { return kBuiltWithBlockScaling && cublasLtGetVersion() >= 120900; }
 
@@ -78,14 +115,19 @@ LtGemm::LtGemm(cublasLtHandle_t handle, const LtShape& s, int64_t max_workspace,
       const cudaDataType_t bias_type = cuda_type(s.c);
       set_attr(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type,
                "cublasLtMatmulDescSetAttribute(BIAS_DATA_TYPE)");
-      // The heuristic reads the bias pointer's alignment: offer the least aligned one the API
-      // accepts (kGemmPointerAlignment bytes, not more), so the algorithm works for every bias.
-      // Never read.
-      alignas(256) static const char kBiasAlignment[256 + kGemmPointerAlignment] = {};
-      const void* representative = kBiasAlignment + kGemmPointerAlignment;
+      const void* representative = representative_pointer();
       set_attr(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &representative, sizeof representative,
                "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
     }
+    // The scale_invs' pointers too, as NVIDIA's block-scaled samples set them before asking: the
+    // heuristic may read them (their alignment, and whether there are any).
+    const void* representative = representative_pointer();
+    if (is_fp8(s.b))  // cuBLAS's A is our B
+      set_attr(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &representative, sizeof representative,
+               "cublasLtMatmulDescSetAttribute(A_SCALE_POINTER)");
+    if (is_fp8(s.a))
+      set_attr(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &representative, sizeof representative,
+               "cublasLtMatmulDescSetAttribute(B_SCALE_POINTER)");
     layout_a_ = s.trans_b ? make_layout(cuda_type(s.b), s.k, s.n, "cublasLtMatrixLayoutCreate(B)")
                           : make_layout(cuda_type(s.b), s.n, s.k, "cublasLtMatrixLayoutCreate(B)");
     layout_b_ = s.trans_a ? make_layout(cuda_type(s.a), s.m, s.k, "cublasLtMatrixLayoutCreate(A)")
@@ -101,23 +143,23 @@ LtGemm::LtGemm(cublasLtHandle_t handle, const LtShape& s, int64_t max_workspace,
     for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
       if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof align);
-    cublasLtMatmulHeuristicResult_t result{};
+    cublasLtMatmulHeuristicResult_t results[kGemmAlgorithmCandidates] = {};
     int found = 0;
     if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulAlgoGetHeuristic(handle_, desc_, layout_a_, layout_b_, layout_c_, layout_c_, pref, 1, &result,
-                                          &found);
+      st = cublasLtMatmulAlgoGetHeuristic(handle_, desc_, layout_a_, layout_b_, layout_c_, layout_c_, pref,
+                                          kGemmAlgorithmCandidates, results, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED)
       cublas_check(st, "cublasLtMatmulAlgoGetHeuristic");
-    if (found < 1)
+    for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < found; ++i)
+      if (results[i].state == CUBLAS_STATUS_SUCCESS)
+        algorithms_.add(results[i].algo, static_cast<int64_t>(results[i].workspaceSize));
+    if (algorithms_.empty())
       fail(LNMLP_ERROR_NOT_SUPPORTED, "cuBLASLt has no algorithm for the ", name, " GEMM (m ", s.m, ", n ", s.n, ", k ",
            s.k, ", ", lt_type_name(s.a), " x ", lt_type_name(s.b), " -> ", lt_type_name(s.c),
-           s.bias ? " with bias" : "", ") on this GPU; ",
-           s.scale_a != LtScale::Tensor ? "block-scaled FP8 GEMMs run on Hopper (sm_90) only"
-           : is_fp8(s.a)                ? "FP8 GEMMs need a GPU with FP8 tensor cores (sm_89 or newer)"
-                                        : "try another dtype or shape (multiples of 8 help)");
-    algo_ = result.algo;
-    workspace_bytes_ = static_cast<int64_t>(result.workspaceSize);
+           s.bias ? " with bias" : "", "; the heuristic: ", cublasLtGetStatusName(st), ", ", found,
+           " candidates) on this GPU: ", gemm_refusal_reason(s, current_sm(), cublaslt_has_block_scaling()));
+    workspace_bytes_ = algorithms_.workspace_bytes();
   } catch (...) {
     destroy();  // a constructor that throws gets no destructor call
     throw;
@@ -148,11 +190,14 @@ void LtGemm::run(const void* a, const void* b, const void* bias, void* c, void* 
     set_attr(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv, sizeof a_scale_inv,
              "cublasLtMatmulDescSetAttribute(B_SCALE_POINTER)");
   const float one = 1.0f, beta = shape_.accumulate ? 1.0f : 0.0f;  // C read and added to when accumulating
-  const cublasStatus_t st = cublasLtMatmul(handle_, desc_, &one, b, layout_a_, a, layout_b_, &beta, c, layout_c_, c,
-                                           layout_c_, &algo_, workspace, static_cast<size_t>(workspace_bytes_), stream);
+  const cublasStatus_t st = algorithms_.run([&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(handle_, desc_, &one, b, layout_a_, a, layout_b_, &beta, c, layout_c_, c, layout_c_, &algo,
+                          workspace, static_cast<size_t>(workspace_bytes_), stream);
+  });
   if (st != CUBLAS_STATUS_SUCCESS)
     fail(LNMLP_ERROR_BACKEND, "cublasLtMatmul (", name_, " GEMM) failed: ", cublasLtGetStatusName(st), " (",
-         cublasLtGetStatusString(st), ")");
+         cublasLtGetStatusString(st), "), with each of the ", algorithms_.count(),
+         " algorithms cuBLASLt's heuristic offered");
   if (sync_check()) sync_check_after(("cublasLtMatmul (the " + std::string(name_) + " GEMM)").c_str(), stream);
 }
 

@@ -24,6 +24,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
+
+#include "gemm_algorithms.h"
 
 namespace lnmlp::cuda {
 
@@ -51,19 +54,22 @@ constexpr int64_t kFp8GemmDimMultiple = 16;
 
 class LtGemm {
  public:
-  // Chooses the algorithm (the heuristic's first) for at most max_workspace bytes of cuBLASLt
-  // workspace; throws LNMLP_ERROR_NOT_SUPPORTED naming `name` if cuBLASLt has none (for example
-  // an FP8 GEMM on a GPU without FP8 tensor cores, or block scaling off Hopper or before cuBLASLt
-  // 12.9).
+  // Asks the heuristic for kGemmAlgorithmCandidates algorithms within max_workspace bytes of
+  // cuBLASLt workspace, and keeps those it offers (the best in use, the others as fallbacks);
+  // throws LNMLP_ERROR_NOT_SUPPORTED naming `name`, its shape and the cause
+  // (gemm_refusal_reason) if it offers none (for example an FP8 GEMM on a GPU without FP8 tensor
+  // cores, or block scaling off Hopper or before cuBLASLt 12.9).
   LtGemm(cublasLtHandle_t handle, const LtShape& shape, int64_t max_workspace, const char* name);
   ~LtGemm();
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;
 
-  // Workspace bytes the chosen algorithm needs.
+  // Workspace bytes every kept algorithm fits in.
   int64_t workspace_bytes() const { return workspace_bytes_; }
-  // Enqueues the GEMM on stream. bias: NULL unless the shape has one. a_scale_inv, b_scale_inv:
+  // Enqueues the GEMM on stream (with the algorithm in use; should cuBLASLt refuse it, with the
+  // next kept one that it accepts). bias: NULL unless the shape has one. a_scale_inv, b_scale_inv:
   // for FP8 sides, their scale_invs in device memory (one float, or the block scales), else NULL.
+  // workspace: workspace_bytes() bytes, 256-byte aligned.
   void run(const void* a, const void* b, const void* bias, void* c, void* workspace, cudaStream_t stream,
            const float* a_scale_inv = nullptr, const float* b_scale_inv = nullptr);
 
@@ -75,7 +81,7 @@ class LtGemm {
   const char* name_;
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t layout_a_ = nullptr, layout_b_ = nullptr, layout_c_ = nullptr;
-  cublasLtMatmulAlgo_t algo_{};
+  GemmAlgorithms<cublasLtMatmulAlgo_t> algorithms_;
   int64_t workspace_bytes_ = 0;
 };
 
@@ -87,6 +93,10 @@ constexpr const char* lt_type_name(LtType t) {
          : t == LtType::E5M2 ? "e5m2"
                              : "f32";
 }
+
+// Why cuBLASLt offers no algorithm for a GEMM of shape s on a GPU of compute capability sm
+// (major * 10 + minor): the cause where the GPU or the library decides it, else where to look.
+std::string gemm_refusal_reason(const LtShape& s, int sm, bool library_has_block_scaling);
 
 // Whether this build and the loaded cuBLASLt have the block-scaled FP8 GEMMs (12.9 and newer).
 bool cublaslt_has_block_scaling();

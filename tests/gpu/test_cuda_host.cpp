@@ -1,11 +1,17 @@
 // Host-side parts of the CUDA backend that need no GPU, so they run everywhere: both backends
 // run the six GEMMs of one table (block/gemm_roles.h) with the shapes and transposes the block's
-// math needs, and the column-reduction chunking covers every row exactly once with a bounded
-// number of chunks.
+// math needs, the column-reduction chunking covers every row exactly once with a bounded number
+// of chunks, a GEMM falls back to the heuristic's next algorithm when cuBLASLt refuses one at run
+// time, and a GEMM without any algorithm says why.
 #include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
 
 #include "block/gemm_roles.h"
 #include "cpu/gemm_plan.h"
+#include "cuda/gemm_algorithms.h"
+#include "cuda/gemm_cublaslt.h"
 #include "cuda/gemm_plan.h"
 #include "cuda/kernels.h"
 
@@ -75,6 +81,73 @@ TEST(CudaHost, ColumnChunkingCoversEveryRowOnce) {
       EXPECT_LT((c.chunks - 1) * c.rows_per_chunk, rows);  // no empty chunk
       EXPECT_EQ(lnmlp::cuda::column_chunking(rows, cols).chunks, c.chunks);  // a function of the shape only
     }
+}
+
+// cuBLASLt refusing, at run time, algorithms its heuristic offered: the run falls through to the
+// next ones in order, keeps the first that runs, and reports the first refusal only when all
+// refuse.
+TEST(CudaHost, AGemmFallsBackToTheNextAlgorithmCuBlasLtAccepts) {
+  lnmlp::cuda::GemmAlgorithms<int> algos;
+  algos.add(10, 1024);
+  algos.add(20, 4096);
+  algos.add(30, 0);
+  EXPECT_EQ(algos.workspace_bytes(), 4096);  // the region fits whichever runs
+  std::vector<int> tried;
+  auto refusing = [&](std::vector<int> refused) {
+    return [&tried, refused](const int& algo) {
+      tried.push_back(algo);
+      for (int r : refused)
+        if (r == algo) return 7;  // a refusal's status
+      return 0;
+    };
+  };
+  EXPECT_EQ(algos.run(refusing({})), 0);
+  EXPECT_EQ(tried, (std::vector<int>{10}));
+  tried.clear();
+  EXPECT_EQ(algos.run(refusing({10})), 0);
+  EXPECT_EQ(tried, (std::vector<int>{10, 20}));
+  EXPECT_EQ(algos.in_use(), 1);
+  tried.clear();
+  EXPECT_EQ(algos.run(refusing({10})), 0);  // the one that ran stays in use
+  EXPECT_EQ(tried, (std::vector<int>{20}));
+  tried.clear();
+  EXPECT_EQ(algos.run(refusing({20, 10})), 0);  // from the best again, after the one in use
+  EXPECT_EQ(tried, (std::vector<int>{20, 10, 30}));
+  EXPECT_EQ(algos.in_use(), 2);
+  tried.clear();
+  EXPECT_EQ(algos.run(refusing({10, 20, 30})), 7);
+  EXPECT_EQ(tried, (std::vector<int>{30, 10, 20}));
+  EXPECT_EQ(algos.in_use(), 2);  // unchanged when every one refuses
+}
+
+// A GEMM cuBLASLt has no algorithm for says why: the GPU where the GPU decides it, else where to
+// look (cuBLASLt's own log), never "Hopper only" for a refusal on Hopper.
+TEST(CudaHost, AGemmWithoutAlgorithmsSaysWhy) {
+  using lnmlp::cuda::LtScale;
+  using lnmlp::cuda::LtType;
+  auto reason = [](LtType a, LtScale scale, int sm, bool bias = false) {
+    lnmlp::cuda::LtShape s;
+    s.m = 256, s.n = 128, s.k = 512, s.trans_b = true, s.a = s.b = a, s.c = LtType::BF16, s.bias = bias;
+    s.scale_a = s.scale_b = scale;
+    return lnmlp::cuda::gemm_refusal_reason(s, sm, true);
+  };
+  auto says = [](const std::string& text, const char* part) { return text.find(part) != std::string::npos; };
+  const std::string block_ada = reason(LtType::E4M3, LtScale::Vec128, 89);
+  EXPECT_TRUE(says(block_ada, "Hopper (sm_90)") && says(block_ada, "this GPU is sm_89")) << block_ada;
+  const std::string block_hopper = reason(LtType::E4M3, LtScale::Blk128, 90, true);
+  EXPECT_FALSE(says(block_hopper, "Hopper")) << block_hopper;
+  EXPECT_TRUE(says(block_hopper, "block scaling") && says(block_hopper, "bias epilogue") &&
+              says(block_hopper, "CUBLASLT_LOG_MASK"))
+      << block_hopper;
+  const std::string fp8_ampere = reason(LtType::E5M2, LtScale::Tensor, 80);
+  EXPECT_TRUE(says(fp8_ampere, "sm_89 or newer") && says(fp8_ampere, "sm_80")) << fp8_ampere;
+  const std::string fp8_hopper = reason(LtType::E4M3, LtScale::Tensor, 90);
+  EXPECT_TRUE(says(fp8_hopper, "no FP8 algorithm") && says(fp8_hopper, "CUBLASLT_LOG_MASK")) << fp8_hopper;
+  EXPECT_TRUE(says(reason(LtType::BF16, LtScale::Tensor, 90), "multiples of 8"));
+  lnmlp::cuda::LtShape old_library;
+  old_library.a = old_library.b = LtType::E4M3;
+  old_library.scale_a = LtScale::Vec128;
+  EXPECT_TRUE(says(lnmlp::cuda::gemm_refusal_reason(old_library, 90, false), "12.9 or newer"));
 }
 
 }  // namespace
