@@ -39,7 +39,10 @@
  *
  * Thread safety: distinct plans may be used from distinct threads at the same time; one plan must
  * be used by one thread at a time. A call that finds its plan in use by another thread returns
- * LNMLP_ERROR_PLAN_BUSY and changes nothing. Descriptors are not thread-safe.
+ * LNMLP_ERROR_PLAN_BUSY and changes nothing. Descriptors are not thread-safe. A CUDA plan's
+ * calls also run one at a time on the device, in the order they were made, whatever their streams
+ * (a call on another stream than the plan's last waits for it on the device), except inside CUDA
+ * graph capture.
  *
  * Two tiers (docs/design.md, "The C API"):
  *  - The stable core, declared always: versions, errors, enumerations, FP8 conversions, the

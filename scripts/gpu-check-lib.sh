@@ -53,9 +53,9 @@ gpu_check_is_report_step() {
 # (tests/gpu/gpu_check_lib_test.sh checks it against the binary's list).
 GPU_TESTS_SHARDS=(tests-basic tests-fp8 tests-numerics)
 declare -A GPU_TESTS_FILTER=(
-  # The host side, the error paths, the calls' options and CUDA graphs: small and quick, and what
+  # The host side, the error paths, the calls' options, threads and CUDA graphs: small and quick, and what
   # fails first when the module, cuBLASLt or the driver is wrong.
-  [tests-basic]='CudaHost.*:CudaErrors.*:CudaFp8Errors.*:All/CudaCalls.*:CudaCallsEdges.*:CudaGraph.*:CudaFp8Graph.*'
+  [tests-basic]='CudaHost.*:CudaErrors.*:CudaFp8Errors.*:All/CudaCalls.*:CudaCallsEdges.*:CudaThreads.*:CudaGraph.*:CudaFp8Graph.*'
   # Every FP8 recipe against the CPU backend, the delayed state, fp32 weights under FP8.
   [tests-fp8]='All/CudaFp8VsCpu.*:CudaFp8State.*:CudaFp8Float32Weights.*'
   # Every norm, activation, bias, dtype and remat policy against the CPU backend.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <optional>
 
 #include "block/quantized_slot.h"
 #include "block/token_cache.h"
@@ -60,6 +61,7 @@ class CudaExec final : public block::Exec {
     set_chunking(c_.tokens);
     cublas_check(cublasLtCreate(&lt_), "cublasLtCreate");
     try {
+      cuda_check(cudaEventCreateWithFlags(&pass_done_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
       try {
         make_gemms();
       } catch (const Error& e) {
@@ -167,16 +169,33 @@ class CudaExec final : public block::Exec {
 
  protected:
   // ---- one pass ----
+  // The plan's device memory (its workspace, the FP8 state) is one call's at a time on the device
+  // too, not only on the host (the API's PLAN_BUSY): a call returns once its work is enqueued, so
+  // a call on another stream right after it would overlap it. So each pass records its end, and a
+  // pass on another stream than the last waits for it (a device-side wait, no host
+  // synchronization). Graph capture is left alone: a captured pass neither waits nor records (its
+  // replays are ordered by the stream the graph is launched on).
   void do_begin(void* stream, void* scratch) override {
     cuda_check(cudaGetDevice(&previous_device_), "cudaGetDevice");
     if (previous_device_ != device_) cuda_check(cudaSetDevice(device_), "cudaSetDevice");
     st_ = static_cast<cudaStream_t>(stream);
     scratch_ = static_cast<char*>(scratch);
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    cuda_check(cudaStreamIsCapturing(st_, &capture), "cudaStreamIsCapturing");
+    capturing_ = capture != cudaStreamCaptureStatusNone;
+    pass_recorded_ = false;
+    if (last_pass_on_ != nullptr && *last_pass_on_ != st_ && !capturing_)
+      cuda_check(cudaStreamWaitEvent(st_, pass_done_, 0),
+                 "cudaStreamWaitEvent (the plan's last call, on another stream)");
   }
   void do_end() noexcept override {
+    if (!pass_recorded_) record_pass_end(false);  // a pass that failed part-way: what it enqueued still runs
     if (previous_device_ != device_) cudaSetDevice(previous_device_);
   }
-  void do_finish() override { cuda_check(cudaGetLastError(), "a kernel launch of the CUDA backend"); }
+  void do_finish() override {
+    cuda_check(cudaGetLastError(), "a kernel launch of the CUDA backend");
+    record_pass_end(true);
+  }
 
   // Plain operands are the tensors themselves here: a producer has no copy to make. A producer of
   // a quantizer's tensor writes its codes (and amax) in its own pass (fp8_out).
@@ -460,6 +479,26 @@ class CudaExec final : public block::Exec {
     release_gemms();
     if (lt_ != nullptr) cublasLtDestroy(lt_);
     lt_ = nullptr;
+    if (pass_done_ != nullptr) cudaEventDestroy(pass_done_);
+    pass_done_ = nullptr;
+  }
+
+  // The end of this pass, for the next pass on another stream (do_begin); checked when `checked`
+  // (a pass that failed is already reporting its own error).
+  void record_pass_end(bool checked) {
+    pass_recorded_ = true;
+    if (capturing_) {
+      last_pass_on_.reset();
+      return;
+    }
+    const cudaError_t e = cudaEventRecord(pass_done_, st_);
+    if (e == cudaSuccess) {
+      last_pass_on_ = st_;
+      return;
+    }
+    last_pass_on_.reset();
+    if (checked) cuda_check(e, "cudaEventRecord (the end of a pass)");
+    cudaGetLastError();
   }
 
   void ordered_copy(void* dst, const void* src, int64_t n, cudaMemcpyKind kind, const char* what) {
@@ -500,6 +539,10 @@ class CudaExec final : public block::Exec {
   cudaStream_t st_ = nullptr;
   char* scratch_ = nullptr;
   int previous_device_ = 0;
+  bool capturing_ = false, pass_recorded_ = false;
+  // The last pass's end, and its stream (none: no pass yet, or it was captured into a graph).
+  cudaEvent_t pass_done_ = nullptr;
+  std::optional<cudaStream_t> last_pass_on_;
 };
 
 }  // namespace
