@@ -634,10 +634,11 @@ LNMLP_API int32_t lnmlp_plan_get_tensor_shape(const lnmlp_plan* plan, int32_t te
  * read the array as it is).
  *
  * The functions below read and write the plan's state: the attached array, else the plan's own.
- * On the CUDA backend they synchronize the plan's device (cudaDeviceSynchronize) before and
- * after their copy, so they see every forward and backward enqueued before them, on any stream
- * (non-blocking ones included), and every later call sees what they wrote; they must not be
- * called while a stream of that device is being captured. */
+ * On the CUDA backend their copy waits for the plan's last forward or backward, on whatever stream
+ * (non-blocking ones included), and the host waits for the copy alone, so they see every call
+ * enqueued before them and every later call sees what they wrote; other streams are not stalled
+ * (after a call captured into a CUDA graph they synchronize the device instead). They must not
+ * be called while a stream of that device is being captured. */
 
 /* Makes `state` (the layout above, caller memory, see above) the plan's state from now on, in
  * place of the state the plan owns, which keeps its values and is used again after

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <optional>
 
 #include "block/quantized_slot.h"
 #include "block/token_cache.h"
@@ -62,6 +61,7 @@ class CudaExec final : public block::Exec {
     cublas_check(cublasLtCreate(&lt_), "cublasLtCreate");
     try {
       cuda_check(cudaEventCreateWithFlags(&pass_done_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      cuda_check(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
       try {
         make_gemms();
       } catch (const Error& e) {
@@ -121,18 +121,20 @@ class CudaExec final : public block::Exec {
     if (switched) cudaSetDevice(prev);
   }
   // The FP8 state's copies (the C API's get/set/export/import, and its first upload), ordered
-  // against the plan's passes on every stream: a plain cudaMemcpy waits only for the legacy
-  // default stream, so a read could see the state before a backward still running on a
+  // against the plan's passes, whatever their streams: a plain cudaMemcpy waits only for the
+  // legacy default stream, so a read could see the state before a backward still running on a
   // non-blocking stream (PyTorch's, JAX's), and that backward could overwrite a write; and a copy
-  // from pageable memory may return before the data lands. So the device is synchronized before
-  // the copy (every pass enqueued so far has finished) and after it (the data is there before any
-  // later pass starts). These copies are rare (checkpoints), so the full synchronization costs
-  // nothing that matters.
+  // from pageable memory may return before the data lands. So a copy runs on the plan's own
+  // stream after the plan's last pass (its event, do_begin), and the host waits for that stream
+  // alone: the data is there before any later pass starts, and no other stream or thread is
+  // stalled (a cudaDeviceSynchronize would stall every stream, and is illegal while another
+  // thread captures a graph). After a pass the plan could not record (captured into a graph, whose
+  // replays it cannot see), the device is synchronized instead.
   void copy_to_host(void* dst, const void* src, int64_t n) override {
-    ordered_copy(dst, src, n, cudaMemcpyDeviceToHost, "cudaMemcpy (device to host)");
+    ordered_copy(dst, src, n, cudaMemcpyDeviceToHost, "cudaMemcpyAsync (the FP8 state, device to host)");
   }
   void copy_from_host(void* dst, const void* src, int64_t n) override {
-    ordered_copy(dst, src, n, cudaMemcpyHostToDevice, "cudaMemcpy (host to device)");
+    ordered_copy(dst, src, n, cudaMemcpyHostToDevice, "cudaMemcpyAsync (the FP8 state, host to device)");
   }
   void check_pointers(std::initializer_list<block::NamedPointer> list, void* stream) override {
     ScopedDevice dev(device_);
@@ -184,7 +186,7 @@ class CudaExec final : public block::Exec {
     cuda_check(cudaStreamIsCapturing(st_, &capture), "cudaStreamIsCapturing");
     capturing_ = capture != cudaStreamCaptureStatusNone;
     pass_recorded_ = false;
-    if (last_pass_on_ != nullptr && *last_pass_on_ != st_ && !capturing_)
+    if (last_pass_ == LastPass::Recorded && last_pass_stream_ != st_ && !capturing_)
       cuda_check(cudaStreamWaitEvent(st_, pass_done_, 0),
                  "cudaStreamWaitEvent (the plan's last call, on another stream)");
   }
@@ -481,31 +483,34 @@ class CudaExec final : public block::Exec {
     lt_ = nullptr;
     if (pass_done_ != nullptr) cudaEventDestroy(pass_done_);
     pass_done_ = nullptr;
+    if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
+    copy_stream_ = nullptr;
   }
 
   // The end of this pass, for the next pass on another stream (do_begin); checked when `checked`
   // (a pass that failed is already reporting its own error).
   void record_pass_end(bool checked) {
     pass_recorded_ = true;
-    if (capturing_) {
-      last_pass_on_.reset();
-      return;
-    }
+    last_pass_ = LastPass::Unordered;
+    if (capturing_) return;
     const cudaError_t e = cudaEventRecord(pass_done_, st_);
     if (e == cudaSuccess) {
-      last_pass_on_ = st_;
+      last_pass_ = LastPass::Recorded;
+      last_pass_stream_ = st_;
       return;
     }
-    last_pass_on_.reset();
     if (checked) cuda_check(e, "cudaEventRecord (the end of a pass)");
     cudaGetLastError();
   }
 
   void ordered_copy(void* dst, const void* src, int64_t n, cudaMemcpyKind kind, const char* what) {
     ScopedDevice dev(device_);
-    cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before a state copy)");
-    cuda_check(cudaMemcpy(dst, src, static_cast<size_t>(n), kind), what);
-    cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (after a state copy)");
+    if (last_pass_ == LastPass::Unordered)
+      cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before a state copy, after a captured pass)");
+    else if (last_pass_ == LastPass::Recorded)
+      cuda_check(cudaStreamWaitEvent(copy_stream_, pass_done_, 0), "cudaStreamWaitEvent (before a state copy)");
+    cuda_check(cudaMemcpyAsync(dst, src, static_cast<size_t>(n), kind, copy_stream_), what);
+    cuda_check(cudaStreamSynchronize(copy_stream_), "cudaStreamSynchronize (a state copy)");
   }
 
   QuantKind kind(int q, Contract contract) const { return quant_kind(r_, q, contract); }
@@ -540,9 +545,13 @@ class CudaExec final : public block::Exec {
   char* scratch_ = nullptr;
   int previous_device_ = 0;
   bool capturing_ = false, pass_recorded_ = false;
-  // The last pass's end, and its stream (none: no pass yet, or it was captured into a graph).
+  // The last pass's end: none yet, recorded (pass_done_, on last_pass_stream_), or unordered
+  // (captured into a graph, or its record failed).
+  enum class LastPass { None, Recorded, Unordered };
+  LastPass last_pass_ = LastPass::None;
+  cudaStream_t last_pass_stream_ = nullptr;
   cudaEvent_t pass_done_ = nullptr;
-  std::optional<cudaStream_t> last_pass_on_;
+  cudaStream_t copy_stream_ = nullptr;  // the FP8 state's copies (ordered_copy)
 };
 
 }  // namespace

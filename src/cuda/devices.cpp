@@ -19,8 +19,24 @@ int device_count() {
   return n;
 }
 
+void check_stream(cudaStream_t stream, int device) {
+  int stream_device = -1;
+  const cudaError_t e = cudaStreamGetDevice(stream, &stream_device);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it
+    fail(LNMLP_ERROR_INVALID_ARGUMENT, "the stream (", static_cast<void*>(stream),
+         ") is not a stream the CUDA runtime knows (", cudaGetErrorName(e), "); pass a cudaStream_t of device ", device,
+         ", or NULL for its default stream");
+  }
+  if (stream_device != device)
+    fail(LNMLP_ERROR_INVALID_ARGUMENT, "the stream belongs to CUDA device ", stream_device,
+         ", but this plan runs on device ", device, "; pass a stream of device ", device,
+         " (or NULL for its default stream)");
+}
+
 void check_device_pointers(std::initializer_list<NamedPointer> list, int device, int64_t alignment,
                            cudaStream_t stream) {
+  check_stream(stream, device);
   for (const NamedPointer& p : list) {
     if (p.ptr != nullptr && reinterpret_cast<uintptr_t>(p.ptr) % static_cast<uintptr_t>(alignment) != 0)
       fail(LNMLP_ERROR_MISALIGNED, p.name, " (", p.ptr, ") is not aligned to ", alignment,

@@ -42,6 +42,17 @@ cudaError_t device_wait() {
   return cudaErrorIllegalAddress;
 }
 
+// The devices (LNMLP_EMULATION_DEVICES, default 1), the calling thread's current one, and a
+// stream: the device it was made on (streams are otherwise all one, in order).
+int device_count() {
+  const char* n = std::getenv("LNMLP_EMULATION_DEVICES");
+  return n == nullptr || std::atoi(n) < 1 ? 1 : std::atoi(n);
+}
+thread_local int t_device = 0;
+struct EmulatedStream {
+  int device;
+};
+
 // Whether this launch of `kernel` is the one LNMLP_EMULATION_FAULT_IN names (its first).
 bool faults(const char* kernel) {
   const char* name = std::getenv("LNMLP_EMULATION_FAULT_IN");
@@ -263,12 +274,18 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) { 
 cudaError_t cudaDeviceSynchronize() { return device_wait(); }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return device_wait(); }
 cudaError_t cudaStreamCreate(cudaStream_t* s) {
-  static char tag;
-  *s = reinterpret_cast<cudaStream_t>(&tag);
+  *s = reinterpret_cast<cudaStream_t>(new EmulatedStream{t_device});
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { return cudaStreamCreate(s); }
-cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  delete reinterpret_cast<EmulatedStream*>(s);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamGetDevice(cudaStream_t s, int* device) {
+  *device = s == nullptr ? t_device : reinterpret_cast<EmulatedStream*>(s)->device;
+  return cudaSuccess;
+}
 cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* status) {
   *status = cudaStreamCaptureStatusNone;
   return cudaSuccess;
@@ -284,14 +301,18 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t fn, void* data) {
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
+  *count = device_count();
   return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int* device) {
-  *device = 0;
+  *device = t_device;
   return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= device_count()) return cudaErrorInvalidDevice;
+  t_device = device;
+  return cudaSuccess;
+}
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
   std::memset(prop, 0, sizeof *prop);
   std::strcpy(prop->name, "CPU emulation (sm_90)");

@@ -306,6 +306,36 @@ TEST(CudaCallsEdges, AKernelsFaultIsNamedUnderTheSyncCheck) {
   }
 }
 
+// A stream of another device is refused at the call, naming both devices, before anything is
+// enqueued (the output is untouched), not by a late "invalid resource handle"; the plan's own
+// device's streams still run. Needs two devices: a machine with two GPUs, or the emulation's
+// LNMLP_EMULATION_DEVICES=2; elsewhere the test skips.
+TEST(CudaCallsEdges, AStreamOfAnotherDeviceIsRefused) {
+  SKIP_WITHOUT_GPU();
+  int devices = 0;
+  CUDA_TEST_CHECK(cudaGetDeviceCount(&devices));
+  if (devices < 2) GTEST_SKIP() << "needs two CUDA devices (the emulation's LNMLP_EMULATION_DEVICES=2)";
+  cudaStream_t other = nullptr, own = nullptr;
+  CUDA_TEST_CHECK(cudaSetDevice(1));
+  CUDA_TEST_CHECK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  CUDA_TEST_CHECK(cudaSetDevice(0));
+  CUDA_TEST_CHECK(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking));
+  const Problem pr = make_problem(config(kMaxTokens, false), LNMLP_DTYPE_BF16, 94);
+  PlanPtr plan = plan_ptr(make_plan(pr, LNMLP_REMAT_SAVE_ALL, LNMLP_BACKEND_CUDA));
+  int64_t saved = 0;
+  LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes(plan.get(), &saved));
+  const DeviceInputs in(pr);
+  const DeviceOutputs out(pr, saved);
+  EXPECT_EQ(device_forward(plan.get(), in, out, other), LNMLP_ERROR_INVALID_ARGUMENT);
+  const std::string why = lnmlp_last_error();
+  EXPECT_NE(why.find("stream belongs to CUDA device 1, but this plan runs on device 0"), std::string::npos) << why;
+  for (unsigned char c : out.y.to_host()) ASSERT_EQ(c, 0xFF) << "a refused call wrote y";
+  EXPECT_EQ(device_forward(plan.get(), in, out, own), LNMLP_SUCCESS) << lnmlp_last_error();
+  CUDA_TEST_CHECK(cudaStreamSynchronize(own));
+  CUDA_TEST_CHECK(cudaStreamDestroy(own));
+  CUDA_TEST_CHECK(cudaStreamDestroy(other));
+}
+
 // Delayed scaling's state in caller device memory, per call: the bits of the plan's own state.
 TEST(CudaCallsEdges, CallerOwnedDeviceStateMatchesThePlansOwn) {
   SKIP_WITHOUT_GPU();
