@@ -201,6 +201,11 @@ template <DType D, Fp8Format F> __global__ void __launch_bounds__(kThreads)
 // bands: the grid's y is capped); column c of band b gets its scale at b * s_band + c and its 128
 // codes at codes_t[c * rows + 128 b ..], 16 bytes a thread.
 constexpr int kBandCols = 32;
+// Where element (row, col) of a band sits in its tile: the row padded to 33 floats, and the
+// column rotated by 4 per 16 rows, so that neither the rowwise writes (a warp: 4 rows x 32
+// columns) nor the column reads (a warp: 4 columns x rows 16 g + e, g = 0..7) meet two addresses
+// in one bank: the banks are (row + col + 4 (row / 16)) mod 32.
+__device__ __forceinline__ int band_col(int row, int col) { return (col + 4 * ((row >> 4) & 7)) & (kBandCols - 1); }
 template <DType D, Fp8Format F, bool Vec> __global__ void __launch_bounds__(kThreads)
     quantize_cols_transposed_kernel(const storage_t<D>* __restrict__ x, int64_t rows, int64_t cols, BlockScaler<F> sc,
                                     uint8_t* __restrict__ codes_t, void* scales_t, int64_t s_band) {
@@ -220,14 +225,14 @@ template <DType D, Fp8Format F, bool Vec> __global__ void __launch_bounds__(kThr
         float v[4] = {};
         if (r < rows && n > 0) load4<D, Vec>(x + r * cols + c, n, v);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) tile[tr][4 * (t & 7) + j] = v[j];  // outside the tensor: 0
+        for (int j = 0; j < 4; ++j) tile[tr][band_col(tr, 4 * (t & 7) + j)] = v[j];  // outside the tensor: 0
       }
     }
     __syncthreads();
     const int k = t >> 3, g = t & 7;  // column k of the band, rows 16 g .. 16 g + 15
     uint32_t m = 0;
 #pragma unroll
-    for (int e = 0; e < 16; ++e) m = amax_bits_max(m, magnitude_bits(tile[16 * g + e][k]));
+    for (int e = 0; e < 16; ++e) m = amax_bits_max(m, magnitude_bits(tile[16 * g + e][band_col(16 * g + e, k)]));
 #pragma unroll
     for (int o = 1; o < 8; o <<= 1) m = amax_bits_max(m, __shfl_xor_sync(0xffffffffu, m, o));  // the column's 8
     const numerics::BlockScaleChoice ch = sc.choose(numerics::amax_from_bits(m));
@@ -236,7 +241,8 @@ template <DType D, Fp8Format F, bool Vec> __global__ void __launch_bounds__(kThr
       if (g == 0) sc.store(scales_t, band * s_band + c, ch);
       alignas(16) uint8_t q[16];
 #pragma unroll
-      for (int e = 0; e < 16; ++e) q[e] = numerics::float_to_fp8<F>(tile[16 * g + e][k] * ch.scale);
+      for (int e = 0; e < 16; ++e)
+        q[e] = numerics::float_to_fp8<F>(tile[16 * g + e][band_col(16 * g + e, k)] * ch.scale);
       uint8_t* dst = codes_t + c * rows + r;
       if (rows % 16 == 0) {
         *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(q);
@@ -297,8 +303,7 @@ template <DType D, Fp8Format F, bool Vec> __global__ void __launch_bounds__(kThr
 #pragma unroll
       for (int j = 0; j < 4; ++j) q[j] = numerics::float_to_fp8<F>(v[j] * ch.scale);
       if (codes != nullptr) store_codes4<Vec>(codes + r * cols + c, n, q);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) tile[tr][4 * tx + j] = q[j];
+      store_codes4<true>(&tile[tr][4 * tx], 4, q);  // one 32-bit shared store (rows are 132 bytes)
     }
     if (codes_t != nullptr) write_transposed_codes<B, kThreads>(tile, r0, c0, rows, cols, 0, codes_t);  // uniform
     __syncthreads();  // warp_m and the tile are read before the next tile row refills them

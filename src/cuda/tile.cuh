@@ -24,20 +24,27 @@ struct TileThread {
 using TileCodes = uint8_t[kTileDim][kTileDim + 4];
 
 // A Dim x Dim tile's codes in smem (rows r0 .., columns c0 .. of a [rows, cols] block at column
-// col_off) written transposed into codes_t [.., rows]: Dim / 4 threads write a transposed row, four
-// bytes (rows 4 g .. 4 g + 3) each. Every thread of the block (Threads of them) must call it; it
-// synchronizes before reading smem and after (the next tile may refill it).
+// col_off) written transposed into codes_t [.., rows]: a thread writes four bytes of transposed row
+// k (column k of the tile: its rows 4 g .. 4 g + 3). A warp takes 8 consecutive g of 4 columns
+// k four apart, so that its shared reads fall in 32 distinct banks and its global writes are four
+// runs of 32 bytes. Every thread of the block (Threads of them) must call it; it synchronizes
+// before reading smem and after (the next tile may refill it).
 template <int Dim, int Threads = kTileThreads>
 __device__ __forceinline__ void write_transposed_codes(const uint8_t (&smem)[Dim][Dim + 4], int64_t r0, int64_t c0,
                                                        int64_t rows, int64_t cols, int64_t col_off, uint8_t* codes_t) {
-  static_assert(Dim * Dim / 4 % Threads == 0, "whole passes");
-  constexpr int kRowThreadsT = Dim / 4;
+  static_assert(Dim * Dim / 4 % Threads == 0 && Threads % 32 == 0, "whole passes of whole warps");
+  // Row 4 g + i, word w is bank (4 g S + i S + w) mod 32 for rows of S words: with S odd, the 8 g
+  // of a warp take 8 distinct multiples of 4, and its 4 words w the rest.
+  static_assert(Dim % 32 == 0 && (Dim + 4) / 4 % 2 == 1, "the padded rows' banks");
+  constexpr int kGroupsOf8 = Dim / 32;  // of the Dim / 4 groups g of four rows
   __syncthreads();
   const bool vec_t = rows % 4 == 0;
 #pragma unroll
   for (int pass = 0; pass < Dim * Dim / 4 / Threads; ++pass) {
     const int idx = pass * Threads + static_cast<int>(threadIdx.x);
-    const int k = idx / kRowThreadsT, g = idx % kRowThreadsT;
+    const int lane = idx & 31, chunk = idx >> 5;  // a chunk: 8 g by 4 k, for one (kb, ks, gb)
+    const int gb = chunk % kGroupsOf8, ks = (chunk / kGroupsOf8) % 4, kb = chunk / kGroupsOf8 / 4;
+    const int k = 16 * kb + 4 * (lane >> 3) + ks, g = 8 * gb + (lane & 7);
     const int64_t r = r0 + 4 * g;
     if (c0 + k >= cols || r >= rows) continue;
     const uint8_t q[4] = {smem[4 * g][k], smem[4 * g + 1][k], smem[4 * g + 2][k], smem[4 * g + 3][k]};
@@ -81,8 +88,7 @@ __device__ __forceinline__ void write_tile(const float (&v)[4][4], int64_t r0, i
 #pragma unroll
       for (int j = 0; j < 4; ++j) q[j] = fp8_code(v[i][j], scale, o.e5m2);
       if (o.codes != nullptr) store_codes4<Vec>(o.codes + at, n, q);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) smem[th.ty + kTileRowStep * i][4 * th.tx + j] = q[j];
+      store_codes4<true>(&smem[th.ty + kTileRowStep * i][4 * th.tx], 4, q);  // one 32-bit shared store
     }
   }
   if (o.codes_t != nullptr) write_transposed_codes<kTileDim>(smem, r0, c0, rows, cols, col_off, o.codes_t);  // uniform
