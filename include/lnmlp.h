@@ -763,6 +763,29 @@ enum {
 /* lnmlp_query_support's feature: the backend shards (lnmlp_desc_set_sharding). */
 enum { LNMLP_FEATURE_SHARDING = 8 };
 
+/* GEMM math faster than exact (lnmlp_desc_set_gemm_math), OR'ed. */
+enum {
+  LNMLP_GEMM_MATH_EXACT = 0,                 /* fp32 accumulation throughout (the default) */
+  LNMLP_GEMM_MATH_FP8_FAST_ACCUMULATION = 1, /* the forward GEMMs of per-tensor FP8 recipes
+                                              * (DELAYED, CURRENT) accumulate in the tensor cores'
+                                              * own precision, without promotion to fp32 (as
+                                              * TransformerEngine's recipes run their forward) */
+  LNMLP_GEMM_MATH_TF32 = 2                   /* fp32 GEMMs on TF32 tensor cores (inputs rounded to
+                                              * 10 mantissa bits; PyTorch's allow_tf32) */
+};
+
+/* Lets the CUDA backend's GEMMs trade exactness for speed, as `flags` (LNMLP_GEMM_MATH_*) allow.
+ * The default, LNMLP_GEMM_MATH_EXACT, accumulates every GEMM in fp32 from its inputs as they are,
+ * which is what the CPU backend computes. FP8_FAST_ACCUMULATION applies to GEMM1 and GEMM2 under
+ * a per-tensor recipe only (the backward GEMMs and block-scaled GEMMs stay exact); TF32 applies
+ * to GEMMs whose inputs are fp32 (fp32 plans, unquantized or under BLOCK without power-of-2
+ * scales). The CPU backend accepts the flags and computes exactly (it has neither mode).
+ * Unknown bits: LNMLP_ERROR_INVALID_ARGUMENT, the descriptor unchanged.
+ * @since 0.2
+ * @param[in] flags
+ * @param[in,out] desc */
+LNMLP_API int32_t lnmlp_desc_set_gemm_math(lnmlp_desc* desc, int32_t flags);
+
 /* ---- Sharding ----------------------------------------------------------------------------- */
 
 /* Tensor-parallel sharding (docs/sharding.md): this plan is rank `rank` of a tensor-parallel group

@@ -698,6 +698,8 @@ std::vector<BadSetter> bad_setters() {
       {"ext ws 2", [](lnmlp_desc* d) { return lnmlp_desc_set_external_workspace(d, 2); }, I, "enabled"},
       {"weight layout 2", [](lnmlp_desc* d) { return lnmlp_desc_set_weight_layout(d, 2); }, I, "layout"},
       {"weight layout -1", [](lnmlp_desc* d) { return lnmlp_desc_set_weight_layout(d, -1); }, I, "layout"},
+      {"gemm math 4", [](lnmlp_desc* d) { return lnmlp_desc_set_gemm_math(d, 4); }, I, "flags"},
+      {"gemm math -1", [](lnmlp_desc* d) { return lnmlp_desc_set_gemm_math(d, -1); }, I, "flags"},
   };
 }
 
@@ -869,6 +871,7 @@ std::vector<std::pair<const char*, std::function<int32_t()>>> desc_calls(lnmlp_d
       {"set_sharding", [d] { return lnmlp_desc_set_sharding(d, 1, 0, 0); }},
       {"set_external_workspace", [d] { return lnmlp_desc_set_external_workspace(d, 1); }},
       {"set_weight_layout", [d] { return lnmlp_desc_set_weight_layout(d, LNMLP_WEIGHT_LAYOUT_OUT_IN); }},
+      {"set_gemm_math", [d] { return lnmlp_desc_set_gemm_math(d, LNMLP_GEMM_MATH_TF32); }},
       {"plan_create",
        [d] {
          lnmlp_plan* p = nullptr;

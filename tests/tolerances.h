@@ -89,6 +89,14 @@ inline Tolerance gpu_vs_cpu_tolerance(int32_t dtype) {
 // tests/test_fp8_plan.cpp).
 constexpr Tolerance kTolFp8Backends{1e-3, 0.04};
 
+// An fp32 plan with TF32 GEMMs (LNMLP_GEMM_MATH_TF32) against the CPU backend (exact fp32). TF32
+// tensor cores read each fp32 input with an 11-bit significand (unit roundoff 2^-11, ~4.9e-4) and
+// accumulate in fp32; an output of forward + backward has passed through up to four GEMMs, each
+// rounding both of its inputs, and the norm's backward and the activation's derivative carry those
+// errors on: 16 roundings' worth, 2^-7 (~0.8%), bounds it. A GEMM that ignored the flag is caught
+// by comparing bits with the exact plan, not by this bound; a wrong formula gives ~1e-2 and up.
+constexpr Tolerance kTolTf32{1e-5, 0.0078125};
+
 // Delayed scaling's recorded amaxes of the tensors the block computes (act_out, and dh, both
 // outputs of an FP8 GEMM and an activation), CUDA against CPU, relative. Each is the max over a
 // tensor of values whose GEMM sums differ between the backends as above: by up to ~1e-4 relative

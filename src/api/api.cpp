@@ -273,6 +273,19 @@ LNMLP_API int32_t lnmlp_desc_set_weight_layout(lnmlp_desc* desc, int32_t layout)
   });
 }
 
+LNMLP_API int32_t lnmlp_desc_set_gemm_math(lnmlp_desc* desc, int32_t flags) {
+  return api_guard(__func__, [&] {
+    edit(desc, [&](Config& c) {
+      constexpr int32_t known = LNMLP_GEMM_MATH_FP8_FAST_ACCUMULATION | LNMLP_GEMM_MATH_TF32;
+      if ((flags & ~known) != 0)
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "flags must be LNMLP_GEMM_MATH_* values OR'ed (0 .. ", known, "), got ",
+             flags);
+      c.fp8_fast_accumulation = (flags & LNMLP_GEMM_MATH_FP8_FAST_ACCUMULATION) != 0;
+      c.allow_tf32 = (flags & LNMLP_GEMM_MATH_TF32) != 0;
+    });
+  });
+}
+
 LNMLP_API int32_t lnmlp_desc_set_recipe(lnmlp_desc* desc, int32_t recipe) {
   return api_guard(__func__, [&] {
     edit(desc, [&](Config& c) {

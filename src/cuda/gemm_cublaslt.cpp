@@ -85,14 +85,19 @@ bool cublaslt_has_block_scaling() { return kBuiltWithBlockScaling && cublasLtGet
 LtGemm::LtGemm(cublasLtHandle_t handle, const LtShape& s, int64_t max_workspace, const char* name)
     : handle_(handle), shape_(s), name_(name) {
   try {
-    cublas_check(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    const bool tf32 = s.tf32 && s.a == LtType::F32 && s.b == LtType::F32;
+    cublas_check(cublasLtMatmulDescCreate(&desc_, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                 "cublasLtMatmulDescCreate");
     // Swapped operands (see the header): cuBLAS's A is our B, cuBLAS's B is our A.
     const cublasOperation_t op_a = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_b = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     set_attr(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a, "cublasLtMatmulDescSetAttribute(TRANSA)");
     set_attr(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b, "cublasLtMatmulDescSetAttribute(TRANSB)");
     if (is_fp8(s.a) || is_fp8(s.b)) {
-      const int8_t fast_accum = 0;  // exact fp32 accumulation, as the CPU backend's
+      // Exact fp32 accumulation, as the CPU backend's, unless the plan allows the fast mode
+      // (never with block scaling, which needs the promotion).
+      const bool blocks = s.scale_a != LtScale::Tensor || s.scale_b != LtScale::Tensor;
+      const int8_t fast_accum = s.fast_accumulation && !blocks ? 1 : 0;
       set_attr(desc_, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof fast_accum,
                "cublasLtMatmulDescSetAttribute(FAST_ACCUM)");
     }

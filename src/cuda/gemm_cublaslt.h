@@ -2,7 +2,8 @@
 // descriptor, matrix layouts and heuristic-chosen algorithm are made once (at plan creation) and
 // reused by every run. Row-major, as block/gemm_roles.h:
 //
-//   C[m, n] = op(A) @ op(B) * sa * sb (+ bias[n]),  fp32 accumulation (CUBLAS_COMPUTE_32F, no TF32)
+//   C[m, n] = op(A) @ op(B) * sa * sb (+ bias[n]),  fp32 accumulation (CUBLAS_COMPUTE_32F; TF32
+//   only where the shape asks, lnmlp_desc_set_gemm_math)
 //   op(A) is [m, k]: A stored [m, k], or [k, m] when trans_a.
 //   op(B) is [k, n]: B stored [k, n], or [n, k] when trans_b.
 //
@@ -13,7 +14,7 @@
 // gemm_vec128_scale_index / gemm_blk128_scale_index. Hopper's FP8 kernels take only K-major
 // operands: FP8 GEMMs are created with trans_a false and trans_b true (A [m, k], B [n, k]), which
 // is why the FP8 quantizers also write transposed codes. FP8 accumulates in fp32 without the fast
-// accumulation mode.
+// accumulation mode, unless the shape asks for it (fast_accumulation).
 //
 // cuBLASLt is column-major; a row-major C is the column-major C^T = op(B)^T op(A)^T, so each GEMM
 // runs with its operands swapped (B first) and the bias, a row of the column-major result, goes to
@@ -43,6 +44,8 @@ struct LtShape {
   bool bias = false;                        // the BIAS epilogue, a bias[n] of type c
   LtScale scale_a = LtScale::Tensor, scale_b = LtScale::Tensor;  // FP8 sides only
   bool accumulate = false;  // C += the product (beta 1; the scale_invs apply to the product only)
+  bool fast_accumulation = false;  // FP8 sides: the tensor cores' own accumulation, no promotion
+  bool tf32 = false;               // fp32 sides: TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32)
 };
 
 // The alignment cuBLASLt may assume of every pointer it is given (the heuristic is asked for

@@ -52,6 +52,9 @@ inline CudaGemm cuda_gemm(const block::GemmSpec& s, const Config& c, bool native
     g.shape.trans_b = true;
     g.shape.a = lt_type(r.formats[s.quantizer_a]);
     g.shape.b = lt_type(r.formats[s.quantizer_b]);
+    // lnmlp_desc_set_gemm_math: the forward GEMMs of per-tensor recipes only.
+    g.shape.fast_accumulation = c.fp8_fast_accumulation && r.per_tensor() &&
+                                (s.role == block::GemmRole::Gemm1 || s.role == block::GemmRole::Gemm2);
     if (r.recipe == Recipe::Block) {
       const auto weight = [](int q) { return q == kW1 || q == kW2; };
       g.shape.scale_a = weight(s.quantizer_a) ? LtScale::Blk128 : LtScale::Vec128;
@@ -60,6 +63,7 @@ inline CudaGemm cuda_gemm(const block::GemmSpec& s, const Config& c, bool native
   } else if (r.recipe != Recipe::None) {
     g.shape.a = g.shape.b = r.recipe == Recipe::Block && !r.power_2_scale ? LtType::F32 : LtType::BF16;
   }
+  g.shape.tf32 = c.allow_tf32 && g.shape.a == LtType::F32 && g.shape.b == LtType::F32;
   if (!fused_epilogue) {
     // An fp32 result is written where it goes and gets its bias after, in place; a bf16/f16 one
     // is staged in fp32 and rounded, with the bias, by the kernel.

@@ -85,6 +85,10 @@ struct Config {
   // FP8 recipe, whose quantizers read any dtype.
   int32_t weight_dtype = -1;
   WeightLayout weight_layout = WeightLayout::InOut;
+  // GEMM math faster than exact fp32 accumulation (lnmlp_desc_set_gemm_math; the CUDA backend's):
+  // fast accumulation in the per-tensor FP8 forward GEMMs, TF32 tensor cores for fp32 GEMMs.
+  bool fp8_fast_accumulation = false;
+  bool allow_tf32 = false;
   Fp8Options fp8;
   Sharding shard;
 

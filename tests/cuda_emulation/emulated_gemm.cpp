@@ -9,8 +9,13 @@
 // bias epilogue, as a GPU or cuBLASLt without them does, so the backend's fallbacks run too;
 // LNMLP_EMULATION_NO_FUSED_OUTPUT_BELOW_M=N refuses any result but fp32 without a bias for GEMMs
 // of fewer than N rows only (a token count that would need more staging than the plan's).
+// A TF32 shape (lnmlp_desc_set_gemm_math) reads its fp32 inputs as the TF32 tensor cores do, with
+// 10 mantissa bits; fast FP8 accumulation has no model here (its precision is the hardware's), so
+// it computes exactly.
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 #include "common/error.h"
 #include "cuda/gemm_cublaslt.h"
@@ -44,6 +49,17 @@ void put(LtType t, void* p, int64_t i, float v) {
     case LtType::E5M2: break;
   }
   fail(LNMLP_ERROR_INTERNAL, "an FP8 GEMM result");
+}
+
+// x as a TF32 tensor core reads it: 10 mantissa bits, rounded to nearest with ties away from zero
+// (PTX's cvt.rna.tf32.f32).
+float tf32(float x) {
+  if (!std::isfinite(x)) return x;
+  uint32_t u = 0;
+  std::memcpy(&u, &x, sizeof u);
+  u = (u + 0x1000u) & 0xffffe000u;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
 }
 
 // The scale_inv of element (o, k) of a side stored K-major as [outer, K].
@@ -97,9 +113,12 @@ void LtGemm::run(const void* a, const void* b, const void* bias, void* c, void*,
       float acc = 0.0f;
       for (int64_t k0 = 0; k0 < s.k; k0 += kb) {
         float part = 0.0f;
-        for (int64_t k = k0; k < std::min(s.k, k0 + kb); ++k)
-          part += value(s.a, a, s.trans_a ? k * s.m + i : i * s.k + k) *
-                  value(s.b, b, s.trans_b ? j * s.k + k : k * s.n + j);
+        for (int64_t k = k0; k < std::min(s.k, k0 + kb); ++k) {
+          float va = value(s.a, a, s.trans_a ? k * s.m + i : i * s.k + k);
+          float vb = value(s.b, b, s.trans_b ? j * s.k + k : k * s.n + j);
+          if (s.tf32) va = tf32(va), vb = tf32(vb);
+          part += va * vb;
+        }
         const float sa = is_fp8(s.a) ? scale_of(s.scale_a, a_scale_inv, i, k0, s.m, s.k) : 1.0f;
         const float sb = is_fp8(s.b) ? scale_of(s.scale_b, b_scale_inv, j, k0, s.n, s.k) : 1.0f;
         acc += part * sa * sb;

@@ -336,6 +336,40 @@ TEST(CudaCallsEdges, AStreamOfAnotherDeviceIsRefused) {
   CUDA_TEST_CHECK(cudaStreamDestroy(other));
 }
 
+// LNMLP_GEMM_MATH_TF32: an fp32 plan's GEMMs read their inputs as TF32, so the results differ from
+// the exact plan's bits and stay within TF32's bound of the CPU backend, which ignores the flag
+// (its bits are the exact plan's).
+TEST(CudaCallsEdges, Tf32GemmsAreWithinTf32OfTheCpuBackend) {
+  SKIP_WITHOUT_GPU();
+  const Problem pr = make_problem(config(kMaxTokens, true), LNMLP_DTYPE_F32, 95);
+  const PlanCalls exact{kMaxTokens}, tf32{kMaxTokens, 0, -1, LNMLP_GEMM_MATH_TF32};
+  Calls cuda_exact(pr, LNMLP_BACKEND_CUDA, LNMLP_RECIPE_NONE, exact),
+      cuda_tf32(pr, LNMLP_BACKEND_CUDA, LNMLP_RECIPE_NONE, tf32);
+  Calls cpu_exact(pr, LNMLP_BACKEND_CPU, LNMLP_RECIPE_NONE, exact),
+      cpu_tf32(pr, LNMLP_BACKEND_CPU, LNMLP_RECIPE_NONE, tf32);
+  for (Calls* c : {&cuda_exact, &cuda_tf32, &cpu_exact, &cpu_tf32}) c->set_gradients(c->gradients(0.0));
+  const RunResult want = cpu_exact.step(pr), rounded = cuda_tf32.step(pr), plain = cuda_exact.step(pr);
+  EXPECT_FALSE(same_bits("y", rounded.y, plain.y)) << "the TF32 plan computed the exact plan's y";
+  expect_close(rounded, want, kTolTf32, "TF32 against the CPU backend");
+  const RunResult cpu_allowed = cpu_tf32.step(pr);
+  const auto a = named(cpu_allowed), b = named(want);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(a[i].name, *a[i].buf, *b[i].buf)) << "CPU, TF32 allowed";
+}
+
+// LNMLP_GEMM_MATH_FP8_FAST_ACCUMULATION: a per-tensor FP8 plan's forward GEMMs accumulate in the
+// tensor cores' precision; the results stay within the FP8 backends' bound of the CPU backend.
+// (The emulation computes the fast mode exactly: which GEMMs get it is CudaHost's test.)
+TEST(CudaCallsEdges, FastFp8AccumulationStaysWithinTheFp8Bound) {
+  SKIP_WITHOUT_GPU();
+  const Problem pr = make_problem(config(kMaxTokens, true), LNMLP_DTYPE_BF16, 96);
+  const PlanCalls fast{kMaxTokens, 0, -1, LNMLP_GEMM_MATH_FP8_FAST_ACCUMULATION};
+  Calls cuda(pr, LNMLP_BACKEND_CUDA, LNMLP_RECIPE_CURRENT, fast);
+  Calls cpu(pr, LNMLP_BACKEND_CPU, LNMLP_RECIPE_CURRENT, PlanCalls{kMaxTokens});
+  cuda.set_gradients(cuda.gradients(0.0));
+  cpu.set_gradients(cpu.gradients(0.0));
+  expect_close(cuda.step(pr), cpu.step(pr), kTolFp8Backends, "fast FP8 accumulation against the CPU backend");
+}
+
 // Delayed scaling's state in caller device memory, per call: the bits of the plan's own state.
 TEST(CudaCallsEdges, CallerOwnedDeviceStateMatchesThePlansOwn) {
   SKIP_WITHOUT_GPU();

@@ -83,6 +83,40 @@ TEST(CudaHost, ColumnChunkingCoversEveryRowOnce) {
     }
 }
 
+// lnmlp_desc_set_gemm_math reaches the GEMMs it names, and no other: fast accumulation in GEMM1
+// and GEMM2 of per-tensor FP8 recipes, TF32 where both inputs are fp32.
+TEST(CudaHost, GemmMathReachesTheGemmsItNames) {
+  using lnmlp::cuda::LtType;
+  struct Plan {
+    lnmlp::numerics::DType dtype;
+    lnmlp::Recipe recipe;
+    bool power_2 = true;
+  };
+  for (const Plan p : {Plan{DType::BF16, lnmlp::Recipe::Delayed}, Plan{DType::F32, lnmlp::Recipe::Current},
+                       Plan{DType::BF16, lnmlp::Recipe::Block}, Plan{DType::F32, lnmlp::Recipe::Block, false},
+                       Plan{DType::BF16, lnmlp::Recipe::Mxfp8}, Plan{DType::F32, lnmlp::Recipe::None},
+                       Plan{DType::BF16, lnmlp::Recipe::None}})
+    for (bool native_block : {false, true}) {
+      lnmlp::Config c;
+      c.tokens = 64, c.hidden = 64, c.ffn = 96, c.num_acts = 2, c.dtype = p.dtype;
+      c.fp8.recipe = p.recipe;
+      c.fp8.power_2_scale = p.power_2 ? 1 : 0;
+      c.fp8_fast_accumulation = c.allow_tf32 = true;
+      const bool per_tensor = p.recipe == lnmlp::Recipe::Delayed || p.recipe == lnmlp::Recipe::Current;
+      for (GemmRole role : lnmlp::block::kAllGemmRoles) {
+        SCOPED_TRACE(std::to_string(static_cast<int>(p.recipe)) + " " + std::to_string(static_cast<int>(role)));
+        const auto s = lnmlp::cuda::cuda_gemm(lnmlp::block::gemm_spec(role, c), c, native_block).shape;
+        const bool forward = role == GemmRole::Gemm1 || role == GemmRole::Gemm2;
+        EXPECT_EQ(s.fast_accumulation, per_tensor && forward);
+        EXPECT_EQ(s.tf32, s.a == LtType::F32 && s.b == LtType::F32);
+        c.fp8_fast_accumulation = c.allow_tf32 = false;
+        const auto exact = lnmlp::cuda::cuda_gemm(lnmlp::block::gemm_spec(role, c), c, native_block).shape;
+        EXPECT_FALSE(exact.fast_accumulation || exact.tf32);
+        c.fp8_fast_accumulation = c.allow_tf32 = true;
+      }
+    }
+}
+
 // cuBLASLt refusing, at run time, algorithms its heuristic offered: the run falls through to the
 // next ones in order, keeps the first that runs, and reports the first refusal only when all
 // refuse.

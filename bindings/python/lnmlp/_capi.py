@@ -103,6 +103,9 @@ CALL_DEFAULT = 0  # no flag
 CALL_WEIGHTS_UNCHANGED = 1  # W1 and W2 as when the plan made its copies of them: reuse those
 BACKEND_CUDA = 1  # device pointers, 16-byte aligned; the stream argument is a cudaStream_t (NULL = default); runs from the module liblnmlp_cuda.so.1, loaded on first use from liblnmlp's directory (LNMLP_ERROR_NOT_SUPPORTED without it, a driver or the device)
 FEATURE_SHARDING = 8
+GEMM_MATH_EXACT = 0  # fp32 accumulation throughout (the default)
+GEMM_MATH_FP8_FAST_ACCUMULATION = 1  # the forward GEMMs of per-tensor FP8 recipes (DELAYED, CURRENT) accumulate in the tensor cores' own precision, without promotion to fp32 (as TransformerEngine's recipes run their forward)
+GEMM_MATH_TF32 = 2  # fp32 GEMMs on TF32 tensor cores (inputs rounded to 10 mantissa bits; PyTorch's allow_tf32)
 
 # lnmlp_comm_fn: a C function pointer type
 LNMLP_COMM_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p)
@@ -164,6 +167,7 @@ PROTOTYPES = {
     "lnmlp_plan_set_quantizer_state": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64]),
     "lnmlp_plan_forward": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]),
     "lnmlp_plan_backward": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]),
+    "lnmlp_desc_set_gemm_math": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
     "lnmlp_desc_set_sharding": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32]),
     "lnmlp_comm_create_callbacks": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p]),
     "lnmlp_comm_create_mpi": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p]),
@@ -179,6 +183,9 @@ PROTOTYPES = {
 EXPERIMENTAL = frozenset({
     "BACKEND_CUDA",
     "FEATURE_SHARDING",
+    "GEMM_MATH_EXACT",
+    "GEMM_MATH_FP8_FAST_ACCUMULATION",
+    "GEMM_MATH_TF32",
     "lnmlp_comm",
     "lnmlp_comm_callbacks",
     "lnmlp_comm_create_callbacks",
@@ -187,6 +194,7 @@ EXPERIMENTAL = frozenset({
     "lnmlp_comm_destroy",
     "lnmlp_comm_fn",
     "lnmlp_desc_set_communicator",
+    "lnmlp_desc_set_gemm_math",
     "lnmlp_desc_set_sharding",
     "lnmlp_plan_export_state",
     "lnmlp_plan_get_state_bytes",

@@ -42,6 +42,26 @@ GATED_PAIRS = {"geglu": ("gelu", "linear"), "swiglu": ("silu", "linear"),
 _REMATS = {"save_all": 0, "save_ffn1": 1, "save_stats": 2, "forward_only": 3}
 # W1 [H, A, F], W2 [F, H] (in x out: JAX's kernels), or W1 [A, F, H], W2 [H, F] (out x in: PyTorch's)
 _WEIGHT_LAYOUTS = {"in_out": _lib.WEIGHT_LAYOUT_IN_OUT, "out_in": _lib.WEIGHT_LAYOUT_OUT_IN}
+# lnmlp_desc_set_gemm_math's flags (the experimental tier), by name.
+_GEMM_MATH = {"fp8_fast_accumulation": _lib.GEMM_MATH_FP8_FAST_ACCUMULATION, "tf32": _lib.GEMM_MATH_TF32}
+
+
+def _gemm_math_flags(gemm_math):
+    """The names of ``gemm_math`` (a name, or an iterable of names, of _GEMM_MATH), sorted, and
+    their LNMLP_GEMM_MATH_* flags OR'ed."""
+    names = (gemm_math,) if isinstance(gemm_math, str) else gemm_math
+    try:
+        names = tuple(sorted({str(n).lower() for n in names}))
+    except TypeError:
+        raise InvalidArgumentError(f"gemm_math must be a name or names of {sorted(_GEMM_MATH)}, "
+                                   f"got {gemm_math!r}") from None
+    unknown = [n for n in names if n not in _GEMM_MATH]
+    if unknown:
+        raise InvalidArgumentError(f"gemm_math: unknown {unknown} (expected names of {sorted(_GEMM_MATH)})")
+    flags = 0
+    for n in names:
+        flags |= _GEMM_MATH[n]
+    return names, flags
 _BACKENDS = _lib._BACKENDS  # "cpu", "cuda" (the experimental tier) -> LNMLP_BACKEND_*
 # LNMLP_DTYPE_* of lnmlp_plan_get_tensor_shape -> NumPy element types.
 _ELEMENT_TYPES = {_lib.DTYPE_F32: np.dtype(np.float32), _lib.DTYPE_F16: np.dtype(np.float16),
@@ -336,13 +356,19 @@ class Plan:
     the memory, as lnmlp.jax's XLA calls do, or one that only asks for :attr:`workspace_bytes`);
     its forward and backward need the C API's lnmlp_plan_attach_workspace first. ``device`` is the
     CUDA device ordinal of a ``backend="cuda"`` plan (the CPU backend has only device 0).
+    ``gemm_math`` (experimental, ``lnmlp_desc_set_gemm_math``) lets a CUDA plan's GEMMs trade
+    exactness for speed: ``"fp8_fast_accumulation"`` (the forward GEMMs of per-tensor FP8 recipes
+    accumulate in the tensor cores' precision, as TransformerEngine runs them) and/or ``"tf32"``
+    (fp32 GEMMs on TF32 tensor cores, PyTorch's ``allow_tf32``); the default ``()`` is exact, and
+    the CPU backend computes exactly whatever it is given.
     """
 
     def __init__(self, tokens, hidden, ffn, *, norm_type="layernorm", zero_centered_gamma=False,
                  epsilon=1e-6, activation_type=("relu",), act_params=None, use_bias1=False,
                  use_bias2=False, dtype=np.float32, remat="save_all", num_threads=0, backend="cpu",
                  recipe=None, sharding=None, comm=None, accumulate_grads=False, grad_dtype=None,
-                 weight_dtype=None, external_workspace=False, device=0, weight_layout="in_out"):
+                 weight_dtype=None, external_workspace=False, device=0, weight_layout="in_out",
+                 gemm_math=()):
         self._handle = None  # set first, so __del__ is safe whatever fails below
         self._lock = threading.RLock()
         lib = _lib.get_lib()
@@ -363,6 +389,7 @@ class Plan:
         remat_v = _choice("remat", remat, _REMATS)
         self.weight_layout = weight_layout.lower() if isinstance(weight_layout, str) else weight_layout
         layout_v = _choice("weight_layout", weight_layout, _WEIGHT_LAYOUTS)
+        self.gemm_math, gemm_math_v = _gemm_math_flags(gemm_math)
         self.backend = backend.lower() if isinstance(backend, str) else backend
         backend_v = _choice("backend", backend, _BACKENDS)
         self.num_threads = _int_in("num_threads", num_threads, 0, 65536)
@@ -397,6 +424,8 @@ class Plan:
             c(lib.lnmlp_desc_set_dtype(desc, _DTYPES[self.dtype]))
             c(lib.lnmlp_desc_set_remat(desc, remat_v))
             c(lib.lnmlp_desc_set_weight_layout(desc, layout_v))
+            if gemm_math_v:
+                c(lib.lnmlp_desc_set_gemm_math(desc, gemm_math_v))
             if self.num_threads:
                 c(lib.lnmlp_desc_set_num_threads(desc, self.num_threads))
             if self.recipe is not None:

@@ -214,10 +214,22 @@ def test_dtype_spellings(dtype):
     (dict(dtype=np.float64), "dtype must be"),
     (dict(remat="never"), "remat must be one of"),
     (dict(backend="tpu"), "backend must be one of"),
+    (dict(gemm_math="tf16"), "gemm_math: unknown"),
+    (dict(gemm_math=3), "gemm_math must be a name"),
 ])
 def test_bad_options(kwargs, match):
     with pytest.raises(lnmlp.InvalidArgumentError, match=match):
         lnmlp.Plan(T, H, F, **kwargs)
+
+
+def test_gemm_math_is_exact_on_the_cpu():
+    # The CPU backend has neither fast mode: a plan allowing both computes the exact plan's bits.
+    a = arrays(A=2, bias1=True)
+    with lnmlp.Plan(T, H, F, activation_type=("silu", "linear"), use_bias1=True) as exact, \
+            lnmlp.Plan(T, H, F, activation_type=("silu", "linear"), use_bias1=True,
+                       gemm_math=("TF32", "fp8_fast_accumulation")) as fast:
+        assert fast.gemm_math == ("fp8_fast_accumulation", "tf32") and exact.gemm_math == ()
+        np.testing.assert_array_equal(fwd(fast, a)[0], fwd(exact, a)[0])
 
 
 def test_bad_shape_and_option_values_are_reported_by_the_library():

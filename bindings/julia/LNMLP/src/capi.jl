@@ -101,6 +101,9 @@ lnmlp_plan_forward(plan, tokens, x, gamma, beta, w1, b1, w2, b2, y, saved, fp8_s
 lnmlp_plan_backward(plan, tokens, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta, dw1, db1, dw2, db2, fp8_state, flags, stream) =
     ccall((:lnmlp_plan_backward, liblnmlp), Int32, (Ptr{Cvoid}, Int64, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Int32, Ptr{Cvoid}), plan, tokens, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta, dw1, db1, dw2, db2, fp8_state, flags, stream)
 # experimental tier (LNMLP_EXPERIMENTAL in C)
+lnmlp_desc_set_gemm_math(desc, flags) =
+    ccall((:lnmlp_desc_set_gemm_math, liblnmlp), Int32, (Ptr{Cvoid}, Int32), desc, flags)
+# experimental tier (LNMLP_EXPERIMENTAL in C)
 lnmlp_desc_set_sharding(desc, group_size, rank, sequence_parallel) =
     ccall((:lnmlp_desc_set_sharding, liblnmlp), Int32, (Ptr{Cvoid}, Int64, Int64, Int32), desc, group_size, rank, sequence_parallel)
 # experimental tier (LNMLP_EXPERIMENTAL in C)

@@ -97,3 +97,6 @@ const LNMLP_CALL_DEFAULT = Int32(0)  # no flag
 const LNMLP_CALL_WEIGHTS_UNCHANGED = Int32(1)  # W1 and W2 as when the plan made its copies of them: reuse those
 const LNMLP_BACKEND_CUDA = Int32(1)  # (experimental tier) device pointers, 16-byte aligned; the stream argument is a cudaStream_t (NULL = default); runs from the module liblnmlp_cuda.so.1, loaded on first use from liblnmlp's directory (LNMLP_ERROR_NOT_SUPPORTED without it, a driver or the device)
 const LNMLP_FEATURE_SHARDING = Int32(8)  # (experimental tier)
+const LNMLP_GEMM_MATH_EXACT = Int32(0)  # (experimental tier) fp32 accumulation throughout (the default)
+const LNMLP_GEMM_MATH_FP8_FAST_ACCUMULATION = Int32(1)  # (experimental tier) the forward GEMMs of per-tensor FP8 recipes (DELAYED, CURRENT) accumulate in the tensor cores' own precision, without promotion to fp32 (as TransformerEngine's recipes run their forward)
+const LNMLP_GEMM_MATH_TF32 = Int32(2)  # (experimental tier) fp32 GEMMs on TF32 tensor cores (inputs rounded to 10 mantissa bits; PyTorch's allow_tf32)

@@ -208,6 +208,19 @@ pub const LNMLP_BACKEND_CUDA: i32 = 1;
 /// `LNMLP_FEATURE_SHARDING` of include/lnmlp.h.
 #[cfg(feature = "experimental")]
 pub const LNMLP_FEATURE_SHARDING: i32 = 8;
+/// fp32 accumulation throughout (the default)
+#[cfg(feature = "experimental")]
+pub const LNMLP_GEMM_MATH_EXACT: i32 = 0;
+/// the forward GEMMs of per-tensor FP8 recipes
+/// (DELAYED, CURRENT) accumulate in the tensor cores'
+/// own precision, without promotion to fp32 (as
+/// TransformerEngine's recipes run their forward)
+#[cfg(feature = "experimental")]
+pub const LNMLP_GEMM_MATH_FP8_FAST_ACCUMULATION: i32 = 1;
+/// fp32 GEMMs on TF32 tensor cores (inputs rounded to
+/// 10 mantissa bits; PyTorch's allow_tf32)
+#[cfg(feature = "experimental")]
+pub const LNMLP_GEMM_MATH_TF32: i32 = 2;
 
 /// The opaque `lnmlp_desc` handle of include/lnmlp.h.
 #[repr(C)]
@@ -599,6 +612,18 @@ extern "C" {
     /// @param\[out\] dx, dgamma, dbeta, db2
     /// @param\[in,out\] plan, dw1, db1, dw2, fp8_state
     pub fn lnmlp_plan_backward(plan: *mut lnmlp_plan, tokens: i64, dy: *const c_void, x: *const c_void, gamma: *const c_void, beta: *const c_void, w1: *const c_void, b1: *const c_void, w2: *const c_void, saved: *const c_void, dx: *mut c_void, dgamma: *mut c_void, dbeta: *mut c_void, dw1: *mut c_void, db1: *mut c_void, dw2: *mut c_void, db2: *mut c_void, fp8_state: *mut c_void, flags: i32, stream: *mut c_void) -> i32;
+    /// Lets the CUDA backend's GEMMs trade exactness for speed, as `flags` (LNMLP_GEMM_MATH_*) allow.
+    /// The default, LNMLP_GEMM_MATH_EXACT, accumulates every GEMM in fp32 from its inputs as they are,
+    /// which is what the CPU backend computes. FP8_FAST_ACCUMULATION applies to GEMM1 and GEMM2 under
+    /// a per-tensor recipe only (the backward GEMMs and block-scaled GEMMs stay exact); TF32 applies
+    /// to GEMMs whose inputs are fp32 (fp32 plans, unquantized or under BLOCK without power-of-2
+    /// scales). The CPU backend accepts the flags and computes exactly (it has neither mode).
+    /// Unknown bits: LNMLP_ERROR_INVALID_ARGUMENT, the descriptor unchanged.
+    /// @since 0.2
+    /// @param\[in\] flags
+    /// @param\[in,out\] desc
+    #[cfg(feature = "experimental")]
+    pub fn lnmlp_desc_set_gemm_math(desc: *mut lnmlp_desc, flags: i32) -> i32;
     /// Tensor-parallel sharding (docs/sharding.md): this plan is rank `rank` of a tensor-parallel group
     /// of `group_size` plans, one per rank, that run every forward and backward together. Default:
     /// group_size 1 (no sharding). With group_size P > 1 each rank holds a shard of the weights:

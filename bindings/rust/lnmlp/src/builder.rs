@@ -46,6 +46,8 @@ pub struct PlanBuilder {
     sharding: Option<(usize, usize, bool)>,
     #[cfg(feature = "experimental")]
     communicator: Option<Communicator>,
+    #[cfg(feature = "experimental")]
+    gemm_math: Option<(bool, bool)>,
     external_workspace: Option<bool>,
 }
 
@@ -274,6 +276,19 @@ impl PlanBuilder {
 
     /// Experimental (feature `experimental`; may change in any release).
     ///
+    /// GEMM math faster than exact (`lnmlp_desc_set_gemm_math`), for the CUDA backend:
+    /// `fp8_fast_accumulation` lets the forward GEMMs of per-tensor FP8 recipes accumulate in the
+    /// tensor cores' precision (as TransformerEngine runs them), `tf32` runs fp32 GEMMs on TF32
+    /// tensor cores (PyTorch's `allow_tf32`). Default: both off (exact). The CPU backend computes
+    /// exactly whatever it is given.
+    #[cfg(feature = "experimental")]
+    pub fn gemm_math(mut self, fp8_fast_accumulation: bool, tf32: bool) -> Self {
+        self.gemm_math = Some((fp8_fast_accumulation, tf32));
+        self
+    }
+
+    /// Experimental (feature `experimental`; may change in any release).
+    ///
     /// The communicator a sharded plan uses (`lnmlp_desc_set_communicator`): the builder and
     /// every plan built from it keep a reference to it (a clone), so it may be dropped after
     /// building. Plans sharing one communicator must not run at the same time (every rank runs
@@ -365,6 +380,12 @@ impl PlanBuilder {
                     Some(true) => 1,
                 };
                 check(sys::lnmlp_desc_set_scaling_options(d, p, eps))?;
+            }
+            #[cfg(feature = "experimental")]
+            if let Some((fast, tf32)) = self.gemm_math {
+                let flags = if fast { sys::LNMLP_GEMM_MATH_FP8_FAST_ACCUMULATION } else { 0 }
+                    | if tf32 { sys::LNMLP_GEMM_MATH_TF32 } else { 0 };
+                check(sys::lnmlp_desc_set_gemm_math(d, flags))?;
             }
             #[cfg(feature = "experimental")]
             if let Some((g, r, sp)) = self.sharding {

@@ -169,6 +169,8 @@ fn bad_experimental_settings_are_reported() {
         let e = small().backend(Backend::Cuda, 0).build().unwrap_err();
         assert_eq!(e.status(), Status::NotSupported, "{e}");
     }
+    // GEMM math the CPU backend accepts (and computes exactly)
+    small().gemm_math(true, true).build().unwrap();
 }
 
 #[test]
