@@ -1,7 +1,10 @@
 // Element types of the I/O tensors and their conversions to and from fp32.
 //
-// bf16 and f16 travel as uint16_t bit patterns. Conversions round to nearest even; NaN stays NaN
-// and overflow goes to infinity, as IEEE casts do.
+// bf16 and f16 travel as uint16_t bit patterns. Conversions round to nearest even and overflow
+// goes to infinity, as IEEE casts do; every NaN becomes the format's canonical NaN, 0x7fff (sign
+// and payload dropped), which is what NVIDIA GPUs write (cvt.rn.f16.f32, cvt.rn.bf16.f32), so
+// that host and device give the same bits: a GPU's arithmetic already canonicalizes NaNs (any
+// NaN result is 0x7fffffff), while the host's keeps signs and payloads.
 #pragma once
 
 #include <cstdint>
@@ -44,15 +47,18 @@ LNMLP_HD float bits_float(uint32_t u) {
 #endif
 }
 
+// The canonical NaN of bf16 and of f16.
+constexpr uint16_t kBf16CanonicalNan = 0x7fff;
+constexpr uint16_t kF16CanonicalNan = 0x7fff;
+
 LNMLP_HD float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
 
 LNMLP_HD uint16_t float_to_bf16(float f) {
   const uint32_t u = float_bits(f);
-  // Round to nearest even: add 0x7fff plus the lowest kept bit, then truncate. NaN becomes a quiet
-  // NaN. Written as a select, not a branch, so loops over it vectorize.
+  // Round to nearest even: add 0x7fff plus the lowest kept bit, then truncate. NaN becomes the
+  // canonical NaN. Written as a select, not a branch, so loops over it vectorize.
   const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const uint32_t quiet_nan = (u >> 16) | 0x0040u;
-  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? uint32_t{kBf16CanonicalNan} : rounded);
 }
 
 // IEEE binary16 <-> fp32. On the device these are the CUDA intrinsics. On the host they are
@@ -78,7 +84,7 @@ LNMLP_HD float f16_to_float(uint16_t h) {
 
 LNMLP_HD uint16_t float_to_f16(float f) {
 #if defined(__CUDA_ARCH__)
-  return __half_as_ushort(__float2half_rn(f));
+  return f != f ? kF16CanonicalNan : __half_as_ushort(__float2half_rn(f));
 #else
   const uint32_t u = float_bits(f);
   const uint32_t sign = (u >> 16) & 0x8000u;
@@ -90,12 +96,10 @@ LNMLP_HD uint16_t float_to_f16(float f) {
   // with float's last mantissa bit, so the hardware's round-to-nearest-even does the rounding.
   const float magic = 0.5f;
   const uint32_t subnormal = float_bits(bits_float(a) + magic) - float_bits(magic);
-  const uint32_t nan = 0x7e00u | ((a >> 13) & 0x3ffu);
-  const uint32_t magnitude = a > 0x7f800000u   ? nan
-                             : a >= 0x477ff000u ? 0x7c00u  // rounds to infinity (>= 65520)
+  const uint32_t magnitude = a >= 0x477ff000u   ? 0x7c00u  // rounds to infinity (>= 65520)
                              : a >= 0x38800000u ? normal
                                                 : subnormal;
-  return static_cast<uint16_t>(sign | magnitude);
+  return static_cast<uint16_t>(a > 0x7f800000u ? uint32_t{kF16CanonicalNan} : sign | magnitude);
 #endif
 }
 

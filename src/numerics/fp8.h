@@ -10,8 +10,11 @@
 // fp32 -> fp8 (float_to_fp8) rounds to nearest, ties to even, and SATURATES: every value whose
 // magnitude is beyond max finite becomes ± max finite, for E5M2 too (never infinity), and so do
 // ±infinity inputs, for both formats (TransformerEngine's saturating cast, CUDA's __NV_SATFINITE).
-// NaN stays NaN, with its sign, as the canonical quiet NaN of the format: S.1111.111 for E4M3,
-// S.11111.10 for E5M2 (the bits ml_dtypes produces). Values that round to zero keep their sign
+// NaN becomes the format's canonical NaN, 0x7f for both formats (sign and payload dropped): what
+// NVIDIA's cvt.rn.satfinite writes, and so TransformerEngine's casts, and the same bits on host and
+// device (a GPU's arithmetic canonicalizes NaNs; the host's keeps their signs). ml_dtypes keeps
+// a NaN's sign (S.1111.111, S.11111.10): lnmlp's codes differ from its only there. Values that
+// round to zero keep their sign
 // (-tiny -> 0x80). Magnitudes at or below half the smallest subnormal round to zero (exactly half
 // is a tie and goes to the even code, zero).
 //
@@ -24,8 +27,8 @@
 // The host path is written as branch-free integer selects (bit masks, see select_bits), so that
 // `#pragma omp simd` loops over it vectorize with GCC 12 at every x86-64 ISA level (checked with
 // -fopt-info-vec for SSE2, AVX2 and AVX-512). On the device, encoding is the hardware's
-// cvt.rn.satfinite (cuda_fp8.h); its canonical NaN has no sign, so NaN inputs are mapped to the
-// host's NaN code to keep host and device bit-identical. Decoding shares the integer code.
+// cvt.rn.satfinite (cuda_fp8.h), whose NaN is the canonical code; a NaN input is mapped to it
+// explicitly all the same. Decoding shares the integer code.
 #pragma once
 
 #include <cstdint>
@@ -74,7 +77,7 @@ template <> struct Fp8Traits<Fp8Format::E5M2> {
   static constexpr uint32_t bias = 15;
   static constexpr float max = kFp8E5M2Max;
   static constexpr uint32_t max_code = 0x7b;
-  static constexpr uint32_t nan_code = 0x7e;
+  static constexpr uint32_t nan_code = 0x7f;
   static constexpr uint32_t first_nan_code = 0x7d;
   static constexpr uint32_t inf_code = 0x7c;
   static constexpr uint32_t max_float_bits = 0x47600000u;  // 57344.0f
@@ -94,8 +97,7 @@ template <Fp8Format F> LNMLP_HD uint8_t float_to_fp8(float f) {
 #if defined(__CUDA_ARCH__)
   const __nv_fp8_storage_t r =
       __nv_cvt_float_to_fp8(f, __NV_SATFINITE, F == Fp8Format::E4M3 ? __NV_E4M3 : __NV_E5M2);
-  const uint32_t nan = ((__float_as_uint(f) >> 24) & 0x80u) | T::nan_code;
-  return static_cast<uint8_t>(f != f ? nan : static_cast<uint32_t>(r));
+  return static_cast<uint8_t>(f != f ? T::nan_code : static_cast<uint32_t>(r));
 #else
   constexpr uint32_t shift = 23u - T::mantissa_bits;  // float mantissa bits dropped
   constexpr uint32_t min_normal_bits = (127u + 1u - T::bias) << 23;
@@ -116,8 +118,7 @@ template <Fp8Format F> LNMLP_HD uint8_t float_to_fp8(float f) {
   // Anything at or beyond max finite (±inf included) saturates; below max, rounding never
   // exceeds max_code, so the comparison with max itself is exact.
   magnitude = select_bits(a >= T::max_float_bits, T::max_code, magnitude);
-  magnitude = select_bits(a > 0x7f800000u, T::nan_code, magnitude);
-  return static_cast<uint8_t>(sign | magnitude);
+  return static_cast<uint8_t>(select_bits(a > 0x7f800000u, T::nan_code, sign | magnitude));
 #endif
 }
 

@@ -366,4 +366,52 @@ TEST(CudaFp8KernelsEpilogue, BiasRoundIsTheCpuBackendsAlsoInPlace) {
     }
 }
 
+// Every NaN, of either sign, quiet or signalling, any payload, comes out of a kernel as the
+// format's canonical NaN (numerics/dtype.h, fp8.h): 0x7fff in bf16 and f16, 0x7f in both FP8
+// formats, as NVIDIA's conversions write them; on the host as on the device, whose arithmetic
+// turns every NaN into 0x7fffffff before it is stored.
+TEST(CudaFp8KernelsNan, EveryNanIsTheCanonicalCode) {
+  SKIP_WITHOUT_DEVICE();
+  const int64_t rows = 4, cols = 8;
+  std::vector<float> x = normal_input(static_cast<size_t>(rows * cols), 2.0f, 7);
+  const uint32_t nans[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fa01234u, 0xffffffffu};
+  std::vector<bool> is_nan(x.size(), false);
+  for (size_t i = 0; i < std::size(nans); ++i) {
+    const size_t at = 5 * i + 1;
+    std::memcpy(&x[at], &nans[i], sizeof(float));
+    is_nan[at] = true;
+  }
+  const Device<float> dx(x);
+  for (DType d : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(lnmlp::numerics::dtype_name(d));
+    Device<uint16_t> out(x.size());
+    lnmlp::cuda::bias_round(d, dx.p, rows, cols, nullptr, false, out.p, nullptr);
+    CUDA_OK(cudaGetLastError());
+    const std::vector<uint16_t> got = out.host();
+    for (size_t i = 0; i < x.size(); ++i) {
+      const uint16_t want = is_nan[i]          ? uint16_t{0x7fff}
+                            : d == DType::BF16 ? lnmlp::numerics::float_to_bf16(x[i])
+                                               : lnmlp::numerics::float_to_f16(x[i]);
+      EXPECT_EQ(got[i], want) << "element " << i;
+    }
+  }
+  const Device<float> scale(std::vector<float>{1.0f});
+  for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+    SCOPED_TRACE(f == Fp8Format::E4M3 ? "e4m3" : "e5m2");
+    Device<uint8_t> codes(x.size()), codes_t(x.size());
+    lnmlp::cuda::fp8_quantize_per_tensor(DType::F32, f, dx.p, rows, cols, scale.p, codes.p, codes_t.p, nullptr);
+    CUDA_OK(cudaGetLastError());
+    const std::vector<uint8_t> got = codes.host(), got_t = codes_t.host();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const size_t i = static_cast<size_t>(r * cols + c);
+        const uint8_t want = is_nan[i]              ? uint8_t{0x7f}
+                             : f == Fp8Format::E4M3 ? lnmlp::numerics::float_to_fp8<Fp8Format::E4M3>(x[i])
+                                                    : lnmlp::numerics::float_to_fp8<Fp8Format::E5M2>(x[i]);
+        EXPECT_EQ(int{got[i]}, int{want}) << "element " << i;
+        EXPECT_EQ(int{got_t[static_cast<size_t>(c * rows + r)]}, int{want}) << "transposed element " << i;
+      }
+  }
+}
+
 }  // namespace

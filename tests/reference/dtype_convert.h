@@ -46,7 +46,7 @@ inline double bf16_to_double(uint16_t b) {
 inline uint16_t f16_from_double(double v) {
   const uint16_t sign = std::signbit(v) ? 0x8000 : 0;
   const double a = std::fabs(v);
-  if (std::isnan(v)) return sign | 0x7e00;
+  if (std::isnan(v)) return 0x7fff;  // the canonical NaN (numerics/dtype.h)
   if (std::isinf(v)) return sign | 0x7c00;
   if (a < 0x1p-14) return static_cast<uint16_t>(sign | static_cast<uint16_t>(std::nearbyint(a * 0x1p24)));
   int e = 0;

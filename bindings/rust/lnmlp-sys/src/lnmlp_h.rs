@@ -329,10 +329,10 @@ extern "C" {
     /// Quantizes: out\[i\] = fp8(in\[i\] * scale), the product taken in fp32, for i < count; dtype is
     /// LNMLP_DTYPE_FP8_E4M3 or LNMLP_DTYPE_FP8_E5M2. The cast rounds to nearest, ties to even, and
     /// saturates: a magnitude beyond the format's max finite value becomes +/- max finite (for E5M2
-    /// too, never infinity), and so does +/-infinity; NaN stays NaN (0x7f/0xff for E4M3, 0x7e/0xfe
-    /// for E5M2, keeping its sign); a value that rounds to zero keeps its sign (0x80 for a negative
-    /// one). `in` and `out` are host pointers and must not overlap; they may be NULL when count is 0.
-    /// scale must be finite and nonzero; count >= 0.
+    /// too, never infinity), and so does +/-infinity; every NaN becomes the canonical NaN code 0x7f
+    /// (both formats; sign and payload dropped, as NVIDIA GPUs and TransformerEngine write it; ml_dtypes
+    /// keeps the sign); a value that rounds to zero keeps its sign (0x80 for a negative one). `in` and `out` are host
+    /// pointers and must not overlap; they may be NULL when count is 0. scale must be finite and nonzero; count >= 0.
     /// @since 0.1; changed in 0.2 (an LNMLP_DTYPE_FP8_* element type)
     /// @param\[in\] dtype, in, count, scale
     /// @param\[out\] out
