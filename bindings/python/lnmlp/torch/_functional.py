@@ -118,8 +118,10 @@ def config(norm_type, zero_centered_gamma, epsilon, activation_type, act_params,
 
 
 def run(cfg, recipe, x, gamma, beta, w1, b1, w2, b2, state=None, main_grads=None):
-    """y for x [..., H] with w1 [H, A, F], w2 [F, H], b1 [A, F] or None, b2 [H] or None, after the
-    checks every caller gets: torch tensors on x's device, contiguous, of the right shapes.
+    """y for x [..., H] with w1 [H, A, F] and w2 [F, H] (or, with cfg's out x in weight layout,
+    w1 [A, F, H] and w2 [H, F]), b1 [A, F] or None, b2 [H] or None, after the checks every caller
+    gets: torch tensors on x's device, contiguous, of the right shapes. y is a fresh tensor of x's
+    shape, not a view (FSDP2 and others expect a module's output to own its storage).
     Parameters in another dtype than x are cast to it, as TransformerEngine casts them -- except
     fp32 weights with a bf16/f16 x under an FP8 recipe, quantized from fp32 (gradients fp32)."""
     x = _tensor("x", x)
@@ -128,11 +130,16 @@ def run(cfg, recipe, x, gamma, beta, w1, b1, w2, b2, state=None, main_grads=None
     H = x.shape[-1]
     w1 = _tensor("kernel_1", w1, x)
     w2 = _tensor("kernel_2", w2, x)
-    if w1.dim() != 3 or w1.shape[0] != H or w1.shape[1] != len(cfg.activations):
-        raise _shape_error("kernel_1", f"(H, A, F) = ({H}, {len(cfg.activations)}, F)", w1.shape)
-    A, F = w1.shape[1], w1.shape[2]
-    if tuple(w2.shape) != (F, H):
-        raise _shape_error("kernel_2", (F, H), w2.shape)
+    A = len(cfg.activations)
+    if cfg.out_in:
+        if w1.dim() != 3 or w1.shape[0] != A or w1.shape[2] != H:
+            raise _shape_error("kernel_1", f"(A, F, H) = ({A}, F, {H})", w1.shape)
+    elif w1.dim() != 3 or w1.shape[0] != H or w1.shape[1] != A:
+        raise _shape_error("kernel_1", f"(H, A, F) = ({H}, {A}, F)", w1.shape)
+    F = cfg.ffn_of(w1)[1]
+    w2_shape = cfg.weight_shapes(H, A, F)[1]
+    if tuple(w2.shape) != w2_shape:
+        raise _shape_error("kernel_2", w2_shape, w2.shape)
     gamma = _tensor("gamma", gamma, x)
     if tuple(gamma.shape) != (H,):
         raise _shape_error("gamma", (H,), gamma.shape)
@@ -177,12 +184,12 @@ def run(cfg, recipe, x, gamma, beta, w1, b1, w2, b2, state=None, main_grads=None
     main_dw1 = main_dw2 = None
     if main_grads is not None:
         main_dw1, main_dw2 = main_grads
-    y, _, new_state = _ops.forward_op(x.reshape(-1, H), gamma, beta, w1, b1, w2, b2, state, main_dw1, main_dw2,
-                                      cfg.ints(), cfg.floats())
+    y, _, new_state = _ops.forward_op(x, gamma, beta, w1, b1, w2, b2, state, main_dw1, main_dw2, cfg.ints(),
+                                      cfg.floats())
     if state is not None:
         with torch.no_grad():
             state.copy_(new_state)
-    return y.reshape(x.shape)
+    return y
 
 
 def layernorm_mlp(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamma=False, epsilon=1e-6,

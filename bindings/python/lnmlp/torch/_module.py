@@ -1,12 +1,12 @@
 """``lnmlp.torch.LayerNormMLP``: TransformerEngine PyTorch's ``LayerNormMLP`` module on lnmlp, and
 ``fp8_autocast``.
 
-Parameters carry TransformerEngine's names and shapes (``fc1_weight`` [A*F, H], ``fc2_weight``
-[H, F], ...), so a TransformerEngine checkpoint loads with ``load_state_dict``. The two weights
-are stored transposed -- ``fc1_weight`` is a [A*F, H] view of a contiguous [H, A*F] tensor,
-``fc2_weight`` a [H, F] view of a contiguous [F, H] one -- which is the layout lnmlp's GEMMs read,
-so forward and backward use them in place, with no copy; ``.to()``, optimizers and
-``load_state_dict`` (which copies into the existing tensors) keep that layout.
+Parameters carry TransformerEngine's names, shapes and layout: ``fc1_weight`` [A*F, H] and
+``fc2_weight`` [H, F] are contiguous tensors in ``nn.Linear``'s out x in layout, which the module's
+plans read in place (``weight_layout="out_in"``) and write their gradients (and fp32 ``main_grad``
+accumulations) in. So a TransformerEngine checkpoint loads with ``load_state_dict``, and FSDP2,
+DDP's bucket views, ``torch.distributed.checkpoint``, safetensors and Megatron-style ``main_grad``
+views into one flat buffer take the parameters as they are.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import weakref
 
 import torch
 
+from .. import _lib
 from .._lib import InvalidArgumentError, NotSupportedError
 from ..recipe import QUANTIZERS, DelayedScaling, Recipe
 from . import _functional, _ops
@@ -78,8 +79,9 @@ class LayerNormMLP(torch.nn.Module):
     params_dtype: the parameters' dtype (default torch.get_default_dtype()); inputs may have
     another (parameters are cast to the input's dtype, except fp32 weights under FP8, quantized
     from fp32). device: where the parameters live ("cpu" or a CUDA device).
-    fuse_wgrad_accumulation: backward adds dW into each weight's fp32 ``main_grad`` (made here
-    when absent, in the weight's layout) instead of returning ``.grad``.
+    fuse_wgrad_accumulation: backward adds dW into each weight's fp32 ``main_grad`` instead of
+    returning ``.grad``: a contiguous float32 tensor of the weight's shape (any contiguous view, such
+    as Megatron's slices of one flat buffer; made here when absent).
     return_bias: forward returns (output without fc2's bias, fc2_bias), as TE does.
     fp8_recipe: an lnmlp recipe this module always uses (else the surrounding :func:`fp8_autocast`
     decides); with delayed scaling its state is the buffer ``fp8_state``, in ``state_dict()``.
@@ -116,7 +118,8 @@ class LayerNormMLP(torch.nn.Module):
         self.activation_params = activation_params
         # Checks the settings once, here (forward only swaps the recipe and flags).
         self._cfg = _functional.config(_NORMALIZATIONS[normalization], zero_centered_gamma, eps,
-                                       ACTIVATIONS[activation], activation_params, None, slot=next(_slots))
+                                       ACTIVATIONS[activation], activation_params, None, slot=next(_slots)
+                                       ).with_(weight_layout=_lib.WEIGHT_LAYOUT_OUT_IN)
         weakref.finalize(self, _ops.drop_slot, self._cfg.slot)
         A = len(ACTIVATIONS[activation])
         H, F = hidden_size, ffn_hidden_size
@@ -125,10 +128,10 @@ class LayerNormMLP(torch.nn.Module):
         param = lambda present, t: torch.nn.Parameter(t) if present else None  # noqa: E731
         self.register_parameter("layer_norm_weight", param(True, torch.empty(H, **kw)))
         self.register_parameter("layer_norm_bias", param(normalization == "LayerNorm", torch.empty(H, **kw)))
-        # Stored as lnmlp reads them: [H, A*F] and [F, H], exposed as TE's [A*F, H] and [H, F].
-        self.register_parameter("fc1_weight", param(True, torch.empty(H, A * F, **kw).t()))
+        # nn.Linear's layout, as TE stores them: the plans read them so (weight_layout "out_in").
+        self.register_parameter("fc1_weight", param(True, torch.empty(A * F, H, **kw)))
         self.register_parameter("fc1_bias", param(bias, torch.empty(A * F, **kw)))
-        self.register_parameter("fc2_weight", param(True, torch.empty(F, H, **kw).t()))
+        self.register_parameter("fc2_weight", param(True, torch.empty(H, F, **kw)))
         self.register_parameter("fc2_bias", param(bias, torch.empty(H, **kw)))
         self._init_method = init_method or _init_normal
         self._output_layer_init_method = output_layer_init_method or _init_normal
@@ -184,19 +187,20 @@ class LayerNormMLP(torch.nn.Module):
         return self.fp8_state
 
     def _main_grads(self, A, F):
-        """fc1's and fc2's fp32 main_grad as lnmlp's [H, A, F] and [F, H] (made when absent)."""
-        H = self.hidden_size
+        """fc1's and fc2's fp32 main_grad as the plans take them: [A, F, H] and [H, F] (made when absent)."""
         out = []
-        for name, w, shape in (("fc1_weight", self.fc1_weight, (H, A, F)), ("fc2_weight", self.fc2_weight, (F, H))):
+        for name, w, shape in (("fc1_weight", self.fc1_weight, (A, F, self.hidden_size)),
+                               ("fc2_weight", self.fc2_weight, None)):
             mg = getattr(w, "main_grad", None)
             if mg is None:
-                mg = w.main_grad = torch.zeros_like(w, dtype=torch.float32)
-            t = mg.t()
-            if mg.dtype != torch.float32 or tuple(mg.shape) != tuple(w.shape) or not t.is_contiguous():
+                mg = w.main_grad = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
+            if (not isinstance(mg, torch.Tensor) or mg.dtype != torch.float32 or tuple(mg.shape) != tuple(w.shape)
+                    or mg.device != w.device or not mg.is_contiguous()):
                 raise InvalidArgumentError(
-                    f"{name}.main_grad must be a float32 tensor in {name}'s layout (torch.zeros_like({name}, "
-                    "dtype=torch.float32)), to be accumulated into in place")
-            out.append(t.view(shape))
+                    f"{name}.main_grad must be a contiguous float32 tensor of {name}'s shape {tuple(w.shape)} on its "
+                    f"device (torch.zeros_like({name}, dtype=torch.float32), or a view of a flat buffer), to be "
+                    "accumulated into in place")
+            out.append(mg if shape is None else mg.view(shape))
         return out
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None):
@@ -207,11 +211,9 @@ class LayerNormMLP(torch.nn.Module):
         if is_first_microbatch is False:
             flags = _ops._lib.CALL_WEIGHTS_UNCHANGED
         cfg = self._cfg.with_(recipe=_ops.recipe_number(recipe), flags=flags)
-        # The weights as lnmlp reads them: views of their storage (a copy only if someone replaced
-        # a weight by a tensor in another layout).
-        w1, w2 = self.fc1_weight.t(), self.fc2_weight.t()
-        w1 = (w1 if w1.is_contiguous() else w1.contiguous()).view(H, A, F)
-        w2 = w2 if w2.is_contiguous() else w2.contiguous()
+        # The weights in place ([A*F, H] read as [A, F, H]); a copy only if someone replaced one by a
+        # non-contiguous tensor.
+        w1, w2 = self.fc1_weight.contiguous().view(A, F, H), self.fc2_weight.contiguous()
         b1 = None if self.fc1_bias is None else self.fc1_bias.view(A, F)
         b2 = None if self.fc2_bias is None or self.return_bias else self.fc2_bias
         main = self._main_grads(A, F) if self.fuse_wgrad_accumulation and torch.is_grad_enabled() else None

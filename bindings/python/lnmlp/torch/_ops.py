@@ -3,8 +3,9 @@
 Three ops, each with a fake (meta) implementation for ``torch.compile`` and ``opcheck``:
 
 * ``lnmlp::forward(x, gamma, beta, w1, b1, w2, b2, state, main_dw1, main_dw2, ints, floats)
-  -> (y, saved, state)`` (main_dw1 / main_dw2: the fp32 accumulators its backward adds the weight
-  gradients into, or None; forward only keeps them for backward)
+  -> (y, saved, state)`` (y a fresh tensor of x's shape, never a view; main_dw1 / main_dw2: the
+  fp32 accumulators its backward adds the weight gradients into, or None; forward only keeps them
+  for backward)
 * ``lnmlp::backward(dy, x, gamma, beta, w1, b1, w2, saved, state, ints, floats)
   -> (dx, dgamma, dbeta, dw1, db1, dw2, db2, state)``
 * ``lnmlp::backward_accumulate(dy, ..., state, main_dw1, main_dw2, ints, floats)
@@ -19,8 +20,10 @@ delayed-scaling state comes in and goes out as a fresh tensor, and the caller co
 (``_functional.py``), which both eager PyTorch and ``torch.compile`` handle; the backward formula
 copies the backward quantizers' update into the caller's state tensor the same way.
 
-Tensors are passed to the C library by pointer, with no copies: x is ``[T, H]``, w1 ``[H, A, F]``,
-w2 ``[F, H]``, all contiguous (the wrappers refuse anything else with a clear error). CPU tensors
+Tensors are passed to the C library by pointer, with no copies: x is ``[..., H]`` (every leading
+index a token), w1 ``[H, A, F]`` and w2 ``[F, H]`` (JAX's kernels, the configuration's
+``weight_layout`` 0) or ``[A, F, H]`` and ``[H, F]`` (``nn.Linear``'s weights, 1), all contiguous
+(the wrappers refuse anything else with a clear error); dW1 and dW2 come back in the weights' layout. CPU tensors
 run on the CPU backend, CUDA tensors on the CUDA backend on ``torch.cuda.current_stream()``.
 
 The configuration travels as two lists (``ints``, ``floats``; ``_Config`` packs and unpacks them),
@@ -91,12 +94,14 @@ class _Config:
     recipe: int = 0         # recipe_number()
     flags: int = 0          # LNMLP_CALL_* of this call
     grad_dtype: int = -1    # dW1, db1, dW2, db2: -1 the I/O dtype, or LNMLP_DTYPE_F32
+    weight_layout: int = 0  # LNMLP_WEIGHT_LAYOUT_*: 0 w1 [H, A, F], w2 [F, H]; 1 w1 [A, F, H], w2 [H, F]
     epsilon: float = 1e-6
     clamp_limit: float = 7.0
     clamp_alpha: float = 1.702
     clamp_offset: float = 1.0
 
-    _INTS = ("slot", "norm", "zero_centered_gamma", "act0", "act1", "remat", "recipe", "flags", "grad_dtype")
+    _INTS = ("slot", "norm", "zero_centered_gamma", "act0", "act1", "remat", "recipe", "flags", "grad_dtype",
+             "weight_layout")
     _FLOATS = ("epsilon", "clamp_limit", "clamp_alpha", "clamp_offset")
 
     def ints(self) -> List[int]:
@@ -113,6 +118,18 @@ class _Config:
         return dataclasses.replace(self, **changes)
 
     @property
+    def out_in(self) -> bool:
+        return self.weight_layout == _lib.WEIGHT_LAYOUT_OUT_IN
+
+    def ffn_of(self, w1: Tensor) -> tuple:
+        """(A, F) of w1, whichever its layout."""
+        return (w1.shape[0], w1.shape[1]) if self.out_in else (w1.shape[1], w1.shape[2])
+
+    def weight_shapes(self, hidden, A, ffn) -> tuple:
+        """The shapes of w1 (and dW1) and w2 (and dW2) in this configuration's layout."""
+        return ((A, ffn, hidden), (hidden, ffn)) if self.out_in else ((hidden, A, ffn), (ffn, hidden))
+
+    @property
     def activations(self):
         return (_ACT_NAMES[self.act0],) if self.act1 < 0 else (_ACT_NAMES[self.act0], _ACT_NAMES[self.act1])
 
@@ -123,6 +140,12 @@ def _unpack(ints: tuple, floats: tuple) -> _Config:
         raise InvalidArgumentError(f"lnmlp ops: expected {len(_Config._INTS)} ints and {len(_Config._FLOATS)} "
                                    f"floats of configuration, got {len(ints)} and {len(floats)}")
     return _Config(**dict(zip(_Config._INTS, map(int, ints))), **dict(zip(_Config._FLOATS, map(float, floats))))
+
+
+def _dims(cfg: _Config, x: Tensor, w1: Tensor) -> tuple:
+    """(T, H, A, F) of a call: x is [..., H], every leading index a token (T may be symbolic)."""
+    H = x.shape[-1]
+    return (x.numel() // H, H, *cfg.ffn_of(w1))
 
 
 # ---- plans ------------------------------------------------------------------------------------------
@@ -141,13 +164,13 @@ def _plan_kwargs(cfg: _Config, hidden, ffn, dtype, has_b1, has_b2, weight_dtype,
                 act_params=_plan.ActParams(cfg.clamp_limit, cfg.clamp_alpha, cfg.clamp_offset) if clamped else None,
                 use_bias1=has_b1, use_bias2=has_b2, dtype=np_dtype, remat=_REMAT_NAMES[cfg.remat],
                 recipe=_recipes[cfg.recipe], grad_dtype=np.float32 if cfg.grad_dtype == _lib.DTYPE_F32 else None,
-                weight_dtype=_DTYPES[weight_dtype][0] if weight_dtype != dtype else None, accumulate_grads=accumulate)
+                weight_dtype=_DTYPES[weight_dtype][0] if weight_dtype != dtype else None, accumulate_grads=accumulate,
+                weight_layout="out_in" if cfg.out_in else "in_out")
 
 
 def _plan_for(cfg: _Config, x: Tensor, w1: Tensor, has_b1, has_b2, accumulate=False):
     """The plan for this call (made, or replaced by a larger one, as needed)."""
-    tokens, hidden = x.shape
-    _, A, ffn = w1.shape
+    tokens, hidden, A, ffn = _dims(cfg, x, w1)
     device = x.device
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     owner = stream if device.type == "cuda" else threading.get_ident()
@@ -243,8 +266,7 @@ def forward_op(x: Tensor, gamma: Tensor, beta: Optional[Tensor], w1: Tensor, b1:
                b2: Optional[Tensor], state: Optional[Tensor], main_dw1: Optional[Tensor],
                main_dw2: Optional[Tensor], ints: List[int], floats: List[float]) -> tuple[Tensor, Tensor, Tensor]:
     cfg = _Config.unpack(ints, floats)
-    T, H = x.shape
-    _, A, F = w1.shape
+    T, H, A, F = _dims(cfg, x, w1)
     plan = _plan_for(cfg, x, w1, b1 is not None, b2 is not None)
     y = torch.empty_like(x)
     saved = torch.empty(saved_bytes_bound(cfg, T, H, A, F, x.dtype, b1 is not None, b2 is not None),
@@ -266,8 +288,7 @@ def forward_op(x: Tensor, gamma: Tensor, beta: Optional[Tensor], w1: Tensor, b1:
 @forward_op.register_fake
 def _forward_fake(x, gamma, beta, w1, b1, w2, b2, state, main_dw1, main_dw2, ints, floats):
     cfg = _Config.unpack(ints, floats)
-    T, H = x.shape
-    _, A, F = w1.shape
+    T, H, A, F = _dims(cfg, x, w1)
     saved = x.new_empty(saved_bytes_bound(cfg, T, H, A, F, x.dtype, b1 is not None, b2 is not None),
                         dtype=torch.uint8)
     new_state = x.new_empty(state.shape if state is not None else (0,), dtype=torch.float32)
@@ -283,15 +304,15 @@ def backward_op(dy: Tensor, x: Tensor, gamma: Tensor, beta: Optional[Tensor], w1
                 w2: Tensor, has_b2: bool, saved: Tensor, state: Optional[Tensor], ints: List[int],
                 floats: List[float]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     cfg = _Config.unpack(ints, floats)
-    T, H = x.shape
-    _, A, F = w1.shape
+    T, H, A, F = _dims(cfg, x, w1)
     plan = _plan_for(cfg, x, w1, b1 is not None, has_b2)
     g = _grad_type(cfg, x.dtype)
     dx, dgamma = torch.empty_like(x), torch.empty_like(gamma)
     dbeta = _empty_like_param(beta is not None, (H,), x.dtype, x.device)
-    dw1 = torch.empty((H, A, F), dtype=g, device=x.device)
+    w1_shape, w2_shape = cfg.weight_shapes(H, A, F)
+    dw1 = torch.empty(w1_shape, dtype=g, device=x.device)
     db1 = _empty_like_param(b1 is not None, (A, F), g, x.device)
-    dw2 = torch.empty((F, H), dtype=g, device=x.device)
+    dw2 = torch.empty(w2_shape, dtype=g, device=x.device)
     db2 = _empty_like_param(has_b2, (H,), g, x.device)
     new_state = _state_copy(state, x.device)
     lib = _lib.get_lib()
@@ -306,12 +327,12 @@ def backward_op(dy: Tensor, x: Tensor, gamma: Tensor, beta: Optional[Tensor], w1
 @backward_op.register_fake
 def _backward_fake(dy, x, gamma, beta, w1, b1, w2, has_b2, saved, state, ints, floats):
     cfg = _Config.unpack(ints, floats)
-    H = x.shape[1]
-    _, A, F = w1.shape
+    _, H, A, F = _dims(cfg, x, w1)
     g = _grad_type(cfg, x.dtype)
+    w1_shape, w2_shape = cfg.weight_shapes(H, A, F)
     return (torch.empty_like(x), torch.empty_like(gamma), x.new_empty((H,) if beta is not None else (0,)),
-            x.new_empty((H, A, F), dtype=g), x.new_empty((A, F) if b1 is not None else (0,), dtype=g),
-            x.new_empty((F, H), dtype=g), x.new_empty((H,) if has_b2 else (0,), dtype=g),
+            x.new_empty(w1_shape, dtype=g), x.new_empty((A, F) if b1 is not None else (0,), dtype=g),
+            x.new_empty(w2_shape, dtype=g), x.new_empty((H,) if has_b2 else (0,), dtype=g),
             x.new_empty(state.shape if state is not None else (0,), dtype=torch.float32))
 
 
@@ -322,8 +343,7 @@ def backward_accumulate_op(dy: Tensor, x: Tensor, gamma: Tensor, beta: Optional[
                            main_dw1: Tensor, main_dw2: Tensor, ints: List[int],
                            floats: List[float]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     cfg = _Config.unpack(ints, floats).with_(grad_dtype=_lib.DTYPE_F32)
-    T, H = x.shape
-    _, A, F = w1.shape
+    T, H, A, F = _dims(cfg, x, w1)
     plan = _plan_for(cfg, x, w1, b1 is not None, has_b2, accumulate=True)
     dx, dgamma = torch.empty_like(x), torch.empty_like(gamma)
     dbeta = _empty_like_param(beta is not None, (H,), x.dtype, x.device)
@@ -345,8 +365,7 @@ def backward_accumulate_op(dy: Tensor, x: Tensor, gamma: Tensor, beta: Optional[
 @backward_accumulate_op.register_fake
 def _backward_accumulate_fake(dy, x, gamma, beta, w1, b1, w2, has_b2, saved, state, main_dw1, main_dw2, ints,
                               floats):
-    H = x.shape[1]
-    _, A, F = w1.shape
+    _, H, A, F = _dims(_Config.unpack(ints, floats), x, w1)
     return (torch.empty_like(x), torch.empty_like(gamma), x.new_empty((H,) if beta is not None else (0,)),
             x.new_empty((A, F) if b1 is not None else (0,), dtype=torch.float32),
             x.new_empty((H,) if has_b2 else (0,), dtype=torch.float32),
