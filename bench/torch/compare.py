@@ -60,7 +60,7 @@ def make_blocks(T, H, F, act, dtype, device, seed=0):
         m.layer_norm_bias.copy_(0.1 * torch.randn(H, device=device, dtype=dtype))
         m.fc1_bias.copy_(0.1 * torch.randn(m.fc1_bias.shape, device=device, dtype=dtype))
         m.fc2_bias.copy_(0.1 * torch.randn(H, device=device, dtype=dtype))
-    # nn.Linear's layout: contiguous [out, in] (the module's are transposed views).
+    # The same values in separate tensors (the module's are in nn.Linear's layout too).
     plain = [p.detach().contiguous().requires_grad_(True) for p in
              (m.layer_norm_weight, m.layer_norm_bias, m.fc1_weight, m.fc1_bias, m.fc2_weight, m.fc2_bias)]
     x = torch.randn(T, H, device=device, dtype=dtype, requires_grad=True)

@@ -37,3 +37,16 @@ def random_state(module, seed, scale=0.3):
     """Random values for every parameter of `module` (float32, CPU), as a state_dict to load."""
     g = torch.Generator().manual_seed(seed)
     return {n: torch.randn(p.shape, generator=g) * scale for n, p in module.named_parameters()}
+
+
+class Residual(torch.nn.Module):
+    """x + block(x) for each block in turn: a stack of FFN sublayers as a transformer has them."""
+
+    def __init__(self, blocks):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(blocks)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = x + b(x)
+        return x
