@@ -161,6 +161,75 @@ def test_bad_input_raises_a_clear_error_at_trace_time(bad, match):
         jax.jit(lambda x: run(dict(d, x=x), "layernorm", ("relu",))).lower(d["x"])
 
 
+# ---- the XLA FFI handlers check every buffer themselves: a direct custom call -------------------------
+
+def _direct(call_name, spec, args, results=None, **changed_results):
+    """Runs lnmlp's custom call directly (jax.ffi.ffi_call, as any JAX program could), with the
+    results lnmlp.jax would give it unless `results` or `changed_results` say otherwise."""
+    from lnmlp.jax import _calls, _ffi
+    _ffi.ensure_registered()
+    out = _calls._output_types(spec)
+    names = (("y", "saved") if call_name == "forward" else _calls._BACKWARD_OUTPUTS) + ("workspace", "fp8_state")
+    types = results or tuple(changed_results.get(n, out[n]) for n in names)
+    call = jax.ffi.ffi_call(_ffi.FORWARD if call_name == "forward" else _ffi.BACKWARD, types)
+    return call(*args, **spec.attributes())
+
+
+def _direct_case():
+    from lnmlp.jax._calls import Spec, no_state
+    T = 8
+    spec = Spec(tokens=T, hidden=H, ffn=F, norm_type="layernorm", zero_centered_gamma=False, epsilon=EPS,
+                activations=("gelu",), act_params=(7.0, 1.702, 1.0), has_bias1=True, has_bias2=True,
+                dtype="float32", remat="save_all", backend="cpu")
+    d = make(1, np.float32, lead=(T,), seed=13)
+    x = jnp.asarray(d["x"])
+    fwd = [x, d["gamma"], d["beta"], d["k1"], d["b1"], d["k2"], d["b2"], no_state()]
+    return spec, [jnp.asarray(a) for a in fwd]
+
+
+def test_a_direct_custom_call_with_the_right_buffers_computes_the_block():
+    spec, fwd = _direct_case()
+    y, saved, _, _ = _direct("forward", spec, fwd)
+    y_api = lj.layernorm_mlp(fwd[0], *fwd[1:3], [fwd[3], fwd[5]], [fwd[4], fwd[6]], "layernorm", epsilon=EPS,
+                             activation_type=("gelu",))
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(y_api))
+    dx = _direct("backward", spec, [jnp.ones_like(y), *fwd[:5], fwd[5], saved, fwd[7]])[0]
+    assert np.isfinite(np.asarray(dx)).all()
+
+
+@pytest.mark.parametrize("what", ["kernel_1 smaller", "x bfloat16", "saved of 16 bytes", "y too small",
+                                  "dkernel_2 bfloat16", "bias_1 present for a plan without", "fp8 state given"])
+def test_a_direct_custom_call_with_wrong_buffers_is_refused_before_it_runs(what):
+    spec, fwd = _direct_case()
+    y, saved, _, _ = _direct("forward", spec, fwd)
+    dy = jnp.ones_like(y)
+    bwd = [dy, *fwd[:6], saved, fwd[7]]
+    if what == "kernel_1 smaller":
+        call = lambda: _direct("forward", spec, fwd[:3] + [fwd[3][:, :, :-1]] + fwd[4:])  # noqa: E731
+        match = (r"forward custom call's kernel_1 is float32 \[%d, 1, %d\], "
+                 r"but the plan takes float32 \[%d, 1, %d\]" % (H, F - 1, H, F))
+    elif what == "x bfloat16":
+        call = lambda: _direct("forward", spec, [fwd[0].astype(jnp.bfloat16)] + fwd[1:])  # noqa: E731
+        match = r"x is bfloat16 \[8, %d\], but the plan takes float32" % H
+    elif what == "saved of 16 bytes":
+        call = lambda: _direct("backward", spec, bwd[:7] + [jnp.zeros((16,), jnp.uint8), bwd[8]])  # noqa: E731
+        match = r"backward custom call's saved is uint8 \[16\], but the plan takes at least uint8"
+    elif what == "y too small":
+        call = lambda: _direct("forward", spec, fwd, y=jax.ShapeDtypeStruct((4, H), jnp.float32))  # noqa: E731
+        match = r"forward custom call's y is float32 \[4, %d\]" % H
+    elif what == "dkernel_2 bfloat16":
+        call = lambda: _direct("backward", spec, bwd, dw2=jax.ShapeDtypeStruct((F, H), jnp.bfloat16))  # noqa: E731
+        match = r"dkernel_2 is bfloat16"
+    elif what == "bias_1 present for a plan without":
+        call = lambda: _direct("forward", spec.with_(has_bias1=False), fwd)  # noqa: E731
+        match = r"bias_1 is float32 \[1, %d\], but the plan takes a zero-element array" % F
+    else:
+        call = lambda: _direct("forward", spec, fwd[:7] + [jnp.ones((6, 17), jnp.float32)])  # noqa: E731
+        match = r"fp8 state is float32 \[6, 17\], but the plan takes a zero-element array"
+    with pytest.raises(Exception, match=match):
+        jax.block_until_ready(call())
+
+
 @pytest.mark.parametrize("kw, match", [
     (dict(acts=("swish",)), "unknown activation"),
     (dict(norm="batchnorm"), "norm_type"),
@@ -211,6 +280,34 @@ def test_fp8_recipes_match_the_simulation_under_jit_grad(rid):
         if v is not None:
             check_sim(f"jax {k} {rid}", g[k], v, dtype)
     assert (qs.state is None) == (spec[0] != "delayed")
+
+
+@pytest.mark.parametrize("params", ["kernels-f32-rest-bf16", "kernels-bf16-rest-f32", "all-f32"])
+@pytest.mark.parametrize("rid", [None, "delayed-hybrid", "current-hybrid", "block-p2", "mxfp8-e4m3"])
+def test_every_gradient_has_its_parameters_dtype(rid, params):
+    """A bf16 x with parameters in other dtypes, under every recipe: each gradient comes back in its
+    parameter's dtype (fp32 kernels under FP8 once gave fp32 db1 and db2 for bf16 biases), and db2,
+    the sum of dy over the tokens whatever the recipe, is that sum as the block's bf16 I/O dtype
+    holds it (as TransformerEngine's dbias: in dy's dtype, then cast to the bias's)."""
+    T, H_, F_, norm, acts = 64, 64, 96, "layernorm", ("gelu",)
+    inp = make_inputs(T, H_, F_, 1, norm, np.float32, True, seed=8)
+    kernels_dt, rest_dt = {"kernels-f32-rest-bf16": (np.float32, BF16), "kernels-bf16-rest-f32": (BF16, np.float32),
+                           "all-f32": (np.float32, np.float32)}[params]
+    args = {k: jnp.asarray(v, kernels_dt if k in ("w1", "w2") else rest_dt) for k, v in inp.items() if k != "x"}
+    x = jnp.asarray(inp["x"], jnp.bfloat16)
+    dy = jnp.asarray(make_dy(T, H_, np.float32, seed=8), jnp.bfloat16)
+    qs = None if rid is None else lj.make_quantizer_set(recipe_of(RECIPES[rid]))
+    names = ("gamma", "beta", "w1", "b1", "w2", "b2")
+
+    def loss(x, gamma, beta, w1, b1, w2, b2):
+        y = lj.layernorm_mlp(x, gamma, beta, [w1, w2], [b1, b2], norm, activation_type=acts, quantizer_set=qs)
+        return jnp.sum(y.astype(jnp.float32) * dy.astype(jnp.float32))
+
+    grads = jax.jit(jax.grad(loss, argnums=tuple(range(7))))(x, *(args[n] for n in names))
+    for name, value, g in zip(("x",) + names, (x,) + tuple(args[n] for n in names), grads):
+        assert g.dtype == value.dtype, f"d{name} is {g.dtype}, but {name} is {value.dtype}"
+    db2_ref = np.asarray(dy, np.float64).sum(axis=0)
+    ref.assert_close(f"db2 {rid} {params}", np.asarray(grads[6], np.float64), db2_ref, "bfloat16")
 
 
 @pytest.mark.parametrize("rid", ["current-hybrid", "mxfp8-e4m3"])

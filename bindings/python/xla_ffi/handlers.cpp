@@ -14,6 +14,7 @@
 //
 // No exception leaves a handler: failures become an ffi::Error carrying lnmlp's message, which JAX
 // raises as an exception.
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -153,6 +154,85 @@ int64_t tokens_of(const PlanState& s, const ffi::AnyBuffer& x) {
   return n / s.config.hidden;
 }
 
+// ---- the buffers' checks: XLA hands over whatever a custom call was given, and a direct call
+// (jax.ffi.ffi_call with other shapes than lnmlp.jax's) must not make lnmlp read or write out of
+// bounds. Each buffer is checked against what the plan takes for the call's tokens
+// (lnmlp_plan_get_tensor_shape), before anything runs.
+
+const char* type_name(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::F32: return "float32";
+    case ffi::DataType::BF16: return "bfloat16";
+    case ffi::DataType::F16: return "float16";
+    case ffi::DataType::U8: return "uint8";
+    default: return "another element type";
+  }
+}
+
+ffi::DataType xla_type(int32_t lnmlp_dtype) {
+  switch (lnmlp_dtype) {
+    case LNMLP_DTYPE_F32: return ffi::DataType::F32;
+    case LNMLP_DTYPE_BF16: return ffi::DataType::BF16;
+    case LNMLP_DTYPE_F16: return ffi::DataType::F16;
+    case LNMLP_DTYPE_U8: return ffi::DataType::U8;
+    default: fail(ffi::ErrorCode::kInternal, "lnmlp: a tensor of an element type the XLA handlers do not know");
+  }
+}
+
+std::string dims_string(const int64_t* dims, size_t rank) {
+  std::string s = "[";
+  for (size_t i = 0; i < rank; ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+// The plan's shapes for a call of `tokens` tokens, and the check of each buffer against them.
+class Expected {
+ public:
+  Expected(const lnmlp_plan* plan, int64_t tokens, const char* call) : plan_(plan), tokens_(tokens), call_(call) {}
+
+  // A buffer of exactly the plan's dims and element type for `tensor` (a zero-element stand-in
+  // where the plan takes none). The saved buffer, flat bytes, may be longer than the call's.
+  void expect(int32_t tensor, const char* name, ffi::DataType type, ffi::Span<const int64_t> dims) const {
+    int64_t rank = 0, want[LNMLP_MAX_TENSOR_RANK] = {};
+    int32_t dtype = 0;
+    check(lnmlp_plan_get_tensor_shape(plan_, tensor, tokens_, &rank, want, &dtype));
+    int64_t count = 1;
+    for (int64_t d : dims) count *= d;
+    if (rank < 0) {
+      if (count != 0) mismatch(name, "a zero-element array (the plan does not take it)", type, dims);
+      return;
+    }
+    const ffi::DataType want_type = xla_type(dtype);
+    const std::string want_text = std::string(type_name(want_type)) + " " + dims_string(want, rank);
+    if (type != want_type) mismatch(name, want_text, type, dims);
+    if (tensor == LNMLP_TENSOR_SAVED) {
+      if (count < want[0]) mismatch(name, "at least " + want_text, type, dims);
+      return;
+    }
+    if (dims.size() != static_cast<size_t>(rank) || !std::equal(dims.begin(), dims.end(), want))
+      mismatch(name, want_text, type, dims);
+  }
+  void expect(int32_t tensor, const char* name, const ffi::AnyBuffer& b) const {
+    expect(tensor, name, b.element_type(), b.dimensions());
+  }
+  void expect(int32_t tensor, const char* name, ffi::Result<ffi::AnyBuffer>& b) const {
+    expect(tensor, name, b->element_type(), b->dimensions());
+  }
+
+ private:
+  [[noreturn]] void mismatch(const char* name, const std::string& want, ffi::DataType type,
+                             ffi::Span<const int64_t> dims) const {
+    fail(ffi::ErrorCode::kInvalidArgument, std::string("lnmlp: the ") + call_ + " custom call's " + name + " is " +
+                                               type_name(type) + " " + dims_string(dims.begin(), dims.size()) +
+                                               ", but the plan takes " + want + " for " + std::to_string(tokens_) +
+                                               " tokens");
+  }
+
+  const lnmlp_plan* plan_;
+  int64_t tokens_;
+  const char* call_;
+};
+
 // Attaches XLA's workspace output, its start rounded up to the plan's alignment (the buffer has
 // that much to spare), for a plan that takes its workspace from XLA (see plan_cache.cpp).
 void attach_workspace(const SharedPlan& p, ffi::Result<ffi::AnyBuffer>& ws) {
@@ -160,6 +240,9 @@ void attach_workspace(const SharedPlan& p, ffi::Result<ffi::AnyBuffer>& ws) {
   const auto base = reinterpret_cast<uintptr_t>(ws->untyped_data());
   const auto align = static_cast<uintptr_t>(p.alignment);
   const size_t skip = static_cast<size_t>((align - base % align) % align);
+  if (ws->size_bytes() < skip)
+    fail(ffi::ErrorCode::kInvalidArgument, "lnmlp: the custom call's workspace is " + std::to_string(ws->size_bytes()) +
+                                               " bytes, smaller than its alignment");
   void* start = static_cast<char*>(ws->untyped_data()) + skip;
   check(lnmlp_plan_attach_workspace(p.plan, start, static_cast<int64_t>(ws->size_bytes() - skip)));
 }
@@ -205,6 +288,14 @@ ffi::Error forward(PlanState* s, void* stream, int32_t device, ffi::RemainingArg
     SharedPlan& p = s->on_device(device);
     std::lock_guard<std::mutex> lock(p.mutex);
     p.reserve(t);
+    const Expected want(p.plan, t, "forward");
+    const int32_t inputs[] = {LNMLP_TENSOR_X,  LNMLP_TENSOR_GAMMA, LNMLP_TENSOR_BETA, LNMLP_TENSOR_W1,
+                              LNMLP_TENSOR_B1, LNMLP_TENSOR_W2,    LNMLP_TENSOR_B2,   LNMLP_TENSOR_FP8_STATE};
+    const char* names[] = {"x", "gamma", "beta", "kernel_1", "bias_1", "kernel_2", "bias_2", "fp8 state"};
+    for (size_t i = 0; i < 8; ++i) want.expect(inputs[i], names[i], b.in(i));
+    want.expect(LNMLP_TENSOR_Y, "y", y);
+    want.expect(LNMLP_TENSOR_SAVED, "saved", saved);
+    want.expect(LNMLP_TENSOR_FP8_STATE, "fp8 state (result)", state);
     attach_workspace(p, workspace);
     void* st = fp8_state(b.in(7), state, s->config.backend);
     check(lnmlp_plan_forward(p.plan, t, x.untyped_data(), b.in(1).untyped_data(), in_ptr(b.in(2)),
@@ -225,6 +316,17 @@ ffi::Error backward(PlanState* s, void* stream, int32_t device, ffi::RemainingAr
     SharedPlan& p = s->on_device(device);
     std::lock_guard<std::mutex> lock(p.mutex);
     p.reserve(t);
+    const Expected want(p.plan, t, "backward");
+    const int32_t inputs[] = {LNMLP_TENSOR_DY,   LNMLP_TENSOR_X,     LNMLP_TENSOR_GAMMA,
+                              LNMLP_TENSOR_BETA, LNMLP_TENSOR_W1,    LNMLP_TENSOR_B1,
+                              LNMLP_TENSOR_W2,   LNMLP_TENSOR_SAVED, LNMLP_TENSOR_FP8_STATE};
+    const char* in_names[] = {"dy", "x", "gamma", "beta", "kernel_1", "bias_1", "kernel_2", "saved", "fp8 state"};
+    for (size_t i = 0; i < 9; ++i) want.expect(inputs[i], in_names[i], b.in(i));
+    const int32_t grads[] = {LNMLP_TENSOR_DX,  LNMLP_TENSOR_DGAMMA, LNMLP_TENSOR_DBETA, LNMLP_TENSOR_DW1,
+                             LNMLP_TENSOR_DB1, LNMLP_TENSOR_DW2,    LNMLP_TENSOR_DB2};
+    const char* grad_names[] = {"dx", "dgamma", "dbeta", "dkernel_1", "dbias_1", "dkernel_2", "dbias_2"};
+    for (size_t i = 0; i < 7; ++i) want.expect(grads[i], grad_names[i], g[i]);
+    want.expect(LNMLP_TENSOR_FP8_STATE, "fp8 state (result)", state);
     attach_workspace(p, workspace);
     void* st = fp8_state(b.in(8), state, s->config.backend);
     check(lnmlp_plan_backward(p.plan, t, b.in(0).untyped_data(), x.untyped_data(), b.in(2).untyped_data(),

@@ -48,8 +48,15 @@ def _block_fwd(spec, layout, ffn1_name, x, gamma, beta, w1, b1, w2, b2, state):
 
 
 def _block_bwd(spec, layout, ffn1_name, residuals, dy):
+    x, gamma, beta, w1, b1, w2, _, _ = residuals
+    *grads, state = _sharding.backward(spec, layout, dy, *residuals)
+    # Every gradient in its parameter's dtype: a plan with fp32 kernels under FP8 gives the biases'
+    # gradients in fp32 too (weight_dtype covers all four), while the biases themselves are x's
+    # dtype here (b2, not a residual, always is).
+    dtypes = [a.dtype for a in (x, gamma, beta, w1, b1, w2)] + [jnp.dtype(spec.dtype)]
+    grads = [g.astype(dt) for g, dt in zip(grads, dtypes)]
     # The state's "cotangent" is the state after this step (TransformerEngine's convention).
-    return _sharding.backward(spec, layout, dy, *residuals)
+    return (*grads, state)
 
 
 _block.defvjp(_block_fwd, _block_bwd)
