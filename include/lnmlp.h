@@ -401,6 +401,21 @@ LNMLP_API int32_t lnmlp_desc_set_dtype(lnmlp_desc* desc, int32_t dtype);
  * @param[in,out] desc */
 LNMLP_API int32_t lnmlp_desc_set_remat(lnmlp_desc* desc, int32_t policy);
 
+/* Whether forward also gives the norm output ln = rnd_D(norm(x)) [T, H] in the I/O dtype, as
+ * TransformerEngine's return_layernorm_output does: 1 yes, 0 no (the default). It is written to
+ * the saved buffer's LNMLP_SAVED_NORM_OUTPUT section (lnmlp_plan_get_saved_section says where),
+ * under every recipe and remat policy. SAVE_ALL without an FP8 recipe saves it anyway, so there it
+ * costs nothing; otherwise it adds e*H bytes per token to the saved buffer (FORWARD_ONLY plans
+ * then have one) and, under an FP8 recipe, one more pass of the norm over the saved statistics,
+ * which gives the values the quantized GEMM1 operand was made from, rounded to D (bit for bit
+ * the norm of an unquantized plan). Backward reads the section where it would otherwise
+ * recompute the norm. Under sequence parallelism it holds every rank's rows (all-gathered), as
+ * TransformerEngine's return_layernorm_output_gathered returns them.
+ * @since 0.2
+ * @param[in] enabled
+ * @param[in,out] desc */
+LNMLP_API int32_t lnmlp_desc_set_norm_output(lnmlp_desc* desc, int32_t enabled);
+
 /* backend: LNMLP_BACKEND_*; device: the GPU ordinal for CUDA (>= 0), ignored (must be 0) for CPU.
  * @since 0.1
  * @param[in] backend, device
@@ -610,6 +625,41 @@ enum {
  * @param[out] rank, dims, dtype */
 LNMLP_API int32_t lnmlp_plan_get_tensor_shape(const lnmlp_plan* plan, int32_t tensor, int64_t tokens, int64_t* rank,
                                               int64_t* dims, int32_t* dtype);
+
+/* ---- Sections of the saved buffer -----------------------------------------------------------
+ * The saved buffer is one allocation of sections, each at a 256-byte-aligned offset, the same on
+ * every backend (so a buffer forward wrote on one backend is read by backward on the other).
+ * Which sections a plan has follows from its remat policy, recipe and norm output
+ * (lnmlp_desc_set_norm_output); lnmlp_plan_get_saved_section says where each one is, so that a
+ * framework can hand one section on as a tensor of its own (the norm output), or give each section
+ * its own sharding. Shapes are a call's with `tokens` tokens: the statistics have this rank's rows
+ * (T/P under sequence parallelism), the other sections every token of the group. */
+enum {
+  LNMLP_SAVED_MEAN = 0,               /* float32 [rows], LayerNorm only */
+  LNMLP_SAVED_RSTD = 1,               /* float32 [rows], 1/sqrt(variance + epsilon) */
+  LNMLP_SAVED_NORM_OUTPUT = 2,        /* D [T, H], the norm output (GEMM1's input) */
+  LNMLP_SAVED_FFN1 = 3,               /* D [T, A, F], the GEMM1 output plus b1 */
+  LNMLP_SAVED_ACT_OUT = 4,            /* D [T, F], the activation output (GEMM2's input) */
+  LNMLP_SAVED_FP8_SCALES = 5,         /* float32 [4], the per-tensor scales forward used
+                                         (LN_OUT, W1, ACT_OUT, W2) */
+  LNMLP_SAVED_NORM_OUTPUT_CODES = 6,  /* uint8 [bytes], the FP8 codes of the norm output, in the
+                                         layout of backward's dW1 operand (docs/fp8.md) */
+  LNMLP_SAVED_NORM_OUTPUT_SCALES = 7, /* uint8 [bytes], their block scales (BLOCK, MXFP8) */
+  LNMLP_SAVED_ACT_OUT_CODES = 8,      /* uint8 [bytes], the FP8 codes of the activation output */
+  LNMLP_SAVED_ACT_OUT_SCALES = 9,     /* uint8 [bytes], their block scales */
+  LNMLP_SAVED_COUNT = 10
+};
+
+/* Where section `section` (LNMLP_SAVED_*) of the saved buffer of a call with `tokens` tokens
+ * (0 .. the plan's most, or LNMLP_TOKENS_MAX) is: its byte offset from the buffer's start to
+ * *offset, and its shape and element type as lnmlp_plan_get_tensor_shape gives a tensor's (*rank,
+ * dims[0 .. LNMLP_MAX_TENSOR_RANK - 1], *dtype). A section the plan does not save has *offset = -1
+ * and *rank = -1.
+ * @since 0.2
+ * @param[in] plan, section, tokens
+ * @param[out] offset, rank, dims, dtype */
+LNMLP_API int32_t lnmlp_plan_get_saved_section(const lnmlp_plan* plan, int32_t section, int64_t tokens, int64_t* offset,
+                                               int64_t* rank, int64_t* dims, int32_t* dtype);
 
 /* ---- FP8 quantizer state (DELAYED scaling) -----------------------------------------------
  * A plan with the DELAYED recipe has, per quantizer, a scale and an amax history. Forward

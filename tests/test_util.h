@@ -287,12 +287,19 @@ struct RunOptions {
   // Delayed scaling's state in a caller-owned array (lnmlp.h's layout) instead of the plan's:
   // passed to every call, or attached to the plan.
   enum class State { Plan, PerCall, Attached } state = State::Plan;
+  bool norm_output = false;  // lnmlp_desc_set_norm_output
 };
 
 struct RunResult {
   Buffer y, dx, dgamma, dbeta, dw1, db1, dw2, db2;
   int64_t saved_bytes = 0, saved_bytes_per_token = 0;
   std::vector<unsigned char> state;  // the plan's exported FP8 state after the last step (delayed)
+  // The saved buffer's LNMLP_SAVED_NORM_OUTPUT section after the last forward (empty where the
+  // plan has none), and the offsets of every LNMLP_SAVED_* section (-1: absent) with the call's
+  // saved bytes (LNMLP_TENSOR_SAVED).
+  Buffer norm_output;
+  std::vector<int64_t> section_offsets, section_bytes;
+  int64_t call_saved_bytes = 0;
 };
 
 class Plan {
@@ -315,6 +322,7 @@ class Plan {
     LNMLP_TEST_CHECK(lnmlp_desc_set_dtype(d, pr.dtype));
     LNMLP_TEST_CHECK(lnmlp_desc_set_weight_layout(d, pr.weight_layout));
     LNMLP_TEST_CHECK(lnmlp_desc_set_remat(d, o.remat));
+    LNMLP_TEST_CHECK(lnmlp_desc_set_norm_output(d, o.norm_output ? 1 : 0));
     LNMLP_TEST_CHECK(lnmlp_desc_set_num_threads(d, o.num_threads));
     LNMLP_TEST_CHECK(lnmlp_desc_set_external_workspace(d, o.external_workspace ? 1 : 0));
     LNMLP_TEST_CHECK(lnmlp_desc_set_recipe(d, o.recipe));
@@ -343,6 +351,29 @@ class Plan {
   int64_t align_ = 64;
   AlignedMemory workspace_;
 };
+
+// The saved buffer's sections for a call of `tokens` rows (lnmlp_plan_get_saved_section) into r:
+// every section's offset and bytes, and a copy of the norm output's.
+inline void read_saved_sections(const lnmlp_plan* plan, int64_t tokens, const void* saved, RunResult* r) {
+  int64_t rank = 0, dims[LNMLP_MAX_TENSOR_RANK] = {0, 0, 0};
+  int32_t type = 0;
+  LNMLP_TEST_CHECK(lnmlp_plan_get_tensor_shape(plan, LNMLP_TENSOR_SAVED, tokens, &rank, dims, &type));
+  r->call_saved_bytes = rank == 1 ? dims[0] : 0;
+  r->section_offsets.clear();
+  r->section_bytes.clear();
+  for (int32_t s = 0; s < LNMLP_SAVED_COUNT; ++s) {
+    int64_t offset = 0;
+    LNMLP_TEST_CHECK(lnmlp_plan_get_saved_section(plan, s, tokens, &offset, &rank, dims, &type));
+    int64_t bytes = rank < 0 ? 0 : (type == LNMLP_DTYPE_U8 ? 1 : dtype_size(type));
+    for (int64_t i = 0; i < rank; ++i) bytes *= dims[i];
+    r->section_offsets.push_back(offset);
+    r->section_bytes.push_back(bytes);
+    if (s == LNMLP_SAVED_NORM_OUTPUT && offset >= 0) {
+      r->norm_output = Buffer(type, static_cast<size_t>(bytes / dtype_size(type)));
+      std::memcpy(r->norm_output.data(), static_cast<const char*>(saved) + offset, static_cast<size_t>(bytes));
+    }
+  }
+}
 
 // Forward (and backward) of one plan; every output buffer starts poisoned.
 inline RunResult run_library(const Problem& pr, const RunOptions& o) {
@@ -391,6 +422,7 @@ inline RunResult run_library(const Problem& pr, const RunOptions& o) {
         pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), saved.get(), r.dx.data(), r.dgamma.data(), r.dbeta.data(),
         r.dw1.data(), r.db1.data(), r.dw2.data(), r.db2.data(), call_state, LNMLP_CALL_DEFAULT, nullptr));
   }
+  read_saved_sections(plan.get(), static_cast<int64_t>(T), saved.get(), &r);
   // dW1 and dW2 in x out, as the reference has them.
   if (o.backward) {
     r.dw1 = weight_in_out(r.dw1, H, AF, pr.weight_layout);

@@ -263,6 +263,15 @@ LNMLP_API int32_t lnmlp_desc_set_weight_dtype(lnmlp_desc* desc, int32_t dtype) {
   });
 }
 
+LNMLP_API int32_t lnmlp_desc_set_norm_output(lnmlp_desc* desc, int32_t enabled) {
+  return api_guard(__func__, [&] {
+    edit(desc, [&](Config& c) {
+      if (enabled != 0 && enabled != 1) fail(LNMLP_ERROR_INVALID_ARGUMENT, "enabled must be 0 or 1, got ", enabled);
+      c.norm_output = enabled == 1;
+    });
+  });
+}
+
 LNMLP_API int32_t lnmlp_desc_set_weight_layout(lnmlp_desc* desc, int32_t layout) {
   return api_guard(__func__, [&] {
     edit(desc, [&](Config& c) {

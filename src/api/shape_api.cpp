@@ -1,5 +1,6 @@
-// lnmlp_plan_get_tensor_shape: the shape of every tensor of a call, from the plan's (shard's)
-// Config, so that no binding repeats the arithmetic.
+// lnmlp_plan_get_tensor_shape and lnmlp_plan_get_saved_section: the shape of every tensor of a
+// call and where each section of the saved buffer is, from the plan's (shard's) Config, so that no
+// binding repeats the arithmetic.
 #include <cstdint>
 
 #include "common/error.h"
@@ -66,6 +67,53 @@ Shape shape_of(const lnmlp_plan& plan, int32_t tensor, int64_t tokens) {
   }
 }
 
+// Where section `section` of the saved buffer is for a call with `tokens` rows of x (its region
+// in the call's layout), with its shape.
+Shape section_of(const lnmlp_plan& plan, int32_t section, int64_t tokens, int64_t* offset) {
+  if (section < 0 || section >= LNMLP_SAVED_COUNT)
+    fail(LNMLP_ERROR_INVALID_ARGUMENT, "unknown section ", section, " (expected an LNMLP_SAVED_* value)");
+  const Config& c = plan.cfg;
+  const Config call = c.for_call(tokens);
+  const SavedLayout layout = tokens == c.rows() ? plan.saved : make_saved_layout(call);
+  const Region& r = *layout.regions()[static_cast<size_t>(section)];
+  *offset = r.present() ? r.offset : -1;
+  Shape s;
+  if (!r.present()) return s;
+  const int64_t T = call.tokens, H = c.hidden, F = c.ffn, A = c.num_acts;
+  const int32_t io = static_cast<int32_t>(c.dtype);
+  const auto set = [&](std::initializer_list<int64_t> dims, int32_t dtype) {
+    s.rank = static_cast<int64_t>(dims.size());
+    int i = 0;
+    for (int64_t d : dims) s.dims[i++] = d;
+    s.dtype = dtype;
+  };
+  switch (section) {
+    case LNMLP_SAVED_MEAN:
+    case LNMLP_SAVED_RSTD: set({call.rows()}, LNMLP_DTYPE_F32); break;
+    case LNMLP_SAVED_NORM_OUTPUT: set({T, H}, io); break;
+    case LNMLP_SAVED_FFN1: set({T, A, F}, io); break;
+    case LNMLP_SAVED_ACT_OUT: set({T, F}, io); break;
+    case LNMLP_SAVED_FP8_SCALES: set({4}, LNMLP_DTYPE_F32); break;
+    default: set({r.bytes}, LNMLP_DTYPE_U8);  // FP8 codes and block scales, in their operands' layout
+  }
+  return s;
+}
+
+// The call's token count from the API's `tokens` (LNMLP_TOKENS_MAX: the plan's most), checked.
+int64_t call_tokens(const lnmlp_plan& plan, int64_t tokens) {
+  const int64_t most = plan.cfg.rows();
+  if (tokens == LNMLP_TOKENS_MAX) return most;
+  if (tokens < 0 || tokens > most)
+    fail(LNMLP_ERROR_INVALID_ARGUMENT, "tokens must be in [0, ", most, "] or LNMLP_TOKENS_MAX, got ", tokens);
+  return tokens;
+}
+
+void write_shape(const Shape& s, int64_t* rank, int64_t* dims, int32_t* dtype) {
+  *rank = s.rank;
+  for (int i = 0; i < LNMLP_MAX_TENSOR_RANK; ++i) dims[i] = s.dims[i];
+  *dtype = s.dtype;
+}
+
 }  // namespace
 
 extern "C" {
@@ -80,14 +128,25 @@ LNMLP_API int32_t lnmlp_plan_get_tensor_shape(const lnmlp_plan* plan, int32_t te
            : dims == nullptr ? "dims"
                              : "dtype",
            " is NULL; pass where to write the result");
-    const int64_t most = plan->cfg.rows();
-    if (tokens == LNMLP_TOKENS_MAX) tokens = most;
-    if (tokens < 0 || tokens > most)
-      fail(LNMLP_ERROR_INVALID_ARGUMENT, "tokens must be in [0, ", most, "] or LNMLP_TOKENS_MAX, got ", tokens);
-    const Shape s = shape_of(*plan, tensor, tokens);
-    *rank = s.rank;
-    for (int i = 0; i < LNMLP_MAX_TENSOR_RANK; ++i) dims[i] = s.dims[i];
-    *dtype = s.dtype;
+    write_shape(shape_of(*plan, tensor, call_tokens(*plan, tokens)), rank, dims, dtype);
+  });
+}
+
+LNMLP_API int32_t lnmlp_plan_get_saved_section(const lnmlp_plan* plan, int32_t section, int64_t tokens, int64_t* offset,
+                                               int64_t* rank, int64_t* dims, int32_t* dtype) {
+  return api_guard(__func__, [&] {
+    const Held<lnmlp_plan> held(plan, "plan");
+    if (offset == nullptr || rank == nullptr || dims == nullptr || dtype == nullptr)
+      fail(LNMLP_ERROR_NULL_POINTER,
+           offset == nullptr ? "offset"
+           : rank == nullptr ? "rank"
+           : dims == nullptr ? "dims"
+                             : "dtype",
+           " is NULL; pass where to write the result");
+    int64_t at = -1;
+    const Shape s = section_of(*plan, section, call_tokens(*plan, tokens), &at);
+    *offset = at;
+    write_shape(s, rank, dims, dtype);
   });
 }
 

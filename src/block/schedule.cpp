@@ -421,6 +421,10 @@ void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardA
   float* rs = sv.rs.present() ? saved_at<float>(sv.rs, a.saved) : ws.take<float>(Tn, "rstd");
   const NormInputs in{a.x, a.gamma, a.beta, mu, rs, Tn};
   const Operand ln = norm_forward(p, in, a.saved);
+  // The norm output the plan gives (lnmlp_desc_set_norm_output): an unquantized norm wrote it
+  // above; a quantized one went straight from fp32 to FP8, so the norm runs again over the
+  // statistics just made (the same kernel, so the values an unquantized plan writes).
+  if (p.quantized && sv.ln_out.present()) norm_gathered(p, in, false, p.io(saved_at<void>(sv.ln_out, a.saved), T, H));
 
   // 2. h = ln @ W1 + b1; a = act(h), and GEMM2's operand of it.
   const Operand w1 = weight_uses(p, WeightCopies::kW1, a.w1, true, false, ScaleFrom::Own).forward;
@@ -468,7 +472,7 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
   Quantized ln;
   if (sv.ln_q.present()) {
     ln.columnwise = saved_operand(p, kLnOut, sv.ln_q, sv.ln_q_scale, a.saved, T, H);
-  } else if (sv.ln_out.present()) {
+  } else if (sv.ln_out.present() && !p.quantized) {
     ln = operands(p, kLnOut, p.io(saved_at<void>(sv.ln_out, a.saved), T, H), false, true, ScaleFrom::Forward);
   } else if (!p.quantized) {
     const Operand o = norm_plain(p, in, false, p.take(p.D, T, H, "ln_out"));

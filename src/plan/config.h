@@ -73,6 +73,9 @@ struct Config {
   bool has_bias2 = false;
   DType dtype = DType::F32;
   Remat remat = Remat::SaveAll;
+  // Forward also writes the norm output in D to the saved buffer (lnmlp_desc_set_norm_output),
+  // whatever the policy and recipe: TransformerEngine's return_layernorm_output.
+  bool norm_output = false;
   BackendKind backend = BackendKind::Cpu;
   int32_t device = 0;
   int32_t num_threads = 0;  // CPU: 0 = every core

@@ -51,7 +51,8 @@ SavedLayout make_saved_layout(const Config& cfg) {
   // The statistics are per local row (T/P under sequence parallelism); ln_out is saved gathered.
   s.mu = alloc.take_if(saves_stats && cfg.has_beta(), cfg.rows(), 4, "saved mean");
   s.rs = alloc.take_if(saves_stats, cfg.rows(), 4, "saved rstd");
-  s.ln_out = alloc.take_if(all && !q, checked_mul(T, H, "saved ln_out"), e, "saved ln_out");
+  // ln_out in D: what an unquantized SAVE_ALL backward reads, and the norm output a plan gives.
+  s.ln_out = alloc.take_if((all && !q) || cfg.norm_output, checked_mul(T, H, "saved ln_out"), e, "saved ln_out");
   s.h = alloc.take_if(cfg.remat == Remat::SaveAll || cfg.remat == Remat::SaveFfn1, checked_mul(T, AF, "saved ffn1"), e,
                       "saved ffn1");
   s.act = alloc.take_if(all && !q, checked_mul(T, F, "saved act_out"), e, "saved act_out");

@@ -42,7 +42,7 @@ class RegionAllocator {
 struct SavedLayout {
   Region mu;           // [T] fp32, layernorm only
   Region rs;           // [T] fp32, 1/sqrt(var+eps)
-  Region ln_out;       // [T, H] norm output (GEMM1 input)
+  Region ln_out;       // [T, H] norm output (GEMM1 input), in D: SAVE_ALL unquantized, or norm_output
   Region h;            // [T, A, F] GEMM1 output + b1 ("ffn1")
   Region act;          // [T, F] activation output (GEMM2 input)
   Region fwd_scales;   // FP8 per-tensor recipes: float[4], the scales forward used (ln_out, w1, act_out, w2)
@@ -53,7 +53,7 @@ struct SavedLayout {
   int64_t total_bytes = 0;
   int64_t bytes_per_token = 0;  // without padding
 
-  // Every region, present or not.
+  // Every region, present or not, in the order of the public LNMLP_SAVED_* sections.
   std::array<const Region*, 10> regions() const {
     return {&mu, &rs, &ln_out, &h, &act, &fwd_scales, &ln_q, &ln_q_scale, &act_q, &act_q_scale};
   }

@@ -101,13 +101,14 @@ struct PlanSharding {
   lnmlp_comm* comm = nullptr;
 };
 
-// ABI 2's options of a plan's calls: its most tokens (0: the problem's), its weight gradients and
-// its GEMM math (LNMLP_GEMM_MATH_*).
+// ABI 2's options of a plan's calls: its most tokens (0: the problem's), its weight gradients, its
+// GEMM math (LNMLP_GEMM_MATH_*) and whether it gives the norm output (lnmlp_desc_set_norm_output).
 struct PlanCalls {
   int64_t max_tokens = 0;
   int32_t accumulate = 0;
   int32_t grad_dtype = -1;
   int32_t gemm_math = LNMLP_GEMM_MATH_EXACT;
+  int32_t norm_output = 0;
 };
 
 // A plan for the problem on one backend.
@@ -137,6 +138,7 @@ inline lnmlp_plan* make_plan(const Problem& pr, int32_t remat, int32_t backend, 
   LNMLP_TEST_CHECK(lnmlp_desc_set_backend(d, backend, device));
   LNMLP_TEST_CHECK(lnmlp_desc_set_recipe(d, recipe));
   LNMLP_TEST_CHECK(lnmlp_desc_set_gemm_math(d, calls.gemm_math));
+  LNMLP_TEST_CHECK(lnmlp_desc_set_norm_output(d, calls.norm_output));
   if (backend == LNMLP_BACKEND_CPU) LNMLP_TEST_CHECK(lnmlp_desc_set_num_threads(d, 1));
   if (shard.comm != nullptr) LNMLP_TEST_CHECK(lnmlp_desc_set_communicator(d, shard.comm));
   LNMLP_TEST_CHECK(lnmlp_desc_set_sharding(d, shard.group_size, shard.rank, shard.sequence_parallel));

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,19 @@ class Calls {
     read_back(r.dgamma, dgamma);
     read_back(r.dbeta, dbeta);
     for (auto [buf, p] : {std::pair{&r.dw1, dw1}, {&r.db1, db1}, {&r.dw2, dw2}, {&r.db2, db2}}) read_back(*buf, p);
+    if (calls_.norm_output != 0) {
+      // The saved buffer's norm-output section (lnmlp_plan_get_saved_section), read back.
+      int64_t offset = -1, rank = 0, dims[LNMLP_MAX_TENSOR_RANK] = {0, 0, 0};
+      int32_t type = 0;
+      LNMLP_TEST_CHECK(
+          lnmlp_plan_get_saved_section(plan_.get(), LNMLP_SAVED_NORM_OUTPUT, t, &offset, &rank, dims, &type));
+      r.norm_output = Buffer(type, static_cast<size_t>(dims[0] * dims[1]));
+      if (cuda_) {
+        read_back(r.norm_output, static_cast<char*>(saved_) + offset);
+      } else {
+        std::memcpy(r.norm_output.data(), static_cast<char*>(saved_) + offset, r.norm_output.bytes.size());
+      }
+    }
     grads_.dw1 = r.dw1;
     grads_.db1 = r.db1;
     grads_.dw2 = r.dw2;
@@ -166,6 +180,25 @@ Tolerance tolerance(const Case& k) {
 }
 
 class CudaCalls : public ::testing::TestWithParam<Case> {};
+
+// The norm output (lnmlp_desc_set_norm_output) of a CUDA plan: the CPU backend's within the
+// backends' tolerance, and under FP8 (which runs the norm again over the statistics) bit for bit
+// the unquantized CUDA plan's.
+TEST_P(CudaCalls, TheNormOutputMatchesTheCpuBackend) {
+  SKIP_WITHOUT_GPU();
+  const Case& k = GetParam();
+  const Problem pr = make_problem(config(k.tokens, k.gated), k.dtype, 23);
+  PlanCalls calls{kMaxTokens};
+  calls.norm_output = 1;
+  Calls cuda(pr, LNMLP_BACKEND_CUDA, k.recipe, calls), cpu(pr, LNMLP_BACKEND_CPU, k.recipe, calls);
+  Calls plain(pr, LNMLP_BACKEND_CUDA, LNMLP_RECIPE_NONE, calls);
+  for (Calls* c : {&cuda, &cpu, &plain}) c->set_gradients(c->gradients(0.0));
+  const RunResult got = cuda.step(pr), want = cpu.step(pr), unquantized = plain.step(pr);
+  ASSERT_EQ(got.norm_output.size(), static_cast<size_t>(k.tokens * pr.cfg.hidden));
+  EXPECT_TRUE(within_tolerance("norm output", got.norm_output.to_doubles(), want.norm_output.to_doubles(), nullptr,
+                               gpu_vs_cpu_tolerance(k.dtype)));
+  EXPECT_TRUE(same_bits("norm output", got.norm_output, unquantized.norm_output));
+}
 
 // A call with fewer tokens than the CUDA plan's computes what the CPU backend computes for them.
 TEST_P(CudaCalls, FewerTokensThanThePlansMatchTheCpuBackend) {

@@ -99,6 +99,17 @@ TENSOR_DW2 = 15
 TENSOR_DB2 = 16
 TENSOR_FP8_STATE = 17  # float32 [LNMLP_QUANTIZER_COUNT, 1 + amax history length]
 TENSOR_COUNT = 18
+SAVED_MEAN = 0  # float32 [rows], LayerNorm only
+SAVED_RSTD = 1  # float32 [rows], 1/sqrt(variance + epsilon)
+SAVED_NORM_OUTPUT = 2  # D [T, H], the norm output (GEMM1's input)
+SAVED_FFN1 = 3  # D [T, A, F], the GEMM1 output plus b1
+SAVED_ACT_OUT = 4  # D [T, F], the activation output (GEMM2's input)
+SAVED_FP8_SCALES = 5  # float32 [4], the per-tensor scales forward used (LN_OUT, W1, ACT_OUT, W2)
+SAVED_NORM_OUTPUT_CODES = 6  # uint8 [bytes], the FP8 codes of the norm output, in the layout of backward's dW1 operand (docs/fp8.md)
+SAVED_NORM_OUTPUT_SCALES = 7  # uint8 [bytes], their block scales (BLOCK, MXFP8)
+SAVED_ACT_OUT_CODES = 8  # uint8 [bytes], the FP8 codes of the activation output
+SAVED_ACT_OUT_SCALES = 9  # uint8 [bytes], their block scales
+SAVED_COUNT = 10
 CALL_DEFAULT = 0  # no flag
 CALL_WEIGHTS_UNCHANGED = 1  # W1 and W2 as when the plan made its copies of them: reuse those
 BACKEND_CUDA = 1  # device pointers, 16-byte aligned; the stream argument is a cudaStream_t (NULL = default); runs from the module liblnmlp_cuda.so.1, loaded on first use from liblnmlp's directory (LNMLP_ERROR_NOT_SUPPORTED without it, a driver or the device)
@@ -143,6 +154,7 @@ PROTOTYPES = {
     "lnmlp_desc_set_bias": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]),
     "lnmlp_desc_set_dtype": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
     "lnmlp_desc_set_remat": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
+    "lnmlp_desc_set_norm_output": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
     "lnmlp_desc_set_backend": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]),
     "lnmlp_desc_set_num_threads": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int64]),
     "lnmlp_desc_set_weight_gradients": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]),
@@ -161,6 +173,7 @@ PROTOTYPES = {
     "lnmlp_plan_get_alignment": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p]),
     "lnmlp_plan_attach_workspace": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]),
     "lnmlp_plan_get_tensor_shape": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]),
+    "lnmlp_plan_get_saved_section": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]),
     "lnmlp_plan_attach_fp8_state": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p]),
     "lnmlp_plan_get_amax_history_length": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p]),
     "lnmlp_plan_get_quantizer_state": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]),

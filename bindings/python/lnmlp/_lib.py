@@ -55,6 +55,10 @@ TENSORS = {"x": TENSOR_X, "gamma": TENSOR_GAMMA, "beta": TENSOR_BETA, "w1": TENS
            "dx": TENSOR_DX, "dgamma": TENSOR_DGAMMA, "dbeta": TENSOR_DBETA, "dw1": TENSOR_DW1,
            "db1": TENSOR_DB1, "dw2": TENSOR_DW2, "db2": TENSOR_DB2, "fp8_state": TENSOR_FP8_STATE}
 
+#: The saved buffer's section names (lower case) -> LNMLP_SAVED_* values (lnmlp_plan_get_saved_section).
+SAVED_SECTIONS = {name[len("SAVED_"):].lower(): value for name, value in vars(_capi).items()
+                  if name.startswith("SAVED_") and name != "SAVED_COUNT"}
+
 # Status code -> its C name ("LNMLP_SUCCESS", "LNMLP_ERROR_..."), for errors raised before a call.
 _STATUS_NAMES = {v: "LNMLP_" + k for k, v in vars(_capi).items()
                  if k == "SUCCESS" or k.startswith("ERROR_")}

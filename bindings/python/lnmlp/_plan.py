@@ -361,6 +361,11 @@ class Plan:
     accumulate in the tensor cores' precision, as TransformerEngine runs them) and/or ``"tf32"``
     (fp32 GEMMs on TF32 tensor cores, PyTorch's ``allow_tf32``); the default ``()`` is exact, and
     the CPU backend computes exactly whatever it is given.
+
+    ``norm_output=True`` (``lnmlp_desc_set_norm_output``) makes forward also give the norm output
+    ``rnd_D(norm(x))`` [t, H] in the plan's dtype (TransformerEngine's ``return_layernorm_output``),
+    under every recipe and remat policy: it is a section of the saved buffer, read with
+    :meth:`norm_output_from`. :meth:`saved_section` says where any section of the saved buffer is.
     """
 
     def __init__(self, tokens, hidden, ffn, *, norm_type="layernorm", zero_centered_gamma=False,
@@ -368,7 +373,7 @@ class Plan:
                  use_bias2=False, dtype=np.float32, remat="save_all", num_threads=0, backend="cpu",
                  recipe=None, sharding=None, comm=None, accumulate_grads=False, grad_dtype=None,
                  weight_dtype=None, external_workspace=False, device=0, weight_layout="in_out",
-                 gemm_math=()):
+                 gemm_math=(), norm_output=False):
         self._handle = None  # set first, so __del__ is safe whatever fails below
         self._lock = threading.RLock()
         lib = _lib.get_lib()
@@ -399,6 +404,7 @@ class Plan:
         self._fp8_state = None  # the caller's array attached with attach_fp8_state (kept alive here)
         self.accumulate_grads = _flag("accumulate_grads", accumulate_grads)
         self.external_workspace = _flag("external_workspace", external_workspace)
+        self.norm_output = _flag("norm_output", norm_output)
         grad_dtype_v = self._grad_dtype_code(grad_dtype)
         weight_dtype_v = self._float32_option_code("weight_dtype", weight_dtype)
         if isinstance(device, bool) or not isinstance(device, (int, np.integer)) or not 0 <= device < 2**31:
@@ -424,6 +430,8 @@ class Plan:
             c(lib.lnmlp_desc_set_dtype(desc, _DTYPES[self.dtype]))
             c(lib.lnmlp_desc_set_remat(desc, remat_v))
             c(lib.lnmlp_desc_set_weight_layout(desc, layout_v))
+            if self.norm_output:
+                c(lib.lnmlp_desc_set_norm_output(desc, 1))
             if gemm_math_v:
                 c(lib.lnmlp_desc_set_gemm_math(desc, gemm_math_v))
             if self.num_threads:
@@ -535,6 +543,49 @@ class Plan:
             tokens = _int_in("tokens", tokens, -_INT64_MAX - 1, _INT64_MAX)
         with self._lock:
             return self._tensor_shape(t, int(tokens))
+
+    def saved_section(self, section, tokens=None):
+        """Where one section of the saved buffer of a call with ``tokens`` tokens (None: the plan's
+        most) is, as ``lnmlp_plan_get_saved_section`` gives it: ``(offset, shape, dtype)`` (the
+        byte offset, a shape tuple and a NumPy dtype), or None where this plan saves no such
+        section. ``section`` is a name -- "mean", "rstd", "norm_output", "ffn1", "act_out",
+        "fp8_scales", "norm_output_codes", "norm_output_scales", "act_out_codes",
+        "act_out_scales" -- or its LNMLP_SAVED_* value."""
+        if isinstance(section, str) and section.lower() in _lib.SAVED_SECTIONS:
+            s = _lib.SAVED_SECTIONS[section.lower()]
+        elif (isinstance(section, (int, np.integer)) and not isinstance(section, bool)
+              and 0 <= int(section) < len(_lib.SAVED_SECTIONS)):
+            s = int(section)
+        else:
+            raise InvalidArgumentError(f"section must be one of {', '.join(_lib.SAVED_SECTIONS)} "
+                                       f"(or 0..{len(_lib.SAVED_SECTIONS) - 1}), got {section!r}")
+        tokens = _lib.TOKENS_MAX if tokens is None else _int_in("tokens", tokens, -_INT64_MAX - 1, _INT64_MAX)
+        offset, rank, dtype = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int32()
+        dims = (ctypes.c_int64 * _lib.MAX_TENSOR_RANK)()
+        with self._lock:
+            _lib.check(_lib.get_lib().lnmlp_plan_get_saved_section(
+                self._live(), s, int(tokens), ctypes.byref(offset), ctypes.byref(rank), dims, ctypes.byref(dtype)))
+        if rank.value < 0:
+            return None
+        return offset.value, tuple(int(dims[i]) for i in range(rank.value)), _ELEMENT_TYPES[dtype.value]
+
+    def norm_output_from(self, saved, tokens):
+        """The norm output [tokens, H] in the plan's dtype: a view into ``saved``, the buffer forward
+        returned for a call with ``tokens`` tokens (CPU backend). Every token of the group under
+        sequence parallelism (all-gathered). A plan made with ``norm_output=True`` has it under
+        every recipe and remat policy, an unquantized "save_all" plan always; another plan raises
+        InvalidArgumentError."""
+        where = self.saved_section("norm_output", tokens)
+        if where is None:
+            raise InvalidArgumentError("this plan does not give the norm output; make it with norm_output=True")
+        offset, shape, dtype = where
+        if not isinstance(saved, np.ndarray) or saved.dtype != np.uint8 or saved.ndim != 1:
+            raise InvalidArgumentError("saved must be the 1-D uint8 array forward returned")
+        size = int(np.prod(shape)) * dtype.itemsize
+        if saved.size < offset + size:
+            raise InvalidArgumentError(f"saved holds {saved.size} bytes, but the norm output of {tokens} tokens "
+                                       f"ends at byte {offset + size}: pass the buffer of that call")
+        return saved[offset:offset + size].view(dtype).reshape(shape)
 
     @property
     def closed(self) -> bool:

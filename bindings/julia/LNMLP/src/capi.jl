@@ -52,6 +52,8 @@ lnmlp_desc_set_dtype(desc, dtype) =
     ccall((:lnmlp_desc_set_dtype, liblnmlp), Int32, (Ptr{Cvoid}, Int32), desc, dtype)
 lnmlp_desc_set_remat(desc, policy) =
     ccall((:lnmlp_desc_set_remat, liblnmlp), Int32, (Ptr{Cvoid}, Int32), desc, policy)
+lnmlp_desc_set_norm_output(desc, enabled) =
+    ccall((:lnmlp_desc_set_norm_output, liblnmlp), Int32, (Ptr{Cvoid}, Int32), desc, enabled)
 lnmlp_desc_set_backend(desc, backend, device) =
     ccall((:lnmlp_desc_set_backend, liblnmlp), Int32, (Ptr{Cvoid}, Int32, Int32), desc, backend, device)
 lnmlp_desc_set_num_threads(desc, num_threads) =
@@ -88,6 +90,8 @@ lnmlp_plan_attach_workspace(plan, workspace, bytes) =
     ccall((:lnmlp_plan_attach_workspace, liblnmlp), Int32, (Ptr{Cvoid}, Ptr{Cvoid}, Int64), plan, workspace, bytes)
 lnmlp_plan_get_tensor_shape(plan, tensor, tokens, rank, dims, dtype) =
     ccall((:lnmlp_plan_get_tensor_shape, liblnmlp), Int32, (Ptr{Cvoid}, Int32, Int64, Ptr{Int64}, Ptr{Int64}, Ptr{Int32}), plan, tensor, tokens, rank, dims, dtype)
+lnmlp_plan_get_saved_section(plan, section, tokens, offset, rank, dims, dtype) =
+    ccall((:lnmlp_plan_get_saved_section, liblnmlp), Int32, (Ptr{Cvoid}, Int32, Int64, Ptr{Int64}, Ptr{Int64}, Ptr{Int64}, Ptr{Int32}), plan, section, tokens, offset, rank, dims, dtype)
 lnmlp_plan_attach_fp8_state(plan, state) =
     ccall((:lnmlp_plan_attach_fp8_state, liblnmlp), Int32, (Ptr{Cvoid}, Ptr{Cvoid}), plan, state)
 lnmlp_plan_get_amax_history_length(plan, length) =

@@ -93,6 +93,17 @@ const LNMLP_TENSOR_DW2 = Int32(15)
 const LNMLP_TENSOR_DB2 = Int32(16)
 const LNMLP_TENSOR_FP8_STATE = Int32(17)  # float32 [LNMLP_QUANTIZER_COUNT, 1 + amax history length]
 const LNMLP_TENSOR_COUNT = Int32(18)
+const LNMLP_SAVED_MEAN = Int32(0)  # float32 [rows], LayerNorm only
+const LNMLP_SAVED_RSTD = Int32(1)  # float32 [rows], 1/sqrt(variance + epsilon)
+const LNMLP_SAVED_NORM_OUTPUT = Int32(2)  # D [T, H], the norm output (GEMM1's input)
+const LNMLP_SAVED_FFN1 = Int32(3)  # D [T, A, F], the GEMM1 output plus b1
+const LNMLP_SAVED_ACT_OUT = Int32(4)  # D [T, F], the activation output (GEMM2's input)
+const LNMLP_SAVED_FP8_SCALES = Int32(5)  # float32 [4], the per-tensor scales forward used (LN_OUT, W1, ACT_OUT, W2)
+const LNMLP_SAVED_NORM_OUTPUT_CODES = Int32(6)  # uint8 [bytes], the FP8 codes of the norm output, in the layout of backward's dW1 operand (docs/fp8.md)
+const LNMLP_SAVED_NORM_OUTPUT_SCALES = Int32(7)  # uint8 [bytes], their block scales (BLOCK, MXFP8)
+const LNMLP_SAVED_ACT_OUT_CODES = Int32(8)  # uint8 [bytes], the FP8 codes of the activation output
+const LNMLP_SAVED_ACT_OUT_SCALES = Int32(9)  # uint8 [bytes], their block scales
+const LNMLP_SAVED_COUNT = Int32(10)
 const LNMLP_CALL_DEFAULT = Int32(0)  # no flag
 const LNMLP_CALL_WEIGHTS_UNCHANGED = Int32(1)  # W1 and W2 as when the plan made its copies of them: reuse those
 const LNMLP_BACKEND_CUDA = Int32(1)  # (experimental tier) device pointers, 16-byte aligned; the stream argument is a cudaStream_t (NULL = default); runs from the module liblnmlp_cuda.so.1, loaded on first use from liblnmlp's directory (LNMLP_ERROR_NOT_SUPPORTED without it, a driver or the device)

@@ -195,6 +195,30 @@ pub const LNMLP_TENSOR_DB2: i32 = 16;
 pub const LNMLP_TENSOR_FP8_STATE: i32 = 17;
 /// `LNMLP_TENSOR_COUNT` of include/lnmlp.h.
 pub const LNMLP_TENSOR_COUNT: i32 = 18;
+/// float32 \[rows\], LayerNorm only
+pub const LNMLP_SAVED_MEAN: i32 = 0;
+/// float32 \[rows\], 1/sqrt(variance + epsilon)
+pub const LNMLP_SAVED_RSTD: i32 = 1;
+/// D \[T, H\], the norm output (GEMM1's input)
+pub const LNMLP_SAVED_NORM_OUTPUT: i32 = 2;
+/// D \[T, A, F\], the GEMM1 output plus b1
+pub const LNMLP_SAVED_FFN1: i32 = 3;
+/// D \[T, F\], the activation output (GEMM2's input)
+pub const LNMLP_SAVED_ACT_OUT: i32 = 4;
+/// float32 \[4\], the per-tensor scales forward used
+/// (LN_OUT, W1, ACT_OUT, W2)
+pub const LNMLP_SAVED_FP8_SCALES: i32 = 5;
+/// uint8 \[bytes\], the FP8 codes of the norm output, in the
+/// layout of backward's dW1 operand (docs/fp8.md)
+pub const LNMLP_SAVED_NORM_OUTPUT_CODES: i32 = 6;
+/// uint8 \[bytes\], their block scales (BLOCK, MXFP8)
+pub const LNMLP_SAVED_NORM_OUTPUT_SCALES: i32 = 7;
+/// uint8 \[bytes\], the FP8 codes of the activation output
+pub const LNMLP_SAVED_ACT_OUT_CODES: i32 = 8;
+/// uint8 \[bytes\], their block scales
+pub const LNMLP_SAVED_ACT_OUT_SCALES: i32 = 9;
+/// `LNMLP_SAVED_COUNT` of include/lnmlp.h.
+pub const LNMLP_SAVED_COUNT: i32 = 10;
 /// no flag
 pub const LNMLP_CALL_DEFAULT: i32 = 0;
 /// W1 and W2 as when the plan made its copies of them: reuse those
@@ -405,6 +429,20 @@ extern "C" {
     /// @param\[in\] policy
     /// @param\[in,out\] desc
     pub fn lnmlp_desc_set_remat(desc: *mut lnmlp_desc, policy: i32) -> i32;
+    /// Whether forward also gives the norm output ln = rnd_D(norm(x)) \[T, H\] in the I/O dtype, as
+    /// TransformerEngine's return_layernorm_output does: 1 yes, 0 no (the default). It is written to
+    /// the saved buffer's LNMLP_SAVED_NORM_OUTPUT section (lnmlp_plan_get_saved_section says where),
+    /// under every recipe and remat policy. SAVE_ALL without an FP8 recipe saves it anyway, so there it
+    /// costs nothing; otherwise it adds e*H bytes per token to the saved buffer (FORWARD_ONLY plans
+    /// then have one) and, under an FP8 recipe, one more pass of the norm over the saved statistics,
+    /// which gives the values the quantized GEMM1 operand was made from, rounded to D (bit for bit
+    /// the norm of an unquantized plan). Backward reads the section where it would otherwise
+    /// recompute the norm. Under sequence parallelism it holds every rank's rows (all-gathered), as
+    /// TransformerEngine's return_layernorm_output_gathered returns them.
+    /// @since 0.2
+    /// @param\[in\] enabled
+    /// @param\[in,out\] desc
+    pub fn lnmlp_desc_set_norm_output(desc: *mut lnmlp_desc, enabled: i32) -> i32;
     /// backend: LNMLP_BACKEND_*; device: the GPU ordinal for CUDA (>= 0), ignored (must be 0) for CPU.
     /// @since 0.1
     /// @param\[in\] backend, device
@@ -550,6 +588,15 @@ extern "C" {
     /// @param\[in\] plan, tensor, tokens
     /// @param\[out\] rank, dims, dtype
     pub fn lnmlp_plan_get_tensor_shape(plan: *const lnmlp_plan, tensor: i32, tokens: i64, rank: *mut i64, dims: *mut i64, dtype: *mut i32) -> i32;
+    /// Where section `section` (LNMLP_SAVED_*) of the saved buffer of a call with `tokens` tokens
+    /// (0 .. the plan's most, or LNMLP_TOKENS_MAX) is: its byte offset from the buffer's start to
+    /// *offset, and its shape and element type as lnmlp_plan_get_tensor_shape gives a tensor's (*rank,
+    /// dims\[0 .. LNMLP_MAX_TENSOR_RANK - 1\], *dtype). A section the plan does not save has *offset = -1
+    /// and *rank = -1.
+    /// @since 0.2
+    /// @param\[in\] plan, section, tokens
+    /// @param\[out\] offset, rank, dims, dtype
+    pub fn lnmlp_plan_get_saved_section(plan: *const lnmlp_plan, section: i32, tokens: i64, offset: *mut i64, rank: *mut i64, dims: *mut i64, dtype: *mut i32) -> i32;
     /// Makes `state` (the layout above, caller memory, see above) the plan's state from now on, in
     /// place of the state the plan owns, which keeps its values and is used again after
     /// lnmlp_plan_attach_fp8_state(plan, NULL). The array must outlive every call that uses it.
