@@ -91,8 +91,10 @@ def forward(x, gamma, beta, w1, b1, w2, b2, norm, zcg, eps, acts, p):
     return y, dict(xhat=xhat, rs=rs, g=g, n=n, h=h, a=a, f0=f0, d0=d0, f1=f1, d1=d1)
 
 
-def backward(dy, x, gamma, beta, w1, b1, w2, b2, norm, zcg, eps, acts, p):
-    """Hand-derived gradients of L = sum(y * dy): dict dx, dgamma, dbeta, dw1, db1, dw2, db2."""
+def backward(dy, x, gamma, beta, w1, b1, w2, b2, norm, zcg, eps, acts, p, dn_extra=None):
+    """Hand-derived gradients of L = sum(y * dy): dict dx, dgamma, dbeta, dw1, db1, dw2, db2.
+    dn_extra [T, H]: the cotangent of the norm output n, when the loss also reads n (L + sum(n *
+    dn_extra)), which joins the one that comes back through GEMM1."""
     _, c = forward(x, gamma, beta, w1, b1, w2, b2, norm, zcg, eps, acts, p)
     dy = dy.astype(np.float64)
     H, A, F = w1.shape
@@ -107,6 +109,8 @@ def backward(dy, x, gamma, beta, w1, b1, w2, b2, norm, zcg, eps, acts, p):
     dw1 = (c["n"].T @ dh2).reshape(H, A, F)
     db1 = dh.sum(0)
     dn = dh2 @ w1.astype(np.float64).reshape(H, A * F).T
+    if dn_extra is not None:
+        dn = dn + dn_extra.astype(np.float64)
     dgamma = (dn * c["xhat"]).sum(0)
     dbeta = dn.sum(0)
     dxhat = dn * c["g"]

@@ -127,6 +127,7 @@ PlanConfig config_of(const ffi::Dictionary& a) {
   c.backend = attr<int32_t>(a, "backend");
   c.device = attr<int32_t>(a, "device");
   c.weight_dtype = attr<int32_t>(a, "weight_dtype");
+  c.norm_output = attr<int32_t>(a, "norm_output");
   return c;
 }
 

@@ -32,6 +32,7 @@ lnmlp_plan* create_plan(const PlanConfig& c) {
   check(lnmlp_desc_set_bias(d, c.has_bias1, c.has_bias2), "biases");
   check(lnmlp_desc_set_dtype(d, c.dtype), "dtype");
   check(lnmlp_desc_set_remat(d, c.remat), "remat");
+  check(lnmlp_desc_set_norm_output(d, c.norm_output), "norm output");
   check(lnmlp_desc_set_recipe(d, c.recipe), "recipe");
   if (c.recipe != LNMLP_RECIPE_NONE) {
     check(lnmlp_desc_set_fp8_format(d, c.fp8_format), "fp8_format");
@@ -58,7 +59,7 @@ std::string PlanConfig::key() const {
   const int64_t shared_tokens = backend == LNMLP_BACKEND_CPU ? 0 : tokens;
   for (int64_t v : {shared_tokens, hidden, ffn, amax_history_len}) put(o, v);
   for (int32_t v : {norm, zero_centered_gamma, act0, act1, has_bias1, has_bias2, dtype, remat, recipe, fp8_format,
-                    margin, amax_compute_algo, power_2_scale, backend, device, weight_dtype})
+                    margin, amax_compute_algo, power_2_scale, backend, device, weight_dtype, norm_output})
     put(o, v);
   for (float v : {epsilon, clamp_limit, clamp_alpha, clamp_offset, amax_epsilon}) put(o, v);
   return o.str();

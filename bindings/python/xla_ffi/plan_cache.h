@@ -30,6 +30,7 @@ struct PlanConfig {
   float amax_epsilon = 0.0f;
   int32_t backend = LNMLP_BACKEND_CPU, device = 0;
   int32_t weight_dtype = -1;  // -1: the I/O dtype; LNMLP_DTYPE_F32: fp32 kernels (and gradients) under FP8
+  int32_t norm_output = 0;    // 1: forward also gives the norm output (a section of saved)
 
   std::string key() const;  // equal for configurations that share a plan (on the CPU: any tokens)
 };

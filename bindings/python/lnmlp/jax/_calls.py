@@ -48,6 +48,8 @@ class Spec:
     # "float32": fp32 kernels under an FP8 recipe with a bf16/f16 x, quantized directly (their
     # gradients fp32 too); None: the kernels are in x's dtype.
     weight_dtype: str = None
+    # Forward also gives the norm output, a section of the saved buffer (return_layernorm_output).
+    norm_output: bool = False
 
     @property
     def stateful(self):
@@ -64,7 +66,7 @@ class Spec:
                     activation_type=self.activations, act_params=ap if clamped else None,
                     use_bias1=self.has_bias1, use_bias2=self.has_bias2, dtype=self.dtype, remat=self.remat,
                     backend=self.backend, recipe=self.recipe, weight_dtype=self.weight_dtype,
-                    grad_dtype=self.weight_dtype)
+                    grad_dtype=self.weight_dtype, norm_output=self.norm_output)
 
     def attributes(self):
         """The custom call's attributes, with the exact types liblnmlp_xla's handlers decode."""
@@ -83,7 +85,8 @@ class Spec:
                     power_2_scale=i32(fp8["power_2_scale"]), amax_epsilon=f32(fp8["amax_epsilon"]),
                     backend=i32(_plan._BACKENDS[self.backend]), device=i32(0),
                     weight_dtype=i32(-1 if self.weight_dtype is None else
-                                     _plan._DTYPES[np.dtype(jnp.dtype(self.weight_dtype))]))
+                                     _plan._DTYPES[np.dtype(jnp.dtype(self.weight_dtype))]),
+                    norm_output=i32(self.norm_output))
 
 
 # The outputs of each custom call, as lnmlp_plan_get_tensor_shape names them (a tensor the plan
@@ -107,6 +110,22 @@ def _output_types(spec: Spec):
         workspace = 0 if spec.backend == "cpu" else p.workspace_bytes + p.alignment
     types["workspace"] = jax.ShapeDtypeStruct((workspace,), jnp.uint8)
     return types
+
+
+@functools.lru_cache(maxsize=512)
+def _norm_output_offset(spec: Spec):
+    """The byte offset of the norm output in the saved buffer of spec's calls."""
+    with _plan.Plan(**spec.plan_kwargs(), external_workspace=True) as p:
+        return p.saved_section("norm_output", spec.tokens)[0]
+
+
+def norm_output_of(spec: Spec, saved):
+    """The norm output [tokens, H] in spec's dtype, out of a forward call's saved bytes (a slice,
+    reinterpreted: the section lnmlp_plan_get_saved_section gives)."""
+    dtype = jnp.dtype(spec.dtype)
+    offset, size = _norm_output_offset(spec), spec.tokens * spec.hidden * dtype.itemsize
+    codes = jax.lax.slice_in_dim(saved, offset, offset + size).reshape(spec.tokens, spec.hidden, dtype.itemsize)
+    return jax.lax.bitcast_convert_type(codes, dtype)
 
 
 def absent(dtype):

@@ -30,26 +30,54 @@ noop_quantizer_set = None
 
 # ---- the differentiable block ------------------------------------------------------------------------
 
+# The block's outputs: y, or (y, norm output) for spec.norm_output.
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def _block(spec, layout, ffn1_name, x, gamma, beta, w1, b1, w2, b2, state):
-    # Not differentiated: a plan that saves nothing; the state's update has nowhere to go (the
-    # seed's function returns y alone), as in TransformerEngine.
-    y, _, _ = _sharding.forward(spec.with_(remat="forward_only"), layout, x, gamma, beta, w1, b1, w2, b2, state)
-    return y
+    # Not differentiated: a plan that saves nothing (but the norm output, when asked for); the
+    # state's update has nowhere to go (the seed's function returns y alone), as in
+    # TransformerEngine.
+    y, _, _, ln = _sharding.forward(spec.with_(remat="forward_only"), layout, x, gamma, beta, w1, b1, w2, b2, state)
+    return (y, ln) if spec.norm_output else y
 
 
 def _block_fwd(spec, layout, ffn1_name, x, gamma, beta, w1, b1, w2, b2, state):
-    y, saved, state = _sharding.forward(spec, layout, x, gamma, beta, w1, b1, w2, b2, state)
+    y, saved, state, ln = _sharding.forward(spec, layout, x, gamma, beta, w1, b1, w2, b2, state)
     # The saved buffer -- norm statistics, norm output, GEMM1 output ("ffn1"), activation output --
     # is the residual TransformerEngine names ffn1_ckpt_name: a jax.checkpoint policy that saves
     # the name keeps it, one that does not recomputes it (the forward runs again in backward).
     saved = checkpoint_name(saved, ffn1_name)
-    return y, (x, gamma, beta, w1, b1, w2, saved, state)
+    return ((y, ln) if spec.norm_output else y), (x, gamma, beta, w1, b1, w2, saved, state)
 
 
-def _block_bwd(spec, layout, ffn1_name, residuals, dy):
+def _norm_output_grads(spec, x, gamma, beta, dln):
+    """The fp32 gradients of x, gamma (and beta, for layernorm) that the norm output's cotangent
+    contributes: the VJP of the norm of docs/design.md, where TransformerEngine adds that cotangent
+    to the norm's backward. (The library's backward takes no second cotangent, so this one pass
+    over [T, H] runs beside it, and each gradient is rounded twice: once by the library, once
+    after the sum.)"""
+    H, f32 = spec.hidden, jnp.float32
+    shift = 1.0 if spec.zero_centered_gamma else 0.0
+
+    def norm(x, gamma, *beta):
+        x = x.reshape(-1, H).astype(f32)
+        if spec.norm_type == "layernorm":
+            x = x - jnp.mean(x, axis=-1, keepdims=True)
+        xhat = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + spec.epsilon)
+        n = xhat * (gamma.astype(f32) + shift)
+        return n + beta[0].astype(f32) if beta else n
+
+    params = (x, gamma, beta) if spec.norm_type == "layernorm" else (x, gamma)
+    return jax.vjp(norm, *params)[1](dln.reshape(-1, H).astype(f32))
+
+
+def _block_bwd(spec, layout, ffn1_name, residuals, cotangent):
     x, gamma, beta, w1, b1, w2, _, _ = residuals
+    dy, dln = cotangent if spec.norm_output else (cotangent, None)
     *grads, state = _sharding.backward(spec, layout, dy, *residuals)
+    if dln is not None:
+        for i, extra in enumerate(_norm_output_grads(spec, x, gamma, beta, dln)):
+            grads[i] = (grads[i].astype(jnp.float32) + extra.reshape(grads[i].shape)).astype(grads[i].dtype)
     # Every gradient in its parameter's dtype: a plan with fp32 kernels under FP8 gives the biases'
     # gradients in fp32 too (weight_dtype covers all four), while the biases themselves are x's
     # dtype here (b2, not a residual, always is).
@@ -113,6 +141,16 @@ def layernorm_mlp(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamm
     tokens anyway.
     """
     del transpose_batch_sequence, dot_1_input_axes, dot_2_input_axes
+    return _layernorm_mlp(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamma, epsilon, norm_input_axes,
+                          kernel_1_axes, kernel_2_axes, ffn1_ckpt_name, ffn2_ckpt_name, activation_type, quantizer_set,
+                          act_params)
+
+
+def _layernorm_mlp(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamma, epsilon, norm_input_axes,
+                   kernel_1_axes, kernel_2_axes, ffn1_ckpt_name, ffn2_ckpt_name, activation_type, quantizer_set,
+                   act_params, norm_output=False):
+    """layernorm_mlp's work; with ``norm_output`` it returns ``(y, norm output)``, the norm output
+    shaped like x in x's dtype (the Flax module's ``return_layernorm_output``)."""
     if quantizer_set is not None and not isinstance(quantizer_set, QuantizerSet):
         raise InvalidArgumentError(
             "quantizer_set must be noop_quantizer_set (None) or a set made by lnmlp.jax.make_quantizer_set(recipe), "
@@ -189,10 +227,13 @@ def layernorm_mlp(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamm
     spec = Spec(tokens=tokens, hidden=H, ffn=F, norm_type=norm_type, zero_centered_gamma=bool(zero_centered_gamma),
                  epsilon=float(epsilon), activations=activations, act_params=act_params,
                  has_bias1=bias_1 is not None, has_bias2=bias_2 is not None, dtype=dtype, remat="save_all",
-                 backend=_backend_of_default_device(), recipe=recipe, weight_dtype=weight_dtype)
+                 backend=_backend_of_default_device(), recipe=recipe, weight_dtype=weight_dtype,
+                 norm_output=bool(norm_output))
     layout = _sharding.resolve_layout(x, kernel_1, kernel_2, recipe, norm_input_axes, kernel_1_axes, kernel_2_axes,
                                       kernel_1_ndim)
     _ffi.ensure_registered()
-    y = _block(spec, layout, ffn1_ckpt_name, x, gamma, beta, kernel_1, b1, kernel_2, b2, state)
+    out = _block(spec, layout, ffn1_ckpt_name, x, gamma, beta, kernel_1, b1, kernel_2, b2, state)
     # The block's output is the GEMM2 output TransformerEngine names ffn2_ckpt_name.
-    return checkpoint_name(y, ffn2_ckpt_name)
+    if norm_output:
+        return checkpoint_name(out[0], ffn2_ckpt_name), out[1]
+    return checkpoint_name(out, ffn2_ckpt_name)

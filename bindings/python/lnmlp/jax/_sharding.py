@@ -267,28 +267,43 @@ def _local_spec(spec, layout, rows):
     return spec.with_(tokens=rows, ffn=spec.ffn // tp, has_bias2=spec.has_bias2 and tp == 1)
 
 
+def _local_rows(rows, layout):
+    """This rank's part of rows that _gathered gathered (under sequence parallelism), else rows."""
+    if not layout.sequence_parallel:
+        return rows
+    n = rows.shape[0] // layout.tensor_size
+    return jax.lax.dynamic_slice_in_dim(rows, jax.lax.axis_index(layout.tensor_axes) * n, n)
+
+
 def forward(spec, layout, x, gamma, beta, w1, b1, w2, b2, state):
-    """(y shaped like x, saved, state). saved is the call's residual: the plan's bytes, or on a
-    mesh every device's, stacked along a leading axis split over all the mesh's axes."""
+    """(y shaped like x, saved, state, norm output shaped like x or None). saved is the call's
+    residual: the plan's bytes, or on a mesh every device's, stacked along a leading axis split over
+    all the mesh's axes. The norm output (spec.norm_output) is read out of it, sharded as x."""
     H = spec.hidden
     if layout is None:
         y, saved, state = _calls.forward_call(spec)(x.reshape(-1, H), gamma, beta, w1, b1, w2, b2, state)
-        return y.reshape(x.shape), saved, state
+        ln = _calls.norm_output_of(spec, saved).reshape(x.shape) if spec.norm_output else None
+        return y.reshape(x.shape), saved, state, ln
     tp = layout.tensor_size
 
     def local(x, gamma, beta, w1, b1, w2, b2, state):
         rows = _gathered(x.reshape(-1, H), layout)
-        call = _calls.forward_call(_local_spec(spec, layout, rows.shape[0]))
+        call_spec = _local_spec(spec, layout, rows.shape[0])
+        call = _calls.forward_call(call_spec)
         y, saved, state = call(rows, gamma, beta, w1, b1, w2, b2 if tp == 1 else _calls.absent(b2.dtype), state)
         if tp > 1:
             y32 = _partials_summed(y, layout, jnp.float32)
             y = (y32 + b2.astype(jnp.float32) if spec.has_bias2 else y32).astype(y.dtype)
-        return y.reshape(x.shape), saved[None], _agreed_state(state, spec, layout)
+        outs = (y.reshape(x.shape), saved[None], _agreed_state(state, spec, layout))
+        if spec.norm_output:  # the gathered rows' norm output; this rank's rows of it
+            outs += (_local_rows(_calls.norm_output_of(call_spec, saved), layout).reshape(x.shape),)
+        return outs
 
     w1_spec, b1_spec, w2_spec = layout.weight_specs(b1)
-    return _shard_map(local, layout.mesh,
-                      in_specs=(layout.x_spec, P(), P(), w1_spec, b1_spec, w2_spec, P(), P()),
-                      out_specs=(layout.x_spec, layout.per_device, P()))(x, gamma, beta, w1, b1, w2, b2, state)
+    out_specs = (layout.x_spec, layout.per_device, P()) + ((layout.x_spec,) if spec.norm_output else ())
+    outs = _shard_map(local, layout.mesh, in_specs=(layout.x_spec, P(), P(), w1_spec, b1_spec, w2_spec, P(), P()),
+                      out_specs=out_specs)(x, gamma, beta, w1, b1, w2, b2, state)
+    return outs if spec.norm_output else (*outs, None)
 
 
 def backward(spec, layout, dy, x, gamma, beta, w1, b1, w2, saved, state):

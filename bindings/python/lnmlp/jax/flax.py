@@ -14,9 +14,12 @@ histories) is the variable ``quantizer_state`` of the collection ``"_overwrite_w
 as TransformerEngine keeps its FP8 metadata: differentiate the loss with respect to that
 collection too, and replace it with its "gradient", which is the state after the step.
 
+``return_layernorm_output=True`` returns ``(out, ln_output)``: the norm output shaped like the
+inputs, in their dtype, as TransformerEngine returns it (the plan's norm output, a section of its
+saved buffer: docs/design.md). Its cotangent reaches the inputs, ``scale`` and ``ln_bias``.
+
 Not here, because the fused block has no place for them: dropout between the activation and
-GEMM2 (``intermediate_dropout_rate`` must be 0), the norm output as a second result
-(``return_layernorm_output`` must be False), LoRA, and a module without the norm.
+GEMM2 (``intermediate_dropout_rate`` must be 0), LoRA, and a module without the norm.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import jax.numpy as jnp
 from .._lib import NotSupportedError
 from .. import _plan
 from ..recipe import Recipe
-from ._layernorm_mlp import layernorm_mlp
+from ._layernorm_mlp import _layernorm_mlp
 from ._quantizer_set import QuantizerSet, make_quantizer_set
 
 __all__ = ["LayerNormMLP", "OVERWRITE_WITH_GRADIENT"]
@@ -46,8 +49,9 @@ def _default_kernel_init():
 class LayerNormMLP(nn.Module):
     """norm -> Dense(intermediate_dim * A) + bias -> activation(s) -> Dense(H) + bias, fused.
 
-    ``__call__(inputs, deterministic=False)`` returns ``(out, None)`` (TransformerEngine's pair;
-    the second is the norm output, which the fused block does not return)."""
+    ``__call__(inputs, deterministic=False)`` returns ``(out, ln_output)``, TransformerEngine's
+    pair: ``ln_output`` is the norm output with ``return_layernorm_output=True``, else None. The
+    attributes' defaults are TransformerEngine's (its ``flax/module.py``)."""
 
     intermediate_dim: int = 2048
     enable_layernorm: bool = True
@@ -66,7 +70,7 @@ class LayerNormMLP(nn.Module):
     bias_axes_1: Tuple[str, ...] = ("act", "mlp")
     bias_axes_2: Tuple[str, ...] = ("embed",)
     return_layernorm_output: bool = False
-    activations: Sequence[str] = ("relu",)
+    activations: Sequence[str] = ("gelu",)
     activation_params: Optional[dict] = None
     intermediate_dropout_rate: float = 0.0
     axis: int = -1
@@ -82,9 +86,6 @@ class LayerNormMLP(nn.Module):
     def _check(self, inputs):
         if not self.enable_layernorm:
             raise NotSupportedError("LayerNormMLP: the fused block always normalises (enable_layernorm=False)")
-        if self.return_layernorm_output:
-            raise NotSupportedError("LayerNormMLP: the fused block does not return the norm output "
-                                    "(return_layernorm_output=True)")
         if self.intermediate_dropout_rate:
             raise NotSupportedError("LayerNormMLP: the fused block has no dropout between the activation and GEMM2 "
                                     f"(intermediate_dropout_rate={self.intermediate_dropout_rate})")
@@ -128,12 +129,11 @@ class LayerNormMLP(nn.Module):
                                       lambda: make_quantizer_set(self.fp8_recipe).state)
                 quantizer_set.state = state.value
 
-        out = layernorm_mlp(inputs, gamma, beta, [k1, k2], [b1, b2], self.layernorm_type,
-                            zero_centered_gamma=self.zero_centered_gamma, epsilon=self.epsilon,
-                            transpose_batch_sequence=self.transpose_batch_sequence,
-                            norm_input_axes=self.layernorm_input_axes, dot_1_input_axes=self.dot_1_input_axes,
-                            dot_2_input_axes=self.dot_2_input_axes, kernel_1_axes=self.kernel_axes_1,
-                            kernel_2_axes=self.kernel_axes_2, ffn1_ckpt_name=self.ffn1_ckpt_name,
-                            ffn2_ckpt_name=self.ffn2_ckpt_name, activation_type=tuple(self.activations),
-                            quantizer_set=quantizer_set, act_params=self.activation_params)
-        return out, None
+        out = _layernorm_mlp(inputs, gamma, beta, [k1, k2], [b1, b2], self.layernorm_type,
+                             zero_centered_gamma=self.zero_centered_gamma, epsilon=self.epsilon,
+                             norm_input_axes=self.layernorm_input_axes, kernel_1_axes=self.kernel_axes_1,
+                             kernel_2_axes=self.kernel_axes_2, ffn1_ckpt_name=self.ffn1_ckpt_name,
+                             ffn2_ckpt_name=self.ffn2_ckpt_name, activation_type=tuple(self.activations),
+                             quantizer_set=quantizer_set, act_params=self.activation_params,
+                             norm_output=self.return_layernorm_output)
+        return out if self.return_layernorm_output else (out, None)
