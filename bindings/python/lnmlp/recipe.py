@@ -201,13 +201,27 @@ class MXFP8BlockScaling(Recipe):
         return dict(recipe=_RECIPE_MXFP8, fp8_format=_FORMATS[self.fp8_format])
 
 
+def as_recipe(obj):
+    """obj as an lnmlp Recipe: itself, or TransformerEngine's recipe object of the same name read as
+    the lnmlp recipe it equals (``_te_recipe.py``; a field lnmlp cannot honour raises
+    NotSupportedError naming it); None for anything else."""
+    if isinstance(obj, Recipe):
+        return obj
+    from ._te_recipe import from_transformer_engine, is_transformer_engine_object
+    return from_transformer_engine(obj) if is_transformer_engine_object(obj) else None
+
+
 def check_recipe(recipe):
-    """None or a Recipe; anything else is an InvalidArgumentError."""
-    if recipe is not None and not isinstance(recipe, Recipe):
+    """None, or a recipe as :func:`as_recipe` reads it; anything else is an InvalidArgumentError."""
+    if recipe is None:
+        return None
+    r = as_recipe(recipe)
+    if r is None:
         raise InvalidArgumentError(
             f"recipe must be None or an lnmlp recipe (DelayedScaling, Float8CurrentScaling, "
-            f"Float8BlockScaling, MXFP8BlockScaling), got {type(recipe).__name__}")
-    return recipe
+            f"Float8BlockScaling, MXFP8BlockScaling, or TransformerEngine's of those names), "
+            f"got {type(recipe).__name__}")
+    return r
 
 
 def quantizer_index(name) -> int:
@@ -263,10 +277,10 @@ class QuantizerSet:
     """
 
     def __init__(self, recipe: Recipe):
-        if not isinstance(recipe, Recipe):
+        self.recipe = as_recipe(recipe)
+        if self.recipe is None:
             raise InvalidArgumentError(
-                f"make_quantizer_set needs an lnmlp recipe, got {type(recipe).__name__}")
-        self.recipe = recipe
+                f"make_quantizer_set needs an lnmlp recipe (or TransformerEngine's), got {type(recipe).__name__}")
         self._lock = threading.RLock()
         self._state = None
         if recipe.stateful:  # a fresh state: scales 1, histories 0

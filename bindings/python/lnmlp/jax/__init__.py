@@ -8,8 +8,8 @@ from ..recipe import (DelayedScaling, Float8BlockScaling, Float8CurrentScaling, 
                       QUANTIZERS)
 from ._ffi import XlaLibraryNotFoundError, library_path, plan_count
 from ._layernorm_mlp import layernorm_mlp, noop_quantizer_set
-from ._quantizer_set import QuantizerSet, make_quantizer_set
+from ._quantizer_set import GemmQuantizerSet, QuantizerSet, make_quantizer_set, make_quantizer_sets
 
-__all__ = ["layernorm_mlp", "noop_quantizer_set", "make_quantizer_set", "QuantizerSet", "DelayedScaling",
-           "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling", "QUANTIZERS", "library_path", "plan_count",
-           "XlaLibraryNotFoundError"]
+__all__ = ["layernorm_mlp", "noop_quantizer_set", "make_quantizer_set", "make_quantizer_sets", "QuantizerSet",
+           "GemmQuantizerSet", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling",
+           "QUANTIZERS", "library_path", "plan_count", "XlaLibraryNotFoundError"]

@@ -18,7 +18,7 @@ from jax.ad_checkpoint import checkpoint_name
 from .. import _plan
 from .._functional import unpack_kernels_and_biases
 from .._lib import InvalidArgumentError
-from . import _ffi, _sharding
+from . import _ffi, _sharding, _te_arguments
 from ._calls import Spec, absent, no_state
 from ._quantizer_set import QuantizerSet
 
@@ -116,7 +116,8 @@ def layernorm_mlp(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamm
                   transpose_batch_sequence=False, norm_input_axes=None, dot_1_input_axes=None,
                   dot_2_input_axes=None, kernel_1_axes=None, kernel_2_axes=None, ffn1_ckpt_name="ffn1",
                   ffn2_ckpt_name="ffn2", activation_type=("relu",), quantizer_set=noop_quantizer_set,
-                  act_params=None):
+                  act_params=None, *te_positional, activation_params=None, collective_op_sets=None,
+                  quantizer_sets=None):
     """``act(norm(x) @ kernel_1 + bias_1) @ kernel_2 + bias_2``: TransformerEngine's JAX
     ``layernorm_mlp``, signature and defaults, as one fused JAX op (forward and backward are
     lnmlp's, through XLA FFI). Works under ``jax.jit``, ``jax.grad``, ``jax.value_and_grad``,
@@ -139,8 +140,17 @@ def layernorm_mlp(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamm
     read. Without a mesh the axes change nothing, as in TransformerEngine;
     ``transpose_batch_sequence`` changes nothing, since every leading dimension is flattened into
     tokens anyway.
+
+    TransformerEngine's current spelling is read beside the seed's, by keyword (positionally the
+    seed's order stands; ``_te_arguments.py``): ``quantizer_sets=(ffn1, ffn2)``, the two halves of
+    one set (:func:`make_quantizer_sets`), or ``(noop, noop)``; ``activation_params``, a dict for the
+    clamped SwiGLU pair (ignored for other activations, as TE ignores it); ``collective_op_sets``,
+    noop sets only (lnmlp does not run TE's collective GEMM). Recipes may be TE's own objects.
     """
     del transpose_batch_sequence, dot_1_input_axes, dot_2_input_axes
+    quantizer_set, act_params = _te_arguments.resolve(
+        _plan.normalize_activations(activation_type), quantizer_set, act_params, te_positional, activation_params,
+        collective_op_sets, quantizer_sets)
     return _layernorm_mlp(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamma, epsilon, norm_input_axes,
                           kernel_1_axes, kernel_2_axes, ffn1_ckpt_name, ffn2_ckpt_name, activation_type, quantizer_set,
                           act_params)

@@ -16,9 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..recipe import QUANTIZERS, Recipe, check_history, check_scale
+from ..recipe import QUANTIZERS, Recipe, as_recipe, check_history, check_scale
 
-__all__ = ["QuantizerSet", "make_quantizer_set"]
+__all__ = ["QuantizerSet", "GemmQuantizerSet", "make_quantizer_set", "make_quantizer_sets"]
+
+#: The state rows of each GEMM's half of a set, as its (x, kernel, grad) quantizers: GEMM1 ("ffn1")
+#: quantizes ln_out, w1 and dh; GEMM2 ("ffn2") act_out, w2 and dy.
+GEMM_ROWS = ((0, 1, 5), (2, 3, 4))
 
 
 @jax.tree_util.register_pytree_node_class
@@ -27,10 +31,11 @@ class QuantizerSet:
     (its delayed-scaling state, a float32 jax array, or None for a stateless recipe)."""
 
     def __init__(self, recipe: Recipe, state=None):
-        if not isinstance(recipe, Recipe):
+        self.recipe = as_recipe(recipe)
+        if self.recipe is None:
             from .._lib import InvalidArgumentError
-            raise InvalidArgumentError(f"a quantizer set needs an lnmlp recipe, got {type(recipe).__name__}")
-        self.recipe = recipe
+            raise InvalidArgumentError(f"a quantizer set needs an lnmlp recipe (or TransformerEngine's), "
+                                       f"got {type(recipe).__name__}")
         self.state = state
 
     def tree_flatten(self):
@@ -44,6 +49,12 @@ class QuantizerSet:
 
     def __repr__(self):
         return f"lnmlp.jax.QuantizerSet({self.recipe!r})"
+
+    def split(self):
+        """The set as TransformerEngine's pair of per-GEMM sets, ``(ffn1, ffn2)``
+        (:class:`GemmQuantizerSet`), for ``layernorm_mlp(..., quantizer_sets=...)``."""
+        return tuple(GemmQuantizerSet(g, self.recipe, None if self.state is None else self.state[jnp.asarray(rows)])
+                     for g, rows in enumerate(GEMM_ROWS))
 
     def scale(self, quantizer):
         """One quantizer's scale (a scalar jax array)."""
@@ -71,11 +82,53 @@ class QuantizerSet:
         return QuantizerSet(self.recipe, jnp.asarray(np.stack(rows).astype(np.float32)))
 
 
+@jax.tree_util.register_pytree_node_class
+class GemmQuantizerSet:
+    """One GEMM's half of a :class:`QuantizerSet`, as TransformerEngine passes one quantizer set per
+    GEMM (``quantizer_sets=(ffn1, ffn2)``): ``gemm`` 0 (GEMM1) or 1 (GEMM2), the recipe, and the
+    delayed-scaling state of its x, kernel and grad quantizers, float32 ``[3, 1 + amax_history_len]``
+    (rows :data:`GEMM_ROWS` of the whole set's state), or None. Under differentiation its cotangent
+    is the half as it is after the step, as the whole set's is."""
+
+    def __init__(self, gemm: int, recipe: Recipe, state=None):
+        self.gemm, self.recipe, self.state = gemm, recipe, state
+
+    def tree_flatten(self):
+        return (self.state,), (self.gemm, self.recipe)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(aux[0], aux[1], children[0])
+
+    def __repr__(self):
+        return f"lnmlp.jax.GemmQuantizerSet({'ffn1' if self.gemm == 0 else 'ffn2'}, {self.recipe!r})"
+
+
+def join(ffn1: GemmQuantizerSet, ffn2: GemmQuantizerSet) -> QuantizerSet:
+    """The one set whose halves are ``ffn1`` and ``ffn2`` (jax operations: differentiating through
+    it hands each half its rows of the set's cotangent)."""
+    qs = QuantizerSet(ffn1.recipe)
+    if ffn1.state is not None:
+        rows = [None] * len(QUANTIZERS)
+        for half in (ffn1, ffn2):
+            for i, r in enumerate(GEMM_ROWS[half.gemm]):
+                rows[r] = half.state[i]
+        qs.state = jnp.stack(rows)
+    return qs
+
+
+def make_quantizer_sets(recipe: Recipe) -> tuple:
+    """``(ffn1, ffn2)``: the halves of a fresh :func:`make_quantizer_set`, to pass as
+    ``quantizer_sets=`` (TransformerEngine's ``QuantizerFactory.create_set(n_quantizer_sets=2)``)."""
+    return make_quantizer_set(recipe).split()
+
+
 def make_quantizer_set(recipe: Recipe) -> QuantizerSet:
     """A quantizer set for ``recipe`` (lnmlp.jax.DelayedScaling, Float8CurrentScaling,
     Float8BlockScaling, MXFP8BlockScaling; TransformerEngine's names and defaults), to pass as
     ``quantizer_set=``. Delayed scaling starts with scales 1 and zero histories."""
     qs = QuantizerSet(recipe)
+    recipe = qs.recipe
     if recipe.stateful:
         state = np.zeros((len(QUANTIZERS), 1 + recipe.amax_history_len), np.float32)
         state[:, 0] = 1.0

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from .._lib import NotSupportedError
 from .. import _plan
-from ..recipe import Recipe
+from ..recipe import Recipe, check_recipe
 from ._layernorm_mlp import _layernorm_mlp
 from ._quantizer_set import QuantizerSet, make_quantizer_set
 
@@ -123,10 +123,11 @@ class LayerNormMLP(nn.Module):
 
         quantizer_set = None
         if self.fp8_recipe is not None:
-            quantizer_set = QuantizerSet(self.fp8_recipe)
-            if self.fp8_recipe.stateful:
+            recipe = check_recipe(self.fp8_recipe)  # lnmlp's, or TransformerEngine's read as lnmlp's
+            quantizer_set = QuantizerSet(recipe)
+            if recipe.stateful:
                 state = self.variable(OVERWRITE_WITH_GRADIENT, "quantizer_state",
-                                      lambda: make_quantizer_set(self.fp8_recipe).state)
+                                      lambda: make_quantizer_set(recipe).state)
                 quantizer_set.state = state.value
 
         out = _layernorm_mlp(inputs, gamma, beta, [k1, k2], [b1, b2], self.layernorm_type,
