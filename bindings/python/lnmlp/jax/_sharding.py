@@ -45,7 +45,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from .._lib import InvalidArgumentError, NotSupportedError
-from . import _calls
+from . import _autocast, _calls
 
 __all__ = ["Layout", "resolve_layout", "forward", "backward"]
 
@@ -101,7 +101,8 @@ def _context_mesh():
 
 def _mesh_axes(names, mesh, what):
     """The mesh axes (a tuple per dimension) of a tuple of axis names: flax's logical axis rules
-    where they name it, the name itself where it is one of the mesh's axes, else none."""
+    where they name it, TransformerEngine's logical names (nvte_*) through the autocast context's
+    MeshResource, the name itself where it is one of the mesh's axes, else none."""
     if names is None:
         return None
     if isinstance(names, str) or not all(n is None or isinstance(n, str) for n in names):
@@ -110,8 +111,16 @@ def _mesh_axes(names, mesh, what):
     flax_linen = sys.modules.get("flax.linen")  # rules only exist where flax is in use
     if flax_linen is not None and flax_linen.get_logical_axis_rules():
         mapped = list(flax_linen.logical_to_mesh_axes(tuple(names)))
+    te_axes = _autocast.te_logical_axes(mesh)
     out = []
     for name, m in zip(names, mapped):
+        if m is None and name is not None and name.startswith("nvte_"):
+            if name not in te_axes:
+                raise InvalidArgumentError(
+                    f"{what}: {name!r} is TransformerEngine's logical axis name, which maps onto the mesh through a "
+                    "MeshResource: run inside lnmlp.jax.autocast(mesh_resource=lnmlp.jax.MeshResource(...))"
+                    if not te_axes else f"{what}: {name!r} is not one of TransformerEngine's logical axis names")
+            m = te_axes[name]
         if m is None and name in mesh.axis_names:
             m = name
         axes = () if m is None else (m,) if isinstance(m, str) else tuple(m)

@@ -9,7 +9,9 @@ gives them: ``scale`` and ``ln_bias`` [H] (axes ``("embed",)``), ``wi_kernel`` [
 ``kernel_1_axes`` / ``kernel_2_axes``, so under flax's logical axis rules and a mesh
 (``jax.set_mesh``) the block runs split as docs/jax-mesh.md says.
 
-FP8: with ``fp8_recipe`` a delayed-scaling recipe, the quantizer state (scales and amax
+FP8: ``fp8_recipe`` (lnmlp's or TransformerEngine's recipe), or when it is None the recipe of the
+enclosing ``lnmlp.jax.autocast(enabled=True, ...)``, as TransformerEngine's modules read theirs.
+With a delayed-scaling recipe the quantizer state (scales and amax
 histories) is the variable ``quantizer_state`` of the collection ``"_overwrite_with_gradient"``,
 as TransformerEngine keeps its FP8 metadata: differentiate the loss with respect to that
 collection too, and replace it with its "gradient", which is the state after the step.
@@ -30,16 +32,40 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from .._lib import NotSupportedError
+from .._lib import InvalidArgumentError, NotSupportedError
 from .. import _plan
 from ..recipe import Recipe, check_recipe
+from . import _autocast
 from ._layernorm_mlp import _layernorm_mlp
 from ._quantizer_set import QuantizerSet, make_quantizer_set
 
-__all__ = ["LayerNormMLP", "OVERWRITE_WITH_GRADIENT"]
+__all__ = ["LayerNormMLP", "OVERWRITE_WITH_GRADIENT", "extend_logical_axis_rules"]
 
 #: The variable collection of the delayed-scaling state (TransformerEngine's name).
 OVERWRITE_WITH_GRADIENT = "_overwrite_with_gradient"
+
+
+def extend_logical_axis_rules(rules):
+    """``rules`` (flax logical axis rules, (name, mesh axis or None) pairs) with TransformerEngine's
+    logical axis names added as the enclosing :func:`lnmlp.jax.autocast`'s MeshResource maps them
+    (TransformerEngine's ``extend_logical_axis_rules``); a given rule for one of those names must
+    agree with TE's. Needs a mesh in context."""
+    from ._sharding import _context_mesh
+    given = {}
+    for item in rules:
+        if len(item) != 2 or not isinstance(item[0], str) or not (item[1] is None or isinstance(item[1], str)):
+            raise InvalidArgumentError(f"a logical axis rule is (axis name, mesh axis name or None), got {item!r}")
+        given.setdefault(item[0], []).append(item[1])
+    mesh = _context_mesh()
+    extended = list(rules)
+    for name, axis in (_autocast.te_logical_axes(mesh) if mesh is not None else {}).items():
+        if name in given:
+            if given[name] != [axis]:
+                raise InvalidArgumentError(f"the rule for {name!r} maps it to {given[name]}, but the MeshResource "
+                                           f"maps it to {axis!r}")
+        else:
+            extended.append((name, axis))
+    return tuple(extended)
 
 
 def _default_kernel_init():
@@ -81,7 +107,7 @@ class LayerNormMLP(nn.Module):
     dot_2_input_axes: Optional[Tuple[str, ...]] = None
     ffn1_ckpt_name: str = "ffn1"
     ffn2_ckpt_name: str = "ffn2"
-    fp8_recipe: Optional[Recipe] = None  # lnmlp.jax.DelayedScaling(), ... ; None: no FP8
+    fp8_recipe: Optional[Recipe] = None  # lnmlp.jax.DelayedScaling(), ... ; None: the autocast context's
 
     def _check(self, inputs):
         if not self.enable_layernorm:
@@ -122,8 +148,10 @@ class LayerNormMLP(nn.Module):
         b2 = param("wo_bias", self.bias_init, (H,), self.bias_axes_2) if self.use_bias else None
 
         quantizer_set = None
-        if self.fp8_recipe is not None:
-            recipe = check_recipe(self.fp8_recipe)  # lnmlp's, or TransformerEngine's read as lnmlp's
+        # The module's own recipe, else the enclosing autocast(enabled=True)'s, as TE's modules do.
+        fp8_recipe = self.fp8_recipe if self.fp8_recipe is not None else _autocast.global_recipe()
+        if fp8_recipe is not None:
+            recipe = check_recipe(fp8_recipe)  # lnmlp's, or TransformerEngine's read as lnmlp's
             quantizer_set = QuantizerSet(recipe)
             if recipe.stateful:
                 state = self.variable(OVERWRITE_WITH_GRADIENT, "quantizer_state",
