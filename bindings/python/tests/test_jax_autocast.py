@@ -22,7 +22,7 @@ import lnmlp  # noqa: E402
 import lnmlp.jax as lj  # noqa: E402
 from _block_cases import make  # noqa: E402
 from lnmlp.jax import _sharding  # noqa: E402
-from lnmlp.jax.flax import OVERWRITE_WITH_GRADIENT, LayerNormMLP, extend_logical_axis_rules  # noqa: E402
+from lnmlp.jax.flax import FP8_COLLECTION, LayerNormMLP, extend_logical_axis_rules  # noqa: E402
 
 B, S, H, F = 4, 8, 32, 64
 
@@ -47,13 +47,13 @@ def test_the_flax_module_takes_the_contexts_recipe(context):
     own = LayerNormMLP(intermediate_dim=F, dtype=jnp.bfloat16, fp8_recipe=recipe)
     want_vars = own.init(jax.random.key(0), x)
     want, _ = own.apply(want_vars, x)
-    assert variables[OVERWRITE_WITH_GRADIENT]["quantizer_state"].shape == (6, 1 + recipe.amax_history_len)
+    assert variables[FP8_COLLECTION]["x_0_amax_history"].shape == (recipe.amax_history_len,)
     np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(want, np.float32))
     # Outside the context, or with enabled=False, the module runs unquantized.
     plain = LayerNormMLP(intermediate_dim=F, dtype=jnp.bfloat16)
     with lj.autocast(enabled=False, recipe=recipe):
         off = plain.init(jax.random.key(0), x)
-    assert OVERWRITE_WITH_GRADIENT not in off
+    assert FP8_COLLECTION not in off
     assert not np.array_equal(np.asarray(plain.apply(off, x)[0], np.float32), np.asarray(out, np.float32))
     assert lj._autocast.global_recipe() is None  # the context is left as it was
 

@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import lnmlp  # noqa: E402
 import lnmlp.jax as lj  # noqa: E402
-from lnmlp.jax.flax import OVERWRITE_WITH_GRADIENT, LayerNormMLP  # noqa: E402
+from lnmlp.jax.flax import FP8_COLLECTION, LayerNormMLP  # noqa: E402
 
 B, S, H, F = 4, 16, 64, 128
 RULES = (("batch", "data"), ("seq", None), ("embed", None), ("act", None), ("mlp", "tensor"))
@@ -48,8 +48,8 @@ def _train(model, variables, x, target, steps=2):
 
         value, grads = jax.value_and_grad(loss)(variables)
         new = {"params": jax.tree.map(lambda p, g: p - 0.1 * g, variables["params"], grads["params"])}
-        if OVERWRITE_WITH_GRADIENT in variables:
-            new[OVERWRITE_WITH_GRADIENT] = grads[OVERWRITE_WITH_GRADIENT]
+        if FP8_COLLECTION in variables:
+            new[FP8_COLLECTION] = grads[FP8_COLLECTION]
         return new, value
 
     losses = []
@@ -107,13 +107,12 @@ def test_training_steps_on_a_mesh_equal_one_device(kind):
         assert err <= tol, f"{name}: {err:.2e}"
     assert tuple(sharded["params"]["wo_kernel"].sharding.spec)[:1] == ("tensor",)
     if recipe is not None:
-        state = sharded[OVERWRITE_WITH_GRADIENT]["quantizer_state"]
-        copies = [np.asarray(s.data) for s in state.addressable_shards]
-        assert all(np.array_equal(c, copies[0]) for c in copies)
-        # After a step the amaxes are of values computed from parameters and outputs that differ
-        # by the sharded sums' bf16 roundings (dy = 2 (y - target) / n): 2 bf16 ulps (2^-7).
-        np.testing.assert_allclose(copies[0], np.asarray(one[OVERWRITE_WITH_GRADIENT]["quantizer_state"]),
-                                   rtol=2.0 ** -7)
+        for name, state in sharded[FP8_COLLECTION].items():
+            copies = [np.asarray(s.data) for s in state.addressable_shards]
+            assert all(np.array_equal(c, copies[0]) for c in copies), name
+            # After a step the amaxes are of values computed from parameters and outputs that differ
+            # by the sharded sums' bf16 roundings (dy = 2 (y - target) / n): 2 bf16 ulps (2^-7).
+            np.testing.assert_allclose(copies[0], np.asarray(one[FP8_COLLECTION][name]), rtol=2.0 ** -7, err_msg=name)
     # No weight is gathered whole: the only all-gathers are of x's and dy's rows (sequence parallel).
     for line in hlo.splitlines():
         if " all-gather(" in line or " all-gather-start(" in line:
@@ -246,3 +245,71 @@ def test_the_mesh_example_trains_as_one_device(sp):
     np.testing.assert_allclose(losses, one_losses, rtol=ref.TOLERANCES["float32"])
     assert diff <= ref.TOLERANCES["float32"]
     assert "all-gather" in collectives if sp else set(collectives) == {"all-reduce"}, collectives
+
+
+def _fp8_model(L=4):
+    return LayerNormMLP(intermediate_dim=F, activations=("gelu", "linear"), use_bias=True, dtype=jnp.bfloat16,
+                        fp8_recipe=lj.DelayedScaling(amax_history_len=L))
+
+
+def test_the_fp8_state_is_kept_in_transformer_engines_collection_names_and_shapes():
+    x, target = _data(jnp.bfloat16)
+    model = _fp8_model()
+    variables = nn.unbox(model.init(jax.random.key(2), x))
+    metas = variables[FP8_COLLECTION]
+    assert set(metas) == {f"{n}{s}" for n in ("x_0", "kernel_0", "grad_0", "x_1", "kernel_1", "grad_1")
+                          for s in ("_scale", "_amax_history")}
+    assert all(v.dtype == jnp.float32 and v.shape == ((1,) if k.endswith("_scale") else (4,)) for k, v in metas.items())
+    # A TransformerEngine checkpoint's values: each variable reaches the quantizer of its name. The
+    # function with one set whose rows are those variables (ln_out x_0, w1 kernel_0, act_out x_1,
+    # w2 kernel_1, dy grad_1, dh grad_0) gives the same output and the same state after the step.
+    rng = np.random.default_rng(4)
+    te = {k: jnp.asarray(rng.uniform(0.5, 4.0, v.shape), jnp.float32) for k, v in metas.items()}
+    ckpt = dict(variables, **{FP8_COLLECTION: te})
+    rows = jnp.stack([jnp.concatenate([te[f"{n}_scale"], te[f"{n}_amax_history"]])
+                      for n in ("x_0", "kernel_0", "x_1", "kernel_1", "grad_1", "grad_0")])
+    p = ckpt["params"]
+
+    def module_loss(fp8, x):
+        y, _ = model.apply(dict(ckpt, **{FP8_COLLECTION: fp8}), x)
+        return jnp.sum(y.astype(jnp.float32) * target.astype(jnp.float32))
+
+    def function_loss(state, x):
+        qs = lj.QuantizerSet(lj.DelayedScaling(amax_history_len=4), state)
+        y = lj.layernorm_mlp(x, p["scale"], p["ln_bias"], [p["wi_kernel"], p["wo_kernel"]],
+                             [p["wi_bias"], p["wo_bias"]], "layernorm", activation_type=("gelu", "linear"),
+                             quantizer_set=qs)
+        return jnp.sum(y.astype(jnp.float32) * target.astype(jnp.float32))
+
+    (loss, new), (loss_fn, new_fn) = (jax.jit(jax.value_and_grad(f))(a, x) for f, a in
+                                      ((module_loss, te), (function_loss, rows)))
+    assert float(loss) == float(loss_fn)
+    for i, n in enumerate(("x_0", "kernel_0", "x_1", "kernel_1", "grad_1", "grad_0")):
+        np.testing.assert_array_equal(np.asarray(new[f"{n}_scale"]), np.asarray(new_fn[i, :1]), err_msg=n)
+        np.testing.assert_array_equal(np.asarray(new[f"{n}_amax_history"]), np.asarray(new_fn[i, 1:]),
+                                      err_msg=n)
+    assert not np.array_equal(np.asarray(new["grad_0_amax_history"]), np.asarray(te["grad_0_amax_history"]))
+    # A checkpoint whose histories are of another length than the recipe's is refused by name.
+    with pytest.raises(lnmlp.InvalidArgumentError, match="fp8_metas/x_0_amax_history is float32 \\(16,\\)"):
+        model.apply(dict(ckpt, **{FP8_COLLECTION: dict(te, x_0_amax_history=jnp.zeros((16,), jnp.float32))}), x)
+
+
+def test_variables_in_the_earlier_layout_load_after_migrate_fp8_state():
+    from lnmlp.jax.flax import OVERWRITE_WITH_GRADIENT, TE_FP8_NAMES, migrate_fp8_state
+    x, _ = _data(jnp.bfloat16)
+    model = _fp8_model()
+    variables = nn.unbox(model.init(jax.random.key(2), x))
+    state = np.random.default_rng(5).uniform(0.5, 4.0, (6, 5)).astype(np.float32)
+    old = {"params": variables["params"], OVERWRITE_WITH_GRADIENT: {"quantizer_state": jnp.asarray(state)}}
+    migrated = migrate_fp8_state(old)
+    assert OVERWRITE_WITH_GRADIENT not in migrated
+    for i, n in enumerate(TE_FP8_NAMES):
+        np.testing.assert_array_equal(np.asarray(migrated[FP8_COLLECTION][f"{n}_scale"]), state[i, :1])
+        np.testing.assert_array_equal(np.asarray(migrated[FP8_COLLECTION][f"{n}_amax_history"]), state[i, 1:])
+    y, _ = model.apply(migrated, x)
+    p = variables["params"]
+    want = lj.layernorm_mlp(x, p["scale"], p["ln_bias"], [p["wi_kernel"], p["wo_kernel"]], [p["wi_bias"], p["wo_bias"]],
+                            "layernorm", activation_type=("gelu", "linear"),
+                            quantizer_set=lj.QuantizerSet(lj.DelayedScaling(amax_history_len=4), jnp.asarray(state)))
+    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(want, np.float32))
+    assert migrate_fp8_state(migrated) == migrated  # nothing to migrate: unchanged

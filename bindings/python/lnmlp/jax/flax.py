@@ -11,10 +11,15 @@ gives them: ``scale`` and ``ln_bias`` [H] (axes ``("embed",)``), ``wi_kernel`` [
 
 FP8: ``fp8_recipe`` (lnmlp's or TransformerEngine's recipe), or when it is None the recipe of the
 enclosing ``lnmlp.jax.autocast(enabled=True, ...)``, as TransformerEngine's modules read theirs.
-With a delayed-scaling recipe the quantizer state (scales and amax
-histories) is the variable ``quantizer_state`` of the collection ``"_overwrite_with_gradient"``,
-as TransformerEngine keeps its FP8 metadata: differentiate the loss with respect to that
-collection too, and replace it with its "gradient", which is the state after the step.
+With a delayed-scaling recipe the quantizer state is kept as TransformerEngine keeps it, so that
+a TE Flax checkpoint's FP8 state loads: the collection ``"fp8_metas"`` (:data:`FP8_COLLECTION`),
+per quantizer ``{name}_scale`` float32 ``(1,)`` and ``{name}_amax_history`` float32
+``(amax_history_len,)``, newest first, with TE's names (:data:`TE_FP8_NAMES`: ``x_0``, ``kernel_0``,
+``grad_0`` for GEMM1's input, kernel and output gradient, ``x_1``, ``kernel_1``, ``grad_1`` for
+GEMM2's). Differentiate the loss with respect to that collection too, and replace it with its
+"gradient", which is the state after the step (TransformerEngine's ``update_collections``).
+Variables saved by lnmlp before this layout (one ``quantizer_state`` in the collection
+``"_overwrite_with_gradient"``) load after :func:`migrate_fp8_state`.
 
 ``return_layernorm_output=True`` returns ``(out, ln_output)``: the norm output shaped like the
 inputs, in their dtype, as TransformerEngine returns it (the plan's norm output, a section of its
@@ -37,12 +42,62 @@ from .. import _plan
 from ..recipe import Recipe, check_recipe
 from . import _autocast
 from ._layernorm_mlp import _layernorm_mlp
-from ._quantizer_set import QuantizerSet, make_quantizer_set
+from ._quantizer_set import QuantizerSet
 
-__all__ = ["LayerNormMLP", "OVERWRITE_WITH_GRADIENT", "extend_logical_axis_rules"]
+__all__ = ["LayerNormMLP", "FP8_COLLECTION", "TE_FP8_NAMES", "OVERWRITE_WITH_GRADIENT", "migrate_fp8_state",
+           "extend_logical_axis_rules"]
 
-#: The variable collection of the delayed-scaling state (TransformerEngine's name).
+#: The variable collection of the delayed-scaling state (TransformerEngine's NVTE_FP8_COLLECTION_NAME).
+FP8_COLLECTION = "fp8_metas"
+#: TransformerEngine's names of the six quantizers, in lnmlp.QUANTIZERS order (ln_out, w1, act_out,
+#: w2, dy, dh): GEMM1's ("_0") and GEMM2's ("_1") x, kernel and grad.
+TE_FP8_NAMES = ("x_0", "kernel_0", "x_1", "kernel_1", "grad_1", "grad_0")
+#: The collection of lnmlp's earlier layout, one ``quantizer_state`` [6, 1 + amax_history_len]
+#: (read by :func:`migrate_fp8_state`).
 OVERWRITE_WITH_GRADIENT = "_overwrite_with_gradient"
+
+
+def _fp8_state(module, recipe):
+    """The delayed-scaling state [6, 1 + L] from the module's variables in TransformerEngine's
+    layout (made fresh at init: scales 1, histories 0), each checked against the recipe."""
+    L = recipe.amax_history_len
+    rows = []
+    for name in TE_FP8_NAMES:
+        scale = module.variable(FP8_COLLECTION, f"{name}_scale", jnp.ones, (1,), jnp.float32).value
+        history = module.variable(FP8_COLLECTION, f"{name}_amax_history", jnp.zeros, (L,), jnp.float32).value
+        for var, value, want in ((f"{name}_scale", scale, (1,)), (f"{name}_amax_history", history, (L,))):
+            if tuple(value.shape) != want or value.dtype != jnp.float32:
+                raise InvalidArgumentError(
+                    f"LayerNormMLP: {FP8_COLLECTION}/{var} is {value.dtype} {tuple(value.shape)}, but float32 {want} "
+                    f"is what {recipe!r} keeps (amax_history_len={L})")
+        rows.append(jnp.concatenate([scale, history]))
+    return jnp.stack(rows)
+
+
+def migrate_fp8_state(variables):
+    """``variables`` with every ``"_overwrite_with_gradient"/.../quantizer_state`` (lnmlp's earlier
+    layout) rewritten as the same module's ``"fp8_metas"`` variables in TransformerEngine's layout;
+    everything else as it is. Returns plain dicts."""
+    def unfrozen(tree):
+        return {k: unfrozen(v) for k, v in tree.items()} if hasattr(tree, "items") else tree
+
+    out = unfrozen(variables)
+    old = out.pop(OVERWRITE_WITH_GRADIENT, None)
+    if old is None:
+        return out
+
+    def convert(tree):
+        result = {}
+        for key, value in tree.items():
+            if key == "quantizer_state":
+                for name, row in zip(TE_FP8_NAMES, jnp.asarray(value)):
+                    result[f"{name}_scale"], result[f"{name}_amax_history"] = row[:1], row[1:]
+            else:
+                result[key] = convert(value)
+        return result
+
+    out[FP8_COLLECTION] = convert(old)
+    return out
 
 
 def extend_logical_axis_rules(rules):
@@ -154,9 +209,7 @@ class LayerNormMLP(nn.Module):
             recipe = check_recipe(fp8_recipe)  # lnmlp's, or TransformerEngine's read as lnmlp's
             quantizer_set = QuantizerSet(recipe)
             if recipe.stateful:
-                state = self.variable(OVERWRITE_WITH_GRADIENT, "quantizer_state",
-                                      lambda: make_quantizer_set(recipe).state)
-                quantizer_set.state = state.value
+                quantizer_set.state = _fp8_state(self, recipe)
 
         out = _layernorm_mlp(inputs, gamma, beta, [k1, k2], [b1, b2], self.layernorm_type,
                              zero_centered_gamma=self.zero_centered_gamma, epsilon=self.epsilon,
