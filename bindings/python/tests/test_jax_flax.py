@@ -119,10 +119,57 @@ def test_training_steps_on_a_mesh_equal_one_device(kind):
             assert f",{H}]" in line.split("all-gather")[0] and f"[{F}," not in line.split("all-gather")[0], line
 
 
-def test_dropout_is_refused_clearly():
+def test_the_remaining_attributes_keep_transformer_engines_meaning_or_are_refused_by_name():
     x, _ = _data(jnp.float32)
-    with pytest.raises(lnmlp.NotSupportedError, match="dropout"):
-        LayerNormMLP(intermediate_dim=F, intermediate_dropout_rate=0.1).init(jax.random.key(0), x)
+    base = dict(intermediate_dim=F, activations=("gelu",))
+    variables = LayerNormMLP(**base).init(jax.random.key(0), x)
+    y, _ = LayerNormMLP(**base).apply(variables, x)
+    # Dropout at a rate > 0 is the identity with deterministic=True (TE's meaning), so the block runs,
+    # its rng collection and mask dimensions with it; with deterministic=False it is refused.
+    dropout = LayerNormMLP(**base, intermediate_dropout_rate=0.1, intermediate_dropout_rng_name="my_rng",
+                           intermediate_hidden_dropout_dims=(-2,))
+    np.testing.assert_array_equal(np.asarray(dropout.apply(variables, x, deterministic=True)[0]), np.asarray(y))
+    with pytest.raises(lnmlp.NotSupportedError, match="intermediate_dropout_rate=0.1 with deterministic=False"):
+        dropout.apply(variables, x, deterministic=False)
+    for kw, error, match in ((dict(enable_layernorm=False), lnmlp.NotSupportedError, "enable_layernorm=False"),
+                             (dict(enable_low_rank_adaptation=True), lnmlp.NotSupportedError,
+                              "enable_low_rank_adaptation=True"),
+                             (dict(intermediate_dropout_rate=1.5), lnmlp.InvalidArgumentError,
+                              "intermediate_dropout_rate must be in")):
+        with pytest.raises(error, match=match):
+            LayerNormMLP(**base, **kw).init(jax.random.key(0), x)
+
+
+def test_quantization_checkpoint_name_names_the_saved_quantized_operands():
+    """Under FP8 the saved residual holds the quantized operands, so a jax.checkpoint policy that saves
+    quantization_checkpoint_name keeps it, as one that saves ffn1_ckpt_name does, with the same
+    gradients; a policy that saves neither keeps no residual of the block."""
+    import contextlib
+    import io
+
+    x, _ = _data(jnp.bfloat16)
+    model = LayerNormMLP(intermediate_dim=F, dtype=jnp.bfloat16, fp8_recipe=lj.Float8BlockScaling(),
+                         quantization_checkpoint_name="my_quantized")
+    variables = nn.unbox(model.init(jax.random.key(0), x))
+
+    def loss(v, x):
+        return jnp.sum(model.apply(v, x)[0].astype(jnp.float32) ** 2)
+
+    def kept(policy):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            jax.ad_checkpoint.print_saved_residuals(jax.checkpoint(loss, policy=policy), variables, x)
+        return [line for line in out.getvalue().splitlines() if "named '" in line]
+
+    names = jax.checkpoint_policies.save_only_these_names
+    assert any("named 'my_quantized'" in line for line in kept(names("my_quantized"))), kept(names("my_quantized"))
+    assert any("named 'ffn1'" in line for line in kept(names("ffn1")))
+    assert kept(jax.checkpoint_policies.nothing_saveable) == []
+    want = jax.grad(loss)(variables, x)
+    for policy in (names("my_quantized"), jax.checkpoint_policies.nothing_saveable):
+        got = jax.jit(jax.grad(jax.checkpoint(loss, policy=policy)))(variables, x)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
 
 # TransformerEngine's Flax LayerNormMLP attributes and defaults (TE main d0067d0, 2.20.0.dev0,
@@ -138,19 +185,16 @@ TE_DEFAULTS = dict(
     enable_low_rank_adaptation=False, low_rank_adaptation_dim=32, low_rank_adaptation_alpha=None, axis=-1,
     dtype=jnp.float32, layernorm_input_axes=None, dot_1_input_axes=None, dot_2_input_axes=None,
     ffn1_ckpt_name="ffn1", ffn2_ckpt_name="ffn2", transpose_batch_sequence=False, quantization_checkpoint_name=None)
-# The attributes that later items of the JAX work add (dropout's, the quantization checkpoint's),
-# and LoRA, which the fused block has no place for.
-NOT_YET = {"intermediate_dropout_rng_name", "intermediate_hidden_dropout_dims", "quantization_checkpoint_name",
-           "enable_low_rank_adaptation", "low_rank_adaptation_dim", "low_rank_adaptation_alpha"}
 
 
 def test_the_default_constructor_builds_transformer_engines_model():
     import dataclasses
     fields = {f.name: f.default for f in dataclasses.fields(LayerNormMLP) if f.name not in ("parent", "name")}
-    assert set(TE_DEFAULTS) - set(fields) == NOT_YET
-    for name, default in fields.items():
-        if name != "fp8_recipe":  # lnmlp's own (TE reads its recipe from the global context)
-            assert default == TE_DEFAULTS[name], f"{name}: {default!r}, TransformerEngine's is {TE_DEFAULTS[name]!r}"
+    # Every attribute of TE's, in TE's order (positional construction means the same), then
+    # lnmlp's own fp8_recipe (TE reads its recipe from the autocast context, which lnmlp's honours too).
+    assert list(fields) == list(TE_DEFAULTS) + ["fp8_recipe"]
+    for name, default in TE_DEFAULTS.items():
+        assert fields[name] == default, f"{name}: {fields[name]!r}, TransformerEngine's is {default!r}"
     # The model the default constructor builds: names, shapes, axes, initialisation and outputs.
     x, _ = _data(jnp.float32)
     boxed = LayerNormMLP().init(jax.random.key(3), x)

@@ -33,7 +33,7 @@ noop_quantizer_set = None
 # The block's outputs: y, or (y, norm output) for spec.norm_output.
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _block(spec, layout, ffn1_name, x, gamma, beta, w1, b1, w2, b2, state):
+def _block(spec, layout, saved_names, x, gamma, beta, w1, b1, w2, b2, state):
     # Not differentiated: a plan that saves nothing (but the norm output, when asked for); the
     # state's update has nowhere to go (the seed's function returns y alone), as in
     # TransformerEngine.
@@ -41,12 +41,15 @@ def _block(spec, layout, ffn1_name, x, gamma, beta, w1, b1, w2, b2, state):
     return (y, ln) if spec.norm_output else y
 
 
-def _block_fwd(spec, layout, ffn1_name, x, gamma, beta, w1, b1, w2, b2, state):
+def _block_fwd(spec, layout, saved_names, x, gamma, beta, w1, b1, w2, b2, state):
     y, saved, state, ln = _sharding.forward(spec, layout, x, gamma, beta, w1, b1, w2, b2, state)
     # The saved buffer -- norm statistics, norm output, GEMM1 output ("ffn1"), activation output --
-    # is the residual TransformerEngine names ffn1_ckpt_name: a jax.checkpoint policy that saves
-    # the name keeps it, one that does not recomputes it (the forward runs again in backward).
-    saved = checkpoint_name(saved, ffn1_name)
+    # is the residual TransformerEngine names ffn1_ckpt_name (and, under FP8, whose codes are the
+    # quantized operands its quantization_checkpoint_name names): a jax.checkpoint policy that
+    # saves one of saved_names keeps it, one that does not recomputes it (the forward runs again in
+    # backward).
+    for name in saved_names:
+        saved = checkpoint_name(saved, name)
     return ((y, ln) if spec.norm_output else y), (x, gamma, beta, w1, b1, w2, saved, state)
 
 
@@ -71,7 +74,7 @@ def _norm_output_grads(spec, x, gamma, beta, dln):
     return jax.vjp(norm, *params)[1](dln.reshape(-1, H).astype(f32))
 
 
-def _block_bwd(spec, layout, ffn1_name, residuals, cotangent):
+def _block_bwd(spec, layout, saved_names, residuals, cotangent):
     x, gamma, beta, w1, b1, w2, _, _ = residuals
     dy, dln = cotangent if spec.norm_output else (cotangent, None)
     *grads, state = _sharding.backward(spec, layout, dy, *residuals)
@@ -158,9 +161,10 @@ def layernorm_mlp(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamm
 
 def _layernorm_mlp(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamma, epsilon, norm_input_axes,
                    kernel_1_axes, kernel_2_axes, ffn1_ckpt_name, ffn2_ckpt_name, activation_type, quantizer_set,
-                   act_params, norm_output=False):
+                   act_params, norm_output=False, quantization_checkpoint_name=None):
     """layernorm_mlp's work; with ``norm_output`` it returns ``(y, norm output)``, the norm output
-    shaped like x in x's dtype (the Flax module's ``return_layernorm_output``)."""
+    shaped like x in x's dtype (the Flax module's ``return_layernorm_output``).
+    ``quantization_checkpoint_name`` (the Flax module's) names the saved residual too under FP8."""
     if quantizer_set is not None and not isinstance(quantizer_set, QuantizerSet):
         raise InvalidArgumentError(
             "quantizer_set must be noop_quantizer_set (None) or a set made by lnmlp.jax.make_quantizer_set(recipe), "
@@ -242,7 +246,9 @@ def _layernorm_mlp(x, gamma, beta, kernels, biases, norm_type, zero_centered_gam
     layout = _sharding.resolve_layout(x, kernel_1, kernel_2, recipe, norm_input_axes, kernel_1_axes, kernel_2_axes,
                                       kernel_1_ndim)
     _ffi.ensure_registered()
-    out = _block(spec, layout, ffn1_ckpt_name, x, gamma, beta, kernel_1, b1, kernel_2, b2, state)
+    saved_names = (ffn1_ckpt_name,) + ((quantization_checkpoint_name,) if quantization_checkpoint_name and recipe
+                                       else ())
+    out = _block(spec, layout, saved_names, x, gamma, beta, kernel_1, b1, kernel_2, b2, state)
     # The block's output is the GEMM2 output TransformerEngine names ffn2_ckpt_name.
     if norm_output:
         return checkpoint_name(out[0], ffn2_ckpt_name), out[1]

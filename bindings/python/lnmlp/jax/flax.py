@@ -25,8 +25,9 @@ Variables saved by lnmlp before this layout (one ``quantizer_state`` in the coll
 inputs, in their dtype, as TransformerEngine returns it (the plan's norm output, a section of its
 saved buffer: docs/design.md). Its cotangent reaches the inputs, ``scale`` and ``ln_bias``.
 
-Not here, because the fused block has no place for them: dropout between the activation and
-GEMM2 (``intermediate_dropout_rate`` must be 0), LoRA, and a module without the norm.
+Not here, because the fused block has no place for them (refused with errors naming them):
+dropout between the activation and GEMM2 when it is not the identity (``intermediate_dropout_rate``
+> 0 runs with ``deterministic=True`` only), LoRA, and a module without the norm.
 """
 
 from __future__ import annotations
@@ -153,30 +154,49 @@ class LayerNormMLP(nn.Module):
     return_layernorm_output: bool = False
     activations: Sequence[str] = ("gelu",)
     activation_params: Optional[dict] = None
+    # Dropout between the activation and GEMM2: its rng collection and the dimensions that share a
+    # mask, for a rate > 0 (which runs only where it is the identity: deterministic=True).
+    intermediate_dropout_rng_name: str = "dropout"
     intermediate_dropout_rate: float = 0.0
+    intermediate_hidden_dropout_dims: Sequence[int] = ()
+    # LoRA: not in the fused block (enabling it is refused).
+    enable_low_rank_adaptation: bool = False
+    low_rank_adaptation_dim: int = 32
+    low_rank_adaptation_alpha: Optional[float] = None
     axis: int = -1
     dtype: Any = jnp.float32
-    transpose_batch_sequence: bool = False
     layernorm_input_axes: Optional[Tuple[str, ...]] = None
     dot_1_input_axes: Optional[Tuple[str, ...]] = None
     dot_2_input_axes: Optional[Tuple[str, ...]] = None
     ffn1_ckpt_name: str = "ffn1"
     ffn2_ckpt_name: str = "ffn2"
+    transpose_batch_sequence: bool = False
+    # Under FP8 it names the saved residual too, which holds the quantized operands (docs/jax.md).
+    quantization_checkpoint_name: Optional[str] = None
     fp8_recipe: Optional[Recipe] = None  # lnmlp.jax.DelayedScaling(), ... ; None: the autocast context's
 
-    def _check(self, inputs):
+    def _check(self, inputs, deterministic):
         if not self.enable_layernorm:
-            raise NotSupportedError("LayerNormMLP: the fused block always normalises (enable_layernorm=False)")
-        if self.intermediate_dropout_rate:
-            raise NotSupportedError("LayerNormMLP: the fused block has no dropout between the activation and GEMM2 "
-                                    f"(intermediate_dropout_rate={self.intermediate_dropout_rate})")
+            raise NotSupportedError(
+                "LayerNormMLP: enable_layernorm=False is not supported: the fused block always normalises its "
+                "input (lnmlp has no identity norm); use two Dense layers for a block without the norm")
+        if self.enable_low_rank_adaptation:
+            raise NotSupportedError("LayerNormMLP: enable_low_rank_adaptation=True is not supported: the fused "
+                                    "block has no place for LoRA's extra GEMMs")
+        rate = self.intermediate_dropout_rate
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate <= 1.0:
+            raise InvalidArgumentError(f"LayerNormMLP: intermediate_dropout_rate must be in [0, 1], got {rate!r}")
+        if rate > 0.0 and not deterministic:
+            raise NotSupportedError(
+                f"LayerNormMLP: intermediate_dropout_rate={rate} with deterministic=False is not supported: the "
+                "fused block has no dropout between the activation and GEMM2 yet (with deterministic=True, or a "
+                "rate of 0, the dropout is the identity and the block runs)")
         if self.axis not in (-1, inputs.ndim - 1):
             raise NotSupportedError(f"LayerNormMLP: the hidden dimension must be the last (axis={self.axis})")
 
     @nn.compact
     def __call__(self, inputs, deterministic: bool = False):
-        del deterministic  # no dropout in the fused block
-        self._check(inputs)
+        self._check(inputs, deterministic)
         H = inputs.shape[-1]
         A, F = len(_plan.normalize_activations(self.activations)), self.intermediate_dim
         scale_init = self.scale_init or (nn.initializers.zeros if self.zero_centered_gamma else nn.initializers.ones)
@@ -217,5 +237,6 @@ class LayerNormMLP(nn.Module):
                              kernel_2_axes=self.kernel_axes_2, ffn1_ckpt_name=self.ffn1_ckpt_name,
                              ffn2_ckpt_name=self.ffn2_ckpt_name, activation_type=tuple(self.activations),
                              quantizer_set=quantizer_set, act_params=self.activation_params,
-                             norm_output=self.return_layernorm_output)
+                             norm_output=self.return_layernorm_output,
+                             quantization_checkpoint_name=self.quantization_checkpoint_name)
         return out if self.return_layernorm_output else (out, None)
