@@ -1110,7 +1110,7 @@ TEST(Workspace, ExternalWorkspaceLifecycle) {
   EXPECT_FAILS(lnmlp_plan_attach_workspace(b.plan, ws.data(), b.ws_bytes - 1), LNMLP_ERROR_WORKSPACE_TOO_SMALL,
                "workspace");
   EXPECT_FAILS(lnmlp_plan_attach_workspace(b.plan, ws.data(), 0), LNMLP_ERROR_WORKSPACE_TOO_SMALL, "workspace");
-  EXPECT_FAILS(lnmlp_plan_attach_workspace(b.plan, ws.data(), -1), LNMLP_ERROR_WORKSPACE_TOO_SMALL, "workspace");
+  EXPECT_FAILS(lnmlp_plan_attach_workspace(b.plan, ws.data(), -1), LNMLP_ERROR_INVALID_ARGUMENT, "bytes must be >= 0");
   EXPECT_FAILS(lnmlp_plan_attach_workspace(b.plan, nullptr, b.ws_bytes), LNMLP_ERROR_NULL_POINTER, "workspace");
   EXPECT_FAILS(lnmlp_plan_attach_workspace(b.plan, ws.data() + 1, b.ws_bytes), LNMLP_ERROR_MISALIGNED, "workspace");
   if (b.align > 1)

@@ -488,6 +488,7 @@ LNMLP_API int32_t lnmlp_plan_attach_workspace(lnmlp_plan* plan, void* workspace,
       fail(LNMLP_ERROR_INVALID_ARGUMENT,
            "this plan owns its workspace; enable lnmlp_desc_set_external_workspace before lnmlp_plan_create to attach "
            "your own");
+    if (bytes < 0) fail(LNMLP_ERROR_INVALID_ARGUMENT, "bytes must be >= 0, got ", bytes);
     if (workspace == nullptr && plan->workspace_bytes > 0) fail(LNMLP_ERROR_NULL_POINTER, "workspace is NULL");
     if (bytes < plan->workspace_bytes)
       fail(LNMLP_ERROR_WORKSPACE_TOO_SMALL, "the workspace has ", bytes, " bytes, but this plan needs ",

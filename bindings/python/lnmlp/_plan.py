@@ -694,7 +694,8 @@ class Plan:
         data = bytes(blob)
         with self._lock:
             handle = self._live()
-            buf = ctypes.create_string_buffer(data, len(data)) if data else None
+            # An empty blob is a blob of the wrong length (InvalidArgumentError), not a NULL one.
+            buf = ctypes.create_string_buffer(data, max(len(data), 1))
             _lib.check(_lib.get_lib().lnmlp_plan_import_state(handle, buf, len(data)))
 
     # --- argument checks --------------------------------------------------------------------------

@@ -494,6 +494,7 @@ def test_bad_state_changes_nothing():
             (lambda: plan.import_state(before[:-4]), "bytes"),
             (lambda: plan.import_state(before + b"\0\0\0\0"), "bytes"),
             (lambda: plan.import_state(b"LNML"), "header"),
+            (lambda: plan.import_state(b""), "header"),
             (lambda: plan.import_state(other.export_state()), "entries"),
             (lambda: plan.import_state(bytes(blob[:8]) + np.int32(2).tobytes() + bytes(blob[12:])), "version"),
             (lambda: plan.import_state(bytes(blob[:12]) + np.int32(2).tobytes() + bytes(blob[16:])), "recipe"),
