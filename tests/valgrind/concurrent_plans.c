@@ -102,8 +102,8 @@ int main(void) {
       failures += alone[i].failures + together[i].failures;
       for (int j = 0; j < kOutputs; ++j)
         if (memcmp(alone[i].out[j], together[i].out[j], (size_t)alone[i].out_bytes[j]) != 0) {
-          printf("FAILED: dtype %d, output %d differs between the plan run alone and beside another\n",
-                 alone[i].dtype, j);
+          printf("FAILED: dtype %d, output %d differs between the plan run alone and beside another\n", alone[i].dtype,
+                 j);
           ++failures;
         }
       release(&alone[i]);
