@@ -751,7 +751,12 @@ enum {
  * (its kept weight copies are dropped, so LNMLP_CALL_WEIGHTS_UNCHANGED in the next call makes them
  * again), but its outputs undefined: y and saved (forward); dx, dgamma, dbeta, dW1, db1, dW2 and
  * db2 (backward), accumulating ones included, which may hold part of the call's sum (keep a copy,
- * or drop the step). */
+ * or drop the step). On the CPU backend a call with a token count the plan has prepared (its
+ * maximum, or one an earlier call had) returns OUT_OF_MEMORY this way whichever of its allocations
+ * fails (tests/alloc/test_allocation_census.cpp fails each in turn). Where the GEMM library makes
+ * its objects -- lnmlp_plan_create, and the first call with a new token count -- an allocation
+ * failing inside oneDNN can crash the process: oneDNN does not check those allocations (its
+ * objects' operator new returns NULL to a constructor), so leave headroom there. */
 
 /* Forward: y = act(norm(x) @ W1 + b1) @ W2 + b2 for `tokens` tokens, and writes `saved` for
  * backward: aligned to lnmlp_plan_get_alignment, of at least the call's LNMLP_TENSOR_SAVED bytes
