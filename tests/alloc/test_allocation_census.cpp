@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "fp32_plan.h"
 #include "lnmlp.h"
 
 extern "C" void alloc_counter_arm(void);
@@ -28,52 +29,16 @@ extern "C" long alloc_counter_fail_nth(long n);
 
 namespace {
 
-constexpr int64_t T = 64, H = 32, F = 48;
+constexpr int64_t kTokens = 64, kHidden = 32, kFfn = 48;
 
-// One plan and its buffers; the calls of the census.
-struct Plan {
-  lnmlp_plan* plan = nullptr;
-  std::vector<float> x, g, b, w1, b1, w2, b2, dy, y, dx, dg, db, dw1, db1, dw2, db2;
-  std::vector<unsigned char> saved_store, blob;
-  void* saved = nullptr;
+// A census plan: an Fp32Plan with its FP8 state's export blob.
+struct Plan : Fp32Plan {
+  std::vector<unsigned char> blob;
 
-  explicit Plan(int32_t recipe) {
-    lnmlp_desc* d = nullptr;
-    lnmlp_desc_create(&d);
-    lnmlp_desc_set_shape(d, T, H, F);
-    lnmlp_desc_set_bias(d, 1, 1);
-    lnmlp_desc_set_num_threads(d, 1);
-    lnmlp_desc_set_recipe(d, recipe);
-    if (lnmlp_plan_create(d, &plan) != LNMLP_SUCCESS) std::printf("plan_create: %s\n", lnmlp_last_error());
-    lnmlp_desc_destroy(d);
+  explicit Plan(int32_t recipe) : Fp32Plan(kTokens, kHidden, kFfn, recipe) {
     int64_t bytes = 0;
-    lnmlp_plan_get_saved_bytes(plan, &bytes);
-    saved_store.resize(static_cast<size_t>(bytes) + 64);
-    saved = saved_store.data() + (64 - reinterpret_cast<uintptr_t>(saved_store.data()) % 64) % 64;
     lnmlp_plan_get_state_bytes(plan, &bytes);
     blob.resize(static_cast<size_t>(bytes));
-    unsigned seed = 11;
-    const auto fill = [&](std::vector<float>& v, size_t n, float scale) {
-      v.resize(n);
-      for (float& e : v)
-        e = scale * (static_cast<float>((seed = seed * 1103515245u + 12345u) >> 8) / 16777216.0f - 0.5f);
-    };
-    fill(x, T * H, 2.0f), fill(g, H, 1.0f), fill(b, H, 0.2f), fill(w1, H * F, 0.4f), fill(b1, F, 0.2f);
-    fill(w2, F * H, 0.4f), fill(b2, H, 0.2f), fill(dy, T * H, 1.0f);
-    for (auto* v : {&y, &dx}) v->assign(T * H, 0.0f);
-    for (auto* v : {&dg, &db, &db2}) v->assign(H, 0.0f);
-    dw1.assign(H * F, 0.0f), db1.assign(F, 0.0f), dw2.assign(F * H, 0.0f);
-  }
-  ~Plan() { lnmlp_plan_destroy(plan); }
-
-  int32_t forward() {
-    return lnmlp_plan_forward(plan, T, x.data(), g.data(), b.data(), w1.data(), b1.data(), w2.data(), b2.data(),
-                              y.data(), saved, nullptr, LNMLP_CALL_DEFAULT, nullptr);
-  }
-  int32_t backward() {
-    return lnmlp_plan_backward(plan, T, dy.data(), x.data(), g.data(), b.data(), w1.data(), b1.data(), w2.data(), saved,
-                               dx.data(), dg.data(), db.data(), dw1.data(), db1.data(), dw2.data(), db2.data(), nullptr,
-                               LNMLP_CALL_DEFAULT, nullptr);
   }
   int32_t export_state() {
     return blob.empty() ? LNMLP_SUCCESS : lnmlp_plan_export_state(plan, blob.data(), static_cast<int64_t>(blob.size()));
@@ -86,12 +51,6 @@ struct Plan {
     std::string s(blob.size(), '\0');
     if (!s.empty()) lnmlp_plan_export_state(plan, &s[0], static_cast<int64_t>(s.size()));
     return s;
-  }
-  // Everything the calls write.
-  std::vector<float> outputs() const {
-    std::vector<float> all;
-    for (const auto* v : {&y, &dx, &dg, &db, &dw1, &db1, &dw2, &db2}) all.insert(all.end(), v->begin(), v->end());
-    return all;
   }
 };
 

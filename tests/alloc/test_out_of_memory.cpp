@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "fp32_plan.h"
 #include "lnmlp.h"
 
 extern "C" void alloc_counter_arm(void);
@@ -23,7 +24,7 @@ namespace {
 
 constexpr long kFailAbove =
     4096;  // above what execution allocates besides the sgemm buffers (test_execution_memory.cpp)
-constexpr int64_t T = 128, H = 256, F = 512;
+constexpr int64_t kTokens = 128, kHidden = 256, kFfn = 512;
 
 int failures = 0;
 
@@ -34,49 +35,8 @@ void expect(bool ok, const char* what) {
   }
 }
 
-struct Case {
-  lnmlp_plan* plan = nullptr;
-  std::vector<float> x, g, b, w1, b1, w2, b2, dy;
-  std::vector<float> y, dx, dg, dbeta, dw1, db1, dw2, db2;
-  std::vector<unsigned char> saved_store;
-  void* saved = nullptr;
-
-  explicit Case(int32_t recipe) {
-    lnmlp_desc* d = nullptr;
-    lnmlp_desc_create(&d);
-    lnmlp_desc_set_shape(d, T, H, F);
-    lnmlp_desc_set_bias(d, 1, 1);
-    lnmlp_desc_set_num_threads(d, 1);
-    lnmlp_desc_set_recipe(d, recipe);
-    if (lnmlp_plan_create(d, &plan) != LNMLP_SUCCESS) std::printf("plan_create: %s\n", lnmlp_last_error());
-    lnmlp_desc_destroy(d);
-    int64_t saved_bytes = 0;
-    lnmlp_plan_get_saved_bytes(plan, &saved_bytes);
-    saved_store.resize(static_cast<size_t>(saved_bytes) + 64);
-    saved = saved_store.data() + (64 - reinterpret_cast<uintptr_t>(saved_store.data()) % 64) % 64;
-    unsigned seed = 7;
-    auto fill = [&](std::vector<float>& v, size_t n, float scale) {
-      v.resize(n);
-      for (float& e : v)
-        e = scale * (static_cast<float>((seed = seed * 1103515245u + 12345u) >> 8) / 16777216.0f - 0.5f);
-    };
-    fill(x, T * H, 2.0f), fill(g, H, 1.0f), fill(b, H, 0.2f), fill(w1, H * F, 0.2f), fill(b1, F, 0.2f);
-    fill(w2, F * H, 0.2f), fill(b2, H, 0.2f), fill(dy, T * H, 1.0f);
-    for (auto* v : {&y, &dx}) v->assign(T * H, 0.0f);
-    for (auto* v : {&dg, &dbeta, &db2}) v->assign(H, 0.0f);
-    dw1.assign(H * F, 0.0f), db1.assign(F, 0.0f), dw2.assign(F * H, 0.0f);
-  }
-  ~Case() { lnmlp_plan_destroy(plan); }
-
-  int32_t forward(int32_t flags = LNMLP_CALL_DEFAULT) {
-    return lnmlp_plan_forward(plan, T, x.data(), g.data(), b.data(), w1.data(), b1.data(), w2.data(), b2.data(),
-                              y.data(), saved, nullptr, flags, nullptr);
-  }
-  int32_t backward() {
-    return lnmlp_plan_backward(plan, T, dy.data(), x.data(), g.data(), b.data(), w1.data(), b1.data(), w2.data(), saved,
-                               dx.data(), dg.data(), dbeta.data(), dw1.data(), db1.data(), dw2.data(), db2.data(),
-                               nullptr, LNMLP_CALL_DEFAULT, nullptr);
-  }
+struct Case : Fp32Plan {
+  explicit Case(int32_t recipe) : Fp32Plan(kTokens, kHidden, kFfn, recipe) {}
   std::vector<float> state() const {  // every quantizer's scale and history, in order
     int64_t n = 0;
     lnmlp_plan_get_amax_history_length(plan, &n);

@@ -568,7 +568,8 @@ extern "C" {
     /// @param\[out\] bytes
     pub fn lnmlp_plan_get_alignment(plan: *const lnmlp_plan, bytes: *mut i64) -> i32;
     /// Attaches caller-owned workspace to a plan created with external workspace: `bytes` must be at
-    /// least lnmlp_plan_get_workspace_bytes and `workspace` aligned to lnmlp_plan_get_alignment.
+    /// least lnmlp_plan_get_workspace_bytes (LNMLP_ERROR_WORKSPACE_TOO_SMALL; a negative `bytes` is
+    /// LNMLP_ERROR_INVALID_ARGUMENT) and `workspace` aligned to lnmlp_plan_get_alignment.
     /// The memory must outlive every later forward/backward call; attaching again replaces it.
     /// @since 0.1
     /// @param\[in\] workspace, bytes
