@@ -49,6 +49,7 @@ pub struct PlanBuilder {
     #[cfg(feature = "experimental")]
     gemm_math: Option<(bool, bool)>,
     external_workspace: Option<bool>,
+    norm_output: Option<bool>,
 }
 
 /// The same builder under the C API's name for it.
@@ -274,6 +275,16 @@ impl PlanBuilder {
         self
     }
 
+    /// Whether forward also gives the norm output `rnd_D(norm(x))` `[T, H]` in the I/O dtype
+    /// (`lnmlp_desc_set_norm_output`; TransformerEngine's `return_layernorm_output`), under every
+    /// recipe and remat policy, as a section of the saved buffer: read it with
+    /// [`crate::Plan::norm_output`]. Default off (an unquantized [`crate::Remat::SaveAll`] plan
+    /// saves it anyway).
+    pub fn norm_output(mut self, enabled: bool) -> Self {
+        self.norm_output = Some(enabled);
+        self
+    }
+
     /// Experimental (feature `experimental`; may change in any release).
     ///
     /// GEMM math faster than exact (`lnmlp_desc_set_gemm_math`), for the CUDA backend:
@@ -362,6 +373,9 @@ impl PlanBuilder {
             }
             if let Some(l) = self.weight_layout {
                 check(sys::lnmlp_desc_set_weight_layout(d, l.raw()))?;
+            }
+            if let Some(n) = self.norm_output {
+                check(sys::lnmlp_desc_set_norm_output(d, n as i32))?;
             }
             if let Some(r) = self.recipe {
                 check(sys::lnmlp_desc_set_recipe(d, r.raw()))?;

@@ -637,6 +637,49 @@ impl Plan {
     pub fn saved_bytes_for(&self, tokens: usize) -> Result<usize> {
         Ok(self.tensor_shape(Tensor::Saved, tokens)?.map_or(0, |s| s.bytes()))
     }
+    /// The norm output `[tokens, H]` (row-major, in the plan's dtype) that the forward which wrote
+    /// `saved` gave: a copy of the saved buffer's norm-output section
+    /// (`lnmlp_plan_get_saved_section`). Under sequence parallelism every rank of the group's rows.
+    /// Errors: the plan does not give it (build it with [`PlanBuilder::norm_output`]), `T` is not
+    /// the plan's element type, or `saved` was not written by a forward of this crate.
+    pub fn norm_output<T: Element>(&self, saved: &Saved) -> Result<Vec<T>> {
+        let invalid = |m: String| Error::new(Status::InvalidArgument, m);
+        if T::DTYPE != self.dtype {
+            return Err(invalid(format!("the norm output is {:?}, not {:?}", self.dtype, T::DTYPE)));
+        }
+        let tokens = saved.tokens().ok_or_else(|| {
+            invalid("the saved buffer was not written by a forward of this crate (its token count is unknown)".into())
+        })?;
+        let (mut offset, mut rank, mut dims, mut dtype) = (0i64, 0i64, [0i64; Shape::MAX_RANK], 0i32);
+        // SAFETY: the live plan; dims holds LNMLP_MAX_TENSOR_RANK values; valid out-pointers.
+        check(unsafe {
+            sys::lnmlp_plan_get_saved_section(
+                self.raw.as_ptr(),
+                sys::LNMLP_SAVED_NORM_OUTPUT,
+                tokens as i64,
+                &mut offset,
+                &mut rank,
+                dims.as_mut_ptr(),
+                &mut dtype,
+            )
+        })?;
+        if offset < 0 {
+            return Err(invalid("this plan does not give the norm output; build it with .norm_output(true)".into()));
+        }
+        let (start, n) = (offset as usize, (dims[0] * dims[1]) as usize);
+        let bytes = saved.as_bytes().get(start..start + n * std::mem::size_of::<T>()).ok_or_else(|| {
+            invalid(format!(
+                "the saved buffer ({} bytes) is shorter than its norm-output section",
+                saved.as_bytes().len()
+            ))
+        })?;
+        let mut out = vec![T::default(); n];
+        // SAFETY: T is f32, Bf16 or F16 (plain data of size_of::<T>() bytes, any bit pattern
+        // valid); the source holds exactly n such values and does not overlap `out`.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.as_mut_ptr().cast::<u8>(), bytes.len()) };
+        Ok(out)
+    }
+
     /// Elements of the FP8 quantizer state array ([`Tensor::Fp8State`], `[6, 1 + amax history
     /// length]`) of a [`Recipe::Delayed`] plan; 0 for a stateless recipe.
     pub fn fp8_state_len(&self) -> usize {

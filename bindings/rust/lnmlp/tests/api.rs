@@ -347,3 +347,41 @@ fn out_of_range_integers_are_refused_not_cut() {
     // The bounds themselves are the library's to take.
     assert_eq!(small().num_threads(65536).build().unwrap().tokens(), 2);
 }
+
+#[test]
+fn the_norm_output_is_the_layernorm_of_x() {
+    let (t, h, f) = (2, 8, 16);
+    let mut b = bufs(t, h, f);
+    b.gamma = (0..h).map(|i| 0.5 + 0.1 * i as f32).collect();
+    b.beta = (0..h).map(|i| 0.05 * i as f32 - 0.2).collect();
+    let mut y = vec![0.0f32; t * h];
+    // The float64 layernorm of x (epsilon 1e-6, the default), rounded once to f32.
+    let (gamma, beta) = (&b.gamma, &b.beta);
+    let want: Vec<f32> =
+        b.x.chunks(h)
+            .flat_map(|row| {
+                let mean = row.iter().map(|&v| v as f64).sum::<f64>() / h as f64;
+                let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / h as f64;
+                let rs = 1.0 / (var + 1e-6).sqrt();
+                (0..h)
+                    .map(move |j| ((row[j] as f64 - mean) * rs * gamma[j] as f64 + beta[j] as f64) as f32)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+    for remat in [Remat::SaveAll, Remat::SaveStats, Remat::ForwardOnly] {
+        let mut plan = small().remat(remat).norm_output(true).build().unwrap();
+        let saved = plan.forward(&b.x, &b.weights(), &mut y).unwrap();
+        let ln = plan.norm_output::<f32>(&saved).unwrap();
+        assert_eq!(ln.len(), t * h);
+        for (g, w) in ln.iter().zip(&want) {
+            assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "{remat:?}: {g} against {w}");
+        }
+    }
+    // A plan that does not give it, and the wrong element type, are refused.
+    let mut plain = small().remat(Remat::SaveStats).build().unwrap();
+    let saved = plain.forward(&b.x, &b.weights(), &mut y).unwrap();
+    assert_eq!(plain.norm_output::<f32>(&saved).unwrap_err().status(), Status::InvalidArgument);
+    let mut plan = small().norm_output(true).build().unwrap();
+    let saved = plan.forward(&b.x, &b.weights(), &mut y).unwrap();
+    assert_eq!(plan.norm_output::<Bf16>(&saved).unwrap_err().status(), Status::InvalidArgument);
+}
