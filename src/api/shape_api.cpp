@@ -2,6 +2,8 @@
 // call and where each section of the saved buffer is, from the plan's (shard's) Config, so that no
 // binding repeats the arithmetic.
 #include <cstdint>
+#include <initializer_list>
+#include <tuple>
 
 #include "common/error.h"
 #include "handles.h"
@@ -19,50 +21,56 @@ struct Shape {
   int32_t dtype = LNMLP_DTYPE_F32;
 };
 
+// The shape `dims` of element type `dtype`, or none where the plan does not take the tensor.
+Shape make_shape(bool present, std::initializer_list<int64_t> dims, int32_t dtype) {
+  Shape s;
+  if (!present) return s;
+  s.rank = static_cast<int64_t>(dims.size());
+  int i = 0;
+  for (int64_t d : dims) s.dims[i++] = d;
+  s.dtype = dtype;
+  return s;
+}
+
 Shape shape_of(const lnmlp_plan& plan, int32_t tensor, int64_t tokens) {
   const Config& c = plan.cfg;
   const int64_t H = c.hidden, F = c.ffn, A = c.num_acts;
   const int32_t io = static_cast<int32_t>(c.dtype);
   const int32_t wt = static_cast<int32_t>(c.weight_type());      // W1, W2
   const int32_t wg = static_cast<int32_t>(c.param_grad_type());  // dW1, db1, dW2, db2
-  const auto make = [&](bool present, std::initializer_list<int64_t> dims, int32_t dtype) {
-    Shape s;
-    if (!present) return s;
-    s.rank = static_cast<int64_t>(dims.size());
-    int i = 0;
-    for (int64_t d : dims) s.dims[i++] = d;
-    s.dtype = dtype;
-    return s;
-  };
   // W1 and W2 (or their gradients, in `dtype`) in the plan's weight layout: in x out [H, A, F] and
   // [F, H], or out x in [A, F, H] and [H, F].
   const bool out_in = c.weights_out_in();
-  const auto w1 = [&](int32_t dtype) { return out_in ? make(true, {A, F, H}, dtype) : make(true, {H, A, F}, dtype); };
-  const auto w2 = [&](int32_t dtype) { return out_in ? make(true, {H, F}, dtype) : make(true, {F, H}, dtype); };
+  const auto w1 = [&](int32_t dtype) {
+    return out_in ? make_shape(true, {A, F, H}, dtype) : make_shape(true, {H, A, F}, dtype);
+  };
+  const auto w2 = [&](int32_t dtype) {
+    return out_in ? make_shape(true, {H, F}, dtype) : make_shape(true, {F, H}, dtype);
+  };
   switch (tensor) {
     case LNMLP_TENSOR_X:
     case LNMLP_TENSOR_Y:
     case LNMLP_TENSOR_DY:
-    case LNMLP_TENSOR_DX: return make(true, {tokens, H}, io);
+    case LNMLP_TENSOR_DX: return make_shape(true, {tokens, H}, io);
     case LNMLP_TENSOR_GAMMA:
-    case LNMLP_TENSOR_DGAMMA: return make(true, {H}, io);
+    case LNMLP_TENSOR_DGAMMA: return make_shape(true, {H}, io);
     case LNMLP_TENSOR_BETA:
-    case LNMLP_TENSOR_DBETA: return make(c.has_beta(), {H}, io);
+    case LNMLP_TENSOR_DBETA: return make_shape(c.has_beta(), {H}, io);
     case LNMLP_TENSOR_W1: return w1(wt);
     case LNMLP_TENSOR_DW1: return w1(wg);
-    case LNMLP_TENSOR_B1: return make(c.has_bias1, {A, F}, io);
-    case LNMLP_TENSOR_DB1: return make(c.has_bias1, {A, F}, wg);
+    case LNMLP_TENSOR_B1: return make_shape(c.has_bias1, {A, F}, io);
+    case LNMLP_TENSOR_DB1: return make_shape(c.has_bias1, {A, F}, wg);
     case LNMLP_TENSOR_W2: return w2(wt);
     case LNMLP_TENSOR_DW2: return w2(wg);
-    case LNMLP_TENSOR_B2: return make(c.has_bias2, {H}, io);
-    case LNMLP_TENSOR_DB2: return make(c.has_bias2, {H}, wg);
+    case LNMLP_TENSOR_B2: return make_shape(c.has_bias2, {H}, io);
+    case LNMLP_TENSOR_DB2: return make_shape(c.has_bias2, {H}, wg);
     case LNMLP_TENSOR_SAVED: {
       const int64_t bytes =
           tokens == c.rows() ? plan.saved.total_bytes : make_saved_layout(c.for_call(tokens)).total_bytes;
-      return make(plan.saved.total_bytes > 0, {bytes}, LNMLP_DTYPE_U8);
+      return make_shape(plan.saved.total_bytes > 0, {bytes}, LNMLP_DTYPE_U8);
     }
     case LNMLP_TENSOR_FP8_STATE:
-      return make(plan.recipe.stateful(), {kQuantizerCount, plan.recipe.state_stride()}, LNMLP_DTYPE_F32);
+      return make_shape(plan.recipe.stateful(), {kQuantizerCount, plan.recipe.state_stride()}, LNMLP_DTYPE_F32);
     default: fail(LNMLP_ERROR_INVALID_ARGUMENT, "unknown tensor ", tensor, " (expected an LNMLP_TENSOR_* value)");
   }
 }
@@ -75,28 +83,22 @@ Shape section_of(const lnmlp_plan& plan, int32_t section, int64_t tokens, int64_
   const Config& c = plan.cfg;
   const Config call = c.for_call(tokens);
   const SavedLayout layout = tokens == c.rows() ? plan.saved : make_saved_layout(call);
+  static_assert(std::tuple_size<decltype(layout.regions())>::value == LNMLP_SAVED_COUNT,
+                "SavedLayout::regions() lists the LNMLP_SAVED_* sections, in their order");
   const Region& r = *layout.regions()[static_cast<size_t>(section)];
   *offset = r.present() ? r.offset : -1;
-  Shape s;
-  if (!r.present()) return s;
+  const bool p = r.present();
   const int64_t T = call.tokens, H = c.hidden, F = c.ffn, A = c.num_acts;
   const int32_t io = static_cast<int32_t>(c.dtype);
-  const auto set = [&](std::initializer_list<int64_t> dims, int32_t dtype) {
-    s.rank = static_cast<int64_t>(dims.size());
-    int i = 0;
-    for (int64_t d : dims) s.dims[i++] = d;
-    s.dtype = dtype;
-  };
   switch (section) {
     case LNMLP_SAVED_MEAN:
-    case LNMLP_SAVED_RSTD: set({call.rows()}, LNMLP_DTYPE_F32); break;
-    case LNMLP_SAVED_NORM_OUTPUT: set({T, H}, io); break;
-    case LNMLP_SAVED_FFN1: set({T, A, F}, io); break;
-    case LNMLP_SAVED_ACT_OUT: set({T, F}, io); break;
-    case LNMLP_SAVED_FP8_SCALES: set({4}, LNMLP_DTYPE_F32); break;
-    default: set({r.bytes}, LNMLP_DTYPE_U8);  // FP8 codes and block scales, in their operands' layout
+    case LNMLP_SAVED_RSTD: return make_shape(p, {call.rows()}, LNMLP_DTYPE_F32);
+    case LNMLP_SAVED_NORM_OUTPUT: return make_shape(p, {T, H}, io);
+    case LNMLP_SAVED_FFN1: return make_shape(p, {T, A, F}, io);
+    case LNMLP_SAVED_ACT_OUT: return make_shape(p, {T, F}, io);
+    case LNMLP_SAVED_FP8_SCALES: return make_shape(p, {4}, LNMLP_DTYPE_F32);
+    default: return make_shape(p, {r.bytes}, LNMLP_DTYPE_U8);  // FP8 codes and block scales, as their operands lie
   }
-  return s;
 }
 
 // The call's token count from the API's `tokens` (LNMLP_TOKENS_MAX: the plan's most), checked.

@@ -68,7 +68,7 @@ class Float8CurrentScaling:
 
 
 @dataclasses.dataclass
-class Float8BlockScaling:
+class Float8BlockScaling(Float8CurrentScaling):  # TE's fields: the per-role QParams, and the block dimensions
     fp8_format: Format = Format.E4M3
     fp8_quant_fwd_inp: QParams = QParams(power_2_scale=True)
     fp8_quant_fwd_weight: QParams = QParams(power_2_scale=True)
@@ -76,7 +76,6 @@ class Float8BlockScaling:
     x_block_scaling_dim: int = 1
     w_block_scaling_dim: int = 2
     grad_block_scaling_dim: int = 1
-    backward_override: object = None
 
 
 @dataclasses.dataclass

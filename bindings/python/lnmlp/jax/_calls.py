@@ -96,11 +96,12 @@ _BACKWARD_OUTPUTS = ("dx", "dgamma", "dbeta", "dw1", "db1", "dw2", "db2")
 
 
 @functools.lru_cache(maxsize=512)
-def _output_types(spec: Spec):
-    """{name: jax.ShapeDtypeStruct} of a call's outputs, as the library's shape query gives them for
-    the call's tokens: the tensors above, "fp8_state", and "workspace" -- on a GPU the plan's
-    workspace plus its alignment (the handler rounds XLA's buffer start up to it), on the CPU
-    nothing (the plan owns its workspace: xla_ffi/plan_cache.cpp says why)."""
+def _plan_facts(spec: Spec):
+    """What the library's queries say of spec's calls, from one plan made for them: {name:
+    jax.ShapeDtypeStruct} of a call's outputs for its tokens -- the tensors above, "fp8_state",
+    and "workspace" (on a GPU the plan's workspace plus its alignment, the handler rounding XLA's
+    buffer start up to it; on the CPU nothing, the plan owning its workspace: xla_ffi/plan_cache.cpp
+    says why) -- and the norm output's byte offset in the saved buffer (None without it)."""
     types = {}
     with _plan.Plan(**spec.plan_kwargs(), external_workspace=True) as p:
         for name in _FORWARD_OUTPUTS + _BACKWARD_OUTPUTS + ("fp8_state",):
@@ -108,22 +109,21 @@ def _output_types(spec: Spec):
             types[name] = jax.ShapeDtypeStruct(shape if shape is not None else (0,),
                                                dtype if dtype is not None else np.float32)
         workspace = 0 if spec.backend == "cpu" else p.workspace_bytes + p.alignment
+        section = p.saved_section("norm_output", spec.tokens) if spec.norm_output else None
     types["workspace"] = jax.ShapeDtypeStruct((workspace,), jnp.uint8)
-    return types
+    return types, None if section is None else section[0]
 
 
-@functools.lru_cache(maxsize=512)
-def _norm_output_offset(spec: Spec):
-    """The byte offset of the norm output in the saved buffer of spec's calls."""
-    with _plan.Plan(**spec.plan_kwargs(), external_workspace=True) as p:
-        return p.saved_section("norm_output", spec.tokens)[0]
+def _output_types(spec: Spec):
+    """{name: jax.ShapeDtypeStruct} of a call's outputs (_plan_facts)."""
+    return _plan_facts(spec)[0]
 
 
 def norm_output_of(spec: Spec, saved):
     """The norm output [tokens, H] in spec's dtype, out of a forward call's saved bytes (a slice,
     reinterpreted: the section lnmlp_plan_get_saved_section gives)."""
     dtype = jnp.dtype(spec.dtype)
-    offset, size = _norm_output_offset(spec), spec.tokens * spec.hidden * dtype.itemsize
+    offset, size = _plan_facts(spec)[1], spec.tokens * spec.hidden * dtype.itemsize
     codes = jax.lax.slice_in_dim(saved, offset, offset + size).reshape(spec.tokens, spec.hidden, dtype.itemsize)
     return jax.lax.bitcast_convert_type(codes, dtype)
 

@@ -43,7 +43,7 @@ from .. import _plan
 from ..recipe import Recipe, check_recipe
 from . import _autocast
 from ._layernorm_mlp import _layernorm_mlp
-from ._quantizer_set import QuantizerSet
+from ._quantizer_set import GEMM_ROWS, QuantizerSet
 
 __all__ = ["LayerNormMLP", "FP8_COLLECTION", "TE_FP8_NAMES", "OVERWRITE_WITH_GRADIENT", "migrate_fp8_state",
            "extend_logical_axis_rules"]
@@ -51,8 +51,10 @@ __all__ = ["LayerNormMLP", "FP8_COLLECTION", "TE_FP8_NAMES", "OVERWRITE_WITH_GRA
 #: The variable collection of the delayed-scaling state (TransformerEngine's NVTE_FP8_COLLECTION_NAME).
 FP8_COLLECTION = "fp8_metas"
 #: TransformerEngine's names of the six quantizers, in lnmlp.QUANTIZERS order (ln_out, w1, act_out,
-#: w2, dy, dh): GEMM1's ("_0") and GEMM2's ("_1") x, kernel and grad.
-TE_FP8_NAMES = ("x_0", "kernel_0", "x_1", "kernel_1", "grad_1", "grad_0")
+#: w2, dy, dh): GEMM g's x, kernel and grad quantizers (rows GEMM_ROWS[g]) are "x_g", "kernel_g",
+#: "grad_g" -- ("x_0", "kernel_0", "x_1", "kernel_1", "grad_1", "grad_0").
+TE_FP8_NAMES = tuple(name for _, name in sorted((row, f"{role}_{g}") for g, rows in enumerate(GEMM_ROWS)
+                                                for role, row in zip(("x", "kernel", "grad"), rows)))
 #: The collection of lnmlp's earlier layout, one ``quantizer_state`` [6, 1 + amax_history_len]
 #: (read by :func:`migrate_fp8_state`).
 OVERWRITE_WITH_GRADIENT = "_overwrite_with_gradient"
