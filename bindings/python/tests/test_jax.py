@@ -184,23 +184,25 @@ def _direct_case():
     d = make(1, np.float32, lead=(T,), seed=13)
     x = jnp.asarray(d["x"])
     fwd = [x, d["gamma"], d["beta"], d["k1"], d["b1"], d["k2"], d["b2"], no_state()]
-    return spec, [jnp.asarray(a) for a in fwd]
+    return spec, [jnp.asarray(a) for a in fwd], d
 
 
 def test_a_direct_custom_call_with_the_right_buffers_computes_the_block():
-    spec, fwd = _direct_case()
+    """The custom calls made directly, with the buffers the plan takes: y and every gradient are the
+    float64 block's."""
+    spec, fwd, d = _direct_case()
+    y_ref, dy, grads = reference(d, "layernorm", ("gelu",))
     y, saved, _, _ = _direct("forward", spec, fwd)
-    y_api = lj.layernorm_mlp(fwd[0], *fwd[1:3], [fwd[3], fwd[5]], [fwd[4], fwd[6]], "layernorm", epsilon=EPS,
-                             activation_type=("gelu",))
-    np.testing.assert_array_equal(np.asarray(y), np.asarray(y_api))
-    dx = _direct("backward", spec, [jnp.ones_like(y), *fwd[:5], fwd[5], saved, fwd[7]])[0]
-    assert np.isfinite(np.asarray(dx)).all()
+    ref.assert_close("direct y", np.asarray(y, np.float64), y_ref, "float32")
+    got = _direct("backward", spec, [jnp.asarray(dy, jnp.float32), *fwd[:6], saved, fwd[7]])
+    for name, g in zip(("dx", "dgamma", "dbeta", "dw1", "db1", "dw2", "db2"), got):
+        ref.assert_close(f"direct {name}", np.asarray(g, np.float64), grads[name].reshape(g.shape), "float32")
 
 
 @pytest.mark.parametrize("what", ["kernel_1 smaller", "x bfloat16", "saved of 16 bytes", "y too small",
                                   "dkernel_2 bfloat16", "bias_1 present for a plan without", "fp8 state given"])
 def test_a_direct_custom_call_with_wrong_buffers_is_refused_before_it_runs(what):
-    spec, fwd = _direct_case()
+    spec, fwd, _ = _direct_case()
     y, saved, _, _ = _direct("forward", spec, fwd)
     dy = jnp.ones_like(y)
     bwd = [dy, *fwd[:6], saved, fwd[7]]
