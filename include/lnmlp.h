@@ -345,11 +345,32 @@ LNMLP_API int32_t lnmlp_desc_destroy(lnmlp_desc* desc);
 
 /* tokens = T, the most tokens (all leading dims of x flattened) one call may take, hidden = H,
  * ffn = F. Each must be >= 1. Every forward / backward then takes its own token count, from 0 to
- * T: the workspace and the saved buffer are sized for T, and nothing is allocated per call.
+ * T: the workspace and the saved buffer are sized for T. The GEMMs of T, and of the counts
+ * lnmlp_desc_set_prepared_tokens names, are made at plan creation; another count's are made by
+ * the first call with it (lnmlp_plan_forward).
  * @since 0.1; changed in 0.2 (tokens is the most a call takes)
  * @param[in] tokens, hidden, ffn
  * @param[in,out] desc */
 LNMLP_API int32_t lnmlp_desc_set_shape(lnmlp_desc* desc, int64_t tokens, int64_t hidden, int64_t ffn);
+
+/* Token counts, besides T, whose GEMMs lnmlp_plan_create makes: `count` values (0 .. 32) at
+ * `tokens` (which may be NULL when count is 0), each a call's token count as lnmlp_plan_forward
+ * takes it (this rank's rows under sequence parallelism), >= 1; a value given twice counts once,
+ * and each call replaces the list (default: none). lnmlp_plan_create refuses a value above the
+ * most a call takes (LNMLP_ERROR_INVALID_ARGUMENT) and, for a CUDA plan whose GEMMs run on FP8
+ * tensor cores, a group count that is not a multiple of 16 (LNMLP_ERROR_NOT_SUPPORTED).
+ * A call with T or with one of these counts makes nothing: it runs GEMMs made at plan creation,
+ * and on the CPU backend running out of memory in it returns LNMLP_ERROR_OUT_OF_MEMORY, never a
+ * crash (see "A call that fails" at lnmlp_plan_forward). A call with any other count makes its
+ * GEMMs the first time it has that count, in that call: it takes longer, allocates, and on the CPU
+ * backend can crash the process if memory runs out meanwhile. So a server whose batches come in a
+ * few sizes names them here. Each count costs host memory for its GEMMs (oneDNN primitives with
+ * their kernels; cuBLASLt descriptors and algorithms), plan creation the time to make them, and
+ * may raise the workspace (the most GEMM scratch any of them needs).
+ * @since 0.2
+ * @param[in] count, tokens
+ * @param[in,out] desc */
+LNMLP_API int32_t lnmlp_desc_set_prepared_tokens(lnmlp_desc* desc, int32_t count, const int64_t* tokens);
 
 /* norm_type: LNMLP_NORM_*.
  * @since 0.1
@@ -752,11 +773,12 @@ enum {
  * again), but its outputs undefined: y and saved (forward); dx, dgamma, dbeta, dW1, db1, dW2 and
  * db2 (backward), accumulating ones included, which may hold part of the call's sum (keep a copy,
  * or drop the step). On the CPU backend a call with a token count the plan has prepared (its
- * maximum, or one an earlier call had) returns OUT_OF_MEMORY this way whichever of its allocations
- * fails (tests/alloc/test_allocation_census.cpp fails each in turn). Where the GEMM library makes
- * its objects -- lnmlp_plan_create, and the first call with a new token count -- an allocation
- * failing inside oneDNN can crash the process: oneDNN does not check those allocations (its
- * objects' operator new returns NULL to a constructor), so leave headroom there. */
+ * maximum, a count of lnmlp_desc_set_prepared_tokens, or one an earlier call had) returns
+ * OUT_OF_MEMORY this way whichever of its allocations fails (tests/alloc/test_allocation_census.cpp
+ * fails each in turn). Where the GEMM library makes its objects -- lnmlp_plan_create, and the
+ * first call with a count not prepared -- an allocation failing inside oneDNN can crash the
+ * process: oneDNN does not check those allocations (its objects' operator new returns NULL to a
+ * constructor), so leave headroom there, and prepare the counts calls will have. */
 
 /* Forward: y = act(norm(x) @ W1 + b1) @ W2 + b2 for `tokens` tokens, and writes `saved` for
  * backward: aligned to lnmlp_plan_get_alignment, of at least the call's LNMLP_TENSOR_SAVED bytes
@@ -774,7 +796,8 @@ enum {
  *  stream     a cudaStream_t for the CUDA backend (NULL = default); ignored by the CPU backend.
  * A backend prepares its GEMMs for a token count the first time a call has that count (host
  * memory: oneDNN primitives, cuBLASLt descriptors and algorithms; kept for the plan's 32 most
- * recent counts besides its maximum); every other buffer is the plan's.
+ * recent such counts), unless the plan made them at creation: its maximum and the counts of
+ * lnmlp_desc_set_prepared_tokens. Every other buffer is the plan's.
  * @since 0.2
  * @param[in] tokens, x, gamma, beta, w1, b1, w2, b2, flags, stream
  * @param[out] y, saved

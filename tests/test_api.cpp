@@ -612,6 +612,10 @@ struct BadSetter {
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 const float kInf = std::numeric_limits<float>::infinity();
 
+// Token counts for lnmlp_desc_set_prepared_tokens: 1 .. 31, 0, -2, 3.
+const int64_t kCounts[34] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17,
+                             18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 0,  -2, 3};
+
 std::vector<BadSetter> bad_setters() {
   static const int32_t swiglu_bad[2] = {LNMLP_ACT_SILU, 9};
   static const int32_t neg[1] = {-1};
@@ -700,6 +704,14 @@ std::vector<BadSetter> bad_setters() {
       {"weight layout -1", [](lnmlp_desc* d) { return lnmlp_desc_set_weight_layout(d, -1); }, I, "layout"},
       {"gemm math 4", [](lnmlp_desc* d) { return lnmlp_desc_set_gemm_math(d, 4); }, I, "flags"},
       {"gemm math -1", [](lnmlp_desc* d) { return lnmlp_desc_set_gemm_math(d, -1); }, I, "flags"},
+      {"prepared count -1", [](lnmlp_desc* d) { return lnmlp_desc_set_prepared_tokens(d, -1, kCounts); }, I, "count"},
+      {"prepared count 33", [](lnmlp_desc* d) { return lnmlp_desc_set_prepared_tokens(d, 33, kCounts); }, I, "count"},
+      {"prepared NULL", [](lnmlp_desc* d) { return lnmlp_desc_set_prepared_tokens(d, 2, nullptr); },
+       LNMLP_ERROR_NULL_POINTER, "tokens"},
+      {"prepared 0", [](lnmlp_desc* d) { return lnmlp_desc_set_prepared_tokens(d, 3, kCounts + 31); }, I,
+       ">= 1, got 0"},
+      {"prepared -2", [](lnmlp_desc* d) { return lnmlp_desc_set_prepared_tokens(d, 2, kCounts + 32); }, I,
+       ">= 1, got -2"},
   };
 }
 
@@ -741,6 +753,30 @@ void expect_create_fails(lnmlp_desc* d, int32_t status, const char* word) {
   lnmlp_plan* p = marker;
   EXPECT_FAILS(lnmlp_plan_create(d, &p), status, word);
   EXPECT_EQ(p, marker) << "a failed lnmlp_plan_create wrote *plan";
+}
+
+// Prepared token counts: up to 32 (duplicates counting once), each at most the plan's tokens,
+// checked when the plan is made; an empty list clears them.
+TEST(PlanCreateErrors, PreparedTokenCounts) {
+  lnmlp_desc* d = nullptr;
+  ASSERT_OK(lnmlp_desc_create(&d));
+  ASSERT_OK(lnmlp_desc_set_shape(d, 31, 4, 4));
+  lnmlp_plan* p = nullptr;
+  ASSERT_OK(lnmlp_desc_set_prepared_tokens(d, 31, kCounts));  // 1 .. 31
+  EXPECT_OK(lnmlp_plan_create(d, &p));
+  EXPECT_OK(lnmlp_plan_destroy(p));
+  // 3 .. 31, 0, -2: refused, and the list stays 1 .. 31, which a plan of 30 tokens refuses.
+  EXPECT_FAILS(lnmlp_desc_set_prepared_tokens(d, 31, kCounts + 2), LNMLP_ERROR_INVALID_ARGUMENT, "got 0");
+  ASSERT_OK(lnmlp_desc_set_shape(d, 30, 4, 4));
+  expect_create_fails(d, LNMLP_ERROR_INVALID_ARGUMENT, "a prepared token count (31");
+  const int64_t repeated[4] = {3, 30, 3, 1};
+  ASSERT_OK(lnmlp_desc_set_prepared_tokens(d, 4, repeated));
+  EXPECT_OK(lnmlp_plan_create(d, &p));
+  EXPECT_OK(lnmlp_plan_destroy(p));
+  ASSERT_OK(lnmlp_desc_set_prepared_tokens(d, 0, nullptr));
+  EXPECT_OK(lnmlp_plan_create(d, &p));
+  EXPECT_OK(lnmlp_plan_destroy(p));
+  EXPECT_OK(lnmlp_desc_destroy(d));
 }
 
 TEST(PlanCreateErrors, ShapeNotSet) {

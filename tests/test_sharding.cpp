@@ -319,10 +319,15 @@ TEST(ShardingTokensPerCall, AGroupCallComputesWhatAGroupMadeForItsTokensComputes
       const std::vector<RunResult> exact = run_group_in_process(pr, o, 2, sp);
       o.max_tokens = 32;
       const std::vector<RunResult> call = run_group_in_process(pr, o, 2, sp);
+      // And with the call's count prepared at plan creation: a rank's rows under sequence parallelism.
+      o.prepared_tokens = {sp ? 5 : 10};
+      const std::vector<RunResult> prepared = run_group_in_process(pr, o, 2, sp);
       for (size_t r = 0; r < 2; ++r) {
-        const auto a = named(call[r]), b = named(exact[r]);
-        for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(a[i].name, *a[i].buf, *b[i].buf)) << "rank " << r;
-        EXPECT_EQ(call[r].state, exact[r].state) << "rank " << r;
+        for (const RunResult* run : {&call[r], &prepared[r]}) {
+          const auto a = named(*run), b = named(exact[r]);
+          for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(a[i].name, *a[i].buf, *b[i].buf)) << "rank " << r;
+          EXPECT_EQ(run->state, exact[r].state) << "rank " << r;
+        }
       }
     }
   }
@@ -367,6 +372,21 @@ TEST(ShardingPlan, ChecksTheCommunicatorAndTheDivisibility) {
     lnmlp_desc_set_sharding(d.d, 2, 0, 1);
     EXPECT_EQ(d.create(), LNMLP_ERROR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(lnmlp_last_error()).find("tokens (7"), std::string::npos);
+  }
+  {
+    ShardDesc d(8, 8);  // a prepared count is a call's: at most T / P = 4 rows under sequence parallelism
+    lnmlp_desc_set_sharding(d.d, 2, 0, 1);
+    lnmlp_desc_set_communicator(d.d, group.comm(0));
+    const int64_t five = 5, four = 4;
+    ASSERT_EQ(lnmlp_desc_set_prepared_tokens(d.d, 1, &five), LNMLP_SUCCESS);
+    EXPECT_EQ(d.create(), LNMLP_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(lnmlp_last_error())
+                  .find("(5, lnmlp_desc_set_prepared_tokens) is more than a call of this "
+                        "plan takes (4 rows per rank"),
+              std::string::npos)
+        << lnmlp_last_error();
+    ASSERT_EQ(lnmlp_desc_set_prepared_tokens(d.d, 1, &four), LNMLP_SUCCESS);
+    EXPECT_EQ(d.create(), LNMLP_SUCCESS);
   }
   {
     ShardDesc d(8, 8);  // the CUDA backend shards over NCCL only (tests/test_sharding_nccl.cpp)

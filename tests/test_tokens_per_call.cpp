@@ -118,6 +118,25 @@ TEST_P(TokensPerCall, ACallComputesWhatAPlanMadeForItsTokensComputes) {
   }
 }
 
+// A count the plan made its GEMMs for at creation (lnmlp_desc_set_prepared_tokens) runs those GEMMs:
+// the bits of a plan made for exactly that count, whichever prepared count the call has (1, a
+// prime, a count given twice) and for a count not prepared beside them.
+TEST_P(TokensPerCall, PreparedCountsComputeWhatAPlanMadeForThemComputes) {
+  const Case& k = GetParam();
+  for (int64_t t : {int64_t{1}, int64_t{37}, int64_t{20}}) {
+    SCOPED_TRACE("tokens " + std::to_string(t));
+    const Problem pr = make_problem(config_of(k, t), k.dtype, 2000 + static_cast<uint64_t>(t));
+    RunOptions o = options_of(k);
+    const RunResult exact = run_library(pr, o);
+    o.max_tokens = kMaxTokens;
+    o.prepared_tokens = {37, 1, 37, 16};
+    const RunResult call = run_library(pr, o);
+    const auto a = named(call), b = named(exact);
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(a[i].name, *a[i].buf, *b[i].buf));
+    EXPECT_EQ(call.state, exact.state) << "the delayed-scaling state differs";
+  }
+}
+
 // And a call with fewer tokens is right, not merely the same as another plan.
 TEST_P(TokensPerCall, AShortCallMatchesTheFloat64Reference) {
   const Case& k = GetParam();

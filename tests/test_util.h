@@ -288,6 +288,8 @@ struct RunOptions {
   // passed to every call, or attached to the plan.
   enum class State { Plan, PerCall, Attached } state = State::Plan;
   bool norm_output = false;  // lnmlp_desc_set_norm_output
+  // Token counts (a call's) whose GEMMs plan creation makes (lnmlp_desc_set_prepared_tokens).
+  std::vector<int64_t> prepared_tokens;
 };
 
 struct RunResult {
@@ -323,6 +325,8 @@ class Plan {
     LNMLP_TEST_CHECK(lnmlp_desc_set_weight_layout(d, pr.weight_layout));
     LNMLP_TEST_CHECK(lnmlp_desc_set_remat(d, o.remat));
     LNMLP_TEST_CHECK(lnmlp_desc_set_norm_output(d, o.norm_output ? 1 : 0));
+    LNMLP_TEST_CHECK(
+        lnmlp_desc_set_prepared_tokens(d, static_cast<int32_t>(o.prepared_tokens.size()), o.prepared_tokens.data()));
     LNMLP_TEST_CHECK(lnmlp_desc_set_num_threads(d, o.num_threads));
     LNMLP_TEST_CHECK(lnmlp_desc_set_external_workspace(d, o.external_workspace ? 1 : 0));
     LNMLP_TEST_CHECK(lnmlp_desc_set_recipe(d, o.recipe));

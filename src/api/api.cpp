@@ -1,10 +1,12 @@
 // The C ABI edge: every exported function validates its arguments, runs inside api_guard (so no
 // exception escapes), and leaves everything unchanged when it fails.
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <new>
+#include <vector>
 
 #include "args.h"
 #include "build_info.h"
@@ -272,6 +274,23 @@ LNMLP_API int32_t lnmlp_desc_set_norm_output(lnmlp_desc* desc, int32_t enabled) 
   });
 }
 
+LNMLP_API int32_t lnmlp_desc_set_prepared_tokens(lnmlp_desc* desc, int32_t count, const int64_t* tokens) {
+  return api_guard(__func__, [&] {
+    edit(desc, [&](Config& c) {
+      if (count < 0 || count > Config::kMaxPreparedCounts)
+        fail(LNMLP_ERROR_INVALID_ARGUMENT, "count must be in [0, ", Config::kMaxPreparedCounts, "], got ", count);
+      if (count > 0 && tokens == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "tokens is NULL with count ", count);
+      std::vector<int64_t> counts(tokens, tokens + count);
+      for (int64_t t : counts)
+        if (t < 1) fail(LNMLP_ERROR_INVALID_ARGUMENT, "each prepared token count must be >= 1, got ", t);
+      std::sort(counts.begin(), counts.end());
+      counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
+      c.num_prepared = static_cast<int32_t>(counts.size());
+      std::copy(counts.begin(), counts.end(), c.prepared_rows);
+    });
+  });
+}
+
 LNMLP_API int32_t lnmlp_desc_set_weight_layout(lnmlp_desc* desc, int32_t layout) {
   return api_guard(__func__, [&] {
     edit(desc, [&](Config& c) {
@@ -426,6 +445,7 @@ LNMLP_API int32_t lnmlp_plan_create(const lnmlp_desc* desc, lnmlp_plan** plan) {
     require_out(plan, "plan");
     validate_config(desc->cfg);
     validate_sharding(desc->cfg);
+    validate_prepared_tokens(desc->cfg);
     auto p = std::make_unique<lnmlp_plan>();
     p->cfg = shard_config(desc->cfg);
     p->comm = desc->comm;

@@ -1,7 +1,8 @@
 // Per-token-count objects of a plan (its GEMMs, whose kernels a GEMM library chooses per shape):
 // a plan takes any token count up to its maximum in each call (lnmlp_plan_forward's tokens), and
-// a backend makes what a count needs the first time a call has that count, keeping the most
-// recently used ones. The plan's maximum count is made at plan creation and never evicted.
+// a backend makes what a count needs at plan creation for the plan's maximum count and the counts
+// the descriptor asked it to prepare (lnmlp_desc_set_prepared_tokens), which are never evicted,
+// and for any other count the first time a call has it, keeping the most recently used ones.
 #pragma once
 
 #include <cstdint>
@@ -18,17 +19,24 @@ template <typename V> class TokenCache {
 
   TokenCache() { entries_.reserve(kCapacity); }
 
-  // The value for the plan's maximum count, made at plan creation.
+  // A value made at plan creation, kept for the plan's life: first the plan's maximum count's,
+  // then each count it was asked to prepare (a count already pinned is not pinned again).
   void pin(int64_t tokens, std::unique_ptr<V> value) {
-    pinned_tokens_ = tokens;
-    pinned_ = std::move(value);
+    if (pinned(tokens) == nullptr) pinned_.push_back(Entry{tokens, 0, std::move(value)});
   }
-  V& pinned() { return *pinned_; }
+  // The plan's maximum count's value (the first pinned).
+  V& pinned() { return *pinned_.front().value; }
+  // The value pinned for `tokens`, or NULL.
+  V* pinned(int64_t tokens) {
+    for (Entry& e : pinned_)
+      if (e.tokens == tokens) return e.value.get();
+    return nullptr;
+  }
 
-  // The value for `tokens`: the pinned one, a kept one, or make(tokens) (which may throw, leaving
+  // The value for `tokens`: a pinned one, a kept one, or make(tokens) (which may throw, leaving
   // the cache as it was), replacing the least recently used when the cache is full.
   template <typename Make> V& get(int64_t tokens, Make&& make) {
-    if (tokens == pinned_tokens_) return *pinned_;
+    if (V* p = pinned(tokens)) return *p;
     for (Entry& e : entries_) {
       if (e.tokens == tokens) {
         e.last_use = ++clock_;
@@ -48,11 +56,10 @@ template <typename V> class TokenCache {
     return *oldest->value;
   }
 
-  // Drops every value (the pinned one too).
+  // Drops every value (the pinned ones too).
   void clear() noexcept {
     entries_.clear();
-    pinned_.reset();
-    pinned_tokens_ = -1;
+    pinned_.clear();
   }
 
  private:
@@ -61,8 +68,7 @@ template <typename V> class TokenCache {
     uint64_t last_use;
     std::unique_ptr<V> value;
   };
-  int64_t pinned_tokens_ = -1;
-  std::unique_ptr<V> pinned_;
+  std::vector<Entry> pinned_;
   std::vector<Entry> entries_;
   uint64_t clock_ = 0;
 };

@@ -78,17 +78,16 @@ class CpuExec final : public block::Exec {
     np_ = NormParams{c_.norm, c_.zero_centered_gamma, c_.epsilon, c_.hidden};
     quantized_ = r_.recipe != Recipe::None;
     decoded_ = fp8_operand_type(r_);
-    auto gemms = make_gemms(c_.tokens, -1);
-    int64_t gemm_scratch = 0, staging = 0;
-    for (GemmRole role : block::kAllGemmRoles) {
-      const Role& g = (*gemms)[static_cast<int>(role)];
-      if (g.gemm == nullptr) continue;
-      gemm_scratch = std::max(gemm_scratch, g.gemm->scratch_bytes());
-      const block::GemmSpec spec = block::gemm_spec(role, c_);
-      if (g.staged) staging = std::max(staging, checked_mul(spec.m, spec.n, "a GEMM's fp32 result") * 4);
-    }
-    gemms_.pin(c_.tokens, std::move(gemms));
+    const int64_t gemm_scratch = pin_plan_gemms(-1);
     gemms_now_ = &gemms_.pinned();
+    // The staged results of the maximum count's GEMMs bound every smaller count's.
+    int64_t staging = 0;
+    for (GemmRole role : block::kAllGemmRoles) {
+      const Role& g = (*gemms_now_)[static_cast<int>(role)];
+      const block::GemmSpec spec = block::gemm_spec(role, c_);
+      if (g.gemm != nullptr && g.staged)
+        staging = std::max(staging, checked_mul(spec.m, spec.n, "a GEMM's fp32 result") * 4);
+    }
     gemms_single_threaded_ = in_forked_child();
     // The pass's scratch: the GEMM library's, the staged GEMM results, the quantizers' column bands.
     RegionAllocator a;
@@ -132,7 +131,7 @@ class CpuExec final : public block::Exec {
       // Made before a fork() with a team of threads, which oneDNN's GEMMs fix when they are made:
       // in the child they are made again for one thread (fork_child.h).
       gemms_.clear();
-      gemms_.pin(c_.tokens, make_gemms(c_.tokens, gemm_scratch_.bytes));
+      pin_plan_gemms(gemm_scratch_.bytes);
       gemms_single_threaded_ = true;
     }
     gemms_now_ = &gemms_.get(tokens, [&](int64_t t) { return make_gemms(t, gemm_scratch_.bytes); });
@@ -390,6 +389,23 @@ class CpuExec final : public block::Exec {
 
   // The threads a pass runs on in this process: the plan's, or one in a forked child (fork_child.h).
   int process_threads() const { return in_forked_child() ? 1 : max_threads_; }
+
+  // Makes and pins the GEMMs of the plan's maximum count and of each count it was asked to
+  // prepare (lnmlp_desc_set_prepared_tokens), so that calls with them make none; returns the most
+  // scratch one of them needs (scratch_limit as in make_gemms).
+  int64_t pin_plan_gemms(int64_t scratch_limit) {
+    int64_t scratch = 0;
+    auto pin = [&](int64_t tokens) {
+      auto set = make_gemms(tokens, scratch_limit);
+      for (const Role& g : *set)
+        if (g.gemm != nullptr) scratch = std::max(scratch, g.gemm->scratch_bytes());
+      gemms_.pin(tokens, std::move(set));
+    };
+    pin(c_.tokens);
+    for (int32_t i = 0; i < c_.num_prepared; ++i)
+      if (c_.prepared_tokens(i) != c_.tokens) pin(c_.prepared_tokens(i));
+    return scratch;
+  }
 
   // The GEMMs of a pass over `tokens` tokens (the group's), made for the thread count they will
   // run with (oneDNN fixes it when it makes a GEMM, and the sliced GEMMs are sized by it).

@@ -148,9 +148,7 @@ class CudaExec final : public block::Exec {
 
   // ---- one call ----
   void prepare_tokens(int64_t tokens) override {
-    if ((path_ == Fp8Path::PerTensor || path_ == Fp8Path::NativeBlock) && tokens % kFp8GemmDimMultiple != 0)
-      fail(LNMLP_ERROR_NOT_SUPPORTED, "this plan's GEMMs run on FP8 tensor cores, which need a multiple of ",
-           kFp8GemmDimMultiple, " tokens (the group's, under sequence parallelism); this call has ", tokens);
+    check_token_count(tokens, "this call has");
     ScopedDevice dev(device_);
     gemms_now_ = &gemms_.get(tokens, [&](int64_t t) {
       auto set = make_gemms(t, gemm_workspace_bytes());
@@ -435,15 +433,33 @@ class CudaExec final : public block::Exec {
     return set;
   }
 
-  // The plan's GEMMs (its maximum tokens) and the scratch they need.
+  // Refuses a token count (the group's) this plan's GEMMs cannot run; `which` names where it came from.
+  void check_token_count(int64_t tokens, const char* which) const {
+    if ((path_ == Fp8Path::PerTensor || path_ == Fp8Path::NativeBlock) && tokens % kFp8GemmDimMultiple != 0)
+      fail(LNMLP_ERROR_NOT_SUPPORTED, "this plan's GEMMs run on FP8 tensor cores, which need a multiple of ",
+           kFp8GemmDimMultiple, " tokens (the group's, under sequence parallelism); ", which, " ", tokens);
+  }
+
+  // The plan's GEMMs -- its maximum count's and those of each count it was asked to prepare
+  // (lnmlp_desc_set_prepared_tokens), pinned so that calls with them make none -- and the
+  // scratch they need.
   void make_gemms() {
     release_gemms();
-    auto set = make_gemms(c_.tokens, kMaxGemmWorkspace);
-    int64_t lt_ws = 0;
-    for (const Role& g : *set)
-      if (g.lt != nullptr) lt_ws = std::max(lt_ws, g.lt->workspace_bytes());
-    const int64_t staging = staging_bytes(*set, c_.tokens);
-    gemms_.pin(c_.tokens, std::move(set));
+    int64_t lt_ws = 0, staging = 0;
+    auto pin = [&](int64_t tokens) {
+      auto set = make_gemms(tokens, kMaxGemmWorkspace);
+      for (const Role& g : *set)
+        if (g.lt != nullptr) lt_ws = std::max(lt_ws, g.lt->workspace_bytes());
+      staging = std::max(staging, staging_bytes(*set, tokens));
+      gemms_.pin(tokens, std::move(set));
+    };
+    pin(c_.tokens);
+    for (int32_t i = 0; i < c_.num_prepared; ++i) {
+      const int64_t tokens = c_.prepared_tokens(i);
+      if (tokens == c_.tokens) continue;
+      check_token_count(tokens, "a prepared token count (lnmlp_desc_set_prepared_tokens) is");
+      pin(tokens);
+    }
     gemms_now_ = &gemms_.pinned();
     RegionAllocator a;
     lt_workspace_ = a.take(lt_ws > 0 ? lt_ws + kGemmWorkspaceSlack : 0, 1, "cuBLASLt workspace");

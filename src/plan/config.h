@@ -94,6 +94,12 @@ struct Config {
   bool allow_tf32 = false;
   Fp8Options fp8;
   Sharding shard;
+  // Token counts besides the maximum whose GEMMs the plan makes at creation
+  // (lnmlp_desc_set_prepared_tokens): a call's counts (rows of x, as lnmlp_plan_forward's tokens),
+  // distinct and ascending; checked against rows() at plan creation.
+  static constexpr int32_t kMaxPreparedCounts = 32;
+  int32_t num_prepared = 0;
+  int64_t prepared_rows[kMaxPreparedCounts] = {};
 
   // Rows of x, y, dy, dx and of the norm statistics: T, or T/P under sequence parallelism.
   int64_t rows() const { return shard.sequence_parallel ? tokens / shard.size : tokens; }
@@ -104,6 +110,8 @@ struct Config {
     c.tokens = shard.sequence_parallel ? call_rows * shard.size : call_rows;
     return c;
   }
+  // The group's token count of the i-th prepared count (what for_call gives for it).
+  int64_t prepared_tokens(int32_t i) const { return for_call(prepared_rows[i]).tokens; }
   // Whether the plan runs the collectives of docs/design.md, "Sharding". A plan's Config keeps a
   // communicator only when it shards (shard_config): a group of P > 1, or an NCCL communicator,
   // which a CUDA plan uses even at P = 1.
@@ -123,5 +131,7 @@ struct Config {
 
 // Checks the whole configuration; throws lnmlp::Error with a message naming what to change.
 void validate_config(const Config& cfg);
+// Checks the prepared token counts against a call's (after validate_sharding: rows() needs the group).
+void validate_prepared_tokens(const Config& cfg);
 
 }  // namespace lnmlp

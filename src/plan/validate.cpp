@@ -51,4 +51,12 @@ void validate_config(const Config& cfg) {
     fail(LNMLP_ERROR_INVALID_ARGUMENT, "the CPU backend has one device, 0; got device ", cfg.device);
 }
 
+void validate_prepared_tokens(const Config& cfg) {
+  for (int32_t i = 0; i < cfg.num_prepared; ++i)
+    if (cfg.prepared_rows[i] > cfg.rows())
+      fail(LNMLP_ERROR_INVALID_ARGUMENT, "a prepared token count (", cfg.prepared_rows[i],
+           ", lnmlp_desc_set_prepared_tokens) is more than a call of this plan takes (", cfg.rows(),
+           cfg.shard.sequence_parallel ? " rows per rank under sequence parallelism" : " tokens", ")");
+}
+
 }  // namespace lnmlp

@@ -9,17 +9,22 @@
 #include "lnmlp.h"
 
 struct Fp32Plan {
-  const int64_t T, H, F;
+  const int64_t T, H, F;  // T: the tokens of every call
   lnmlp_plan* plan = nullptr;
   std::vector<float> x, g, b, w1, b1, w2, b2, dy;        // inputs
   std::vector<float> y, dx, dg, db, dw1, db1, dw2, db2;  // outputs
   std::vector<unsigned char> saved_store;
   void* saved = nullptr;  // 64-byte aligned, inside saved_store
 
-  Fp32Plan(int64_t tokens, int64_t hidden, int64_t ffn, int32_t recipe) : T(tokens), H(hidden), F(ffn) {
+  // A plan made for max_tokens (0: T) tokens, with the token counts `prepared` prepared at plan
+  // creation (lnmlp_desc_set_prepared_tokens).
+  Fp32Plan(int64_t tokens, int64_t hidden, int64_t ffn, int32_t recipe, int64_t max_tokens = 0,
+           const std::vector<int64_t>& prepared = {})
+      : T(tokens), H(hidden), F(ffn) {
     lnmlp_desc* d = nullptr;
     lnmlp_desc_create(&d);
-    lnmlp_desc_set_shape(d, T, H, F);
+    lnmlp_desc_set_shape(d, max_tokens > 0 ? max_tokens : T, H, F);
+    lnmlp_desc_set_prepared_tokens(d, static_cast<int32_t>(prepared.size()), prepared.data());
     lnmlp_desc_set_bias(d, 1, 1);
     lnmlp_desc_set_num_threads(d, 1);
     lnmlp_desc_set_recipe(d, recipe);

@@ -5,7 +5,9 @@
 // census). Every run must end SUCCESS or OUT_OF_MEMORY; after OUT_OF_MEMORY the FP8 state is as it
 // was, and the same call made again succeeds with the bits of a plan that never failed. Plans with
 // no recipe, delayed, current and MXFP8 scaling; CTest runs it natively and with oneDNN held to
-// AVX2 (whose sgemm driver allocates its packing buffers in every call).
+// AVX2 (whose sgemm driver allocates its packing buffers in every call). Two kinds of prepared
+// count: the plan's maximum, and a smaller count named by lnmlp_desc_set_prepared_tokens, whose
+// first forward and backward are the calls that would otherwise make its GEMMs.
 //
 // Not here: a call with a token count the plan has not prepared, and plan creation. Both create
 // oneDNN primitives, and oneDNN's objects are allocated by an operator new that returns NULL
@@ -31,11 +33,20 @@ namespace {
 
 constexpr int64_t kTokens = 64, kHidden = 32, kFfn = 48;
 
+// The calls' token count: the plan's maximum, or a smaller one the plan was asked to prepare.
+struct Count {
+  int64_t tokens;
+  std::vector<int64_t> prepared;
+  const char* name;
+};
+const Count kMaximum{kTokens, {}, "maximum"};
+const Count kPrepared{40, {40}, "prepared"};
+
 // A census plan: an Fp32Plan with its FP8 state's export blob.
 struct Plan : Fp32Plan {
   std::vector<unsigned char> blob;
 
-  explicit Plan(int32_t recipe) : Fp32Plan(kTokens, kHidden, kFfn, recipe) {
+  Plan(int32_t recipe, const Count& count) : Fp32Plan(count.tokens, kHidden, kFfn, recipe, kTokens, count.prepared) {
     int64_t bytes = 0;
     lnmlp_plan_get_state_bytes(plan, &bytes);
     blob.resize(static_cast<size_t>(bytes));
@@ -88,8 +99,9 @@ int32_t run(Plan& p, int c) {
 enum Outcome { kSucceeded = 1, kOutOfMemory = 2, kPastTheEnd = 3, kWrong = 4 };
 
 // Child: fail the k-th allocation of call c, then check.
-int child(int32_t recipe, int c, long k, const std::vector<float>& want_outputs, const std::string& want_state) {
-  Plan p(recipe);
+int child(int32_t recipe, const Count& tokens, int c, long k, const std::vector<float>& want_outputs,
+          const std::string& want_state) {
+  Plan p(recipe, tokens);
   if (prefix(p, c) != LNMLP_SUCCESS) return kWrong;
   const std::string before = p.state();
   alloc_counter_fail_nth(k);
@@ -122,10 +134,11 @@ int child(int32_t recipe, int c, long k, const std::vector<float>& want_outputs,
   return status == LNMLP_SUCCESS ? kSucceeded : kOutOfMemory;
 }
 
-int census(int32_t recipe) {
+// The census of `calls` calls (the first ones of Call) at one token count.
+int census(int32_t recipe, const Count& count, int calls) {
   int failures = 0;
-  for (int c = 0; c < kCalls; ++c) {
-    Plan clean(recipe);
+  for (int c = 0; c < calls; ++c) {
+    Plan clean(recipe, count);
     prefix(clean, c);
     run(clean, c);
     const std::vector<float> want_outputs = clean.outputs();
@@ -134,7 +147,7 @@ int census(int32_t recipe) {
     for (long k = 1;; ++k) {
       std::fflush(stdout);
       const pid_t pid = fork();
-      if (pid == 0) _exit(child(recipe, c, k, want_outputs, want_state));
+      if (pid == 0) _exit(child(recipe, count, c, k, want_outputs, want_state));
       int ws = 0;
       waitpid(pid, &ws, 0);
       if (WIFSIGNALED(ws)) {
@@ -155,8 +168,10 @@ int census(int32_t recipe) {
         break;
       }
     }
-    std::printf("recipe %d, %-17s: %3ld allocation points, %3ld OUT_OF_MEMORY, %3ld SUCCESS (the failure absorbed)\n",
-                recipe, kCallNames[c], tried, oom, succeeded);
+    std::printf(
+        "recipe %d, %-8s count, %-17s: %3ld allocation points, %3ld OUT_OF_MEMORY, %3ld SUCCESS (the failure "
+        "absorbed)\n",
+        recipe, count.name, kCallNames[c], tried, oom, succeeded);
   }
   return failures;
 }
@@ -169,8 +184,10 @@ int main() {
   lnmlp_get_build_info(&info);
   std::printf("%s\n", info);
   int failures = 0;
-  for (int32_t recipe : {LNMLP_RECIPE_NONE, LNMLP_RECIPE_DELAYED, LNMLP_RECIPE_CURRENT, LNMLP_RECIPE_MXFP8})
-    failures += census(recipe);
+  for (int32_t recipe : {LNMLP_RECIPE_NONE, LNMLP_RECIPE_DELAYED, LNMLP_RECIPE_CURRENT, LNMLP_RECIPE_MXFP8}) {
+    failures += census(recipe, kMaximum, kCalls);
+    failures += census(recipe, kPrepared, kFirstBackward + 1);
+  }
   std::printf("%s\n", failures == 0 ? "passed" : "FAILED");
   return failures == 0 ? 0 : 1;
 }

@@ -114,7 +114,8 @@ struct PlanCalls {
 // A plan for the problem on one backend.
 inline lnmlp_plan* make_plan(const Problem& pr, int32_t remat, int32_t backend, int32_t device = 0,
                              int32_t recipe = LNMLP_RECIPE_NONE, const PlanSharding& shard = PlanSharding{},
-                             const PlanCalls& calls = PlanCalls{}) {
+                             const PlanCalls& calls = PlanCalls{},
+                             const std::vector<int64_t>& prepared_tokens = {}) {  // lnmlp_desc_set_prepared_tokens
   const auto& c = pr.cfg;
   lnmlp_desc* d = nullptr;
   LNMLP_TEST_CHECK(lnmlp_desc_create(&d));
@@ -139,6 +140,8 @@ inline lnmlp_plan* make_plan(const Problem& pr, int32_t remat, int32_t backend, 
   LNMLP_TEST_CHECK(lnmlp_desc_set_recipe(d, recipe));
   LNMLP_TEST_CHECK(lnmlp_desc_set_gemm_math(d, calls.gemm_math));
   LNMLP_TEST_CHECK(lnmlp_desc_set_norm_output(d, calls.norm_output));
+  LNMLP_TEST_CHECK(
+      lnmlp_desc_set_prepared_tokens(d, static_cast<int32_t>(prepared_tokens.size()), prepared_tokens.data()));
   if (backend == LNMLP_BACKEND_CPU) LNMLP_TEST_CHECK(lnmlp_desc_set_num_threads(d, 1));
   if (shard.comm != nullptr) LNMLP_TEST_CHECK(lnmlp_desc_set_communicator(d, shard.comm));
   LNMLP_TEST_CHECK(lnmlp_desc_set_sharding(d, shard.group_size, shard.rank, shard.sequence_parallel));

@@ -31,11 +31,13 @@ lnmlp_ref::Config config(int64_t tokens, bool gated) {
 // memory (uploaded once), its outputs read back into RunResult's host buffers.
 class Calls {
  public:
-  Calls(const Problem& pr, int32_t backend, int32_t recipe, const PlanCalls& calls)
+  Calls(const Problem& pr, int32_t backend, int32_t recipe, const PlanCalls& calls,
+        const std::vector<int64_t>& prepared_tokens = {})
       : pr_(pr),
         cuda_(backend == LNMLP_BACKEND_CUDA),
         calls_(calls),
-        plan_(plan_ptr(make_plan(pr, LNMLP_REMAT_SAVE_ALL, backend, 0, recipe, PlanSharding{}, calls))) {
+        plan_(
+            plan_ptr(make_plan(pr, LNMLP_REMAT_SAVE_ALL, backend, 0, recipe, PlanSharding{}, calls, prepared_tokens))) {
     LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes(plan_.get(), &saved_bytes_));
     saved_ = place_bytes(static_cast<size_t>(saved_bytes_));
     grad_type_ = calls.grad_dtype < 0 ? pr.dtype : calls.grad_dtype;
@@ -270,7 +272,8 @@ TEST(CudaCallsEdges, NoTokens) {
     for (unsigned char c : b->bytes) ASSERT_EQ(c, 0) << "a parameter gradient of a call with no tokens is not zero";
 }
 
-// FP8 tensor cores need multiples of 16 tokens: another count is refused, changing nothing.
+// FP8 tensor cores need multiples of 16 tokens: another count is refused, changing nothing, and a
+// plan asked to prepare one is not made.
 TEST(CudaCallsEdges, PerTensorFp8NeedsMultiplesOf16Tokens) {
   SKIP_WITHOUT_GPU();
   const Problem pr = make_problem(config(33, false), LNMLP_DTYPE_BF16, 71);
@@ -282,11 +285,21 @@ TEST(CudaCallsEdges, PerTensorFp8NeedsMultiplesOf16Tokens) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("multiple of 16"), std::string::npos) << e.what();
   }
+  try {
+    make_plan(pr, LNMLP_REMAT_SAVE_ALL, LNMLP_BACKEND_CUDA, 0, LNMLP_RECIPE_CURRENT, PlanSharding{},
+              PlanCalls{kMaxTokens}, {16, 33});
+    FAIL() << "a plan preparing 33 tokens was made";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("a prepared token count (lnmlp_desc_set_prepared_tokens) is 33"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // A token count whose GEMMs would need more fp32 staging than the plan's own GEMMs (a result type
 // or bias epilogue cuBLASLt refuses at that count only) is refused at the call, before anything
-// runs, and the plan's own count still runs right afterwards. cuBLASLt's support depends on types
+// runs, and the plan's own count still runs right afterwards; a plan that prepared the count at
+// creation sized its staging for it and runs it. cuBLASLt's support depends on types
 // and epilogues, not on sizes, so only the emulation can force this
 // (LNMLP_EMULATION_NO_FUSED_OUTPUT_BELOW_M); elsewhere the test skips.
 TEST(CudaCallsEdges, ACountNeedingMoreStagingThanThePlanHoldsIsRefused) {
@@ -308,6 +321,14 @@ TEST(CudaCallsEdges, ACountNeedingMoreStagingThanThePlanHoldsIsRefused) {
     EXPECT_NE(std::string(e.what()).find("fp32 staging"), std::string::npos) << e.what();
   }
   expect_close(cuda.step(full), cpu.step(full), gpu_vs_cpu_tolerance(LNMLP_DTYPE_BF16), "the plan's count after");
+  // Prepared at plan creation, the count's staging is part of the plan's: the call runs.
+  const Problem small = with_parameters(make_problem(config(kSmall, false), LNMLP_DTYPE_BF16, 92), full);
+  Calls cuda_prepared(full, LNMLP_BACKEND_CUDA, LNMLP_RECIPE_NONE, PlanCalls{kMaxTokens}, {kSmall});
+  Calls cpu_small(small, LNMLP_BACKEND_CPU, LNMLP_RECIPE_NONE, PlanCalls{});
+  cuda_prepared.set_gradients(cuda_prepared.gradients(0.0));
+  cpu_small.set_gradients(cpu_small.gradients(0.0));
+  expect_close(cuda_prepared.step(small), cpu_small.step(small), gpu_vs_cpu_tolerance(LNMLP_DTYPE_BF16),
+               "a prepared count that needs more staging");
 }
 
 // A kernel that faults while it runs is named by the call that launched it under

@@ -146,6 +146,7 @@ PROTOTYPES = {
     "lnmlp_desc_create": (ctypes.c_int32, [ctypes.c_void_p]),
     "lnmlp_desc_destroy": (ctypes.c_int32, [ctypes.c_void_p]),
     "lnmlp_desc_set_shape": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]),
+    "lnmlp_desc_set_prepared_tokens": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]),
     "lnmlp_desc_set_norm": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
     "lnmlp_desc_set_zero_centered_gamma": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
     "lnmlp_desc_set_epsilon": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_float]),

@@ -271,6 +271,16 @@ def _int_in(name, v, lo, hi):
     return int(v)
 
 
+def _prepared_tokens(counts):
+    """``prepared_tokens`` as a sorted tuple of distinct ints (an iterable of ints; the library
+    checks their range, and refuses more than 32 of them)."""
+    try:
+        items = list(counts)
+    except TypeError:
+        raise InvalidArgumentError(f"prepared_tokens must be token counts (ints), got {counts!r}") from None
+    return tuple(sorted({_int_in("a prepared token count", t, -_INT64_MAX - 1, _INT64_MAX) for t in items}))
+
+
 def _normalize_sharding(sharding):
     """None -> (1, 0, False); (group_size, rank, sequence_parallel) checked for type."""
     if sharding is None:
@@ -366,6 +376,12 @@ class Plan:
     ``rnd_D(norm(x))`` [t, H] in the plan's dtype (TransformerEngine's ``return_layernorm_output``),
     under every recipe and remat policy: it is a section of the saved buffer, read with
     :meth:`norm_output_from`. :meth:`saved_section` says where any section of the saved buffer is.
+
+    ``prepared_tokens`` (``lnmlp_desc_set_prepared_tokens``): up to 32 token counts besides
+    ``tokens`` (a call's, this rank's rows under sequence parallelism; each 1 .. the most a call
+    takes) whose GEMMs the plan makes now. A call with ``tokens`` or one of them makes nothing;
+    another count's first call makes its GEMMs then (slower, allocating, and on the CPU backend
+    able to crash the process if memory runs out meanwhile): name the batch sizes a server uses.
     """
 
     def __init__(self, tokens, hidden, ffn, *, norm_type="layernorm", zero_centered_gamma=False,
@@ -373,7 +389,7 @@ class Plan:
                  use_bias2=False, dtype=np.float32, remat="save_all", num_threads=0, backend="cpu",
                  recipe=None, sharding=None, comm=None, accumulate_grads=False, grad_dtype=None,
                  weight_dtype=None, external_workspace=False, device=0, weight_layout="in_out",
-                 gemm_math=(), norm_output=False):
+                 gemm_math=(), norm_output=False, prepared_tokens=()):
         self._handle = None  # set first, so __del__ is safe whatever fails below
         self._lock = threading.RLock()
         lib = _lib.get_lib()
@@ -405,6 +421,7 @@ class Plan:
         self.accumulate_grads = _flag("accumulate_grads", accumulate_grads)
         self.external_workspace = _flag("external_workspace", external_workspace)
         self.norm_output = _flag("norm_output", norm_output)
+        self.prepared_tokens = _prepared_tokens(prepared_tokens)
         grad_dtype_v = self._grad_dtype_code(grad_dtype)
         weight_dtype_v = self._float32_option_code("weight_dtype", weight_dtype)
         if isinstance(device, bool) or not isinstance(device, (int, np.integer)) or not 0 <= device < 2**31:
@@ -434,6 +451,9 @@ class Plan:
                 c(lib.lnmlp_desc_set_norm_output(desc, 1))
             if gemm_math_v:
                 c(lib.lnmlp_desc_set_gemm_math(desc, gemm_math_v))
+            if self.prepared_tokens:
+                counts = (ctypes.c_int64 * len(self.prepared_tokens))(*self.prepared_tokens)
+                c(lib.lnmlp_desc_set_prepared_tokens(desc, len(self.prepared_tokens), counts))
             if self.num_threads:
                 c(lib.lnmlp_desc_set_num_threads(desc, self.num_threads))
             if self.recipe is not None:

@@ -35,10 +35,10 @@ CONFIGS = {
 GRADS = ("dx", "dgamma", "dbeta", "dw1", "db1", "dw2", "db2")
 
 
-def make_plan(cid, tokens, remat="save_all"):
+def make_plan(cid, tokens, remat="save_all", **kw):
     norm, acts, dtype, bias, recipe = CONFIGS[cid]
     return lnmlp.Plan(tokens, H, F, norm_type=norm, activation_type=acts, use_bias1=bias, use_bias2=bias,
-                      dtype=dtype, remat=remat, num_threads=1, recipe=None if recipe is None else recipe())
+                      dtype=dtype, remat=remat, num_threads=1, recipe=None if recipe is None else recipe(), **kw)
 
 
 def data(cid, t, seed):
@@ -131,6 +131,30 @@ def test_fewer_tokens_equal_a_plan_made_for_them(cid):
                 same_step(f"{cid} t={t} (call {i})", got, want)
                 assert got[1].nbytes == big.tensor_shape("saved", t)[0] == exact.saved_bytes
                 assert big.export_state() == exact.export_state()
+
+
+@pytest.mark.parametrize("cid", list(CONFIGS))
+def test_prepared_token_counts_equal_a_plan_made_for_them(cid):
+    """Counts whose GEMMs the plan made at creation (prepared_tokens) run them: the bits of a plan
+    made for exactly that count, as for a count it was not asked to prepare (13)."""
+    with make_plan(cid, T_MAX, prepared_tokens=[16, 1, 16]) as big:
+        assert big.prepared_tokens == (1, 16)
+        for t in (16, 1, 13, 16):
+            inp, dy = data(cid, t, seed=500 + t)
+            with make_plan(cid, t) as exact:
+                if big.amax_history_length:
+                    exact.import_state(big.export_state())
+                same_step(f"{cid} t={t}", step(big, inp, dy), step(exact, inp, dy))
+
+
+def test_prepared_token_counts_are_checked():
+    for bad, err in (([0], lnmlp.InvalidArgumentError), ([T_MAX + 1], lnmlp.InvalidArgumentError),
+                     (list(range(1, 34)), lnmlp.InvalidArgumentError), ([2.5], lnmlp.InvalidArgumentError),
+                     (7, lnmlp.InvalidArgumentError), ([True], lnmlp.InvalidArgumentError)):
+        with pytest.raises(err):
+            make_plan("f32-layernorm-gelu-bias", T_MAX, prepared_tokens=bad)
+    with make_plan("f32-layernorm-gelu-bias", T_MAX, prepared_tokens=range(1, 33)) as p:
+        assert p.prepared_tokens == tuple(range(1, 33))
 
 
 @pytest.mark.parametrize("remat", ["save_all", "save_ffn1", "save_stats"])

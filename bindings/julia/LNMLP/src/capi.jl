@@ -36,6 +36,8 @@ lnmlp_desc_destroy(desc) =
     ccall((:lnmlp_desc_destroy, liblnmlp), Int32, (Ptr{Cvoid},), desc)
 lnmlp_desc_set_shape(desc, tokens, hidden, ffn) =
     ccall((:lnmlp_desc_set_shape, liblnmlp), Int32, (Ptr{Cvoid}, Int64, Int64, Int64), desc, tokens, hidden, ffn)
+lnmlp_desc_set_prepared_tokens(desc, count, tokens) =
+    ccall((:lnmlp_desc_set_prepared_tokens, liblnmlp), Int32, (Ptr{Cvoid}, Int32, Ptr{Int64}), desc, count, tokens)
 lnmlp_desc_set_norm(desc, norm_type) =
     ccall((:lnmlp_desc_set_norm, liblnmlp), Int32, (Ptr{Cvoid}, Int32), desc, norm_type)
 lnmlp_desc_set_zero_centered_gamma(desc, enabled) =

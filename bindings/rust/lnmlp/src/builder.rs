@@ -50,6 +50,7 @@ pub struct PlanBuilder {
     gemm_math: Option<(bool, bool)>,
     external_workspace: Option<bool>,
     norm_output: Option<bool>,
+    prepared_tokens: Option<Vec<usize>>,
 }
 
 /// The same builder under the C API's name for it.
@@ -285,6 +286,17 @@ impl PlanBuilder {
         self
     }
 
+    /// Token counts besides the plan's most whose GEMMs the plan makes when it is built
+    /// (`lnmlp_desc_set_prepared_tokens`): up to 32, each a call's count (this rank's rows under
+    /// sequence parallelism), 1 ..= the most a call takes; a count given twice counts once. A call
+    /// with the plan's most or one of these makes nothing; another count's first call makes its
+    /// GEMMs then (slower, allocating, and on the CPU backend able to crash the process if memory
+    /// runs out meanwhile): name the batch sizes a server uses. Default: none.
+    pub fn prepared_tokens(mut self, counts: &[usize]) -> Self {
+        self.prepared_tokens = Some(counts.to_vec());
+        self
+    }
+
     /// Experimental (feature `experimental`; may change in any release).
     ///
     /// GEMM math faster than exact (`lnmlp_desc_set_gemm_math`), for the CUDA backend:
@@ -376,6 +388,15 @@ impl PlanBuilder {
             }
             if let Some(n) = self.norm_output {
                 check(sys::lnmlp_desc_set_norm_output(d, n as i32))?;
+            }
+            if let Some(counts) = &self.prepared_tokens {
+                let counts = counts
+                    .iter()
+                    .map(|&t| c_int("a prepared token count", t, i64::MAX))
+                    .collect::<Result<Vec<i64>>>()?;
+                let n = i32::try_from(counts.len())
+                    .map_err(|_| Error::invalid(format!("at most 32 prepared token counts, got {}", counts.len())))?;
+                check(sys::lnmlp_desc_set_prepared_tokens(d, n, counts.as_ptr()))?;
             }
             if let Some(r) = self.recipe {
                 check(sys::lnmlp_desc_set_recipe(d, r.raw()))?;

@@ -160,6 +160,29 @@ fn same_as_exact_plans<T: Element>(s: Setup, seed: u64) {
     }
 }
 
+/// Counts whose GEMMs the plan made when it was built (`prepared_tokens`) give, like any count, the
+/// bits of a plan made for exactly that count; the builder's refusals.
+#[test]
+fn prepared_token_counts_match_exact_plans() {
+    let s = ln_gelu();
+    let pr = problem::<f32>(&s, 11);
+    let w = pr.weights(&s);
+    let mut big = s.builder::<f32>(MAX_T).prepared_tokens(&[16, 1, 16]).build().unwrap();
+    for t in [16, 1, 5, 16] {
+        let (x, dy) = (&pr.x[..t * s.h], &pr.dy[..t * s.h]);
+        let (y, saved) = big.forward_alloc(x, &w).unwrap();
+        let g = big.backward(dy, x, &w, &saved).unwrap();
+        let mut exact = s.builder::<f32>(t).build().unwrap();
+        let (y_exact, saved_exact) = exact.forward_alloc(x, &w).unwrap();
+        assert_bits(&format!("t={t} y"), &y, &y_exact);
+        assert_grads_bits(&format!("t={t}"), &g, &exact.backward(dy, x, &w, &saved_exact).unwrap());
+    }
+    for bad in [vec![0], vec![MAX_T + 1], (1..=33).collect::<Vec<usize>>()] {
+        let e = s.builder::<f32>(MAX_T).prepared_tokens(&bad).build().unwrap_err();
+        assert_eq!(e.status(), Status::InvalidArgument, "{bad:?}: {e}");
+    }
+}
+
 fn ln_gelu() -> Setup {
     Setup {
         h: 16,
