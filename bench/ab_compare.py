@@ -2,7 +2,7 @@
 """Two builds of lnmlp-bench against each other on the same machine, interleaved.
 
     python3 bench/ab_compare.py --a OLD/bench/lnmlp-bench --b NEW/bench/lnmlp-bench [--rounds 3]
-                                [--iters 3] [--set standard|quick|fp8] [--only TEXT]
+                                [--iters 3] [--set standard|quick|fp8|calls] [--only TEXT]
                                 [--label-a old --label-b new] [--env-a VAR=VALUE] [--env-b VAR=VALUE]
                                 [--args-a ARGS] [--args-b ARGS]
 
@@ -10,6 +10,10 @@
 level against the level the CPU gets (what a build without run-time dispatch would run).
 --args-b "--weight-layout out_in" with the same binary as --a compares PyTorch's out x in weights
 (lnmlp_desc_set_weight_layout) against the default in x out ones.
+--set calls runs calls of 1, 37, 256, 1000 and 4096 tokens on plans made for 4096 (a server's
+batches); --args-b=--prepare with the same binary as --a compares counts whose GEMMs the plan
+prepared at creation (lnmlp_desc_set_prepared_tokens) against counts that make them in the first
+call: see the "first call" and "plan creation" columns.
 
 Each configuration runs A then B, `rounds` times (A B A B ...), so a drift of the shared machine
 hits both alike; every run is a whole lnmlp-bench process (its own warm-up, medians of `iters`
@@ -43,6 +47,8 @@ STANDARD = [
     ("T=256 layernorm gelu bf16", ["--dtype", "bf16", "--tokens", "256"]),
 ]
 QUICK = [c for c in STANDARD if c[0].startswith("T=256")] + [STANDARD[0]]
+CALLS = [(f"T={t} of a 4096 plan gelu {d}", ["--dtype", d, "--plan-tokens", "4096", "--tokens", str(t)])
+         for d in ("f32", "bf16") for t in (1, 37, 256, 1000, 4096)]
 FP8 = [c for c in STANDARD if "fp8" in c[0]]
 
 
@@ -82,16 +88,17 @@ def main():
     p.add_argument("--args-b", default="", metavar="ARGS", help="more lnmlp-bench arguments for B's runs")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iters", type=int, default=3)
-    p.add_argument("--set", choices=["standard", "quick", "fp8"], default="standard")
+    p.add_argument("--set", choices=["standard", "quick", "fp8", "calls"], default="standard")
     p.add_argument("--only", default="", help="run only the configurations whose name contains this")
     o = p.parse_args()
     env_a = dict(e.split("=", 1) for e in o.env_a)
     env_b = dict(e.split("=", 1) for e in o.env_b)
-    configs = {"standard": STANDARD, "quick": QUICK, "fp8": FP8}[o.set]
+    configs = {"standard": STANDARD, "quick": QUICK, "fp8": FP8, "calls": CALLS}[o.set]
     configs = [c for c in configs if o.only in c[0]]
     print(f"{cpu_model()}, {os.cpu_count()} CPUs; {o.rounds} rounds of A B, lnmlp-bench --iters {o.iters} each")
     print(f"A = {o.label_a}: {o.a} {o.args_a} {' '.join(o.env_a)}\nB = {o.label_b}: {o.b} {o.args_b} {' '.join(o.env_b)}")
-    head = f"{'configuration':36} {o.label_a + ' ms':>12} {o.label_b + ' ms':>12} {'B/A':>7} {'outside A':>10} {'outside B':>10}"
+    head = (f"{'configuration':36} {o.label_a + ' ms':>12} {o.label_b + ' ms':>12} {'B/A':>7} {'outside A':>10} "
+            f"{'outside B':>10} {'1st call A':>11} {'1st call B':>11} {'plan A':>8} {'plan B':>8}")
     print(head)
     print("-" * len(head))
     for name, args in configs:
@@ -105,10 +112,14 @@ def main():
         ratios = [y["total_ms"] / x["total_ms"] for x, y in zip(a, b)]
         oa = statistics.median(x["outside_gemms_fraction"] for x in a)
         ob = statistics.median(x["outside_gemms_fraction"] for x in b)
+        # Older builds write no first call.
+        fa, fb = (statistics.median(x.get("first_call_ms", float("nan")) for x in runs) for runs in (a, b))
+        pa, pb = (statistics.median(x["plan_create_ms"] for x in runs) for runs in (a, b))
         print(f"{name:36} {ta:12.1f} {tb:12.1f} {statistics.median(ratios):7.3f} {100 * oa:9.1f}% {100 * ob:9.1f}%"
-              f"   (B/A per round {min(ratios):.3f}..{max(ratios):.3f})")
+              f" {fa:11.1f} {fb:11.1f} {pa:8.1f} {pb:8.1f}   (B/A per round {min(ratios):.3f}..{max(ratios):.3f})")
     print("(ms: median over the rounds of each run's median forward + backward; B/A: median of the per-round "
-          "ratios; outside: the block's time outside its GEMMs, from each run's own GEMMs-alone peer)")
+          "ratios; outside: the block's time outside its GEMMs, from each run's own GEMMs-alone peer; 1st call: "
+          "the first forward + backward, where a token count not prepared makes its GEMMs; plan: plan creation)")
 
 
 if __name__ == "__main__":

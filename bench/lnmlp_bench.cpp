@@ -6,8 +6,13 @@
 //   lnmlp-bench [--tokens T] [--hidden H] [--ffn F] [--act NAME] [--norm layernorm|rmsnorm]
 //               [--dtype f32|bf16|f16] [--remat save_all|save_ffn1|save_stats] [--iters N]
 //               [--threads N] [--check-tokens N] [--weight-layout in_out|out_in] [--json FILE]
+//               [--plan-tokens P [--prepare]]
 //
 // --json FILE also writes the figures as one JSON object (bench/compare reads it).
+// --plan-tokens P makes the plan for P >= T tokens and runs every call with T (a server's batch
+// below the plan's most); --prepare names T in lnmlp_desc_set_prepared_tokens, so the plan makes
+// its GEMMs at creation rather than in the first call (a no-op when P = T). "first call" is the first forward +
+// backward (the warm-up), which is where a count not prepared makes its GEMMs.
 #include <omp.h>
 
 #include <algorithm>
@@ -38,6 +43,8 @@ struct Options {
   int iters = 5;
   int threads = 0;
   int64_t check_tokens = 16;
+  int64_t plan_tokens = 0;               // the plan's most tokens (0: tokens)
+  bool prepare = false;                  // name tokens in lnmlp_desc_set_prepared_tokens
   std::string weight_layout = "in_out";  // W1 [H, A*F], W2 [F, H]; out_in: [A*F, H], [H, F] (PyTorch's)
   std::string json;  // where to write the figures as JSON; empty = nowhere
 };
@@ -49,7 +56,7 @@ struct Options {
                "                   [--dtype f32|bf16|f16] [--remat save_all|save_ffn1|save_stats]\n"
                "                   [--recipe none|delayed|current|block|mxfp8]\n"
                "                   [--iters N] [--threads N] [--check-tokens N] [--weight-layout in_out|out_in]\n"
-               "                   [--json FILE]\n"
+               "                   [--json FILE] [--plan-tokens P [--prepare]]\n"
                "  NAME: linear relu gelu silu quick_gelu squared_relu sigmoid, or a gated pair\n"
                "        geglu swiglu reglu qgeglu sreglu glu clamped_swiglu\n",
                msg);
@@ -61,6 +68,10 @@ Options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") usage("runs the fused block on the CPU");
+    if (a == "--prepare") {
+      o.prepare = true;
+      continue;
+    }
     if (i + 1 >= argc) usage(("missing value after " + a).c_str());
     const char* v = argv[++i];
     if (a == "--tokens") o.tokens = std::atoll(v);
@@ -76,9 +87,12 @@ Options parse(int argc, char** argv) {
     else if (a == "--check-tokens") o.check_tokens = std::atoll(v);
     else if (a == "--json") o.json = v;
     else if (a == "--weight-layout") o.weight_layout = v;
+    else if (a == "--plan-tokens") o.plan_tokens = std::atoll(v);
     else usage(("unknown option " + a).c_str());
   }
   if (o.iters < 1) usage("--iters must be >= 1");
+  if (o.plan_tokens == 0) o.plan_tokens = o.tokens;
+  if (o.plan_tokens < o.tokens) usage("--plan-tokens must be >= --tokens");
   return o;
 }
 
@@ -212,13 +226,19 @@ int main(int argc, char** argv) {
       "threads\n",
       static_cast<long long>(T), static_cast<long long>(H), static_cast<long long>(F), o.norm.c_str(), o.act.c_str(),
       o.dtype.c_str(), o.remat.c_str(), o.recipe.c_str(), o.weight_layout.c_str(), threads);
+  if (o.plan_tokens != T)
+    std::printf("plan made for %lld tokens, every call with %lld (%s at plan creation)\n",
+                static_cast<long long>(o.plan_tokens), static_cast<long long>(T),
+                o.prepare ? "their GEMMs prepared" : "not prepared");
   if (recipe != LNMLP_RECIPE_NONE)
     std::printf("(FP8 is emulated on the CPU: FP8 codes decoded into bf16/fp32 GEMM operands, see docs/fp8.md;\n"
                 " the peer below is the unquantized GEMMs in %s)\n", o.dtype.c_str());
 
   lnmlp_desc* desc = nullptr;
   check(lnmlp_desc_create(&desc), "lnmlp_desc_create");
-  check(lnmlp_desc_set_shape(desc, T, H, F), "set_shape");
+  check(lnmlp_desc_set_shape(desc, o.plan_tokens, H, F), "set_shape");
+  // (The plan's most tokens are always prepared: naming them too changes nothing.)
+  if (o.prepare) check(lnmlp_desc_set_prepared_tokens(desc, 1, &T), "set_prepared_tokens");
   check(lnmlp_desc_set_norm(desc, norm), "set_norm");
   check(lnmlp_desc_set_activations(desc, A, acts.data()), "set_activations");
   check(lnmlp_desc_set_bias(desc, 1, 1), "set_bias");
@@ -265,6 +285,7 @@ int main(int argc, char** argv) {
 
   // Warm-up, then timed iterations with a progress indicator on stderr.
   std::vector<double> fwd_secs, bwd_secs, peer_fwd_secs, peer_bwd_secs, reuse_secs;
+  double first_call_secs = 0.0;
   for (int it = -1; it < o.iters; ++it) {
     std::fprintf(stderr, "\r%s %d/%d ", it < 0 ? "warm-up  " : "iteration", std::max(it + 1, 0), o.iters);
     std::fflush(stderr);
@@ -293,6 +314,7 @@ int main(int argc, char** argv) {
           "backward");
     const double r = seconds_since(t0);
     const GemmPeerTimes p = peer.run_once();
+    if (it < 0) first_call_secs = f + b;
     if (it >= 0) {
       reuse_secs.push_back(r);
       fwd_secs.push_back(f);
@@ -353,6 +375,10 @@ int main(int argc, char** argv) {
   };
   const double recompute = remat == LNMLP_REMAT_SAVE_STATS ? 2.0 * T * H * A * F : 0.0;
   std::printf("plan creation        %9.1f ms\n", plan_secs * 1e3);
+  std::printf(
+      "first call           %9.2f ms  forward + backward (the warm-up: a count's GEMMs are made here unless "
+      "prepared at plan creation)\n",
+      first_call_secs * 1e3);
   std::printf("%-20s %-29s   %s\n", "", "lnmlp (fused block)", "its GEMMs alone (same library, same run)");
   row("forward", tf, gemm_flops_fwd, pf, gemm_flops_fwd);
   row("backward", tb, 2 * gemm_flops_fwd, pb, 2 * gemm_flops_fwd + recompute);
@@ -386,12 +412,14 @@ int main(int argc, char** argv) {
                  " \"weights_reused_total_ms\": %.4f,\n"
                  " \"outside_gemms_fraction\": %.5f, \"gflops\": %.3f, \"peak_gflops\": %.3f, \"peak_what\": \"%s\",\n"
                  " \"saved_bytes_per_token\": %lld, \"workspace_bytes\": %lld, \"plan_create_ms\": %.3f,\n"
+                 " \"plan_tokens\": %lld, \"prepared\": %s, \"first_call_ms\": %.4f,\n"
                  " \"err_y\": %.3e, \"err_dx\": %.3e, \"build_info\": \"%s\"}\n",
                  static_cast<long long>(T), static_cast<long long>(H), static_cast<long long>(F), o.act.c_str(),
                  o.norm.c_str(), o.dtype.c_str(), o.recipe.c_str(), o.remat.c_str(), o.weight_layout.c_str(), threads,
                  o.iters, tf * 1e3, tb * 1e3, tt * 1e3, pt * 1e3, tr * 1e3, std::max(0.0, tt - pt) / tt,
                  flops / tt * 1e-9, peak.gflops, peak.what, static_cast<long long>(saved_per_token),
-                 static_cast<long long>(ws_bytes), plan_secs * 1e3, err_y, err_dx, info);
+                 static_cast<long long>(ws_bytes), plan_secs * 1e3, static_cast<long long>(o.plan_tokens),
+                 o.prepare ? "true" : "false", first_call_secs * 1e3, err_y, err_dx, info);
     std::fclose(f);
   }
   lnmlp_plan_destroy(plan);
