@@ -547,7 +547,8 @@ LNMLP_API int32_t lnmlp_desc_set_scaling_options(lnmlp_desc* desc, int32_t power
 LNMLP_API int32_t lnmlp_desc_set_external_workspace(lnmlp_desc* desc, int32_t enabled);
 
 /* ---------------------------------------------------------------------------------------------
- * Plan: validated, sized, allocated. Execution never allocates.
+ * Plan: validated, sized, allocated. A call allocates nothing of lnmlp's own (what the GEMM
+ * library allocates in a call: "A call that fails", before lnmlp_plan_forward).
  * ------------------------------------------------------------------------------------------- */
 
 typedef struct lnmlp_plan lnmlp_plan;
@@ -766,16 +767,19 @@ enum {
 /* A call that fails. Forward and backward check every argument before they read or write
  * anything: a call that returns LNMLP_ERROR_INVALID_ARGUMENT, NULL_POINTER, SIZE_OVERFLOW,
  * INVALID_HANDLE, NOT_SUPPORTED, WORKSPACE_TOO_SMALL, NO_WORKSPACE, MISALIGNED or PLAN_BUSY has
- * changed nothing. A call that fails while it runs -- LNMLP_ERROR_OUT_OF_MEMORY (the GEMM library
- * allocates during calls below AVX-512, and a call with a new token count prepares its GEMMs),
- * BACKEND or INTERNAL -- leaves the FP8 state as it was (it is updated last) and the plan usable
+ * changed nothing. A call that fails while it runs -- LNMLP_ERROR_OUT_OF_MEMORY, BACKEND or
+ * INTERNAL -- leaves the FP8 state as it was (it is updated last) and the plan usable
  * (its kept weight copies are dropped, so LNMLP_CALL_WEIGHTS_UNCHANGED in the next call makes them
  * again), but its outputs undefined: y and saved (forward); dx, dgamma, dbeta, dW1, db1, dW2 and
  * db2 (backward), accumulating ones included, which may hold part of the call's sum (keep a copy,
- * or drop the step). On the CPU backend a call with a token count the plan has prepared (its
- * maximum, a count of lnmlp_desc_set_prepared_tokens, or one an earlier call had) returns
- * OUT_OF_MEMORY this way whichever of its allocations fails (tests/alloc/test_allocation_census.cpp
- * fails each in turn). Where the GEMM library makes its objects -- lnmlp_plan_create, and the
+ * or drop the step). Memory can run out in a CPU call because oneDNN allocates in every GEMM it
+ * runs: a small argument map (about 6 allocations of at most 104 bytes per GEMM, 38 per forward +
+ * backward with AVX-512) and, below AVX-512, its sgemm's packing buffers (blocks of 16 KiB, up to
+ * about 136 KiB per forward + backward); none grows with the token count
+ * (tests/alloc/test_execution_memory.cpp prints them per configuration). On the CPU backend a call
+ * with a token count the plan has prepared (its maximum, a count of lnmlp_desc_set_prepared_tokens,
+ * or one an earlier call had) returns OUT_OF_MEMORY this way whichever of its allocations fails
+ * (tests/alloc/test_allocation_census.cpp fails each in turn). Where the GEMM library makes its objects -- lnmlp_plan_create, and the
  * first call with a count not prepared -- an allocation failing inside oneDNN can crash the
  * process: oneDNN does not check those allocations (its objects' operator new returns NULL to a
  * constructor), so leave headroom there, and prepare the counts calls will have. */
