@@ -8,6 +8,20 @@
 
 #include "lnmlp.h"
 
+// The descriptor of an Fp32Plan: LayerNorm, relu, both biases, one thread, `recipe`, made for
+// `tokens` with the counts `prepared` prepared (lnmlp_desc_set_prepared_tokens).
+inline lnmlp_desc* fp32_plan_desc(int64_t tokens, int64_t hidden, int64_t ffn, int32_t recipe,
+                                  const std::vector<int64_t>& prepared = {}) {
+  lnmlp_desc* d = nullptr;
+  lnmlp_desc_create(&d);
+  lnmlp_desc_set_shape(d, tokens, hidden, ffn);
+  lnmlp_desc_set_prepared_tokens(d, static_cast<int32_t>(prepared.size()), prepared.data());
+  lnmlp_desc_set_bias(d, 1, 1);
+  lnmlp_desc_set_num_threads(d, 1);
+  lnmlp_desc_set_recipe(d, recipe);
+  return d;
+}
+
 struct Fp32Plan {
   const int64_t T, H, F;  // T: the tokens of every call
   lnmlp_plan* plan = nullptr;
@@ -21,13 +35,7 @@ struct Fp32Plan {
   Fp32Plan(int64_t tokens, int64_t hidden, int64_t ffn, int32_t recipe, int64_t max_tokens = 0,
            const std::vector<int64_t>& prepared = {})
       : T(tokens), H(hidden), F(ffn) {
-    lnmlp_desc* d = nullptr;
-    lnmlp_desc_create(&d);
-    lnmlp_desc_set_shape(d, max_tokens > 0 ? max_tokens : T, H, F);
-    lnmlp_desc_set_prepared_tokens(d, static_cast<int32_t>(prepared.size()), prepared.data());
-    lnmlp_desc_set_bias(d, 1, 1);
-    lnmlp_desc_set_num_threads(d, 1);
-    lnmlp_desc_set_recipe(d, recipe);
+    lnmlp_desc* d = fp32_plan_desc(max_tokens > 0 ? max_tokens : T, H, F, recipe, prepared);
     if (lnmlp_plan_create(d, &plan) != LNMLP_SUCCESS) std::printf("plan_create: %s\n", lnmlp_last_error());
     lnmlp_desc_destroy(d);
     int64_t saved_bytes = 0;
