@@ -34,6 +34,23 @@ for h in $harnesses; do
   log=$run/$h.log
   mkdir -p "$corpus" "$artifacts"
   cp -n tests/fuzz/corpus/"$h"/* "$corpus"/
+  # The corpus of the harness's long run, minimised (tests/fuzz/README.md, "Long runs"): every
+  # input once, before fuzzing (a 60 s run may stop while its corpus is still loading).
+  archive=tests/fuzz/corpus/$h.tar.xz
+  if [[ -f $archive ]]; then
+    tar -C "$corpus" --skip-old-files -xJf "$archive"
+    replay=$run/$h.replay
+    rm -rf "$replay" && mkdir -p "$replay"
+    tar -C "$replay" -xJf "$archive"
+    echo "=== $h: the $(ls "$replay" | wc -l) inputs of $archive, once each"
+    if ! build/fuzz/tests/fuzz/"$h" "$replay" -runs=0 -timeout=10 -rss_limit_mb=4096 >"$run/$h.replay.log" 2>&1; then
+      status=1
+      tail -n 60 "$run/$h.replay.log"
+      summary+=("$h: an input of $archive fails")
+    else
+      summary+=("$h: $archive replayed, $(grep -oE 'cov: [0-9]+ ft: [0-9]+' "$run/$h.replay.log" | tail -n1)")
+    fi
+  fi
   # The inputs that once broke a promise (tests/fuzz/crashes/README.md) must pass: regressions.
   if compgen -G "tests/fuzz/crashes/$h/*" >/dev/null; then
     echo "=== $h: the inputs of tests/fuzz/crashes/$h, once each"
