@@ -110,8 +110,11 @@ struct Config {
     c.tokens = shard.sequence_parallel ? call_rows * shard.size : call_rows;
     return c;
   }
-  // The group's token count of the i-th prepared count (what for_call gives for it).
-  int64_t prepared_tokens(int32_t i) const { return for_call(prepared_rows[i]).tokens; }
+  // The group's token count of the i-th prepared count (for_call(prepared_rows[i]).tokens, without
+  // the copy: kept small enough to inline in each CPU level's code, as check_cpu_levels requires).
+  int64_t prepared_tokens(int32_t i) const {
+    return shard.sequence_parallel ? prepared_rows[i] * shard.size : prepared_rows[i];
+  }
   // Whether the plan runs the collectives of docs/design.md, "Sharding". A plan's Config keeps a
   // communicator only when it shards (shard_config): a group of P > 1, or an NCCL communicator,
   // which a CUDA plan uses even at P = 1.
