@@ -107,14 +107,14 @@ struct Config {
   // for that many tokens, so the call computes what that plan computes.
   Config for_call(int64_t call_rows) const {
     Config c = *this;
-    c.tokens = shard.sequence_parallel ? call_rows * shard.size : call_rows;
+    c.tokens = group_tokens(call_rows);
     return c;
   }
-  // The group's token count of the i-th prepared count (for_call(prepared_rows[i]).tokens, without
-  // the copy: kept small enough to inline in each CPU level's code, as check_cpu_levels requires).
-  int64_t prepared_tokens(int32_t i) const {
-    return shard.sequence_parallel ? prepared_rows[i] * shard.size : prepared_rows[i];
-  }
+  // The group's token count of a call with `call_rows` rows of x: the inverse of rows(). (Small, so
+  // it inlines in each CPU level's code, as check_cpu_levels requires; for_call copies the Config.)
+  int64_t group_tokens(int64_t call_rows) const { return shard.sequence_parallel ? call_rows * shard.size : call_rows; }
+  // The group's token count of the i-th prepared count.
+  int64_t prepared_tokens(int32_t i) const { return group_tokens(prepared_rows[i]); }
   // Whether the plan runs the collectives of docs/design.md, "Sharding". A plan's Config keeps a
   // communicator only when it shards (shard_config): a group of P > 1, or an NCCL communicator,
   // which a CUDA plan uses even at P = 1.
