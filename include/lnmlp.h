@@ -572,7 +572,8 @@ LNMLP_API int32_t lnmlp_plan_destroy(lnmlp_plan* plan);
 LNMLP_API int32_t lnmlp_plan_get_workspace_bytes(const lnmlp_plan* plan, int64_t* bytes);
 
 /* Bytes of the buffer forward writes and backward reads for the plan's most tokens (0 for
- * FORWARD_ONLY): a buffer this large serves every call. The bytes a call with fewer tokens uses
+ * FORWARD_ONLY, unless lnmlp_desc_set_norm_output asks for the norm output): a buffer this large
+ * serves every call. The bytes a call with fewer tokens uses
  * are lnmlp_plan_get_tensor_shape's LNMLP_TENSOR_SAVED.
  * @since 0.1
  * @param[in] plan

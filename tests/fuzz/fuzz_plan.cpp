@@ -35,6 +35,9 @@ struct Model {
   int64_t history = 1024;
   int32_t external_workspace = 0;
   int64_t group_size = 1;
+  int64_t prepared_max = 0;  // the largest prepared token count (0: none)
+  int32_t norm_output = 0;
+  int32_t weight_layout = LNMLP_WEIGHT_LAYOUT_IN_OUT;
 
   bool io_dtype_ok() const { return dtype == LNMLP_DTYPE_F32 || dtype == LNMLP_DTYPE_BF16 || dtype == LNMLP_DTYPE_F16; }
   int32_t weight_type() const { return weight_dtype == -1 ? dtype : weight_dtype; }
@@ -55,6 +58,7 @@ struct Model {
     if (backend == LNMLP_BACKEND_CPU && device != 0) return "the CPU backend with a device other than 0";
     if (backend == LNMLP_BACKEND_CUDA && !cuda_available) return "the CUDA backend where it is not supported";
     if (group_size > 1) return "sharding without a communicator";
+    if (prepared_max > T) return "a prepared token count above the most a call takes";
     return nullptr;
   }
 };
@@ -128,13 +132,18 @@ enum Op {
   kOpNullDesc,
   kOpStaleDesc,
   kOpQuerySupport,
+  kOpPreparedTokens,
+  kOpNormOutput,
+  kOpWeightLayout,
+  kOpGemmMath,
   kOpCount
 };
 
 // A setter with valid arguments on a handle that is NULL or not live: the handle error, always.
 int32_t call_setter_on(lnmlp_desc* d, int which) {
   const int32_t relu = LNMLP_ACT_RELU;
-  switch (which % 19) {
+  const int64_t one_token = 1;
+  switch (which % 23) {
     case 0: return API(lnmlp_desc_set_shape(d, 1, 1, 1));
     case 1: return API(lnmlp_desc_set_norm(d, LNMLP_NORM_RMSNORM));
     case 2: return API(lnmlp_desc_set_zero_centered_gamma(d, 1));
@@ -153,6 +162,10 @@ int32_t call_setter_on(lnmlp_desc* d, int which) {
     case 15: return API(lnmlp_desc_set_delayed_scaling(d, 0, 16, LNMLP_AMAX_ALGO_MAX));
     case 16: return API(lnmlp_desc_set_scaling_options(d, 1, 0.0f));
     case 17: return API(lnmlp_desc_set_external_workspace(d, 1));
+    case 18: return API(lnmlp_desc_set_prepared_tokens(d, 1, &one_token));
+    case 19: return API(lnmlp_desc_set_norm_output(d, 1));
+    case 20: return API(lnmlp_desc_set_weight_layout(d, LNMLP_WEIGHT_LAYOUT_OUT_IN));
+    case 21: return API(lnmlp_desc_set_gemm_math(d, LNMLP_GEMM_MATH_TF32));
     default: return API(lnmlp_desc_set_sharding(d, 1, 0, 0));
   }
 }
@@ -336,6 +349,47 @@ void run_op(Reader& r, lnmlp_desc* desc, lnmlp_desc* stale, Model& m) {
     }
     case kOpNullDesc: EXPECT_STATUS(call_setter_on(nullptr, r.u8()), LNMLP_ERROR_NULL_POINTER); break;
     case kOpStaleDesc: EXPECT_STATUS(call_setter_on(stale, r.u8()), LNMLP_ERROR_INVALID_HANDLE); break;
+    case kOpPreparedTokens: {
+      // An array of exactly min(count, 32) values (AddressSanitizer sees a read past it), or NULL.
+      const int32_t count = r.pick32(0, 32);
+      const bool null_array = (r.u8() & 7) == 7;
+      std::vector<int64_t> values(static_cast<size_t>(std::clamp(count, 0, 32)));
+      for (int64_t& v : values) v = pick_dim(r);
+      const int32_t st = API(lnmlp_desc_set_prepared_tokens(desc, count, null_array ? nullptr : values.data()));
+      if (count < 0 || count > 32) {
+        EXPECT_STATUS(st, LNMLP_ERROR_INVALID_ARGUMENT);
+      } else if (count > 0 && null_array) {
+        EXPECT_STATUS(st, LNMLP_ERROR_NULL_POINTER);
+      } else if (std::any_of(values.begin(), values.end(), [](int64_t v) { return v < 1; })) {
+        EXPECT_STATUS(st, LNMLP_ERROR_INVALID_ARGUMENT);
+      } else {
+        EXPECT_STATUS(st, LNMLP_SUCCESS);
+        m.prepared_max = values.empty() ? 0 : *std::max_element(values.begin(), values.end());
+      }
+      break;
+    }
+    case kOpNormOutput: {
+      const int32_t v = r.pick32(0, 1);
+      const int32_t st = API(lnmlp_desc_set_norm_output(desc, v));
+      check_setter("set_norm_output", st, is_bool(v) ? kMustSucceed : kMustFail);
+      if (st == LNMLP_SUCCESS) m.norm_output = v;
+      break;
+    }
+    case kOpWeightLayout: {
+      const int32_t v = r.pick32(0, 1);
+      const int32_t st = API(lnmlp_desc_set_weight_layout(desc, v));
+      check_setter("set_weight_layout", st, is_bool(v) ? kMustSucceed : kMustFail);
+      if (st == LNMLP_SUCCESS) m.weight_layout = v;
+      break;
+    }
+    case kOpGemmMath: {
+      // Any OR of LNMLP_GEMM_MATH_* is accepted (the CPU backend computes exactly all the same).
+      const int32_t v = r.pick32(0, 3);
+      const int32_t known = LNMLP_GEMM_MATH_FP8_FAST_ACCUMULATION | LNMLP_GEMM_MATH_TF32;
+      check_setter("set_gemm_math", API(lnmlp_desc_set_gemm_math(desc, v)),
+                   (v & ~known) == 0 ? kMustSucceed : kMustFail);
+      break;
+    }
     default: {
       const int32_t backend = r.pick32(0, 1), feature = r.pick32(0, 9);
       const bool null_out = (r.u8() & 15) == 15;
@@ -418,6 +472,74 @@ std::vector<uint8_t> state_blob(lnmlp_plan* plan) {
   return b;
 }
 
+// The saved buffer's sections (LNMLP_SAVED_*) of a call with `tokens` tokens (0 .. T) that uses
+// `call_bytes` of it: which exist follows from the remat policy, the recipe and the norm output;
+// each has its shape, starts at a 256-byte boundary and lies inside the call's bytes, apart from
+// the others. A section the plan does not save has offset and rank -1.
+void check_saved_sections(lnmlp_plan* plan, const Model& m, int64_t tokens, int64_t call_bytes) {
+  const bool fo = m.remat == LNMLP_REMAT_FORWARD_ONLY, all = m.remat == LNMLP_REMAT_SAVE_ALL;
+  const bool fp8 = m.recipe != LNMLP_RECIPE_NONE;
+  const bool per_tensor = m.recipe == LNMLP_RECIPE_DELAYED || m.recipe == LNMLP_RECIPE_CURRENT;
+  const bool blocked = m.recipe == LNMLP_RECIPE_BLOCK || m.recipe == LNMLP_RECIPE_MXFP8;
+  const int64_t H = m.H, F = m.F;
+  struct Want {
+    bool present;
+    int64_t min_bytes;  // codes and block scales: at least this many bytes
+    std::vector<int64_t> dims;
+    int32_t dtype;
+  };
+  const Want want[LNMLP_SAVED_COUNT] = {
+      {!fo && m.norm == LNMLP_NORM_LAYERNORM, 0, {tokens}, LNMLP_DTYPE_F32},
+      {!fo, 0, {tokens}, LNMLP_DTYPE_F32},
+      {m.norm_output != 0 || (all && !fp8), 0, {tokens, H}, m.dtype},
+      {all || m.remat == LNMLP_REMAT_SAVE_FFN1, 0, {tokens, m.num_acts, F}, m.dtype},
+      {all && !fp8, 0, {tokens, F}, m.dtype},
+      {!fo && per_tensor, 0, {4}, LNMLP_DTYPE_F32},
+      {all && fp8, tokens * H, {}, LNMLP_DTYPE_U8},
+      {all && blocked, tokens > 0 ? 1 : 0, {}, LNMLP_DTYPE_U8},
+      {all && fp8, tokens * F, {}, LNMLP_DTYPE_U8},
+      {all && blocked, tokens > 0 ? 1 : 0, {}, LNMLP_DTYPE_U8},
+  };
+  std::vector<std::pair<int64_t, int64_t>> spans;  // offset, bytes
+  for (int32_t sec = 0; sec < LNMLP_SAVED_COUNT; ++sec) {
+    int64_t offset = -9, rank = -9, dims[LNMLP_MAX_TENSOR_RANK] = {-9, -9, -9};
+    int32_t dtype = -9;
+    EXPECT_STATUS(API(lnmlp_plan_get_saved_section(plan, sec, tokens, &offset, &rank, dims, &dtype)), LNMLP_SUCCESS);
+    const Want& w = want[sec];
+    if (!w.present) {
+      FUZZ_CHECK(offset == -1 && rank == -1, "saved section %d: offset %lld rank %lld, but the plan does not save it",
+                 sec, static_cast<long long>(offset), static_cast<long long>(rank));
+      continue;
+    }
+    FUZZ_CHECK(dtype == w.dtype, "saved section %d: dtype %d, expected %d", sec, dtype, w.dtype);
+    int64_t elems = 1;
+    if (w.dims.empty()) {
+      FUZZ_CHECK(rank == 1 && dims[0] >= w.min_bytes, "saved section %d: rank %lld, %lld bytes (at least %lld)", sec,
+                 static_cast<long long>(rank), static_cast<long long>(dims[0]), static_cast<long long>(w.min_bytes));
+      elems = dims[0];
+    } else {
+      FUZZ_CHECK(rank == static_cast<int64_t>(w.dims.size()), "saved section %d: rank %lld, expected %zu", sec,
+                 static_cast<long long>(rank), w.dims.size());
+      for (size_t i = 0; i < w.dims.size(); ++i) {
+        FUZZ_CHECK(dims[i] == w.dims[i], "saved section %d: dims[%zu] = %lld, expected %lld", sec, i,
+                   static_cast<long long>(dims[i]), static_cast<long long>(w.dims[i]));
+        elems *= w.dims[i];
+      }
+    }
+    const int64_t bytes = elems * fuzz::elem_bytes(w.dtype);
+    FUZZ_CHECK(offset >= 0 && offset % 256 == 0 && offset + bytes <= call_bytes,
+               "saved section %d at %lld, %lld bytes: not 256-aligned inside the call's %lld bytes", sec,
+               static_cast<long long>(offset), static_cast<long long>(bytes), static_cast<long long>(call_bytes));
+    if (bytes > 0) spans.emplace_back(offset, bytes);
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i)
+    FUZZ_CHECK(spans[i - 1].first + spans[i - 1].second <= spans[i].first,
+               "saved sections overlap: [%lld, +%lld) and [%lld, +%lld)", static_cast<long long>(spans[i - 1].first),
+               static_cast<long long>(spans[i - 1].second), static_cast<long long>(spans[i].first),
+               static_cast<long long>(spans[i].second));
+}
+
 // Every query of a fresh plan, checked against the model and the header's arithmetic.
 void check_queries(lnmlp_plan* plan, const Model& m, Reader& r) {
   int64_t ws = -1, saved = -1, per_token = -1, align = -1, hist = -1, state_bytes = -1;
@@ -447,17 +569,20 @@ void check_queries(lnmlp_plan* plan, const Model& m, Reader& r) {
 
   // Saved bytes per token (LNMLP_REMAT_*): 4 (rmsnorm) or 8 (layernorm) of statistics, then per
   // policy; FP8 recipes save 1-byte codes of the norm and activation outputs (and block scales).
+  // The norm output (lnmlp_desc_set_norm_output) adds e*H where the policy does not save it.
   const int64_t e = fuzz::elem_bytes(m.dtype), A = m.num_acts, H = m.H, F = m.F;
   const int64_t stats = m.norm == LNMLP_NORM_RMSNORM ? 4 : 8;
   const bool fp8 = m.recipe != LNMLP_RECIPE_NONE;
   const bool blocked = m.recipe == LNMLP_RECIPE_BLOCK || m.recipe == LNMLP_RECIPE_MXFP8;
+  const bool saves_norm_output = m.norm_output || (m.remat == LNMLP_REMAT_SAVE_ALL && !fp8);
   int64_t want = 0;
   switch (m.remat) {
-    case LNMLP_REMAT_SAVE_ALL: want = stats + e * A * F + (fp8 ? H + F : e * (H + F)); break;
+    case LNMLP_REMAT_SAVE_ALL: want = stats + e * A * F + (fp8 ? H + F : e * F); break;
     case LNMLP_REMAT_SAVE_FFN1: want = stats + e * A * F; break;
     case LNMLP_REMAT_SAVE_STATS: want = stats; break;
     default: want = 0; break;
   }
+  if (saves_norm_output) want += e * H;
   if (blocked && m.remat == LNMLP_REMAT_SAVE_ALL) {
     FUZZ_CHECK(per_token >= want, "saved bytes per token %lld < %lld", static_cast<long long>(per_token),
                static_cast<long long>(want));
@@ -467,9 +592,8 @@ void check_queries(lnmlp_plan* plan, const Model& m, Reader& r) {
   }
   // The buffer holds T tokens' bytes (block scales, which per_token rounds up to whole bytes per
   // token, come per block of 128 or 32 tokens: `want` leaves them out).
-  FUZZ_CHECK(m.remat == LNMLP_REMAT_FORWARD_ONLY ? saved == 0 : saved >= want * m.T,
-             "saved bytes %lld for %lld tokens of %lld bytes (remat %d)", static_cast<long long>(saved),
-             static_cast<long long>(m.T), static_cast<long long>(want), m.remat);
+  FUZZ_CHECK(want == 0 ? saved == 0 : saved >= want * m.T, "saved bytes %lld for %lld tokens of %lld bytes (remat %d)",
+             static_cast<long long>(saved), static_cast<long long>(m.T), static_cast<long long>(want), m.remat);
 
   // Every tensor's shape at the most tokens, against the header's table.
   const int32_t io = m.dtype, wt = m.weight_type(), wg = m.grad_type();
@@ -482,10 +606,19 @@ void check_queries(lnmlp_plan* plan, const Model& m, Reader& r) {
     if (m.norm == LNMLP_NORM_RMSNORM) expect_absent(s, t);
     else expect_dims(s, t, {H}, io);
   }
-  expect_dims(shape(plan, LNMLP_TENSOR_W1, LNMLP_TOKENS_MAX), LNMLP_TENSOR_W1, {H, A, F}, wt);
-  expect_dims(shape(plan, LNMLP_TENSOR_DW1, LNMLP_TOKENS_MAX), LNMLP_TENSOR_DW1, {H, A, F}, wg);
-  expect_dims(shape(plan, LNMLP_TENSOR_W2, LNMLP_TOKENS_MAX), LNMLP_TENSOR_W2, {F, H}, wt);
-  expect_dims(shape(plan, LNMLP_TENSOR_DW2, LNMLP_TOKENS_MAX), LNMLP_TENSOR_DW2, {F, H}, wg);
+  // W1, W2 and their gradients in the plan's weight layout (OUT_IN: W1 [A, F, H], W2 [H, F]).
+  const bool out_in = m.weight_layout == LNMLP_WEIGHT_LAYOUT_OUT_IN;
+  for (int32_t t : {LNMLP_TENSOR_W1, LNMLP_TENSOR_DW1, LNMLP_TENSOR_W2, LNMLP_TENSOR_DW2}) {
+    const Shape s = shape(plan, t, LNMLP_TOKENS_MAX);
+    const int32_t dt = t == LNMLP_TENSOR_W1 || t == LNMLP_TENSOR_W2 ? wt : wg;
+    if (t == LNMLP_TENSOR_W1 || t == LNMLP_TENSOR_DW1) {
+      if (out_in) expect_dims(s, t, {A, F, H}, dt);
+      else expect_dims(s, t, {H, A, F}, dt);
+    } else {
+      if (out_in) expect_dims(s, t, {H, F}, dt);
+      else expect_dims(s, t, {F, H}, dt);
+    }
+  }
   const Shape b1 = shape(plan, LNMLP_TENSOR_B1, LNMLP_TOKENS_MAX),
               db1 = shape(plan, LNMLP_TENSOR_DB1, LNMLP_TOKENS_MAX);
   const Shape b2 = shape(plan, LNMLP_TENSOR_B2, LNMLP_TOKENS_MAX),
@@ -526,11 +659,35 @@ void check_queries(lnmlp_plan* plan, const Model& m, Reader& r) {
                  static_cast<long long>(tc), static_cast<long long>(s.dims[0]), static_cast<long long>(saved),
                  static_cast<long long>(want));
     }
+    check_saved_sections(plan, m, tc, saved > 0 ? s.dims[0] : 0);
   } else {
     FUZZ_CHECK(tc == LNMLP_TOKENS_MAX ? st == LNMLP_SUCCESS : st == LNMLP_ERROR_INVALID_ARGUMENT,
                "get_tensor_shape with tokens %lld: %s", static_cast<long long>(tc), lnmlp_status_string(st));
     if (st != LNMLP_SUCCESS)
       FUZZ_CHECK(rank == -9 && dims[0] == -9 && dims[2] == -9 && dtype == -9, "a failed get_tensor_shape wrote");
+  }
+  check_saved_sections(plan, m, T, saved);
+  // An unknown section, a bad token count and NULL outputs: refused, nothing written.
+  {
+    const int32_t sec = r.pick32(0, LNMLP_SAVED_COUNT);
+    const int64_t tokens = r.pick(0, T);
+    int64_t offset = -9, rank2 = -9, dims2[3] = {-9, -9, -9};
+    int32_t dtype2 = -9;
+    const int32_t st2 = API(lnmlp_plan_get_saved_section(plan, sec, tokens, &offset, &rank2, dims2, &dtype2));
+    if (sec >= 0 && sec < LNMLP_SAVED_COUNT && ((tokens >= 0 && tokens <= T) || tokens == LNMLP_TOKENS_MAX)) {
+      EXPECT_STATUS(st2, LNMLP_SUCCESS);
+    } else {
+      EXPECT_STATUS(st2, LNMLP_ERROR_INVALID_ARGUMENT);
+      FUZZ_CHECK(offset == -9 && rank2 == -9 && dims2[0] == -9 && dtype2 == -9, "a failed get_saved_section wrote");
+    }
+    EXPECT_STATUS(API(lnmlp_plan_get_saved_section(plan, 0, 0, nullptr, &rank2, dims2, &dtype2)),
+                  LNMLP_ERROR_NULL_POINTER);
+    EXPECT_STATUS(API(lnmlp_plan_get_saved_section(plan, 0, 0, &offset, nullptr, dims2, &dtype2)),
+                  LNMLP_ERROR_NULL_POINTER);
+    EXPECT_STATUS(API(lnmlp_plan_get_saved_section(plan, 0, 0, &offset, &rank2, nullptr, &dtype2)),
+                  LNMLP_ERROR_NULL_POINTER);
+    EXPECT_STATUS(API(lnmlp_plan_get_saved_section(plan, 0, 0, &offset, &rank2, dims2, nullptr)),
+                  LNMLP_ERROR_NULL_POINTER);
   }
   // Unknown tensors and NULL outputs.
   const int32_t bad = r.pick32(LNMLP_TENSOR_COUNT, LNMLP_TENSOR_COUNT + 1);

@@ -83,7 +83,7 @@ def fill(mode=0, seed=1):
 
 OP = dict(shape=0, norm=1, zcg=2, epsilon=3, acts=4, clamped=5, bias=6, dtype=7, remat=8, backend=9, threads=10,
           wgrads=11, wdtype=12, recipe=13, fp8_format=14, delayed=15, scaling=16, ext_ws=17, sharding=18, comm=19,
-          null_desc=20, stale_desc=21, query=22)
+          null_desc=20, stale_desc=21, query=22, prepared=23, norm_output=24, wlayout=25, gemm_math=26)
 ACT = dict(linear=0, relu=1, gelu=2, silu=3, quick_gelu=4, squared_relu=5, sigmoid=6, clamped_silu=7,
            clamped_linear=8)
 DT = dict(f32=0, bf16=1, f16=2)
@@ -142,13 +142,17 @@ class PlanSeed:
         self.cfg["ext"] = on
         return self.op("ext_ws", pick(on, 0, 1))
 
-    def encode(self, iterations, wmode=0, bad_tensor=18, query_tokens=None, seed=7):
+    def prepared(self, *tokens):
+        return self.op("prepared", pick(len(tokens), 0, 32) + u8(0) + b"".join(dim(t) for t in tokens))
+
+    def encode(self, iterations, wmode=0, bad_tensor=18, query_tokens=None, section=2, seed=7):
         """iterations: dicts with tokens, flags, state (mode byte), fwd / bwd (mutation bytes), and
         bwd_runs=False where the forward fails with valid tokens and flags (no backward then)."""
         c = self.cfg
         out = u8(len(self.ops)) + b"".join(self.ops)
         qt = c["T"] if query_tokens is None else query_tokens
-        out += (pick(qt, 0, c["T"]) if qt < 0xE0 else hostile(22)) + pick(bad_tensor, 18, 19)
+        out += pick(qt, 0, c["T"]) if qt < 0xE0 else hostile(22)
+        out += pick(section, 0, 10) + pick(c["T"] if c["T"] < 0xE0 else 0, 0, c["T"]) + pick(bad_tensor, 18, 19)
         out += u8(wmode)
         # Runner: gamma, beta (LayerNorm), w1, b1, w2, b2 as present.
         present = ["gamma"] + (["beta"] if c["norm"] == 0 else []) + ["w1"] + (["b1"] if c["b1"] else []) + ["w2"] + \
@@ -221,6 +225,14 @@ def plan_seeds():
     s["external_workspace_never_attached"] = PlanSeed().shape(4, 8, 8).ext_ws(1).encode([dict(tokens=4)], wmode=7)
     s["huge_shape_refused"] = PlanSeed().op("shape", u8(0xE2) + dim(1) + dim(1)).encode([])
     s["medium_shape_created_not_run"] = PlanSeed().shape(512, 128, 1000).encode([])
+    s["prepared_counts_norm_output_out_in"] = (
+        PlanSeed().shape(16, 16, 32).acts("silu", "linear").bias(1, 1).prepared(4, 9, 16, 9).op("norm_output", pick(1, 0, 1))
+        .op("wlayout", pick(1, 0, 1)).op("gemm_math", pick(3, 0, 3)).remat("save_stats")
+        .encode([dict(tokens=9), dict(tokens=4, flags=1), dict(tokens=5)], section=2))
+    s["norm_output_forward_only_delayed"] = (
+        PlanSeed().shape(8, 16, 16).recipe("delayed").delayed(0, 2, 0).remat("forward_only").op("norm_output", pick(1, 0, 1))
+        .encode([dict(tokens=8), dict(tokens=3)], section=5))
+    s["prepared_count_above_tokens_refused"] = PlanSeed().shape(8, 8, 8).prepared(3, 9).encode([])
     return s
 
 

@@ -569,7 +569,8 @@ extern "C" {
     /// @param\[out\] bytes
     pub fn lnmlp_plan_get_workspace_bytes(plan: *const lnmlp_plan, bytes: *mut i64) -> i32;
     /// Bytes of the buffer forward writes and backward reads for the plan's most tokens (0 for
-    /// FORWARD_ONLY): a buffer this large serves every call. The bytes a call with fewer tokens uses
+    /// FORWARD_ONLY, unless lnmlp_desc_set_norm_output asks for the norm output): a buffer this large
+    /// serves every call. The bytes a call with fewer tokens uses
     /// are lnmlp_plan_get_tensor_shape's LNMLP_TENSOR_SAVED.
     /// @since 0.1
     /// @param\[in\] plan
