@@ -79,6 +79,7 @@ const char* cublaslt_description() { return "cuBLASLt (CPU emulation)"; }
 
 LtGemm::LtGemm(cublasLtHandle_t handle, const LtShape& s, int64_t, const char* name)
     : handle_(handle), shape_(s), name_(name) {
+  cuda_emulation::note_gemm_made();
   if ((s.scale_a != LtScale::Tensor || s.scale_b != LtScale::Tensor) && !cublaslt_has_block_scaling())
     fail(LNMLP_ERROR_NOT_SUPPORTED, "no block-scaled FP8 GEMM for ", name, " (LNMLP_EMULATION_NO_BLOCK_SCALING)");
   if (is_fp8(s.a) && s.c != LtType::F32 && refuse("LNMLP_EMULATION_NO_FUSED_OUTPUT"))

@@ -26,6 +26,8 @@ namespace {
 std::mutex g_launch;  // one block at a time: __shared__ variables are statics, threadIdx a global
 std::mutex g_memory;
 std::map<const char*, size_t> g_device_ranges;
+std::atomic<long> g_device_allocations{0};
+std::atomic<long> g_gemms_made{0};
 
 // Errors as the runtime reports them (cuda_runtime_api.h's run_grid): a launch's configuration
 // error, per thread until cudaGetLastError reads it; an injected kernel fault, for the process,
@@ -229,7 +231,13 @@ void run_grid(dim3 grid, dim3 block_dim, const char* kernel, const std::function
 }
 }  // namespace cuda_emulation
 
+namespace cuda_emulation {
+Counts counts() { return Counts{g_device_allocations.load(), g_gemms_made.load()}; }
+void note_gemm_made() { ++g_gemms_made; }
+}  // namespace cuda_emulation
+
 cudaError_t cudaMalloc(void** p, size_t bytes) {
+  ++g_device_allocations;
   *p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
   if (*p == nullptr) return cudaErrorMemoryAllocation;
   std::lock_guard<std::mutex> lock(g_memory);

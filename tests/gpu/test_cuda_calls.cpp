@@ -27,6 +27,21 @@ lnmlp_ref::Config config(int64_t tokens, bool gated) {
   return c;
 }
 
+// The emulation's counts of device allocations and GEMMs made (cuda_emulation::counts); zeros on a
+// GPU, where only the emulation can count them.
+struct EmulationCounts {
+  long device_allocations = 0;
+  long gemms_made = 0;
+};
+EmulationCounts emulation_counts() {
+#ifdef LNMLP_CUDA_EMULATED_RUNTIME
+  const cuda_emulation::Counts c = cuda_emulation::counts();
+  return {c.device_allocations, c.gemms_made};
+#else
+  return {};
+#endif
+}
+
 // One plan on either backend, and the calls the tests make on it: its tensors in the backend's
 // memory (uploaded once), its outputs read back into RunResult's host buffers.
 class Calls {
@@ -63,6 +78,7 @@ class Calls {
          *w2 = place(pr.bw2), *b2 = place(pr.bb2);
     void *y = place(r.y), *dx = place(r.dx), *dgamma = place(r.dgamma), *dbeta = place(r.dbeta);
     void *dw1 = place(r.dw1), *db1 = place(r.db1), *dw2 = place(r.dw2), *db2 = place(r.db2);
+    const EmulationCounts before = emulation_counts();
     const int32_t f =
         lnmlp_plan_forward(plan_.get(), t, x, gamma, beta, w1, b1, w2, b2, y, saved_, fp8_state, flags, nullptr);
     if (f != LNMLP_SUCCESS) throw std::runtime_error(std::string("forward: ") + lnmlp_last_error());
@@ -70,6 +86,9 @@ class Calls {
                                           dw1, db1, dw2, db2, fp8_state, flags, nullptr);
     if (b != LNMLP_SUCCESS) throw std::runtime_error(std::string("backward: ") + lnmlp_last_error());
     if (cuda_) CUDA_TEST_CHECK(cudaDeviceSynchronize());
+    const EmulationCounts after = emulation_counts();
+    last_step_.device_allocations = after.device_allocations - before.device_allocations;
+    last_step_.gemms_made = after.gemms_made - before.gemms_made;
     read_back(r.y, y);
     read_back(r.dx, dx);
     read_back(r.dgamma, dgamma);
@@ -94,6 +113,9 @@ class Calls {
     grads_.db2 = r.db2;
     return r;
   }
+
+  // What the emulated runtime did inside the last step's forward and backward (zeros elsewhere).
+  EmulationCounts last_step() const { return last_step_; }
 
   // Fresh parameter-gradient buffers of the plan's gradient dtype, holding `v` everywhere.
   RunResult gradients(double v) const {
@@ -137,6 +159,7 @@ class Calls {
   void* saved_ = nullptr;
   int32_t grad_type_ = LNMLP_DTYPE_F32;
   RunResult grads_;
+  EmulationCounts last_step_;
   std::vector<DeviceBuffer> device_;
   std::vector<AlignedMemory> host_;
 };
@@ -329,6 +352,38 @@ TEST(CudaCallsEdges, ACountNeedingMoreStagingThanThePlanHoldsIsRefused) {
   cpu_small.set_gradients(cpu_small.gradients(0.0));
   expect_close(cuda_prepared.step(small), cpu_small.step(small), gpu_vs_cpu_tolerance(LNMLP_DTYPE_BF16),
                "a prepared count that needs more staging");
+}
+
+// What a call allocates (lnmlp_desc_set_prepared_tokens): with the plan's count or a prepared one
+// a CUDA call makes no GEMM (on a GPU: no cuBLASLt descriptor, layout or algorithm query, which
+// allocate host memory) and allocates no device memory; another count makes its GEMMs in its
+// first call, and still allocates no device memory (a count whose GEMMs would need more is
+// refused instead: the test above). Unquantized, per-tensor and block-scaled plans; the counts
+// are the emulation's (cudaMalloc calls and GEMM constructions), so elsewhere the test skips.
+TEST(CudaCallsEdges, APreparedCountMakesNothingInACall) {
+  SKIP_WITHOUT_GPU();
+#ifndef LNMLP_CUDA_EMULATED_RUNTIME
+  GTEST_SKIP() << "counts the CUDA emulation's cudaMalloc calls and GEMM constructions";
+#endif
+  constexpr int64_t kPrepared = 32, kNew = 48;  // multiples of 16, as per-tensor FP8 GEMMs need
+  for (int32_t recipe : {LNMLP_RECIPE_NONE, LNMLP_RECIPE_CURRENT, LNMLP_RECIPE_BLOCK}) {
+    SCOPED_TRACE("recipe " + std::to_string(recipe));
+    const Problem full = make_problem(config(kMaxTokens, true), LNMLP_DTYPE_BF16, 95);
+    // Plan creation is where both happen (the counters count).
+    const EmulationCounts before = emulation_counts();
+    Calls cuda(full, LNMLP_BACKEND_CUDA, recipe, PlanCalls{kMaxTokens}, {kPrepared});
+    EXPECT_GT(emulation_counts().device_allocations, before.device_allocations);
+    EXPECT_GT(emulation_counts().gemms_made, before.gemms_made);
+    cuda.set_gradients(cuda.gradients(0.0));
+    // (tokens, whether the call makes GEMMs): the new count only in its first call.
+    for (auto [tokens, makes] : {std::pair{kMaxTokens, false}, {kPrepared, false}, {kNew, true}, {kNew, false}}) {
+      SCOPED_TRACE("a call with " + std::to_string(tokens) + " tokens");
+      cuda.step(with_parameters(make_problem(config(tokens, true), LNMLP_DTYPE_BF16, 96), full));
+      EXPECT_EQ(cuda.last_step().device_allocations, 0);
+      if (makes) EXPECT_GT(cuda.last_step().gemms_made, 0) << "a count neither the plan's nor prepared makes its GEMMs";
+      else EXPECT_EQ(cuda.last_step().gemms_made, 0);
+    }
+  }
 }
 
 // A kernel that faults while it runs is named by the call that launched it under

@@ -165,6 +165,20 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 
+// ---- what the emulation has done, for tests of what a call allocates ----
+// Defined by this header only: a test counts with it where the runtime is the emulation.
+#define LNMLP_CUDA_EMULATED_RUNTIME 1
+namespace cuda_emulation {
+struct Counts {
+  long device_allocations = 0;  // cudaMalloc and cudaMallocManaged calls
+  long gemms_made = 0;          // LtGemm constructions: on a GPU, cuBLASLt descriptors, layouts and an
+                                // algorithm query, i.e. host allocations (emulated_gemm.cpp)
+};
+// Since the process started (every thread's).
+Counts counts();
+void note_gemm_made();
+}  // namespace cuda_emulation
+
 // ---- launches ----
 namespace cuda_emulation {
 // Runs body() for every thread of every block of the grid, on the calling thread: the blocks one
