@@ -78,6 +78,15 @@ void check_setter(const char* what, int32_t st, Expect e) {
   }
 }
 
+// A setter of one 0/1 flag, called with int(0,1): it must succeed exactly for 0 and 1. Returns the
+// value the descriptor now holds, or -1 when the call failed.
+template <typename Setter> int32_t set_flag(Reader& r, const char* what, Setter set) {
+  const int32_t v = r.pick32(0, 1);
+  const int32_t st = set(v);
+  check_setter(what, st, is_bool(v) ? kMustSucceed : kMustFail);
+  return st == LNMLP_SUCCESS ? v : -1;
+}
+
 // Tensor dims: mostly 1..64, sometimes a few up to 4096 (plans created, not run), sometimes hostile.
 int64_t pick_dim(Reader& r) {
   static const int64_t kMedium[32] = {65,   96,   100,  127,  128,  129,  130,  144,  160,  192, 255,
@@ -181,18 +190,14 @@ void run_op(Reader& r, lnmlp_desc* desc, lnmlp_desc* stale, Model& m) {
       break;
     }
     case kOpNorm: {
-      const int32_t v = r.pick32(0, 1);
-      const int32_t st = API(lnmlp_desc_set_norm(desc, v));
-      check_setter("set_norm", st, is_bool(v) ? kMustSucceed : kMustFail);
-      if (st == LNMLP_SUCCESS) m.norm = v;
+      const int32_t v = set_flag(r, "set_norm", [&](int32_t f) { return API(lnmlp_desc_set_norm(desc, f)); });
+      if (v >= 0) m.norm = v;
       break;
     }
-    case kOpZeroCenteredGamma: {
-      const int32_t v = r.pick32(0, 1);
-      check_setter("set_zero_centered_gamma", API(lnmlp_desc_set_zero_centered_gamma(desc, v)),
-                   is_bool(v) ? kMustSucceed : kMustFail);
+    case kOpZeroCenteredGamma:
+      set_flag(r, "set_zero_centered_gamma",
+               [&](int32_t f) { return API(lnmlp_desc_set_zero_centered_gamma(desc, f)); });
       break;
-    }
     case kOpEpsilon: {
       const float v = r.pick_float();
       check_setter("set_epsilon", API(lnmlp_desc_set_epsilon(desc, v)),
@@ -321,10 +326,9 @@ void run_op(Reader& r, lnmlp_desc* desc, lnmlp_desc* stale, Model& m) {
       break;
     }
     case kOpExternalWorkspace: {
-      const int32_t v = r.pick32(0, 1);
-      const int32_t st = API(lnmlp_desc_set_external_workspace(desc, v));
-      check_setter("set_external_workspace", st, is_bool(v) ? kMustSucceed : kMustFail);
-      if (st == LNMLP_SUCCESS) m.external_workspace = v;
+      const int32_t v = set_flag(r, "set_external_workspace",
+                                 [&](int32_t f) { return API(lnmlp_desc_set_external_workspace(desc, f)); });
+      if (v >= 0) m.external_workspace = v;
       break;
     }
     case kOpSharding: {
@@ -369,17 +373,15 @@ void run_op(Reader& r, lnmlp_desc* desc, lnmlp_desc* stale, Model& m) {
       break;
     }
     case kOpNormOutput: {
-      const int32_t v = r.pick32(0, 1);
-      const int32_t st = API(lnmlp_desc_set_norm_output(desc, v));
-      check_setter("set_norm_output", st, is_bool(v) ? kMustSucceed : kMustFail);
-      if (st == LNMLP_SUCCESS) m.norm_output = v;
+      const int32_t v =
+          set_flag(r, "set_norm_output", [&](int32_t f) { return API(lnmlp_desc_set_norm_output(desc, f)); });
+      if (v >= 0) m.norm_output = v;
       break;
     }
     case kOpWeightLayout: {
-      const int32_t v = r.pick32(0, 1);
-      const int32_t st = API(lnmlp_desc_set_weight_layout(desc, v));
-      check_setter("set_weight_layout", st, is_bool(v) ? kMustSucceed : kMustFail);
-      if (st == LNMLP_SUCCESS) m.weight_layout = v;
+      const int32_t v =
+          set_flag(r, "set_weight_layout", [&](int32_t f) { return API(lnmlp_desc_set_weight_layout(desc, f)); });
+      if (v >= 0) m.weight_layout = v;
       break;
     }
     case kOpGemmMath: {

@@ -369,11 +369,13 @@ TEST(CudaCallsEdges, APreparedCountMakesNothingInACall) {
   for (int32_t recipe : {LNMLP_RECIPE_NONE, LNMLP_RECIPE_CURRENT, LNMLP_RECIPE_BLOCK}) {
     SCOPED_TRACE("recipe " + std::to_string(recipe));
     const Problem full = make_problem(config(kMaxTokens, true), LNMLP_DTYPE_BF16, 95);
-    // Plan creation is where both happen (the counters count).
+    // Plan creation alone is where both happen (the counters count).
     const EmulationCounts before = emulation_counts();
-    Calls cuda(full, LNMLP_BACKEND_CUDA, recipe, PlanCalls{kMaxTokens}, {kPrepared});
+    const PlanPtr created = plan_ptr(make_plan(full, LNMLP_REMAT_SAVE_ALL, LNMLP_BACKEND_CUDA, 0, recipe,
+                                               PlanSharding{}, PlanCalls{kMaxTokens}, {kPrepared}));
     EXPECT_GT(emulation_counts().device_allocations, before.device_allocations);
     EXPECT_GT(emulation_counts().gemms_made, before.gemms_made);
+    Calls cuda(full, LNMLP_BACKEND_CUDA, recipe, PlanCalls{kMaxTokens}, {kPrepared});
     cuda.set_gradients(cuda.gradients(0.0));
     // (tokens, whether the call makes GEMMs): the new count only in its first call.
     for (auto [tokens, makes] : {std::pair{kMaxTokens, false}, {kPrepared, false}, {kNew, true}, {kNew, false}}) {
