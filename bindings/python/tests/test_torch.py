@@ -2,7 +2,11 @@
 under torch.compile, against the independent float64 reference (_reference.py) and, under FP8,
 against the NumPy FP8 simulation (_fp8_sim.py); state_dict round trips; bad input."""
 
+import copy
+import gc
 import os
+import pickle
+import threading
 
 import numpy as np
 import pytest
@@ -306,6 +310,51 @@ def test_is_first_microbatch_false_reuses_the_fp8_weight_copies():
     assert not torch.equal(y_fresh, y1)
 
 
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copied_module_has_its_own_plans_and_weight_copies(how):
+    """A deep copy (an EMA or reference model) or an unpickled module used to share the original's
+    plans, so is_first_microbatch=False computed with the other module's FP8 weights."""
+    torch.manual_seed(8)
+    m = lt.LayerNormMLP(H, F, activation="gelu", fp8_recipe=lnmlp.Float8CurrentScaling())
+    x = torch.randn(16, H)
+    with torch.no_grad():
+        y_m = m(x, is_first_microbatch=True)
+        c = copy.deepcopy(m) if how == "deepcopy" else pickle.loads(pickle.dumps(m))
+        assert c._cfg.slot != m._cfg.slot
+        c.fc1_weight.mul_(2.0)
+        y_c = c(x, is_first_microbatch=False)  # the copy's first call: its own FP8 weights
+        y_c_fresh = c(x, is_first_microbatch=None)
+        y_m_again = m(x, is_first_microbatch=False)
+    torch.testing.assert_close(y_c, y_c_fresh, rtol=0, atol=0)
+    torch.testing.assert_close(y_m_again, y_m, rtol=0, atol=0)
+    assert not torch.equal(y_c, y_m)
+    before = _ops.plan_count()
+    del c
+    gc.collect()
+    assert _ops.plan_count() < before  # the copy's plans went with it, the original's stay
+    with torch.no_grad():
+        torch.testing.assert_close(m(x, is_first_microbatch=False), y_m, rtol=0, atol=0)
+
+
+def test_a_finished_threads_plans_are_closed():
+    before = _ops.plan_count()
+    made = []
+
+    def work():
+        x = torch.randn(5, H, requires_grad=True)
+        y = lt.layernorm_mlp(x, torch.ones(H), None, [torch.randn(H, 1, 40), torch.randn(40, H)], [None, None],
+                             "rmsnorm", activation_type=("silu",))
+        y.sum().backward()
+        made.append(_ops.plan_count())
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    gc.collect()
+    assert made and made[0] > before
+    assert _ops.plan_count() == before
+
+
 # ---- bad input -------------------------------------------------------------------------------------------
 
 def _call(**over):
@@ -332,6 +381,79 @@ def test_bad_input_raises_a_clear_error(over, match):
         _call(**over)
 
 
+def _op_call(recipe=lnmlp.DelayedScaling(amax_history_len=4)):
+    """Good arguments of each op (by name), for the refusal tests to spoil one at a time."""
+    cfg, x, gamma, beta, w1, b1, w2, b2, state = _op_args(recipe=recipe)
+    fwd = dict(x=x, gamma=gamma, beta=beta, w1=w1, b1=b1, w2=w2, b2=b2, state=state, main_dw1=None, main_dw2=None,
+               ints=cfg.ints(), floats=cfg.floats())
+    y, saved, state = torch.ops.lnmlp.forward(**fwd)
+    bwd = dict(dy=torch.randn_like(y), x=x, gamma=gamma, beta=beta, w1=w1, b1=b1, w2=w2, has_b2=True, saved=saved,
+               state=state, ints=cfg.ints(), floats=cfg.floats())
+    acc = dict(bwd, main_dw1=torch.zeros(w1.shape), main_dw2=torch.zeros(w2.shape),
+               ints=cfg.with_(grad_dtype=lnmlp._lib.DTYPE_F32).ints())
+    return dict(forward=fwd, backward=bwd, backward_accumulate=acc)
+
+
+_T, _A = 6, 2  # _op_args' tokens and activations
+_F32 = dict(dtype=torch.float32)
+
+
+@pytest.mark.parametrize("op, over, match", [
+    ("forward", dict(state=torch.ones(2, 5)), r"state must have shape \(6, 5\)"),
+    ("forward", dict(state=torch.ones(5, 6).t()), "state is not contiguous"),
+    ("forward", dict(state=None), "state is None, but this configuration needs it"),
+    ("forward", dict(w1=torch.ones(H + 1, _A, F)), "w1 must have shape"),
+    ("forward", dict(w1=torch.ones(H, _A * F)), "w1 must have shape"),
+    ("forward", dict(w2=torch.ones(F, H + 1)), "w2 must have shape"),
+    ("forward", dict(gamma=torch.ones(H - 1)), "gamma must have shape"),
+    ("forward", dict(gamma=torch.ones(H, dtype=torch.float16)), "gamma must be float32"),
+    ("forward", dict(beta=None), "beta is None"),
+    ("forward", dict(b1=torch.ones(_A, F - 1)), "b1 must have shape"),
+    ("forward", dict(b2=torch.ones(H + 3)), "b2 must have shape"),
+    ("forward", dict(x=torch.ones(_T, 0)), "x must have shape"),
+    ("forward", dict(x=torch.ones(H, _T).t()), "x is not contiguous"),
+    ("forward", dict(x=torch.ones(_T, H, dtype=torch.float64)), "x must be float32"),
+    ("forward", dict(main_dw1=torch.zeros(H, _A, F), main_dw2=None), "both given or both None"),
+    ("forward", dict(main_dw1=torch.zeros(H, _A, F), main_dw2=torch.zeros(F, H - 1)), "main_dw2 must have shape"),
+    ("forward", dict(ints=[0] * 3), "expected 10 ints"),
+    ("forward", dict(ints=lt._functional.config("layernorm", False, EPS, ("silu", "linear"), None, None)
+                     .with_(recipe=10 ** 6).ints()), "recipe 1000000 is not valid"),
+    ("forward", dict(ints=lt._functional.config("layernorm", False, EPS, ("silu", "linear"), None, None)
+                     .with_(act0=99, remat=7).ints()), "act0 99 is not valid, remat 7 is not valid"),
+    ("backward", dict(dy=torch.ones(_T - 1, H)), "dy must have shape"),
+    ("backward", dict(dy=torch.ones(_T, H, dtype=torch.bfloat16)), "dy must be float32"),
+    ("backward", dict(saved=torch.zeros(16, dtype=torch.uint8)), "saved must be the 1-D uint8 tensor"),
+    ("backward", dict(saved=torch.zeros(10 ** 5, **_F32)), "saved must be uint8"),
+    ("backward", dict(state=torch.ones(6, 2)), "state must have shape"),
+    ("backward", dict(w1=torch.ones(H, _A, F, dtype=torch.float16)), "the weights. dtype"),
+    ("backward_accumulate", dict(main_dw1=torch.zeros(H, _A, F, dtype=torch.bfloat16)), "main_dw1 must be float32"),
+    ("backward_accumulate", dict(main_dw2=torch.zeros(F - 1, H)), "main_dw2 must have shape"),
+    ("backward_accumulate", dict(main_dw2=torch.zeros(H, F).t()), "main_dw2 is not contiguous"),
+])
+def test_the_ops_refuse_what_does_not_fit_the_plan(op, over, match):
+    """torch.ops.lnmlp.* are public: each checks every tensor it reads or writes against the shapes
+    and dtypes the plan reports (before, a small state was written out of bounds, and a wrong w1,
+    gamma, b1, dy or saved read out of bounds), and its configuration."""
+    args = _op_call()[op]
+    args.update(over)
+    with pytest.raises(lnmlp.InvalidArgumentError, match=match):
+        getattr(torch.ops.lnmlp, op)(**args)
+
+
+def test_a_non_contiguous_delayed_scaling_state_is_refused():
+    """A dense but transposed state used to be read and written as if row-major."""
+    recipe = lnmlp.DelayedScaling(amax_history_len=5)
+    good = lt._functional.fresh_state(recipe)
+    qs = lt.QuantizerSet(recipe, state=good.t().contiguous().t())
+    assert torch.equal(qs.state, good) and not qs.state.is_contiguous()
+    d = make(1, np.float32, seed=9)
+    ts = {n: tensor(d[n], torch.float32) for n in NAMES}
+    with pytest.raises(lnmlp.InvalidArgumentError, match="must be contiguous"):
+        lt.layernorm_mlp(ts["x"], ts["gamma"], ts["beta"], [ts["k1"], ts["k2"]], [ts["b1"], ts["b2"]], "layernorm",
+                         activation_type=("gelu",), quantizer_set=qs)
+    assert torch.equal(qs.state, good)
+
+
 def test_bad_options_raise_a_clear_error():
     with pytest.raises(lnmlp.InvalidArgumentError, match="activation must be one of"):
         lt.LayerNormMLP(H, F, activation="tanh")
@@ -339,6 +461,23 @@ def test_bad_options_raise_a_clear_error():
         lt.LayerNormMLP(H, F, normalization="BatchNorm")
     with pytest.raises(lnmlp.NotSupportedError):
         lt.LayerNormMLP(H, F, return_layernorm_output=True)
+    with pytest.raises(lnmlp.InvalidArgumentError, match="params_dtype must be .* got torch.float64"):
+        lt.LayerNormMLP(H, F, params_dtype=torch.float64)
+
+
+@pytest.mark.parametrize("param, value, match", [
+    ("fc1_weight", torch.zeros(F, H, dtype=torch.float64), "fc1_weight must be float32"),
+    ("fc2_weight", torch.zeros(H, F + 1), "fc2_weight must have shape"),
+    ("layer_norm_weight", torch.zeros(H, 2)[:, 0], "layer_norm_weight is not contiguous"),
+    ("fc1_weight", torch.zeros(2 * F, H), "fc1_weight must have shape"),
+])
+def test_the_modules_errors_name_its_parameters(param, value, match):
+    m = lt.LayerNormMLP(H, F, activation="gelu")
+    setattr(m, param, torch.nn.Parameter(value))
+    with pytest.raises(lnmlp.InvalidArgumentError, match=match):
+        m(torch.zeros(3, H))
+    with pytest.raises(lnmlp.InvalidArgumentError, match=r"inp must be a tensor \[..., hidden_size\]"):
+        lt.LayerNormMLP(H, F)(torch.zeros(3, H + 1))
     with pytest.raises(lnmlp.InvalidArgumentError, match="quantizer_set"):
         _call_qs = make(1, np.float32)
         lt.layernorm_mlp(tensor(_call_qs["x"], torch.float32), tensor(_call_qs["gamma"], torch.float32),

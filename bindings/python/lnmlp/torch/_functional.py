@@ -19,8 +19,6 @@ __all__ = ["layernorm_mlp", "noop_quantizer_set", "QuantizerSet", "make_quantize
 #: TransformerEngine's ``noop_quantizer_set``: no FP8 quantization.
 noop_quantizer_set = None
 
-_IO_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
 
 class QuantizerSet:
     """The FP8 quantizers of one layernorm_mlp call site: ``recipe`` (an lnmlp recipe) and, for
@@ -84,25 +82,6 @@ def make_quantizer_set(recipe: Recipe, device="cpu") -> QuantizerSet:
     return QuantizerSet(recipe, device=device)
 
 
-def _tensor(name, t, x=None, dtypes=_IO_DTYPES):
-    """t, checked: a torch tensor on x's device, of a supported dtype, contiguous."""
-    if not isinstance(t, torch.Tensor):
-        raise InvalidArgumentError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        raise InvalidArgumentError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
-    if t.device.type not in ("cpu", "cuda"):
-        raise InvalidArgumentError(f"{name} is on {t.device}; lnmlp runs on CPU and CUDA tensors")
-    if x is not None and t.device != x.device:
-        raise InvalidArgumentError(f"{name} is on {t.device}, but x is on {x.device}")
-    if not t.is_contiguous():
-        raise InvalidArgumentError(f"{name} is not contiguous; lnmlp reads tensors in place: pass {name}.contiguous()")
-    return t
-
-
-def _shape_error(name, want, got):
-    return InvalidArgumentError(f"{name} must have shape {want}, got {tuple(got)}")
-
-
 def config(norm_type, zero_centered_gamma, epsilon, activation_type, act_params, recipe, slot=0, flags=0):
     """The ops' configuration for these settings (checked)."""
     if not isinstance(norm_type, str) or norm_type.lower() not in _plan._NORMS:
@@ -111,55 +90,28 @@ def config(norm_type, zero_centered_gamma, epsilon, activation_type, act_params,
     p = _plan.act_params_for(acts, act_params) or _plan.ActParams()
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not math.isfinite(epsilon) or epsilon < 0:
         raise InvalidArgumentError(f"epsilon must be a finite float >= 0, got {epsilon!r}")
-    return _ops._Config(slot=slot, norm=_plan._NORMS[norm_type.lower()], zero_centered_gamma=int(bool(zero_centered_gamma)),
+    return _ops._Config(slot=slot, norm=_plan._NORMS[norm_type.lower()],
+                        zero_centered_gamma=int(bool(zero_centered_gamma)),
                         act0=_plan.ACTIVATIONS[acts[0]], act1=_plan.ACTIVATIONS[acts[1]] if len(acts) > 1 else -1,
                         recipe=_ops.recipe_number(recipe), flags=flags, epsilon=float(epsilon),
                         clamp_limit=float(p.limit), clamp_alpha=float(p.alpha), clamp_offset=float(p.offset))
 
 
-def run(cfg, recipe, x, gamma, beta, w1, b1, w2, b2, state=None, main_grads=None):
+#: The functional API's names for the block's tensors, in its error messages.
+NAMES = dict(x="x", gamma="gamma", beta="beta", w1="kernel_1", b1="bias_1", w2="kernel_2", b2="bias_2")
+
+
+def run(cfg, recipe, x, gamma, beta, w1, b1, w2, b2, state=None, main_grads=None, names=NAMES):
     """y for x [..., H] with w1 [H, A, F] and w2 [F, H] (or, with cfg's out x in weight layout,
     w1 [A, F, H] and w2 [H, F]), b1 [A, F] or None, b2 [H] or None, after the checks every caller
-    gets: torch tensors on x's device, contiguous, of the right shapes. y is a fresh tensor of x's
+    gets: torch tensors on x's device, contiguous, of the right shapes (errors name them by `names`,
+    the caller's names for x, gamma, beta, w1, b1, w2, b2). y is a fresh tensor of x's
     shape, not a view (FSDP2 and others expect a module's output to own its storage).
     Parameters in another dtype than x are cast to it, as TransformerEngine casts them -- except
     fp32 weights with a bf16/f16 x under an FP8 recipe, quantized from fp32 (gradients fp32)."""
-    x = _tensor("x", x)
-    if x.dim() < 1:
-        raise InvalidArgumentError("x must have shape [..., H], got a scalar")
-    H = x.shape[-1]
-    w1 = _tensor("kernel_1", w1, x)
-    w2 = _tensor("kernel_2", w2, x)
-    A = len(cfg.activations)
-    if cfg.out_in:
-        if w1.dim() != 3 or w1.shape[0] != A or w1.shape[2] != H:
-            raise _shape_error("kernel_1", f"(A, F, H) = ({A}, F, {H})", w1.shape)
-    elif w1.dim() != 3 or w1.shape[0] != H or w1.shape[1] != A:
-        raise _shape_error("kernel_1", f"(H, A, F) = ({H}, {A}, F)", w1.shape)
-    F = cfg.ffn_of(w1)[1]
-    w2_shape = cfg.weight_shapes(H, A, F)[1]
-    if tuple(w2.shape) != w2_shape:
-        raise _shape_error("kernel_2", w2_shape, w2.shape)
-    gamma = _tensor("gamma", gamma, x)
-    if tuple(gamma.shape) != (H,):
-        raise _shape_error("gamma", (H,), gamma.shape)
-    if cfg.norm == _plan._NORMS["layernorm"]:
-        if beta is None:
-            raise InvalidArgumentError("beta is None, but layernorm needs it (shape (H,))")
-        beta = _tensor("beta", beta, x)
-        if tuple(beta.shape) != (H,):
-            raise _shape_error("beta", (H,), beta.shape)
-    else:
-        beta = None
-    if b1 is not None:
-        b1 = _tensor("bias_1", b1, x)
-        if tuple(b1.shape) != (A, F):
-            raise _shape_error("bias_1", (A, F), b1.shape)
-    if b2 is not None:
-        b2 = _tensor("bias_2", b2, x)
-        if tuple(b2.shape) != (H,):
-            raise _shape_error("bias_2", (H,), b2.shape)
-
+    if cfg.norm != _plan._NORMS["layernorm"]:
+        beta = None  # rmsnorm has none (TransformerEngine's layernorm_mlp ignores it)
+    _ops.check_operands(names, cfg, x, gamma, beta, w1, b1, w2, b2)
     dt = x.dtype
     cast = lambda p: None if p is None else p.to(dt)  # noqa: E731
     if recipe is not None and dt != torch.float32 and torch.float32 in (w1.dtype, w2.dtype):
@@ -174,6 +126,9 @@ def run(cfg, recipe, x, gamma, beta, w1, b1, w2, b2, state=None, main_grads=None
         want = (len(QUANTIZERS), 1 + recipe.amax_history_len)
         if not isinstance(state, torch.Tensor) or tuple(state.shape) != want or state.dtype != torch.float32:
             raise InvalidArgumentError(f"the delayed-scaling state must be a float32 tensor {want}")
+        if not state.is_contiguous():  # read and updated in place, row by row
+            raise InvalidArgumentError(f"the delayed-scaling state must be contiguous (a float32 tensor {want}, "
+                                       f"row-major), got strides {state.stride()}")
         if state.device != x.device:
             raise InvalidArgumentError(f"the delayed-scaling state is on {state.device}, but x is on {x.device}; "
                                        "move it (quantizer_set.to(device), or module.to(device))")

@@ -31,6 +31,9 @@ ACTIVATIONS = {"gelu": ("gelu",), "geglu": ("gelu", "linear"), "qgelu": ("quick_
                "srelu": ("squared_relu",), "sreglu": ("squared_relu", "linear"), "silu": ("silu",),
                "swiglu": ("silu", "linear"), "clamped_swiglu": ("clamped_silu", "clamped_linear")}
 _NORMALIZATIONS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}
+# The module's names for the block's tensors, in its error messages (TransformerEngine's).
+_NAMES = dict(x="inp", gamma="layer_norm_weight", beta="layer_norm_bias", w1="fc1_weight", b1="fc1_bias",
+              w2="fc2_weight", b2="fc2_bias")
 
 
 class _Fp8Autocast(threading.local):
@@ -124,6 +127,9 @@ class LayerNormMLP(torch.nn.Module):
         A = len(ACTIVATIONS[activation])
         H, F = hidden_size, ffn_hidden_size
         dtype = params_dtype if params_dtype is not None else torch.get_default_dtype()
+        if dtype not in _ops._DTYPES:
+            raise InvalidArgumentError(f"params_dtype must be torch.float32, torch.bfloat16 or torch.float16, got "
+                                       f"{dtype}{'' if params_dtype is not None else ' (the default dtype)'}")
         kw = dict(dtype=dtype, device=device)
         param = lambda present, t: torch.nn.Parameter(t) if present else None  # noqa: E731
         self.register_parameter("layer_norm_weight", param(True, torch.empty(H, **kw)))
@@ -139,6 +145,14 @@ class LayerNormMLP(torch.nn.Module):
         if fp8_recipe is not None and fp8_recipe.stateful:
             self.fp8_state = _functional.fresh_state(fp8_recipe, device)
         self.reset_parameters()
+
+    def __setstate__(self, state):
+        # copy.deepcopy and pickle come here: the copy gets its own slot (its own plans, so its own
+        # FP8 and widened weight copies, which is_first_microbatch=False reuses) and frees it when
+        # collected; the original's slot number in the state names the original's plans.
+        super().__setstate__(state)
+        self._cfg = self._cfg.with_(slot=next(_slots))
+        weakref.finalize(self, _ops.drop_slot, self._cfg.slot)
 
     def reset_parameters(self):
         with torch.no_grad():
@@ -207,10 +221,17 @@ class LayerNormMLP(torch.nn.Module):
         recipe = self._recipe()
         A = len(self._cfg.activations)
         H, F = self.hidden_size, self.ffn_hidden_size
+        if not isinstance(inp, torch.Tensor) or inp.dim() < 1 or inp.shape[-1] != H:
+            got = tuple(inp.shape) if isinstance(inp, torch.Tensor) else type(inp).__name__
+            raise InvalidArgumentError(f"inp must be a tensor [..., hidden_size] = [..., {H}], got {got}")
         flags = 0
         if is_first_microbatch is False:
             flags = _ops._lib.CALL_WEIGHTS_UNCHANGED
         cfg = self._cfg.with_(recipe=_ops.recipe_number(recipe), flags=flags)
+        for name, want in (("fc1_weight", (A * F, H)), ("fc1_bias", (A * F,))):
+            p = getattr(self, name)
+            if p is not None and tuple(p.shape) != want:  # one replaced since construction
+                raise InvalidArgumentError(f"{name} must have shape {want}, got {tuple(p.shape)}")
         # The weights in place ([A*F, H] read as [A, F, H]); a copy only if someone replaced one by a
         # non-contiguous tensor.
         w1, w2 = self.fc1_weight.contiguous().view(A, F, H), self.fc2_weight.contiguous()
@@ -218,7 +239,7 @@ class LayerNormMLP(torch.nn.Module):
         b2 = None if self.fc2_bias is None or self.return_bias else self.fc2_bias
         main = self._main_grads(A, F) if self.fuse_wgrad_accumulation and torch.is_grad_enabled() else None
         y = _functional.run(cfg, recipe, inp, self.layer_norm_weight, self.layer_norm_bias, w1, b1, w2, b2,
-                            self._state_for(recipe), main_grads=main)
+                            self._state_for(recipe), main_grads=main, names=_NAMES)
         if self.return_bias:
             return y, self.fc2_bias
         return y

@@ -22,19 +22,22 @@ copies the backward quantizers' update into the caller's state tensor the same w
 
 Tensors are passed to the C library by pointer, with no copies: x is ``[..., H]`` (every leading
 index a token), w1 ``[H, A, F]`` and w2 ``[F, H]`` (JAX's kernels, the configuration's
-``weight_layout`` 0) or ``[A, F, H]`` and ``[H, F]`` (``nn.Linear``'s weights, 1), all contiguous
-(the wrappers refuse anything else with a clear error); dW1 and dW2 come back in the weights' layout. CPU tensors
-run on the CPU backend, CUDA tensors on the CUDA backend on ``torch.cuda.current_stream()``.
+``weight_layout`` 0) or ``[A, F, H]`` and ``[H, F]`` (``nn.Linear``'s weights, 1), all contiguous;
+dW1 and dW2 come back in the weights' layout. The ops are public, so each checks every tensor it
+reads or writes, and its configuration, before the library sees a pointer: the block's shapes, then
+each tensor's dtype and shape against what the plan reports (``_checked_plan``). CPU tensors run on
+the CPU backend, CUDA tensors on the CUDA backend on ``torch.cuda.current_stream()``.
 
 The configuration travels as two lists (``ints``, ``floats``; ``_Config`` packs and unpacks them),
 and the plan behind a call comes from a cache keyed by the configuration, device and dtypes; on the
 CPU by thread too (a plan's lock keeps its calls one at a time, and a CPU call holds it for the
-whole computation), on a GPU by stream instead (a call only enqueues, and calls on one stream are
-ordered: forward and autograd's backward, which runs on its own thread, then share the plan and its
-workspace); and by a *slot*: 0 for the functional API's
-shared plans, a module's own number for a module's plans (their kept weight copies are then that
-module's, which ``is_first_microbatch=False`` relies on). On the CPU a plan serves every token
-count up to the largest seen so far (ABI 2's tokens per call); a larger call replaces it.
+whole computation; a thread's plans are closed when the thread ends), on a GPU by stream instead (a
+call only enqueues, and calls on one stream are ordered: forward and autograd's backward, which
+runs on its own thread, then share the plan and its workspace); and by a *slot*: 0 for the
+functional API's shared plans, a module's own number for a module's plans (their kept weight copies
+are then that module's, which ``is_first_microbatch=False`` relies on; a deep copy or an unpickled
+module gets a new slot). On the CPU a plan serves every token count up to the largest seen so far
+(ABI 2's tokens per call); a larger call replaces it.
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import itertools
 import threading
+import weakref
 from typing import List, Optional
 
 import numpy as np
@@ -139,7 +144,138 @@ def _unpack(ints: tuple, floats: tuple) -> _Config:
     if len(ints) != len(_Config._INTS) or len(floats) != len(_Config._FLOATS):
         raise InvalidArgumentError(f"lnmlp ops: expected {len(_Config._INTS)} ints and {len(_Config._FLOATS)} "
                                    f"floats of configuration, got {len(ints)} and {len(floats)}")
-    return _Config(**dict(zip(_Config._INTS, map(int, ints))), **dict(zip(_Config._FLOATS, map(float, floats))))
+    cfg = _Config(**dict(zip(_Config._INTS, map(int, ints))), **dict(zip(_Config._FLOATS, map(float, floats))))
+    bad = _config_error(cfg)
+    if bad:
+        raise InvalidArgumentError(f"lnmlp ops: the configuration's {bad}")
+    return cfg
+
+
+def _config_error(cfg: _Config) -> str:
+    """What is wrong with a configuration the ops were given ('' when nothing is): the ops are
+    public (torch.ops.lnmlp.*), so their ints are checked before any is used as an index."""
+    with _recipes_lock:
+        recipes = len(_recipes)
+    valid = (("slot", cfg.slot >= 0), ("norm", cfg.norm in _plan._NORMS.values()),
+             ("zero_centered_gamma", cfg.zero_centered_gamma in (0, 1)), ("act0", cfg.act0 in _ACT_NAMES),
+             ("act1", cfg.act1 == -1 or cfg.act1 in _ACT_NAMES), ("remat", cfg.remat in _REMAT_NAMES),
+             ("recipe", 0 <= cfg.recipe < recipes),
+             ("flags", cfg.flags in (_lib.CALL_DEFAULT, _lib.CALL_WEIGHTS_UNCHANGED)),
+             ("grad_dtype", cfg.grad_dtype in (-1, _lib.DTYPE_F32)),
+             ("weight_layout", cfg.weight_layout in (_lib.WEIGHT_LAYOUT_IN_OUT, _lib.WEIGHT_LAYOUT_OUT_IN)))
+    return ", ".join(f"{name} {getattr(cfg, name)} is not valid" for name, ok in valid if not ok)
+
+
+# ---- checks -----------------------------------------------------------------------------------------
+
+#: The ops' own argument names; the functional API and the module pass theirs.
+OP_NAMES = {n: n for n in ("x", "gamma", "beta", "w1", "b1", "w2", "b2")}
+
+
+def check_tensor(name, t, x=None, dtypes=tuple(_DTYPES)) -> None:
+    """t is a torch tensor of one of `dtypes`, on CPU or CUDA (x's device where x is given), and
+    contiguous: the library reads and writes it in place as a row-major array."""
+    if not isinstance(t, Tensor):
+        raise InvalidArgumentError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        want = " or ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise InvalidArgumentError(f"{name} must be {want}, got {t.dtype}")
+    if t.device.type not in ("cpu", "cuda"):
+        raise InvalidArgumentError(f"{name} is on {t.device}; lnmlp runs on CPU and CUDA tensors")
+    if x is not None and t.device != x.device:
+        raise InvalidArgumentError(f"{name} is on {t.device}, but x is on {x.device}")
+    if not t.is_contiguous():
+        raise InvalidArgumentError(f"{name} is not contiguous; lnmlp reads tensors in place: pass {name}.contiguous()")
+
+
+def _shape_error(name, want, got):
+    return InvalidArgumentError(f"{name} must have shape {want}, got {tuple(got)}")
+
+
+def check_operands(names: dict, cfg: _Config, x, gamma, beta, w1, b1, w2, b2) -> None:
+    """The block's inputs fit cfg and each other: x [..., H]; w1 [H, A, F] and w2 [F, H] (or, in
+    cfg's out x in layout, [A, F, H] and [H, F]); gamma [H]; beta [H] for layernorm, None for
+    rmsnorm; b1 [A, F] and b2 [H] or None; all torch tensors on x's device, contiguous, of an I/O
+    dtype. Messages use `names` (the caller's names for x, gamma, beta, w1, b1, w2, b2)."""
+    check_tensor(names["x"], x)
+    if x.dim() < 1 or x.shape[-1] < 1:
+        raise InvalidArgumentError(f"{names['x']} must have shape [..., H] with H >= 1, got {tuple(x.shape)}")
+    H, A = x.shape[-1], len(cfg.activations)
+    check_tensor(names["w1"], w1, x)
+    check_tensor(names["w2"], w2, x)
+    if cfg.out_in:
+        if w1.dim() != 3 or w1.shape[0] != A or w1.shape[2] != H:
+            raise _shape_error(names["w1"], f"(A, F, H) = ({A}, F, {H})", w1.shape)
+    elif w1.dim() != 3 or w1.shape[0] != H or w1.shape[1] != A:
+        raise _shape_error(names["w1"], f"(H, A, F) = ({H}, {A}, F)", w1.shape)
+    F = cfg.ffn_of(w1)[1]
+    w2_shape = cfg.weight_shapes(H, A, F)[1]
+    if tuple(w2.shape) != w2_shape:
+        raise _shape_error(names["w2"], w2_shape, w2.shape)
+    check_tensor(names["gamma"], gamma, x)
+    if tuple(gamma.shape) != (H,):
+        raise _shape_error(names["gamma"], (H,), gamma.shape)
+    if cfg.norm == _plan._NORMS["layernorm"]:
+        if beta is None:
+            raise InvalidArgumentError(f"{names['beta']} is None, but layernorm needs it (shape (H,))")
+        check_tensor(names["beta"], beta, x)
+        if tuple(beta.shape) != (H,):
+            raise _shape_error(names["beta"], (H,), beta.shape)
+    elif beta is not None:
+        raise InvalidArgumentError(f"{names['beta']} must be None for rmsnorm, which has no beta")
+    for name, b, shape in (("b1", b1, (A, F)), ("b2", b2, (H,))):
+        if b is not None:
+            check_tensor(names[name], b, x)
+            if tuple(b.shape) != shape:
+                raise _shape_error(names[name], shape, b.shape)
+
+
+_NUMPY_TO_TORCH = {np_dtype: t for t, (np_dtype, _) in _DTYPES.items()}
+_NUMPY_TO_TORCH[np.dtype(np.uint8)] = torch.uint8
+
+
+# The ops' arguments that are not named as the library's tensors.
+_TENSOR_OF = {"state": "fp8_state", "main_dw1": "dw1", "main_dw2": "dw2"}
+
+
+def _check_against_plan(op: str, plan, tokens: int, x: Tensor, **tensors) -> None:
+    """Each given tensor (None: not given) has the dtype and shape the plan reports for a call
+    with `tokens` tokens (lnmlp_plan_get_tensor_shape), is on x's device and contiguous; one the
+    plan does not take must be None or empty. x-shaped tensors (dy) must match x; saved must hold
+    at least the call's saved bytes. Nothing outside the tensors given is then read or written."""
+    for name, t in tensors.items():
+        k = _lib.TENSORS[_TENSOR_OF.get(name, name)]
+        shape, np_dtype = plan._tensor_shape(k, tokens, with_dtype=True)
+        label = f"lnmlp::{op}: {name}"
+        if shape is None:
+            if t is not None and t.numel():
+                raise InvalidArgumentError(f"{label} must be None or empty: this configuration takes none")
+            continue
+        if t is None:
+            raise InvalidArgumentError(f"{label} is None, but this configuration needs it: shape {shape}")
+        check_tensor(label, t, x, dtypes=(_NUMPY_TO_TORCH[np_dtype],))
+        if name == "dy":
+            if tuple(t.shape) != tuple(x.shape):
+                raise _shape_error(label, tuple(x.shape), t.shape)
+        elif name == "saved":
+            if t.dim() != 1 or t.numel() < shape[0]:
+                raise InvalidArgumentError(f"{label} must be the 1-D uint8 tensor forward returned, of at least "
+                                           f"{shape[0]} bytes for {tokens} tokens, got shape {tuple(t.shape)}")
+        elif tuple(t.shape) != shape:
+            raise _shape_error(label, shape, t.shape)
+
+
+def _checked_plan(op: str, cfg: _Config, x, gamma, beta, w1, b1, w2, b2, has_b2, accumulate=False, **more):
+    """The plan for an op's call, after checking every tensor the call reads or writes in place:
+    first the block's shapes (the plan is made from x's and w1's), then every tensor against the
+    plan's reported dtypes and shapes (`more`: dy, saved, state, main_dw1, main_dw2)."""
+    check_operands({n: f"lnmlp::{op}: {n}" for n in OP_NAMES}, cfg, x, gamma, beta, w1, b1, w2, b2)
+    plan = _plan_for(cfg, x, w1, b1 is not None, has_b2, accumulate)
+    params = dict(gamma=gamma, beta=beta, w1=w1, b1=b1, w2=w2)
+    if b2 is not None or not has_b2:  # backward takes no b2, only whether there is one
+        params["b2"] = b2
+    _check_against_plan(op, plan, _dims(cfg, x, w1)[0], x, **params, **more)
+    return plan
 
 
 def _dims(cfg: _Config, x: Tensor, w1: Tensor) -> tuple:
@@ -172,8 +308,7 @@ def _plan_for(cfg: _Config, x: Tensor, w1: Tensor, has_b1, has_b2, accumulate=Fa
     """The plan for this call (made, or replaced by a larger one, as needed)."""
     tokens, hidden, A, ffn = _dims(cfg, x, w1)
     device = x.device
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    owner = stream if device.type == "cuda" else threading.get_ident()
+    owner = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else _thread_number()
     key = (cfg.with_(flags=0), hidden, A, ffn, x.dtype, w1.dtype, has_b1, has_b2, accumulate, str(device), owner)
     with _plans_lock:
         plan = _plans.get(key)
@@ -193,13 +328,38 @@ def _plan_for(cfg: _Config, x: Tensor, w1: Tensor, has_b1, has_b2, accumulate=Fa
     return new
 
 
-def drop_slot(slot: int) -> None:
-    """Closes the plans of a module's slot (called when the module is garbage-collected)."""
+def _drop_plans(which) -> None:
+    """Closes the plans whose cache key `which` accepts."""
     with _plans_lock:
-        keys = [k for k in _plans if k[0].slot == slot]
-        gone = [_plans.pop(k) for k in keys]
+        gone = [_plans.pop(k) for k in [k for k in _plans if which(k)]]
     for p in gone:
         p.close()
+
+
+def drop_slot(slot: int) -> None:
+    """Closes the plans of a module's slot (called when the module is garbage-collected)."""
+    _drop_plans(lambda key: key[0].slot == slot)
+
+
+class _ThreadPlans:
+    """Held in a thread's local storage by the first CPU call on that thread: when the thread
+    ends, Python drops its local storage, and the finalizer closes the plans the thread made."""
+
+    def __init__(self, number: int):
+        self.number = number
+        weakref.finalize(self, _drop_plans, lambda key: key[-1] == ("thread", number))
+
+
+_thread_local = threading.local()
+_thread_numbers = itertools.count(1)  # never reused, unlike thread idents
+
+
+def _thread_number() -> tuple:
+    """This thread's part of a CPU plan's cache key."""
+    mine = getattr(_thread_local, "plans", None)
+    if mine is None:
+        mine = _thread_local.plans = _ThreadPlans(next(_thread_numbers))
+    return ("thread", mine.number)
 
 
 def plan_count() -> int:
@@ -266,8 +426,15 @@ def forward_op(x: Tensor, gamma: Tensor, beta: Optional[Tensor], w1: Tensor, b1:
                b2: Optional[Tensor], state: Optional[Tensor], main_dw1: Optional[Tensor],
                main_dw2: Optional[Tensor], ints: List[int], floats: List[float]) -> tuple[Tensor, Tensor, Tensor]:
     cfg = _Config.unpack(ints, floats)
+    plan = _checked_plan("forward", cfg, x, gamma, beta, w1, b1, w2, b2, b2 is not None, state=state)
+    for name, main, w in (("main_dw1", main_dw1, w1), ("main_dw2", main_dw2, w2)):
+        if (main is None) != (main_dw1 is None):
+            raise InvalidArgumentError("lnmlp::forward: main_dw1 and main_dw2 are both given or both None")
+        if main is not None:  # kept for backward_accumulate, which adds into them
+            check_tensor(f"lnmlp::forward: {name}", main, x, dtypes=(torch.float32,))
+            if main.shape != w.shape:
+                raise _shape_error(f"lnmlp::forward: {name}", tuple(w.shape), main.shape)
     T, H, A, F = _dims(cfg, x, w1)
-    plan = _plan_for(cfg, x, w1, b1 is not None, b2 is not None)
     y = torch.empty_like(x)
     saved = torch.empty(saved_bytes_bound(cfg, T, H, A, F, x.dtype, b1 is not None, b2 is not None),
                         dtype=torch.uint8, device=x.device)
@@ -304,8 +471,8 @@ def backward_op(dy: Tensor, x: Tensor, gamma: Tensor, beta: Optional[Tensor], w1
                 w2: Tensor, has_b2: bool, saved: Tensor, state: Optional[Tensor], ints: List[int],
                 floats: List[float]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     cfg = _Config.unpack(ints, floats)
+    plan = _checked_plan("backward", cfg, x, gamma, beta, w1, b1, w2, None, has_b2, dy=dy, saved=saved, state=state)
     T, H, A, F = _dims(cfg, x, w1)
-    plan = _plan_for(cfg, x, w1, b1 is not None, has_b2)
     g = _grad_type(cfg, x.dtype)
     dx, dgamma = torch.empty_like(x), torch.empty_like(gamma)
     dbeta = _empty_like_param(beta is not None, (H,), x.dtype, x.device)
@@ -343,8 +510,9 @@ def backward_accumulate_op(dy: Tensor, x: Tensor, gamma: Tensor, beta: Optional[
                            main_dw1: Tensor, main_dw2: Tensor, ints: List[int],
                            floats: List[float]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     cfg = _Config.unpack(ints, floats).with_(grad_dtype=_lib.DTYPE_F32)
+    plan = _checked_plan("backward_accumulate", cfg, x, gamma, beta, w1, b1, w2, None, has_b2, accumulate=True,
+                         dy=dy, saved=saved, state=state, main_dw1=main_dw1, main_dw2=main_dw2)
     T, H, A, F = _dims(cfg, x, w1)
-    plan = _plan_for(cfg, x, w1, b1 is not None, has_b2, accumulate=True)
     dx, dgamma = torch.empty_like(x), torch.empty_like(gamma)
     dbeta = _empty_like_param(beta is not None, (H,), x.dtype, x.device)
     # The bias gradients accumulate too (the plan's option covers all four): into zeros, i.e. this
