@@ -58,7 +58,9 @@ def test_safetensors_saves_and_loads_the_module(tmp_path):
     path = str(tmp_path / "block.safetensors")
     st.save_file(m.state_dict(), path)
     loaded = st.load_file(path)
-    assert set(loaded) == {n for n, _ in m.named_parameters()}
+    # The parameters, and TE's _extra_state (empty without delayed-scaling state), as a TE module saves.
+    assert set(loaded) == {n for n, _ in m.named_parameters()} | {"_extra_state"}
+    assert loaded["_extra_state"].dtype == torch.uint8 and loaded["_extra_state"].numel() == 0
     for n, p in m.named_parameters():
         assert torch.equal(loaded[n], p.detach()), n
     m2 = lt.LayerNormMLP(H, F, activation="swiglu")

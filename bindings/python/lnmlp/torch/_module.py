@@ -21,7 +21,7 @@ import torch
 from .. import _lib
 from .._lib import InvalidArgumentError, NotSupportedError
 from ..recipe import QUANTIZERS, DelayedScaling, Recipe
-from . import _functional, _ops
+from . import _extra_state, _functional, _ops
 
 __all__ = ["LayerNormMLP", "fp8_autocast"]
 
@@ -87,7 +87,9 @@ class LayerNormMLP(torch.nn.Module):
     as Megatron's slices of one flat buffer; made here when absent).
     return_bias: forward returns (output without fc2's bias, fc2_bias), as TE does.
     fp8_recipe: an lnmlp recipe this module always uses (else the surrounding :func:`fp8_autocast`
-    decides); with delayed scaling its state is the buffer ``fp8_state``, in ``state_dict()``.
+    decides); with delayed scaling its state is the buffer ``fp8_state``, which ``state_dict()`` holds
+    as ``_extra_state`` in TransformerEngine's format (so lnmlp's and TE's state_dicts have the same
+    keys, and each loads the other's; an lnmlp checkpoint with an ``fp8_state`` key loads too).
 
     ``forward(inp, is_first_microbatch=None)``: ``is_first_microbatch=False`` promises the weights
     are unchanged since the previous micro-batch, so their FP8 (or widened) copies are reused.
@@ -141,9 +143,12 @@ class LayerNormMLP(torch.nn.Module):
         self.register_parameter("fc2_bias", param(bias, torch.empty(H, **kw)))
         self._init_method = init_method or _init_normal
         self._output_layer_init_method = output_layer_init_method or _init_normal
-        self.register_buffer("fp8_state", None)
+        # Not persistent: get_extra_state puts it in the state_dict, in TE's format.
+        self.register_buffer("fp8_state", None, persistent=False)
+        self._state_recipe = None  # the delayed-scaling recipe fp8_state was made or loaded for
         if fp8_recipe is not None and fp8_recipe.stateful:
             self.fp8_state = _functional.fresh_state(fp8_recipe, device)
+            self._state_recipe = fp8_recipe
         self.reset_parameters()
 
     def __setstate__(self, state):
@@ -170,14 +175,74 @@ class LayerNormMLP(torch.nn.Module):
                 f"normalization={self.normalization}, activation={self.activation}, bias={self.use_bias}, "
                 f"eps={self.eps}, fp8_recipe={self.fp8_recipe!r}")
 
+    def get_extra_state(self) -> torch.Tensor:
+        """TransformerEngine's ``_extra_state``: empty without delayed-scaling state, else TE's
+        pickled FP8 metadata (``_extra_state.py``)."""
+        return _extra_state.encode(self._state_recipe, self.fp8_state)
+
+    def set_extra_state(self, state) -> None:
+        """Loads a TE-format ``_extra_state`` (TE's or lnmlp's): an empty one changes nothing."""
+        pending = self.__dict__.pop("_pending_extra", None)
+        if pending is not None and pending[0] is state:
+            decoded = pending[1]  # decoded and checked by _load_from_state_dict
+        else:
+            decoded = self._loadable(*_extra_state.decode(state))
+        self._apply_fp8_state(*decoded)
+
+    def _loadable(self, recipe, state):
+        """(recipe, state) checked against this module's own recipe; a clear error names what differs."""
+        if state is None:
+            return recipe, None
+        if not isinstance(state, torch.Tensor) or state.dtype != torch.float32 or state.dim() != 2 or \
+                tuple(state.shape[:1]) != (len(QUANTIZERS),) or state.shape[1] < 2:
+            raise InvalidArgumentError(f"a checkpoint's fp8_state must be a float32 tensor [{len(QUANTIZERS)}, "
+                                       "1 + amax_history_len]")
+        mine = self.fp8_recipe
+        if mine is not None and not isinstance(mine, DelayedScaling):
+            raise InvalidArgumentError(f"the checkpoint holds delayed-scaling state, but this module's fp8_recipe is "
+                                       f"{type(mine).__name__}")
+        if mine is not None:
+            theirs = recipe or DelayedScaling(margin=mine.margin, fp8_format=mine.fp8_format,
+                                              amax_history_len=state.shape[1] - 1,
+                                              amax_compute_algo=mine.amax_compute_algo)
+            differ = [f"{f} (checkpoint {getattr(theirs, f)!r}, module {getattr(mine, f)!r})"
+                      for f in DelayedScaling._fields if getattr(theirs, f) != getattr(mine, f)]
+            if differ:
+                raise InvalidArgumentError("the checkpoint's DelayedScaling differs from this module's fp8_recipe in "
+                                           + ", ".join(differ))
+        return recipe, state
+
+    def _apply_fp8_state(self, recipe, state):
+        if state is None:
+            return
+        with torch.no_grad():
+            if self.fp8_state is None or self.fp8_state.shape != state.shape:
+                self.fp8_state = state.to(self.layer_norm_weight.device, copy=True).contiguous()
+            else:
+                self.fp8_state.copy_(state)
+        self._state_recipe = recipe or self._state_recipe
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        # A checkpoint with delayed-scaling state loads into a module that has none yet.
-        key = prefix + "fp8_state"
-        if key in state_dict and self.fp8_state is None:
-            self.fp8_state = torch.empty_like(state_dict[key], device=self.layer_norm_weight.device)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
+        # The FP8 state is decoded and checked first, so a bad one raises before anything changes.
+        extra_key, legacy_key = prefix + "_extra_state", prefix + "fp8_state"
+        extra = state_dict.get(extra_key)
+        decoded = self._loadable(*_extra_state.decode(extra))
+        if decoded[1] is None and legacy_key in state_dict:  # an lnmlp checkpoint from before _extra_state
+            legacy = state_dict[legacy_key]
+            decoded = self._loadable(None, legacy.detach().cpu() if isinstance(legacy, torch.Tensor) else legacy)
+        self._pending_extra = (extra, decoded)
+        try:
+            super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                          error_msgs)
+        finally:
+            self.__dict__.pop("_pending_extra", None)
+        if extra is None:  # no _extra_state (older lnmlp checkpoints, plain weights): no FP8 state, or the legacy one
+            self._apply_fp8_state(*decoded)
+            if extra_key in missing_keys:
+                missing_keys.remove(extra_key)
+        if legacy_key in unexpected_keys:
+            unexpected_keys.remove(legacy_key)
 
     def _recipe(self):
         if self.fp8_recipe is not None:
@@ -195,9 +260,12 @@ class LayerNormMLP(torch.nn.Module):
                     "this module has no delayed-scaling state yet, and torch.compile cannot create a buffer while "
                     "tracing: make it with LayerNormMLP(..., fp8_recipe=recipe), or run one step eagerly first")
             self.fp8_state = _functional.fresh_state(recipe, self.layer_norm_weight.device)
+            self._state_recipe = recipe
         elif tuple(self.fp8_state.shape) != want:
             raise InvalidArgumentError(f"this module's fp8_state was made for amax_history_len "
                                        f"{self.fp8_state.shape[1] - 1}, but the recipe has {recipe.amax_history_len}")
+        elif self._state_recipe is not recipe and not torch.compiler.is_compiling():
+            self._state_recipe = recipe  # the recipe now updating it, which get_extra_state names
         return self.fp8_state
 
     def _main_grads(self, A, F):
