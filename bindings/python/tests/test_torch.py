@@ -181,6 +181,25 @@ def test_module_parameters_are_transformer_engines_and_a_te_checkpoint_loads():
     assert not rms.layer_norm_weight.any(), "zero-centered gamma starts at 0"
 
 
+def test_glu_is_transformer_engines_sigmoid_gate():
+    """TE's "glu": sigmoid(the first F rows of fc1's output) * the next F (layernorm_mlp.py's
+    reference map), against the float64 reference with ("sigmoid", "linear")."""
+    torch.manual_seed(12)
+    m = lt.LayerNormMLP(H, F, activation="glu")
+    assert m.fc1_weight.shape == (2 * F, H)
+    with torch.no_grad():
+        for p in (m.fc1_bias, m.fc2_bias, m.layer_norm_bias):
+            p.normal_(0, 0.3)
+    x = torch.randn(9, H, requires_grad=True)
+    y = m(x)
+    dy = np.sin(np.arange(y.numel(), dtype=np.float64)).reshape(-1, H)
+    (y * tensor(dy, torch.float32)).sum().backward()
+    y_ref, g_ref = module_reference(m, x, ("sigmoid", "linear"), dy)
+    ref.assert_close("glu y", numpy(y), y_ref, "float32")
+    ref.assert_close("glu dx", numpy(x.grad), g_ref["dx"], "float32")
+    ref.assert_close("glu dfc1_weight", numpy(m.fc1_weight.grad), g_ref["dw1"].reshape(H, 2 * F).T, "float32")
+
+
 def test_compiled_module_has_no_graph_breaks_and_one_graph_for_every_batch_size():
     torch.manual_seed(3)
     m = lt.LayerNormMLP(H, F, activation="geglu")

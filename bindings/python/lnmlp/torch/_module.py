@@ -29,7 +29,8 @@ __all__ = ["LayerNormMLP", "fp8_autocast"]
 ACTIVATIONS = {"gelu": ("gelu",), "geglu": ("gelu", "linear"), "qgelu": ("quick_gelu",),
                "qgeglu": ("quick_gelu", "linear"), "relu": ("relu",), "reglu": ("relu", "linear"),
                "srelu": ("squared_relu",), "sreglu": ("squared_relu", "linear"), "silu": ("silu",),
-               "swiglu": ("silu", "linear"), "clamped_swiglu": ("clamped_silu", "clamped_linear")}
+               "swiglu": ("silu", "linear"), "glu": ("sigmoid", "linear"),
+               "clamped_swiglu": ("clamped_silu", "clamped_linear")}
 _NORMALIZATIONS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}
 # The module's names for the block's tensors, in its error messages (TransformerEngine's).
 _NAMES = dict(x="inp", gamma="layer_norm_weight", beta="layer_norm_bias", w1="fc1_weight", b1="fc1_bias",
@@ -74,8 +75,8 @@ class LayerNormMLP(torch.nn.Module):
 
     hidden_size, ffn_hidden_size: H and F. eps: the norm's epsilon (TE's default 1e-5).
     bias: fc1 and fc2 biases. normalization: "LayerNorm" or "RMSNorm". activation: "gelu",
-    "geglu", "qgelu", "qgeglu", "relu", "reglu", "srelu", "sreglu", "silu", "swiglu" or
-    "clamped_swiglu" (``activation_params={"limit", "alpha", "glu_linear_offset"}``); gated ones
+    "geglu", "qgelu", "qgeglu", "relu", "reglu", "srelu", "sreglu", "silu", "swiglu", "glu"
+    (sigmoid, TE's) or "clamped_swiglu" (``activation_params={"limit", "alpha", "glu_linear_offset"}``); gated ones
     make fc1 2F wide, its first F rows feeding the activation, the next F the linear half.
     init_method / output_layer_init_method: fc1's / fc2's weight init (TE's default N(0, 0.023));
     biases start at 0, layer_norm_weight at 1 (0 with zero_centered_gamma).
