@@ -439,7 +439,7 @@ _F32 = dict(dtype=torch.float32)
     ("forward", dict(x=torch.ones(_T, H, dtype=torch.float64)), "x must be float32"),
     ("forward", dict(main_dw1=torch.zeros(H, _A, F), main_dw2=None), "both given or both None"),
     ("forward", dict(main_dw1=torch.zeros(H, _A, F), main_dw2=torch.zeros(F, H - 1)), "main_dw2 must have shape"),
-    ("forward", dict(ints=[0] * 3), "expected 10 ints"),
+    ("forward", dict(ints=[0] * 3), "expected 11 ints"),
     ("forward", dict(ints=lt._functional.config("layernorm", False, EPS, ("silu", "linear"), None, None)
                      .with_(recipe=10 ** 6).ints()), "recipe 1000000 is not valid"),
     ("forward", dict(ints=lt._functional.config("layernorm", False, EPS, ("silu", "linear"), None, None)

@@ -102,6 +102,53 @@ def test_megatron_main_grad_views_into_one_flat_buffer_take_the_accumulated_grad
                      "float32")
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_main_grad_is_overwritten_and_accumulated_as_transformer_engine_does(compiled):
+    """TE's LayerNormMLP backward (module/layernorm_mlp.py): with fuse_wgrad_accumulation the wgrad
+    GEMM writes main_grad on is_first_microbatch=True or for a weight with overwrite_main_grad, and
+    adds into it otherwise; here fc2 overwrites always, fc1 only on the first micro-batch."""
+    m, r = pair(seed=5, fuse_wgrad_accumulation=True)
+    for w in (m.fc1_weight, m.fc2_weight):
+        w.main_grad = torch.full(w.shape, 7.0)  # last step's sums: the first micro-batch replaces them
+    m.fc2_weight.overwrite_main_grad = True
+    step = torch.compile(m) if compiled else m
+    xs = [torch.randn(9, H) for _ in range(3)]
+    for i, x in enumerate(xs):
+        step(x, is_first_microbatch=(i == 0)).square().sum().backward()
+        r(x.double()).square().sum().backward()
+    ref.assert_close("main_grad fc1 (sum of 3)", numpy(m.fc1_weight.main_grad), numpy(r.fc1_weight.grad), "float32")
+    r.zero_grad()
+    r(xs[-1].double()).square().sum().backward()
+    ref.assert_close("main_grad fc2 (the last)", numpy(m.fc2_weight.main_grad), numpy(r.fc2_weight.grad), "float32")
+
+
+def test_megatron_ddp_gets_transformer_engines_placeholder_gradient_and_its_hook_runs():
+    """Megatron-core's DDP gives each parameter grad_added_to_main_grad (False) and hooks its
+    AccumulateGrad node; TE sets the attribute True and returns a placeholder .grad (zeros with
+    zero_out_wgrad), so the hook runs and knows main_grad already holds the sum. Without the
+    attribute TE returns no .grad."""
+    m, r = pair(seed=6, fuse_wgrad_accumulation=True)
+    hooked, grad_accs = [], []
+    for name in ("fc1_weight", "fc2_weight"):
+        w = getattr(m, name)
+        w.grad_added_to_main_grad = False
+        acc = w.expand_as(w).grad_fn.next_functions[0][0]  # Megatron's way to reach AccumulateGrad
+        acc.register_hook(lambda *_, name=name: hooked.append(name))
+        grad_accs.append(acc)  # kept alive, as Megatron keeps them
+    m.fc2_weight.zero_out_wgrad = True
+    x = torch.randn(7, H)
+    m(x).square().sum().backward()
+    r(x.double()).square().sum().backward()
+    assert sorted(hooked) == ["fc1_weight", "fc2_weight"]
+    assert m.fc1_weight.grad_added_to_main_grad and m.fc2_weight.grad_added_to_main_grad
+    assert m.fc1_weight.grad.shape == m.fc1_weight.shape and m.fc1_weight.grad.dtype == m.fc1_weight.dtype
+    assert torch.equal(m.fc2_weight.grad, torch.zeros_like(m.fc2_weight))
+    ref.assert_close("main_grad fc1", numpy(m.fc1_weight.main_grad), numpy(r.fc1_weight.grad), "float32")
+    plain, _ = pair(seed=6, fuse_wgrad_accumulation=True)
+    plain(x).square().sum().backward()
+    assert plain.fc1_weight.grad is None and plain.fc2_weight.grad is None
+
+
 def test_a_main_grad_in_another_layout_is_refused_with_a_clear_error():
     m, _ = pair(seed=4, fuse_wgrad_accumulation=True)
     m.fc2_weight.main_grad = torch.zeros(F, H).t()  # the right shape, not contiguous

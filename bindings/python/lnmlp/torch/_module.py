@@ -85,7 +85,9 @@ class LayerNormMLP(torch.nn.Module):
     from fp32). device: where the parameters live ("cpu" or a CUDA device).
     fuse_wgrad_accumulation: backward adds dW into each weight's fp32 ``main_grad`` instead of
     returning ``.grad``: a contiguous float32 tensor of the weight's shape (any contiguous view, such
-    as Megatron's slices of one flat buffer; made here when absent).
+    as Megatron's slices of one flat buffer; made here when absent). As in TE, it writes instead on
+    ``is_first_microbatch=True`` or for a weight with ``overwrite_main_grad``, and honours Megatron's
+    ``grad_added_to_main_grad`` / ``zero_out_wgrad`` (:meth:`_main_grad_bits`).
     return_bias: forward returns (output without fc2's bias, fc2_bias), as TE does.
     fp8_recipe: an lnmlp recipe this module always uses (else the surrounding :func:`fp8_autocast`
     decides); with delayed scaling its state is the buffer ``fp8_state``, which ``state_dict()`` holds
@@ -286,6 +288,25 @@ class LayerNormMLP(torch.nn.Module):
             out.append(mg if shape is None else mg.view(shape))
         return out
 
+    def _main_grad_bits(self, is_first_microbatch):
+        """fuse_wgrad_accumulation as TransformerEngine's LayerNormMLP does it, per weight: backward
+        writes dW into main_grad on the first micro-batch (is_first_microbatch=True) or when the
+        weight's ``overwrite_main_grad`` is set, and adds it otherwise; it returns no ``.grad``,
+        except for a weight with Megatron-core DDP's ``grad_added_to_main_grad`` attribute, which is
+        set True and gets TE's placeholder gradient (zeros with ``zero_out_wgrad``, else
+        uninitialised) so that DDP's hooks run. TE sets the attribute in backward, here forward
+        sets it for the backward to come: DDP reads it after backward and resets it per step."""
+        bits = 0
+        for i, w in enumerate((self.fc1_weight, self.fc2_weight)):
+            b = 0
+            if is_first_microbatch is True or getattr(w, "overwrite_main_grad", False):
+                b |= _ops.MAIN_GRAD_OVERWRITE
+            if hasattr(w, "grad_added_to_main_grad"):
+                w.grad_added_to_main_grad = True
+                b |= _ops.MAIN_GRAD_DUMMY | (_ops.MAIN_GRAD_ZEROS if getattr(w, "zero_out_wgrad", False) else 0)
+            bits |= b << (i * _ops.MAIN_GRAD_SHIFT)
+        return bits
+
     def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None):
         recipe = self._recipe()
         A = len(self._cfg.activations)
@@ -306,7 +327,10 @@ class LayerNormMLP(torch.nn.Module):
         w1, w2 = self.fc1_weight.contiguous().view(A, F, H), self.fc2_weight.contiguous()
         b1 = None if self.fc1_bias is None else self.fc1_bias.view(A, F)
         b2 = None if self.fc2_bias is None or self.return_bias else self.fc2_bias
-        main = self._main_grads(A, F) if self.fuse_wgrad_accumulation and torch.is_grad_enabled() else None
+        main = None
+        if self.fuse_wgrad_accumulation and torch.is_grad_enabled():
+            main = self._main_grads(A, F)
+            cfg = cfg.with_(main_grad=self._main_grad_bits(is_first_microbatch))
         y = _functional.run(cfg, recipe, inp, self.layer_norm_weight, self.layer_norm_bias, w1, b1, w2, b2,
                             self._state_for(recipe), main_grads=main, names=_NAMES)
         if self.return_bias:

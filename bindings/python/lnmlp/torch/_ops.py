@@ -100,13 +100,14 @@ class _Config:
     flags: int = 0          # LNMLP_CALL_* of this call
     grad_dtype: int = -1    # dW1, db1, dW2, db2: -1 the I/O dtype, or LNMLP_DTYPE_F32
     weight_layout: int = 0  # LNMLP_WEIGHT_LAYOUT_*: 0 w1 [H, A, F], w2 [F, H]; 1 w1 [A, F, H], w2 [H, F]
+    main_grad: int = 0      # MAIN_GRAD_* bits: how backward treats main_dw1 / main_dw2, what it returns as dW
     epsilon: float = 1e-6
     clamp_limit: float = 7.0
     clamp_alpha: float = 1.702
     clamp_offset: float = 1.0
 
     _INTS = ("slot", "norm", "zero_centered_gamma", "act0", "act1", "remat", "recipe", "flags", "grad_dtype",
-             "weight_layout")
+             "weight_layout", "main_grad")
     _FLOATS = ("epsilon", "clamp_limit", "clamp_alpha", "clamp_offset")
 
     def ints(self) -> List[int]:
@@ -139,6 +140,16 @@ class _Config:
         return (_ACT_NAMES[self.act0],) if self.act1 < 0 else (_ACT_NAMES[self.act0], _ACT_NAMES[self.act1])
 
 
+# _Config.main_grad, per weight (shifted by MAIN_GRAD_SHIFT for w2), as TransformerEngine's
+# fuse_wgrad_accumulation treats a weight's main_grad (module/layernorm_mlp.py's backward):
+MAIN_GRAD_OVERWRITE = 1  # backward writes dW into main_dw instead of adding (is_first_microbatch=True, or the
+#                          weight's overwrite_main_grad)
+MAIN_GRAD_DUMMY = 2      # backward returns an uninitialised dW of the weight's shape and dtype (Megatron's DDP,
+#                          whose grad_added_to_main_grad attribute asks for one, runs its hooks on it) ...
+MAIN_GRAD_ZEROS = 4      # ... zero-filled (the weight's zero_out_wgrad)
+MAIN_GRAD_SHIFT = 3
+
+
 @functools.lru_cache(maxsize=1024)  # a call unpacks its configuration several times: once per tuple
 def _unpack(ints: tuple, floats: tuple) -> _Config:
     if len(ints) != len(_Config._INTS) or len(floats) != len(_Config._FLOATS):
@@ -162,7 +173,8 @@ def _config_error(cfg: _Config) -> str:
              ("recipe", 0 <= cfg.recipe < recipes),
              ("flags", cfg.flags in (_lib.CALL_DEFAULT, _lib.CALL_WEIGHTS_UNCHANGED)),
              ("grad_dtype", cfg.grad_dtype in (-1, _lib.DTYPE_F32)),
-             ("weight_layout", cfg.weight_layout in (_lib.WEIGHT_LAYOUT_IN_OUT, _lib.WEIGHT_LAYOUT_OUT_IN)))
+             ("weight_layout", cfg.weight_layout in (_lib.WEIGHT_LAYOUT_IN_OUT, _lib.WEIGHT_LAYOUT_OUT_IN)),
+             ("main_grad", 0 <= cfg.main_grad < 1 << (2 * MAIN_GRAD_SHIFT)))
     return ", ".join(f"{name} {getattr(cfg, name)} is not valid" for name, ok in valid if not ok)
 
 
@@ -309,7 +321,8 @@ def _plan_for(cfg: _Config, x: Tensor, w1: Tensor, has_b1, has_b2, accumulate=Fa
     tokens, hidden, A, ffn = _dims(cfg, x, w1)
     device = x.device
     owner = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else _thread_number()
-    key = (cfg.with_(flags=0), hidden, A, ffn, x.dtype, w1.dtype, has_b1, has_b2, accumulate, str(device), owner)
+    key = (cfg.with_(flags=0, main_grad=0), hidden, A, ffn, x.dtype, w1.dtype, has_b1, has_b2, accumulate,
+           str(device), owner)
     with _plans_lock:
         plan = _plans.get(key)
     if plan is not None and plan.local_tokens >= tokens:
@@ -379,7 +392,7 @@ _SAVED_REGION_SLACK = 10 * 256
 
 def _saved_terms(cfg: _Config, hidden, A, ffn, dtype, has_b1, has_b2):
     """(per_token, slack) of the saved-size bound for this configuration."""
-    key = (cfg.with_(slot=0, flags=0), hidden, A, ffn, dtype, has_b1, has_b2)
+    key = (cfg.with_(slot=0, flags=0, main_grad=0), hidden, A, ffn, dtype, has_b1, has_b2)
     with _plans_lock:
         terms = _size_plans.get(key)
     if terms is None:
@@ -510,13 +523,18 @@ def backward_accumulate_op(dy: Tensor, x: Tensor, gamma: Tensor, beta: Optional[
                            main_dw1: Tensor, main_dw2: Tensor, ints: List[int],
                            floats: List[float]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     cfg = _Config.unpack(ints, floats).with_(grad_dtype=_lib.DTYPE_F32)
-    plan = _checked_plan("backward_accumulate", cfg, x, gamma, beta, w1, b1, w2, None, has_b2, accumulate=True,
-                         dy=dy, saved=saved, state=state, main_dw1=main_dw1, main_dw2=main_dw2)
+    overwrite = {bool(main_grad_bits(cfg, i) & MAIN_GRAD_OVERWRITE) for i in (0, 1)}
+    if len(overwrite) != 1:
+        raise InvalidArgumentError("lnmlp::backward_accumulate: the configuration's main_grad must overwrite both "
+                                   "main_dw1 and main_dw2 or neither")
+    plan = _checked_plan("backward_accumulate", cfg, x, gamma, beta, w1, b1, w2, None, has_b2,
+                         accumulate=not overwrite.pop(), dy=dy, saved=saved, state=state, main_dw1=main_dw1,
+                         main_dw2=main_dw2)
     T, H, A, F = _dims(cfg, x, w1)
     dx, dgamma = torch.empty_like(x), torch.empty_like(gamma)
     dbeta = _empty_like_param(beta is not None, (H,), x.dtype, x.device)
     # The bias gradients accumulate too (the plan's option covers all four): into zeros, i.e. this
-    # call's gradient in fp32.
+    # call's gradient in fp32 (or are written, when main_grad says overwrite).
     db1 = torch.zeros((A, F) if b1 is not None else (0,), dtype=torch.float32, device=x.device)
     db2 = torch.zeros((H,) if has_b2 else (0,), dtype=torch.float32, device=x.device)
     new_state = _state_copy(state, x.device)
@@ -542,6 +560,20 @@ def _backward_accumulate_fake(dy, x, gamma, beta, w1, b1, w2, has_b2, saved, sta
 
 # ---- autograd ---------------------------------------------------------------------------------------
 
+def main_grad_bits(cfg: _Config, weight: int) -> int:
+    """The MAIN_GRAD_* bits of w1 (0) or w2 (1)."""
+    return (cfg.main_grad >> (weight * MAIN_GRAD_SHIFT)) & ((1 << MAIN_GRAD_SHIFT) - 1)
+
+
+def _main_grad_dummy(cfg: _Config, weight: int, w: Tensor) -> Optional[Tensor]:
+    """What backward returns as a weight's gradient when it went into main_grad: None, or
+    TransformerEngine's placeholder (empty, or zeros) for Megatron's DDP hooks."""
+    bits = main_grad_bits(cfg, weight)
+    if not bits & MAIN_GRAD_DUMMY:
+        return None
+    return torch.zeros_like(w) if bits & MAIN_GRAD_ZEROS else torch.empty_like(w)
+
+
 def _setup_context(ctx, inputs, output):
     x, gamma, beta, w1, b1, w2, b2, state, main_dw1, main_dw2, ints, floats = inputs
     _, saved, new_state = output
@@ -563,19 +595,22 @@ def _backward(ctx, dy, _dsaved, _dstate):
     cfg = ctx.cfg
     state = ctx.state
     dy = dy.contiguous()
-    if ctx.main_grads is not None and not torch.compiler.is_compiling():
-        main_dw1, main_dw2 = ctx.main_grads
-        dx, dgamma, dbeta, db1, db2, new_state = backward_accumulate_op(
-            dy, x, gamma, beta, w1, b1, w2, ctx.has_b2, saved, state, main_dw1, main_dw2, cfg.ints(), cfg.floats())
-        dw1 = dw2 = None
-    elif ctx.main_grads is not None:
-        main_dw1, main_dw2 = ctx.main_grads
-        dx, dgamma, dbeta, dw1, db1, dw2, db2, new_state = backward_op(
-            dy, x, gamma, beta, w1, b1, w2, ctx.has_b2, saved, state, cfg.with_(grad_dtype=_lib.DTYPE_F32).ints(),
-            cfg.floats())
-        main_dw1.add_(dw1)
-        main_dw2.add_(dw2)
-        dw1 = dw2 = None
+    if ctx.main_grads is not None:
+        mains = ctx.main_grads
+        overwrite = [bool(main_grad_bits(cfg, i) & MAIN_GRAD_OVERWRITE) for i in (0, 1)]
+        if overwrite[0] == overwrite[1] and not torch.compiler.is_compiling():
+            dx, dgamma, dbeta, db1, db2, new_state = backward_accumulate_op(
+                dy, x, gamma, beta, w1, b1, w2, ctx.has_b2, saved, state, *mains, cfg.ints(), cfg.floats())
+        else:  # one weight overwrites, the other adds; or compiled (its backward graph takes no mutating op)
+            dx, dgamma, dbeta, dw1, db1, dw2, db2, new_state = backward_op(
+                dy, x, gamma, beta, w1, b1, w2, ctx.has_b2, saved, state,
+                cfg.with_(grad_dtype=_lib.DTYPE_F32).ints(), cfg.floats())
+            for main, dw, write in zip(mains, (dw1, dw2), overwrite):
+                if write:
+                    main.copy_(dw)
+                else:
+                    main.add_(dw)
+        dw1, dw2 = _main_grad_dummy(cfg, 0, w1), _main_grad_dummy(cfg, 1, w2)
     else:
         dx, dgamma, dbeta, dw1, db1, dw2, db2, new_state = backward_op(
             dy, x, gamma, beta, w1, b1, w2, ctx.has_b2, saved, state, cfg.ints(), cfg.floats())
