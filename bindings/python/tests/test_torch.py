@@ -200,6 +200,45 @@ def test_glu_is_transformer_engines_sigmoid_gate():
     ref.assert_close("glu dfc1_weight", numpy(m.fc1_weight.grad), g_ref["dw1"].reshape(H, 2 * F).T, "float32")
 
 
+def test_checkpoint_true_recomputes_in_backward_for_the_same_gradients_and_less_memory():
+    """TE's checkpoint=True (selective recompute): the library's save_stats policy; the saved
+    buffer autograd keeps shrinks to the norm's statistics, the results do not change."""
+    torch.manual_seed(13)
+    x = torch.randn(32, H)
+    results = {}
+    for checkpoint in (False, True):
+        m = lt.LayerNormMLP(H, F, activation="swiglu", checkpoint=checkpoint)
+        m.load_state_dict(random_module_state(m, seed=14))
+        xi = x.clone().requires_grad_(True)
+        kept = []
+
+        def pack(t):
+            kept.append(t.nbytes if t.dtype == torch.uint8 else 0)  # the op's saved buffer
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = m(xi)
+        dy = np.cos(np.arange(y.numel(), dtype=np.float64)).reshape(-1, H)
+        (y * tensor(dy, torch.float32)).sum().backward()
+        results[checkpoint] = (sum(kept), y.detach(), xi.grad, m.fc1_weight.grad, m.fc2_weight.grad)
+        if checkpoint:
+            y_ref, g_ref = module_reference(m, xi, ("silu", "linear"), dy)
+            ref.assert_close("checkpoint y", numpy(y), y_ref, "float32")
+            ref.assert_close("checkpoint dx", numpy(xi.grad), g_ref["dx"], "float32")
+            ref.assert_close("checkpoint dfc1_weight", numpy(m.fc1_weight.grad), g_ref["dw1"].reshape(H, 2 * F).T,
+                             "float32")
+    (plain_bytes, *plain), (ckpt_bytes, *ckpt) = results[False], results[True]
+    assert 0 < ckpt_bytes < plain_bytes / 4, (ckpt_bytes, plain_bytes)
+    for a, b in zip(plain, ckpt):
+        torch.testing.assert_close(b, a, rtol=0, atol=0)
+
+
+def random_module_state(m, seed):
+    g = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(v.shape, generator=g) * 0.3 if k != "_extra_state" else v
+            for k, v in m.state_dict().items()}
+
+
 def test_compiled_module_has_no_graph_breaks_and_one_graph_for_every_batch_size():
     torch.manual_seed(3)
     m = lt.LayerNormMLP(H, F, activation="geglu")

@@ -18,7 +18,7 @@ import weakref
 
 import torch
 
-from .. import _lib
+from .. import _lib, _plan
 from .._lib import InvalidArgumentError, NotSupportedError
 from ..recipe import QUANTIZERS, DelayedScaling, Recipe
 from . import _extra_state, _functional, _ops
@@ -89,6 +89,9 @@ class LayerNormMLP(torch.nn.Module):
     ``is_first_microbatch=True`` or for a weight with ``overwrite_main_grad``, and honours Megatron's
     ``grad_added_to_main_grad`` / ``zero_out_wgrad`` (:meth:`_main_grad_bits`).
     return_bias: forward returns (output without fc2's bias, fc2_bias), as TE does.
+    checkpoint: TE's selective activation recompute: forward keeps only the norm's statistics
+    (the library's ``remat="save_stats"``), and backward recomputes the norm, fc1 and the
+    activation from the input (never fc2), for the same result with less memory.
     fp8_recipe: an lnmlp recipe this module always uses (else the surrounding :func:`fp8_autocast`
     decides); with delayed scaling its state is the buffer ``fp8_state``, which ``state_dict()`` holds
     as ``_extra_state`` in TransformerEngine's format (so lnmlp's and TE's state_dicts have the same
@@ -103,7 +106,7 @@ class LayerNormMLP(torch.nn.Module):
                  output_layer_init_method=None, fuse_wgrad_accumulation: bool = False, params_dtype=None,
                  return_layernorm_output: bool = False, return_bias: bool = False,
                  zero_centered_gamma: bool = False, device="cpu", activation_params: dict | None = None,
-                 fp8_recipe: Recipe | None = None):
+                 checkpoint: bool = False, fp8_recipe: Recipe | None = None):
         super().__init__()
         if normalization not in _NORMALIZATIONS:
             raise InvalidArgumentError(f"normalization must be 'LayerNorm' or 'RMSNorm', got {normalization!r}")
@@ -125,9 +128,12 @@ class LayerNormMLP(torch.nn.Module):
         self.fp8_recipe = fp8_recipe
         self.activation_params = activation_params
         # Checks the settings once, here (forward only swaps the recipe and flags).
+        self.checkpoint = bool(checkpoint)
         self._cfg = _functional.config(_NORMALIZATIONS[normalization], zero_centered_gamma, eps,
                                        ACTIVATIONS[activation], activation_params, None, slot=next(_slots)
                                        ).with_(weight_layout=_lib.WEIGHT_LAYOUT_OUT_IN)
+        if self.checkpoint:  # TE's selective recompute: backward recomputes norm, fc1 and activation
+            self._cfg = self._cfg.with_(remat=_plan._REMATS["save_stats"])
         weakref.finalize(self, _ops.drop_slot, self._cfg.slot)
         A = len(ACTIVATIONS[activation])
         H, F = hidden_size, ffn_hidden_size
