@@ -233,6 +233,26 @@ def test_checkpoint_true_recomputes_in_backward_for_the_same_gradients_and_less_
         torch.testing.assert_close(b, a, rtol=0, atol=0)
 
 
+def test_a_module_made_on_the_meta_device_initialises_after_to_empty():
+    """TE's deferred initialisation: device="meta" allocates nothing; to_empty + reset_parameters
+    give the values a module made in place gets from the same generator state."""
+    recipe = lnmlp.DelayedScaling(amax_history_len=3)
+    m = lt.LayerNormMLP(H, F, activation="geglu", device="meta", fp8_recipe=recipe)
+    assert all(t.is_meta for t in (*m.parameters(), m.fp8_state))
+    m.to_empty(device="cpu")
+    torch.manual_seed(15)
+    m.reset_parameters()
+    torch.manual_seed(15)
+    direct = lt.LayerNormMLP(H, F, activation="geglu", fp8_recipe=recipe)
+    for (name, a), b in zip(m.named_parameters(), direct.parameters()):
+        assert torch.equal(a, b), name
+    assert torch.equal(m.fp8_state, direct.fp8_state)
+    x = torch.randn(5, H)
+    torch.testing.assert_close(m(x), direct(x), rtol=0, atol=0)
+    with pytest.raises(lnmlp.InvalidArgumentError, match="lnmlp runs on CPU and CUDA"):
+        lt.LayerNormMLP(H, F, device="meta")(torch.zeros(2, H, device="meta"))
+
+
 def random_module_state(m, seed):
     g = torch.Generator().manual_seed(seed)
     return {k: torch.randn(v.shape, generator=g) * 0.3 if k != "_extra_state" else v

@@ -82,7 +82,8 @@ class LayerNormMLP(torch.nn.Module):
     biases start at 0, layer_norm_weight at 1 (0 with zero_centered_gamma).
     params_dtype: the parameters' dtype (default torch.get_default_dtype()); inputs may have
     another (parameters are cast to the input's dtype, except fp32 weights under FP8, quantized
-    from fp32). device: where the parameters live ("cpu" or a CUDA device).
+    from fp32). device: where the parameters live ("cpu", a CUDA device, or "meta" for deferred
+    initialisation: ``to_empty(device=...)`` then :meth:`reset_parameters`).
     fuse_wgrad_accumulation: backward adds dW into each weight's fp32 ``main_grad`` instead of
     returning ``.grad``: a contiguous float32 tensor of the weight's shape (any contiguous view, such
     as Megatron's slices of one flat buffer; made here when absent). As in TE, it writes instead on
@@ -169,7 +170,13 @@ class LayerNormMLP(torch.nn.Module):
         weakref.finalize(self, _ops.drop_slot, self._cfg.slot)
 
     def reset_parameters(self):
+        """Initialises the parameters (and a delayed-scaling state: scales 1, zero histories). With
+        ``device="meta"`` the module is made without memory, as TE defers initialisation;
+        ``module.to_empty(device=...)`` then ``reset_parameters()`` gives it its values."""
         with torch.no_grad():
+            if self.fp8_state is not None:  # fresh_state's values: scales 1, zero histories
+                self.fp8_state[:, 0] = 1.0
+                self.fp8_state[:, 1:] = 0.0
             self.layer_norm_weight.fill_(0.0 if self.zero_centered_gamma else 1.0)
             if self.layer_norm_bias is not None:
                 self.layer_norm_bias.zero_()
