@@ -4,6 +4,7 @@ against the NumPy FP8 simulation (_fp8_sim.py); state_dict round trips; bad inpu
 
 import copy
 import gc
+import inspect
 import os
 import pickle
 import threading
@@ -546,6 +547,60 @@ def test_bad_options_raise_a_clear_error():
         lt.LayerNormMLP(H, F, return_layernorm_output=True)
     with pytest.raises(lnmlp.InvalidArgumentError, match="params_dtype must be .* got torch.float64"):
         lt.LayerNormMLP(H, F, params_dtype=torch.float64)
+
+
+# TransformerEngine's LayerNormMLP.__init__ (module/layernorm_mlp.py): its arguments in order, with
+# their defaults.
+TE_ARGUMENTS = dict(
+    hidden_size=inspect.Parameter.empty, ffn_hidden_size=inspect.Parameter.empty, eps=1e-5,
+    sequence_parallel=False, return_bias=False, get_rng_state_tracker=None, tp_group=None, tp_size=1,
+    init_method=None, bias=True, normalization="LayerNorm", activation="gelu", activation_params=None,
+    output_layer_init_method=None, fuse_wgrad_accumulation=False, params_dtype=None, return_layernorm_output=False,
+    return_layernorm_output_gathered=False, seq_length=None, micro_batch_size=None, set_parallel_mode=False,
+    zero_centered_gamma=False, device="cuda", ub_overlap_ag=False, name=None, ub_overlap_rs=False,
+    ub_overlap_rs_dgrad=False, ub_bulk_dgrad=False, ub_bulk_wgrad=False, delay_wgrad_compute=False,
+    symmetric_ar_type=None, checkpoint=False)
+
+
+def test_the_constructor_takes_transformer_engines_arguments_in_its_order():
+    params = inspect.signature(lt.LayerNormMLP.__init__).parameters
+    positional = [n for n, p in params.items() if n != "self" and p.kind == p.POSITIONAL_OR_KEYWORD]
+    assert positional == list(TE_ARGUMENTS)
+    differ = {n: params[n].default for n, d in TE_ARGUMENTS.items() if params[n].default != d}
+    assert differ == {"device": None}  # "cuda" where there is a GPU, else the CPU
+    assert [n for n, p in params.items() if p.kind == p.KEYWORD_ONLY] == ["fp8_recipe"]
+    # Positionally, as TE's users may call it: eps, sequence_parallel, return_bias.
+    m = lt.LayerNormMLP(H, F, 1e-3, False, True, activation="relu", device="cpu")
+    assert m.eps == 1e-3 and m.return_bias
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(seq_length=128, micro_batch_size=2, name="mlp0", get_rng_state_tracker=lambda: None),
+    dict(tp_group=None, tp_size=1, sequence_parallel=False, set_parallel_mode=False, symmetric_ar_type=None,
+         ub_overlap_ag=False, ub_overlap_rs=False, ub_overlap_rs_dgrad=False, ub_bulk_dgrad=False,
+         ub_bulk_wgrad=False, return_layernorm_output_gathered=False),
+], ids=["no-effect", "te-defaults"])
+def test_te_arguments_that_mean_nothing_here_are_accepted_and_change_nothing(kwargs):
+    torch.manual_seed(16)
+    plain = lt.LayerNormMLP(H, F, device="cpu")
+    m = lt.LayerNormMLP(H, F, device="cpu", **kwargs)
+    m.load_state_dict(plain.state_dict())
+    x = torch.randn(4, H)
+    torch.testing.assert_close(m(x), plain(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(sequence_parallel=True), "sequence_parallel=True is not supported"),
+    (dict(tp_size=2), "tp_size=2 is not supported"),
+    (dict(set_parallel_mode=True), "set_parallel_mode=True"),
+    (dict(ub_overlap_ag=True, ub_bulk_wgrad=True), "ub_overlap_ag=True, ub_bulk_wgrad=True are not supported"),
+    (dict(symmetric_ar_type="multimem_all_reduce"), "symmetric_ar_type='multimem_all_reduce'"),
+    (dict(return_layernorm_output_gathered=True), "return_layernorm_output_gathered=True"),
+    (dict(delay_wgrad_compute=True), "delay_wgrad_compute=True"),
+])
+def test_te_arguments_asking_for_what_lnmlp_does_not_do_are_refused_by_name(kwargs, match):
+    with pytest.raises(lnmlp.NotSupportedError, match=match):
+        lt.LayerNormMLP(H, F, **kwargs)
 
 
 @pytest.mark.parametrize("param, value, match", [

@@ -63,6 +63,22 @@ def fp8_autocast(enabled: bool = True, fp8_recipe: Recipe | None = None):
 
 _slots = itertools.count(1)
 
+# TE's arguments that ask for tensor parallelism or its communication overlap, and the value of
+# each that asks for nothing (TE's default).
+_TENSOR_PARALLEL_DEFAULTS = dict(sequence_parallel=False, tp_size=1, set_parallel_mode=False,
+                                 return_layernorm_output_gathered=False, ub_overlap_ag=False, ub_overlap_rs=False,
+                                 ub_overlap_rs_dgrad=False, ub_bulk_dgrad=False, ub_bulk_wgrad=False,
+                                 symmetric_ar_type=None)
+
+
+def _refuse_what_needs_tensor_parallelism(**given):
+    asked = [f"{k}={v!r}" for k, v in given.items() if v != _TENSOR_PARALLEL_DEFAULTS[k]]
+    if asked:
+        one = len(asked) == 1
+        raise NotSupportedError(f"{', '.join(asked)} {'is' if one else 'are'} not supported: lnmlp.torch's module "
+                                "has no tensor or sequence parallelism (nor Userbuffers' communication overlap) yet; "
+                                f"leave {'it' if one else 'them'} at TE's default")
+
 
 def _init_normal(tensor):
     """TransformerEngine's default init method: N(0, 0.023)."""
@@ -83,7 +99,12 @@ class LayerNormMLP(torch.nn.Module):
     params_dtype: the parameters' dtype (default torch.get_default_dtype()); inputs may have
     another (parameters are cast to the input's dtype, except fp32 weights under FP8, quantized
     from fp32). device: where the parameters live ("cpu", a CUDA device, or "meta" for deferred
-    initialisation: ``to_empty(device=...)`` then :meth:`reset_parameters`).
+    initialisation: ``to_empty(device=...)`` then :meth:`reset_parameters`); by default "cuda"
+    as in TE where a GPU is present, else "cpu".
+    TE's tensor-parallel and Userbuffers arguments are accepted at their defaults and refused
+    (NotSupportedError, naming them) otherwise; seq_length, micro_batch_size, name and
+    get_rng_state_tracker are accepted and change nothing (TE uses them for Userbuffers, debug
+    tools and tensor-parallel initialisation).
     fuse_wgrad_accumulation: backward adds dW into each weight's fp32 ``main_grad`` instead of
     returning ``.grad``: a contiguous float32 tensor of the weight's shape (any contiguous view, such
     as Megatron's slices of one flat buffer; made here when absent). As in TE, it writes instead on
@@ -102,20 +123,44 @@ class LayerNormMLP(torch.nn.Module):
     are unchanged since the previous micro-batch, so their FP8 (or widened) copies are reused.
     """
 
-    def __init__(self, hidden_size: int, ffn_hidden_size: int, eps: float = 1e-5, bias: bool = True,
-                 normalization: str = "LayerNorm", activation: str = "gelu", init_method=None,
-                 output_layer_init_method=None, fuse_wgrad_accumulation: bool = False, params_dtype=None,
-                 return_layernorm_output: bool = False, return_bias: bool = False,
-                 zero_centered_gamma: bool = False, device="cpu", activation_params: dict | None = None,
-                 checkpoint: bool = False, fp8_recipe: Recipe | None = None):
+    # TransformerEngine's constructor, argument for argument in its order (module/layernorm_mlp.py);
+    # fp8_recipe is lnmlp's own, keyword only. docs/torch.md tabulates what each does here.
+    def __init__(self, hidden_size: int, ffn_hidden_size: int, eps: float = 1e-5, sequence_parallel: bool = False,
+                 return_bias: bool = False, get_rng_state_tracker=None, tp_group=None, tp_size: int = 1,
+                 init_method=None, bias: bool = True, normalization: str = "LayerNorm", activation: str = "gelu",
+                 activation_params: dict | None = None, output_layer_init_method=None,
+                 fuse_wgrad_accumulation: bool = False, params_dtype=None, return_layernorm_output: bool = False,
+                 return_layernorm_output_gathered: bool = False, seq_length: int | None = None,
+                 micro_batch_size: int | None = None, set_parallel_mode: bool = False,
+                 zero_centered_gamma: bool = False, device=None, ub_overlap_ag: bool = False, name: str | None = None,
+                 ub_overlap_rs: bool = False, ub_overlap_rs_dgrad: bool = False, ub_bulk_dgrad: bool = False,
+                 ub_bulk_wgrad: bool = False, delay_wgrad_compute: bool = False, symmetric_ar_type: str | None = None,
+                 checkpoint: bool = False, *, fp8_recipe: Recipe | None = None):
         super().__init__()
         if normalization not in _NORMALIZATIONS:
             raise InvalidArgumentError(f"normalization must be 'LayerNorm' or 'RMSNorm', got {normalization!r}")
         if activation not in ACTIVATIONS:
             raise InvalidArgumentError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
+        _refuse_what_needs_tensor_parallelism(
+            sequence_parallel=sequence_parallel, tp_size=tp_size, set_parallel_mode=set_parallel_mode,
+            return_layernorm_output_gathered=return_layernorm_output_gathered, ub_overlap_ag=ub_overlap_ag,
+            ub_overlap_rs=ub_overlap_rs, ub_overlap_rs_dgrad=ub_overlap_rs_dgrad, ub_bulk_dgrad=ub_bulk_dgrad,
+            ub_bulk_wgrad=ub_bulk_wgrad, symmetric_ar_type=symmetric_ar_type)
+        if tp_group is not None and torch.distributed.is_initialized() and \
+                torch.distributed.get_world_size(tp_group) > 1:
+            raise NotSupportedError("tp_group with more than one rank is not supported: lnmlp.torch's module has no "
+                                    "tensor parallelism yet (tp_group=None, or a group of one rank)")
         if return_layernorm_output:
             raise NotSupportedError("return_layernorm_output=True is not supported: the fused op does not keep the "
                                     "norm's output (under FP8 it saves only its FP8 codes)")
+        if delay_wgrad_compute:
+            raise NotSupportedError("delay_wgrad_compute=True (backward_dw()) is not supported yet")
+        # No effect here: TE uses these for Userbuffers' buffers (seq_length, micro_batch_size),
+        # for initialising tensor-parallel shards (get_rng_state_tracker) and for debug tools (name).
+        self.name, self.seq_length, self.micro_batch_size = name, seq_length, micro_batch_size
+        self.get_rng_state_tracker = get_rng_state_tracker
+        if device is None:  # TE's default is "cuda"; here the CPU where there is no GPU
+            device = "cuda" if torch.cuda.is_available() else "cpu"
         if fp8_recipe is not None and not isinstance(fp8_recipe, Recipe):
             raise InvalidArgumentError(f"fp8_recipe must be an lnmlp recipe, got {type(fp8_recipe).__name__}")
         for name, v in (("hidden_size", hidden_size), ("ffn_hidden_size", ffn_hidden_size)):
