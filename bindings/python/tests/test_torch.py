@@ -254,6 +254,33 @@ def test_a_module_made_on_the_meta_device_initialises_after_to_empty():
         lt.LayerNormMLP(H, F, device="meta")(torch.zeros(2, H, device="meta"))
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_under_torch_autocast_the_module_computes_in_autocasts_dtype(compiled):
+    """TE's module under torch.autocast computes in autocast's dtype (set_activation_dtype), its
+    fp32 parameters cast to it: the same as casting input and parameters by hand."""
+    torch.manual_seed(17)
+    m = lt.LayerNormMLP(H, F, activation="swiglu", device="cpu")
+    m.load_state_dict(random_module_state(m, seed=18))
+    by_hand = lt.LayerNormMLP(H, F, activation="swiglu", device="cpu", params_dtype=torch.bfloat16)
+    by_hand.load_state_dict(m.state_dict())
+    x = torch.randn(6, H, requires_grad=True)
+    step = torch.compile(m) if compiled else m
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = step(x)
+    assert y.dtype == torch.bfloat16
+    dy = torch.randn(6, H)
+    (y.float() * dy).sum().backward()
+    x2 = x.detach().bfloat16().requires_grad_(True)
+    y2 = by_hand(x2)
+    (y2.float() * dy).sum().backward()
+    torch.testing.assert_close(y, y2, rtol=0, atol=0)
+    assert x.grad.dtype == torch.float32 and m.fc1_weight.grad.dtype == torch.float32
+    torch.testing.assert_close(x.grad, x2.grad.float(), rtol=0, atol=0)
+    torch.testing.assert_close(m.fc1_weight.grad, by_hand.fc1_weight.grad.float(), rtol=0, atol=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
+        assert m(x).dtype == torch.float32
+
+
 def random_module_state(m, seed):
     g = torch.Generator().manual_seed(seed)
     return {k: torch.randn(v.shape, generator=g) * 0.3 if k != "_extra_state" else v

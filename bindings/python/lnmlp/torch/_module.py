@@ -114,6 +114,9 @@ class LayerNormMLP(torch.nn.Module):
     checkpoint: TE's selective activation recompute: forward keeps only the norm's statistics
     (the library's ``remat="save_stats"``), and backward recomputes the norm, fc1 and the
     activation from the input (never fc2), for the same result with less memory.
+    Under ``torch.autocast`` (CPU or CUDA) forward computes in autocast's dtype, as TE's module
+    does: the input and the parameters are cast to it, the output has it, and the parameters'
+    gradients come back in their own dtype.
     fp8_recipe: an lnmlp recipe this module always uses (else the surrounding :func:`fp8_autocast`
     decides); with delayed scaling its state is the buffer ``fp8_state``, which ``state_dict()`` holds
     as ``_extra_state`` in TransformerEngine's format (so lnmlp's and TE's state_dicts have the same
@@ -372,6 +375,10 @@ class LayerNormMLP(torch.nn.Module):
         if not isinstance(inp, torch.Tensor) or inp.dim() < 1 or inp.shape[-1] != H:
             got = tuple(inp.shape) if isinstance(inp, torch.Tensor) else type(inp).__name__
             raise InvalidArgumentError(f"inp must be a tensor [..., hidden_size] = [..., {H}], got {got}")
+        if inp.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(inp.device.type):
+            # As TE's module under torch.autocast: it computes in autocast's dtype, the input and
+            # the parameters cast to it (the casts differentiable: gradients in the parameters' dtype).
+            inp = inp.to(torch.get_autocast_dtype(inp.device.type))
         flags = 0
         if is_first_microbatch is False:
             flags = _ops._lib.CALL_WEIGHTS_UNCHANGED
