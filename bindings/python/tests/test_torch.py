@@ -109,7 +109,7 @@ def test_opcheck_passes_on_every_op(recipe):
     fwd_args = (leaf(x), leaf(gamma), leaf(beta), leaf(w1), leaf(b1), leaf(w2), leaf(b2), state, None, None,
                 cfg.ints(), cfg.floats())
     torch.library.opcheck(torch.ops.lnmlp.forward.default, fwd_args)
-    y, saved, st = torch.ops.lnmlp.forward(x, gamma, beta, w1, b1, w2, b2, state, None, None, cfg.ints(),
+    y, saved, st, _ = torch.ops.lnmlp.forward(x, gamma, beta, w1, b1, w2, b2, state, None, None, cfg.ints(),
                                            cfg.floats())
     dy = torch.randn_like(y)
     bwd_args = (dy, x, gamma, beta, w1, b1, w2, True, saved, st, cfg.ints(), cfg.floats())
@@ -138,7 +138,7 @@ def test_the_saved_bound_covers_every_call():
 
 # ---- the module ------------------------------------------------------------------------------------------
 
-def module_reference(m, x, acts, dy):
+def module_reference(m, x, acts, dy, dn_extra=None, cache=None):
     """The float64 reference for module m: its parameters in lnmlp's layout (W1 = fc1_weight^T as
     [H, A, F]: the first F rows of fc1_weight feed the activation, the next F the linear half)."""
     A = len(acts)
@@ -148,8 +148,10 @@ def module_reference(m, x, acts, dy):
              b2=None if m.fc2_bias is None else numpy(m.fc2_bias))
     args = (d["x"].reshape(-1, H), d["gamma"], d["beta"], d["k1"], d["b1"], d["k2"], d["b2"],
             "layernorm", False, 1e-5, acts, {})
-    y, _ = ref.forward(*args)
-    return y, ref.backward(dy, *args)
+    y, c = ref.forward(*args)
+    if cache is not None:
+        cache.update(c)
+    return y, ref.backward(dy, *args, dn_extra=dn_extra)
 
 
 def test_module_parameters_are_transformer_engines_and_a_te_checkpoint_loads():
@@ -279,6 +281,40 @@ def test_under_torch_autocast_the_module_computes_in_autocasts_dtype(compiled):
     torch.testing.assert_close(m.fc1_weight.grad, by_hand.fc1_weight.grad.float(), rtol=0, atol=0)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
         assert m(x).dtype == torch.float32
+
+
+@pytest.mark.parametrize("return_bias", [False, True])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_return_layernorm_output_gives_the_norm_output_and_its_gradient(compiled, return_bias):
+    """TE's return_layernorm_output: forward also returns the norm output, last; its cotangent
+    reaches inp, layer_norm_weight and layer_norm_bias. Against the float64 reference, whose
+    backward takes the norm output's extra cotangent."""
+    torch.manual_seed(19)
+    m = lt.LayerNormMLP(H, F, activation="geglu", return_layernorm_output=True, return_bias=return_bias,
+                        device="cpu")
+    m.load_state_dict(random_module_state(m, seed=20))
+    x = torch.randn(3, 4, H, requires_grad=True)
+    out = (torch.compile(m) if compiled else m)(x)
+    assert len(out) == (3 if return_bias else 2)
+    y, ln = out[0], out[-1]
+    if return_bias:
+        y = y + out[1]
+    assert ln.shape == x.shape and ln.dtype == x.dtype
+    dy = np.cos(np.arange(y.numel(), dtype=np.float64)).reshape(-1, H)
+    dln = np.sin(0.5 * np.arange(y.numel(), dtype=np.float64)).reshape(-1, H)
+    ((y * tensor(dy.reshape(y.shape), torch.float32)).sum() + (ln * tensor(dln.reshape(ln.shape), torch.float32))
+     .sum()).backward()
+    cache = {}
+    y_ref, g_ref = module_reference(m, x, ("gelu", "linear"), dy, dn_extra=dln, cache=cache)
+    ref.assert_close("y", numpy(y).reshape(-1, H), y_ref, "float32")
+    ref.assert_close("ln_out", numpy(ln).reshape(-1, H), cache["n"], "float32")
+    ref.assert_close("dx with the norm output's cotangent", numpy(x.grad).reshape(-1, H), g_ref["dx"], "float32")
+    ref.assert_close("dlayer_norm_weight", numpy(m.layer_norm_weight.grad), g_ref["dgamma"], "float32")
+    ref.assert_close("dlayer_norm_bias", numpy(m.layer_norm_bias.grad), g_ref["dbeta"], "float32")
+    ref.assert_close("dfc1_weight", numpy(m.fc1_weight.grad), g_ref["dw1"].reshape(H, 2 * F).T, "float32")
+    with torch.no_grad():
+        _, ln_eval = m(x)[0], m(x)[-1]
+    torch.testing.assert_close(ln_eval, ln.detach(), rtol=0, atol=0)
 
 
 def random_module_state(m, seed):
@@ -497,7 +533,7 @@ def _op_call(recipe=lnmlp.DelayedScaling(amax_history_len=4)):
     cfg, x, gamma, beta, w1, b1, w2, b2, state = _op_args(recipe=recipe)
     fwd = dict(x=x, gamma=gamma, beta=beta, w1=w1, b1=b1, w2=w2, b2=b2, state=state, main_dw1=None, main_dw2=None,
                ints=cfg.ints(), floats=cfg.floats())
-    y, saved, state = torch.ops.lnmlp.forward(**fwd)
+    y, saved, state, _ = torch.ops.lnmlp.forward(**fwd)
     bwd = dict(dy=torch.randn_like(y), x=x, gamma=gamma, beta=beta, w1=w1, b1=b1, w2=w2, has_b2=True, saved=saved,
                state=state, ints=cfg.ints(), floats=cfg.floats())
     acc = dict(bwd, main_dw1=torch.zeros(w1.shape), main_dw2=torch.zeros(w2.shape),
@@ -526,7 +562,7 @@ _F32 = dict(dtype=torch.float32)
     ("forward", dict(x=torch.ones(_T, H, dtype=torch.float64)), "x must be float32"),
     ("forward", dict(main_dw1=torch.zeros(H, _A, F), main_dw2=None), "both given or both None"),
     ("forward", dict(main_dw1=torch.zeros(H, _A, F), main_dw2=torch.zeros(F, H - 1)), "main_dw2 must have shape"),
-    ("forward", dict(ints=[0] * 3), "expected 11 ints"),
+    ("forward", dict(ints=[0] * 3), "expected 12 ints"),
     ("forward", dict(ints=lt._functional.config("layernorm", False, EPS, ("silu", "linear"), None, None)
                      .with_(recipe=10 ** 6).ints()), "recipe 1000000 is not valid"),
     ("forward", dict(ints=lt._functional.config("layernorm", False, EPS, ("silu", "linear"), None, None)
@@ -570,8 +606,6 @@ def test_bad_options_raise_a_clear_error():
         lt.LayerNormMLP(H, F, activation="tanh")
     with pytest.raises(lnmlp.InvalidArgumentError, match="normalization"):
         lt.LayerNormMLP(H, F, normalization="BatchNorm")
-    with pytest.raises(lnmlp.NotSupportedError):
-        lt.LayerNormMLP(H, F, return_layernorm_output=True)
     with pytest.raises(lnmlp.InvalidArgumentError, match="params_dtype must be .* got torch.float64"):
         lt.LayerNormMLP(H, F, params_dtype=torch.float64)
 

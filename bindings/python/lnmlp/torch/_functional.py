@@ -102,8 +102,8 @@ NAMES = dict(x="x", gamma="gamma", beta="beta", w1="kernel_1", b1="bias_1", w2="
 
 
 def run(cfg, recipe, x, gamma, beta, w1, b1, w2, b2, state=None, main_grads=None, names=NAMES):
-    """y for x [..., H] with w1 [H, A, F] and w2 [F, H] (or, with cfg's out x in weight layout,
-    w1 [A, F, H] and w2 [H, F]), b1 [A, F] or None, b2 [H] or None, after the checks every caller
+    """y (and the norm output, with cfg.norm_output) for x [..., H] with w1 [H, A, F] and w2 [F, H]
+    (or, with cfg's out x in weight layout, w1 [A, F, H] and w2 [H, F]), b1 [A, F] or None, b2 [H] or None, after the checks every caller
     gets: torch tensors on x's device, contiguous, of the right shapes (errors name them by `names`,
     the caller's names for x, gamma, beta, w1, b1, w2, b2). y is a fresh tensor of x's
     shape, not a view (FSDP2 and others expect a module's output to own its storage).
@@ -139,12 +139,30 @@ def run(cfg, recipe, x, gamma, beta, w1, b1, w2, b2, state=None, main_grads=None
     main_dw1 = main_dw2 = None
     if main_grads is not None:
         main_dw1, main_dw2 = main_grads
-    y, _, new_state = _ops.forward_op(x, gamma, beta, w1, b1, w2, b2, state, main_dw1, main_dw2, cfg.ints(),
-                                      cfg.floats())
+    y, _, new_state, norm_output = _ops.forward_op(x, gamma, beta, w1, b1, w2, b2, state, main_dw1, main_dw2,
+                                                   cfg.ints(), cfg.floats())
     if state is not None:
         with torch.no_grad():
             state.copy_(new_state)
-    return y
+    if not cfg.norm_output:
+        return y
+    if trains:
+        norm_output = norm_output + _norm_output_gradient_path(cfg, x, gamma, beta)
+    return y, norm_output
+
+
+def _norm_output_gradient_path(cfg, x, gamma, beta):
+    """A zero of x's shape and dtype whose gradient is the norm's: torch's own layer_norm /
+    rms_norm of x in fp32 minus itself detached. Added to the library's norm output, it leaves
+    its value exact and sends the norm output's cotangent to x, gamma and beta as TransformerEngine
+    does (its norm backward adds it in), at the cost of one more norm pass over x."""
+    H, f32 = x.shape[-1], torch.float32
+    weight = gamma.to(f32) + (1.0 if cfg.zero_centered_gamma else 0.0)
+    if cfg.norm == _plan._NORMS["layernorm"]:
+        n = torch.nn.functional.layer_norm(x.to(f32), (H,), weight, beta.to(f32), cfg.epsilon)
+    else:
+        n = torch.nn.functional.rms_norm(x.to(f32), (H,), weight, cfg.epsilon)
+    return (n - n.detach()).to(x.dtype)
 
 
 def layernorm_mlp(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamma=False, epsilon=1e-6,

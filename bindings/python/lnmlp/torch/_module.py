@@ -111,6 +111,9 @@ class LayerNormMLP(torch.nn.Module):
     ``is_first_microbatch=True`` or for a weight with ``overwrite_main_grad``, and honours Megatron's
     ``grad_added_to_main_grad`` / ``zero_out_wgrad`` (:meth:`_main_grad_bits`).
     return_bias: forward returns (output without fc2's bias, fc2_bias), as TE does.
+    return_layernorm_output: forward also returns the norm's output [..., H] in the compute dtype,
+    last, as TE does ((out, ln_out), or (out, fc2_bias, ln_out)); it is differentiable: its
+    gradient reaches inp, layer_norm_weight and layer_norm_bias (through torch's own norm).
     checkpoint: TE's selective activation recompute: forward keeps only the norm's statistics
     (the library's ``remat="save_stats"``), and backward recomputes the norm, fc1 and the
     activation from the input (never fc2), for the same result with less memory.
@@ -153,9 +156,6 @@ class LayerNormMLP(torch.nn.Module):
                 torch.distributed.get_world_size(tp_group) > 1:
             raise NotSupportedError("tp_group with more than one rank is not supported: lnmlp.torch's module has no "
                                     "tensor parallelism yet (tp_group=None, or a group of one rank)")
-        if return_layernorm_output:
-            raise NotSupportedError("return_layernorm_output=True is not supported: the fused op does not keep the "
-                                    "norm's output (under FP8 it saves only its FP8 codes)")
         if delay_wgrad_compute:
             raise NotSupportedError("delay_wgrad_compute=True (backward_dw()) is not supported yet")
         # No effect here: TE uses these for Userbuffers' buffers (seq_length, micro_batch_size),
@@ -181,6 +181,9 @@ class LayerNormMLP(torch.nn.Module):
         self._cfg = _functional.config(_NORMALIZATIONS[normalization], zero_centered_gamma, eps,
                                        ACTIVATIONS[activation], activation_params, None, slot=next(_slots)
                                        ).with_(weight_layout=_lib.WEIGHT_LAYOUT_OUT_IN)
+        self.return_layernorm_output = bool(return_layernorm_output)
+        if self.return_layernorm_output:  # the library writes it into the saved buffer, the op copies it out
+            self._cfg = self._cfg.with_(norm_output=1)
         if self.checkpoint:  # TE's selective recompute: backward recomputes norm, fc1 and activation
             self._cfg = self._cfg.with_(remat=_plan._REMATS["save_stats"])
         weakref.finalize(self, _ops.drop_slot, self._cfg.slot)
@@ -398,6 +401,12 @@ class LayerNormMLP(torch.nn.Module):
             cfg = cfg.with_(main_grad=self._main_grad_bits(is_first_microbatch))
         y = _functional.run(cfg, recipe, inp, self.layer_norm_weight, self.layer_norm_bias, w1, b1, w2, b2,
                             self._state_for(recipe), main_grads=main, names=_NAMES)
-        if self.return_bias:
-            return y, self.fc2_bias
-        return y
+        ln_out = None
+        if self.return_layernorm_output:
+            y, ln_out = y
+        out = (y,)
+        if self.return_bias:  # TE casts it to the compute dtype
+            out += (self.fc2_bias.to(y.dtype),)
+        if ln_out is not None:
+            out += (ln_out,)
+        return out if len(out) > 1 else y

@@ -3,9 +3,10 @@
 Three ops, each with a fake (meta) implementation for ``torch.compile`` and ``opcheck``:
 
 * ``lnmlp::forward(x, gamma, beta, w1, b1, w2, b2, state, main_dw1, main_dw2, ints, floats)
-  -> (y, saved, state)`` (y a fresh tensor of x's shape, never a view; main_dw1 / main_dw2: the
-  fp32 accumulators its backward adds the weight gradients into, or None; forward only keeps them
-  for backward)
+  -> (y, saved, state, norm_output)`` (y a fresh tensor of x's shape, never a view; norm_output
+  the norm's output of x's shape when the configuration asks for it, else empty; main_dw1 /
+  main_dw2: the fp32 accumulators its backward adds the weight gradients into, or None; forward
+  only keeps them for backward)
 * ``lnmlp::backward(dy, x, gamma, beta, w1, b1, w2, saved, state, ints, floats)
   -> (dx, dgamma, dbeta, dw1, db1, dw2, db2, state)``
 * ``lnmlp::backward_accumulate(dy, ..., state, main_dw1, main_dw2, ints, floats)
@@ -101,13 +102,14 @@ class _Config:
     grad_dtype: int = -1    # dW1, db1, dW2, db2: -1 the I/O dtype, or LNMLP_DTYPE_F32
     weight_layout: int = 0  # LNMLP_WEIGHT_LAYOUT_*: 0 w1 [H, A, F], w2 [F, H]; 1 w1 [A, F, H], w2 [H, F]
     main_grad: int = 0      # MAIN_GRAD_* bits: how backward treats main_dw1 / main_dw2, what it returns as dW
+    norm_output: int = 0    # 1: forward also gives the norm output (lnmlp_desc_set_norm_output)
     epsilon: float = 1e-6
     clamp_limit: float = 7.0
     clamp_alpha: float = 1.702
     clamp_offset: float = 1.0
 
     _INTS = ("slot", "norm", "zero_centered_gamma", "act0", "act1", "remat", "recipe", "flags", "grad_dtype",
-             "weight_layout", "main_grad")
+             "weight_layout", "main_grad", "norm_output")
     _FLOATS = ("epsilon", "clamp_limit", "clamp_alpha", "clamp_offset")
 
     def ints(self) -> List[int]:
@@ -174,7 +176,8 @@ def _config_error(cfg: _Config) -> str:
              ("flags", cfg.flags in (_lib.CALL_DEFAULT, _lib.CALL_WEIGHTS_UNCHANGED)),
              ("grad_dtype", cfg.grad_dtype in (-1, _lib.DTYPE_F32)),
              ("weight_layout", cfg.weight_layout in (_lib.WEIGHT_LAYOUT_IN_OUT, _lib.WEIGHT_LAYOUT_OUT_IN)),
-             ("main_grad", 0 <= cfg.main_grad < 1 << (2 * MAIN_GRAD_SHIFT)))
+             ("main_grad", 0 <= cfg.main_grad < 1 << (2 * MAIN_GRAD_SHIFT)),
+             ("norm_output", cfg.norm_output in (0, 1)))
     return ", ".join(f"{name} {getattr(cfg, name)} is not valid" for name, ok in valid if not ok)
 
 
@@ -313,7 +316,7 @@ def _plan_kwargs(cfg: _Config, hidden, ffn, dtype, has_b1, has_b2, weight_dtype,
                 use_bias1=has_b1, use_bias2=has_b2, dtype=np_dtype, remat=_REMAT_NAMES[cfg.remat],
                 recipe=_recipes[cfg.recipe], grad_dtype=np.float32 if cfg.grad_dtype == _lib.DTYPE_F32 else None,
                 weight_dtype=_DTYPES[weight_dtype][0] if weight_dtype != dtype else None, accumulate_grads=accumulate,
-                weight_layout="out_in" if cfg.out_in else "in_out")
+                weight_layout="out_in" if cfg.out_in else "in_out", norm_output=bool(cfg.norm_output))
 
 
 def _plan_for(cfg: _Config, x: Tensor, w1: Tensor, has_b1, has_b2, accumulate=False):
@@ -437,7 +440,8 @@ def _empty_like_param(present: bool, shape, dtype, device):
 @torch.library.custom_op("lnmlp::forward", mutates_args=(), device_types=("cpu", "cuda"))
 def forward_op(x: Tensor, gamma: Tensor, beta: Optional[Tensor], w1: Tensor, b1: Optional[Tensor], w2: Tensor,
                b2: Optional[Tensor], state: Optional[Tensor], main_dw1: Optional[Tensor],
-               main_dw2: Optional[Tensor], ints: List[int], floats: List[float]) -> tuple[Tensor, Tensor, Tensor]:
+               main_dw2: Optional[Tensor], ints: List[int],
+               floats: List[float]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     cfg = _Config.unpack(ints, floats)
     plan = _checked_plan("forward", cfg, x, gamma, beta, w1, b1, w2, b2, b2 is not None, state=state)
     for name, main, w in (("main_dw1", main_dw1, w1), ("main_dw2", main_dw2, w2)):
@@ -462,7 +466,16 @@ def forward_op(x: Tensor, gamma: Tensor, beta: Optional[Tensor], w1: Tensor, b1:
     exact = 0 if saved.numel() == 0 else plan._tensor_shape(_lib.TENSOR_SAVED, T)[0]
     if saved.numel() > exact:
         saved[exact:].zero_()
-    return y, saved, new_state
+    return y, saved, new_state, _norm_output_of(cfg, plan, saved, x)
+
+
+def _norm_output_of(cfg: _Config, plan, saved: Tensor, x: Tensor) -> Tensor:
+    """A copy of the norm output [..., H] in x's dtype, out of the saved buffer's section where the
+    plan says it is (empty without cfg.norm_output)."""
+    if not cfg.norm_output:
+        return x.new_empty((0,))
+    offset = plan.saved_section("norm_output", x.numel() // x.shape[-1])[0]
+    return saved[offset:offset + x.numel() * x.element_size()].view(x.dtype).view(x.shape).clone()
 
 
 @forward_op.register_fake
@@ -472,7 +485,7 @@ def _forward_fake(x, gamma, beta, w1, b1, w2, b2, state, main_dw1, main_dw2, int
     saved = x.new_empty(saved_bytes_bound(cfg, T, H, A, F, x.dtype, b1 is not None, b2 is not None),
                         dtype=torch.uint8)
     new_state = x.new_empty(state.shape if state is not None else (0,), dtype=torch.float32)
-    return torch.empty_like(x), saved, new_state
+    return torch.empty_like(x), saved, new_state, torch.empty_like(x) if cfg.norm_output else x.new_empty((0,))
 
 
 def _grad_type(cfg: _Config, io: torch.dtype) -> torch.dtype:
@@ -576,8 +589,10 @@ def _main_grad_dummy(cfg: _Config, weight: int, w: Tensor) -> Optional[Tensor]:
 
 def _setup_context(ctx, inputs, output):
     x, gamma, beta, w1, b1, w2, b2, state, main_dw1, main_dw2, ints, floats = inputs
-    _, saved, new_state = output
-    ctx.mark_non_differentiable(saved, new_state)
+    _, saved, new_state, norm_output = output
+    # The norm output's gradient reaches x, gamma and beta through the caller's framework norm
+    # (_functional.run), not through this op.
+    ctx.mark_non_differentiable(saved, new_state, norm_output)
     ctx.save_for_backward(x, gamma, beta, w1, b1, w2, saved)
     ctx.cfg = _Config.unpack(ints, floats)
     ctx.has_b2 = b2 is not None
@@ -590,7 +605,7 @@ def _setup_context(ctx, inputs, output):
     ctx.main_grads = None if main_dw1 is None else (main_dw1, main_dw2)
 
 
-def _backward(ctx, dy, _dsaved, _dstate):
+def _backward(ctx, dy, _dsaved, _dstate, _dnorm_output):
     x, gamma, beta, w1, b1, w2, saved = ctx.saved_tensors
     cfg = ctx.cfg
     state = ctx.state
