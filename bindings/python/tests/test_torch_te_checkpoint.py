@@ -264,3 +264,23 @@ def test_what_lnmlp_refuses_in_a_te_checkpoint_it_names_and_changes_nothing(te_r
     current = lt.LayerNormMLP(H, F, activation="gelu", fp8_recipe=lnmlp.Float8CurrentScaling())
     with pytest.raises(lnmlp.InvalidArgumentError, match="this module's fp8_recipe is Float8CurrentScaling"):
         current.load_state_dict(dict(params(current), _extra_state=te_extra_state(R(amax_history_len=L), te)))
+
+
+def test_transformer_engines_recipe_objects_are_taken_as_the_lnmlp_recipes_they_equal(te_recipe_module):
+    te = te_recipe_module.DelayedScaling(margin=1, amax_history_len=L, amax_compute_algo="most_recent")
+    mine = lnmlp.DelayedScaling(margin=1, amax_history_len=L, amax_compute_algo="most_recent")
+    assert lt.LayerNormMLP(H, F, device="cpu", fp8_recipe=te).fp8_recipe == mine
+    assert lt.QuantizerSet(te).recipe == mine
+    torch.manual_seed(21)
+    a = lt.LayerNormMLP(H, F, device="cpu")
+    b = lt.LayerNormMLP(H, F, device="cpu")
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(5, H)
+    with lt.fp8_autocast(fp8_recipe=te):
+        ya = a(x)
+    with lt.fp8_autocast(fp8_recipe=mine):
+        yb = b(x)
+    torch.testing.assert_close(ya, yb, rtol=0, atol=0)
+    assert torch.equal(a.fp8_state, b.fp8_state)
+    with pytest.raises(lnmlp.NotSupportedError, match="reduce_amax"):
+        lt.fp8_autocast(fp8_recipe=te_recipe_module.DelayedScaling(reduce_amax=False)).__enter__()

@@ -11,7 +11,7 @@ import torch
 from .. import _plan
 from .._functional import unpack_kernels_and_biases
 from .._lib import InvalidArgumentError
-from ..recipe import QUANTIZERS, Recipe, check_history, check_scale
+from ..recipe import QUANTIZERS, Recipe, as_recipe, check_history, check_scale
 from . import _ops
 
 __all__ = ["layernorm_mlp", "noop_quantizer_set", "QuantizerSet", "make_quantizer_set"]
@@ -29,8 +29,10 @@ class QuantizerSet:
     module's buffer is. Move it with :meth:`to` to the tensors' device. Use one set per layer."""
 
     def __init__(self, recipe: Recipe, state: torch.Tensor | None = None, device="cpu"):
-        if not isinstance(recipe, Recipe):
-            raise InvalidArgumentError(f"a quantizer set needs an lnmlp recipe, got {type(recipe).__name__}")
+        if as_recipe(recipe) is None:
+            raise InvalidArgumentError(f"a quantizer set needs an lnmlp recipe (or TransformerEngine's), got "
+                                       f"{type(recipe).__name__}")
+        recipe = as_recipe(recipe)  # TransformerEngine's recipe object read as the lnmlp recipe it equals
         self.recipe = recipe
         if recipe.stateful and state is None:
             state = fresh_state(recipe, device)
@@ -103,12 +105,13 @@ NAMES = dict(x="x", gamma="gamma", beta="beta", w1="kernel_1", b1="bias_1", w2="
 
 def run(cfg, recipe, x, gamma, beta, w1, b1, w2, b2, state=None, main_grads=None, names=NAMES):
     """y (and the norm output, with cfg.norm_output) for x [..., H] with w1 [H, A, F] and w2 [F, H]
-    (or, with cfg's out x in weight layout, w1 [A, F, H] and w2 [H, F]), b1 [A, F] or None, b2 [H] or None, after the checks every caller
-    gets: torch tensors on x's device, contiguous, of the right shapes (errors name them by `names`,
-    the caller's names for x, gamma, beta, w1, b1, w2, b2). y is a fresh tensor of x's
-    shape, not a view (FSDP2 and others expect a module's output to own its storage).
-    Parameters in another dtype than x are cast to it, as TransformerEngine casts them -- except
-    fp32 weights with a bf16/f16 x under an FP8 recipe, quantized from fp32 (gradients fp32)."""
+    (or, with cfg's out x in weight layout, w1 [A, F, H] and w2 [H, F]), b1 [A, F] or None, b2 [H]
+    or None, after the checks every caller gets: torch tensors on x's device, contiguous, of the
+    right shapes (errors name them by `names`, the caller's names for x, gamma, beta, w1, b1, w2,
+    b2). y is a fresh tensor of x's shape, not a view (FSDP2 and others expect a module's output
+    to own its storage). Parameters in another dtype than x are cast to it, as TransformerEngine
+    casts them -- except fp32 weights with a bf16/f16 x under an FP8 recipe, quantized from fp32
+    (gradients fp32)."""
     if cfg.norm != _plan._NORMS["layernorm"]:
         beta = None  # rmsnorm has none (TransformerEngine's layernorm_mlp ignores it)
     _ops.check_operands(names, cfg, x, gamma, beta, w1, b1, w2, b2)

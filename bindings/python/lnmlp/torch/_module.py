@@ -20,7 +20,7 @@ import torch
 
 from .. import _lib, _plan
 from .._lib import InvalidArgumentError, NotSupportedError
-from ..recipe import QUANTIZERS, DelayedScaling, Recipe
+from ..recipe import QUANTIZERS, DelayedScaling, Recipe, check_recipe
 from . import _extra_state, _functional, _ops
 
 __all__ = ["LayerNormMLP", "fp8_autocast"]
@@ -48,10 +48,10 @@ _autocast = _Fp8Autocast()
 @contextlib.contextmanager
 def fp8_autocast(enabled: bool = True, fp8_recipe: Recipe | None = None):
     """Runs the :class:`LayerNormMLP` modules called inside under FP8 (TransformerEngine's
-    ``fp8_autocast``): ``fp8_recipe`` is an lnmlp recipe, ``DelayedScaling()`` by default. A module
+    ``fp8_autocast``): ``fp8_recipe`` is an lnmlp recipe or TransformerEngine's recipe object of
+    the same name (read as the lnmlp recipe it equals), ``DelayedScaling()`` by default. A module
     made with ``fp8_recipe=`` uses its own recipe whatever the context says."""
-    if fp8_recipe is not None and not isinstance(fp8_recipe, Recipe):
-        raise InvalidArgumentError(f"fp8_recipe must be an lnmlp recipe, got {type(fp8_recipe).__name__}")
+    fp8_recipe = check_recipe(fp8_recipe)
     before = (_autocast.enabled, _autocast.recipe)
     _autocast.enabled = bool(enabled)
     _autocast.recipe = (fp8_recipe or DelayedScaling()) if enabled else None
@@ -164,8 +164,7 @@ class LayerNormMLP(torch.nn.Module):
         self.get_rng_state_tracker = get_rng_state_tracker
         if device is None:  # TE's default is "cuda"; here the CPU where there is no GPU
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        if fp8_recipe is not None and not isinstance(fp8_recipe, Recipe):
-            raise InvalidArgumentError(f"fp8_recipe must be an lnmlp recipe, got {type(fp8_recipe).__name__}")
+        fp8_recipe = check_recipe(fp8_recipe)
         for name, v in (("hidden_size", hidden_size), ("ffn_hidden_size", ffn_hidden_size)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InvalidArgumentError(f"{name} must be an int >= 1, got {v!r}")
