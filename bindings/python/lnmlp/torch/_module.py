@@ -216,6 +216,7 @@ class LayerNormMLP(torch.nn.Module):
         # FP8 and widened weight copies, which is_first_microbatch=False reuses) and frees it when
         # collected; the original's slot number in the state names the original's plans.
         super().__setstate__(state)
+        self.__dict__.setdefault("_state_recipe", None)  # a module pickled before it existed
         self._cfg = self._cfg.with_(slot=next(_slots))
         weakref.finalize(self, _ops.drop_slot, self._cfg.slot)
 

@@ -11,9 +11,11 @@ Three ops, each with a fake (meta) implementation for ``torch.compile`` and ``op
   -> (dx, dgamma, dbeta, dw1, db1, dw2, db2, state)``
 * ``lnmlp::backward_accumulate(dy, ..., state, main_dw1, main_dw2, ints, floats)
   -> (dx, dgamma, dbeta, db1, db2, state)``, which adds dW1 and dW2 into fp32 ``main_dw1`` /
-  ``main_dw2`` in place inside the GEMMs (TransformerEngine's ``fuse_wgrad_accumulation``).
+  ``main_dw2`` in place inside the GEMMs (TransformerEngine's ``fuse_wgrad_accumulation``), or
+  writes them there when the configuration's ``main_grad`` bits say overwrite (both weights).
   Eager backward uses it; under ``torch.compile`` (whose backward graphs do not take a mutating
-  custom op) backward computes fp32 dW with ``lnmlp::backward`` and adds it.
+  custom op), and when one weight overwrites and the other adds, backward computes fp32 dW with
+  ``lnmlp::backward`` and adds or copies it.
 
 ``forward`` is differentiable (``register_autograd``): its backward runs ``lnmlp::backward``
 (or ``backward_accumulate``). Every op is functional but the last one's two accumulators: the
