@@ -560,6 +560,8 @@ _F32 = dict(dtype=torch.float32)
     ("forward", dict(x=torch.ones(_T, 0)), "x must have shape"),
     ("forward", dict(x=torch.ones(H, _T).t()), "x is not contiguous"),
     ("forward", dict(x=torch.ones(_T, H, dtype=torch.float64)), "x must be float32"),
+    ("forward", dict(gamma=torch.ones(H, device="meta")), "gamma is on meta, but x is on cpu"),
+    ("backward", dict(saved=torch.zeros(10 ** 5, dtype=torch.uint8, device="meta")), "saved is on meta"),
     ("forward", dict(main_dw1=torch.zeros(H, _A, F), main_dw2=None), "both given or both None"),
     ("forward", dict(main_dw1=torch.zeros(H, _A, F), main_dw2=torch.zeros(F, H - 1)), "main_dw2 must have shape"),
     ("forward", dict(ints=[0] * 3), "expected 12 ints"),

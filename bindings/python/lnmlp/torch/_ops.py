@@ -295,6 +295,14 @@ def _checked_plan(op: str, cfg: _Config, x, gamma, beta, w1, b1, w2, b2, has_b2,
     return plan
 
 
+def _check_one_device(op: str, x: Tensor, **tensors) -> None:
+    """The fake implementations' check: a meta tensor among CPU or CUDA ones sends a call here
+    rather than to the real one, which would refuse it; so does this."""
+    for name, t in tensors.items():
+        if t is not None and t.device != x.device:
+            raise InvalidArgumentError(f"lnmlp::{op}: {name} is on {t.device}, but x is on {x.device}")
+
+
 def _dims(cfg: _Config, x: Tensor, w1: Tensor) -> tuple:
     """(T, H, A, F) of a call: x is [..., H], every leading index a token (T may be symbolic)."""
     H = x.shape[-1]
@@ -482,6 +490,8 @@ def _norm_output_of(cfg: _Config, plan, saved: Tensor, x: Tensor) -> Tensor:
 
 @forward_op.register_fake
 def _forward_fake(x, gamma, beta, w1, b1, w2, b2, state, main_dw1, main_dw2, ints, floats):
+    _check_one_device("forward", x, gamma=gamma, beta=beta, w1=w1, b1=b1, w2=w2, b2=b2, state=state,
+                      main_dw1=main_dw1, main_dw2=main_dw2)
     cfg = _Config.unpack(ints, floats)
     T, H, A, F = _dims(cfg, x, w1)
     saved = x.new_empty(saved_bytes_bound(cfg, T, H, A, F, x.dtype, b1 is not None, b2 is not None),
@@ -521,6 +531,7 @@ def backward_op(dy: Tensor, x: Tensor, gamma: Tensor, beta: Optional[Tensor], w1
 
 @backward_op.register_fake
 def _backward_fake(dy, x, gamma, beta, w1, b1, w2, has_b2, saved, state, ints, floats):
+    _check_one_device("backward", x, dy=dy, gamma=gamma, beta=beta, w1=w1, b1=b1, w2=w2, saved=saved, state=state)
     cfg = _Config.unpack(ints, floats)
     _, H, A, F = _dims(cfg, x, w1)
     g = _grad_type(cfg, x.dtype)
@@ -566,6 +577,8 @@ def backward_accumulate_op(dy: Tensor, x: Tensor, gamma: Tensor, beta: Optional[
 @backward_accumulate_op.register_fake
 def _backward_accumulate_fake(dy, x, gamma, beta, w1, b1, w2, has_b2, saved, state, main_dw1, main_dw2, ints,
                               floats):
+    _check_one_device("backward_accumulate", x, dy=dy, gamma=gamma, beta=beta, w1=w1, b1=b1, w2=w2, saved=saved,
+                      state=state, main_dw1=main_dw1, main_dw2=main_dw2)
     _, H, A, F = _dims(_Config.unpack(ints, floats), x, w1)
     return (torch.empty_like(x), torch.empty_like(gamma), x.new_empty((H,) if beta is not None else (0,)),
             x.new_empty((A, F) if b1 is not None else (0,), dtype=torch.float32),
