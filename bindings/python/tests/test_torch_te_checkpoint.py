@@ -182,6 +182,32 @@ def test_lnmlp_writes_what_te_reads(te_recipe_module):
     assert float(got["scale_fwd"][2]) == 1.0 and float(got["scale_bwd"][1]) == 1.0  # slots lnmlp has not
 
 
+def test_a_format_pickled_by_name_loads_too(te_recipe_module):
+    """Python versions pickle an Enum member as Format(value) or as getattr(Format, name); both are
+    read (getattr admitted for TE's Format alone)."""
+    Format = te_recipe_module.Format
+
+    class ByName:
+        def __reduce__(self):
+            return getattr, (Format, "E4M3")
+
+    te = te_simulate(np.full((2, 6), 3.0, np.float32))
+    recipe = te_recipe_module.DelayedScaling(amax_history_len=L, fp8_format=ByName())
+    extra = te_extra_state(recipe, te)
+    assert b"getattr" in extra.numpy().tobytes()
+    m = lt.LayerNormMLP(H, F, activation="gelu", device="cpu")
+    m.load_state_dict(dict(params(m), _extra_state=extra))
+    assert m._state_recipe == lnmlp.DelayedScaling(amax_history_len=L, fp8_format="E4M3")
+
+    class OtherGetattr:
+        def __reduce__(self):
+            return getattr, (te_recipe_module.DelayedScaling, "__init__")
+
+    bad = te_extra_state(te_recipe_module.DelayedScaling(amax_history_len=L, fp8_format=OtherGetattr()), te)
+    with pytest.raises(lnmlp.InvalidArgumentError, match="getattr on something other than TE's Format"):
+        m.load_state_dict(dict(params(m), _extra_state=bad))
+
+
 def test_what_te_writes_without_delayed_state_loads_and_changes_nothing(te_recipe_module):
     m = lt.LayerNormMLP(H, F, activation="gelu", fp8_recipe=lnmlp.DelayedScaling(amax_history_len=L))
     before = m.fp8_state.clone()

@@ -29,10 +29,11 @@ class QuantizerSet:
     module's buffer is. Move it with :meth:`to` to the tensors' device. Use one set per layer."""
 
     def __init__(self, recipe: Recipe, state: torch.Tensor | None = None, device="cpu"):
-        if as_recipe(recipe) is None:
+        lnmlp_recipe = as_recipe(recipe)  # a TransformerEngine recipe object: the lnmlp recipe it equals
+        if lnmlp_recipe is None:
             raise InvalidArgumentError(f"a quantizer set needs an lnmlp recipe (or TransformerEngine's), got "
                                        f"{type(recipe).__name__}")
-        recipe = as_recipe(recipe)  # TransformerEngine's recipe object read as the lnmlp recipe it equals
+        recipe = lnmlp_recipe
         self.recipe = recipe
         if recipe.stateful and state is None:
             state = fresh_state(recipe, device)

@@ -262,7 +262,10 @@ def _check_against_plan(op: str, plan, tokens: int, x: Tensor, **tensors) -> Non
     at least the call's saved bytes. Nothing outside the tensors given is then read or written."""
     for name, t in tensors.items():
         k = _lib.TENSORS[_TENSOR_OF.get(name, name)]
-        shape, np_dtype = plan._tensor_shape(k, tokens, with_dtype=True)
+        if k in plan._shapes:  # the sizes that do not depend on tokens, which the plan keeps
+            shape, np_dtype = plan._shapes[k], plan._dtypes[k]
+        else:  # dy, saved: one query for this call's tokens
+            shape, np_dtype = plan._tensor_shape(k, tokens, with_dtype=True)
         label = f"lnmlp::{op}: {name}"
         if shape is None:
             if t is not None and t.numel():
@@ -454,9 +457,9 @@ def forward_op(x: Tensor, gamma: Tensor, beta: Optional[Tensor], w1: Tensor, b1:
                floats: List[float]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     cfg = _Config.unpack(ints, floats)
     plan = _checked_plan("forward", cfg, x, gamma, beta, w1, b1, w2, b2, b2 is not None, state=state)
+    if (main_dw1 is None) != (main_dw2 is None):
+        raise InvalidArgumentError("lnmlp::forward: main_dw1 and main_dw2 are both given or both None")
     for name, main, w in (("main_dw1", main_dw1, w1), ("main_dw2", main_dw2, w2)):
-        if (main is None) != (main_dw1 is None):
-            raise InvalidArgumentError("lnmlp::forward: main_dw1 and main_dw2 are both given or both None")
         if main is not None:  # kept for backward_accumulate, which adds into them
             check_tensor(f"lnmlp::forward: {name}", main, x, dtypes=(torch.float32,))
             if main.shape != w.shape:
