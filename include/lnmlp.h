@@ -829,6 +829,51 @@ LNMLP_API int32_t lnmlp_plan_backward(lnmlp_plan* plan, int64_t tokens, const vo
                                       const void* w2, const void* saved, void* dx, void* dgamma, void* dbeta, void* dw1,
                                       void* db1, void* dw2, void* db2, void* fp8_state, int32_t flags, void* stream);
 
+/* ---- Backward in two calls --------------------------------------------------------------------
+ * TransformerEngine's delay_wgrad_compute: backward split into a data call, which gives every
+ * gradient but dW1 and dW2 (dx first, so the layers below can go on), and a weights call, made any
+ * time later, which gives dW1 and dW2. Between them the caller holds the deferred buffer: what the
+ * weight-gradient GEMMs read that the saved buffer lacks (dh, dy's GEMM operand, and the norm and
+ * activation outputs where forward did not save them), in the I/O dtype or, under an FP8 recipe, as
+ * FP8 codes, the same on every backend. The two calls together write, bit for bit, what
+ * lnmlp_plan_backward writes (the FP8 state included: the data call updates it; the weights call
+ * quantizes nothing anew). Other calls of the plan may come between them, as long as the saved
+ * buffer, dy and the deferred buffer stay as they were. */
+
+/* The bytes of the deferred buffer of a call with `tokens` tokens (0 .. the plan's most, or
+ * LNMLP_TOKENS_MAX for the most, which serves every call); 0 for a plan that does not train.
+ * @since 0.2
+ * @param[in] plan, tokens
+ * @param[out] bytes */
+LNMLP_API int32_t lnmlp_plan_get_deferred_bytes(const lnmlp_plan* plan, int64_t tokens, int64_t* bytes);
+
+/* Backward's data call: writes what lnmlp_plan_backward writes -- dx, dgamma, dbeta, db1 and db2
+ * (accumulating as the descriptor says), the FP8 state -- except dW1 and dW2, and writes `deferred`
+ * (aligned to lnmlp_plan_get_alignment, of at least lnmlp_plan_get_deferred_bytes for the call's
+ * tokens; NULL allowed only with 0 tokens) for lnmlp_plan_backward_weights. Arguments otherwise as
+ * for lnmlp_plan_backward; `deferred` must not overlap any other.
+ * @since 0.2
+ * @param[in] tokens, dy, x, gamma, beta, w1, b1, w2, saved, flags, stream
+ * @param[out] dx, dgamma, dbeta, db2, deferred
+ * @param[in,out] plan, db1, fp8_state */
+LNMLP_API int32_t lnmlp_plan_backward_data(lnmlp_plan* plan, int64_t tokens, const void* dy, const void* x,
+                                           const void* gamma, const void* beta, const void* w1, const void* b1,
+                                           const void* w2, const void* saved, void* dx, void* dgamma, void* dbeta,
+                                           void* db1, void* db2, void* deferred, void* fp8_state, int32_t flags,
+                                           void* stream);
+
+/* Backward's weights call: dW1 and dW2 (overwritten, or accumulated as the descriptor says) of the
+ * data call that wrote `deferred`, given that call's tokens, dy and saved buffer (unchanged since).
+ * It reads no weight and no FP8 state and runs no collective (under sharding each rank makes it
+ * when it likes); it leaves the plan's kept weight copies as they are (flags: LNMLP_CALL_* values,
+ * which change nothing here). With 0 tokens dW1 and dW2 are zeros (or stay as they are when they
+ * accumulate). stream as for forward.
+ * @since 0.2
+ * @param[in] tokens, dy, saved, deferred, flags, stream
+ * @param[in,out] plan, dw1, dw2 */
+LNMLP_API int32_t lnmlp_plan_backward_weights(lnmlp_plan* plan, int64_t tokens, const void* dy, const void* saved,
+                                              const void* deferred, void* dw1, void* dw2, int32_t flags, void* stream);
+
 /* =============================================================================================
  * The experimental tier: declared only where LNMLP_EXPERIMENTAL is defined before this header is
  * included. What is here works and is tested, but may change in any release: sharding and its

@@ -290,6 +290,10 @@ struct RunOptions {
   bool norm_output = false;  // lnmlp_desc_set_norm_output
   // Token counts (a call's) whose GEMMs plan creation makes (lnmlp_desc_set_prepared_tokens).
   std::vector<int64_t> prepared_tokens;
+  // Backward in two calls: lnmlp_plan_backward_data, then lnmlp_plan_backward_weights (with an
+  // external workspace, scribbled over between them: the weights call must need nothing the data
+  // call left there).
+  bool split_backward = false;
 };
 
 struct RunResult {
@@ -302,6 +306,7 @@ struct RunResult {
   Buffer norm_output;
   std::vector<int64_t> section_offsets, section_bytes;
   int64_t call_saved_bytes = 0;
+  int64_t deferred_bytes = 0;  // the last call's (RunOptions::split_backward)
 };
 
 class Plan {
@@ -349,6 +354,10 @@ class Plan {
   Plan& operator=(const Plan&) = delete;
   lnmlp_plan* get() const { return plan_; }
   int64_t alignment() const { return align_; }
+  // Overwrites an attached workspace with garbage (nothing without one).
+  void scribble_workspace() {
+    if (workspace_.get() != nullptr) std::memset(workspace_.get(), 0xA5, static_cast<size_t>(workspace_.bytes));
+  }
 
  private:
   lnmlp_plan* plan_ = nullptr;
@@ -421,10 +430,23 @@ inline RunResult run_library(const Problem& pr, const RunOptions& o) {
     r.dw2 = Buffer(pr.dtype, F * H);
     if (c.has_bias2) r.db2 = Buffer(pr.dtype, H);
     for (Buffer* b : {&r.dx, &r.dgamma, &r.dbeta, &r.dw1, &r.db1, &r.dw2, &r.db2}) b->poison();
-    LNMLP_TEST_CHECK(lnmlp_plan_backward(
+    if (!o.split_backward) {
+      LNMLP_TEST_CHECK(lnmlp_plan_backward(
+          plan.get(), static_cast<int64_t>(T), pr.bdy.data(), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(),
+          pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), saved.get(), r.dx.data(), r.dgamma.data(), r.dbeta.data(),
+          r.dw1.data(), r.db1.data(), r.dw2.data(), r.db2.data(), call_state, LNMLP_CALL_DEFAULT, nullptr));
+      continue;
+    }
+    LNMLP_TEST_CHECK(lnmlp_plan_get_deferred_bytes(plan.get(), static_cast<int64_t>(T), &r.deferred_bytes));
+    AlignedMemory deferred(r.deferred_bytes, plan.alignment(), 0xFF);
+    LNMLP_TEST_CHECK(lnmlp_plan_backward_data(
         plan.get(), static_cast<int64_t>(T), pr.bdy.data(), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(),
         pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), saved.get(), r.dx.data(), r.dgamma.data(), r.dbeta.data(),
-        r.dw1.data(), r.db1.data(), r.dw2.data(), r.db2.data(), call_state, LNMLP_CALL_DEFAULT, nullptr));
+        r.db1.data(), r.db2.data(), deferred.get(), call_state, LNMLP_CALL_DEFAULT, nullptr));
+    plan.scribble_workspace();
+    LNMLP_TEST_CHECK(lnmlp_plan_backward_weights(plan.get(), static_cast<int64_t>(T), pr.bdy.data(), saved.get(),
+                                                 deferred.get(), r.dw1.data(), r.dw2.data(), LNMLP_CALL_DEFAULT,
+                                                 nullptr));
   }
   read_saved_sections(plan.get(), static_cast<int64_t>(T), saved.get(), &r);
   // dW1 and dW2 in x out, as the reference has them.

@@ -527,6 +527,14 @@ void require_workspace(const lnmlp_plan* plan) {
          "this plan uses external workspace and none is attached; call lnmlp_plan_attach_workspace with ",
          plan->workspace_bytes, " bytes first");
 }
+
+// Backward, or one of its two calls (args.part), checked and run.
+void run_backward(lnmlp_plan* plan, BackwardArgs& args) {
+  check_backward_args(*plan, args);
+  if (args.fp8_state == nullptr && args.part != BackwardPart::Weights) args.fp8_state = plan->state();
+  require_workspace(plan);
+  plan->engine->backward(args, plan->workspace);
+}
 }  // namespace
 
 LNMLP_API int32_t lnmlp_plan_forward(lnmlp_plan* plan, int64_t tokens, const void* x, const void* gamma,
@@ -554,10 +562,42 @@ LNMLP_API int32_t lnmlp_plan_backward(lnmlp_plan* plan, int64_t tokens, const vo
     BackwardArgs args{tokens,   dy,     x,     gamma, beta, w1,  b1,  w2,     saved,
                       dx,       dgamma, dbeta, dw1,   db1,  dw2, db2, stream, static_cast<float*>(fp8_state),
                       unchanged};
-    check_backward_args(*plan, args);
-    if (args.fp8_state == nullptr) args.fp8_state = plan->state();
-    require_workspace(plan);
-    plan->engine->backward(args, plan->workspace);
+    run_backward(plan, args);
+  });
+}
+
+LNMLP_API int32_t lnmlp_plan_backward_data(lnmlp_plan* plan, int64_t tokens, const void* dy, const void* x,
+                                           const void* gamma, const void* beta, const void* w1, const void* b1,
+                                           const void* w2, const void* saved, void* dx, void* dgamma, void* dbeta,
+                                           void* db1, void* db2, void* deferred, void* fp8_state, int32_t flags,
+                                           void* stream) {
+  return api_guard(__func__, [&] {
+    PlanUse use(plan);
+    const bool unchanged = check_call_flags(flags);
+    BackwardArgs args{tokens,   dy,     x,     gamma,   beta, w1,      b1,  w2,     saved,
+                      dx,       dgamma, dbeta, nullptr, db1,  nullptr, db2, stream, static_cast<float*>(fp8_state),
+                      unchanged};
+    args.part = BackwardPart::Data;
+    args.deferred = deferred;
+    run_backward(plan, args);
+  });
+}
+
+LNMLP_API int32_t lnmlp_plan_backward_weights(lnmlp_plan* plan, int64_t tokens, const void* dy, const void* saved,
+                                              const void* deferred, void* dw1, void* dw2, int32_t flags, void* stream) {
+  return api_guard(__func__, [&] {
+    PlanUse use(plan);
+    BackwardArgs args{};  // what the weights call reads and writes; the rest NULL
+    args.tokens = tokens;
+    args.dy = dy;
+    args.saved = saved;
+    args.dw1 = dw1;
+    args.dw2 = dw2;
+    args.stream = stream;
+    args.weights_unchanged = check_call_flags(flags);
+    args.part = BackwardPart::Weights;
+    args.deferred = const_cast<void*>(deferred);
+    run_backward(plan, args);
   });
 }
 

@@ -25,17 +25,19 @@ constexpr const char* kNoBeta = " (RMSNorm has no beta)";
 constexpr const char* kNoBias1 = " (the descriptor disabled bias1; see lnmlp_desc_set_bias)";
 constexpr const char* kNoBias2 = " (the descriptor disabled bias2; see lnmlp_desc_set_bias)";
 constexpr const char* kNoSaved = " (this plan saves nothing)";
+constexpr const char* kNotThisPart = " in this part of backward";
 
 // Byte sizes of every tensor of the block in the plan's dtype.
 struct Sizes {
-  int64_t th, h, w1, b1, w2, saved;
+  int64_t th, h, w1, b1, w2, saved, deferred;
   int64_t w;                      // W1's and W2's element bytes (their dtype's)
   int64_t g, dw1, db1, dw2, db2;  // dW1, db1, dW2, db2 in their dtype (g: its element's bytes)
   Sizes(const lnmlp_plan& plan, int64_t tokens) {
     const Config& c = plan.cfg;
     const int64_t e = numerics::dtype_bytes(c.dtype);
     th = tokens * c.hidden * e;  // x, y, dy, dx: the call's rows (this rank's under sequence parallelism)
-    saved = tokens == c.rows() ? plan.saved.total_bytes : make_saved_layout(c.for_call(tokens)).total_bytes;
+    saved = plan.saved_of_call(tokens).total_bytes;
+    deferred = plan.deferred_bytes(tokens);
     h = c.hidden * e;
     w = numerics::dtype_bytes(c.weight_type());
     w1 = c.hidden * c.act_width() * w;
@@ -133,24 +135,31 @@ void check_backward_args(const lnmlp_plan& plan, const BackwardArgs& a) {
   check_call(plan, a.tokens, a.fp8_state);
   const Sizes s(plan, a.tokens);
   const bool none = a.tokens == 0;
+  // Which tensors the part takes (the others must be NULL): the weights call reads dy, saved and
+  // deferred and writes dW1 and dW2; the data call the rest, and writes deferred.
+  const bool data = a.part != BackwardPart::Weights, weights = a.part != BackwardPart::Data;
+  const bool split = a.part != BackwardPart::Whole;
+  const char* why = kNotThisPart;
   static const char* const kSaved = "saved";
   check_tensors(plan,
                 {{"dy", a.dy, s.th, true, false, "", none},
-                 {"x", a.x, s.th, true, false, "", none},
-                 {"gamma", a.gamma, s.h, true, false},
-                 {"beta", a.beta, s.h, c.has_beta(), false, kNoBeta},
-                 {"w1", a.w1, s.w1, true, false, "", false, s.w},
+                 {"x", a.x, s.th, data, false, why, none},
+                 {"gamma", a.gamma, s.h, data, false, why},
+                 {"beta", a.beta, s.h, data && c.has_beta(), false, data ? kNoBeta : why},
+                 {"w1", a.w1, s.w1, data, false, why, false, s.w},
                  // b1 is read only when GEMM1 is recomputed (SAVE_STATS); otherwise it may be NULL.
-                 {"b1", a.b1, s.b1, c.has_bias1, false, kNoBias1, c.remat != Remat::SaveStats},
-                 {"w2", a.w2, s.w2, true, false, "", false, s.w},
+                 {"b1", a.b1, s.b1, data && c.has_bias1, false, data ? kNoBias1 : why, c.remat != Remat::SaveStats},
+                 {"w2", a.w2, s.w2, data, false, why, false, s.w},
                  {kSaved, a.saved, s.saved, true, false, "", none},
-                 {"dx", a.dx, s.th, true, true, "", none},
-                 {"dgamma", a.dgamma, s.h, true, true},
-                 {"dbeta", a.dbeta, s.h, c.has_beta(), true, kNoBeta},
-                 {"dw1", a.dw1, s.dw1, true, true, "", false, s.g},
-                 {"db1", a.db1, s.db1, c.has_bias1, true, kNoBias1, false, s.g},
-                 {"dw2", a.dw2, s.dw2, true, true, "", false, s.g},
-                 {"db2", a.db2, s.db2, c.has_bias2, true, kNoBias2, false, s.g}},
+                 {"dx", a.dx, s.th, data, true, why, none},
+                 {"dgamma", a.dgamma, s.h, data, true, why},
+                 {"dbeta", a.dbeta, s.h, data && c.has_beta(), true, data ? kNoBeta : why},
+                 {"dw1", a.dw1, s.dw1, weights, true, why, false, s.g},
+                 {"db1", a.db1, s.db1, data && c.has_bias1, true, data ? kNoBias1 : why, false, s.g},
+                 {"dw2", a.dw2, s.dw2, weights, true, why, false, s.g},
+                 {"db2", a.db2, s.db2, data && c.has_bias2, true, data ? kNoBias2 : why, false, s.g},
+                 // Written by the data call, read by the weights call; aligned as the saved buffer.
+                 {"deferred", a.deferred, s.deferred, split, data, why, none, plan.engine->alignment()}},
                 kSaved);
 }
 

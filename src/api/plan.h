@@ -31,6 +31,14 @@ struct lnmlp_plan {
   float* fp8_state = nullptr;       // the plan's own quantizer state in the engine's memory (fp8_state.h), DELAYED only
   float* attached_fp8_state = nullptr;  // the caller's, in use instead when attached (lnmlp_plan_attach_fp8_state)
 
+  // The saved and deferred buffers of a call with `tokens` rows (0 .. cfg.rows()).
+  lnmlp::SavedLayout saved_of_call(int64_t tokens) const {
+    return tokens == cfg.rows() ? saved : lnmlp::make_saved_layout(cfg.for_call(tokens));
+  }
+  int64_t deferred_bytes(int64_t tokens) const {
+    return lnmlp::make_deferred_layout(cfg.for_call(tokens), saved_of_call(tokens)).total_bytes;
+  }
+
   // The state forward, backward and the state functions use when a call passes none.
   float* state() const { return attached_fp8_state != nullptr ? attached_fp8_state : fp8_state; }
   std::atomic<bool> busy{false};    // set while a thread runs forward/backward or attaches

@@ -65,9 +65,7 @@ Shape shape_of(const lnmlp_plan& plan, int32_t tensor, int64_t tokens) {
     case LNMLP_TENSOR_B2: return make_shape(c.has_bias2, {H}, io);
     case LNMLP_TENSOR_DB2: return make_shape(c.has_bias2, {H}, wg);
     case LNMLP_TENSOR_SAVED: {
-      const int64_t bytes =
-          tokens == c.rows() ? plan.saved.total_bytes : make_saved_layout(c.for_call(tokens)).total_bytes;
-      return make_shape(plan.saved.total_bytes > 0, {bytes}, LNMLP_DTYPE_U8);
+      return make_shape(plan.saved.total_bytes > 0, {plan.saved_of_call(tokens).total_bytes}, LNMLP_DTYPE_U8);
     }
     case LNMLP_TENSOR_FP8_STATE:
       return make_shape(plan.recipe.stateful(), {kQuantizerCount, plan.recipe.state_stride()}, LNMLP_DTYPE_F32);
@@ -82,7 +80,7 @@ Shape section_of(const lnmlp_plan& plan, int32_t section, int64_t tokens, int64_
     fail(LNMLP_ERROR_INVALID_ARGUMENT, "unknown section ", section, " (expected an LNMLP_SAVED_* value)");
   const Config& c = plan.cfg;
   const Config call = c.for_call(tokens);
-  const SavedLayout layout = tokens == c.rows() ? plan.saved : make_saved_layout(call);
+  const SavedLayout layout = plan.saved_of_call(tokens);
   static_assert(std::tuple_size<decltype(layout.regions())>::value == LNMLP_SAVED_COUNT,
                 "SavedLayout::regions() lists the LNMLP_SAVED_* sections, in their order");
   const Region& r = *layout.regions()[static_cast<size_t>(section)];
@@ -149,6 +147,14 @@ LNMLP_API int32_t lnmlp_plan_get_saved_section(const lnmlp_plan* plan, int32_t s
     const Shape s = section_of(*plan, section, call_tokens(*plan, tokens), &at);
     *offset = at;
     write_shape(s, rank, dims, dtype);
+  });
+}
+
+LNMLP_API int32_t lnmlp_plan_get_deferred_bytes(const lnmlp_plan* plan, int64_t tokens, int64_t* bytes) {
+  return api_guard(__func__, [&] {
+    const Held<lnmlp_plan> held(plan, "plan");
+    if (bytes == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "bytes is NULL; pass where to write the result");
+    *bytes = plan->deferred_bytes(call_tokens(*plan, tokens));
   });
 }
 

@@ -14,11 +14,14 @@ BlockEngine::BlockEngine(const Config& cfg, const SavedLayout& saved, std::uniqu
   Workspace fw(nullptr, false);
   run_forward(*exec_, cfg_, saved_, ForwardArgs{}, fw, nullptr);
   workspace_bytes_ = fw.bytes();
-  if (trains(cfg_)) {
-    Workspace bw(nullptr, false);
-    run_backward(*exec_, cfg_, saved_, BackwardArgs{}, bw, nullptr);
-    workspace_bytes_ = std::max(workspace_bytes_, bw.bytes());
-  }
+  if (trains(cfg_))
+    for (BackwardPart part : {BackwardPart::Whole, BackwardPart::Data, BackwardPart::Weights}) {
+      Workspace bw(nullptr, false);
+      BackwardArgs args{};
+      args.part = part;
+      run_backward(*exec_, cfg_, saved_, args, bw, nullptr);
+      workspace_bytes_ = std::max(workspace_bytes_, bw.bytes());
+    }
 }
 
 template <typename Args, typename Pass> void BlockEngine::run_call(const Args& a, void* workspace, Pass pass) {
@@ -74,12 +77,15 @@ void BlockEngine::backward(const BackwardArgs& a, void* workspace) {
                          {"dw2", a.dw2},
                          {"db2", a.db2},
                          {"fp8_state", a.fp8_state},
+                         {"deferred", a.deferred},
                          {"workspace", workspace}},
                         a.stream);
-  keep_weights(a.weights_unchanged, workspace);
+  // The weights call reads no weight: the copies kept stay as they are, for the calls that do.
+  if (a.part != BackwardPart::Weights) keep_weights(a.weights_unchanged, workspace);
   if (a.tokens == 0) {
-    // No tokens: the parameters' gradients are zeros (on every rank: the group's calls all have
-    // no tokens), accumulating ones stay as they are, and nothing else is read or written.
+    // No tokens: the parameters' gradients the call gives are zeros (on every rank: the group's
+    // calls all have no tokens), accumulating ones stay as they are, and nothing else is read or
+    // written.
     const int64_t e = numerics::dtype_bytes(cfg_.dtype), H = cfg_.hidden, AF = cfg_.act_width();
     const int64_t g = cfg_.accumulate_grads ? 0 : numerics::dtype_bytes(cfg_.param_grad_type());
     const std::pair<void*, int64_t> grads[] = {{a.dgamma, H * e}, {a.dbeta, H * e},          {a.dw1, H * AF * g},

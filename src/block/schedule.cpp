@@ -57,6 +57,7 @@ struct Pass {
   bool weight_shared[2] = {};             // one operand for both orientations
   float* used_scales = nullptr;           // forward: where the scales it uses are saved for backward
   const float* forward_scales = nullptr;  // backward: those scales
+  float* backward_scales = nullptr;       // backward in two calls: dy's and dh's scales (the deferred buffer's)
 
   Mat io(const void* p, int64_t rows, int64_t cols) const { return mat(p, D, rows, cols); }
   // dW1, db1, dW2 or db2 (in their dtype, added into when they accumulate): db1 or db2 as [1, n],
@@ -79,6 +80,12 @@ struct Pass {
   QuantScalars* scalars(int q) const { return offset(sc, q); }
   uint32_t* amax_of(int q) const { return sc != nullptr ? &sc[q].amax_bits : nullptr; }
   float* state_of(int q) const { return r.stateful() ? offset(fp8_state, q * r.state_stride()) : nullptr; }
+  // Where the scale a pass takes for quantizer q is recorded for a later pass (or NULL): forward's
+  // in the saved buffer, dy's and dh's in the deferred one. And where a later pass reads it.
+  float* scale_record(int q) const { return offset(is_forward_quantizer(q) ? used_scales : backward_scales, q); }
+  const float* recorded_scale(int q) const {
+    return offset(is_forward_quantizer(q) ? forward_scales : static_cast<const float*>(backward_scales), q);
+  }
 
   // W1 or W2 (WeightCopies::kW1, kW2) as a [rows, cols] matrix in `type`: in x out, W1 [H, A*F]
   // and W2 [F, H]; out x in, [A*F, H] and [H, F] (the weight layout). Their gradients too.
@@ -164,7 +171,7 @@ void own_scale(Pass& p, int q, const Mat& x, bool amax_measured = false) {
   if (p.c.sharded()) p.all_reduce_max(amax);
   const float* state = p.state_of(q);
   p.x.tensor_scale({nullptr, state, amax, numerics::fp8_max(p.r.formats[q]), p.r.power_2_scale, p.r.amax_epsilon,
-                    s != nullptr ? &s->scale : nullptr, offset(p.used_scales, q)});
+                    s != nullptr ? &s->scale : nullptr, p.scale_record(q)});
 }
 
 // Delayed scaling: the state's scale for quantizer q, which needs no amax (the amax is recorded
@@ -172,14 +179,15 @@ void own_scale(Pass& p, int q, const Mat& x, bool amax_measured = false) {
 void state_scale(Pass& p, int q) {
   QuantScalars* s = p.scalars(q);
   p.x.tensor_scale({nullptr, p.state_of(q), nullptr, numerics::fp8_max(p.r.formats[q]), p.r.power_2_scale,
-                    p.r.amax_epsilon, s != nullptr ? &s->scale : nullptr, offset(p.used_scales, q)});
+                    p.r.amax_epsilon, s != nullptr ? &s->scale : nullptr, p.scale_record(q)});
 }
 
-// Backward: the scale forward used for quantizer q (saved), so a re-quantization gives its codes.
+// Backward: the scale forward used for quantizer q (saved), so a re-quantization gives its codes;
+// or, in backward's weights call, the scale the data call quantized dy or dh with.
 void forward_scale(Pass& p, int q) {
   QuantScalars* s = p.scalars(q);
   p.x.tensor_scale(
-      {offset(p.forward_scales, q), nullptr, nullptr, 1.0f, false, 0.0f, s != nullptr ? &s->scale : nullptr, nullptr});
+      {p.recorded_scale(q), nullptr, nullptr, 1.0f, false, 0.0f, s != nullptr ? &s->scale : nullptr, nullptr});
 }
 
 enum class ScaleFrom { Own, Forward };
@@ -459,10 +467,59 @@ void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardA
   x.finish();
 }
 
+namespace {
+
+// Backward's weights call: dW2 = a^T dy and dW1 = ln^T dh, from the operands the saved buffer has
+// and the data call kept in the deferred buffer (unquantized dy without sequence parallelism: the
+// caller's). No collective: the weight gradients are the rank's own.
+void run_backward_weights(Exec& x, const Config& c, const SavedLayout& sv, const BackwardArgs& a, Workspace& ws,
+                          WeightCopies* weights) {
+  Pass p(x, c, sv, ws, a.stream, nullptr, weights);
+  const DeferredLayout dv = make_deferred_layout(c, sv);
+  p.forward_scales = saved_at<float>(sv.fwd_scales, a.saved);
+  p.backward_scales = saved_at<float>(dv.scales, a.deferred);
+  const int64_t T = p.T, H = p.H, F = p.F, AF = p.AF;
+  // Quantizer q's tensor [T, cols] as its weight-gradient GEMM reads it: FP8 codes (and block
+  // scales) in the buffer at base, or unquantized the tensor in D at `tensor`.
+  const auto operand = [&](int q, int64_t cols, const Region& codes, const Region& scales, const void* base,
+                           const void* tensor) {
+    if (p.quantized) return saved_operand(p, q, codes, scales, base, T, cols);
+    return operands(p, q, p.io(tensor, T, cols), false, true, ScaleFrom::Forward).columnwise;
+  };
+  const void *saved = a.saved, *kept = a.deferred;
+  // ln and act where forward saved them (make_deferred_layout keeps the others), dy and dh kept.
+  const Operand act = sv.act_q.present() || sv.act.present()
+                          ? operand(kActOut, F, sv.act_q, sv.act_q_scale, saved, saved_at<void>(sv.act, saved))
+                          : operand(kActOut, F, dv.act_q, dv.act_q_scale, kept, saved_at<void>(dv.act, kept));
+  const Operand dy =
+      operand(kDy, H, dv.dy_q, dv.dy_q_scale, kept, dv.dy.present() ? saved_at<void>(dv.dy, kept) : a.dy);
+  weight_grad_gemm(p, GemmRole::Dw2, act, dy, p.weight_grad(WeightCopies::kW2, a.dw2));
+  const Operand ln = (p.quantized ? sv.ln_q.present() : sv.ln_out.present())
+                         ? operand(kLnOut, H, sv.ln_q, sv.ln_q_scale, saved, saved_at<void>(sv.ln_out, saved))
+                         : operand(kLnOut, H, dv.ln_q, dv.ln_q_scale, kept, saved_at<void>(dv.ln, kept));
+  const Operand dh = operand(kDh, AF, dv.dh_q, dv.dh_q_scale, kept, saved_at<void>(dv.dh, kept));
+  weight_grad_gemm(p, GemmRole::Dw1, ln, dh, p.weight_grad(WeightCopies::kW1, a.dw1));
+  x.finish();
+}
+
+}  // namespace
+
 void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const BackwardArgs& a, Workspace& ws,
                   WeightCopies* weights) {
+  if (a.part == BackwardPart::Weights) {
+    run_backward_weights(x, c, sv, a, ws, weights);
+    return;
+  }
+  // Backward's data call (a.part == Data) computes no weight gradient: what their GEMMs read that
+  // the saved buffer lacks goes to the deferred buffer instead (kept), for the weights call.
+  const bool defer = a.part == BackwardPart::Data;
+  const DeferredLayout dv = defer ? make_deferred_layout(c, sv) : DeferredLayout{};
+  const auto keep = [&](const Region& codes, const Region& scales) {
+    return defer ? saving(codes, scales, a.deferred) : Saving{};
+  };
   Pass p(x, c, sv, ws, a.stream, a.fp8_state, weights);
   p.forward_scales = saved_at<float>(sv.fwd_scales, a.saved);
+  p.backward_scales = saved_at<float>(dv.scales, a.deferred);
   const int64_t T = p.T, Tn = p.Tn, H = p.H, F = p.F, AF = p.AF;
   const bool recompute_h = !sv.h.present();
   const NormInputs in{a.x, a.gamma, a.beta, saved_at<float>(sv.mu, a.saved), saved_at<float>(sv.rs, a.saved), Tn};
@@ -471,14 +528,15 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
   //    forward's saved tensor or codes, or the norm recomputed from the statistics.
   Quantized ln;
   if (sv.ln_q.present()) {
-    ln.columnwise = saved_operand(p, kLnOut, sv.ln_q, sv.ln_q_scale, a.saved, T, H);
+    if (!defer) ln.columnwise = saved_operand(p, kLnOut, sv.ln_q, sv.ln_q_scale, a.saved, T, H);
   } else if (sv.ln_out.present() && !p.quantized) {
     ln = operands(p, kLnOut, p.io(saved_at<void>(sv.ln_out, a.saved), T, H), false, true, ScaleFrom::Forward);
   } else if (!p.quantized) {
-    const Operand o = norm_plain(p, in, false, p.take(p.D, T, H, "ln_out"));
+    const Operand o = norm_plain(p, in, false, p.saved_or_take(dv.ln, a.deferred, p.D, T, H, "ln_out"));
     ln = {o, o};
   } else {
-    ln = produced_operands(p, kLnOut, T, H, recompute_h, true, ScaleFrom::Forward, {}, !p.sp, "ln_out fp32",
+    ln = produced_operands(p, kLnOut, T, H, recompute_h, !defer, ScaleFrom::Forward, keep(dv.ln_q, dv.ln_q_scale),
+                           !p.sp, "ln_out fp32",
                            [&](const Mat& out, ProducerFp8* fp8) { norm_gathered(p, in, false, out, fp8); });
   }
 
@@ -489,15 +547,18 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
   const Mat h = recompute_h ? p.take(p.D, T, AF, "ffn1") : p.io(saved_at<void>(sv.h, a.saved), T, AF);
   Operand act;
   if (sv.act_q.present()) {
-    act = saved_operand(p, kActOut, sv.act_q, sv.act_q_scale, a.saved, T, F);
+    if (!defer) act = saved_operand(p, kActOut, sv.act_q, sv.act_q_scale, a.saved, T, F);
   } else if (sv.act.present()) {
-    act = operands(p, kActOut, p.io(saved_at<void>(sv.act, a.saved), T, F), false, true, ScaleFrom::Forward).columnwise;
+    if (!defer)
+      act =
+          operands(p, kActOut, p.io(saved_at<void>(sv.act, a.saved), T, F), false, true, ScaleFrom::Forward).columnwise;
   } else if (!p.quantized) {
-    const Mat av = p.take(p.D, T, F, "act_out");
+    const Mat av = p.saved_or_take(dv.act, a.deferred, p.D, T, F, "act_out");
     void* op_slot = p.slot(x.plain_bytes(av), "act_out operand");
     act = recompute_h ? x.gemm1_act(ln.rowwise, w1.forward, a.b1, h, av, op_slot) : x.act_forward(h, av, op_slot);
   } else {
-    act = produced_operands(p, kActOut, T, F, false, true, ScaleFrom::Forward, {}, true, "act_out fp32",
+    act = produced_operands(p, kActOut, T, F, false, !defer, ScaleFrom::Forward, keep(dv.act_q, dv.act_q_scale), true,
+                            "act_out fp32",
                             [&](const Mat& out, ProducerFp8* fp8) {
                               if (recompute_h) x.gemm1_act(ln.rowwise, w1.forward, a.b1, h, out, nullptr, fp8);
                               else x.act_forward(h, out, nullptr, fp8);
@@ -511,36 +572,37 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
   if (c.has_bias2) x.column_sums(ColumnSum::Db2, p.io(a.dy, Tn, H), part_db2);
   Mat dy = p.io(a.dy, T, H);
   if (p.sp) {
-    dy = p.take(p.D, T, H, "all-gathered dy");
+    dy = p.saved_or_take(dv.dy, a.deferred, p.D, T, H, "all-gathered dy");
     p.all_gather(a.dy, dy.data, Tn * H, comm_type(p.D));
   }
-  const Quantized dyq = operands(p, kDy, dy, true, true, ScaleFrom::Own);
+  const Quantized dyq = operands(p, kDy, dy, true, !defer, ScaleFrom::Own, keep(dv.dy_q, dv.dy_q_scale));
 
   // 4. GEMM2's gradients: dact = dy @ W2^T, dW2 = a^T @ dy.
   const Operand w2 = weight_uses(p, WeightCopies::kW2, a.w2, false, true, ScaleFrom::Forward).data_grad;
   const Mat dact = p.take(DType::F32, T, F, "dact");
   x.gemm(GemmRole::Dact, dyq.rowwise, w2, dact, nullptr);
-  weight_grad_gemm(p, GemmRole::Dw2, act, dyq.columnwise, p.weight_grad(WeightCopies::kW2, a.dw2));
+  if (!defer) weight_grad_gemm(p, GemmRole::Dw2, act, dyq.columnwise, p.weight_grad(WeightCopies::kW2, a.dw2));
 
   // 5. dh = dact * act'(h) with db1's partial sums: in the GEMMs' operand type, or fp32 for the
-  //    quantizer.
+  //    quantizer. (Kept for the weights call unquantized, in D: the values the operand type holds.)
   float* part_db1 = ws.take_if<float>(c.has_bias1, x.partials_floats(ColumnSum::Db1), "db1 partials");
   const auto* dact32 = static_cast<const float*>(dact.data);
   Quantized dhq;
   if (!p.quantized) {
-    const Mat dh = p.take(x.operand_type(), T, AF, "dffn1");
+    const Mat dh = defer ? p.io(saved_at<void>(dv.dh, a.deferred), T, AF) : p.take(x.operand_type(), T, AF, "dffn1");
     x.act_backward(dact32, h, dh, true, part_db1);
     dhq = operands(p, kDh, dh, true, true, ScaleFrom::Own);
   } else {
     dhq = produced_operands(
-        p, kDh, T, AF, true, true, ScaleFrom::Own, {}, true, "dffn1 fp32",
+        p, kDh, T, AF, true, !defer, ScaleFrom::Own, keep(dv.dh_q, dv.dh_q_scale), true, "dffn1 fp32",
         [&](const Mat& out, ProducerFp8* fp8) { x.act_backward(dact32, h, out, false, part_db1, fp8); });
   }
 
   // 6. GEMM1's gradients: dn = dh @ W1^T (a rank's partial sum when sharded), dW1 = ln^T @ dh.
   const Mat dn = p.take(DType::F32, T, H, "dln_out");
   x.gemm(GemmRole::Dn, dhq.rowwise, w1.data_grad, dn, nullptr);
-  weight_grad_gemm(p, GemmRole::Dw1, ln.columnwise, dhq.columnwise, p.weight_grad(WeightCopies::kW1, a.dw1));
+  if (!defer)
+    weight_grad_gemm(p, GemmRole::Dw1, ln.columnwise, dhq.columnwise, p.weight_grad(WeightCopies::kW1, a.dw1));
   float* dn_local = ws.take_if<float>(p.sp, Tn * H, "reduce-scattered dln_out rows");
   const float* dn_rows = p.group_sum_rows(static_cast<float*>(dn.data), dn_local, H);
 

@@ -23,6 +23,12 @@ struct ForwardArgs {
   bool weights_unchanged;  // LNMLP_CALL_WEIGHTS_UNCHANGED: W1, W2 as when the plan's kept copies were made
 };
 
+// Which part of backward a call runs: all of it (lnmlp_plan_backward), or it in two calls
+// (TransformerEngine's delay_wgrad_compute): everything but dW1 and dW2, keeping what their GEMMs
+// read that forward did not save in the deferred buffer (lnmlp_plan_backward_data), then dW1 and
+// dW2 from it (lnmlp_plan_backward_weights).
+enum class BackwardPart : int32_t { Whole = 0, Data = 1, Weights = 2 };
+
 struct BackwardArgs {
   int64_t tokens;  // as in ForwardArgs
   const void* dy;
@@ -43,6 +49,8 @@ struct BackwardArgs {
   void* stream;
   float* fp8_state;        // as in ForwardArgs
   bool weights_unchanged;  // as in ForwardArgs
+  BackwardPart part = BackwardPart::Whole;
+  void* deferred = nullptr;  // Data: written; Weights: read (plan/layout.h's DeferredLayout)
 };
 
 }  // namespace lnmlp

@@ -34,6 +34,20 @@ int64_t padded_region_bytes(int64_t bytes, const char* what) {
   return checked_add(bytes, kRegionAlign - 1, what) / kRegionAlign * kRegionAlign;
 }
 
+namespace {
+
+// How a blocked recipe saves a tensor's columnwise codes: quantized along T, with one scale per
+// block of rows per column.
+struct SavedCodes {
+  int64_t block, scale_bytes, t_blocks;
+  explicit SavedCodes(const ResolvedRecipe& r, int64_t T)
+      : block(r.recipe == Recipe::Mxfp8 ? numerics::kMxfp8BlockLength : numerics::kBlockScalingLength),
+        scale_bytes(r.recipe == Recipe::Mxfp8 ? 1 : 4),
+        t_blocks(numerics::num_blocks(T, block)) {}
+};
+
+}  // namespace
+
 SavedLayout make_saved_layout(const Config& cfg) {
   SavedLayout s;
   RegionAllocator alloc;
@@ -43,10 +57,8 @@ SavedLayout make_saved_layout(const Config& cfg) {
   const bool all = cfg.remat == Remat::SaveAll;
   const ResolvedRecipe r = resolve_recipe(cfg.fp8);
   const bool q = r.recipe != Recipe::None;
-  // Blocked recipes save the codes quantized along T, with one scale per block of rows per column.
-  const int64_t block = r.recipe == Recipe::Mxfp8 ? numerics::kMxfp8BlockLength : numerics::kBlockScalingLength;
-  const int64_t scale_bytes = r.recipe == Recipe::Mxfp8 ? 1 : 4;
-  const int64_t t_blocks = numerics::num_blocks(T, block);
+  const SavedCodes sc(r, T);
+  const int64_t block = sc.block, scale_bytes = sc.scale_bytes, t_blocks = sc.t_blocks;
 
   // The statistics are per local row (T/P under sequence parallelism); ln_out is saved gathered.
   s.mu = alloc.take_if(saves_stats && cfg.has_beta(), cfg.rows(), 4, "saved mean");
@@ -76,6 +88,36 @@ SavedLayout make_saved_layout(const Config& cfg) {
   if (s.ln_q_scale.present()) per_token += ((H + F) * scale_bytes + block - 1) / block;
   s.bytes_per_token = per_token;
   return s;
+}
+
+DeferredLayout make_deferred_layout(const Config& cfg, const SavedLayout& saved) {
+  DeferredLayout d;
+  if (cfg.remat == Remat::ForwardOnly) return d;
+  RegionAllocator alloc;
+  const int64_t T = cfg.tokens, H = cfg.hidden, F = cfg.ffn, AF = cfg.act_width();
+  const int64_t e = numerics::dtype_bytes(cfg.dtype);
+  const ResolvedRecipe r = resolve_recipe(cfg.fp8);
+  const bool q = r.recipe != Recipe::None;
+  const SavedCodes sc(r, T);
+  const auto tensor = [&](bool present, int64_t cols, const char* what) {
+    return alloc.take_if(present, checked_mul(T, cols, what), e, what);
+  };
+  const auto codes = [&](bool present, int64_t cols, Region* scales, const char* what) {
+    const Region c = alloc.take_if(present, checked_mul(T, cols, what), 1, what);
+    *scales = alloc.take_if(present && r.blocked(), checked_mul(sc.t_blocks, cols, what), sc.scale_bytes, what);
+    return c;
+  };
+  d.ln = tensor(!q && !saved.ln_out.present(), H, "deferred ln_out");
+  d.act = tensor(!q && !saved.act.present(), F, "deferred act_out");
+  d.dy = tensor(!q && cfg.sequence_parallel(), H, "deferred dy");
+  d.dh = tensor(!q, AF, "deferred dffn1");
+  d.scales = alloc.take_if(r.per_tensor(), kQuantizerCount, 4, "deferred FP8 scales");
+  d.ln_q = codes(q && !saved.ln_q.present(), H, &d.ln_q_scale, "deferred ln_out codes");
+  d.act_q = codes(q && !saved.act_q.present(), F, &d.act_q_scale, "deferred act_out codes");
+  d.dy_q = codes(q, H, &d.dy_q_scale, "deferred dy codes");
+  d.dh_q = codes(q, AF, &d.dh_q_scale, "deferred dffn1 codes");
+  d.total_bytes = alloc.total();
+  return d;
 }
 
 }  // namespace lnmlp

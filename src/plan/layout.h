@@ -59,10 +59,35 @@ struct SavedLayout {
   }
 };
 
+// The deferred buffer: what lnmlp_plan_backward_data keeps for lnmlp_plan_backward_weights, the
+// operands of the weight-gradient GEMMs that the saved buffer lacks (the weights call reads both).
+// Its layout is every backend's, as the saved buffer's: the tensors in D unquantized (dh rounded to
+// D as its GEMMs read it), under an FP8 recipe the columnwise codes (and block scales) those GEMMs
+// read, laid out as the saved buffer's ln_q and act_q.
+struct DeferredLayout {
+  Region ln;           // [T, H] norm output: unquantized, when the saved buffer has no ln_out
+  Region act;          // [T, F] activation output: unquantized, when the saved buffer has none
+  Region dy;           // [T, H] all-gathered dy: unquantized under sequence parallelism (else the caller's dy)
+  Region dh;           // [T, A, F] dffn1: unquantized
+  Region scales;       // per-tensor FP8: float[kQuantizerCount], dy's and dh's scales at kDy and kDh
+  Region ln_q;         // FP8: ln_out's codes, when the saved buffer has none
+  Region ln_q_scale;   // blocked: their scales
+  Region act_q;        // FP8: act_out's codes, when the saved buffer has none
+  Region act_q_scale;  // blocked: their scales
+  Region dy_q;         // FP8: [T, H] dy's codes
+  Region dy_q_scale;   // blocked: their scales
+  Region dh_q;         // FP8: [T, A*F] dh's codes
+  Region dh_q_scale;   // blocked: their scales
+  int64_t total_bytes = 0;
+};
+
 // The bytes a region of `bytes` bytes takes, with its padding to kRegionAlign.
 int64_t padded_region_bytes(int64_t bytes, const char* what);
 
 SavedLayout make_saved_layout(const Config& cfg);
+// The deferred buffer of a plan (or a call: cfg.for_call) whose saved buffer is `saved`; empty for
+// a plan that does not train.
+DeferredLayout make_deferred_layout(const Config& cfg, const SavedLayout& saved);
 
 // a*b, or an LNMLP_ERROR_SIZE_OVERFLOW naming `what`.
 int64_t checked_mul(int64_t a, int64_t b, const char* what);

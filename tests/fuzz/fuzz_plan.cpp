@@ -733,8 +733,12 @@ enum Mutation { kNone, kNull, kNonNull, kMisalign, kAlias };
 struct Mutator {
   Mutation kind = kNone;
   int target = 0, source = 0;
+  // Backward only: in two calls (lnmlp_plan_backward_data, then _weights), from a bit of the
+  // mutation's byte that chooses nothing else (so earlier inputs keep their meaning otherwise).
+  bool split = false;
   void read(Reader& r) {
     const uint8_t m = r.u8();
+    split = (m & 4) != 0;
     if (m < 0xC0) return;
     kind = static_cast<Mutation>(1 + m % 4);
     target = r.u8();
@@ -883,6 +887,22 @@ struct Runner {
       FUZZ_CHECK(extra->same(*extra_before), "%s changed the caller's fp8_state array", call);
   }
 
+  // A parameter gradient after a backward with no tokens: zeros, or as it was when it accumulates.
+  void check_no_token_gradient(const char* name, const Buf& b, const std::vector<uint8_t>& before) const {
+    if (m.accumulate) {
+      FUZZ_CHECK(b.same(before), "backward with no tokens changed accumulated %s", name);
+      return;
+    }
+    const int64_t e = fuzz::elem_bytes(m.grad_type());
+    for (int64_t k = 0; k < b.size(); k += e) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, b.data() + k, static_cast<size_t>(e));
+      const uint32_t mag = e == 4 ? bits & 0x7fffffffu : bits & 0x7fffu;
+      FUZZ_CHECK(mag == 0, "backward with no tokens left %s[%lld] = 0x%x, not zero", name,
+                 static_cast<long long>(k / e), bits);
+    }
+  }
+
   // One forward (and backward) with a token count, flags and pointer mistakes from the bytes.
   void iteration(bool workspace_missing) {
     const int64_t tc = r.pick(0, T);
@@ -983,6 +1003,17 @@ struct Runner {
         {"dw2", ptr(dw2), &dw2, true, true, false, false},
         {"db2", ptr(db2), opt(db2), db2.allocated(), true, false, false},
     };
+    // In two calls: the data call takes the deferred buffer where backward takes dW1 and dW2.
+    Buf deferred;
+    if (mut.split) {
+      int64_t bytes = 0;
+      EXPECT_STATUS(API(lnmlp_plan_get_deferred_bytes(plan, rows, &bytes)), LNMLP_SUCCESS);
+      deferred = Buf(bytes, align);
+      deferred.fill_byte(0xA5);
+      a.erase(a.begin() + 13);  // dw2
+      a.erase(a.begin() + 11);  // dw1
+      a.push_back({"deferred", ptr(deferred), &deferred, m.remat != LNMLP_REMAT_FORWARD_ONLY, true, true, false});
+    }
     const bool mut_fails = mut.apply(a, dummy, rows);
     const bool bwd_must_fail = must_fail || mut_fails || state.must_fail || m.remat == LNMLP_REMAT_FORWARD_ONLY;
 
@@ -991,9 +1022,14 @@ struct Runner {
     const std::vector<uint8_t> state_before = state.array.snapshot();
     const std::vector<uint8_t> blob_before = state_blob(plan);
 
-    const int32_t st = API(lnmlp_plan_backward(plan, tc, a[0].ptr, a[1].ptr, a[2].ptr, a[3].ptr, a[4].ptr, a[5].ptr,
-                                               a[6].ptr, a[7].ptr, a[8].ptr, a[9].ptr, a[10].ptr, a[11].ptr, a[12].ptr,
-                                               a[13].ptr, a[14].ptr, state.ptr, flags, nullptr));
+    const std::vector<uint8_t> dw1_before = dw1.snapshot(), dw2_before = dw2.snapshot();
+    const int32_t st =
+        mut.split ? API(lnmlp_plan_backward_data(plan, tc, a[0].ptr, a[1].ptr, a[2].ptr, a[3].ptr, a[4].ptr, a[5].ptr,
+                                                 a[6].ptr, a[7].ptr, a[8].ptr, a[9].ptr, a[10].ptr, a[11].ptr,
+                                                 a[12].ptr, a[13].ptr, state.ptr, flags, nullptr))
+                  : API(lnmlp_plan_backward(plan, tc, a[0].ptr, a[1].ptr, a[2].ptr, a[3].ptr, a[4].ptr, a[5].ptr,
+                                            a[6].ptr, a[7].ptr, a[8].ptr, a[9].ptr, a[10].ptr, a[11].ptr, a[12].ptr,
+                                            a[13].ptr, a[14].ptr, state.ptr, flags, nullptr));
     if (bwd_must_fail) {
       FUZZ_CHECK(
           st != LNMLP_SUCCESS, "backward must fail (tokens %lld, flags %d, remat %d, mutation %d of %s) but succeeded",
@@ -1009,6 +1045,22 @@ struct Runner {
     }
     check_unchanged("backward", a, before, false, nullptr, nullptr);
     ++backwards_ok;
+    if (mut.split) {
+      FUZZ_CHECK(dw1.same(dw1_before) && dw2.same(dw2_before), "backward's data call wrote dW1 or dW2");
+      // The weights call, given what the data call was: it must succeed, and change nothing but
+      // dW1 and dW2 (no input, no FP8 state).
+      const std::vector<uint8_t> state_mid = state.array.snapshot(), blob_mid = state_blob(plan);
+      const std::vector<uint8_t> dy_mid = dy.snapshot(), saved_mid = saved.snapshot(),
+                                 deferred_mid = deferred.snapshot();
+      const int32_t w = API(lnmlp_plan_backward_weights(plan, tc, ptr(dy), ptr(saved), ptr(deferred), ptr(dw1),
+                                                        ptr(dw2), flags, nullptr));
+      FUZZ_CHECK(w == LNMLP_SUCCESS, "backward's weights call failed after its data call succeeded: %s: %s",
+                 lnmlp_status_string(w), lnmlp_last_error());
+      FUZZ_CHECK(dy.same(dy_mid) && saved.same(saved_mid) && deferred.same(deferred_mid),
+                 "backward's weights call changed dy, saved or the deferred buffer");
+      FUZZ_CHECK(state.array.same(state_mid) && state_blob(plan) == blob_mid,
+                 "backward's weights call changed the FP8 state");
+    }
     if (tc == 0 || state.ptr != nullptr)
       FUZZ_CHECK(state_blob(plan) == blob_before, "backward (tokens %lld, fp8_state %s) changed the plan's FP8 state",
                  static_cast<long long>(tc), state.ptr ? "given" : "NULL");
@@ -1016,20 +1068,14 @@ struct Runner {
     if (tc == 0) {
       FUZZ_CHECK(state.array.same(state_before), "backward with no tokens changed the caller's FP8 state");
       // No tokens: the parameter gradients are zeros, or stay as they were when they accumulate.
-      for (size_t i : {size_t{11}, size_t{12}, size_t{13}, size_t{14}}) {
-        if (a[i].buf == nullptr || a[i].ptr != a[i].buf->data()) continue;
-        if (m.accumulate) {
-          FUZZ_CHECK(a[i].buf->same(before[i]), "backward with no tokens changed accumulated %s", a[i].name);
-        } else {
-          const int64_t e = fuzz::elem_bytes(m.grad_type());
-          for (int64_t k = 0; k < a[i].buf->size(); k += e) {
-            uint32_t bits = 0;
-            std::memcpy(&bits, a[i].buf->data() + k, static_cast<size_t>(e));
-            const uint32_t mag = e == 4 ? bits & 0x7fffffffu : bits & 0x7fffu;
-            FUZZ_CHECK(mag == 0, "backward with no tokens left %s[%lld] = 0x%x, not zero", a[i].name,
-                       static_cast<long long>(k / e), bits);
-          }
-        }
+      for (size_t i = 0; i < a.size(); ++i) {
+        const bool grad = a[i].buf == &db1 || a[i].buf == &db2 || a[i].buf == &dw1 || a[i].buf == &dw2;
+        if (!grad || a[i].ptr != a[i].buf->data()) continue;
+        check_no_token_gradient(a[i].name, *a[i].buf, before[i]);
+      }
+      if (mut.split) {
+        check_no_token_gradient("dw1", dw1, dw1_before);
+        check_no_token_gradient("dw2", dw2, dw2_before);
       }
     }
   }

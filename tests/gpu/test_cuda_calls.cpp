@@ -47,17 +47,19 @@ EmulationCounts emulation_counts() {
 class Calls {
  public:
   Calls(const Problem& pr, int32_t backend, int32_t recipe, const PlanCalls& calls,
-        const std::vector<int64_t>& prepared_tokens = {})
+        const std::vector<int64_t>& prepared_tokens = {}, int32_t remat = LNMLP_REMAT_SAVE_ALL)
       : pr_(pr),
         cuda_(backend == LNMLP_BACKEND_CUDA),
         calls_(calls),
-        plan_(
-            plan_ptr(make_plan(pr, LNMLP_REMAT_SAVE_ALL, backend, 0, recipe, PlanSharding{}, calls, prepared_tokens))) {
+        plan_(plan_ptr(make_plan(pr, remat, backend, 0, recipe, PlanSharding{}, calls, prepared_tokens))) {
     LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes(plan_.get(), &saved_bytes_));
     saved_ = place_bytes(static_cast<size_t>(saved_bytes_));
     grad_type_ = calls.grad_dtype < 0 ? pr.dtype : calls.grad_dtype;
   }
   lnmlp_plan* get() const { return plan_.get(); }
+
+  // Backward from now on in two calls: lnmlp_plan_backward_data, then lnmlp_plan_backward_weights.
+  void split_backward() { split_ = true; }
 
   // The parameter gradients' buffers start as `initial` (accumulating plans add into them).
   void set_gradients(const RunResult& initial) { grads_ = initial; }
@@ -82,9 +84,20 @@ class Calls {
     const int32_t f =
         lnmlp_plan_forward(plan_.get(), t, x, gamma, beta, w1, b1, w2, b2, y, saved_, fp8_state, flags, nullptr);
     if (f != LNMLP_SUCCESS) throw std::runtime_error(std::string("forward: ") + lnmlp_last_error());
-    const int32_t b = lnmlp_plan_backward(plan_.get(), t, dy, x, gamma, beta, w1, b1, w2, saved_, dx, dgamma, dbeta,
-                                          dw1, db1, dw2, db2, fp8_state, flags, nullptr);
-    if (b != LNMLP_SUCCESS) throw std::runtime_error(std::string("backward: ") + lnmlp_last_error());
+    if (!split_) {
+      const int32_t b = lnmlp_plan_backward(plan_.get(), t, dy, x, gamma, beta, w1, b1, w2, saved_, dx, dgamma, dbeta,
+                                            dw1, db1, dw2, db2, fp8_state, flags, nullptr);
+      if (b != LNMLP_SUCCESS) throw std::runtime_error(std::string("backward: ") + lnmlp_last_error());
+    } else {
+      int64_t bytes = 0;
+      LNMLP_TEST_CHECK(lnmlp_plan_get_deferred_bytes(plan_.get(), t, &bytes));
+      void* deferred = place_bytes(static_cast<size_t>(bytes));
+      const int32_t b = lnmlp_plan_backward_data(plan_.get(), t, dy, x, gamma, beta, w1, b1, w2, saved_, dx, dgamma,
+                                                 dbeta, db1, db2, deferred, fp8_state, flags, nullptr);
+      if (b != LNMLP_SUCCESS) throw std::runtime_error(std::string("backward data: ") + lnmlp_last_error());
+      const int32_t w = lnmlp_plan_backward_weights(plan_.get(), t, dy, saved_, deferred, dw1, dw2, flags, nullptr);
+      if (w != LNMLP_SUCCESS) throw std::runtime_error(std::string("backward weights: ") + lnmlp_last_error());
+    }
     if (cuda_) CUDA_TEST_CHECK(cudaDeviceSynchronize());
     const EmulationCounts after = emulation_counts();
     last_step_.device_allocations = after.device_allocations - before.device_allocations;
@@ -159,6 +172,7 @@ class Calls {
   void* saved_ = nullptr;
   int32_t grad_type_ = LNMLP_DTYPE_F32;
   RunResult grads_;
+  bool split_ = false;
   EmulationCounts last_step_;
   std::vector<DeviceBuffer> device_;
   std::vector<AlignedMemory> host_;
@@ -279,6 +293,34 @@ TEST_P(CudaCalls, ReusedWeightsGiveTheBitsOfNewOnes) {
   changed.bw1 = Buffer::from(w1, pr.dtype);
   EXPECT_EQ(reusing.step(changed, LNMLP_CALL_WEIGHTS_UNCHANGED).y.bytes, first.y.bytes)
       << "the flagged call did not use the kept copies";
+}
+
+// Backward in two calls (TransformerEngine's delay_wgrad_compute) gives one call's bits, under
+// every remat policy and over two steps (delayed scaling, run beside current scaling: its state
+// moving on), and the CPU backend's two calls within the backends' tolerance.
+TEST_P(CudaCalls, BackwardInTwoCallsGivesTheBitsOfOne) {
+  SKIP_WITHOUT_GPU();
+  const Case& k = GetParam();
+  const Problem pr = make_problem(config(k.tokens, k.gated), k.dtype, 71);
+  std::vector<int32_t> recipes{k.recipe};
+  if (k.recipe == LNMLP_RECIPE_CURRENT) recipes.push_back(LNMLP_RECIPE_DELAYED);
+  for (const int32_t recipe : recipes)
+    for (const int32_t remat : {LNMLP_REMAT_SAVE_ALL, LNMLP_REMAT_SAVE_FFN1, LNMLP_REMAT_SAVE_STATS}) {
+      SCOPED_TRACE("recipe " + std::to_string(recipe) + ", remat " + std::to_string(remat));
+      Calls one(pr, LNMLP_BACKEND_CUDA, recipe, PlanCalls{kMaxTokens}, {}, remat);
+      Calls two(pr, LNMLP_BACKEND_CUDA, recipe, PlanCalls{kMaxTokens}, {}, remat);
+      Calls cpu(pr, LNMLP_BACKEND_CPU, recipe, PlanCalls{}, {}, remat);
+      two.split_backward();
+      cpu.split_backward();
+      for (Calls* c : {&one, &two, &cpu}) c->set_gradients(c->gradients(0.0));
+      for (int s = 0; s < 2; ++s) {
+        const RunResult a = one.step(pr), b = two.step(pr);
+        const auto na = named(a), nb = named(b);
+        for (size_t i = 0; i < na.size(); ++i)
+          EXPECT_TRUE(same_bits(na[i].name, *nb[i].buf, *na[i].buf)) << "step " << s;
+        expect_close(b, cpu.step(pr), tolerance(k), "two calls, CUDA against CPU");
+      }
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(All, CudaCalls, ::testing::ValuesIn(kCases),

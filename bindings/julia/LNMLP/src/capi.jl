@@ -106,6 +106,12 @@ lnmlp_plan_forward(plan, tokens, x, gamma, beta, w1, b1, w2, b2, y, saved, fp8_s
     ccall((:lnmlp_plan_forward, liblnmlp), Int32, (Ptr{Cvoid}, Int64, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Int32, Ptr{Cvoid}), plan, tokens, x, gamma, beta, w1, b1, w2, b2, y, saved, fp8_state, flags, stream)
 lnmlp_plan_backward(plan, tokens, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta, dw1, db1, dw2, db2, fp8_state, flags, stream) =
     ccall((:lnmlp_plan_backward, liblnmlp), Int32, (Ptr{Cvoid}, Int64, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Int32, Ptr{Cvoid}), plan, tokens, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta, dw1, db1, dw2, db2, fp8_state, flags, stream)
+lnmlp_plan_get_deferred_bytes(plan, tokens, bytes) =
+    ccall((:lnmlp_plan_get_deferred_bytes, liblnmlp), Int32, (Ptr{Cvoid}, Int64, Ptr{Int64}), plan, tokens, bytes)
+lnmlp_plan_backward_data(plan, tokens, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta, db1, db2, deferred, fp8_state, flags, stream) =
+    ccall((:lnmlp_plan_backward_data, liblnmlp), Int32, (Ptr{Cvoid}, Int64, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Int32, Ptr{Cvoid}), plan, tokens, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta, db1, db2, deferred, fp8_state, flags, stream)
+lnmlp_plan_backward_weights(plan, tokens, dy, saved, deferred, dw1, dw2, flags, stream) =
+    ccall((:lnmlp_plan_backward_weights, liblnmlp), Int32, (Ptr{Cvoid}, Int64, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Int32, Ptr{Cvoid}), plan, tokens, dy, saved, deferred, dw1, dw2, flags, stream)
 # experimental tier (LNMLP_EXPERIMENTAL in C)
 lnmlp_desc_set_gemm_math(desc, flags) =
     ccall((:lnmlp_desc_set_gemm_math, liblnmlp), Int32, (Ptr{Cvoid}, Int32), desc, flags)

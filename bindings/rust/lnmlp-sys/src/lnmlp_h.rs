@@ -682,6 +682,32 @@ extern "C" {
     /// @param\[out\] dx, dgamma, dbeta, db2
     /// @param\[in,out\] plan, dw1, db1, dw2, fp8_state
     pub fn lnmlp_plan_backward(plan: *mut lnmlp_plan, tokens: i64, dy: *const c_void, x: *const c_void, gamma: *const c_void, beta: *const c_void, w1: *const c_void, b1: *const c_void, w2: *const c_void, saved: *const c_void, dx: *mut c_void, dgamma: *mut c_void, dbeta: *mut c_void, dw1: *mut c_void, db1: *mut c_void, dw2: *mut c_void, db2: *mut c_void, fp8_state: *mut c_void, flags: i32, stream: *mut c_void) -> i32;
+    /// The bytes of the deferred buffer of a call with `tokens` tokens (0 .. the plan's most, or
+    /// LNMLP_TOKENS_MAX for the most, which serves every call); 0 for a plan that does not train.
+    /// @since 0.2
+    /// @param\[in\] plan, tokens
+    /// @param\[out\] bytes
+    pub fn lnmlp_plan_get_deferred_bytes(plan: *const lnmlp_plan, tokens: i64, bytes: *mut i64) -> i32;
+    /// Backward's data call: writes what lnmlp_plan_backward writes -- dx, dgamma, dbeta, db1 and db2
+    /// (accumulating as the descriptor says), the FP8 state -- except dW1 and dW2, and writes `deferred`
+    /// (aligned to lnmlp_plan_get_alignment, of at least lnmlp_plan_get_deferred_bytes for the call's
+    /// tokens; NULL allowed only with 0 tokens) for lnmlp_plan_backward_weights. Arguments otherwise as
+    /// for lnmlp_plan_backward; `deferred` must not overlap any other.
+    /// @since 0.2
+    /// @param\[in\] tokens, dy, x, gamma, beta, w1, b1, w2, saved, flags, stream
+    /// @param\[out\] dx, dgamma, dbeta, db2, deferred
+    /// @param\[in,out\] plan, db1, fp8_state
+    pub fn lnmlp_plan_backward_data(plan: *mut lnmlp_plan, tokens: i64, dy: *const c_void, x: *const c_void, gamma: *const c_void, beta: *const c_void, w1: *const c_void, b1: *const c_void, w2: *const c_void, saved: *const c_void, dx: *mut c_void, dgamma: *mut c_void, dbeta: *mut c_void, db1: *mut c_void, db2: *mut c_void, deferred: *mut c_void, fp8_state: *mut c_void, flags: i32, stream: *mut c_void) -> i32;
+    /// Backward's weights call: dW1 and dW2 (overwritten, or accumulated as the descriptor says) of the
+    /// data call that wrote `deferred`, given that call's tokens, dy and saved buffer (unchanged since).
+    /// It reads no weight and no FP8 state and runs no collective (under sharding each rank makes it
+    /// when it likes); it leaves the plan's kept weight copies as they are (flags: LNMLP_CALL_* values,
+    /// which change nothing here). With 0 tokens dW1 and dW2 are zeros (or stay as they are when they
+    /// accumulate). stream as for forward.
+    /// @since 0.2
+    /// @param\[in\] tokens, dy, saved, deferred, flags, stream
+    /// @param\[in,out\] plan, dw1, dw2
+    pub fn lnmlp_plan_backward_weights(plan: *mut lnmlp_plan, tokens: i64, dy: *const c_void, saved: *const c_void, deferred: *const c_void, dw1: *mut c_void, dw2: *mut c_void, flags: i32, stream: *mut c_void) -> i32;
     /// Lets the CUDA backend's GEMMs trade exactness for speed, as `flags` (LNMLP_GEMM_MATH_*) allow.
     /// The default, LNMLP_GEMM_MATH_EXACT, accumulates every GEMM in fp32 from its inputs as they are,
     /// which is what the CPU backend computes. FP8_FAST_ACCUMULATION applies to GEMM1 and GEMM2 under
