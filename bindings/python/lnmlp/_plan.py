@@ -564,6 +564,16 @@ class Plan:
         with self._lock:
             return self._tensor_shape(t, int(tokens))
 
+    def deferred_bytes(self, tokens=None) -> int:
+        """The bytes of the deferred buffer of backward in two calls (``lnmlp_plan_backward_data``,
+        then ``lnmlp_plan_backward_weights``) for a call with ``tokens`` tokens (None: the plan's
+        most), as ``lnmlp_plan_get_deferred_bytes`` gives them; 0 for a plan that does not train."""
+        tokens = _lib.TOKENS_MAX if tokens is None else _int_in("tokens", tokens, -_INT64_MAX - 1, _INT64_MAX)
+        out = ctypes.c_int64()
+        with self._lock:
+            _lib.check(_lib.get_lib().lnmlp_plan_get_deferred_bytes(self._live(), int(tokens), ctypes.byref(out)))
+        return out.value
+
     def saved_section(self, section, tokens=None):
         """Where one section of the saved buffer of a call with ``tokens`` tokens (None: the plan's
         most) is, as ``lnmlp_plan_get_saved_section`` gives it: ``(offset, shape, dtype)`` (the

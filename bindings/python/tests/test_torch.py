@@ -564,7 +564,7 @@ _F32 = dict(dtype=torch.float32)
     ("backward", dict(saved=torch.zeros(10 ** 5, dtype=torch.uint8, device="meta")), "saved is on meta"),
     ("forward", dict(main_dw1=torch.zeros(H, _A, F), main_dw2=None), "both given or both None"),
     ("forward", dict(main_dw1=torch.zeros(H, _A, F), main_dw2=torch.zeros(F, H - 1)), "main_dw2 must have shape"),
-    ("forward", dict(ints=[0] * 3), "expected 12 ints"),
+    ("forward", dict(ints=[0] * 3), "expected 13 ints"),
     ("forward", dict(ints=lt._functional.config("layernorm", False, EPS, ("silu", "linear"), None, None)
                      .with_(recipe=10 ** 6).ints()), "recipe 1000000 is not valid"),
     ("forward", dict(ints=lt._functional.config("layernorm", False, EPS, ("silu", "linear"), None, None)
@@ -659,7 +659,6 @@ def test_te_arguments_that_mean_nothing_here_are_accepted_and_change_nothing(kwa
     (dict(ub_overlap_ag=True, ub_bulk_wgrad=True), "ub_overlap_ag=True, ub_bulk_wgrad=True are not supported"),
     (dict(symmetric_ar_type="multimem_all_reduce"), "symmetric_ar_type='multimem_all_reduce'"),
     (dict(return_layernorm_output_gathered=True), "return_layernorm_output_gathered=True"),
-    (dict(delay_wgrad_compute=True), "delay_wgrad_compute=True"),
 ])
 def test_te_arguments_asking_for_what_lnmlp_does_not_do_are_refused_by_name(kwargs, match):
     with pytest.raises(lnmlp.NotSupportedError, match=match):

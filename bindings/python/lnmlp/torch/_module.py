@@ -114,6 +114,15 @@ class LayerNormMLP(torch.nn.Module):
     return_layernorm_output: forward also returns the norm's output [..., H] in the compute dtype,
     last, as TE does ((out, ln_out), or (out, fc2_bias, ln_out)); it is differentiable: its
     gradient reaches inp, layer_norm_weight and layer_norm_bias (through torch's own norm).
+    delay_wgrad_compute: as TE's: backward gives the gradients of inp, the norm's parameters and
+    the biases, and leaves the weights' to :meth:`backward_dw` (a pipeline schedule calls it
+    later, once per backward, in order): the library's backward in two calls, the data call in
+    backward keeping what the weight-gradient GEMMs need in a deferred buffer (their operands the
+    saved buffer lacks), the weights call in ``backward_dw`` -- together the bits of one backward.
+    As in TE, ``backward_dw`` sets each weight's ``.grad`` (replacing it), or accumulates into
+    ``main_grad`` under ``fuse_wgrad_accumulation``, then runs the hooks of
+    :meth:`register_wgrad_accumulation_and_reduce_hooks`; the weights and biases get TE's
+    ``skip_backward_post_hook``. Eager only (torch.compile is refused at backward).
     checkpoint: TE's selective activation recompute: forward keeps only the norm's statistics
     (the library's ``remat="save_stats"``), and backward recomputes the norm, fc1 and the
     activation from the input (never fc2), for the same result with less memory.
@@ -156,8 +165,6 @@ class LayerNormMLP(torch.nn.Module):
                 torch.distributed.get_world_size(tp_group) > 1:
             raise NotSupportedError("tp_group with more than one rank is not supported: lnmlp.torch's module has no "
                                     "tensor parallelism yet (tp_group=None, or a group of one rank)")
-        if delay_wgrad_compute:
-            raise NotSupportedError("delay_wgrad_compute=True (backward_dw()) is not supported yet")
         # No effect here: TE uses these for Userbuffers' buffers (seq_length, micro_batch_size),
         # for initialising tensor-parallel shards (get_rng_state_tracker) and for debug tools (name).
         self.name, self.seq_length, self.micro_batch_size = name, seq_length, micro_batch_size
@@ -185,6 +192,10 @@ class LayerNormMLP(torch.nn.Module):
             self._cfg = self._cfg.with_(norm_output=1)
         if self.checkpoint:  # TE's selective recompute: backward recomputes norm, fc1 and activation
             self._cfg = self._cfg.with_(remat=_plan._REMATS["save_stats"])
+        self.delay_wgrad_compute = bool(delay_wgrad_compute)
+        if self.delay_wgrad_compute:
+            self._cfg = self._cfg.with_(delay_wgrad=1)
+        self.wgrad_accumulation_and_reduce_hooks = []
         weakref.finalize(self, _ops.drop_slot, self._cfg.slot)
         A = len(ACTIVATIONS[activation])
         H, F = hidden_size, ffn_hidden_size
@@ -210,6 +221,10 @@ class LayerNormMLP(torch.nn.Module):
             self.fp8_state = _functional.fresh_state(fp8_recipe, device)
             self._state_recipe = fp8_recipe
         self.reset_parameters()
+        if self.delay_wgrad_compute:  # as TE marks them: their gradients come from backward_dw()
+            for p in (self.fc1_weight, self.fc1_bias, self.fc2_weight, self.fc2_bias):
+                if p is not None:
+                    p.skip_backward_post_hook = True
 
     def __setstate__(self, state):
         # copy.deepcopy and pickle come here: the copy gets its own slot (its own plans, so its own
@@ -217,8 +232,34 @@ class LayerNormMLP(torch.nn.Module):
         # collected; the original's slot number in the state names the original's plans.
         super().__setstate__(state)
         self.__dict__.setdefault("_state_recipe", None)  # a module pickled before it existed
+        self.__dict__.setdefault("delay_wgrad_compute", False)
+        self.__dict__.setdefault("wgrad_accumulation_and_reduce_hooks", [])
         self._cfg = self._cfg.with_(slot=next(_slots))
         weakref.finalize(self, _ops.drop_slot, self._cfg.slot)
+
+    def need_backward_dw(self) -> bool:
+        """Whether :meth:`backward_dw` has work: the module was made with delay_wgrad_compute=True."""
+        return self.delay_wgrad_compute
+
+    def register_wgrad_accumulation_and_reduce_hooks(self, hook) -> None:
+        """A function (no arguments) :meth:`backward_dw` calls after it has set the weights'
+        gradients, as TE's modules do (for a data-parallel reduction of them)."""
+        self.wgrad_accumulation_and_reduce_hooks.append(hook)
+
+    def backward_dw(self) -> None:
+        """The weight gradients of the oldest backward still waiting for them (delay_wgrad_compute):
+        fc1_weight's and fc2_weight's ``.grad`` set to them in the weights' dtype, as TE sets them
+        (or, under fuse_wgrad_accumulation, added into or written to their ``main_grad``); then the
+        registered hooks. Does nothing for a module without delay_wgrad_compute; raises when no
+        backward is waiting."""
+        if not self.need_backward_dw():
+            return
+        dw1, dw2 = _ops.finish_weight_grads(self._cfg.slot)
+        if dw1 is not None:  # [A, F, H] is fc1_weight's [A*F, H]
+            self.fc1_weight.grad = dw1.view(self.fc1_weight.shape).to(self.fc1_weight.dtype)
+            self.fc2_weight.grad = dw2.to(self.fc2_weight.dtype)
+        for hook in self.wgrad_accumulation_and_reduce_hooks:
+            hook()
 
     def reset_parameters(self):
         """Initialises the parameters (and a delayed-scaling state: scales 1, zero histories). With

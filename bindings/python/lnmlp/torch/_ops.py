@@ -18,10 +18,13 @@ Three ops, each with a fake (meta) implementation for ``torch.compile`` and ``op
   ``lnmlp::backward`` and adds or copies it.
 
 ``forward`` is differentiable (``register_autograd``): its backward runs ``lnmlp::backward``
-(or ``backward_accumulate``). Every op is functional but the last one's two accumulators: the
-delayed-scaling state comes in and goes out as a fresh tensor, and the caller copies it back
-(``_functional.py``), which both eager PyTorch and ``torch.compile`` handle; the backward formula
-copies the backward quantizers' update into the caller's state tensor the same way.
+(or ``backward_accumulate``), or, for a configuration with ``delay_wgrad`` (the module's
+``delay_wgrad_compute``), eagerly the library's backward data call, leaving the weights call
+pending per slot for ``finish_weight_grads`` (the module's ``backward_dw()``). Every op is
+functional but the last one's two accumulators: the delayed-scaling state comes in and goes out
+as a fresh tensor, and the caller copies it back (``_functional.py``), which both eager PyTorch
+and ``torch.compile`` handle; the backward formula copies the backward quantizers' update into the
+caller's state tensor the same way.
 
 Tensors are passed to the C library by pointer, with no copies: x is ``[..., H]`` (every leading
 index a token), w1 ``[H, A, F]`` and w2 ``[F, H]`` (JAX's kernels, the configuration's
@@ -45,6 +48,7 @@ module gets a new slot). On the CPU a plan serves every token count up to the la
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import dataclasses
 import functools
@@ -59,7 +63,7 @@ from torch import Tensor
 
 from .. import _lib
 from .. import _plan
-from .._lib import InvalidArgumentError
+from .._lib import InvalidArgumentError, NotSupportedError
 
 # torch dtype -> (NumPy dtype for lnmlp.Plan, LNMLP_DTYPE_*)
 _DTYPES = {torch.float32: (np.dtype(np.float32), _lib.DTYPE_F32),
@@ -105,13 +109,14 @@ class _Config:
     weight_layout: int = 0  # LNMLP_WEIGHT_LAYOUT_*: 0 w1 [H, A, F], w2 [F, H]; 1 w1 [A, F, H], w2 [H, F]
     main_grad: int = 0      # MAIN_GRAD_* bits: how backward treats main_dw1 / main_dw2, what it returns as dW
     norm_output: int = 0    # 1: forward also gives the norm output (lnmlp_desc_set_norm_output)
+    delay_wgrad: int = 0    # 1: backward leaves dW1 and dW2 to finish_weight_grads (delay_wgrad_compute)
     epsilon: float = 1e-6
     clamp_limit: float = 7.0
     clamp_alpha: float = 1.702
     clamp_offset: float = 1.0
 
     _INTS = ("slot", "norm", "zero_centered_gamma", "act0", "act1", "remat", "recipe", "flags", "grad_dtype",
-             "weight_layout", "main_grad", "norm_output")
+             "weight_layout", "main_grad", "norm_output", "delay_wgrad")
     _FLOATS = ("epsilon", "clamp_limit", "clamp_alpha", "clamp_offset")
 
     def ints(self) -> List[int]:
@@ -334,17 +339,21 @@ def _plan_kwargs(cfg: _Config, hidden, ffn, dtype, has_b1, has_b2, weight_dtype,
 
 def _plan_for(cfg: _Config, x: Tensor, w1: Tensor, has_b1, has_b2, accumulate=False):
     """The plan for this call (made, or replaced by a larger one, as needed)."""
-    tokens, hidden, A, ffn = _dims(cfg, x, w1)
-    device = x.device
+    return _plan_of(cfg, _dims(cfg, x, w1), x.dtype, w1.dtype, x.device, has_b1, has_b2, accumulate)
+
+
+def _plan_of(cfg: _Config, dims: tuple, dtype, weight_dtype, device, has_b1, has_b2, accumulate):
+    """_plan_for, given a call's (T, H, A, F), I/O and weight dtypes and device."""
+    tokens, hidden, A, ffn = dims
     owner = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else _thread_number()
-    key = (cfg.with_(flags=0, main_grad=0), hidden, A, ffn, x.dtype, w1.dtype, has_b1, has_b2, accumulate,
+    key = (cfg.with_(flags=0, main_grad=0), hidden, A, ffn, dtype, weight_dtype, has_b1, has_b2, accumulate,
            str(device), owner)
     with _plans_lock:
         plan = _plans.get(key)
     if plan is not None and plan.local_tokens >= tokens:
         return plan
     most = max(tokens, 1 if plan is None else plan.local_tokens)
-    kw = _plan_kwargs(cfg, hidden, ffn, x.dtype, has_b1, has_b2, w1.dtype, accumulate)
+    kw = _plan_kwargs(cfg, hidden, ffn, dtype, has_b1, has_b2, weight_dtype, accumulate)
     if device.type == "cuda":
         new = _plan.Plan(most, backend="cuda", device=device.index, **kw)
     else:
@@ -366,8 +375,11 @@ def _drop_plans(which) -> None:
 
 
 def drop_slot(slot: int) -> None:
-    """Closes the plans of a module's slot (called when the module is garbage-collected)."""
+    """Closes the plans of a module's slot (called when the module is garbage-collected), and drops
+    the weight gradients it left pending."""
     _drop_plans(lambda key: key[0].slot == slot)
+    with _plans_lock:
+        _pending.pop(slot, None)
 
 
 class _ThreadPlans:
@@ -628,7 +640,13 @@ def _backward(ctx, dy, _dsaved, _dstate, _dnorm_output):
     cfg = ctx.cfg
     state = ctx.state
     dy = dy.contiguous()
-    if ctx.main_grads is not None:
+    if cfg.delay_wgrad:
+        dx, dgamma, dbeta, db1, db2, new_state = _backward_data(cfg, dy, x, gamma, beta, w1, b1, w2, ctx.has_b2, saved,
+                                                                state, ctx.main_grads)
+        dw1 = dw2 = None
+        if ctx.main_grads is not None:
+            dw1, dw2 = _main_grad_dummy(cfg, 0, w1), _main_grad_dummy(cfg, 1, w2)
+    elif ctx.main_grads is not None:
         mains = ctx.main_grads
         overwrite = [bool(main_grad_bits(cfg, i) & MAIN_GRAD_OVERWRITE) for i in (0, 1)]
         if overwrite[0] == overwrite[1] and not torch.compiler.is_compiling():
@@ -656,3 +674,103 @@ def _backward(ctx, dy, _dsaved, _dstate, _dnorm_output):
 
 
 forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---- backward in two calls (TransformerEngine's delay_wgrad_compute) ----------------------------------
+
+@dataclasses.dataclass
+class _PendingWeightGrads:
+    """What backward's data call (lnmlp_plan_backward_data) leaves for its weights call: the
+    call's dy, saved and deferred buffers, what finds its plan again, and where dW goes."""
+    cfg: _Config
+    dims: tuple  # (T, H, A, F)
+    dtype: torch.dtype
+    weight_dtype: torch.dtype
+    has_b1: bool
+    has_b2: bool
+    dy: Tensor
+    saved: Tensor
+    deferred: Tensor
+    main_grads: Optional[tuple]  # fuse_wgrad_accumulation's fp32 accumulators, or None
+
+
+_pending: dict = {}  # slot -> deque of _PendingWeightGrads, first in first out (TE's WeightGradStore)
+
+
+def _backward_data(cfg: _Config, dy, x, gamma, beta, w1, b1, w2, has_b2, saved, state, main_grads):
+    """Backward without dW1 and dW2 (dx, dgamma, dbeta, db1, db2, the delayed state), leaving them
+    pending for finish_weight_grads(cfg.slot). Eager only: torch.compile's backward graph cannot
+    leave work for later."""
+    if torch.compiler.is_compiling():
+        raise NotSupportedError("delay_wgrad_compute=True does not run under torch.compile: backward_dw() finishes "
+                                "the weight gradients eagerly, outside the compiled backward")
+    if main_grads is not None:  # the bias gradients in fp32, as fuse_wgrad_accumulation gives them
+        cfg = cfg.with_(grad_dtype=_lib.DTYPE_F32)
+    plan = _checked_plan("backward_data", cfg, x, gamma, beta, w1, b1, w2, None, has_b2, dy=dy, saved=saved,
+                         state=state)
+    dims = _dims(cfg, x, w1)
+    T, H, A, F = dims
+    g = _grad_type(cfg, x.dtype)
+    dx, dgamma = torch.empty_like(x), torch.empty_like(gamma)
+    dbeta = _empty_like_param(beta is not None, (H,), x.dtype, x.device)
+    db1 = _empty_like_param(b1 is not None, (A, F), g, x.device)
+    db2 = _empty_like_param(has_b2, (H,), g, x.device)
+    deferred = torch.empty(plan.deferred_bytes(T), dtype=torch.uint8, device=x.device)
+    new_state = _state_copy(state, x.device)
+    lib = _lib.get_lib()
+    with plan._lock:
+        _lib.check(lib.lnmlp_plan_backward_data(plan._live(), T, _ptr(dy), _ptr(x), _ptr(gamma), _ptr(beta),
+                                                _ptr(w1), _ptr(b1), _ptr(w2), _ptr(saved), _ptr(dx), _ptr(dgamma),
+                                                _ptr(dbeta), _ptr(db1), _ptr(db2), _ptr(deferred), _ptr(new_state),
+                                                cfg.flags, _stream(x.device)))
+    pending = _PendingWeightGrads(cfg, dims, x.dtype, w1.dtype, b1 is not None, has_b2, dy, saved, deferred,
+                                  main_grads)
+    with _plans_lock:
+        _pending.setdefault(cfg.slot, collections.deque()).append(pending)
+    return dx, dgamma, dbeta, db1, db2, new_state
+
+
+def pending_weight_grads(slot: int) -> int:
+    """How many backwards of a module's slot wait for finish_weight_grads."""
+    with _plans_lock:
+        return len(_pending.get(slot, ()))
+
+
+def finish_weight_grads(slot: int):
+    """The weights call of the oldest pending backward of a module's slot: (dW1, dW2) in the
+    weights' layout and the I/O dtype; or, under fuse_wgrad_accumulation, added into (or written
+    to, as its main_grad bits say) the fp32 main_grad tensors, returning (None, None)."""
+    with _plans_lock:
+        queue = _pending.get(slot)
+        p = queue.popleft() if queue else None
+    if p is None:
+        raise InvalidArgumentError("backward_dw(): no backward is waiting for its weight gradients (call it once "
+                                   "after each backward of a module made with delay_wgrad_compute=True)")
+    T, H, A, F = p.dims
+    device = p.dy.device
+    w1_shape, w2_shape = p.cfg.weight_shapes(H, A, F)
+    cfg, mains = p.cfg, p.main_grads
+    if mains is None:  # dW in the I/O dtype
+        accumulate, outs, writes = False, None, None
+    else:
+        writes = [bool(main_grad_bits(cfg, i) & MAIN_GRAD_OVERWRITE) for i in (0, 1)]
+        same = writes[0] == writes[1]
+        accumulate, outs = (not writes[0], mains) if same else (False, None)
+    plan = _plan_of(cfg, p.dims, p.dtype, p.weight_dtype, device, p.has_b1, p.has_b2, accumulate)
+    if outs is None:
+        g = torch.float32 if mains is not None else p.dtype
+        outs = (torch.empty(w1_shape, dtype=g, device=device), torch.empty(w2_shape, dtype=g, device=device))
+    lib = _lib.get_lib()
+    with plan._lock:
+        _lib.check(lib.lnmlp_plan_backward_weights(plan._live(), T, _ptr(p.dy), _ptr(p.saved), _ptr(p.deferred),
+                                                   _ptr(outs[0]), _ptr(outs[1]), 0, _stream(device)),
+                   outputs="fc1/fc2 main_grad" if mains is not None else None)
+    if mains is None:
+        return outs
+    if outs is not mains:  # one weight overwrites, the other adds
+        for main, dw, write in zip(mains, outs, writes):
+            if write:
+                main.copy_(dw)
+            else:
+                main.add_(dw)
+    return None, None
