@@ -238,6 +238,11 @@ def test_current_scaling_on_a_mesh_is_refused_clearly():
     (dict(norm_input_axes=("data", None, "tensor")), lnmlp.NotSupportedError, "hidden dimension"),
     (dict(norm_input_axes=("data", None)), lnmlp.InvalidArgumentError, "2 names for x's 3 dimensions"),
     (dict(kernel_1_axes=(None, None, "nope"), kernel_2_axes=("nope", None)), None, None),
+    # FSDP splits H over axes that split the tokens, never over the tensor axis.
+    (dict(kernel_1_axes=("data", None, "tensor"), kernel_2_axes=("tensor", "data")), lnmlp.NotSupportedError,
+     "kernel_1's H dimension is split over mesh axes"),
+    (dict(norm_input_axes=("data", None, None), kernel_1_axes=(None, None, "tensor"),
+          kernel_2_axes=("tensor", "tensor")), lnmlp.NotSupportedError, "kernel_2's H dimension"),
 ])
 def test_bad_axes_raise_a_clear_error(axes, error, match):
     d = make(1, np.float32, lead=(B, S), H=H, F=F)
@@ -274,21 +279,49 @@ def test_shardings_in_types_split_the_block_without_axes(sp):
                            f"{errs[worst]:.1e} ({worst})  HLO: {summary}")
 
 
-def test_kernels_split_along_h_too_are_gathered_by_xla():
-    """kernel axes that also split H (FSDP-style) are gathered along it by XLA before the call
-    (the block takes whole rows of W1 and columns of W2): same results, an all-gather of the
-    weights' tensor shards, never of whole weights."""
-    d = make(1, np.float32, lead=(B, S), seed=4, H=H, F=F)
-    dy = jnp.asarray(np.cos(np.arange(B * S * H)).reshape(B, S, H), jnp.float32)
+@pytest.mark.parametrize("explicit", [False, True], ids=["axes", "explicit"])
+@pytest.mark.parametrize("rid", ["none", "delayed"])
+def test_fsdp_gathers_the_kernels_and_reduce_scatters_their_gradients(rid, explicit):
+    """FSDP: the kernels' H dimension split over the data axis too (W1 [H/dp, A, F/tp], W2
+    [F/tp, H/dp] on each device). The block gathers each kernel's H for the call and gives its
+    gradient back reduce-scattered to the device's shard: the compiled step all-gathers the shards
+    into [H, A, F/tp] and [F/tp, H], reduce-scatters dW1 and dW2 into the shards, and all-reduces
+    no weight-sized tensor. Against one device and, unquantized, the float64 reference."""
+    recipe = lnmlp.DelayedScaling(amax_history_len=4) if rid == "delayed" else None
+    acts = ("silu", "linear")
+    d = make(len(acts), np.float32, lead=(B, S), norm="rmsnorm", seed=4, H=H, F=F)
+    x2 = np.asarray(d["x"], np.float64).reshape(-1, H)
+    block = (x2, d["gamma"], d["beta"], d["k1"], d["b1"], d["k2"], d["b2"], "rmsnorm", False, EPS, acts, {})
+    dy = np.cos(np.arange(B * S * H, dtype=np.float64)).reshape(-1, H).astype(np.float32).astype(np.float64)
+    g_ref = ref.backward(dy, *block)
+    dy = jnp.asarray(dy.reshape(B, S, H), jnp.float32)
     axes = dict(norm_input_axes=("data", None, None), kernel_1_axes=("data", None, "tensor"),
                 kernel_2_axes=("tensor", "data"))
     specs = {**_specs(False), "k1": P("data", None, "tensor"), "k2": P("tensor", "data")}
-    _, _, hlo, errs = _one_device_and_mesh(d, "layernorm", ("gelu",), dy, _mesh(2, 2), specs, axes)
-    assert max(errs.values()) <= ref.TOLERANCES["float32"], errs
-    gathers = [t for t, op in _collectives(hlo) if op == "all-gather"]
-    assert gathers, "the kernels' H shards were not gathered"
-    whole = (r"f32\[%d,1,%d\]" % (H, F), r"f32\[%d,%d\]" % (F, H))
-    assert not [t for t in gathers if any(re.match(w, t) for w in whole)], f"a whole weight was gathered: {gathers}"
+    kind = jax.sharding.AxisType.Explicit if explicit else jax.sharding.AxisType.Auto
+    mesh = jax.make_mesh((2, 2), ("data", "tensor"), axis_types=(kind,) * 2)
+    (ym, gm), _, hlo, errs = _one_device_and_mesh(d, "rmsnorm", acts, dy, mesh, specs, {} if explicit else axes,
+                                                  recipe)
+    tol = ref.TOLERANCE_FP8_SHARDED if recipe is not None else ref.TOLERANCES["float32"]
+    assert max(errs.values()) <= tol, errs
+    assert gm[3].sharding.spec == specs["k1"] and gm[4].sharding.spec == specs["k2"]
+    if recipe is None:
+        ref.assert_close("fsdp dk1", np.asarray(gm[3]), g_ref["dw1"].reshape(d["k1"].shape), "float32")
+        ref.assert_close("fsdp dk2", np.asarray(gm[4]), g_ref["dw2"], "float32")
+    A, Ft = len(acts), F // 2
+    found = _collectives(hlo)
+    kinds = {op: [t for t, o in found if o == op] for op in ("all-gather", "reduce-scatter", "all-reduce")}
+    whole_h = (r"f32\[%d,%d,%d\]" % (H, A, Ft), r"f32\[%d,%d\]" % (Ft, H))
+    shard = (r"f32\[%d,%d,%d\]" % (H // 2, A, Ft), r"f32\[%d,%d\]" % (Ft, H // 2))
+    has = lambda ts, pattern: any(re.match(pattern, t) for t in ts)  # noqa: E731
+    for w in whole_h:
+        assert has(kinds["all-gather"], w), f"no all-gather into {w}: {found}"
+        assert not has(kinds["all-reduce"], w), f"a weight-sized all-reduce {w}: {found}"
+    for w in shard:
+        assert has(kinds["reduce-scatter"], w), f"no reduce-scatter into the shard {w}: {found}"
+    counts = ", ".join(f"{len(v)} {k}" for k, v in kinds.items() if v)
+    ref.MESH_REPORT.append(f"2x2 FSDP {'explicit' if explicit else 'axes':8s} rmsnorm silu+linear float32 "
+                           f"{rid:8s} max error {max(errs.values()):.1e} HLO: {counts}")
 
 
 @pytest.mark.parametrize("policy", ["nothing_saveable", "save_ffn1"])

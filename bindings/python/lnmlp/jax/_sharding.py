@@ -10,7 +10,10 @@ arrays whose sharding is in their type (a mesh of Explicit axes) give their own.
 * the tensor axis: the mesh axes of kernel_1's F dimension, which must be kernel_2's F dimension's
   too (W1 column-parallel, W2 row-parallel, b1 with W1);
 * sequence parallelism: x's token dimensions are split over the tensor axis too;
-* data parallelism: x's token dimensions split over other mesh axes.
+* data parallelism: x's token dimensions split over other mesh axes;
+* FSDP: the kernels' H dimension (W1's rows, W2's columns) split over data axes too: each
+  device holds a shard of H, gathered for the call, and its gradient comes back reduce-scattered
+  to that shard.
 
 The block then runs as ``jax.shard_map`` over the mesh: on each device one lnmlp custom call on its
 shards (``_calls.py``), and between the calls XLA's collectives, as docs/jax-mesh.md draws them:
@@ -19,7 +22,8 @@ forward   [SP: all-gather x over the tensor axis] -> lnmlp forward without b2 ->
           outputs summed in fp32 over the tensor axis (psum; SP: psum_scatter) -> + b2
 backward  [SP: all-gather dy and x] -> lnmlp backward -> dx's partial sums summed like y's;
           dgamma, dbeta (and db2) summed over the tensor and data axes; dW1, db1, dW2 over the
-          data axes
+          data axes (FSDP: dW1, dW2 reduce-scattered over the FSDP axes along H)
+[FSDP: W1 and W2 all-gathered along H over the FSDP axes before each call]
 
 dx is a sum of per-rank terms because the norm's backward is linear in its incoming gradient: the
 norm backward of each rank's partial dn, summed, is the norm backward of the summed dn. Each
@@ -58,6 +62,8 @@ class Layout:
     x_spec: P  # x's PartitionSpec, every dimension; the hidden one is never split
     tensor_axes: tuple  # the mesh axes W1's columns and W2's rows are split over; () for none
     token_axes: tuple  # the mesh axes x's tokens are split over (tensor axes included under SP)
+    w1_fsdp_axes: tuple = ()  # the data axes W1's H dimension (its rows) is split over (FSDP); () for none
+    w2_fsdp_axes: tuple = ()  # the data axes W2's H dimension (its columns) is split over
 
     @property
     def tensor_size(self):
@@ -86,7 +92,7 @@ class Layout:
     def weight_specs(self, b1):
         """The PartitionSpecs of W1, b1 (its zero-element stand-in when absent) and W2."""
         t = self.tensor_axes or None
-        return P(None, None, t), P(None, t) if b1.size else P(), P(t, None)
+        return P(self.w1_fsdp_axes or None, None, t), P(None, t) if b1.size else P(), P(t, self.w2_fsdp_axes or None)
 
 
 def _context_mesh():
@@ -176,6 +182,8 @@ def resolve_layout(x, kernel_1, kernel_2, recipe, norm_input_axes, kernel_1_axes
         raise NotSupportedError(f"kernel_1's activation dimension cannot be split (kernel_1_axes maps it to {k1[1]})")
     tensor_1 = k1[-1] if k1 is not None else ()
     tensor_2 = k2[0] if k2 is not None else ()
+    fsdp_1 = k1[0] if k1 is not None else ()  # the kernels' H dimensions
+    fsdp_2 = k2[-1] if k2 is not None else ()
     if tensor_1 != tensor_2:
         raise InvalidArgumentError(
             f"kernel_1's F dimension is split over mesh axes {tensor_1} and kernel_2's over {tensor_2}: W1's columns "
@@ -192,9 +200,18 @@ def resolve_layout(x, kernel_1, kernel_2, recipe, norm_input_axes, kernel_1_axes
             raise InvalidArgumentError(f"x's dimension of {n} is not divisible by the {size} shards of mesh axes "
                                        f"{axes}")
     # Axes of size 1 split nothing: no collective over them.
-    layout = Layout(mesh=mesh, x_spec=P(*[a or None for a in x_axes]),
-                    tensor_axes=tuple(a for a in tensor_1 if mesh.shape[a] > 1),
-                    token_axes=tuple(a for a in token_axes if mesh.shape[a] > 1))
+    big = lambda axes: tuple(a for a in axes if mesh.shape[a] > 1)  # noqa: E731
+    for what, axes in (("kernel_1", fsdp_1), ("kernel_2", fsdp_2)):
+        if not set(big(axes)) <= set(token_axes) - set(tensor_1):
+            raise NotSupportedError(
+                f"{what}'s H dimension is split over mesh axes {axes}: FSDP splits the kernels' H over axes that split "
+                f"x's tokens (and not over the tensor axes {tensor_1}); x's tokens are split over {token_axes}")
+        size = math.prod(mesh.shape[a] for a in axes)
+        if x_shape[-1] % size:
+            raise InvalidArgumentError(f"H = {x_shape[-1]} is not divisible by the {size} shards of {what}'s H "
+                                       f"dimension over mesh axes {axes}")
+    layout = Layout(mesh=mesh, x_spec=P(*[a or None for a in x_axes]), tensor_axes=big(tensor_1),
+                    token_axes=big(token_axes), w1_fsdp_axes=big(fsdp_1), w2_fsdp_axes=big(fsdp_2))
     if layout.tensor_size == 1 and math.prod(mesh.shape[a] for a in token_axes) == 1:
         return None
     if ffn % layout.tensor_size:
@@ -230,6 +247,23 @@ def _partials_summed(a, layout, out_dtype):
     else:
         a = jax.lax.psum(a, layout.tensor_axes)
     return a.astype(out_dtype)
+
+
+def _whole_h(w, axes, dim):
+    """FSDP: a kernel's H shard gathered into the whole H (dimension dim) over its FSDP axes."""
+    return jax.lax.all_gather(w, axes, axis=dim, tiled=True) if axes else w
+
+
+def _weight_grad(g, layout, fsdp_axes, dim):
+    """A kernel's gradient summed in fp32 over the data axes: whole, or under FSDP this rank's H
+    shard of the sum (reduce-scattered along dimension dim over the FSDP axes)."""
+    if not fsdp_axes:
+        return _sum(g, layout.data_axes)
+    g32 = g.astype(jnp.float32)
+    rest = tuple(a for a in layout.data_axes if a not in fsdp_axes)
+    if rest:
+        g32 = jax.lax.psum(g32, rest)
+    return jax.lax.psum_scatter(g32, fsdp_axes, scatter_dimension=dim, tiled=True).astype(g.dtype)
 
 
 def _gathered(rows, layout):
@@ -299,6 +333,7 @@ def forward(spec, layout, x, gamma, beta, w1, b1, w2, b2, state):
         rows = _gathered(x.reshape(-1, H), layout)
         call_spec = _local_spec(spec, layout, rows.shape[0])
         call = _calls.forward_call(call_spec)
+        w1, w2 = _whole_h(w1, layout.w1_fsdp_axes, 0), _whole_h(w2, layout.w2_fsdp_axes, 1)
         y, saved, state = call(rows, gamma, beta, w1, b1, w2, b2 if tp == 1 else _calls.absent(b2.dtype), state)
         if tp > 1:
             y32 = _partials_summed(y, layout, jnp.float32)
@@ -329,6 +364,7 @@ def backward(spec, layout, dy, x, gamma, beta, w1, b1, w2, saved, state):
         dy_rows = dy.reshape(-1, H)
         rows = _gathered(x.reshape(-1, H), layout)
         call = _calls.backward_call(_local_spec(spec, layout, rows.shape[0]))
+        w1, w2 = _whole_h(w1, layout.w1_fsdp_axes, 0), _whole_h(w2, layout.w2_fsdp_axes, 1)
         dx, dgamma, dbeta, dw1, db1, dw2, db2, state = call(_gathered(dy_rows, layout), rows, gamma, beta, w1, b1, w2,
                                                             saved[0], state)
         if tp > 1:
@@ -341,7 +377,8 @@ def backward(spec, layout, dy, x, gamma, beta, w1, b1, w2, saved, state):
         # dgamma and dbeta: this rank's rows, and split along F its part of dn; the weights'
         # gradients: this rank's rows.
         dgamma, dbeta = _sum(dgamma, layout.split_axes), _sum(dbeta, layout.split_axes)
-        dw1, db1, dw2 = _sum(dw1, data), _sum(db1, data), _sum(dw2, data)
+        dw1, db1 = _weight_grad(dw1, layout, layout.w1_fsdp_axes, 0), _sum(db1, data)
+        dw2 = _weight_grad(dw2, layout, layout.w2_fsdp_axes, 1)
         return dx.reshape(x.shape), dgamma, dbeta, dw1, db1, dw2, db2, _agreed_state(state, spec, layout)
 
     w1_spec, b1_spec, w2_spec = layout.weight_specs(b1)
