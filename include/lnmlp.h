@@ -761,9 +761,42 @@ LNMLP_API int32_t lnmlp_plan_set_quantizer_state(lnmlp_plan* plan, int32_t quant
  *      made in another workspace (lnmlp_plan_attach_workspace), is made. A call without the flag
  *      makes its copies afresh. Under sharding every rank passes the same flags. */
 enum {
-  LNMLP_CALL_DEFAULT = 0,          /* no flag */
-  LNMLP_CALL_WEIGHTS_UNCHANGED = 1 /* W1 and W2 as when the plan made its copies of them: reuse those */
+  LNMLP_CALL_DEFAULT = 0,               /* no flag */
+  LNMLP_CALL_WEIGHTS_UNCHANGED = 1,     /* W1 and W2 as when the plan made its copies of them: reuse those */
+  LNMLP_CALL_AMAX_MEASURE = 2,          /* CURRENT: measure the amaxes not given up to the next stage, and stop */
+  LNMLP_CALL_AMAX_GIVEN_LN_OUT = 256,   /* CURRENT: quantizer LN_OUT's amax is given (the amax array) */
+  LNMLP_CALL_AMAX_GIVEN_W1 = 512,       /* ... W1's */
+  LNMLP_CALL_AMAX_GIVEN_ACT_OUT = 1024, /* ... ACT_OUT's */
+  LNMLP_CALL_AMAX_GIVEN_W2 = 2048,      /* ... W2's */
+  LNMLP_CALL_AMAX_GIVEN_DY = 4096,      /* ... DY's */
+  LNMLP_CALL_AMAX_GIVEN_DH = 8192       /* ... DH's: LNMLP_CALL_AMAX_GIVEN_LN_OUT << LNMLP_QUANTIZER_DH */
 };
+
+/* Current scaling in stages, for a caller that splits the block over devices and runs the
+ * collectives itself (JAX on a mesh): each per-tensor scale must come from the amax of the whole
+ * tensor, the group's, but a fused call measures the amax of its own part of the tensor, inside
+ * the call. So a CURRENT plan's call may take, in its fp8_state argument, an amax array: float32
+ * [LNMLP_QUANTIZER_COUNT] indexed by LNMLP_QUANTIZER_* (host memory on the CPU backend, device
+ * memory on the CUDA backend, 4-byte aligned), with these flags:
+ *  LNMLP_CALL_AMAX_GIVEN_<Q>  quantizer Q's tensor is quantized with the scale of the amax at
+ *      index Q (>= 0, +inf or NaN, as measured) instead of its own amax; the call reads it.
+ *  LNMLP_CALL_AMAX_MEASURE    the call runs to the end of its next stage, measures the amax of
+ *      every tensor of that stage whose amax is not given, writes each at its index, and stops:
+ *      y and saved (forward), or dx, the gradients and the deferred buffer (backward), are then
+ *      left undefined, and the FP8 state does not move. Forward's stages: ln_out, W1 and W2; then
+ *      act_out, quantized after GEMM1 with the first stage's scales. Backward's: dy; then dh.
+ *      A stage whose amaxes are all given is run, not measured; a call with every amax given runs
+ *      whole (the flag then changes nothing).
+ * A caller runs a forward as: MEASURE (ln_out, W1, W2 written); max-reduce them over the group;
+ * MEASURE | GIVEN_LN_OUT | GIVEN_W1 | GIVEN_W2 (act_out written); max-reduce; then the call with
+ * all four GIVEN: every rank quantizes with the scales the unsplit call takes, as
+ * TransformerEngine's quantizers reduce their amaxes over the mesh. Backward likewise with dy and
+ * dh (its other quantizers take forward's saved scales). A call whose amaxes are all its own
+ * (every flag given, no reduction between) gives the bits of the call without them.
+ * Other recipes refuse these flags; a CURRENT call with them needs the array, and one without
+ * them takes none (LNMLP_ERROR_INVALID_ARGUMENT, NULL_POINTER). With 0 tokens nothing is measured:
+ * the array stays as it is. Under the plan's own sharding (lnmlp_desc_set_sharding) the measured
+ * amaxes are the group's already. */
 
 /* A call that fails. Forward and backward check every argument before they read or write
  * anything: a call that returns LNMLP_ERROR_INVALID_ARGUMENT, NULL_POINTER, SIZE_OVERFLOW,
@@ -796,7 +829,8 @@ enum {
  *  beta       must be NULL for RMSNorm and non-NULL for LayerNorm; b1 and b2 must be NULL exactly
  *             when the descriptor disabled them. y must not overlap the inputs.
  *  fp8_state  NULL: the plan's state (attached or owned). Otherwise a DELAYED plan's state array
- *             for this call only (see the FP8 quantizer state above).
+ *             for this call only (see the FP8 quantizer state above), or a CURRENT plan's amax
+ *             array (LNMLP_CALL_AMAX_*, above).
  *  flags      LNMLP_CALL_* values, OR'ed.
  *  stream     a cudaStream_t for the CUDA backend (NULL = default); ignored by the CPU backend.
  * A backend prepares its GEMMs for a token count the first time a call has that count (host

@@ -545,6 +545,7 @@ LNMLP_API int32_t lnmlp_plan_forward(lnmlp_plan* plan, int64_t tokens, const voi
     const bool unchanged = check_call_flags(flags);
     ForwardArgs args{tokens,   x, gamma, beta, w1, b1, w2, b2, y, saved, stream, static_cast<float*>(fp8_state),
                      unchanged};
+    args.amax = amax_flags(flags);
     check_forward_args(*plan, args);
     if (args.fp8_state == nullptr) args.fp8_state = plan->state();
     require_workspace(plan);
@@ -562,6 +563,7 @@ LNMLP_API int32_t lnmlp_plan_backward(lnmlp_plan* plan, int64_t tokens, const vo
     BackwardArgs args{tokens,   dy,     x,     gamma, beta, w1,  b1,  w2,     saved,
                       dx,       dgamma, dbeta, dw1,   db1,  dw2, db2, stream, static_cast<float*>(fp8_state),
                       unchanged};
+    args.amax = amax_flags(flags);
     run_backward(plan, args);
   });
 }
@@ -577,6 +579,7 @@ LNMLP_API int32_t lnmlp_plan_backward_data(lnmlp_plan* plan, int64_t tokens, con
     BackwardArgs args{tokens,   dy,     x,     gamma,   beta, w1,      b1,  w2,     saved,
                       dx,       dgamma, dbeta, nullptr, db1,  nullptr, db2, stream, static_cast<float*>(fp8_state),
                       unchanged};
+    args.amax = amax_flags(flags);
     args.part = BackwardPart::Data;
     args.deferred = deferred;
     run_backward(plan, args);

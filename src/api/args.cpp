@@ -82,14 +82,33 @@ void check_tensors(const lnmlp_plan& plan, std::initializer_list<Tensor> list, c
   }
 }
 
-// The call's token count, flags and FP8 state.
-void check_call(const lnmlp_plan& plan, int64_t tokens, const float* fp8_state) {
+constexpr int32_t kAmaxFlags = LNMLP_CALL_AMAX_MEASURE | LNMLP_CALL_AMAX_GIVEN_LN_OUT | LNMLP_CALL_AMAX_GIVEN_W1 |
+                               LNMLP_CALL_AMAX_GIVEN_ACT_OUT | LNMLP_CALL_AMAX_GIVEN_W2 | LNMLP_CALL_AMAX_GIVEN_DY |
+                               LNMLP_CALL_AMAX_GIVEN_DH;
+static_assert(LNMLP_CALL_AMAX_MEASURE == kAmaxMeasure && LNMLP_CALL_AMAX_GIVEN_LN_OUT == 1 << kAmaxGivenShift &&
+                  LNMLP_CALL_AMAX_GIVEN_DH == LNMLP_CALL_AMAX_GIVEN_LN_OUT << LNMLP_QUANTIZER_DH,
+              "the LNMLP_CALL_AMAX_* flags are plan/call_args.h's bits");
+
+// The call's token count, flags and FP8 state (or a CURRENT plan's amax array).
+void check_call(const lnmlp_plan& plan, int64_t tokens, const float* fp8_state, int32_t amax) {
   const int64_t most = plan.cfg.rows();
   if (tokens < 0 || tokens > most)
     fail(LNMLP_ERROR_INVALID_ARGUMENT, "tokens must be in [0, ", most, "] (the plan's ",
          plan.cfg.sequence_parallel() ? "rows per rank" : "most tokens", "), got ", tokens);
+  const bool current = plan.recipe.recipe == Recipe::Current;
+  if (amax != 0 && !current)
+    fail(LNMLP_ERROR_INVALID_ARGUMENT,
+         "the LNMLP_CALL_AMAX_* flags (current scaling in stages) are for LNMLP_RECIPE_CURRENT plans only");
+  if (amax != 0 && fp8_state == nullptr)
+    fail(LNMLP_ERROR_NULL_POINTER,
+         "fp8_state is NULL, but the LNMLP_CALL_AMAX_* flags need the amax array there (float32 "
+         "[LNMLP_QUANTIZER_COUNT])");
   if (fp8_state == nullptr) return;
-  if (!plan.recipe.stateful())
+  if (current && amax == 0)
+    fail(LNMLP_ERROR_INVALID_ARGUMENT,
+         "fp8_state must be NULL: this plan's recipe keeps no quantizer state (a CURRENT plan takes an amax array "
+         "there only with LNMLP_CALL_AMAX_* flags)");
+  if (!plan.recipe.stateful() && !current)
     fail(LNMLP_ERROR_INVALID_ARGUMENT,
          "fp8_state must be NULL: this plan's recipe keeps no quantizer state (only LNMLP_RECIPE_DELAYED does)");
   if (reinterpret_cast<uintptr_t>(fp8_state) % alignof(float) != 0)
@@ -100,15 +119,17 @@ void check_call(const lnmlp_plan& plan, int64_t tokens, const float* fp8_state) 
 }  // namespace
 
 bool check_call_flags(int32_t flags) {
-  if ((flags & ~LNMLP_CALL_WEIGHTS_UNCHANGED) != 0)
+  if ((flags & ~(LNMLP_CALL_WEIGHTS_UNCHANGED | kAmaxFlags)) != 0)
     fail(LNMLP_ERROR_INVALID_ARGUMENT, "flags must be LNMLP_CALL_* values (LNMLP_CALL_DEFAULT, ",
-         "LNMLP_CALL_WEIGHTS_UNCHANGED), got ", flags);
+         "LNMLP_CALL_WEIGHTS_UNCHANGED, LNMLP_CALL_AMAX_*), got ", flags);
   return (flags & LNMLP_CALL_WEIGHTS_UNCHANGED) != 0;
 }
 
+int32_t amax_flags(int32_t flags) { return flags & kAmaxFlags; }
+
 void check_forward_args(const lnmlp_plan& plan, const ForwardArgs& a) {
   const Config& c = plan.cfg;
-  check_call(plan, a.tokens, a.fp8_state);
+  check_call(plan, a.tokens, a.fp8_state, a.amax);
   const Sizes s(plan, a.tokens);
   const bool none = a.tokens == 0;  // a call with no tokens reads and writes no token's tensor: NULL is fine
   const bool saves = plan.saved.total_bytes > 0;
@@ -132,7 +153,7 @@ void check_backward_args(const lnmlp_plan& plan, const BackwardArgs& a) {
     fail(LNMLP_ERROR_INVALID_ARGUMENT,
          "this plan was created with LNMLP_REMAT_FORWARD_ONLY and saves nothing for backward; "
          "create the plan with another remat policy to train");
-  check_call(plan, a.tokens, a.fp8_state);
+  check_call(plan, a.tokens, a.fp8_state, a.amax);
   const Sizes s(plan, a.tokens);
   const bool none = a.tokens == 0;
   // Which tensors the part takes (the others must be NULL): the weights call reads dy, saved and

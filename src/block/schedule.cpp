@@ -58,6 +58,10 @@ struct Pass {
   float* used_scales = nullptr;           // forward: where the scales it uses are saved for backward
   const float* forward_scales = nullptr;  // backward: those scales
   float* backward_scales = nullptr;       // backward in two calls: dy's and dh's scales (the deferred buffer's)
+  // Current scaling in stages (lnmlp.h's LNMLP_CALL_AMAX_*): the call's flags, and the caller's
+  // amax array, as the bits of each quantizer's amax.
+  int32_t amax_flags = 0;
+  uint32_t* amax_array = nullptr;
 
   Mat io(const void* p, int64_t rows, int64_t cols) const { return mat(p, D, rows, cols); }
   // dW1, db1, dW2 or db2 (in their dtype, added into when they accumulate): db1 or db2 as [1, n],
@@ -78,7 +82,27 @@ struct Pass {
   }
   void* slot(int64_t bytes, const char* what) { return ws.take_bytes(bytes, 1, what); }
   QuantScalars* scalars(int q) const { return offset(sc, q); }
-  uint32_t* amax_of(int q) const { return sc != nullptr ? &sc[q].amax_bits : nullptr; }
+  // Where quantizer q's amax is: the caller's array where it is given or measured for the caller,
+  // else the pass's scalars.
+  uint32_t* amax_of(int q) const {
+    if (amax_array != nullptr && (given(q) || measuring())) return amax_array + q;
+    return sc != nullptr ? &sc[q].amax_bits : nullptr;
+  }
+  bool given(int q) const { return ((amax_flags >> (kAmaxGivenShift + q)) & 1) != 0; }
+  bool measuring() const { return (amax_flags & kAmaxMeasure) != 0; }
+  // The call takes its amaxes from the caller, measuring the first stage whose amaxes are not
+  // all given and stopping there (LNMLP_CALL_AMAX_MEASURE).
+  bool stops_at(std::initializer_list<int> stage) const {
+    if (!measuring()) return false;
+    for (int q : stage)
+      if (!given(q)) return true;
+    return false;
+  }
+  void take_amaxes(const void* fp8_state, int32_t flags) {
+    amax_flags = flags;
+    amax_array = flags != 0 ? static_cast<uint32_t*>(const_cast<void*>(fp8_state)) : nullptr;
+  }
+
   float* state_of(int q) const { return r.stateful() ? offset(fp8_state, q * r.state_stride()) : nullptr; }
   // Where the scale a pass takes for quantizer q is recorded for a later pass (or NULL): forward's
   // in the saved buffer, dy's and dh's in the deferred one. And where a later pass reads it.
@@ -167,8 +191,9 @@ struct Pass {
 void own_scale(Pass& p, int q, const Mat& x, bool amax_measured = false) {
   QuantScalars* s = p.scalars(q);
   uint32_t* amax = p.amax_of(q);
-  if (!amax_measured) p.x.amax(x, amax);
-  if (p.c.sharded()) p.all_reduce_max(amax);
+  const bool given = p.given(q);  // the group's already (LNMLP_CALL_AMAX_GIVEN_*)
+  if (!amax_measured && !given) p.x.amax(x, amax);
+  if (p.c.sharded() && !given) p.all_reduce_max(amax);
   const float* state = p.state_of(q);
   p.x.tensor_scale({nullptr, state, amax, numerics::fp8_max(p.r.formats[q]), p.r.power_2_scale, p.r.amax_epsilon,
                     s != nullptr ? &s->scale : nullptr, p.scale_record(q)});
@@ -336,7 +361,7 @@ template <typename Produce> Quantized produced_operands(Pass& p, int q, int64_t 
     return fp8.made;
   }
   const Mat t = p.take(DType::F32, rows, cols, what);
-  fp8.amax_bits = p.r.per_tensor() && whole && own ? p.amax_of(q) : nullptr;
+  fp8.amax_bits = p.r.per_tensor() && whole && own && !p.given(q) ? p.amax_of(q) : nullptr;
   produce(t, fp8.amax_bits != nullptr ? &fp8 : nullptr);
   return operands(p, q, t, rowwise, columnwise, from, save, fp8.amax_bits != nullptr);
 }
@@ -414,6 +439,7 @@ void param_grad(Pass& p, ColumnSum which, const float* partials, const Mat& out,
 void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardArgs& a, Workspace& ws,
                  WeightCopies* weights) {
   Pass p(x, c, sv, ws, a.stream, a.fp8_state, weights);
+  p.take_amaxes(a.fp8_state, a.amax);
   p.used_scales = saved_at<float>(sv.fwd_scales, a.saved);
   // Forward writes every byte of the call's saved bytes: the regions' padding is zeroed, so the
   // buffer is a function of the inputs alone (comparable, reproducible, safe to checkpoint).
@@ -433,6 +459,15 @@ void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardA
   // above; a quantized one went straight from fp32 to FP8, so the norm runs again over the
   // statistics just made (the same kernel, so the values an unquantized plan writes).
   if (p.quantized && sv.ln_out.present()) norm_gathered(p, in, false, p.io(saved_at<void>(sv.ln_out, a.saved), T, H));
+  // Current scaling in stages: the first ends with ln_out's amax (measured above) and the weights'.
+  if (p.stops_at({kLnOut, kW1, kW2})) {
+    for (int w : {WeightCopies::kW1, WeightCopies::kW2}) {
+      const int q = w == WeightCopies::kW1 ? kW1 : kW2;
+      if (!p.given(q)) own_scale(p, q, p.weight(w, w == WeightCopies::kW1 ? a.w1 : a.w2));
+    }
+    x.finish();
+    return;
+  }
 
   // 2. h = ln @ W1 + b1; a = act(h), and GEMM2's operand of it.
   const Operand w1 = weight_uses(p, WeightCopies::kW1, a.w1, true, false, ScaleFrom::Own).forward;
@@ -447,6 +482,10 @@ void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardA
                           true, "act_out fp32",
                           [&](const Mat& out, ProducerFp8* fp8) { x.gemm1_act(ln, w1, a.b1, h, out, nullptr, fp8); })
             .rowwise;
+  }
+  if (p.stops_at({kActOut})) {  // the second stage: act_out's amax, measured by its producer
+    x.finish();
+    return;
   }
 
   // 3. y = a @ W2 + b2; sharded, the fp32 partial sums summed over the group first.
@@ -518,9 +557,15 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
     return defer ? saving(codes, scales, a.deferred) : Saving{};
   };
   Pass p(x, c, sv, ws, a.stream, a.fp8_state, weights);
+  p.take_amaxes(a.fp8_state, a.amax);
   p.forward_scales = saved_at<float>(sv.fwd_scales, a.saved);
   p.backward_scales = saved_at<float>(dv.scales, a.deferred);
   const int64_t T = p.T, Tn = p.Tn, H = p.H, F = p.F, AF = p.AF;
+  if (p.stops_at({kDy})) {  // current scaling in stages, the first: dy's amax (over the group's rows)
+    own_scale(p, kDy, p.io(a.dy, Tn, H));
+    x.finish();
+    return;
+  }
   const bool recompute_h = !sv.h.present();
   const NormInputs in{a.x, a.gamma, a.beta, saved_at<float>(sv.mu, a.saved), saved_at<float>(sv.rs, a.saved), Tn};
 
@@ -596,6 +641,10 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
     dhq = produced_operands(
         p, kDh, T, AF, true, !defer, ScaleFrom::Own, keep(dv.dh_q, dv.dh_q_scale), true, "dffn1 fp32",
         [&](const Mat& out, ProducerFp8* fp8) { x.act_backward(dact32, h, out, false, part_db1, fp8); });
+  }
+  if (p.stops_at({kDh})) {  // the second stage: dh's amax, measured by its producer
+    x.finish();
+    return;
   }
 
   // 6. GEMM1's gradients: dn = dh @ W1^T (a rank's partial sum when sharded), dW1 = ln^T @ dh.

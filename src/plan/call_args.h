@@ -7,6 +7,11 @@
 
 namespace lnmlp {
 
+// ForwardArgs::amax, BackwardArgs::amax: lnmlp.h's LNMLP_CALL_AMAX_MEASURE, and
+// LNMLP_CALL_AMAX_GIVEN_<Q> as bit kAmaxGivenShift + Q (quantizer Q's amax is given).
+constexpr int32_t kAmaxMeasure = 2;
+constexpr int kAmaxGivenShift = 8;
+
 struct ForwardArgs {
   int64_t tokens;  // rows of x and y in this call (this rank's under sequence parallelism)
   const void* x;
@@ -21,6 +26,8 @@ struct ForwardArgs {
   void* stream;
   float* fp8_state;        // the call's delayed-scaling state in backend memory (plan/fp8_recipe.h); NULL otherwise
   bool weights_unchanged;  // LNMLP_CALL_WEIGHTS_UNCHANGED: W1, W2 as when the plan's kept copies were made
+  // Current scaling in stages: the call's LNMLP_CALL_AMAX_* bits; fp8_state is then the amax array.
+  int32_t amax = 0;
 };
 
 // Which part of backward a call runs: all of it (lnmlp_plan_backward), or it in two calls
@@ -49,6 +56,7 @@ struct BackwardArgs {
   void* stream;
   float* fp8_state;        // as in ForwardArgs
   bool weights_unchanged;  // as in ForwardArgs
+  int32_t amax = 0;        // as in ForwardArgs
   BackwardPart part = BackwardPart::Whole;
   void* deferred = nullptr;  // Data: written; Weights: read (plan/layout.h's DeferredLayout)
 };

@@ -831,9 +831,12 @@ struct Runner {
     float* ptr = nullptr;
     bool must_fail = false;
   };
-  StateArg make_state(uint8_t mode) {
+  // amax_array: the call's flags ask for a CURRENT plan's amax array there, which is then required.
+  StateArg make_state(uint8_t mode, bool amax_array) {
     StateArg s;
+    s.must_fail = amax_array;  // until an array is given
     if (mode % 4 < 2) return s;
+    s.must_fail = false;
     int64_t hist = 0;
     EXPECT_STATUS(API(lnmlp_plan_get_amax_history_length(plan, &hist)), LNMLP_SUCCESS);
     const int64_t floats = LNMLP_QUANTIZER_COUNT * (1 + (delayed ? hist : 1));
@@ -849,7 +852,7 @@ struct Runner {
       s.ptr = reinterpret_cast<float*>(s.array.data() + 1);  // misaligned for float
       s.must_fail = true;
     }
-    if (!delayed) s.must_fail = true;  // fp8_state is for DELAYED plans only
+    if (!delayed && !amax_array) s.must_fail = true;  // fp8_state is for DELAYED plans (or the amax array)
     return s;
   }
 
@@ -909,8 +912,11 @@ struct Runner {
     const bool tc_ok = tc >= 0 && tc <= T;
     const int64_t rows = tc_ok ? tc : T;  // invalid counts get buffers for the most tokens
     const int32_t flags = r.pick32(0, 1);
-    const bool flags_ok = flags == 0 || flags == 1;
-    StateArg state = make_state(r.u8());
+    // pick32's hi + 1 is LNMLP_CALL_AMAX_MEASURE: current scaling in stages, which a CURRENT plan
+    // takes with an amax array in fp8_state (make_state's aligned array).
+    const bool amax_stage = flags == LNMLP_CALL_AMAX_MEASURE && m.recipe == LNMLP_RECIPE_CURRENT;
+    const bool flags_ok = flags == 0 || flags == 1 || amax_stage;
+    StateArg state = make_state(r.u8(), amax_stage);
     Mutator fwd_mut, bwd_mut;
     fwd_mut.read(r);
     bwd_mut.read(r);

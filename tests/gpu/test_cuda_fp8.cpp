@@ -4,6 +4,7 @@
 // the CPU, FP8 in a CUDA graph, and the FP8 shape rule. Skips without a usable GPU.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -230,6 +231,60 @@ TEST(CudaFp8State, StateCopiesAreOrderedAgainstANonBlockingStream) {
     EXPECT_EQ(hist[1], 7.0f) << "the forward did not start from the state written before it";
   }
   cudaStreamDestroy(stream);
+}
+
+// Current scaling in stages (LNMLP_CALL_AMAX_*) on the CUDA backend: the amaxes the stages
+// measure, into a device array, given back stage by stage, give the whole calls' bits, and W1's,
+// W2's and dy's are their maxima exactly.
+TEST(CudaFp8State, CurrentScalingInStagesGivesTheWholeCallsBits) {
+  SKIP_WITHOUT_GPU();
+  const Problem pr = fp8_problem({LNMLP_RECIPE_CURRENT, LNMLP_DTYPE_BF16, true, 64, 128, 192});
+  for (const int32_t remat : {LNMLP_REMAT_SAVE_ALL, LNMLP_REMAT_SAVE_STATS}) {
+    SCOPED_TRACE("remat " + std::to_string(remat));
+    PlanPtr p = plan_ptr(make_plan(pr, remat, LNMLP_BACKEND_CUDA, 0, LNMLP_RECIPE_CURRENT));
+    int64_t saved_bytes = 0;
+    LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes(p.get(), &saved_bytes));
+    const DeviceInputs in(pr);
+    const DeviceOutputs whole(pr, saved_bytes), staged(pr, saved_bytes);
+    LNMLP_TEST_CHECK(device_forward(p.get(), in, whole, nullptr));
+    LNMLP_TEST_CHECK(device_backward(p.get(), in, whole, nullptr));
+    const std::vector<float> unset(LNMLP_QUANTIZER_COUNT, -1.0f);
+    const DeviceBuffer amax(unset.data(), unset.size() * sizeof(float));
+    auto* a = static_cast<float*>(amax.get());
+    const auto forward = [&](int32_t flags) {
+      return lnmlp_plan_forward(p.get(), plan_tokens(p.get()), in.x.get(), in.gamma.get(), in.beta.get(), in.w1.get(),
+                                in.b1.get(), in.w2.get(), in.b2.get(), staged.y.get(), staged.saved.get(), a, flags,
+                                nullptr);
+    };
+    const auto backward = [&](int32_t flags) {
+      return lnmlp_plan_backward(p.get(), plan_tokens(p.get()), in.dy.get(), in.x.get(), in.gamma.get(), in.beta.get(),
+                                 in.w1.get(), in.b1.get(), in.w2.get(), staged.saved.get(), staged.dx.get(),
+                                 staged.dgamma.get(), staged.dbeta.get(), staged.dw1.get(), staged.db1.get(),
+                                 staged.dw2.get(), staged.db2.get(), a, flags, nullptr);
+    };
+    const int32_t g = LNMLP_CALL_AMAX_GIVEN_LN_OUT | LNMLP_CALL_AMAX_GIVEN_W1 | LNMLP_CALL_AMAX_GIVEN_W2;
+    LNMLP_TEST_CHECK(forward(LNMLP_CALL_AMAX_MEASURE));
+    LNMLP_TEST_CHECK(forward(LNMLP_CALL_AMAX_MEASURE | g));
+    LNMLP_TEST_CHECK(forward(g | LNMLP_CALL_AMAX_GIVEN_ACT_OUT));
+    LNMLP_TEST_CHECK(backward(LNMLP_CALL_AMAX_MEASURE));
+    LNMLP_TEST_CHECK(backward(LNMLP_CALL_AMAX_MEASURE | LNMLP_CALL_AMAX_GIVEN_DY));
+    LNMLP_TEST_CHECK(backward(LNMLP_CALL_AMAX_GIVEN_DY | LNMLP_CALL_AMAX_GIVEN_DH));
+    CUDA_TEST_CHECK(cudaDeviceSynchronize());
+    std::vector<float> got(LNMLP_QUANTIZER_COUNT);
+    CUDA_TEST_CHECK(cudaMemcpy(got.data(), a, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    const auto max_abs = [](const Buffer& b) {
+      double m = 0.0;
+      for (double v : b.to_doubles()) m = std::max(m, std::fabs(v));
+      return m;
+    };
+    EXPECT_EQ(got[LNMLP_QUANTIZER_W1], max_abs(pr.bw1));
+    EXPECT_EQ(got[LNMLP_QUANTIZER_W2], max_abs(pr.bw2));
+    EXPECT_EQ(got[LNMLP_QUANTIZER_DY], max_abs(pr.bdy));
+    for (float v : got) EXPECT_GT(v, 0.0f);
+    const RunResult a_host = to_host(pr, staged, true), b_host = to_host(pr, whole, true);
+    const auto na = named(a_host), nb = named(b_host);
+    for (size_t i = 0; i < na.size(); ++i) EXPECT_TRUE(same_bits(na[i].name, *na[i].buf, *nb[i].buf));
+  }
 }
 
 // FP8 forward + backward captured into a graph and replayed: the same bits as eager runs (current

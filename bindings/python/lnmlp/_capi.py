@@ -112,6 +112,13 @@ SAVED_ACT_OUT_SCALES = 9  # uint8 [bytes], their block scales
 SAVED_COUNT = 10
 CALL_DEFAULT = 0  # no flag
 CALL_WEIGHTS_UNCHANGED = 1  # W1 and W2 as when the plan made its copies of them: reuse those
+CALL_AMAX_MEASURE = 2  # CURRENT: measure the amaxes not given up to the next stage, and stop
+CALL_AMAX_GIVEN_LN_OUT = 256  # CURRENT: quantizer LN_OUT's amax is given (the amax array)
+CALL_AMAX_GIVEN_W1 = 512  # ... W1's
+CALL_AMAX_GIVEN_ACT_OUT = 1024  # ... ACT_OUT's
+CALL_AMAX_GIVEN_W2 = 2048  # ... W2's
+CALL_AMAX_GIVEN_DY = 4096  # ... DY's
+CALL_AMAX_GIVEN_DH = 8192  # ... DH's: LNMLP_CALL_AMAX_GIVEN_LN_OUT << LNMLP_QUANTIZER_DH
 BACKEND_CUDA = 1  # device pointers, 16-byte aligned; the stream argument is a cudaStream_t (NULL = default); runs from the module liblnmlp_cuda.so.1, loaded on first use from liblnmlp's directory (LNMLP_ERROR_NOT_SUPPORTED without it, a driver or the device)
 FEATURE_SHARDING = 8
 GEMM_MATH_EXACT = 0  # fp32 accumulation throughout (the default)

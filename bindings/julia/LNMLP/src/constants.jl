@@ -106,6 +106,13 @@ const LNMLP_SAVED_ACT_OUT_SCALES = Int32(9)  # uint8 [bytes], their block scales
 const LNMLP_SAVED_COUNT = Int32(10)
 const LNMLP_CALL_DEFAULT = Int32(0)  # no flag
 const LNMLP_CALL_WEIGHTS_UNCHANGED = Int32(1)  # W1 and W2 as when the plan made its copies of them: reuse those
+const LNMLP_CALL_AMAX_MEASURE = Int32(2)  # CURRENT: measure the amaxes not given up to the next stage, and stop
+const LNMLP_CALL_AMAX_GIVEN_LN_OUT = Int32(256)  # CURRENT: quantizer LN_OUT's amax is given (the amax array)
+const LNMLP_CALL_AMAX_GIVEN_W1 = Int32(512)  # ... W1's
+const LNMLP_CALL_AMAX_GIVEN_ACT_OUT = Int32(1024)  # ... ACT_OUT's
+const LNMLP_CALL_AMAX_GIVEN_W2 = Int32(2048)  # ... W2's
+const LNMLP_CALL_AMAX_GIVEN_DY = Int32(4096)  # ... DY's
+const LNMLP_CALL_AMAX_GIVEN_DH = Int32(8192)  # ... DH's: LNMLP_CALL_AMAX_GIVEN_LN_OUT << LNMLP_QUANTIZER_DH
 const LNMLP_BACKEND_CUDA = Int32(1)  # (experimental tier) device pointers, 16-byte aligned; the stream argument is a cudaStream_t (NULL = default); runs from the module liblnmlp_cuda.so.1, loaded on first use from liblnmlp's directory (LNMLP_ERROR_NOT_SUPPORTED without it, a driver or the device)
 const LNMLP_FEATURE_SHARDING = Int32(8)  # (experimental tier)
 const LNMLP_GEMM_MATH_EXACT = Int32(0)  # (experimental tier) fp32 accumulation throughout (the default)

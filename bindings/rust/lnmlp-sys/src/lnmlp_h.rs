@@ -223,6 +223,20 @@ pub const LNMLP_SAVED_COUNT: i32 = 10;
 pub const LNMLP_CALL_DEFAULT: i32 = 0;
 /// W1 and W2 as when the plan made its copies of them: reuse those
 pub const LNMLP_CALL_WEIGHTS_UNCHANGED: i32 = 1;
+/// CURRENT: measure the amaxes not given up to the next stage, and stop
+pub const LNMLP_CALL_AMAX_MEASURE: i32 = 2;
+/// CURRENT: quantizer LN_OUT's amax is given (the amax array)
+pub const LNMLP_CALL_AMAX_GIVEN_LN_OUT: i32 = 256;
+/// ... W1's
+pub const LNMLP_CALL_AMAX_GIVEN_W1: i32 = 512;
+/// ... ACT_OUT's
+pub const LNMLP_CALL_AMAX_GIVEN_ACT_OUT: i32 = 1024;
+/// ... W2's
+pub const LNMLP_CALL_AMAX_GIVEN_W2: i32 = 2048;
+/// ... DY's
+pub const LNMLP_CALL_AMAX_GIVEN_DY: i32 = 4096;
+/// ... DH's: LNMLP_CALL_AMAX_GIVEN_LN_OUT << LNMLP_QUANTIZER_DH
+pub const LNMLP_CALL_AMAX_GIVEN_DH: i32 = 8192;
 /// device pointers, 16-byte aligned; the stream argument is a cudaStream_t
 /// (NULL = default); runs from the module liblnmlp_cuda.so.1, loaded on first
 /// use from liblnmlp's directory (LNMLP_ERROR_NOT_SUPPORTED without it, a
@@ -656,7 +670,8 @@ extern "C" {
     /// beta       must be NULL for RMSNorm and non-NULL for LayerNorm; b1 and b2 must be NULL exactly
     /// when the descriptor disabled them. y must not overlap the inputs.
     /// fp8_state  NULL: the plan's state (attached or owned). Otherwise a DELAYED plan's state array
-    /// for this call only (see the FP8 quantizer state above).
+    /// for this call only (see the FP8 quantizer state above), or a CURRENT plan's amax
+    /// array (LNMLP_CALL_AMAX_*, above).
     /// flags      LNMLP_CALL_* values, OR'ed.
     /// stream     a cudaStream_t for the CUDA backend (NULL = default); ignored by the CPU backend.
     /// A backend prepares its GEMMs for a token count the first time a call has that count (host
