@@ -22,6 +22,7 @@ CONFIGS = {
     "tp_sp_2x2_f32": ((2, 2), True, False, "float32", None, ("silu", "linear"), 1),
     "tp_sp_1x4_bf16": ((1, 4), True, False, "bfloat16", None, ("gelu",), 1),
     "delayed_sp_2x2_bf16": ((2, 2), True, False, "bfloat16", "delayed", ("silu", "linear"), 3),
+    "current_sp_2x2_bf16": ((2, 2), True, False, "bfloat16", "current", ("silu", "linear"), 1),
     "fsdp_tp_2x2_f32": ((2, 2), False, True, "float32", None, ("silu", "linear"), 1),
 }
 
@@ -63,7 +64,7 @@ def step_fn(name, axes, recipe):
                              quantizer_set=qs, **axes)
         return jnp.sum(y.astype(jnp.float32) * dy), y
 
-    argnums = tuple(range(8 if recipe is not None else 7))
+    argnums = tuple(range(8 if recipe is not None and recipe.stateful else 7))
     return jax.jit(jax.value_and_grad(loss, argnums=argnums, has_aux=True))
 
 
@@ -76,7 +77,7 @@ def run(name, rank):
 
     mesh_shape, _, _, _, rid, _, steps = CONFIGS[name]
     d, dy_np = inputs(name)
-    recipe = lj.DelayedScaling(amax_history_len=3) if rid == "delayed" else None
+    recipe = {None: None, "delayed": lj.DelayedScaling(amax_history_len=3), "current": lj.Float8CurrentScaling()}[rid]
     specs, axes = specs_and_axes(name)
     mesh = jax.make_mesh(mesh_shape, ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     place = lambda a, spec: jax.make_array_from_callback(a.shape, NamedSharding(mesh, spec),  # noqa: E731
@@ -88,13 +89,13 @@ def run(name, rank):
         step = step_fn(name, axes, recipe)
         for _ in range(steps):
             (_, y), grads = step(*args, qs, dy)
-            if recipe is not None:
+            if recipe is not None and recipe.stateful:
                 qs = grads[7]
     out = {"y": multihost_utils.process_allgather(y, tiled=True)}
     for n, g in zip(NAMES, grads):
         if g is not None:
             out["d" + n] = multihost_utils.process_allgather(g, tiled=True)
-    if recipe is not None:
+    if recipe is not None and recipe.stateful:
         out["states"] = np.stack([np.asarray(s.data) for s in qs.state.addressable_shards])
     # The same steps on this process's first device alone.
     local = jax.local_devices()[0]
@@ -104,13 +105,13 @@ def run(name, rank):
     step1 = step_fn(name, {}, recipe)
     for _ in range(steps):
         (_, y1), g1 = step1(*one, qs1, dy1)
-        if recipe is not None:
+        if recipe is not None and recipe.stateful:
             qs1 = g1[7]
     out["one_y"] = np.asarray(y1)
     for n, g in zip(NAMES, g1):
         if g is not None:
             out["one_d" + n] = np.asarray(g)
-    if recipe is not None:
+    if recipe is not None and recipe.stateful:
         out["one_state"] = np.asarray(qs1.state)
     return {k: np.asarray(v, np.float32) for k, v in out.items()}
 

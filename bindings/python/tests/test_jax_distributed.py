@@ -1,7 +1,8 @@
 """lnmlp.jax across processes: 2 processes of 2 CPU devices each, joined by jax.distributed with
 gloo collectives (jax_dist_rank.py, spawned here), run layernorm_mlp split over a global mesh of
 the 4 devices: tensor and sequence parallelism with the data axis across the processes (2x2) and
-with the tensor axis across them (1x4), delayed scaling over three steps, and FSDP kernels. Each
+with the tensor axis across them (1x4), delayed scaling over three steps, current scaling (in
+stages, the amaxes reduced across the processes), and FSDP kernels. Each
 process's gathered y and gradients must be the other's bits and equal its own one-device step
 within the dtype's tolerance (unquantized: the float64 reference's too); the delayed-scaling state
 must be the same bits on all 4 devices and equal the one-device run's."""
@@ -81,7 +82,7 @@ def test_every_process_gets_the_one_device_result(ranks, name):
                     db2=g_ref["db2"])
         for k, w in want.items():
             ref.assert_close(f"{name} {k}", r0[k].reshape(w.shape), w, dtype_name)
-    if rid is not None:
+    if rid == "delayed":
         states = np.concatenate([r0["states"], r1["states"]])
         assert len(states) == 4, "a state per device"
         assert all(np.array_equal(s, states[0], equal_nan=True) for s in states), "the state differs between devices"

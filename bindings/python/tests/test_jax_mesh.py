@@ -184,6 +184,7 @@ def test_data_parallel_alone_equals_one_device(dtype_name):
 FP8_RECIPES = {"delayed": lambda: lj.DelayedScaling(amax_history_len=4),
                "delayed-most-recent": lambda: lj.DelayedScaling(margin=1, amax_history_len=4,
                                                                 amax_compute_algo="most_recent"),
+               "current": lambda: lj.Float8CurrentScaling(),
                "block": lambda: lj.Float8BlockScaling(), "mxfp8": lambda: lj.MXFP8BlockScaling()}
 
 
@@ -225,11 +226,19 @@ def test_delayed_state_stays_identical_over_steps():
     assert np.all(copies[0][:, 1:] > 0), "a history entry was not recorded"
 
 
-def test_current_scaling_on_a_mesh_is_refused_clearly():
-    d = make(1, np.float32, lead=(B, S), H=H, F=F)
-    with jax.set_mesh(_mesh(1, 2)), pytest.raises(lnmlp.NotSupportedError, match="Float8CurrentScaling"):
-        lj.layernorm_mlp(d["x"], d["gamma"], d["beta"], [d["k1"], d["k2"]], [d["b1"], d["b2"]], "layernorm",
-                         quantizer_set=lj.make_quantizer_set(lj.Float8CurrentScaling()), **_axes(False))
+def test_current_scaling_on_a_mesh_quantizes_with_the_groups_amaxes():
+    """Float8CurrentScaling runs each call in stages, the amaxes max-reduced between them, so every
+    device quantizes with the one-device call's scales: y equals the one-device y to the fp32 sums'
+    order (bf16 rounding), far inside what scales of each device's own part would give."""
+    d = make(2, ref.DTYPES["bfloat16"], lead=(B, S), norm="rmsnorm", seed=9, H=H, F=F)
+    dy = jnp.asarray(np.cos(np.arange(B * S * H)).reshape(B, S, H), jnp.float32)
+    (ym, _), (y1, _), hlo, errs = _one_device_and_mesh(d, "rmsnorm", ("silu", "linear"), dy, _mesh(2, 2),
+                                                       _specs(True), _axes(True), lj.Float8CurrentScaling())
+    assert errs["y"] <= ref.TOLERANCES["bfloat16"] / 4, errs
+    assert max(errs.values()) <= ref.TOLERANCE_FP8_SHARDED, errs
+    # The stages: four amax reductions (two per pass) beside the block's own collectives.
+    reductions = [t for t, op in _collectives(hlo) if op == "all-reduce" and re.match(r"f32\[6\]", t)]
+    assert len(reductions) >= 4, _collectives(hlo)
 
 
 @pytest.mark.parametrize("axes, error, match", [

@@ -40,6 +40,9 @@ struct PlanState {
   static ffi::TypeId id;
   PlanConfig config;
   std::shared_ptr<SharedPlan> shared;  // the plan on config.device
+  // The call's LNMLP_CALL_AMAX_* flags (current scaling in stages, lnmlp/jax/_sharding.py): its
+  // fp8 state operand and result are then the amax array. Not the plan's: one plan serves every stage.
+  int32_t amax_flags = 0;
 
   // The plan for the device XLA runs this call on (other GPUs' plans are kept here, so that an
   // execution does not look the process-wide cache up).
@@ -135,6 +138,7 @@ ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate(int32_t backend, ffi::Dicti
   auto state = std::make_unique<PlanState>();
   ffi::Error e = guarded([&] {
     state->config = config_of(attrs);
+    state->amax_flags = attr<int32_t>(attrs, "amax_flags");
     if (state->config.backend != backend)
       fail(ffi::ErrorCode::kInvalidArgument, "lnmlp: the call's backend attribute does not match XLA's platform");
     state->shared = shared_plan(state->config);
@@ -219,6 +223,13 @@ class Expected {
   void expect(int32_t tensor, const char* name, ffi::Result<ffi::AnyBuffer>& b) const {
     expect(tensor, name, b->element_type(), b->dimensions());
   }
+  // The fp8 state operand or result: the plan's state, or with LNMLP_CALL_AMAX_* flags the amax
+  // array, float32 [LNMLP_QUANTIZER_COUNT].
+  void expect_state(int32_t amax_flags, const char* name, ffi::DataType type, ffi::Span<const int64_t> dims) const {
+    if (amax_flags == 0) return expect(LNMLP_TENSOR_FP8_STATE, name, type, dims);
+    if (type != ffi::DataType::F32 || dims.size() != 1 || dims[0] != LNMLP_QUANTIZER_COUNT)
+      mismatch(name, "float32 [" + std::to_string(LNMLP_QUANTIZER_COUNT) + "] (the amax array)", type, dims);
+  }
 
  private:
   [[noreturn]] void mismatch(const char* name, const std::string& want, ffi::DataType type,
@@ -293,15 +304,16 @@ ffi::Error forward(PlanState* s, void* stream, int32_t device, ffi::RemainingArg
     const int32_t inputs[] = {LNMLP_TENSOR_X,  LNMLP_TENSOR_GAMMA, LNMLP_TENSOR_BETA, LNMLP_TENSOR_W1,
                               LNMLP_TENSOR_B1, LNMLP_TENSOR_W2,    LNMLP_TENSOR_B2,   LNMLP_TENSOR_FP8_STATE};
     const char* names[] = {"x", "gamma", "beta", "kernel_1", "bias_1", "kernel_2", "bias_2", "fp8 state"};
-    for (size_t i = 0; i < 8; ++i) want.expect(inputs[i], names[i], b.in(i));
+    for (size_t i = 0; i < 7; ++i) want.expect(inputs[i], names[i], b.in(i));
+    want.expect_state(s->amax_flags, names[7], b.in(7).element_type(), b.in(7).dimensions());
     want.expect(LNMLP_TENSOR_Y, "y", y);
     want.expect(LNMLP_TENSOR_SAVED, "saved", saved);
-    want.expect(LNMLP_TENSOR_FP8_STATE, "fp8 state (result)", state);
+    want.expect_state(s->amax_flags, "fp8 state (result)", state->element_type(), state->dimensions());
     attach_workspace(p, workspace);
     void* st = fp8_state(b.in(7), state, s->config.backend);
     check(lnmlp_plan_forward(p.plan, t, x.untyped_data(), b.in(1).untyped_data(), in_ptr(b.in(2)),
                              b.in(3).untyped_data(), in_ptr(b.in(4)), b.in(5).untyped_data(), in_ptr(b.in(6)),
-                             out_ptr(y), out_ptr(saved), st, LNMLP_CALL_DEFAULT, stream));
+                             out_ptr(y), out_ptr(saved), st, s->amax_flags, stream));
   });
 }
 
@@ -322,18 +334,19 @@ ffi::Error backward(PlanState* s, void* stream, int32_t device, ffi::RemainingAr
                               LNMLP_TENSOR_BETA, LNMLP_TENSOR_W1,    LNMLP_TENSOR_B1,
                               LNMLP_TENSOR_W2,   LNMLP_TENSOR_SAVED, LNMLP_TENSOR_FP8_STATE};
     const char* in_names[] = {"dy", "x", "gamma", "beta", "kernel_1", "bias_1", "kernel_2", "saved", "fp8 state"};
-    for (size_t i = 0; i < 9; ++i) want.expect(inputs[i], in_names[i], b.in(i));
+    for (size_t i = 0; i < 8; ++i) want.expect(inputs[i], in_names[i], b.in(i));
+    want.expect_state(s->amax_flags, in_names[8], b.in(8).element_type(), b.in(8).dimensions());
     const int32_t grads[] = {LNMLP_TENSOR_DX,  LNMLP_TENSOR_DGAMMA, LNMLP_TENSOR_DBETA, LNMLP_TENSOR_DW1,
                              LNMLP_TENSOR_DB1, LNMLP_TENSOR_DW2,    LNMLP_TENSOR_DB2};
     const char* grad_names[] = {"dx", "dgamma", "dbeta", "dkernel_1", "dbias_1", "dkernel_2", "dbias_2"};
     for (size_t i = 0; i < 7; ++i) want.expect(grads[i], grad_names[i], g[i]);
-    want.expect(LNMLP_TENSOR_FP8_STATE, "fp8 state (result)", state);
+    want.expect_state(s->amax_flags, "fp8 state (result)", state->element_type(), state->dimensions());
     attach_workspace(p, workspace);
     void* st = fp8_state(b.in(8), state, s->config.backend);
     check(lnmlp_plan_backward(p.plan, t, b.in(0).untyped_data(), x.untyped_data(), b.in(2).untyped_data(),
                               in_ptr(b.in(3)), b.in(4).untyped_data(), in_ptr(b.in(5)), b.in(6).untyped_data(),
                               in_ptr(b.in(7)), out_ptr(g[0]), out_ptr(g[1]), out_ptr(g[2]), out_ptr(g[3]),
-                              out_ptr(g[4]), out_ptr(g[5]), out_ptr(g[6]), st, LNMLP_CALL_DEFAULT, stream));
+                              out_ptr(g[4]), out_ptr(g[5]), out_ptr(g[6]), st, s->amax_flags, stream));
   });
 }
 

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _lib, _plan
+from .. import _capi, _lib, _plan
 from .. import recipe as _recipe
 from ..recipe import Recipe
 from . import _ffi
@@ -50,6 +50,14 @@ class Spec:
     weight_dtype: str = None
     # Forward also gives the norm output, a section of the saved buffer (return_layernorm_output).
     norm_output: bool = False
+    # The call's LNMLP_CALL_AMAX_* flags: Float8CurrentScaling in stages on a mesh (_sharding.py),
+    # whose state operand and result are then the amax array [6]. Not the plan's: it keys the call.
+    amax_flags: int = 0
+
+    @property
+    def takes_state(self):
+        """The call updates a state operand in place: delayed scaling's, or the amax array."""
+        return self.stateful or self.amax_flags != 0
 
     @property
     def stateful(self):
@@ -86,7 +94,7 @@ class Spec:
                     backend=i32(_plan._BACKENDS[self.backend]), device=i32(0),
                     weight_dtype=i32(-1 if self.weight_dtype is None else
                                      _plan._DTYPES[np.dtype(jnp.dtype(self.weight_dtype))]),
-                    norm_output=i32(self.norm_output))
+                    norm_output=i32(self.norm_output), amax_flags=i32(self.amax_flags))
 
 
 # The outputs of each custom call, as lnmlp_plan_get_tensor_shape names them (a tensor the plan
@@ -115,15 +123,19 @@ def _plan_facts(spec: Spec):
 
 
 def _output_types(spec: Spec):
-    """{name: jax.ShapeDtypeStruct} of a call's outputs (_plan_facts)."""
-    return _plan_facts(spec)[0]
+    """{name: jax.ShapeDtypeStruct} of a call's outputs (_plan_facts; the amax array for a call
+    with LNMLP_CALL_AMAX_* flags)."""
+    types = _plan_facts(spec.with_(amax_flags=0))[0]
+    if spec.amax_flags:
+        types = {**types, "fp8_state": jax.ShapeDtypeStruct((_capi.QUANTIZER_COUNT,), np.float32)}
+    return types
 
 
 def norm_output_of(spec: Spec, saved):
     """The norm output [tokens, H] in spec's dtype, out of a forward call's saved bytes (a slice,
     reinterpreted: the section lnmlp_plan_get_saved_section gives)."""
     dtype = jnp.dtype(spec.dtype)
-    offset, size = _plan_facts(spec)[1], spec.tokens * spec.hidden * dtype.itemsize
+    offset, size = _plan_facts(spec.with_(amax_flags=0))[1], spec.tokens * spec.hidden * dtype.itemsize
     codes = jax.lax.slice_in_dim(saved, offset, offset + size).reshape(spec.tokens, spec.hidden, dtype.itemsize)
     return jax.lax.bitcast_convert_type(codes, dtype)
 
@@ -158,7 +170,7 @@ def forward_call(spec: Spec):
     # The state (argument 7) is updated in place: XLA aliases it to output 3.
     call = jax.ffi.ffi_call(
         _ffi.FORWARD, tuple(out[n] for n in _FORWARD_OUTPUTS + ("workspace", "fp8_state")),
-        input_output_aliases={7: 3} if spec.stateful else None)
+        input_output_aliases={7: 3} if spec.takes_state else None)
     attrs = spec.attributes()
 
     @jax.custom_batching.custom_vmap
@@ -187,7 +199,7 @@ def backward_call(spec: Spec):
     # The state (argument 8) is updated in place: XLA aliases it to output 8.
     call = jax.ffi.ffi_call(
         _ffi.BACKWARD, tuple(out[n] for n in _BACKWARD_OUTPUTS + ("workspace", "fp8_state")),
-        input_output_aliases={8: 8} if spec.stateful else None)
+        input_output_aliases={8: 8} if spec.takes_state else None)
     attrs = spec.attributes()
 
     @jax.custom_batching.custom_vmap

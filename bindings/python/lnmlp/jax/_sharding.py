@@ -33,9 +33,11 @@ FP8: delayed scaling quantizes with the scales of the state every rank holds; af
 amax histories are max-reduced over every mesh axis the block is split on (pmax), and each
 quantizer's scale is taken from a rank whose amax equals the group's, which is the scale the
 unsharded call computes, so the state stays identical on every rank. Current scaling needs the
-group's amax of a tensor inside the fused call, before it is quantized; that has no XLA
-collective to run on and is refused on a mesh. Blocked recipes need no reduction: their scales
-are per block of each shard (docs/sharding.md, "FP8 recipes").
+group's amax of a tensor inside the fused call, before it is quantized: each call runs in stages
+(the library's LNMLP_CALL_AMAX_*), a measuring call per stage whose amaxes are max-reduced over
+the split axes, then the call with every amax given (forward: ln_out, W1 and W2, then act_out;
+backward: dy, then dh). Blocked recipes need no reduction: their scales are per block of each
+shard (docs/sharding.md, "FP8 recipes").
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from .. import _capi
 from .._lib import InvalidArgumentError, NotSupportedError
 from . import _autocast, _calls
 
@@ -219,11 +222,6 @@ def resolve_layout(x, kernel_1, kernel_2, recipe, norm_input_axes, kernel_1_axes
                                    f"axes {layout.tensor_axes}")
     if recipe is not None:
         name = type(recipe).__name__
-        if name == "Float8CurrentScaling":
-            raise NotSupportedError(
-                "Float8CurrentScaling cannot run split over a mesh: each tensor's scale needs the group's amax "
-                "inside the fused call, before it is quantized. Use DelayedScaling (its amax histories are "
-                "reduced over the mesh), Float8BlockScaling or MXFP8BlockScaling (scales per block)")
         if name == "Float8BlockScaling" and not recipe.power_2_scale and (ffn // layout.tensor_size) % 128:
             raise NotSupportedError(
                 f"Float8BlockScaling without power_2_scale needs F / tensor shards = {ffn // layout.tensor_size} to "
@@ -294,6 +292,30 @@ def _agreed_state(state, spec, layout):
     return jnp.concatenate([scale[:, None], group_history], axis=1)
 
 
+# Float8CurrentScaling in stages: the quantizers whose amaxes each stage of a call measures.
+_FORWARD_STAGES = ((_capi.QUANTIZER_LN_OUT, _capi.QUANTIZER_W1, _capi.QUANTIZER_W2), (_capi.QUANTIZER_ACT_OUT,))
+_BACKWARD_STAGES = ((_capi.QUANTIZER_DY,), (_capi.QUANTIZER_DH,))
+
+
+def _in_stages(spec):
+    return spec.recipe is not None and type(spec.recipe).__name__ == "Float8CurrentScaling"
+
+
+def _group_amaxes(run, spec, stages, layout):
+    """Float8CurrentScaling split over the mesh: (the amax array of the group's amaxes, the
+    LNMLP_CALL_AMAX_GIVEN_* flags of them), stage by stage: each stage's call measures its part of
+    the stage's tensors, the earlier stages' group amaxes given, and the amaxes are max-reduced over
+    the split axes. run(call's spec, amax array) returns the call's amax array."""
+    amax = jnp.zeros((_capi.QUANTIZER_COUNT,), jnp.float32)
+    given = 0
+    for stage in stages:
+        measured = run(spec.with_(amax_flags=_capi.CALL_AMAX_MEASURE | given), amax)
+        amax = jax.lax.pmax(measured, layout.split_axes)
+        for q in stage:
+            given |= _capi.CALL_AMAX_GIVEN_LN_OUT << q
+    return amax, given
+
+
 def _shard_map(f, mesh, in_specs, out_specs):
     """jax.shard_map (jax >= 0.7; jax.experimental's before), its replication unchecked: the
     outputs said to be replicated are made so by the collectives in f."""
@@ -332,9 +354,16 @@ def forward(spec, layout, x, gamma, beta, w1, b1, w2, b2, state):
     def local(x, gamma, beta, w1, b1, w2, b2, state):
         rows = _gathered(x.reshape(-1, H), layout)
         call_spec = _local_spec(spec, layout, rows.shape[0])
-        call = _calls.forward_call(call_spec)
         w1, w2 = _whole_h(w1, layout.w1_fsdp_axes, 0), _whole_h(w2, layout.w2_fsdp_axes, 1)
-        y, saved, state = call(rows, gamma, beta, w1, b1, w2, b2 if tp == 1 else _calls.absent(b2.dtype), state)
+        local_b2 = b2 if tp == 1 else _calls.absent(b2.dtype)
+        args = (rows, gamma, beta, w1, b1, w2, local_b2)
+        if _in_stages(spec):
+            amax, given = _group_amaxes(lambda s, a: _calls.forward_call(s)(*args, a)[2], call_spec, _FORWARD_STAGES,
+                                        layout)
+            call_spec = call_spec.with_(amax_flags=given)
+            y, saved, _ = _calls.forward_call(call_spec)(*args, amax)
+        else:
+            y, saved, state = _calls.forward_call(call_spec)(*args, state)
         if tp > 1:
             y32 = _partials_summed(y, layout, jnp.float32)
             y = (y32 + b2.astype(jnp.float32) if spec.has_bias2 else y32).astype(y.dtype)
@@ -363,10 +392,16 @@ def backward(spec, layout, dy, x, gamma, beta, w1, b1, w2, saved, state):
     def local(dy, x, gamma, beta, w1, b1, w2, saved, state):
         dy_rows = dy.reshape(-1, H)
         rows = _gathered(x.reshape(-1, H), layout)
-        call = _calls.backward_call(_local_spec(spec, layout, rows.shape[0]))
+        call_spec = _local_spec(spec, layout, rows.shape[0])
         w1, w2 = _whole_h(w1, layout.w1_fsdp_axes, 0), _whole_h(w2, layout.w2_fsdp_axes, 1)
-        dx, dgamma, dbeta, dw1, db1, dw2, db2, state = call(_gathered(dy_rows, layout), rows, gamma, beta, w1, b1, w2,
-                                                            saved[0], state)
+        args = (_gathered(dy_rows, layout), rows, gamma, beta, w1, b1, w2, saved[0])
+        if _in_stages(spec):
+            amax, given = _group_amaxes(lambda s, a: _calls.backward_call(s)(*args, a)[-1], call_spec,
+                                        _BACKWARD_STAGES, layout)
+            dx, dgamma, dbeta, dw1, db1, dw2, db2, _ = _calls.backward_call(call_spec.with_(amax_flags=given))(*args,
+                                                                                                               amax)
+        else:
+            dx, dgamma, dbeta, dw1, db1, dw2, db2, state = _calls.backward_call(call_spec)(*args, state)
         if tp > 1:
             dx = _partials_summed(dx, layout, dx.dtype)
         if spec.has_bias2:
