@@ -626,7 +626,9 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
   const Operand w2 = weight_uses(p, WeightCopies::kW2, a.w2, false, true, ScaleFrom::Forward).data_grad;
   const Mat dact = p.take(DType::F32, T, F, "dact");
   x.gemm(GemmRole::Dact, dyq.rowwise, w2, dact, nullptr);
-  if (!defer) weight_grad_gemm(p, GemmRole::Dw2, act, dyq.columnwise, p.weight_grad(WeightCopies::kW2, a.dw2));
+  // (Not in a call that stops at dh's amax, below: current scaling in stages.)
+  if (!defer && !p.stops_at({kDh}))
+    weight_grad_gemm(p, GemmRole::Dw2, act, dyq.columnwise, p.weight_grad(WeightCopies::kW2, a.dw2));
 
   // 5. dh = dact * act'(h) with db1's partial sums: in the GEMMs' operand type, or fp32 for the
   //    quantizer. (Kept for the weights call unquantized, in D: the values the operand type holds.)
