@@ -8,9 +8,6 @@ within the dtype's tolerance (unquantized: the float64 reference's too); the del
 must be the same bits on all 4 devices and equal the one-device run's."""
 
 import os
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -21,37 +18,16 @@ if os.environ.get("LNMLP_REQUIRE_JAX") != "1":  # the README's test command neve
     pytest.importorskip("jax")
 
 import jax_dist_rank as rank_job  # noqa: E402
-import lnmlp  # noqa: E402
+from _ranks import run_ranks  # noqa: E402
 
 WORLD = 2
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     """{configuration: [rank 0's results, rank 1's]} (dicts of NumPy arrays)."""
     out = tmp_path_factory.mktemp("jax_dist")
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(lnmlp.__file__)))
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p))
-    port = _free_port()
-    procs = [subprocess.Popen([sys.executable, rank_job.__file__, str(r), str(WORLD), str(port), str(out)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(WORLD)]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=300)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("the jax.distributed processes did not finish in 300 s")
-    for r, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"process {r} failed:\n{log}"
+    run_ranks(rank_job.__file__, WORLD, out, "jax.distributed processes")
     return {name: [dict(np.load(out / f"{name}-rank{r}.npz")) for r in range(WORLD)] for name in rank_job.CONFIGS}
 
 

@@ -6,9 +6,6 @@ SGD steps and the final parameters are compared with one process training the un
 PyTorch block (_torch_reference.py) on the whole batch."""
 
 import os
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -22,40 +19,19 @@ else:
 if not torch.distributed.is_available():
     pytest.skip("this torch has no torch.distributed", allow_module_level=True)
 
-import lnmlp  # noqa: E402
 import lnmlp.torch as lt  # noqa: E402
 import torch_dist_rank as rank_job  # noqa: E402
+from _ranks import run_ranks  # noqa: E402
 from _torch_reference import TorchLayerNormMLP  # noqa: E402
 
 WORLD = 2
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     """The ranks' saved results (one dict per rank) and the folder they wrote."""
     out = tmp_path_factory.mktemp("torch_dist")
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(lnmlp.__file__)))
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p))
-    port = _free_port()
-    procs = [subprocess.Popen([sys.executable, rank_job.__file__, str(r), str(WORLD), str(port), str(out)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(WORLD)]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=300)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("the gloo ranks did not finish in 300 s")
-    for r, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"rank {r} failed:\n{log}"
+    run_ranks(rank_job.__file__, WORLD, out, "gloo ranks")
     return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)], out
 
 
