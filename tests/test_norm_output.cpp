@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "plan_grid.h"
 #include "sharding_util.h"
 #include "test_util.h"
 #include "tolerances.h"
@@ -17,29 +18,9 @@ using namespace lnmlp_test;
 
 namespace {
 
-struct Case {
-  int32_t dtype;
-  int32_t recipe;
-  int32_t remat;
-  bool rms;
-  std::string name() const {
-    static const char* recipes[] = {"none", "delayed", "current", "block", "mxfp8"};
-    static const char* remats[] = {"save_all", "save_ffn1", "save_stats", "forward_only"};
-    const char* dt = dtype == LNMLP_DTYPE_F32 ? "f32" : dtype == LNMLP_DTYPE_BF16 ? "bf16" : "f16";
-    return std::string(dt) + "_" + recipes[recipe] + "_" + remats[remat] + (rms ? "_rmsnorm" : "_layernorm");
-  }
-};
+using Case = PlanCase;
 
-Problem problem_of(const Case& k, int64_t tokens = 37) {
-  lnmlp_ref::Config c;
-  c.tokens = tokens;
-  c.hidden = 48;
-  c.ffn = 40;
-  c.norm = k.rms ? lnmlp_ref::Norm::RmsNorm : lnmlp_ref::Norm::LayerNorm;
-  c.acts = {LNMLP_ACT_SILU, LNMLP_ACT_LINEAR};
-  c.has_bias1 = c.has_bias2 = true;
-  return make_problem(c, k.dtype, 29);
-}
+Problem problem_of(const Case& k, int64_t tokens = 37) { return plan_case_problem(k, 29, tokens); }
 
 RunOptions options_of(const Case& k, bool norm_output) {
   RunOptions o;

@@ -1,0 +1,37 @@
+// The grid of plans several call tests run over (test_norm_output.cpp, test_backward_split.cpp):
+// a dtype, an FP8 recipe, a remat policy and the norm, named for the test's name, and the small
+// gated problem each runs (T 37, H 48, F 40, silu x linear, both biases).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "test_util.h"
+
+namespace lnmlp_test {
+
+struct PlanCase {
+  int32_t dtype;
+  int32_t recipe;
+  int32_t remat;
+  bool rms;
+  std::string name() const {
+    static const char* recipes[] = {"none", "delayed", "current", "block", "mxfp8"};
+    static const char* remats[] = {"save_all", "save_ffn1", "save_stats", "forward_only"};
+    const char* dt = dtype == LNMLP_DTYPE_F32 ? "f32" : dtype == LNMLP_DTYPE_BF16 ? "bf16" : "f16";
+    return std::string(dt) + "_" + recipes[recipe] + "_" + remats[remat] + (rms ? "_rmsnorm" : "_layernorm");
+  }
+};
+
+inline Problem plan_case_problem(const PlanCase& k, uint64_t seed, int64_t tokens = 37) {
+  lnmlp_ref::Config c;
+  c.tokens = tokens;
+  c.hidden = 48;
+  c.ffn = 40;
+  c.norm = k.rms ? lnmlp_ref::Norm::RmsNorm : lnmlp_ref::Norm::LayerNorm;
+  c.acts = {LNMLP_ACT_SILU, LNMLP_ACT_LINEAR};
+  c.has_bias1 = c.has_bias2 = true;
+  return make_problem(c, k.dtype, seed);
+}
+
+}  // namespace lnmlp_test
