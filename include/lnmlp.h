@@ -651,8 +651,12 @@ LNMLP_API int32_t lnmlp_plan_get_tensor_shape(const lnmlp_plan* plan, int32_t te
                                               int64_t* dims, int32_t* dtype);
 
 /* ---- Sections of the saved buffer -----------------------------------------------------------
- * The saved buffer is one allocation of sections, each at a 256-byte-aligned offset, the same on
- * every backend (so a buffer forward wrote on one backend is read by backward on the other).
+ * The saved buffer is one allocation of sections, each at a 256-byte-aligned offset, the same
+ * sections at the same offsets on every backend. Their contents are every backend's too (a buffer
+ * forward wrote on one backend is read by backward on the other) except the FP8 codes and block
+ * scales, which are in the backend's own operand layout (the CPU's row-major codes, the CUDA
+ * backend's K-major ones): under an FP8 recipe, backward reads the buffer of a forward on its own
+ * backend.
  * Which sections a plan has follows from its remat policy, recipe and norm output
  * (lnmlp_desc_set_norm_output); lnmlp_plan_get_saved_section says where each one is, so that a
  * framework can hand one section on as a tensor of its own (the norm output), or give each section
@@ -869,7 +873,7 @@ LNMLP_API int32_t lnmlp_plan_backward(lnmlp_plan* plan, int64_t tokens, const vo
  * time later, which gives dW1 and dW2. Between them the caller holds the deferred buffer: what the
  * weight-gradient GEMMs read that the saved buffer lacks (dh, dy's GEMM operand, and the norm and
  * activation outputs where forward did not save them), in the I/O dtype or, under an FP8 recipe, as
- * FP8 codes, the same on every backend. The two calls together write, bit for bit, what
+ * FP8 codes in the saved buffer's layout of them. The two calls together write, bit for bit, what
  * lnmlp_plan_backward writes (the FP8 state included: the data call updates it; the weights call
  * quantizes nothing anew). Other calls of the plan may come between them, as long as the saved
  * buffer, dy and the deferred buffer stay as they were. */

@@ -61,9 +61,9 @@ struct SavedLayout {
 
 // The deferred buffer: what lnmlp_plan_backward_data keeps for lnmlp_plan_backward_weights, the
 // operands of the weight-gradient GEMMs that the saved buffer lacks (the weights call reads both).
-// Its layout is every backend's, as the saved buffer's: the tensors in D unquantized (dh rounded to
-// D as its GEMMs read it), under an FP8 recipe the columnwise codes (and block scales) those GEMMs
-// read, laid out as the saved buffer's ln_q and act_q.
+// Its regions are every backend's, as the saved buffer's: the tensors in D unquantized (dh rounded
+// to D as its GEMMs read it), under an FP8 recipe the columnwise codes (and block scales) those
+// GEMMs read, in the backend's layout of them, as the saved buffer's ln_q and act_q.
 struct DeferredLayout {
   Region ln;           // [T, H] norm output: unquantized, when the saved buffer has no ln_out
   Region act;          // [T, F] activation output: unquantized, when the saved buffer has none

@@ -342,4 +342,34 @@ TEST(CudaFp8Errors, PerTensorFp8NeedsMultiplesOf16) {
 }
 
 }  // namespace
+// The saved buffer across backends (lnmlp.h, "Sections of the saved buffer"): an unquantized CUDA
+// forward's buffer serves a CPU backward (the CPU backend's gradients, within the backends'
+// tolerance), where under a per-tensor FP8 recipe the codes are in each backend's own operand
+// layout (row-major on the CPU, K-major on CUDA), so the CPU backward of a CUDA forward's buffer
+// is far off: the header's exception, shown.
+TEST(CudaFp8State, AnUnquantizedSavedBufferServesTheOtherBackendAndFp8CodesDoNot) {
+  SKIP_WITHOUT_GPU();
+  for (int32_t recipe : {LNMLP_RECIPE_NONE, LNMLP_RECIPE_CURRENT}) {
+    SCOPED_TRACE(recipe == LNMLP_RECIPE_NONE ? "unquantized" : "current scaling");
+    const Problem pr = fp8_problem({recipe, LNMLP_DTYPE_BF16, true, 64, 128, 192});
+    const CudaRun gpu = run_cuda(pr, LNMLP_REMAT_SAVE_ALL, recipe);
+    const CpuRun cpu = run_cpu(pr, LNMLP_REMAT_SAVE_ALL, recipe);
+    ASSERT_EQ(gpu.saved.size(), cpu.saved.size());
+    PlanPtr p = plan_ptr(make_plan(pr, LNMLP_REMAT_SAVE_ALL, LNMLP_BACKEND_CPU, 0, recipe));
+    AlignedMemory saved(static_cast<int64_t>(gpu.saved.size()), 256, 0);
+    std::memcpy(saved.get(), gpu.saved.data(), gpu.saved.size());
+    RunResult r = cpu.r;
+    LNMLP_TEST_CHECK(lnmlp_plan_backward(p.get(), plan_tokens(p.get()), pr.bdy.data(), pr.bx.data(), pr.bgamma.data(),
+                                         pr.bbeta.data(), pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), saved.get(),
+                                         r.dx.data(), r.dgamma.data(), r.dbeta.data(), r.dw1.data(), r.db1.data(),
+                                         r.dw2.data(), r.db2.data(), nullptr, LNMLP_CALL_DEFAULT, nullptr));
+    const Tolerance tol = recipe == LNMLP_RECIPE_NONE ? gpu_vs_cpu_tolerance(pr.dtype) : kTolFp8Backends;
+    const bool close = within_tolerance("dW1 from the CUDA forward's buffer", r.dw1.to_doubles(),
+                                        cpu.r.dw1.to_doubles(), nullptr, tol);
+    EXPECT_EQ(close, recipe == LNMLP_RECIPE_NONE);
+    EXPECT_TRUE(
+        within_tolerance("dx from the CUDA forward's buffer", r.dx.to_doubles(), cpu.r.dx.to_doubles(), nullptr, tol));
+  }
+}
+
 }  // namespace lnmlp_gpu_test
