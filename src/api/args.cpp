@@ -29,7 +29,7 @@ constexpr const char* kNotThisPart = " in this part of backward";
 
 // Byte sizes of every tensor of the block in the plan's dtype.
 struct Sizes {
-  int64_t th, h, w1, b1, w2, saved, deferred;
+  int64_t th, h, w1, b1, w2, saved;
   int64_t w;                      // W1's and W2's element bytes (their dtype's)
   int64_t g, dw1, db1, dw2, db2;  // dW1, db1, dW2, db2 in their dtype (g: its element's bytes)
   Sizes(const lnmlp_plan& plan, int64_t tokens) {
@@ -37,7 +37,6 @@ struct Sizes {
     const int64_t e = numerics::dtype_bytes(c.dtype);
     th = tokens * c.hidden * e;  // x, y, dy, dx: the call's rows (this rank's under sequence parallelism)
     saved = plan.saved_of_call(tokens).total_bytes;
-    deferred = plan.deferred_bytes(tokens);
     h = c.hidden * e;
     w = numerics::dtype_bytes(c.weight_type());
     w1 = c.hidden * c.act_width() * w;
@@ -160,6 +159,7 @@ void check_backward_args(const lnmlp_plan& plan, const BackwardArgs& a) {
   // deferred and writes dW1 and dW2; the data call the rest, and writes deferred.
   const bool data = a.part != BackwardPart::Weights, weights = a.part != BackwardPart::Data;
   const bool split = a.part != BackwardPart::Whole;
+  const int64_t deferred = split ? plan.deferred_bytes(a.tokens) : 0;  // only the two calls take one
   const char* why = kNotThisPart;
   static const char* const kSaved = "saved";
   check_tensors(plan,
@@ -180,7 +180,7 @@ void check_backward_args(const lnmlp_plan& plan, const BackwardArgs& a) {
                  {"dw2", a.dw2, s.dw2, weights, true, why, false, s.g},
                  {"db2", a.db2, s.db2, data && c.has_bias2, true, data ? kNoBias2 : why, false, s.g},
                  // Written by the data call, read by the weights call; aligned as the saved buffer.
-                 {"deferred", a.deferred, s.deferred, split, data, why, none, plan.engine->alignment()}},
+                 {"deferred", a.deferred, deferred, split, data, why, none, plan.engine->alignment()}},
                 kSaved);
 }
 
