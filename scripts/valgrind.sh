@@ -8,17 +8,41 @@
 # What the OpenMP runtime and oneDNN keep for the process's life (thread pools, JIT kernels,
 # primitive caches) is "still reachable" or "possibly lost" and is not counted.
 #
+# Each program's report goes to a log; where memcheck finds errors, the log's first errors are
+# printed (a CI log keeps only its tail, and after 1000 errors memcheck's own tail says nothing of
+# where they began), with the host's CPU and the instruction set oneDNN sees under valgrind (which
+# offers a CPU of its own choosing: no AVX-512 on any host).
+#
 #   bash scripts/valgrind.sh [build dir, default build/release]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/release}
+logs=$(mktemp -d)
 memcheck=(valgrind --tool=memcheck --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite,indirect
-          --show-leak-kinds=definite,indirect --track-origins=yes --num-callers=30 --quiet
+          --show-leak-kinds=definite,indirect --track-origins=yes --num-callers=30
           --suppressions=tests/valgrind/onednn.supp)
-echo "--- valgrind: examples/c/dlopen_example.c"
-"${memcheck[@]}" "$build/tests/lnmlp_dlopen_example" "$build/src/liblnmlp.so"
-echo "--- valgrind: tests/valgrind/lifecycle_loop.c"
-"${memcheck[@]}" "$build/tests/lnmlp_lifecycle_loop" 1
-echo "--- valgrind: tests/valgrind/concurrent_plans.c"
-"${memcheck[@]}" "$build/tests/lnmlp_concurrent_plans"
+
+host_cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+onednn_isa=$(ONEDNN_VERBOSE=1 valgrind -q --tool=none "$build/tests/lnmlp_dlopen_example" "$build/src/liblnmlp.so" |
+             sed -n 's/^onednn_verbose,info,cpu,isa://p' | head -n 1)
+echo "valgrind: host CPU ${host_cpu:-unknown}; oneDNN under valgrind: ${onednn_isa:-unknown}"
+
+check() {  # name, then the command memcheck runs
+  local name=$1
+  shift
+  echo "--- valgrind: $name"
+  local status=0
+  "${memcheck[@]}" --log-file="$logs/$name.log" "$@" || status=$?
+  if [ "$status" -ne 0 ]; then
+    echo "valgrind: $name exited with $status (99: memcheck found errors); the start of memcheck's report:"
+    head -n 150 "$logs/$name.log"
+    echo "... (memcheck's summary:)"
+    grep -E "ERROR SUMMARY|definitely lost|indirectly lost" "$logs/$name.log" || true
+    exit 1
+  fi
+}
+check dlopen_example "$build/tests/lnmlp_dlopen_example" "$build/src/liblnmlp.so"
+check lifecycle_loop "$build/tests/lnmlp_lifecycle_loop" 1
+check concurrent_plans "$build/tests/lnmlp_concurrent_plans"
+rm -rf "$logs"
 echo "valgrind: 0 errors"
