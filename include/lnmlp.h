@@ -660,8 +660,9 @@ LNMLP_API int32_t lnmlp_plan_get_tensor_shape(const lnmlp_plan* plan, int32_t te
  * Which sections a plan has follows from its remat policy, recipe and norm output
  * (lnmlp_desc_set_norm_output); lnmlp_plan_get_saved_section says where each one is, so that a
  * framework can hand one section on as a tensor of its own (the norm output), or give each section
- * its own sharding. Shapes are a call's with `tokens` tokens: the statistics have this rank's rows
- * (T/P under sequence parallelism), the other sections every token of the group. */
+ * its own sharding; with LNMLP_CALL_SAVED_SECTIONS the calls take the sections as buffers apart.
+ * Shapes are a call's with `tokens` tokens: the statistics have this rank's rows (T/P under
+ * sequence parallelism), the other sections every token of the group. */
 enum {
   LNMLP_SAVED_MEAN = 0,               /* float32 [rows], LayerNorm only */
   LNMLP_SAVED_RSTD = 1,               /* float32 [rows], 1/sqrt(variance + epsilon) */
@@ -763,11 +764,22 @@ LNMLP_API int32_t lnmlp_plan_set_quantizer_state(lnmlp_plan* plan, int32_t quant
  *      are the ones measured then. Every call keeps the copies it makes (in the plan's workspace,
  *      whose bytes count them), so the flag costs nothing to ask for: a copy not made yet, or
  *      made in another workspace (lnmlp_plan_attach_workspace), is made. A call without the flag
- *      makes its copies afresh. Under sharding every rank passes the same flags. */
+ *      makes its copies afresh. Under sharding every rank passes the same flags.
+ *  LNMLP_CALL_SAVED_SECTIONS     the call's `saved` argument is not the saved buffer but an array
+ *      void* [LNMLP_SAVED_COUNT] of its sections apart, indexed by LNMLP_SAVED_* (see "Sections of
+ *      the saved buffer"): each section the plan saves in a buffer of its own, of at least the
+ *      section's bytes for the call's tokens (lnmlp_plan_get_saved_section's shape times its
+ *      element's bytes), aligned to lnmlp_plan_get_alignment and overlapping no other tensor of
+ *      the call; NULL for each section the plan does not save. The array is read during the call
+ *      only. Forward writes each section as it writes it in the one buffer, and backward's calls
+ *      read them so: the bits are those of the call with the one buffer. For a framework that
+ *      holds each section as a tensor of its own (JAX's partitioning shards the statistics and
+ *      FFN1 with the tokens and with F). */
 enum {
   LNMLP_CALL_DEFAULT = 0,               /* no flag */
   LNMLP_CALL_WEIGHTS_UNCHANGED = 1,     /* W1 and W2 as when the plan made its copies of them: reuse those */
   LNMLP_CALL_AMAX_MEASURE = 2,          /* CURRENT: measure the amaxes not given up to the next stage, and stop */
+  LNMLP_CALL_SAVED_SECTIONS = 4,        /* saved is void* [LNMLP_SAVED_COUNT], the sections apart */
   LNMLP_CALL_AMAX_GIVEN_LN_OUT = 256,   /* CURRENT: quantizer LN_OUT's amax is given (the amax array) */
   LNMLP_CALL_AMAX_GIVEN_W1 = 512,       /* ... W1's */
   LNMLP_CALL_AMAX_GIVEN_ACT_OUT = 1024, /* ... ACT_OUT's */

@@ -1,10 +1,12 @@
-// The grid of plans several call tests run over (test_norm_output.cpp, test_backward_split.cpp):
-// a dtype, an FP8 recipe, a remat policy and the norm, named for the test's name, and the small
-// gated problem each runs (T 37, H 48, F 40, silu x linear, both biases).
+// The grid of plans several call tests run over (test_norm_output.cpp, test_backward_split.cpp,
+// test_saved_sections.cpp): a dtype, an FP8 recipe, a remat policy and the norm, named for the
+// test's name, and the small gated problem each runs (T 37, H 48, F 40, silu x linear, both
+// biases).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "test_util.h"
 
@@ -22,6 +24,17 @@ struct PlanCase {
     return std::string(dt) + "_" + recipes[recipe] + "_" + remats[remat] + (rms ? "_rmsnorm" : "_layernorm");
   }
 };
+
+// Every dtype, FP8 recipe and remat policy up to `last_remat`, the norm alternating over the grid
+// (RMSNorm where recipe + remat is odd, or even with `rms_when_even`).
+inline std::vector<PlanCase> plan_grid(int32_t last_remat, bool rms_when_even = false) {
+  std::vector<PlanCase> v;
+  for (int32_t dt : {LNMLP_DTYPE_F32, LNMLP_DTYPE_BF16, LNMLP_DTYPE_F16})
+    for (int32_t recipe = LNMLP_RECIPE_NONE; recipe <= LNMLP_RECIPE_MXFP8; ++recipe)
+      for (int32_t remat = LNMLP_REMAT_SAVE_ALL; remat <= last_remat; ++remat)
+        v.push_back({dt, recipe, remat, (recipe + remat) % 2 == (rms_when_even ? 0 : 1)});
+  return v;
+}
 
 inline Problem plan_case_problem(const PlanCase& k, uint64_t seed, int64_t tokens = 37) {
   lnmlp_ref::Config c;

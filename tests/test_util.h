@@ -294,6 +294,9 @@ struct RunOptions {
   // external workspace, scribbled over between them: the weights call must need nothing the data
   // call left there).
   bool split_backward = false;
+  // The saved buffer's sections apart (LNMLP_CALL_SAVED_SECTIONS): each section the plan saves in
+  // memory of its own, poisoned at first, passed to every call.
+  bool saved_sections = false;
 };
 
 struct RunResult {
@@ -305,6 +308,7 @@ struct RunResult {
   // saved bytes (LNMLP_TENSOR_SAVED).
   Buffer norm_output;
   std::vector<int64_t> section_offsets, section_bytes;
+  std::vector<std::vector<unsigned char>> section_contents;  // each section's bytes (empty: absent)
   int64_t call_saved_bytes = 0;
   int64_t deferred_bytes = 0;  // the last call's (RunOptions::split_backward)
 };
@@ -366,8 +370,10 @@ class Plan {
 };
 
 // The saved buffer's sections for a call of `tokens` rows (lnmlp_plan_get_saved_section) into r:
-// every section's offset and bytes, and a copy of the norm output's.
-inline void read_saved_sections(const lnmlp_plan* plan, int64_t tokens, const void* saved, RunResult* r) {
+// every section's offset, bytes and contents, and a copy of the norm output's. The sections are in
+// the buffer `saved`, or apart at parts[LNMLP_SAVED_*] where parts is not NULL.
+inline void read_saved_sections(const lnmlp_plan* plan, int64_t tokens, const void* saved, const void* const* parts,
+                                RunResult* r) {
   int64_t rank = 0, dims[LNMLP_MAX_TENSOR_RANK] = {0, 0, 0};
   int32_t type = 0;
   LNMLP_TEST_CHECK(lnmlp_plan_get_tensor_shape(plan, LNMLP_TENSOR_SAVED, tokens, &rank, dims, &type));
@@ -381,12 +387,37 @@ inline void read_saved_sections(const lnmlp_plan* plan, int64_t tokens, const vo
     for (int64_t i = 0; i < rank; ++i) bytes *= dims[i];
     r->section_offsets.push_back(offset);
     r->section_bytes.push_back(bytes);
-    if (s == LNMLP_SAVED_NORM_OUTPUT && offset >= 0) {
+    const auto* at = offset < 0         ? nullptr
+                     : parts != nullptr ? static_cast<const unsigned char*>(parts[s])
+                                        : static_cast<const unsigned char*>(saved) + offset;
+    r->section_contents.emplace_back(at, at == nullptr ? at : at + bytes);
+    if (s == LNMLP_SAVED_NORM_OUTPUT && at != nullptr) {
       r->norm_output = Buffer(type, static_cast<size_t>(bytes / dtype_size(type)));
-      std::memcpy(r->norm_output.data(), static_cast<const char*>(saved) + offset, static_cast<size_t>(bytes));
+      std::memcpy(r->norm_output.data(), at, static_cast<size_t>(bytes));
     }
   }
 }
+
+// Memory of its own for each section a call of `tokens` rows saves, poisoned, and the array of
+// them a call with LNMLP_CALL_SAVED_SECTIONS takes (NULL for a section the plan does not save).
+struct SavedSections {
+  std::vector<AlignedMemory> memory;
+  std::vector<void*> pointers;
+  SavedSections() = default;
+  SavedSections(const lnmlp_plan* plan, int64_t tokens, int64_t alignment)
+      : memory(LNMLP_SAVED_COUNT), pointers(LNMLP_SAVED_COUNT, nullptr) {
+    for (int32_t s = 0; s < LNMLP_SAVED_COUNT; ++s) {
+      int64_t offset = 0, rank = 0, dims[LNMLP_MAX_TENSOR_RANK] = {0, 0, 0};
+      int32_t type = 0;
+      LNMLP_TEST_CHECK(lnmlp_plan_get_saved_section(plan, s, tokens, &offset, &rank, dims, &type));
+      if (offset < 0) continue;
+      int64_t bytes = type == LNMLP_DTYPE_U8 ? 1 : dtype_size(type);
+      for (int64_t i = 0; i < rank; ++i) bytes *= dims[i];
+      memory[static_cast<size_t>(s)] = AlignedMemory(bytes, alignment, 0xFF);
+      pointers[static_cast<size_t>(s)] = memory[static_cast<size_t>(s)].get();
+    }
+  }
+};
 
 // Forward (and backward) of one plan; every output buffer starts poisoned.
 inline RunResult run_library(const Problem& pr, const RunOptions& o) {
@@ -401,6 +432,10 @@ inline RunResult run_library(const Problem& pr, const RunOptions& o) {
   LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes(plan.get(), &r.saved_bytes));
   LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes_per_token(plan.get(), &r.saved_bytes_per_token));
   AlignedMemory saved(r.saved_bytes, plan.alignment(), 0xFF);
+  SavedSections parts =
+      o.saved_sections ? SavedSections(plan.get(), static_cast<int64_t>(T), plan.alignment()) : SavedSections();
+  void* saved_arg = o.saved_sections ? static_cast<void*>(parts.pointers.data()) : saved.get();
+  const int32_t flags = o.saved_sections ? LNMLP_CALL_SAVED_SECTIONS : LNMLP_CALL_DEFAULT;
   // A caller-owned FP8 state: a fresh one (every scale 1, every history entry 0).
   std::vector<float> state;
   if (o.state != RunOptions::State::Plan) {
@@ -419,7 +454,7 @@ inline RunResult run_library(const Problem& pr, const RunOptions& o) {
     r.y.poison();
     LNMLP_TEST_CHECK(lnmlp_plan_forward(plan.get(), static_cast<int64_t>(T), pr.bx.data(), pr.bgamma.data(),
                                         pr.bbeta.data(), pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), pr.bb2.data(),
-                                        r.y.data(), saved.get(), call_state, LNMLP_CALL_DEFAULT, nullptr));
+                                        r.y.data(), saved_arg, call_state, flags, nullptr));
     if (!o.backward) continue;
 
     r.dx = Buffer(pr.dtype, T * H);
@@ -433,22 +468,22 @@ inline RunResult run_library(const Problem& pr, const RunOptions& o) {
     if (!o.split_backward) {
       LNMLP_TEST_CHECK(lnmlp_plan_backward(
           plan.get(), static_cast<int64_t>(T), pr.bdy.data(), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(),
-          pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), saved.get(), r.dx.data(), r.dgamma.data(), r.dbeta.data(),
-          r.dw1.data(), r.db1.data(), r.dw2.data(), r.db2.data(), call_state, LNMLP_CALL_DEFAULT, nullptr));
+          pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), saved_arg, r.dx.data(), r.dgamma.data(), r.dbeta.data(),
+          r.dw1.data(), r.db1.data(), r.dw2.data(), r.db2.data(), call_state, flags, nullptr));
       continue;
     }
     LNMLP_TEST_CHECK(lnmlp_plan_get_deferred_bytes(plan.get(), static_cast<int64_t>(T), &r.deferred_bytes));
     AlignedMemory deferred(r.deferred_bytes, plan.alignment(), 0xFF);
-    LNMLP_TEST_CHECK(lnmlp_plan_backward_data(
-        plan.get(), static_cast<int64_t>(T), pr.bdy.data(), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(),
-        pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), saved.get(), r.dx.data(), r.dgamma.data(), r.dbeta.data(),
-        r.db1.data(), r.db2.data(), deferred.get(), call_state, LNMLP_CALL_DEFAULT, nullptr));
+    LNMLP_TEST_CHECK(lnmlp_plan_backward_data(plan.get(), static_cast<int64_t>(T), pr.bdy.data(), pr.bx.data(),
+                                              pr.bgamma.data(), pr.bbeta.data(), pr.bw1.data(), pr.bb1.data(),
+                                              pr.bw2.data(), saved_arg, r.dx.data(), r.dgamma.data(), r.dbeta.data(),
+                                              r.db1.data(), r.db2.data(), deferred.get(), call_state, flags, nullptr));
     plan.scribble_workspace();
-    LNMLP_TEST_CHECK(lnmlp_plan_backward_weights(plan.get(), static_cast<int64_t>(T), pr.bdy.data(), saved.get(),
-                                                 deferred.get(), r.dw1.data(), r.dw2.data(), LNMLP_CALL_DEFAULT,
-                                                 nullptr));
+    LNMLP_TEST_CHECK(lnmlp_plan_backward_weights(plan.get(), static_cast<int64_t>(T), pr.bdy.data(), saved_arg,
+                                                 deferred.get(), r.dw1.data(), r.dw2.data(), flags, nullptr));
   }
-  read_saved_sections(plan.get(), static_cast<int64_t>(T), saved.get(), &r);
+  read_saved_sections(plan.get(), static_cast<int64_t>(T), saved.get(),
+                      o.saved_sections ? parts.pointers.data() : nullptr, &r);
   // dW1 and dW2 in x out, as the reference has them.
   if (o.backward) {
     r.dw1 = weight_in_out(r.dw1, H, AF, pr.weight_layout);

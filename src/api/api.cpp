@@ -543,8 +543,9 @@ LNMLP_API int32_t lnmlp_plan_forward(lnmlp_plan* plan, int64_t tokens, const voi
   return api_guard(__func__, [&] {
     PlanUse use(plan);
     const bool unchanged = check_call_flags(flags);
-    ForwardArgs args{tokens,   x, gamma, beta, w1, b1, w2, b2, y, saved, stream, static_cast<float*>(fp8_state),
-                     unchanged};
+    ForwardArgs args{
+        tokens,   x, gamma, beta, w1, b1, w2, b2, y, saved_buffer(saved, flags), stream, static_cast<float*>(fp8_state),
+        unchanged};
     args.amax = amax_flags(flags);
     check_forward_args(*plan, args);
     if (args.fp8_state == nullptr) args.fp8_state = plan->state();
@@ -560,7 +561,7 @@ LNMLP_API int32_t lnmlp_plan_backward(lnmlp_plan* plan, int64_t tokens, const vo
   return api_guard(__func__, [&] {
     PlanUse use(plan);
     const bool unchanged = check_call_flags(flags);
-    BackwardArgs args{tokens,   dy,     x,     gamma, beta, w1,  b1,  w2,     saved,
+    BackwardArgs args{tokens,   dy,     x,     gamma, beta, w1,  b1,  w2,     saved_buffer(saved, flags),
                       dx,       dgamma, dbeta, dw1,   db1,  dw2, db2, stream, static_cast<float*>(fp8_state),
                       unchanged};
     args.amax = amax_flags(flags);
@@ -576,7 +577,7 @@ LNMLP_API int32_t lnmlp_plan_backward_data(lnmlp_plan* plan, int64_t tokens, con
   return api_guard(__func__, [&] {
     PlanUse use(plan);
     const bool unchanged = check_call_flags(flags);
-    BackwardArgs args{tokens,   dy,     x,     gamma,   beta, w1,      b1,  w2,     saved,
+    BackwardArgs args{tokens,   dy,     x,     gamma,   beta, w1,      b1,  w2,     saved_buffer(saved, flags),
                       dx,       dgamma, dbeta, nullptr, db1,  nullptr, db2, stream, static_cast<float*>(fp8_state),
                       unchanged};
     args.amax = amax_flags(flags);
@@ -593,7 +594,7 @@ LNMLP_API int32_t lnmlp_plan_backward_weights(lnmlp_plan* plan, int64_t tokens, 
     BackwardArgs args{};  // what the weights call reads and writes; the rest NULL
     args.tokens = tokens;
     args.dy = dy;
-    args.saved = saved;
+    args.saved = saved_buffer(saved, flags);
     args.dw1 = dw1;
     args.dw2 = dw2;
     args.stream = stream;

@@ -1,5 +1,6 @@
 #include "args.h"
 
+#include <array>
 #include <cstdint>
 #include <initializer_list>
 
@@ -29,6 +30,7 @@ constexpr const char* kNotThisPart = " in this part of backward";
 
 // Byte sizes of every tensor of the block in the plan's dtype.
 struct Sizes {
+  SavedLayout saved_layout;  // the call's
   int64_t th, h, w1, b1, w2, saved;
   int64_t w;                      // W1's and W2's element bytes (their dtype's)
   int64_t g, dw1, db1, dw2, db2;  // dW1, db1, dW2, db2 in their dtype (g: its element's bytes)
@@ -36,7 +38,8 @@ struct Sizes {
     const Config& c = plan.cfg;
     const int64_t e = numerics::dtype_bytes(c.dtype);
     th = tokens * c.hidden * e;  // x, y, dy, dx: the call's rows (this rank's under sequence parallelism)
-    saved = plan.saved_of_call(tokens).total_bytes;
+    saved_layout = plan.saved_of_call(tokens);
+    saved = saved_layout.total_bytes;
     h = c.hidden * e;
     w = numerics::dtype_bytes(c.weight_type());
     w1 = c.hidden * c.act_width() * w;
@@ -50,18 +53,56 @@ struct Sizes {
   }
 };
 
-// An initializer_list, not a vector: checking arguments must not allocate.
-void check_tensors(const lnmlp_plan& plan, std::initializer_list<Tensor> list, const char* saved_name) {
+// A call's tensors, the saved buffer's sections one by one where the call passes them apart. In
+// an array, not a vector: checking arguments must not allocate.
+class TensorList {
+ public:
+  TensorList(std::initializer_list<Tensor> list) {
+    for (const Tensor& t : list) items_[n_++] = t;
+  }
+  // The saved buffer (one tensor) or its sections (LNMLP_CALL_SAVED_SECTIONS), required where the
+  // plan saves them, otherwise NULL; with `optional` NULL is accepted too. Aligned as the engine
+  // asks.
+  void add_saved(const lnmlp_plan& plan, const SavedBuffer& saved, const Sizes& s, bool required, bool output,
+                 const char* why_null, bool optional) {
+    const int64_t align = plan.engine->alignment();
+    if (!saved.apart) {
+      items_[n_++] = {"saved", saved.base, s.saved, required, output, why_null, optional, align};
+      return;
+    }
+    static constexpr const char* kNotSaved = " (the plan does not save this section)";
+    for (const Region* r : s.saved_layout.regions()) {
+      const bool present = required && r->present();
+      items_[n_++] = {saved_section_name(r->section),
+                      saved.sections[r->section],
+                      r->bytes,
+                      present,
+                      output,
+                      present || !required ? why_null : kNotSaved,
+                      optional,
+                      align};
+    }
+  }
+  const Tensor* begin() const { return items_.data(); }
+  size_t size() const { return n_; }
+
+ private:
+  std::array<Tensor, 32> items_{};
+  size_t n_ = 0;
+};
+
+void check_tensors(const lnmlp_plan& plan, const TensorList& list) {
   const Tensor* ts = list.begin();
   const size_t n = list.size();
   const int64_t elem = numerics::dtype_bytes(plan.cfg.dtype);
-  for (const Tensor& t : list) {
+  for (size_t i = 0; i < n; ++i) {
+    const Tensor& t = ts[i];
     if (t.required && !t.optional && t.ptr == nullptr)
       fail(LNMLP_ERROR_NULL_POINTER, t.name, " is NULL, but this plan needs it");
     if (!t.required && t.ptr != nullptr)
       fail(LNMLP_ERROR_INVALID_ARGUMENT, t.name, " must be NULL for this plan", t.why_null);
     if (t.ptr == nullptr) continue;
-    const int64_t align = (t.name == saved_name) ? plan.engine->alignment() : t.align > 0 ? t.align : elem;
+    const int64_t align = t.align > 0 ? t.align : elem;
     if (reinterpret_cast<uintptr_t>(t.ptr) % static_cast<uintptr_t>(align) != 0)
       fail(LNMLP_ERROR_MISALIGNED, t.name, " (", t.ptr, ") is not aligned to ", align, " bytes");
   }
@@ -118,10 +159,21 @@ void check_call(const lnmlp_plan& plan, int64_t tokens, const float* fp8_state, 
 }  // namespace
 
 bool check_call_flags(int32_t flags) {
-  if ((flags & ~(LNMLP_CALL_WEIGHTS_UNCHANGED | kAmaxFlags)) != 0)
+  if ((flags & ~(LNMLP_CALL_WEIGHTS_UNCHANGED | LNMLP_CALL_SAVED_SECTIONS | kAmaxFlags)) != 0)
     fail(LNMLP_ERROR_INVALID_ARGUMENT, "flags must be LNMLP_CALL_* values (LNMLP_CALL_DEFAULT, ",
-         "LNMLP_CALL_WEIGHTS_UNCHANGED, LNMLP_CALL_AMAX_*), got ", flags);
+         "LNMLP_CALL_WEIGHTS_UNCHANGED, LNMLP_CALL_SAVED_SECTIONS, LNMLP_CALL_AMAX_*), got ", flags);
   return (flags & LNMLP_CALL_WEIGHTS_UNCHANGED) != 0;
+}
+
+static_assert(LNMLP_SAVED_COUNT == kSavedSections, "plan/layout.h's sections are lnmlp.h's");
+
+SavedBuffer saved_buffer(const void* saved, int32_t flags) {
+  if ((flags & LNMLP_CALL_SAVED_SECTIONS) == 0) return {saved};
+  SavedBuffer b;
+  b.apart = true;
+  if (saved != nullptr)  // NULL: no section, as a NULL buffer is none
+    for (int i = 0; i < kSavedSections; ++i) b.sections[i] = static_cast<void* const*>(saved)[i];
+  return b;
 }
 
 int32_t amax_flags(int32_t flags) { return flags & kAmaxFlags; }
@@ -132,18 +184,16 @@ void check_forward_args(const lnmlp_plan& plan, const ForwardArgs& a) {
   const Sizes s(plan, a.tokens);
   const bool none = a.tokens == 0;  // a call with no tokens reads and writes no token's tensor: NULL is fine
   const bool saves = plan.saved.total_bytes > 0;
-  static const char* const kSaved = "saved";
-  check_tensors(plan,
-                {{"x", a.x, s.th, true, false, "", none},
-                 {"gamma", a.gamma, s.h, true, false},
-                 {"beta", a.beta, s.h, c.has_beta(), false, kNoBeta},
-                 {"w1", a.w1, s.w1, true, false, "", false, s.w},
-                 {"b1", a.b1, s.b1, c.has_bias1, false, kNoBias1},
-                 {"w2", a.w2, s.w2, true, false, "", false, s.w},
-                 {"b2", a.b2, s.h, c.has_bias2, false, kNoBias2},
-                 {"y", a.y, s.th, true, true, "", none},
-                 {kSaved, a.saved, s.saved, saves, true, kNoSaved, none}},
-                kSaved);
+  TensorList list{{"x", a.x, s.th, true, false, "", none},
+                  {"gamma", a.gamma, s.h, true, false},
+                  {"beta", a.beta, s.h, c.has_beta(), false, kNoBeta},
+                  {"w1", a.w1, s.w1, true, false, "", false, s.w},
+                  {"b1", a.b1, s.b1, c.has_bias1, false, kNoBias1},
+                  {"w2", a.w2, s.w2, true, false, "", false, s.w},
+                  {"b2", a.b2, s.h, c.has_bias2, false, kNoBias2},
+                  {"y", a.y, s.th, true, true, "", none}};
+  list.add_saved(plan, a.saved, s, saves, true, kNoSaved, none);
+  check_tensors(plan, list);
 }
 
 void check_backward_args(const lnmlp_plan& plan, const BackwardArgs& a) {
@@ -161,27 +211,25 @@ void check_backward_args(const lnmlp_plan& plan, const BackwardArgs& a) {
   const bool split = a.part != BackwardPart::Whole;
   const int64_t deferred = split ? plan.deferred_bytes(a.tokens) : 0;  // only the two calls take one
   const char* why = kNotThisPart;
-  static const char* const kSaved = "saved";
-  check_tensors(plan,
-                {{"dy", a.dy, s.th, true, false, "", none},
-                 {"x", a.x, s.th, data, false, why, none},
-                 {"gamma", a.gamma, s.h, data, false, why},
-                 {"beta", a.beta, s.h, data && c.has_beta(), false, data ? kNoBeta : why},
-                 {"w1", a.w1, s.w1, data, false, why, false, s.w},
-                 // b1 is read only when GEMM1 is recomputed (SAVE_STATS); otherwise it may be NULL.
-                 {"b1", a.b1, s.b1, data && c.has_bias1, false, data ? kNoBias1 : why, c.remat != Remat::SaveStats},
-                 {"w2", a.w2, s.w2, data, false, why, false, s.w},
-                 {kSaved, a.saved, s.saved, true, false, "", none},
-                 {"dx", a.dx, s.th, data, true, why, none},
-                 {"dgamma", a.dgamma, s.h, data, true, why},
-                 {"dbeta", a.dbeta, s.h, data && c.has_beta(), true, data ? kNoBeta : why},
-                 {"dw1", a.dw1, s.dw1, weights, true, why, false, s.g},
-                 {"db1", a.db1, s.db1, data && c.has_bias1, true, data ? kNoBias1 : why, false, s.g},
-                 {"dw2", a.dw2, s.dw2, weights, true, why, false, s.g},
-                 {"db2", a.db2, s.db2, data && c.has_bias2, true, data ? kNoBias2 : why, false, s.g},
-                 // Written by the data call, read by the weights call; aligned as the saved buffer.
-                 {"deferred", a.deferred, deferred, split, data, why, none, plan.engine->alignment()}},
-                kSaved);
+  TensorList list{{"dy", a.dy, s.th, true, false, "", none},
+                  {"x", a.x, s.th, data, false, why, none},
+                  {"gamma", a.gamma, s.h, data, false, why},
+                  {"beta", a.beta, s.h, data && c.has_beta(), false, data ? kNoBeta : why},
+                  {"w1", a.w1, s.w1, data, false, why, false, s.w},
+                  // b1 is read only when GEMM1 is recomputed (SAVE_STATS); otherwise it may be NULL.
+                  {"b1", a.b1, s.b1, data && c.has_bias1, false, data ? kNoBias1 : why, c.remat != Remat::SaveStats},
+                  {"w2", a.w2, s.w2, data, false, why, false, s.w},
+                  {"dx", a.dx, s.th, data, true, why, none},
+                  {"dgamma", a.dgamma, s.h, data, true, why},
+                  {"dbeta", a.dbeta, s.h, data && c.has_beta(), true, data ? kNoBeta : why},
+                  {"dw1", a.dw1, s.dw1, weights, true, why, false, s.g},
+                  {"db1", a.db1, s.db1, data && c.has_bias1, true, data ? kNoBias1 : why, false, s.g},
+                  {"dw2", a.dw2, s.dw2, weights, true, why, false, s.g},
+                  {"db2", a.db2, s.db2, data && c.has_bias2, true, data ? kNoBias2 : why, false, s.g},
+                  // Written by the data call, read by the weights call; aligned as the saved buffer.
+                  {"deferred", a.deferred, deferred, split, data, why, none, plan.engine->alignment()}};
+  list.add_saved(plan, a.saved, s, true, false, "", none);
+  check_tensors(plan, list);
 }
 
 }  // namespace lnmlp

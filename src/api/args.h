@@ -11,6 +11,9 @@ namespace lnmlp {
 // Throws unless flags are LNMLP_CALL_* flags this version knows; returns whether the weights are
 // unchanged (LNMLP_CALL_WEIGHTS_UNCHANGED).
 bool check_call_flags(int32_t flags);
+// The call's saved buffer: `saved` itself, or with LNMLP_CALL_SAVED_SECTIONS the array of its
+// sections there (read now; NULL for none).
+SavedBuffer saved_buffer(const void* saved, int32_t flags);
 // The LNMLP_CALL_AMAX_* bits of flags (checked against the plan with the call's other arguments).
 int32_t amax_flags(int32_t flags);
 // Also check the call's token count and FP8 state.

@@ -42,6 +42,22 @@ void BlockEngine::keep_weights(bool unchanged, const void* workspace) {
   weights_.workspace = workspace;
 }
 
+void BlockEngine::check_sections(const SavedBuffer& saved, void* stream) {
+  if (!saved.apart) return;
+  const auto& s = saved.sections;
+  exec_->check_pointers({{saved_section_name(0), s[0]},
+                         {saved_section_name(1), s[1]},
+                         {saved_section_name(2), s[2]},
+                         {saved_section_name(3), s[3]},
+                         {saved_section_name(4), s[4]},
+                         {saved_section_name(5), s[5]},
+                         {saved_section_name(6), s[6]},
+                         {saved_section_name(7), s[7]},
+                         {saved_section_name(8), s[8]},
+                         {saved_section_name(9), s[9]}},
+                        stream);
+}
+
 void BlockEngine::forward(const ForwardArgs& a, void* workspace) {
   exec_->check_pointers({{"x", a.x},
                          {"gamma", a.gamma},
@@ -51,10 +67,11 @@ void BlockEngine::forward(const ForwardArgs& a, void* workspace) {
                          {"w2", a.w2},
                          {"b2", a.b2},
                          {"y", a.y},
-                         {"saved", a.saved},
+                         {"saved", a.saved.base},
                          {"fp8_state", a.fp8_state},
                          {"workspace", workspace}},
                         a.stream);
+  check_sections(a.saved, a.stream);
   keep_weights(a.weights_unchanged, workspace);
   if (a.tokens == 0) return;  // nothing to read or write; the FP8 state stays as it is
   run_call(a, workspace, run_forward);
@@ -68,7 +85,7 @@ void BlockEngine::backward(const BackwardArgs& a, void* workspace) {
                          {"w1", a.w1},
                          {"b1", a.b1},
                          {"w2", a.w2},
-                         {"saved", a.saved},
+                         {"saved", a.saved.base},
                          {"dx", a.dx},
                          {"dgamma", a.dgamma},
                          {"dbeta", a.dbeta},
@@ -80,6 +97,7 @@ void BlockEngine::backward(const BackwardArgs& a, void* workspace) {
                          {"deferred", a.deferred},
                          {"workspace", workspace}},
                         a.stream);
+  check_sections(a.saved, a.stream);
   // The weights call reads no weight: the copies kept stay as they are, for the calls that do.
   if (a.part != BackwardPart::Weights) keep_weights(a.weights_unchanged, workspace);
   if (a.tokens == 0) {

@@ -55,6 +55,8 @@ class BlockEngine final : public Engine {
   // Forgets the kept weight copies unless the call's weights are unchanged and its workspace is
   // the one they live in.
   void keep_weights(bool unchanged, const void* workspace);
+  // The backend's checks of a call's saved sections, when it passes them apart.
+  void check_sections(const SavedBuffer& saved, void* stream);
   // One pass (run_forward or run_backward) of a call with a.tokens > 0 tokens.
   template <typename Args, typename Pass> void run_call(const Args& a, void* workspace, Pass pass);
 

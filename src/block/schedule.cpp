@@ -77,7 +77,7 @@ struct Pass {
     return mat(ws.take_bytes(checked_mul(rows, cols, what), numerics::dtype_bytes(t), what), t, rows, cols);
   }
   // The saved region r as a [rows, cols] tensor in the I/O dtype, or a new workspace region.
-  Mat saved_or_take(const Region& r, const void* base, DType t, int64_t rows, int64_t cols, const char* what) {
+  Mat saved_or_take(const Region& r, const SavedBuffer& base, DType t, int64_t rows, int64_t cols, const char* what) {
     return r.present() ? mat(saved_at<void>(r, base), t, rows, cols) : take(t, rows, cols, what);
   }
   void* slot(int64_t bytes, const char* what) { return ws.take_bytes(bytes, 1, what); }
@@ -223,7 +223,7 @@ struct Saving {
   uint8_t* codes = nullptr;
   void* scales = nullptr;
 };
-Saving saving(const Region& codes, const Region& scales, const void* base) {
+Saving saving(const Region& codes, const Region& scales, const SavedBuffer& base) {
   return {codes.present(), saved_at<uint8_t>(codes, base), saved_at<void>(scales, base)};
 }
 
@@ -392,7 +392,7 @@ Operand norm_plain(Pass& p, const NormInputs& in, bool compute_stats, const Mat&
 }
 
 // Forward's norm: ln = norm(x) as GEMM1's operand, saving what backward reads of it.
-Operand norm_forward(Pass& p, const NormInputs& in, void* saved) {
+Operand norm_forward(Pass& p, const NormInputs& in, const SavedBuffer& saved) {
   if (!p.quantized) return norm_plain(p, in, true, p.saved_or_take(p.saved.ln_out, saved, p.D, p.T, p.H, "ln_out"));
   const Saving save = saving(p.saved.ln_q, p.saved.ln_q_scale, saved);
   if (p.r.per_tensor() && p.sp) {
@@ -414,7 +414,7 @@ Operand norm_forward(Pass& p, const NormInputs& in, void* saved) {
 
 // Backward: the columnwise operand of what forward saved of quantizer q's tensor (codes, block
 // scales), with forward's per-tensor scale.
-Operand saved_operand(Pass& p, int q, const Region& codes, const Region& scales, const void* saved, int64_t rows,
+Operand saved_operand(Pass& p, int q, const Region& codes, const Region& scales, const SavedBuffer& saved, int64_t rows,
                       int64_t cols) {
   if (p.r.per_tensor()) forward_scale(p, q);
   return p.x.saved_operand(q, saved_at<uint8_t>(codes, saved), saved_at<void>(scales, saved), rows, cols, p.scalars(q),
@@ -443,7 +443,8 @@ void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardA
   p.used_scales = saved_at<float>(sv.fwd_scales, a.saved);
   // Forward writes every byte of the call's saved bytes: the regions' padding is zeroed, so the
   // buffer is a function of the inputs alone (comparable, reproducible, safe to checkpoint).
-  if (ws.live() && a.saved != nullptr)
+  // Sections apart have no padding.
+  if (ws.live() && a.saved.base != nullptr && !a.saved.apart)
     for (const Region* r : sv.regions()) {
       const int64_t pad = r->present() ? padded_region_bytes(r->bytes, "a saved region") - r->bytes : 0;
       if (pad > 0) x.zero(saved_at<char>(*r, a.saved) + r->bytes, pad, a.stream);
@@ -520,12 +521,13 @@ void run_backward_weights(Exec& x, const Config& c, const SavedLayout& sv, const
   const int64_t T = p.T, H = p.H, F = p.F, AF = p.AF;
   // Quantizer q's tensor [T, cols] as its weight-gradient GEMM reads it: FP8 codes (and block
   // scales) in the buffer at base, or unquantized the tensor in D at `tensor`.
-  const auto operand = [&](int q, int64_t cols, const Region& codes, const Region& scales, const void* base,
+  const auto operand = [&](int q, int64_t cols, const Region& codes, const Region& scales, const SavedBuffer& base,
                            const void* tensor) {
     if (p.quantized) return saved_operand(p, q, codes, scales, base, T, cols);
     return operands(p, q, p.io(tensor, T, cols), false, true, ScaleFrom::Forward).columnwise;
   };
-  const void *saved = a.saved, *kept = a.deferred;
+  const SavedBuffer& saved = a.saved;
+  const SavedBuffer kept = a.deferred;
   // ln and act where forward saved them (make_deferred_layout keeps the others), dy and dh kept.
   const Operand act = sv.act_q.present() || sv.act.present()
                           ? operand(kActOut, F, sv.act_q, sv.act_q_scale, saved, saved_at<void>(sv.act, saved))

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "common/error.h"
+#include "plan/call_args.h"
 #include "plan/layout.h"
 
 namespace lnmlp::block {
@@ -46,10 +47,9 @@ class Workspace {
   RegionAllocator alloc_;
 };
 
-// The region r of the saved buffer at base, typed; NULL when r is absent or while sizing.
-template <typename T> T* saved_at(const Region& r, const void* base) {
-  return r.present() && base != nullptr ? reinterpret_cast<T*>(static_cast<char*>(const_cast<void*>(base)) + r.offset)
-                                        : nullptr;
+// The region r of a saved (or deferred) buffer, typed; NULL when r is absent or while sizing.
+template <typename T> T* saved_at(const Region& r, const SavedBuffer& buffer) {
+  return reinterpret_cast<T*>(buffer.at(r));
 }
 
 }  // namespace lnmlp::block

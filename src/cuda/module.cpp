@@ -154,6 +154,6 @@ const lnmlp_cuda_module_table kTable = {
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const lnmlp_cuda_module_table* lnmlp_cuda_module_v11(void) {
+extern "C" __attribute__((visibility("default"))) const lnmlp_cuda_module_table* lnmlp_cuda_module_v12(void) {
   return &kTable;
 }

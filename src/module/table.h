@@ -22,8 +22,8 @@
 #include "plan/layout.h"
 
 // Bump when the table or any struct passed through it changes.
-#define LNMLP_CUDA_MODULE_ABI 11
-#define LNMLP_CUDA_MODULE_ENTRY "lnmlp_cuda_module_v11"
+#define LNMLP_CUDA_MODULE_ABI 12
+#define LNMLP_CUDA_MODULE_ENTRY "lnmlp_cuda_module_v12"
 #define LNMLP_CUDA_MODULE_FILE "liblnmlp_cuda.so.1"
 
 extern "C" {

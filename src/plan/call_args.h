@@ -3,9 +3,31 @@
 // overlapping. Host pointers for the CPU backend, device pointers for the CUDA backend.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
+#include "layout.h"
+
 namespace lnmlp {
+
+// The saved buffer a call writes (forward) or reads (backward): one allocation, or with
+// LNMLP_CALL_SAVED_SECTIONS its sections apart, each in a buffer of its own. From a pointer: the
+// one buffer (the deferred buffer is always one).
+struct SavedBuffer {
+  SavedBuffer() = default;
+  SavedBuffer(const void* base) : base(const_cast<void*>(base)) {}  // NOLINT(google-explicit-constructor)
+  void* base = nullptr;
+  bool apart = false;                            // the sections below instead of base
+  std::array<void*, kSavedSections> sections{};  // with apart: section i's buffer (LNMLP_SAVED_*), or NULL
+  bool given() const { return base != nullptr || apart; }
+  // Region r's bytes (a region of plan/layout.h's SavedLayout when apart); NULL when r is absent
+  // or no buffer is given (sizing the workspace).
+  char* at(const Region& r) const {
+    if (!r.present()) return nullptr;
+    if (apart) return r.section >= 0 ? static_cast<char*>(sections[r.section]) : nullptr;
+    return base != nullptr ? static_cast<char*>(base) + r.offset : nullptr;
+  }
+};
 
 // ForwardArgs::amax, BackwardArgs::amax: lnmlp.h's LNMLP_CALL_AMAX_MEASURE, and
 // LNMLP_CALL_AMAX_GIVEN_<Q> as bit kAmaxGivenShift + Q (quantizer Q's amax is given).
@@ -22,7 +44,7 @@ struct ForwardArgs {
   const void* w2;
   const void* b2;  // NULL without bias2
   void* y;
-  void* saved;  // NULL when the plan saves nothing
+  SavedBuffer saved;  // none when the plan saves nothing
   void* stream;
   float* fp8_state;        // the call's delayed-scaling state in backend memory (plan/fp8_recipe.h); NULL otherwise
   bool weights_unchanged;  // LNMLP_CALL_WEIGHTS_UNCHANGED: W1, W2 as when the plan's kept copies were made
@@ -45,7 +67,7 @@ struct BackwardArgs {
   const void* w1;
   const void* b1;
   const void* w2;
-  const void* saved;
+  SavedBuffer saved;
   void* dx;
   void* dgamma;
   void* dbeta;

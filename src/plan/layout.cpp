@@ -30,6 +30,20 @@ Region RegionAllocator::take(int64_t count, int64_t elem_bytes, const char* what
   return r;
 }
 
+const char* saved_section_name(int32_t section) {
+  static constexpr const char* kNames[kSavedSections] = {"saved section LNMLP_SAVED_MEAN",
+                                                         "saved section LNMLP_SAVED_RSTD",
+                                                         "saved section LNMLP_SAVED_NORM_OUTPUT",
+                                                         "saved section LNMLP_SAVED_FFN1",
+                                                         "saved section LNMLP_SAVED_ACT_OUT",
+                                                         "saved section LNMLP_SAVED_FP8_SCALES",
+                                                         "saved section LNMLP_SAVED_NORM_OUTPUT_CODES",
+                                                         "saved section LNMLP_SAVED_NORM_OUTPUT_SCALES",
+                                                         "saved section LNMLP_SAVED_ACT_OUT_CODES",
+                                                         "saved section LNMLP_SAVED_ACT_OUT_SCALES"};
+  return section >= 0 && section < kSavedSections ? kNames[section] : "saved section";
+}
+
 int64_t padded_region_bytes(int64_t bytes, const char* what) {
   return checked_add(bytes, kRegionAlign - 1, what) / kRegionAlign * kRegionAlign;
 }
@@ -76,6 +90,8 @@ SavedLayout make_saved_layout(const Config& cfg) {
   s.act_q_scale = alloc.take_if(all && r.blocked(), checked_mul(t_blocks, F, "saved act_out scales"), scale_bytes,
                                 "saved act_out scales");
   s.total_bytes = alloc.total();
+  int32_t section = 0;
+  for (Region* r : s.regions()) r->section = section++;
   int64_t per_token = 0;
   if (s.mu.present()) per_token += 4;
   if (s.rs.present()) per_token += 4;

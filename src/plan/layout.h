@@ -15,8 +15,12 @@ constexpr int64_t kRegionAlign = 256;
 struct Region {
   int64_t offset = -1;  // -1: absent
   int64_t bytes = 0;
+  int32_t section = -1;  // a saved buffer's region: its LNMLP_SAVED_* index (a call may pass it apart)
   bool present() const { return offset >= 0; }
 };
+
+// The saved buffer's sections: lnmlp.h's LNMLP_SAVED_COUNT.
+constexpr int kSavedSections = 10;
 
 // The region r inside the buffer at base, typed; NULL when the region is absent.
 template <typename T> T* at(const Region& r, void* base) {
@@ -54,8 +58,13 @@ struct SavedLayout {
   int64_t bytes_per_token = 0;  // without padding
 
   // Every region, present or not, in the order of the public LNMLP_SAVED_* sections.
-  std::array<const Region*, 10> regions() const {
-    return {&mu, &rs, &ln_out, &h, &act, &fwd_scales, &ln_q, &ln_q_scale, &act_q, &act_q_scale};
+  std::array<const Region*, kSavedSections> regions() const { return regions_of(*this); }
+  std::array<Region*, kSavedSections> regions() { return regions_of(*this); }
+
+ private:
+  template <typename Layout> static auto regions_of(Layout& s) -> std::array<decltype(&s.mu), kSavedSections> {
+    return std::array{&s.mu,         &s.rs,   &s.ln_out,     &s.h,     &s.act,
+                      &s.fwd_scales, &s.ln_q, &s.ln_q_scale, &s.act_q, &s.act_q_scale};
   }
 };
 
@@ -80,6 +89,9 @@ struct DeferredLayout {
   Region dh_q_scale;   // blocked: their scales
   int64_t total_bytes = 0;
 };
+
+// The name of saved section i (LNMLP_SAVED_*), for messages.
+const char* saved_section_name(int32_t section);
 
 // The bytes a region of `bytes` bytes takes, with its padding to kRegionAlign.
 int64_t padded_region_bytes(int64_t bytes, const char* what);

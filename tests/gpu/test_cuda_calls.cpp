@@ -61,6 +61,21 @@ class Calls {
   // Backward from now on in two calls: lnmlp_plan_backward_data, then lnmlp_plan_backward_weights.
   void split_backward() { split_ = true; }
 
+  // The saved buffer's sections apart from now on (LNMLP_CALL_SAVED_SECTIONS): each section the
+  // plan saves in memory of its own, of the section's bytes at the plan's most tokens.
+  void sections_apart() {
+    sections_.assign(LNMLP_SAVED_COUNT, nullptr);
+    for (int32_t s = 0; s < LNMLP_SAVED_COUNT; ++s) {
+      int64_t offset = -1, rank = 0, dims[LNMLP_MAX_TENSOR_RANK] = {0, 0, 0};
+      int32_t type = 0;
+      LNMLP_TEST_CHECK(lnmlp_plan_get_saved_section(plan_.get(), s, LNMLP_TOKENS_MAX, &offset, &rank, dims, &type));
+      if (offset < 0) continue;
+      int64_t bytes = type == LNMLP_DTYPE_U8 ? 1 : dtype_size(type);
+      for (int64_t i = 0; i < rank; ++i) bytes *= dims[i];
+      sections_[static_cast<size_t>(s)] = place_bytes(static_cast<size_t>(bytes));
+    }
+  }
+
   // The parameter gradients' buffers start as `initial` (accumulating plans add into them).
   void set_gradients(const RunResult& initial) { grads_ = initial; }
 
@@ -81,21 +96,26 @@ class Calls {
     void *y = place(r.y), *dx = place(r.dx), *dgamma = place(r.dgamma), *dbeta = place(r.dbeta);
     void *dw1 = place(r.dw1), *db1 = place(r.db1), *dw2 = place(r.dw2), *db2 = place(r.db2);
     const EmulationCounts before = emulation_counts();
+    void* saved = saved_;
+    if (!sections_.empty()) {
+      saved = sections_.data();
+      flags |= LNMLP_CALL_SAVED_SECTIONS;
+    }
     const int32_t f =
-        lnmlp_plan_forward(plan_.get(), t, x, gamma, beta, w1, b1, w2, b2, y, saved_, fp8_state, flags, nullptr);
+        lnmlp_plan_forward(plan_.get(), t, x, gamma, beta, w1, b1, w2, b2, y, saved, fp8_state, flags, nullptr);
     if (f != LNMLP_SUCCESS) throw std::runtime_error(std::string("forward: ") + lnmlp_last_error());
     if (!split_) {
-      const int32_t b = lnmlp_plan_backward(plan_.get(), t, dy, x, gamma, beta, w1, b1, w2, saved_, dx, dgamma, dbeta,
+      const int32_t b = lnmlp_plan_backward(plan_.get(), t, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta,
                                             dw1, db1, dw2, db2, fp8_state, flags, nullptr);
       if (b != LNMLP_SUCCESS) throw std::runtime_error(std::string("backward: ") + lnmlp_last_error());
     } else {
       int64_t bytes = 0;
       LNMLP_TEST_CHECK(lnmlp_plan_get_deferred_bytes(plan_.get(), t, &bytes));
       void* deferred = place_bytes(static_cast<size_t>(bytes));
-      const int32_t b = lnmlp_plan_backward_data(plan_.get(), t, dy, x, gamma, beta, w1, b1, w2, saved_, dx, dgamma,
+      const int32_t b = lnmlp_plan_backward_data(plan_.get(), t, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma,
                                                  dbeta, db1, db2, deferred, fp8_state, flags, nullptr);
       if (b != LNMLP_SUCCESS) throw std::runtime_error(std::string("backward data: ") + lnmlp_last_error());
-      const int32_t w = lnmlp_plan_backward_weights(plan_.get(), t, dy, saved_, deferred, dw1, dw2, flags, nullptr);
+      const int32_t w = lnmlp_plan_backward_weights(plan_.get(), t, dy, saved, deferred, dw1, dw2, flags, nullptr);
       if (w != LNMLP_SUCCESS) throw std::runtime_error(std::string("backward weights: ") + lnmlp_last_error());
     }
     if (cuda_) CUDA_TEST_CHECK(cudaDeviceSynchronize());
@@ -107,7 +127,7 @@ class Calls {
     read_back(r.dgamma, dgamma);
     read_back(r.dbeta, dbeta);
     for (auto [buf, p] : {std::pair{&r.dw1, dw1}, {&r.db1, db1}, {&r.dw2, dw2}, {&r.db2, db2}}) read_back(*buf, p);
-    if (calls_.norm_output != 0) {
+    if (calls_.norm_output != 0 && sections_.empty()) {
       // The saved buffer's norm-output section (lnmlp_plan_get_saved_section), read back.
       int64_t offset = -1, rank = 0, dims[LNMLP_MAX_TENSOR_RANK] = {0, 0, 0};
       int32_t type = 0;
@@ -173,6 +193,7 @@ class Calls {
   int32_t grad_type_ = LNMLP_DTYPE_F32;
   RunResult grads_;
   bool split_ = false;
+  std::vector<void*> sections_;  // sections_apart(): the array of them, in the backend's memory
   EmulationCounts last_step_;
   std::vector<DeviceBuffer> device_;
   std::vector<AlignedMemory> host_;
@@ -319,6 +340,31 @@ TEST_P(CudaCalls, BackwardInTwoCallsGivesTheBitsOfOne) {
         for (size_t i = 0; i < na.size(); ++i)
           EXPECT_TRUE(same_bits(na[i].name, *nb[i].buf, *na[i].buf)) << "step " << s;
         expect_close(b, cpu.step(pr), tolerance(k), "two calls, CUDA against CPU");
+      }
+    }
+}
+
+// The saved buffer's sections apart (LNMLP_CALL_SAVED_SECTIONS) give the one buffer's bits, under
+// every remat policy, over two steps, with backward whole and in two calls.
+TEST_P(CudaCalls, SectionsApartGiveTheBitsOfOneBuffer) {
+  SKIP_WITHOUT_GPU();
+  const Case& k = GetParam();
+  const Problem pr = make_problem(config(k.tokens, k.gated), k.dtype, 73);
+  for (const int32_t remat : {LNMLP_REMAT_SAVE_ALL, LNMLP_REMAT_SAVE_FFN1, LNMLP_REMAT_SAVE_STATS})
+    for (const bool split : {false, true}) {
+      SCOPED_TRACE("remat " + std::to_string(remat) + (split ? ", backward in two calls" : ""));
+      Calls one(pr, LNMLP_BACKEND_CUDA, k.recipe, PlanCalls{kMaxTokens}, {}, remat);
+      Calls apart(pr, LNMLP_BACKEND_CUDA, k.recipe, PlanCalls{kMaxTokens}, {}, remat);
+      apart.sections_apart();
+      for (Calls* c : {&one, &apart}) {
+        c->set_gradients(c->gradients(0.0));
+        if (split) c->split_backward();
+      }
+      for (int s = 0; s < 2; ++s) {
+        const RunResult a = one.step(pr), b = apart.step(pr);
+        const auto na = named(a), nb = named(b);
+        for (size_t i = 0; i < na.size(); ++i)
+          EXPECT_TRUE(same_bits(na[i].name, *nb[i].buf, *na[i].buf)) << "step " << s;
       }
     }
 }

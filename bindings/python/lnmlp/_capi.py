@@ -113,6 +113,7 @@ SAVED_COUNT = 10
 CALL_DEFAULT = 0  # no flag
 CALL_WEIGHTS_UNCHANGED = 1  # W1 and W2 as when the plan made its copies of them: reuse those
 CALL_AMAX_MEASURE = 2  # CURRENT: measure the amaxes not given up to the next stage, and stop
+CALL_SAVED_SECTIONS = 4  # saved is void* [LNMLP_SAVED_COUNT], the sections apart
 CALL_AMAX_GIVEN_LN_OUT = 256  # CURRENT: quantizer LN_OUT's amax is given (the amax array)
 CALL_AMAX_GIVEN_W1 = 512  # ... W1's
 CALL_AMAX_GIVEN_ACT_OUT = 1024  # ... ACT_OUT's

@@ -107,6 +107,7 @@ const LNMLP_SAVED_COUNT = Int32(10)
 const LNMLP_CALL_DEFAULT = Int32(0)  # no flag
 const LNMLP_CALL_WEIGHTS_UNCHANGED = Int32(1)  # W1 and W2 as when the plan made its copies of them: reuse those
 const LNMLP_CALL_AMAX_MEASURE = Int32(2)  # CURRENT: measure the amaxes not given up to the next stage, and stop
+const LNMLP_CALL_SAVED_SECTIONS = Int32(4)  # saved is void* [LNMLP_SAVED_COUNT], the sections apart
 const LNMLP_CALL_AMAX_GIVEN_LN_OUT = Int32(256)  # CURRENT: quantizer LN_OUT's amax is given (the amax array)
 const LNMLP_CALL_AMAX_GIVEN_W1 = Int32(512)  # ... W1's
 const LNMLP_CALL_AMAX_GIVEN_ACT_OUT = Int32(1024)  # ... ACT_OUT's

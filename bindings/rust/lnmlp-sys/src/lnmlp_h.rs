@@ -225,6 +225,8 @@ pub const LNMLP_CALL_DEFAULT: i32 = 0;
 pub const LNMLP_CALL_WEIGHTS_UNCHANGED: i32 = 1;
 /// CURRENT: measure the amaxes not given up to the next stage, and stop
 pub const LNMLP_CALL_AMAX_MEASURE: i32 = 2;
+/// saved is void* \[LNMLP_SAVED_COUNT\], the sections apart
+pub const LNMLP_CALL_SAVED_SECTIONS: i32 = 4;
 /// CURRENT: quantizer LN_OUT's amax is given (the amax array)
 pub const LNMLP_CALL_AMAX_GIVEN_LN_OUT: i32 = 256;
 /// ... W1's
