@@ -199,6 +199,86 @@ def test_a_direct_custom_call_with_the_right_buffers_computes_the_block():
         ref.assert_close(f"direct {name}", np.asarray(g, np.float64), grads[name].reshape(g.shape), "float32")
 
 
+@pytest.mark.parametrize("recipe", [None, "delayed", "mxfp8"])
+def test_the_saved_sections_apart_give_the_one_buffers_bits(recipe):
+    """Spec(saved_apart=True): forward returns each saved section as an array of its own (what
+    partitioning shards), backward takes them; every result is the one buffer's bits, each section
+    the bytes at its offset in the one buffer, and under jit and vmap (the batching rules) too."""
+    from lnmlp import recipe as r
+    from lnmlp.jax import _ffi
+    from lnmlp.jax._calls import _output_types, backward_call, forward_call
+    _ffi.ensure_registered()
+    spec, fwd, _ = _direct_case()
+    if recipe is not None:
+        spec = spec.with_(recipe=r.DelayedScaling() if recipe == "delayed" else r.MXFP8BlockScaling(), tokens=32)
+        d = make(1, np.float32, lead=(32,), seed=17)
+        fwd = [jnp.asarray(a) for a in (d["x"], d["gamma"], d["beta"], d["k1"], d["b1"], d["k2"], d["b2"])]
+        state = np.zeros(_output_types(spec)["fp8_state"].shape, np.float32)
+        if recipe == "delayed":
+            state[:, 0] = 1.0  # a fresh delayed-scaling state: every scale 1, every history entry 0
+        fwd.append(jnp.asarray(state))
+    apart = spec.with_(saved_apart=True)
+    dy = jnp.asarray(np.random.default_rng(5).standard_normal((spec.tokens, H)), jnp.float32)
+
+    def both(s):
+        y, saved, state = forward_call(s)(*fwd)
+        return y, saved, state, backward_call(s)(dy, *fwd[:6], saved, state)
+
+    for run in (both, jax.jit(both, static_argnums=0)):
+        y1, saved, st1, g1 = run(spec)
+        y2, sections, st2, g2 = run(apart)
+        assert len(sections) == len(lnmlp._lib.SAVED_SECTIONS)
+        for name, a, b in [("y", y1, y2), ("state", st1, st2)] + list(zip(["grad"] * 8, g1, g2)):
+            np.testing.assert_array_equal(np.asarray(b), np.asarray(a), err_msg=name)
+        with lnmlp.Plan(**spec.plan_kwargs()) as p:
+            where = [p.saved_section(i, spec.tokens) for i in range(len(sections))]
+        one = np.asarray(saved)
+        assert sum(w is not None for w in where) >= 2
+        for i, (w, sec) in enumerate(zip(where, sections)):
+            sec = np.asarray(sec)
+            if w is None:
+                assert sec.size == 0, i
+                continue
+            offset, shape, dtype = w
+            assert sec.shape == shape and sec.dtype == dtype, (i, sec.shape, sec.dtype, w)
+            np.testing.assert_array_equal(sec.view(np.uint8).ravel(), one[offset:offset + sec.nbytes],
+                                          err_msg=f"section {i}")
+
+    if recipe is None:  # vmap over x and dy: one call with the batch folded into the tokens
+        xs, dys = jnp.stack([fwd[0], fwd[0] * 0.5]), jnp.stack([dy, -dy])
+
+        def batched(s):
+            def one(x, dy):
+                y, saved, state = forward_call(s)(x, *fwd[1:])
+                return y, backward_call(s)(dy, x, *fwd[1:6], saved, state)[0]
+            return jax.vmap(one)(xs, dys)
+
+        for a, b in zip(batched(spec), batched(apart)):
+            np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+
+
+def test_a_direct_custom_call_with_a_wrong_saved_section_is_refused():
+    """With the sections apart, each section's array is checked against the plan's section (its
+    element type and count; a zero-element stand-in where the plan saves none)."""
+    from lnmlp.jax import _calls, _ffi
+    spec, fwd, _ = _direct_case()
+    apart = spec.with_(saved_apart=True)
+    out = _calls._output_types(apart)
+    sections = list(out["sections"])
+    index = lnmlp._lib.SAVED_SECTIONS
+    short_ffn1 = jax.ShapeDtypeStruct((sections[index["ffn1"]].shape[0] - 1, F), jnp.float32)
+    for i, wrong, match in [(index["ffn1"], short_ffn1,
+                             r"saved section 3 is float32 \[7, %d\], but the plan takes float32 of %d elements"
+                             % (F, 8 * F)),
+                            (index["fp8_scales"], jax.ShapeDtypeStruct((4,), jnp.float32),
+                             r"saved section 5 is float32 \[4\], but the plan takes a zero-element array")]:
+        types = sections[:i] + [wrong] + sections[i + 1:]
+        _ffi.ensure_registered()
+        call = jax.ffi.ffi_call(_ffi.FORWARD, (out["y"], *types, out["workspace"], out["fp8_state"]))
+        with pytest.raises(Exception, match=match):
+            jax.block_until_ready(call(*fwd, **apart.attributes()))
+
+
 @pytest.mark.parametrize("what", ["kernel_1 smaller", "x bfloat16", "saved of 16 bytes", "y too small",
                                   "dkernel_2 bfloat16", "bias_1 present for a plan without", "fp8 state given"])
 def test_a_direct_custom_call_with_wrong_buffers_is_refused_before_it_runs(what):

@@ -43,6 +43,12 @@ struct PlanState {
   // The call's LNMLP_CALL_AMAX_* flags (current scaling in stages, lnmlp/jax/_sharding.py): its
   // fp8 state operand and result are then the amax array. Not the plan's: one plan serves every stage.
   int32_t amax_flags = 0;
+  // The saved buffer's sections apart (LNMLP_CALL_SAVED_SECTIONS): forward's results and backward's
+  // operands have one array per section in place of the one saved buffer (lnmlp/jax/_calls.py).
+  bool saved_apart = false;
+
+  // The call's LNMLP_CALL_* flags.
+  int32_t flags() const { return amax_flags | (saved_apart ? LNMLP_CALL_SAVED_SECTIONS : 0); }
 
   // The plan for the device XLA runs this call on (other GPUs' plans are kept here, so that an
   // execution does not look the process-wide cache up).
@@ -139,6 +145,7 @@ ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate(int32_t backend, ffi::Dicti
   ffi::Error e = guarded([&] {
     state->config = config_of(attrs);
     state->amax_flags = attr<int32_t>(attrs, "amax_flags");
+    state->saved_apart = attr<int32_t>(attrs, "saved_apart") != 0;
     if (state->config.backend != backend)
       fail(ffi::ErrorCode::kInvalidArgument, "lnmlp: the call's backend attribute does not match XLA's platform");
     state->shared = shared_plan(state->config);
@@ -223,6 +230,27 @@ class Expected {
   void expect(int32_t tensor, const char* name, ffi::Result<ffi::AnyBuffer>& b) const {
     expect(tensor, name, b->element_type(), b->dimensions());
   }
+  // Saved section `section` (LNMLP_SAVED_*) as an array of its own: the section's element type and
+  // element count (any shape: the caller lays it out as it shards it), or a zero-element stand-in
+  // where the plan does not save it.
+  void expect_section(int32_t section, ffi::DataType type, ffi::Span<const int64_t> dims) const {
+    int64_t offset = 0, rank = 0, want[LNMLP_MAX_TENSOR_RANK] = {};
+    int32_t dtype = 0;
+    check(lnmlp_plan_get_saved_section(plan_, section, tokens_, &offset, &rank, want, &dtype));
+    int64_t count = 1, want_count = 1;
+    for (int64_t d : dims) count *= d;
+    for (int64_t i = 0; i < rank; ++i) want_count *= want[i];
+    const std::string name = "saved section " + std::to_string(section);
+    if (rank < 0) {
+      if (count != 0) mismatch(name.c_str(), "a zero-element array (the plan does not save it)", type, dims);
+      return;
+    }
+    const ffi::DataType want_type = xla_type(dtype);
+    if (type != want_type || count != want_count)
+      mismatch(name.c_str(), std::string(type_name(want_type)) + " of " + std::to_string(want_count) + " elements",
+               type, dims);
+  }
+
   // The fp8 state operand or result: the plan's state, or with LNMLP_CALL_AMAX_* flags the amax
   // array, float32 [LNMLP_QUANTIZER_COUNT].
   void expect_state(int32_t amax_flags, const char* name, ffi::DataType type, ffi::Span<const int64_t> dims) const {
@@ -290,12 +318,21 @@ class Buffers {
   ffi::RemainingRets rets_;
 };
 
-// Operands x, gamma, beta, w1, b1, w2, b2, fp8 state; results y, saved, workspace, fp8 state.
+// The saved sections of a call whose saved buffer is apart: the array of them the library takes,
+// NULL for each zero-element stand-in.
+struct Sections {
+  void* at[LNMLP_SAVED_COUNT] = {};
+};
+
+// Operands x, gamma, beta, w1, b1, w2, b2, fp8 state; results y, saved (with saved_apart: the
+// LNMLP_SAVED_COUNT sections), workspace, fp8 state.
 ffi::Error forward(PlanState* s, void* stream, int32_t device, ffi::RemainingArgs args, ffi::RemainingRets rets) {
   return guarded([&] {
-    const Buffers b("forward", 8, 4, args, rets);
+    const size_t n_saved = s->saved_apart ? LNMLP_SAVED_COUNT : 1;
+    const Buffers b("forward", 8, 3 + n_saved, args, rets);
     const ffi::AnyBuffer x = b.in(0);
-    ffi::Result<ffi::AnyBuffer> y = b.out(0), saved = b.out(1), workspace = b.out(2), state = b.out(3);
+    ffi::Result<ffi::AnyBuffer> y = b.out(0), saved = b.out(1), workspace = b.out(1 + n_saved),
+                                state = b.out(2 + n_saved);
     const int64_t t = tokens_of(*s, x);
     SharedPlan& p = s->on_device(device);
     std::lock_guard<std::mutex> lock(p.mutex);
@@ -307,21 +344,31 @@ ffi::Error forward(PlanState* s, void* stream, int32_t device, ffi::RemainingArg
     for (size_t i = 0; i < 7; ++i) want.expect(inputs[i], names[i], b.in(i));
     want.expect_state(s->amax_flags, names[7], b.in(7).element_type(), b.in(7).dimensions());
     want.expect(LNMLP_TENSOR_Y, "y", y);
-    want.expect(LNMLP_TENSOR_SAVED, "saved", saved);
+    Sections sections;
+    if (s->saved_apart) {
+      for (int32_t i = 0; i < LNMLP_SAVED_COUNT; ++i) {
+        ffi::Result<ffi::AnyBuffer> section = b.out(1 + static_cast<size_t>(i));
+        want.expect_section(i, section->element_type(), section->dimensions());
+        sections.at[i] = out_ptr(section);
+      }
+    } else {
+      want.expect(LNMLP_TENSOR_SAVED, "saved", saved);
+    }
     want.expect_state(s->amax_flags, "fp8 state (result)", state->element_type(), state->dimensions());
     attach_workspace(p, workspace);
     void* st = fp8_state(b.in(7), state, s->config.backend);
     check(lnmlp_plan_forward(p.plan, t, x.untyped_data(), b.in(1).untyped_data(), in_ptr(b.in(2)),
                              b.in(3).untyped_data(), in_ptr(b.in(4)), b.in(5).untyped_data(), in_ptr(b.in(6)),
-                             out_ptr(y), out_ptr(saved), st, s->amax_flags, stream));
+                             out_ptr(y), s->saved_apart ? sections.at : out_ptr(saved), st, s->flags(), stream));
   });
 }
 
-// Operands dy, x, gamma, beta, w1, b1, w2, saved, fp8 state; results dx, dgamma, dbeta, dw1, db1,
-// dw2, db2, workspace, fp8 state.
+// Operands dy, x, gamma, beta, w1, b1, w2, saved (with saved_apart: the LNMLP_SAVED_COUNT
+// sections), fp8 state; results dx, dgamma, dbeta, dw1, db1, dw2, db2, workspace, fp8 state.
 ffi::Error backward(PlanState* s, void* stream, int32_t device, ffi::RemainingArgs args, ffi::RemainingRets rets) {
   return guarded([&] {
-    const Buffers b("backward", 9, 9, args, rets);
+    const size_t n_saved = s->saved_apart ? LNMLP_SAVED_COUNT : 1, state_at = 7 + n_saved;
+    const Buffers b("backward", 8 + n_saved, 9, args, rets);
     const ffi::AnyBuffer x = b.in(1);
     ffi::Result<ffi::AnyBuffer> g[7] = {b.out(0), b.out(1), b.out(2), b.out(3), b.out(4), b.out(5), b.out(6)};
     ffi::Result<ffi::AnyBuffer> workspace = b.out(7), state = b.out(8);
@@ -334,19 +381,31 @@ ffi::Error backward(PlanState* s, void* stream, int32_t device, ffi::RemainingAr
                               LNMLP_TENSOR_BETA, LNMLP_TENSOR_W1,    LNMLP_TENSOR_B1,
                               LNMLP_TENSOR_W2,   LNMLP_TENSOR_SAVED, LNMLP_TENSOR_FP8_STATE};
     const char* in_names[] = {"dy", "x", "gamma", "beta", "kernel_1", "bias_1", "kernel_2", "saved", "fp8 state"};
-    for (size_t i = 0; i < 8; ++i) want.expect(inputs[i], in_names[i], b.in(i));
-    want.expect_state(s->amax_flags, in_names[8], b.in(8).element_type(), b.in(8).dimensions());
+    for (size_t i = 0; i < 7; ++i) want.expect(inputs[i], in_names[i], b.in(i));
+    Sections sections;
+    if (s->saved_apart) {
+      for (int32_t i = 0; i < LNMLP_SAVED_COUNT; ++i) {
+        const ffi::AnyBuffer section = b.in(7 + static_cast<size_t>(i));
+        want.expect_section(i, section.element_type(), section.dimensions());
+        sections.at[i] = const_cast<void*>(in_ptr(section));
+      }
+    } else {
+      want.expect(inputs[7], in_names[7], b.in(7));
+    }
+    const ffi::AnyBuffer state_in = b.in(state_at);
+    want.expect_state(s->amax_flags, in_names[8], state_in.element_type(), state_in.dimensions());
     const int32_t grads[] = {LNMLP_TENSOR_DX,  LNMLP_TENSOR_DGAMMA, LNMLP_TENSOR_DBETA, LNMLP_TENSOR_DW1,
                              LNMLP_TENSOR_DB1, LNMLP_TENSOR_DW2,    LNMLP_TENSOR_DB2};
     const char* grad_names[] = {"dx", "dgamma", "dbeta", "dkernel_1", "dbias_1", "dkernel_2", "dbias_2"};
     for (size_t i = 0; i < 7; ++i) want.expect(grads[i], grad_names[i], g[i]);
     want.expect_state(s->amax_flags, "fp8 state (result)", state->element_type(), state->dimensions());
     attach_workspace(p, workspace);
-    void* st = fp8_state(b.in(8), state, s->config.backend);
+    void* st = fp8_state(state_in, state, s->config.backend);
     check(lnmlp_plan_backward(p.plan, t, b.in(0).untyped_data(), x.untyped_data(), b.in(2).untyped_data(),
                               in_ptr(b.in(3)), b.in(4).untyped_data(), in_ptr(b.in(5)), b.in(6).untyped_data(),
-                              in_ptr(b.in(7)), out_ptr(g[0]), out_ptr(g[1]), out_ptr(g[2]), out_ptr(g[3]),
-                              out_ptr(g[4]), out_ptr(g[5]), out_ptr(g[6]), st, s->amax_flags, stream));
+                              s->saved_apart ? sections.at : in_ptr(b.in(7)), out_ptr(g[0]), out_ptr(g[1]),
+                              out_ptr(g[2]), out_ptr(g[3]), out_ptr(g[4]), out_ptr(g[5]), out_ptr(g[6]), st, s->flags(),
+                              stream));
   });
 }
 

@@ -53,6 +53,10 @@ class Spec:
     # The call's LNMLP_CALL_AMAX_* flags: Float8CurrentScaling in stages on a mesh (_sharding.py),
     # whose state operand and result are then the amax array [6]. Not the plan's: it keys the call.
     amax_flags: int = 0
+    # The saved buffer's sections apart (LNMLP_CALL_SAVED_SECTIONS): forward returns, and backward
+    # takes, a tuple of one array per section (a zero-element stand-in where the plan saves none)
+    # in place of the saved bytes, so that each can be sharded as its own tensor. Not the plan's.
+    saved_apart: bool = False
 
     @property
     def takes_state(self):
@@ -94,7 +98,8 @@ class Spec:
                     backend=i32(_plan._BACKENDS[self.backend]), device=i32(0),
                     weight_dtype=i32(-1 if self.weight_dtype is None else
                                      _plan._DTYPES[np.dtype(jnp.dtype(self.weight_dtype))]),
-                    norm_output=i32(self.norm_output), amax_flags=i32(self.amax_flags))
+                    norm_output=i32(self.norm_output), amax_flags=i32(self.amax_flags),
+                    saved_apart=i32(self.saved_apart))
 
 
 # The outputs of each custom call, as lnmlp_plan_get_tensor_shape names them (a tensor the plan
@@ -107,15 +112,20 @@ _BACKWARD_OUTPUTS = ("dx", "dgamma", "dbeta", "dw1", "db1", "dw2", "db2")
 def _plan_facts(spec: Spec):
     """What the library's queries say of spec's calls, from one plan made for them: {name:
     jax.ShapeDtypeStruct} of a call's outputs for its tokens -- the tensors above, "fp8_state",
-    and "workspace" (on a GPU the plan's workspace plus its alignment, the handler rounding XLA's
-    buffer start up to it; on the CPU nothing, the plan owning its workspace: xla_ffi/plan_cache.cpp
-    says why) -- and the norm output's byte offset in the saved buffer (None without it)."""
+    "sections" (a tuple: each LNMLP_SAVED_* section as an array of its own, a zero-element uint8
+    stand-in where the plan saves none) and "workspace" (on a GPU the plan's workspace plus its
+    alignment, the handler rounding XLA's buffer start up to it; on the CPU nothing, the plan
+    owning its workspace: xla_ffi/plan_cache.cpp says why) -- and the norm output's byte offset
+    in the saved buffer (None without it)."""
     types = {}
     with _plan.Plan(**spec.plan_kwargs(), external_workspace=True) as p:
         for name in _FORWARD_OUTPUTS + _BACKWARD_OUTPUTS + ("fp8_state",):
             shape, dtype = p._tensor_shape(_lib.TENSORS[name], spec.tokens, with_dtype=True)
             types[name] = jax.ShapeDtypeStruct(shape if shape is not None else (0,),
                                                dtype if dtype is not None else np.float32)
+        sections = [p.saved_section(s, spec.tokens) for s in range(len(_lib.SAVED_SECTIONS))]
+        types["sections"] = tuple(jax.ShapeDtypeStruct((0,), jnp.uint8) if s is None else
+                                  jax.ShapeDtypeStruct(s[1], s[2]) for s in sections)
         workspace = 0 if spec.backend == "cpu" else p.workspace_bytes + p.alignment
         section = p.saved_section("norm_output", spec.tokens) if spec.norm_output else None
     types["workspace"] = jax.ShapeDtypeStruct((workspace,), jnp.uint8)
@@ -125,7 +135,7 @@ def _plan_facts(spec: Spec):
 def _output_types(spec: Spec):
     """{name: jax.ShapeDtypeStruct} of a call's outputs (_plan_facts; the amax array for a call
     with LNMLP_CALL_AMAX_* flags)."""
-    types = _plan_facts(spec.with_(amax_flags=0))[0]
+    types = _plan_facts(spec.with_(amax_flags=0, saved_apart=False))[0]
     if spec.amax_flags:
         types = {**types, "fp8_state": jax.ShapeDtypeStruct((_capi.QUANTIZER_COUNT,), np.float32)}
     return types
@@ -135,7 +145,8 @@ def norm_output_of(spec: Spec, saved):
     """The norm output [tokens, H] in spec's dtype, out of a forward call's saved bytes (a slice,
     reinterpreted: the section lnmlp_plan_get_saved_section gives)."""
     dtype = jnp.dtype(spec.dtype)
-    offset, size = _plan_facts(spec.with_(amax_flags=0))[1], spec.tokens * spec.hidden * dtype.itemsize
+    facts = _plan_facts(spec.with_(amax_flags=0, saved_apart=False))
+    offset, size = facts[1], spec.tokens * spec.hidden * dtype.itemsize
     codes = jax.lax.slice_in_dim(saved, offset, offset + size).reshape(spec.tokens, spec.hidden, dtype.itemsize)
     return jax.lax.bitcast_convert_type(codes, dtype)
 
@@ -163,20 +174,28 @@ def _sequential(fn, axis_size, in_batched, args):
     return outs, (True,) * len(outs)
 
 
+def _saved_outputs(spec: Spec, out):
+    """The types of forward's saved result(s): the saved bytes, or with saved_apart the sections."""
+    return out["sections"] if spec.saved_apart else (out["saved"],)
+
+
 @functools.lru_cache(maxsize=512)
 def forward_call(spec: Spec):
-    """(x, gamma, beta, w1, b1, w2, b2, state) -> (y, saved, state) for spec's tokens."""
+    """(x, gamma, beta, w1, b1, w2, b2, state) -> (y, saved, state) for spec's tokens; saved is the
+    tuple of sections with spec.saved_apart."""
     out = _output_types(spec)
-    # The state (argument 7) is updated in place: XLA aliases it to output 3.
+    saved_types = _saved_outputs(spec, out)
+    # The state (argument 7) is updated in place: XLA aliases it to the last output.
     call = jax.ffi.ffi_call(
-        _ffi.FORWARD, tuple(out[n] for n in _FORWARD_OUTPUTS + ("workspace", "fp8_state")),
-        input_output_aliases={7: 3} if spec.takes_state else None)
+        _ffi.FORWARD, (out["y"], *saved_types, out["workspace"], out["fp8_state"]),
+        input_output_aliases={7: len(saved_types) + 2} if spec.takes_state else None)
     attrs = spec.attributes()
 
+    # Flat results: (y, *saved, state), the saved ones one by one.
     @jax.custom_batching.custom_vmap
     def forward(x, gamma, beta, w1, b1, w2, b2, state):
-        y, saved, _, state = call(x, gamma, beta, w1, b1, w2, b2, state, **attrs)
-        return y, saved, state
+        y, *saved, _, state = call(x, gamma, beta, w1, b1, w2, b2, state, **attrs)
+        return (y, *saved, state)
 
     @forward.def_vmap
     def forward_batched(axis_size, in_batched, x, gamma, beta, w1, b1, w2, b2, state):
@@ -185,38 +204,49 @@ def forward_call(spec: Spec):
             # Only x is batched: one call with the batch folded into the tokens. saved is that
             # call's, so it stays unbatched (backward's rule below reads it whole).
             big = spec.with_(tokens=axis_size * spec.tokens)
-            y, saved, state = forward_call(big)(x.reshape(big.tokens, spec.hidden), *args[1:])
-            return (y.reshape(axis_size, spec.tokens, spec.hidden), saved, state), (True, False, False)
+            y, *rest = forward_call(big).flat(x.reshape(big.tokens, spec.hidden), *args[1:])
+            return (y.reshape(axis_size, spec.tokens, spec.hidden), *rest), (True,) + (False,) * len(rest)
         return _sequential(forward, axis_size, in_batched, args)
 
-    return forward
+    def grouped(x, gamma, beta, w1, b1, w2, b2, state):
+        y, *saved, state = forward(x, gamma, beta, w1, b1, w2, b2, state)
+        return y, (tuple(saved) if spec.saved_apart else saved[0]), state
+
+    grouped.flat = forward
+    return grouped
 
 
 @functools.lru_cache(maxsize=512)
 def backward_call(spec: Spec):
-    """(dy, x, gamma, beta, w1, b1, w2, saved, state) -> (dx, dgamma, dbeta, dw1, db1, dw2, db2, state)."""
+    """(dy, x, gamma, beta, w1, b1, w2, saved, state) -> (dx, dgamma, dbeta, dw1, db1, dw2, db2, state);
+    saved is the tuple of sections with spec.saved_apart."""
     out = _output_types(spec)
-    # The state (argument 8) is updated in place: XLA aliases it to output 8.
+    n_saved = len(_saved_outputs(spec, out))
+    # The state (the last operand) is updated in place: XLA aliases it to output 8.
     call = jax.ffi.ffi_call(
         _ffi.BACKWARD, tuple(out[n] for n in _BACKWARD_OUTPUTS + ("workspace", "fp8_state")),
-        input_output_aliases={8: 8} if spec.takes_state else None)
+        input_output_aliases={7 + n_saved: 8} if spec.takes_state else None)
     attrs = spec.attributes()
 
+    # Flat operands: (dy, x, gamma, beta, w1, b1, w2, *saved, state), the saved ones one by one.
     @jax.custom_batching.custom_vmap
-    def backward(dy, x, gamma, beta, w1, b1, w2, saved, state):
-        *grads, _, state = call(dy, x, gamma, beta, w1, b1, w2, saved, state, **attrs)
+    def backward(*args):
+        *grads, _, state = call(*args, **attrs)
         return (*grads, state)
 
     @backward.def_vmap
-    def backward_batched(axis_size, in_batched, dy, x, gamma, beta, w1, b1, w2, saved, state):
-        args = (dy, x, gamma, beta, w1, b1, w2, saved, state)
+    def backward_batched(axis_size, in_batched, *args):
         if in_batched[0] and in_batched[1] and not any(in_batched[2:]):
             # dy and x batched, saved whole: the backward of forward_batched's one call.
             big = spec.with_(tokens=axis_size * spec.tokens)
             rows = (big.tokens, spec.hidden)
-            dx, *rest = backward_call(big)(dy.reshape(rows), x.reshape(rows), *args[2:])
+            dx, *rest = backward_call(big).flat(args[0].reshape(rows), args[1].reshape(rows), *args[2:])
             dx = dx.reshape(axis_size, spec.tokens, spec.hidden)
             return (dx, *rest), (True,) + (False,) * len(rest)
         return _sequential(backward, axis_size, in_batched, args)
 
-    return backward
+    def grouped(dy, x, gamma, beta, w1, b1, w2, saved, state):
+        return backward(dy, x, gamma, beta, w1, b1, w2, *(saved if spec.saved_apart else (saved,)), state)
+
+    grouped.flat = backward
+    return grouped
