@@ -288,6 +288,72 @@ def test_shardings_in_types_split_the_block_without_axes(sp):
                            f"{errs[worst]:.1e} ({worst})  HLO: {summary}")
 
 
+AUTO_CASES = [(1, 2, "tp", None), (2, 2, "tp", None), (2, 2, "sp", None), (1, 4, "sp", None),
+              (2, 2, "fsdp", None), (2, 2, "tp", "current"), (2, 2, "sp", "delayed")]
+
+
+@pytest.mark.parametrize("dp, tp, layout, rid", AUTO_CASES, ids=lambda v: str(v))
+def test_a_plain_jit_over_named_shardings_splits_inference_as_the_axes_do(dp, tp, layout, rid):
+    """Issue 50's Auto mesh: jax.jit over inputs placed with NamedSharding on a mesh of Auto axes,
+    no axes arguments, no mesh context. The block, not differentiated, is partitioned from the
+    operands' shardings: y is bit for bit what the axes arguments give on that mesh, within the
+    dtype's tolerance of one device, and the compiled HLO has the axes path's collectives (no
+    all-gather of a weight but FSDP's, which gathers the kernels' H shards as the axes path does)."""
+    recipe = FP8_RECIPES[rid]() if rid else None
+    dtype_name = "bfloat16" if recipe else "float32"
+    d = make(1, ref.DTYPES[dtype_name], lead=(B, S), seed=23, H=H, F=F)
+    mesh = _mesh(dp, tp)
+    specs, axes = _specs(layout == "sp"), _axes(layout == "sp")
+    if layout == "fsdp":
+        specs = dict(specs, k1=P("data", None, "tensor"), k2=P("tensor", "data"))
+        axes = dict(axes, kernel_1_axes=("data", None, "tensor"), kernel_2_axes=("tensor", "data"))
+
+    def forward(axes):
+        def f(x, gamma, beta, k1, k2, b1, b2):
+            return lj.layernorm_mlp(x, gamma, beta, [k1, k2], [b1, b2], "layernorm", epsilon=EPS,
+                                    activation_type=("gelu",), quantizer_set=lj.make_quantizer_set(recipe)
+                                    if recipe else None, **axes)
+        return jax.jit(f)
+
+    args = [d[n] for n in NAMES]
+    y1 = forward({})(*args)
+    placed = [jax.device_put(a, NamedSharding(mesh, specs[n])) for n, a in zip(NAMES, args)]
+    auto = forward({})
+    y_auto = auto(*placed)
+    auto_hlo = auto.lower(*placed).compile().as_text()
+    with jax.set_mesh(mesh):
+        given = forward(axes)
+        y_axes = given(*placed)
+        axes_hlo = given.lower(*placed).compile().as_text()
+    np.testing.assert_array_equal(np.asarray(y_auto, np.float64), np.asarray(y_axes, np.float64))
+    tol = ref.TOLERANCE_FP8_SHARDED if recipe else ref.TOLERANCES[dtype_name]
+    err = _max_err(y_auto, y1)
+    assert err <= tol, f"y: {err:.3e} from the one-device call > {tol}"
+    found, want = _collectives(auto_hlo), _collectives(axes_hlo)
+    assert sorted(found) == sorted(want), (found, want)
+    assert "all-reduce" in {op for _, op in found} or layout == "sp", found
+    gathers = [t for t, op in found if op == "all-gather"]
+    if layout == "tp":
+        assert not gathers, gathers
+    counts = {op: sum(1 for _, o in found if o == op) for op in sorted({op for _, op in found})}
+    ref.MESH_REPORT.append(f"{dp}x{tp} auto {layout:4s} {rid or dtype_name:8s} inference, no axes: max error "
+                           f"{err:.1e} (y)  HLO: {', '.join(f'{n} {op}' for op, n in counts.items())}")
+
+
+def test_a_plain_jit_over_shardings_the_block_cannot_run_moves_the_data():
+    """x's hidden dimension split, and W1's and W2's F over different axes: the block is run on
+    shardings it can run, XLA moving the data, and y is still one device's."""
+    d = make(1, np.float32, lead=(B, S), seed=29, H=H, F=F)
+    mesh = _mesh(2, 2)
+    specs = dict(_specs(False), x=P(None, None, "tensor"), k1=P(None, None, "data"), k2=P("tensor", None))
+    f = jax.jit(lambda x, gamma, beta, k1, k2, b1, b2: lj.layernorm_mlp(x, gamma, beta, [k1, k2], [b1, b2],
+                                                                       "layernorm", epsilon=EPS))
+    args = [d[n] for n in NAMES]
+    placed = [jax.device_put(a, NamedSharding(mesh, specs[n])) for n, a in zip(NAMES, args)]
+    err = _max_err(f(*placed), f(*args))
+    assert err <= ref.TOLERANCES["float32"], err
+
+
 @pytest.mark.parametrize("explicit", [False, True], ids=["axes", "explicit"])
 @pytest.mark.parametrize("rid", ["none", "delayed"])
 def test_fsdp_gathers_the_kernels_and_reduce_scatters_their_gradients(rid, explicit):

@@ -18,7 +18,7 @@ from jax.ad_checkpoint import checkpoint_name
 from .. import _plan
 from .._functional import unpack_kernels_and_biases
 from .._lib import InvalidArgumentError
-from . import _ffi, _sharding, _te_arguments
+from . import _auto, _ffi, _sharding, _te_arguments
 from ._calls import Spec, absent, no_state
 from ._quantizer_set import QuantizerSet
 
@@ -37,7 +37,11 @@ def _block(spec, layout, saved_names, x, gamma, beta, w1, b1, w2, b2, state):
     # Not differentiated: a plan that saves nothing (but the norm output, when asked for); the
     # state's update has nowhere to go (the seed's function returns y alone), as in
     # TransformerEngine.
-    y, _, _, ln = _sharding.forward(spec.with_(remat="forward_only"), layout, x, gamma, beta, w1, b1, w2, b2, state)
+    inference = spec.with_(remat="forward_only")
+    if layout is None:  # split as XLA's partitioning places the operands, if it does (_auto.py)
+        y, ln = _auto.forward(inference, x, gamma, beta, w1, b1, w2, b2, state)
+    else:
+        y, _, _, ln = _sharding.forward(inference, layout, x, gamma, beta, w1, b1, w2, b2, state)
     return (y, ln) if spec.norm_output else y
 
 

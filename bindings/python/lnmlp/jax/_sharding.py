@@ -54,7 +54,7 @@ from .. import _capi
 from .._lib import InvalidArgumentError, NotSupportedError
 from . import _autocast, _calls
 
-__all__ = ["Layout", "resolve_layout", "forward", "backward"]
+__all__ = ["Layout", "resolve_layout", "layout_of_axes", "forward", "forward_local", "backward"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,6 +170,14 @@ def resolve_layout(x, kernel_1, kernel_2, recipe, norm_input_axes, kernel_1_axes
         x_axes = _mesh_axes(norm_input_axes, mesh, "norm_input_axes")
         k1 = _mesh_axes(kernel_1_axes, mesh, "kernel_1_axes")
         k2 = _mesh_axes(kernel_2_axes, mesh, "kernel_2_axes")
+    return layout_of_axes(mesh, x_shape, ffn, recipe, x_axes, k1, k2, kernel_1_ndim)
+
+
+def layout_of_axes(mesh, x_shape, ffn, recipe, x_axes, k1, k2, kernel_1_ndim=3):
+    """The Layout of a call on `mesh` whose x (of x_shape), kernel_1 ([H, A, F], or [H, F] where
+    kernel_1_ndim is 2) and kernel_2 ([F, H]) lie over the mesh axes x_axes, k1 and k2 (a tuple
+    of axes per dimension; None: whole), or None when it runs whole. Raises InvalidArgumentError /
+    NotSupportedError for a layout the block cannot run."""
     if x_axes is None:
         x_axes = [()] * len(x_shape)
     if len(x_axes) != len(x_shape):
@@ -340,16 +348,11 @@ def _local_rows(rows, layout):
     return jax.lax.dynamic_slice_in_dim(rows, jax.lax.axis_index(layout.tensor_axes) * n, n)
 
 
-def forward(spec, layout, x, gamma, beta, w1, b1, w2, b2, state):
-    """(y shaped like x, saved, state, norm output shaped like x or None). saved is the call's
-    residual: the plan's bytes, or on a mesh every device's, stacked along a leading axis split over
-    all the mesh's axes. The norm output (spec.norm_output) is read out of it, sharded as x."""
-    H = spec.hidden
-    if layout is None:
-        y, saved, state = _calls.forward_call(spec)(x.reshape(-1, H), gamma, beta, w1, b1, w2, b2, state)
-        ln = _calls.norm_output_of(spec, saved).reshape(x.shape) if spec.norm_output else None
-        return y.reshape(x.shape), saved, state, ln
-    tp = layout.tensor_size
+def forward_local(spec, layout):
+    """forward's body on one device of the mesh: (x, gamma, beta, w1, b1, w2, b2, state) of its
+    shards -> (y shaped like its x, its saved bytes [1, n], the state, [its rows' norm output]),
+    the collectives of the layout between the calls."""
+    H, tp = spec.hidden, layout.tensor_size
 
     def local(x, gamma, beta, w1, b1, w2, b2, state):
         rows = _gathered(x.reshape(-1, H), layout)
@@ -372,9 +375,22 @@ def forward(spec, layout, x, gamma, beta, w1, b1, w2, b2, state):
             outs += (_local_rows(_calls.norm_output_of(call_spec, saved), layout).reshape(x.shape),)
         return outs
 
+    return local
+
+
+def forward(spec, layout, x, gamma, beta, w1, b1, w2, b2, state):
+    """(y shaped like x, saved, state, norm output shaped like x or None). saved is the call's
+    residual: the plan's bytes, or on a mesh every device's, stacked along a leading axis split over
+    all the mesh's axes. The norm output (spec.norm_output) is read out of it, sharded as x."""
+    H = spec.hidden
+    if layout is None:
+        y, saved, state = _calls.forward_call(spec)(x.reshape(-1, H), gamma, beta, w1, b1, w2, b2, state)
+        ln = _calls.norm_output_of(spec, saved).reshape(x.shape) if spec.norm_output else None
+        return y.reshape(x.shape), saved, state, ln
     w1_spec, b1_spec, w2_spec = layout.weight_specs(b1)
     out_specs = (layout.x_spec, layout.per_device, P()) + ((layout.x_spec,) if spec.norm_output else ())
-    outs = _shard_map(local, layout.mesh, in_specs=(layout.x_spec, P(), P(), w1_spec, b1_spec, w2_spec, P(), P()),
+    outs = _shard_map(forward_local(spec, layout), layout.mesh,
+                      in_specs=(layout.x_spec, P(), P(), w1_spec, b1_spec, w2_spec, P(), P()),
                       out_specs=out_specs)(x, gamma, beta, w1, b1, w2, b2, state)
     return outs if spec.norm_output else (*outs, None)
 
