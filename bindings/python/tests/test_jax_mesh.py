@@ -340,6 +340,56 @@ def test_a_plain_jit_over_named_shardings_splits_inference_as_the_axes_do(dp, tp
                            f"{err:.1e} (y)  HLO: {', '.join(f'{n} {op}' for op, n in counts.items())}")
 
 
+TRAIN_CASES = [(1, 2, "tp", None), (2, 2, "tp", None), (2, 2, "sp", None), (1, 4, "sp", None),
+               (2, 2, "fsdp", None), (2, 2, "tp", "delayed"), (2, 2, "sp", "current")]
+
+
+@pytest.mark.parametrize("dp, tp, layout, rid", TRAIN_CASES, ids=lambda v: str(v))
+def test_a_plain_jit_over_named_shardings_splits_a_training_step_as_the_axes_do(dp, tp, layout, rid):
+    """Issue 50's Auto mesh, differentiated: a jitted value-and-grad step over inputs placed with
+    NamedSharding, no axes arguments. Forward and backward are partitioned from the operands'
+    shardings, the residual's sections passed between them as they lie: y and every gradient are
+    bit for bit what the axes arguments give, within tolerance of one device, and the compiled
+    step gathers no weight (but FSDP's H shards, as the axes path does) and no residual: with
+    tensor and data parallelism its collectives are the axes path's; with sequence parallelism each
+    all-gather is of x's or dy's rows; under FSDP of the kernels' H shards."""
+    recipe = FP8_RECIPES[rid]() if rid else None
+    dtype_name = "bfloat16" if recipe else "float32"
+    norm, acts = BLOCKS[0]
+    d = make(len(acts), ref.DTYPES[dtype_name], lead=(B, S), norm=norm, seed=31, H=H, F=F)
+    dy = jnp.asarray(np.cos(np.arange(B * S * H)).reshape(B, S, H).astype(ref.DTYPES[dtype_name]), jnp.float32)
+    mesh = _mesh(dp, tp)
+    specs, axes = _specs(layout == "sp"), _axes(layout == "sp")
+    if layout == "fsdp":
+        specs = dict(specs, k1=P("data", None, "tensor"), k2=P("tensor", "data"))
+        axes = dict(axes, kernel_1_axes=("data", None, "tensor"), kernel_2_axes=("tensor", "data"))
+    (ya, ga), _, auto_hlo, errs = _one_device_and_mesh(d, norm, acts, dy, mesh, specs, {}, recipe)
+    (yx, gx), _, axes_hlo, _ = _one_device_and_mesh(d, norm, acts, dy, mesh, specs, axes, recipe)
+    np.testing.assert_array_equal(np.asarray(ya, np.float64), np.asarray(yx, np.float64))
+    for n, a, b in zip(NAMES, ga, gx):
+        if d[n] is not None:
+            np.testing.assert_array_equal(np.asarray(a, np.float64), np.asarray(b, np.float64), err_msg=n)
+    tol = ref.TOLERANCE_FP8_SHARDED if recipe else ref.TOLERANCES[dtype_name]
+    worst = max(errs, key=errs.get)
+    assert errs[worst] <= tol, f"{worst}: {errs[worst]:.3e} from the one-device call > {tol}"
+    found = _collectives(auto_hlo)
+    gathers = [t for t, op in found if op == "all-gather"]
+    rows = B * S // dp
+    if layout == "sp":
+        for t in gathers:
+            assert re.fullmatch(r"(f32|bf16)\[%d,%d\]\{1,0\}" % (rows, H), t), f"all-gather of {t}: not rows"
+    elif layout == "fsdp":  # the kernels' H shards gathered (in forward and again in backward)
+        for t in gathers:
+            assert re.fullmatch(r"f32\[(%d,1,%d|%d,%d)\]\{.*\}" % (H, F // tp, F // tp, H), t), t
+        assert "reduce-scatter" in {op for _, op in found}, found
+    else:
+        assert sorted(found) == sorted(_collectives(axes_hlo)), (found, _collectives(axes_hlo))
+        assert not gathers, gathers
+    counts = {op: sum(1 for _, o in found if o == op) for op in sorted({op for _, op in found})}
+    ref.MESH_REPORT.append(f"{dp}x{tp} auto {layout:4s} {rid or dtype_name:8s} training, no axes: max error "
+                           f"{errs[worst]:.1e} ({worst})  HLO: {', '.join(f'{n} {op}' for op, n in counts.items())}")
+
+
 def test_a_plain_jit_over_shardings_the_block_cannot_run_moves_the_data():
     """x's hidden dimension split, and W1's and W2's F over different axes: the block is run on
     shardings it can run, XLA moving the data, and y is still one device's."""

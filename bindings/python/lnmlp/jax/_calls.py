@@ -141,9 +141,27 @@ def _output_types(spec: Spec):
     return types
 
 
+def sections_shaped(spec: Spec, sections):
+    """A forward call's sections apart as tensors that shard with the tokens and F: the FP8 codes'
+    flat bytes as the matrix they are (the CPU backend's row-major [tokens, columns], the CUDA
+    backend's K-major [columns, tokens]); the other sections as the library shapes them. (The
+    handlers take a section of any shape with its element count.) Arrays or ShapeDtypeStructs."""
+    index = _lib.SAVED_SECTIONS
+    columns = {index["norm_output_codes"]: spec.hidden, index["act_out_codes"]: spec.ffn}
+    shaped = []
+    for i, a in enumerate(sections):
+        if i in columns and a.size and a.size == spec.tokens * columns[i]:
+            shape = (spec.tokens, columns[i]) if spec.backend == "cpu" else (columns[i], spec.tokens)
+            a = a.reshape(shape) if hasattr(a, "reshape") else jax.ShapeDtypeStruct(shape, a.dtype)
+        shaped.append(a)
+    return tuple(shaped)
+
+
 def norm_output_of(spec: Spec, saved):
     """The norm output [tokens, H] in spec's dtype, out of a forward call's saved bytes (a slice,
-    reinterpreted: the section lnmlp_plan_get_saved_section gives)."""
+    reinterpreted: the section lnmlp_plan_get_saved_section gives), or its section apart."""
+    if spec.saved_apart:
+        return saved[_lib.SAVED_SECTIONS["norm_output"]].reshape(spec.tokens, spec.hidden)
     dtype = jnp.dtype(spec.dtype)
     facts = _plan_facts(spec.with_(amax_flags=0, saved_apart=False))
     offset, size = facts[1], spec.tokens * spec.hidden * dtype.itemsize

@@ -46,7 +46,10 @@ def _block(spec, layout, saved_names, x, gamma, beta, w1, b1, w2, b2, state):
 
 
 def _block_fwd(spec, layout, saved_names, x, gamma, beta, w1, b1, w2, b2, state):
-    y, saved, state, ln = _sharding.forward(spec, layout, x, gamma, beta, w1, b1, w2, b2, state)
+    if layout is None:  # split as XLA's partitioning places the operands, if it does (_auto.py)
+        y, saved, state, ln = _auto.train_forward(spec, x, gamma, beta, w1, b1, w2, b2, state)
+    else:
+        y, saved, state, ln = _sharding.forward(spec, layout, x, gamma, beta, w1, b1, w2, b2, state)
     # The saved buffer -- norm statistics, norm output, GEMM1 output ("ffn1"), activation output --
     # is the residual TransformerEngine names ffn1_ckpt_name (and, under FP8, whose codes are the
     # quantized operands its quantization_checkpoint_name names): a jax.checkpoint policy that
@@ -81,7 +84,10 @@ def _norm_output_grads(spec, x, gamma, beta, dln):
 def _block_bwd(spec, layout, saved_names, residuals, cotangent):
     x, gamma, beta, w1, b1, w2, _, _ = residuals
     dy, dln = cotangent if spec.norm_output else (cotangent, None)
-    *grads, state = _sharding.backward(spec, layout, dy, *residuals)
+    if layout is None:
+        *grads, state = _auto.train_backward(spec, dy, *residuals)
+    else:
+        *grads, state = _sharding.backward(spec, layout, dy, *residuals)
     if dln is not None:
         for i, extra in enumerate(_norm_output_grads(spec, x, gamma, beta, dln)):
             grads[i] = (grads[i].astype(jnp.float32) + extra.reshape(grads[i].shape)).astype(grads[i].dtype)

@@ -54,7 +54,8 @@ from .. import _capi
 from .._lib import InvalidArgumentError, NotSupportedError
 from . import _autocast, _calls
 
-__all__ = ["Layout", "resolve_layout", "layout_of_axes", "forward", "forward_local", "backward"]
+__all__ = ["Layout", "resolve_layout", "layout_of_axes", "forward", "forward_local", "backward",
+           "backward_local"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,8 +351,9 @@ def _local_rows(rows, layout):
 
 def forward_local(spec, layout):
     """forward's body on one device of the mesh: (x, gamma, beta, w1, b1, w2, b2, state) of its
-    shards -> (y shaped like its x, its saved bytes [1, n], the state, [its rows' norm output]),
-    the collectives of the layout between the calls."""
+    shards -> (y shaped like its x, its saved bytes [1, n] (spec.saved_apart: the tuple of its
+    sections, _calls.sections_shaped), the state, [its rows' norm output]), the collectives of the
+    layout between the calls."""
     H, tp = spec.hidden, layout.tensor_size
 
     def local(x, gamma, beta, w1, b1, w2, b2, state):
@@ -370,7 +372,9 @@ def forward_local(spec, layout):
         if tp > 1:
             y32 = _partials_summed(y, layout, jnp.float32)
             y = (y32 + b2.astype(jnp.float32) if spec.has_bias2 else y32).astype(y.dtype)
-        outs = (y.reshape(x.shape), saved[None], _agreed_state(state, spec, layout))
+        # The saved bytes stacked per device, or the sections apart as their own arrays.
+        kept = _calls.sections_shaped(call_spec, saved) if spec.saved_apart else saved[None]
+        outs = (y.reshape(x.shape), kept, _agreed_state(state, spec, layout))
         if spec.norm_output:  # the gathered rows' norm output; this rank's rows of it
             outs += (_local_rows(_calls.norm_output_of(call_spec, saved), layout).reshape(x.shape),)
         return outs
@@ -395,14 +399,11 @@ def forward(spec, layout, x, gamma, beta, w1, b1, w2, b2, state):
     return outs if spec.norm_output else (*outs, None)
 
 
-def backward(spec, layout, dy, x, gamma, beta, w1, b1, w2, saved, state):
-    """(dx, dgamma, dbeta, dw1, db1, dw2, db2, state) for forward's residuals."""
-    H = spec.hidden
-    if layout is None:
-        dx, *grads = _calls.backward_call(spec)(dy.reshape(-1, H), x.reshape(-1, H), gamma, beta, w1, b1, w2, saved,
-                                                state)
-        return (dx.reshape(x.shape), *grads)
-    tp = layout.tensor_size
+def backward_local(spec, layout):
+    """backward's body on one device of the mesh: (dy, x, gamma, beta, w1, b1, w2, saved, state)
+    of its shards (saved as forward_local gave it) -> (dx, dgamma, dbeta, dw1, db1, dw2, db2,
+    state), the collectives of the layout between the calls."""
+    H, tp = spec.hidden, layout.tensor_size
     data = layout.data_axes
 
     def local(dy, x, gamma, beta, w1, b1, w2, saved, state):
@@ -410,7 +411,7 @@ def backward(spec, layout, dy, x, gamma, beta, w1, b1, w2, saved, state):
         rows = _gathered(x.reshape(-1, H), layout)
         call_spec = _local_spec(spec, layout, rows.shape[0])
         w1, w2 = _whole_h(w1, layout.w1_fsdp_axes, 0), _whole_h(w2, layout.w2_fsdp_axes, 1)
-        args = (_gathered(dy_rows, layout), rows, gamma, beta, w1, b1, w2, saved[0])
+        args = (_gathered(dy_rows, layout), rows, gamma, beta, w1, b1, w2, saved if spec.saved_apart else saved[0])
         if _in_stages(spec):
             amax, given = _group_amaxes(lambda s, a: _calls.backward_call(s)(*args, a)[-1], call_spec,
                                         _BACKWARD_STAGES, layout)
@@ -432,6 +433,17 @@ def backward(spec, layout, dy, x, gamma, beta, w1, b1, w2, saved, state):
         dw2 = _weight_grad(dw2, layout, layout.w2_fsdp_axes, 1)
         return dx.reshape(x.shape), dgamma, dbeta, dw1, db1, dw2, db2, _agreed_state(state, spec, layout)
 
+    return local
+
+
+def backward(spec, layout, dy, x, gamma, beta, w1, b1, w2, saved, state):
+    """(dx, dgamma, dbeta, dw1, db1, dw2, db2, state) for forward's residuals."""
+    H = spec.hidden
+    if layout is None:
+        dx, *grads = _calls.backward_call(spec)(dy.reshape(-1, H), x.reshape(-1, H), gamma, beta, w1, b1, w2, saved,
+                                                state)
+        return (dx.reshape(x.shape), *grads)
+    local = backward_local(spec, layout)
     w1_spec, b1_spec, w2_spec = layout.weight_specs(b1)
     return _shard_map(local, layout.mesh,
                       in_specs=(layout.x_spec, layout.x_spec, P(), P(), w1_spec, b1_spec, w2_spec, layout.per_device,
