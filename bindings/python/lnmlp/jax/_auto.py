@@ -34,12 +34,6 @@ from .._lib import InvalidArgumentError, NotSupportedError
 from . import _calls, _sharding
 
 
-def _axes_of(sharding, ndim):
-    """The mesh axes (a tuple per dimension) of a NamedSharding's spec."""
-    spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
-    return [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in spec]
-
-
 def _layout(spec, mesh, x, w1, w2):
     """The Layout the shardings of x, W1 and W2 name, or the nearest one the block runs (the
     kernels whole, then the tokens whole too: None)."""
@@ -48,9 +42,9 @@ def _layout(spec, mesh, x, w1, w2):
     if spec.saved_apart and spec.recipe is not None and type(spec.recipe).__name__ in ("Float8BlockScaling",
                                                                                        "MXFP8BlockScaling"):
         return None
-    x_axes = _axes_of(x.sharding, len(x.shape))
+    x_axes = _sharding.axes_of_spec(x.sharding.spec, len(x.shape))
     x_axes[-1] = ()  # the hidden dimension is never split: gathered
-    k1, k2 = _axes_of(w1.sharding, 3), _axes_of(w2.sharding, 2)
+    k1, k2 = _sharding.axes_of_spec(w1.sharding.spec, 3), _sharding.axes_of_spec(w2.sharding.spec, 2)
     for kernels in ((k1, k2), (None, None)):
         try:
             return _sharding.layout_of_axes(mesh, x.shape, spec.ffn, spec.recipe, x_axes, *kernels)
@@ -227,18 +221,14 @@ def _training(spec, shapes):
             outs = (layout.x_spec, *_section_specs(spec, layout), P()) + ((layout.x_spec,) if spec.norm_output else ())
         return operands, tuple(named(mesh, p) for p in outs)
 
-    def forward_partition(mesh, arg_shapes, result_shape):
-        layout = _layout(spec, mesh, arg_shapes[0], arg_shapes[3], arg_shapes[5])
-        operands, results = forward_shardings(mesh, layout, arg_shapes)
-        if layout is None:
-            return mesh, forward_whole, results, operands
+    def forward_lower(layout):
         local = _sharding.forward_local(spec, layout)
 
         def lower(*args):
             y, sections, state, *ln = local(*args)
             return (y, *sections, state, *ln)
 
-        return mesh, lower, results, operands
+        return lower
 
     def backward_shardings(mesh, layout, arg_shapes):
         if layout is None:
@@ -249,17 +239,25 @@ def _training(spec, shapes):
         results = (layout.x_spec, P(), P(), w1_spec, b1_spec, w2_spec, P(), P())
         return tuple(named(mesh, p) for p in operands), tuple(named(mesh, p) for p in results)
 
-    def backward_partition(mesh, arg_shapes, result_shape):
-        layout = _layout(spec, mesh, arg_shapes[1], arg_shapes[4], arg_shapes[6])
-        operands, results = backward_shardings(mesh, layout, arg_shapes)
-        if layout is None:
-            return mesh, backward_whole, results, operands
+    def backward_lower(layout):
         local = _sharding.backward_local(spec, layout)
 
         def lower(dy, x, gamma, beta, w1, b1, w2, *rest):
             return local(dy, x, gamma, beta, w1, b1, w2, tuple(rest[:n_sections]), rest[n_sections])
 
-        return mesh, lower, results, operands
+        return lower
+
+    def partitioner(whole, shardings, lower_of, at):
+        """The partition and infer callbacks of a call whose x, W1 and W2 are operands `at`."""
+        def partition(mesh, arg_shapes, result_shape):
+            layout = _layout(spec, mesh, *(arg_shapes[i] for i in at))
+            operands, results = shardings(mesh, layout, arg_shapes)
+            return mesh, whole if layout is None else lower_of(layout), results, operands
+
+        def infer(mesh, arg_shapes, result_shape):
+            return shardings(mesh, _layout(spec, mesh, *(arg_shapes[i] for i in at)), arg_shapes)[1]
+
+        return partition, infer
 
     structs = [jax.ShapeDtypeStruct(s, "float32") for s in shapes]
     out_types = _calls._output_types(spec.with_(saved_apart=False))
@@ -271,19 +269,17 @@ def _training(spec, shapes):
                         fresh(shapes[7])]
     forward_results = [f.x_like(), *f.sections(spec, sections), fresh(shapes[7])] + (
         [f.x_like()] if spec.norm_output else [])
-    forward_block.def_partition(
-        forward_partition, infer_sharding_from_operands=lambda m, a, r: forward_shardings(
-            m, _layout(spec, m, a[0], a[3], a[5]), a)[1],
-        sharding_rule=", ".join(forward_operands) + " -> " + ", ".join(forward_results))
+    partition, infer = partitioner(forward_whole, forward_shardings, forward_lower, (0, 3, 5))
+    forward_block.def_partition(partition, infer_sharding_from_operands=infer,
+                                sharding_rule=", ".join(forward_operands) + " -> " + ", ".join(forward_results))
     w1, b1, w2 = f.kernels(b1_present)
     backward_operands = [f.x_like(), f.x_like(), fresh(shapes[1]), fresh(shapes[2]), w1, b1, w2,
                          *f.sections(spec, sections), fresh(shapes[7])]
     backward_results = [f.x_like(), fresh(shapes[1]), fresh(shapes[2]), *f.kernels(b1_present), fresh((0,)),
                         fresh(shapes[7])]
-    backward_block.def_partition(
-        backward_partition, infer_sharding_from_operands=lambda m, a, r: backward_shardings(
-            m, _layout(spec, m, a[1], a[4], a[6]), a)[1],
-        sharding_rule=", ".join(backward_operands) + " -> " + ", ".join(backward_results))
+    partition, infer = partitioner(backward_whole, backward_shardings, backward_lower, (1, 4, 6))
+    backward_block.def_partition(partition, infer_sharding_from_operands=infer,
+                                 sharding_rule=", ".join(backward_operands) + " -> " + ", ".join(backward_results))
     return forward_block, backward_block
 
 

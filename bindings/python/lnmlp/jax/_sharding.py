@@ -149,8 +149,13 @@ def _explicit_axes(a):
     mesh = getattr(sharding, "mesh", None)
     if mesh is None or mesh.empty:
         return None, None
-    spec = tuple(sharding.spec) + (None,) * (a.ndim - len(sharding.spec))
-    return [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in spec], mesh
+    return axes_of_spec(sharding.spec, a.ndim), mesh
+
+
+def axes_of_spec(spec, ndim):
+    """The mesh axes (a tuple per dimension, () for none) of a PartitionSpec over ndim dimensions."""
+    spec = tuple(spec) + (None,) * (ndim - len(spec))
+    return [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in spec]
 
 
 def resolve_layout(x, kernel_1, kernel_2, recipe, norm_input_axes, kernel_1_axes, kernel_2_axes, kernel_1_ndim):
