@@ -8,7 +8,7 @@ Rows:
     (jax.ad_checkpoint.print_saved_residuals);
   * first, the call overhead at a tiny shape (T=1): a jitted forward of each, in microseconds.
 
-    python3 bench/jax/compare.py [--tokens 1024 --hidden 1024 --ffn 2048 --iters 7]
+    PYTHONPATH=bindings/python python3 bench/jax/compare.py [--tokens 1024 --hidden 1024 --ffn 2048 --iters 7]
 
 The plain-JAX block is the textbook one: layer norm, x @ W1 + b1 split in two halves, gelu(a) * b,
 @ W2 + b2, differentiated by jax.grad (XLA fuses what it can).

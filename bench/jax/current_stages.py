@@ -5,7 +5,9 @@ scaling runs each call in stages (measuring calls whose amaxes are max-reduced, 
 docs/jax-mesh.md); delayed scaling, and either recipe on one device, run one call per pass. The
 staging cost is current's mesh/one-device ratio against delayed's.
 
-    python3 bench/jax/current_stages.py [--tokens 1024 --hidden 512 --ffn 1024 --devices 2 --iters 7]
+    PYTHONPATH=bindings/python python3 bench/jax/current_stages.py [options]
+
+(options, with their defaults: --tokens 1024 --hidden 512 --ffn 1024 --devices 2 --iters 7)
 
 (On a machine with fewer cores than devices, the devices share cores: compare ratios, not times.)
 """

@@ -2,7 +2,9 @@
 CPU devices (data x tensor, with sequence parallelism), timed in one run, interleaved, with the
 largest difference of the mesh step's outputs from the one-device step's.
 
-    python3 bench/jax/mesh_step.py [--data 2 --tensor 4 --tokens 2048 --hidden 1024 --ffn 2048 --iters 5]
+    PYTHONPATH=bindings/python python3 bench/jax/mesh_step.py [options]
+
+(options, with their defaults: --data 2 --tensor 4 --tokens 2048 --hidden 1024 --ffn 2048 --iters 5)
 
 XLA's CPU devices are threads of one process: on a machine with fewer cores than devices they share
 the cores, so the mesh step measures the split's overheads (collectives, smaller GEMMs, the
