@@ -36,6 +36,14 @@ inline std::vector<PlanCase> plan_grid(int32_t last_remat, bool rms_when_even = 
   return v;
 }
 
+// The run options of a case: its recipe and remat policy (the rest each test's own).
+inline RunOptions plan_case_options(const PlanCase& k) {
+  RunOptions o;
+  o.recipe = k.recipe;
+  o.remat = k.remat;
+  return o;
+}
+
 inline Problem plan_case_problem(const PlanCase& k, uint64_t seed, int64_t tokens = 37) {
   lnmlp_ref::Config c;
   c.tokens = tokens;

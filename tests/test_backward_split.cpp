@@ -24,9 +24,7 @@ using Case = PlanCase;
 Problem problem_of(const Case& k, int64_t tokens = 37) { return plan_case_problem(k, 31, tokens); }
 
 RunOptions options_of(const Case& k, bool split) {
-  RunOptions o;
-  o.recipe = k.recipe;
-  o.remat = k.remat;
+  RunOptions o = plan_case_options(k);
   o.external_workspace = true;
   o.split_backward = split;
   o.steps = 2;

@@ -23,9 +23,7 @@ using Case = PlanCase;
 Problem problem_of(const Case& k, int64_t tokens = 37) { return plan_case_problem(k, 29, tokens); }
 
 RunOptions options_of(const Case& k, bool norm_output) {
-  RunOptions o;
-  o.recipe = k.recipe;
-  o.remat = k.remat;
+  RunOptions o = plan_case_options(k);
   o.backward = k.remat != LNMLP_REMAT_FORWARD_ONLY;
   o.norm_output = norm_output;
   return o;

@@ -23,9 +23,7 @@ namespace {
 using Case = PlanCase;
 
 RunOptions options_of(const Case& k, bool apart) {
-  RunOptions o;
-  o.recipe = k.recipe;
-  o.remat = k.remat;
+  RunOptions o = plan_case_options(k);
   o.external_workspace = true;
   o.steps = 2;
   o.saved_sections = apart;

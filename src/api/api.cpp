@@ -542,11 +542,8 @@ LNMLP_API int32_t lnmlp_plan_forward(lnmlp_plan* plan, int64_t tokens, const voi
                                      void* y, void* saved, void* fp8_state, int32_t flags, void* stream) {
   return api_guard(__func__, [&] {
     PlanUse use(plan);
-    const bool unchanged = check_call_flags(flags);
-    ForwardArgs args{
-        tokens,   x, gamma, beta, w1, b1, w2, b2, y, saved_buffer(saved, flags), stream, static_cast<float*>(fp8_state),
-        unchanged};
-    args.amax = amax_flags(flags);
+    ForwardArgs args{tokens, x, gamma, beta, w1, b1, w2, b2, y, {}, stream, static_cast<float*>(fp8_state)};
+    take_call_flags(flags, saved, args);
     check_forward_args(*plan, args);
     if (args.fp8_state == nullptr) args.fp8_state = plan->state();
     require_workspace(plan);
@@ -560,11 +557,9 @@ LNMLP_API int32_t lnmlp_plan_backward(lnmlp_plan* plan, int64_t tokens, const vo
                                       void* db1, void* dw2, void* db2, void* fp8_state, int32_t flags, void* stream) {
   return api_guard(__func__, [&] {
     PlanUse use(plan);
-    const bool unchanged = check_call_flags(flags);
-    BackwardArgs args{tokens,   dy,     x,     gamma, beta, w1,  b1,  w2,     saved_buffer(saved, flags),
-                      dx,       dgamma, dbeta, dw1,   db1,  dw2, db2, stream, static_cast<float*>(fp8_state),
-                      unchanged};
-    args.amax = amax_flags(flags);
+    BackwardArgs args{tokens, dy,     x,     gamma, beta, w1,  b1,  w2,     {},
+                      dx,     dgamma, dbeta, dw1,   db1,  dw2, db2, stream, static_cast<float*>(fp8_state)};
+    take_call_flags(flags, saved, args);
     run_backward(plan, args);
   });
 }
@@ -576,11 +571,9 @@ LNMLP_API int32_t lnmlp_plan_backward_data(lnmlp_plan* plan, int64_t tokens, con
                                            void* stream) {
   return api_guard(__func__, [&] {
     PlanUse use(plan);
-    const bool unchanged = check_call_flags(flags);
-    BackwardArgs args{tokens,   dy,     x,     gamma,   beta, w1,      b1,  w2,     saved_buffer(saved, flags),
-                      dx,       dgamma, dbeta, nullptr, db1,  nullptr, db2, stream, static_cast<float*>(fp8_state),
-                      unchanged};
-    args.amax = amax_flags(flags);
+    BackwardArgs args{tokens, dy,     x,     gamma,   beta, w1,      b1,  w2,     {},
+                      dx,     dgamma, dbeta, nullptr, db1,  nullptr, db2, stream, static_cast<float*>(fp8_state)};
+    take_call_flags(flags, saved, args);
     args.part = BackwardPart::Data;
     args.deferred = deferred;
     run_backward(plan, args);

@@ -47,7 +47,7 @@ struct ForwardArgs {
   SavedBuffer saved;  // none when the plan saves nothing
   void* stream;
   float* fp8_state;        // the call's delayed-scaling state in backend memory (plan/fp8_recipe.h); NULL otherwise
-  bool weights_unchanged;  // LNMLP_CALL_WEIGHTS_UNCHANGED: W1, W2 as when the plan's kept copies were made
+  bool weights_unchanged = false;  // LNMLP_CALL_WEIGHTS_UNCHANGED: W1, W2 as when the plan's kept copies were made
   // Current scaling in stages: the call's LNMLP_CALL_AMAX_* bits; fp8_state is then the amax array.
   int32_t amax = 0;
 };
@@ -77,7 +77,7 @@ struct BackwardArgs {
   void* db2;
   void* stream;
   float* fp8_state;        // as in ForwardArgs
-  bool weights_unchanged;  // as in ForwardArgs
+  bool weights_unchanged = false;  // as in ForwardArgs
   int32_t amax = 0;        // as in ForwardArgs
   BackwardPart part = BackwardPart::Whole;
   void* deferred = nullptr;  // Data: written; Weights: read (plan/layout.h's DeferredLayout)

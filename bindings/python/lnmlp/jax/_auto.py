@@ -23,6 +23,7 @@ split with the tokens in general) run such a call whole.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -64,18 +65,21 @@ def _shardings(spec, mesh, layout, arg_shapes):
     return tuple(named(p) for p in args), tuple(named(layout.x_spec) for _ in range(n_out))
 
 
-def _rule(arg_shapes, norm_output):
-    """The Shardy rule: x's token dimensions are y's (and the norm output's), and F is shared by
-    W1's columns, b1 and W2's rows; every other dimension is a factor of its own, so that no
-    kernel's sharding (FSDP's along H) spreads to x or y."""
-    x, gamma, beta, w1, b1, w2, b2, state = arg_shapes
-    fresh = iter(f"z{i}" for i in range(64))
-    own = lambda a: " ".join(next(fresh) for _ in a.shape)  # noqa: E731
-    tokens = " ".join(f"t{i}" for i in range(len(x.shape) - 1))
-    operands = [f"{tokens} {next(fresh)}", own(gamma), own(beta), f"{next(fresh)} a f",
-                f"{next(fresh)} f" if b1.size else own(b1), f"f {next(fresh)}", own(b2), own(state)]
-    results = [f"{tokens} {next(fresh)}" for _ in range(2 if norm_output else 1)]
-    return ", ".join(operands) + " -> " + ", ".join(results)
+def _partitioner(spec, whole, shardings, lower_of, at):
+    """The partition and infer callbacks of a call whose x, W1 and W2 are operands `at`: the
+    layout their shardings name (_layout), the operand and result shardings of it
+    (shardings(mesh, layout, arg_shapes)), and the call run whole (no layout) or as
+    lower_of(layout) on each device's shards."""
+
+    def partition(mesh, arg_shapes, result_shape):
+        layout = _layout(spec, mesh, *(arg_shapes[i] for i in at))
+        operands, results = shardings(mesh, layout, arg_shapes)
+        return mesh, whole if layout is None else lower_of(layout), results, operands
+
+    def infer(mesh, arg_shapes, result_shape):
+        return shardings(mesh, _layout(spec, mesh, *(arg_shapes[i] for i in at)), arg_shapes)[1]
+
+    return partition, infer
 
 
 @functools.lru_cache(maxsize=256)
@@ -88,27 +92,26 @@ def _inference(spec, shapes):
         y, _, _, ln = _sharding.forward(spec, None, x, gamma, beta, w1, b1, w2, b2, state)
         return (y, ln) if spec.norm_output else (y,)
 
-    block = custom_partitioning(whole)
-
-    def partition(mesh, arg_shapes, result_shape):
-        layout = _layout(spec, mesh, arg_shapes[0], arg_shapes[3], arg_shapes[5])
-        arg_shardings, result_shardings = _shardings(spec, mesh, layout, arg_shapes)
-        if layout is None:
-            return mesh, whole, result_shardings, arg_shardings
+    def lower_of(layout):
         local = _sharding.forward_local(spec, layout)
 
         def lower(*args):
             outs = local(*args)
             return (outs[0], outs[3]) if spec.norm_output else (outs[0],)
 
-        return mesh, lower, result_shardings, arg_shardings
+        return lower
 
-    def infer(mesh, arg_shapes, result_shape):
-        layout = _layout(spec, mesh, arg_shapes[0], arg_shapes[3], arg_shapes[5])
-        return _shardings(spec, mesh, layout, arg_shapes)[1]
+    def shardings(mesh, layout, arg_shapes):
+        return _shardings(spec, mesh, layout, arg_shapes)
 
-    structs = [jax.ShapeDtypeStruct(s, "float32") for s in shapes]
-    block.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=_rule(structs, spec.norm_output))
+    block = custom_partitioning(whole)
+    partition, infer = _partitioner(spec, whole, shardings, lower_of, (0, 3, 5))
+    f = _Factors(len(shapes[0]))
+    operands = [f.x_like(), f.fresh(shapes[1]), f.fresh(shapes[2]), *f.kernels(math.prod(shapes[4]) > 0),
+                f.fresh(shapes[6]), f.fresh(shapes[7])]
+    results = [f.x_like() for _ in range(2 if spec.norm_output else 1)]
+    block.def_partition(partition, infer_sharding_from_operands=infer,
+                        sharding_rule=", ".join(operands) + " -> " + ", ".join(results))
     return block
 
 
@@ -247,18 +250,6 @@ def _training(spec, shapes):
 
         return lower
 
-    def partitioner(whole, shardings, lower_of, at):
-        """The partition and infer callbacks of a call whose x, W1 and W2 are operands `at`."""
-        def partition(mesh, arg_shapes, result_shape):
-            layout = _layout(spec, mesh, *(arg_shapes[i] for i in at))
-            operands, results = shardings(mesh, layout, arg_shapes)
-            return mesh, whole if layout is None else lower_of(layout), results, operands
-
-        def infer(mesh, arg_shapes, result_shape):
-            return shardings(mesh, _layout(spec, mesh, *(arg_shapes[i] for i in at)), arg_shapes)[1]
-
-        return partition, infer
-
     structs = [jax.ShapeDtypeStruct(s, "float32") for s in shapes]
     out_types = _calls._output_types(spec.with_(saved_apart=False))
     sections = _calls.sections_shaped(spec, [jax.ShapeDtypeStruct(t.shape, t.dtype) for t in out_types["sections"]])
@@ -269,7 +260,7 @@ def _training(spec, shapes):
                         fresh(shapes[7])]
     forward_results = [f.x_like(), *f.sections(spec, sections), fresh(shapes[7])] + (
         [f.x_like()] if spec.norm_output else [])
-    partition, infer = partitioner(forward_whole, forward_shardings, forward_lower, (0, 3, 5))
+    partition, infer = _partitioner(spec, forward_whole, forward_shardings, forward_lower, (0, 3, 5))
     forward_block.def_partition(partition, infer_sharding_from_operands=infer,
                                 sharding_rule=", ".join(forward_operands) + " -> " + ", ".join(forward_results))
     w1, b1, w2 = f.kernels(b1_present)
@@ -277,7 +268,7 @@ def _training(spec, shapes):
                          *f.sections(spec, sections), fresh(shapes[7])]
     backward_results = [f.x_like(), fresh(shapes[1]), fresh(shapes[2]), *f.kernels(b1_present), fresh((0,)),
                         fresh(shapes[7])]
-    partition, infer = partitioner(backward_whole, backward_shardings, backward_lower, (1, 4, 6))
+    partition, infer = _partitioner(spec, backward_whole, backward_shardings, backward_lower, (1, 4, 6))
     backward_block.def_partition(partition, infer_sharding_from_operands=infer,
                                  sharding_rule=", ".join(backward_operands) + " -> " + ", ".join(backward_results))
     return forward_block, backward_block
