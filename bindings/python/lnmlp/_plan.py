@@ -341,7 +341,9 @@ class Plan:
     group (docs/sharding.md; CPU backend): tokens, hidden and ffn stay the group's sizes, while the
     arrays are this rank's shard: w1 [H, A, F/P], b1 [A, F/P], w2 [F/P, H], and under sequence
     parallelism x, y, dy, dx hold tokens/P rows. ``comm`` is the group's communicator: an mpi4py
-    communicator (``MPI.COMM_WORLD``), whose size and rank must match ``sharding``.
+    communicator (``MPI.COMM_WORLD``), whose size and rank must match ``sharding``; or an object
+    holding an lnmlp communicator it made, as its ``lnmlp_comm_handle`` (a ``ctypes.c_void_p``;
+    lnmlp.torch's process groups), which the plan keeps alive.
 
     Experimental (the C header's LNMLP_EXPERIMENTAL tier, which may change in any release; the
     names are in ``lnmlp._capi.EXPERIMENTAL``): ``sharding`` and ``comm`` (lnmlp_desc_set_sharding,
@@ -462,7 +464,10 @@ class Plan:
                 c(lib.lnmlp_desc_set_weight_dtype(desc, weight_dtype_v))
             if self.accumulate_grads or grad_dtype_v != -1:
                 c(lib.lnmlp_desc_set_weight_gradients(desc, int(self.accumulate_grads), grad_dtype_v))
-            if comm is not None:
+            if comm is not None and hasattr(comm, "lnmlp_comm_handle"):
+                self._comm = comm  # its callbacks must outlive the plan
+                c(lib.lnmlp_desc_set_communicator(desc, comm.lnmlp_comm_handle))
+            elif comm is not None:
                 c(lib.lnmlp_comm_create_mpi(_mpi_comm_address(comm), ctypes.byref(comm_handle)))
                 c(lib.lnmlp_desc_set_communicator(desc, comm_handle))
             if self.sharding != (1, 0, False):

@@ -564,7 +564,11 @@ _F32 = dict(dtype=torch.float32)
     ("backward", dict(saved=torch.zeros(10 ** 5, dtype=torch.uint8, device="meta")), "saved is on meta"),
     ("forward", dict(main_dw1=torch.zeros(H, _A, F), main_dw2=None), "both given or both None"),
     ("forward", dict(main_dw1=torch.zeros(H, _A, F), main_dw2=torch.zeros(F, H - 1)), "main_dw2 must have shape"),
-    ("forward", dict(ints=[0] * 3), "expected 13 ints"),
+    ("forward", dict(ints=[0] * 3), f"expected {len(lt._ops._Config._INTS)} ints"),
+    ("forward", dict(ints=lt._functional.config("layernorm", False, EPS, ("silu", "linear"), None, None)
+                     .with_(tp_group=10 ** 6).ints()), "tp_group 1000000 is not valid"),
+    ("forward", dict(ints=lt._functional.config("layernorm", False, EPS, ("silu", "linear"), None, None)
+                     .with_(sequence_parallel=1).ints()), "sequence_parallel 1 is not valid"),  # without a group
     ("forward", dict(ints=lt._functional.config("layernorm", False, EPS, ("silu", "linear"), None, None)
                      .with_(recipe=10 ** 6).ints()), "recipe 1000000 is not valid"),
     ("forward", dict(ints=lt._functional.config("layernorm", False, EPS, ("silu", "linear"), None, None)
@@ -638,7 +642,7 @@ def test_the_constructor_takes_transformer_engines_arguments_in_its_order():
 
 
 @pytest.mark.parametrize("kwargs", [
-    dict(seq_length=128, micro_batch_size=2, name="mlp0", get_rng_state_tracker=lambda: None),
+    dict(seq_length=128, micro_batch_size=2, name="mlp0"),
     dict(tp_group=None, tp_size=1, sequence_parallel=False, set_parallel_mode=False, symmetric_ar_type=None,
          ub_overlap_ag=False, ub_overlap_rs=False, ub_overlap_rs_dgrad=False, ub_bulk_dgrad=False,
          ub_bulk_wgrad=False, return_layernorm_output_gathered=False),
@@ -653,9 +657,6 @@ def test_te_arguments_that_mean_nothing_here_are_accepted_and_change_nothing(kwa
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(sequence_parallel=True), "sequence_parallel=True is not supported"),
-    (dict(tp_size=2), "tp_size=2 is not supported"),
-    (dict(set_parallel_mode=True), "set_parallel_mode=True"),
     (dict(ub_overlap_ag=True, ub_bulk_wgrad=True), "ub_overlap_ag=True, ub_bulk_wgrad=True are not supported"),
     (dict(symmetric_ar_type="multimem_all_reduce"), "symmetric_ar_type='multimem_all_reduce'"),
     (dict(return_layernorm_output_gathered=True), "return_layernorm_output_gathered=True"),

@@ -21,7 +21,7 @@ import torch
 from .. import _lib, _plan
 from .._lib import InvalidArgumentError, NotSupportedError
 from ..recipe import QUANTIZERS, DelayedScaling, Recipe, check_recipe
-from . import _extra_state, _functional, _ops
+from . import _comm, _extra_state, _functional, _ops
 
 __all__ = ["LayerNormMLP", "fp8_autocast"]
 
@@ -63,21 +63,21 @@ def fp8_autocast(enabled: bool = True, fp8_recipe: Recipe | None = None):
 
 _slots = itertools.count(1)
 
-# TE's arguments that ask for tensor parallelism or its communication overlap, and the value of
-# each that asks for nothing (TE's default).
-_TENSOR_PARALLEL_DEFAULTS = dict(sequence_parallel=False, tp_size=1, set_parallel_mode=False,
-                                 return_layernorm_output_gathered=False, ub_overlap_ag=False, ub_overlap_rs=False,
-                                 ub_overlap_rs_dgrad=False, ub_bulk_dgrad=False, ub_bulk_wgrad=False,
-                                 symmetric_ar_type=None)
+# TE's arguments that ask for what the module does not do (Userbuffers' communication overlap, a
+# symmetric all-reduce, the gathered norm output), and the value of each that asks for nothing
+# (TE's default).
+_UNSUPPORTED_DEFAULTS = dict(return_layernorm_output_gathered=False, ub_overlap_ag=False, ub_overlap_rs=False,
+                             ub_overlap_rs_dgrad=False, ub_bulk_dgrad=False, ub_bulk_wgrad=False,
+                             symmetric_ar_type=None)
 
 
-def _refuse_what_needs_tensor_parallelism(**given):
-    asked = [f"{k}={v!r}" for k, v in given.items() if v != _TENSOR_PARALLEL_DEFAULTS[k]]
+def _refuse_what_is_not_supported(**given):
+    asked = [f"{k}={v!r}" for k, v in given.items() if v != _UNSUPPORTED_DEFAULTS[k]]
     if asked:
         one = len(asked) == 1
         raise NotSupportedError(f"{', '.join(asked)} {'is' if one else 'are'} not supported: lnmlp.torch's module "
-                                "has no tensor or sequence parallelism (nor Userbuffers' communication overlap) yet; "
-                                f"leave {'it' if one else 'them'} at TE's default")
+                                "has no Userbuffers communication overlap, symmetric all-reduce or gathered norm "
+                                f"output; leave {'it' if one else 'them'} at TE's default")
 
 
 def _init_normal(tensor):
@@ -101,10 +101,22 @@ class LayerNormMLP(torch.nn.Module):
     from fp32). device: where the parameters live ("cpu", a CUDA device, or "meta" for deferred
     initialisation: ``to_empty(device=...)`` then :meth:`reset_parameters`); by default "cuda"
     as in TE where a GPU is present, else "cpu".
-    TE's tensor-parallel and Userbuffers arguments are accepted at their defaults and refused
-    (NotSupportedError, naming them) otherwise; seq_length, micro_batch_size, name and
-    get_rng_state_tracker are accepted and change nothing (TE uses them for Userbuffers, debug
-    tools and tensor-parallel initialisation).
+    Tensor parallelism, as TE's: ``tp_group`` (a torch.distributed group; or ``tp_size`` now and
+    :meth:`set_tensor_parallel_group` before forward) with ``set_parallel_mode=True`` makes fc1
+    column-parallel and fc2 row-parallel over F: each rank holds ``fc1_weight [A*F/tp, H]`` (its
+    F/tp rows of each of the A halves), ``fc1_bias [A*F/tp]``, ``fc2_weight [H, F/tp]``, and the
+    norm's parameters and ``fc2_bias`` whole, so a TE/Megatron tensor-parallel checkpoint loads per
+    rank. Forward and backward run the library's sharded plan, its collectives through
+    torch.distributed on the group (CPU tensors: the group's backend, such as gloo; CUDA tensors: an
+    NCCL communicator of the group's ranks) and its sums in fp32. ``sequence_parallel=True``
+    splits the tokens too: ``inp`` and the output are this rank's rows along the first dimension.
+    The norm's and fc2_bias's gradients come back summed over the group, identical on every rank
+    (so their ``sequence_parallel`` attribute is False: Megatron must not sum them again).
+    ``get_rng_state_tracker``: as TE's, each rank draws its weight shards under the tracker's fork.
+    Userbuffers' arguments, ``symmetric_ar_type`` and ``return_layernorm_output_gathered`` are
+    accepted at TE's defaults and refused (NotSupportedError, naming them) otherwise;
+    seq_length, micro_batch_size and name are accepted and change nothing (TE uses them for
+    Userbuffers and debug tools).
     fuse_wgrad_accumulation: backward adds dW into each weight's fp32 ``main_grad`` instead of
     returning ``.grad``: a contiguous float32 tensor of the weight's shape (any contiguous view, such
     as Megatron's slices of one flat buffer; made here when absent). As in TE, it writes instead on
@@ -156,17 +168,12 @@ class LayerNormMLP(torch.nn.Module):
             raise InvalidArgumentError(f"normalization must be 'LayerNorm' or 'RMSNorm', got {normalization!r}")
         if activation not in ACTIVATIONS:
             raise InvalidArgumentError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
-        _refuse_what_needs_tensor_parallelism(
-            sequence_parallel=sequence_parallel, tp_size=tp_size, set_parallel_mode=set_parallel_mode,
+        _refuse_what_is_not_supported(
             return_layernorm_output_gathered=return_layernorm_output_gathered, ub_overlap_ag=ub_overlap_ag,
             ub_overlap_rs=ub_overlap_rs, ub_overlap_rs_dgrad=ub_overlap_rs_dgrad, ub_bulk_dgrad=ub_bulk_dgrad,
             ub_bulk_wgrad=ub_bulk_wgrad, symmetric_ar_type=symmetric_ar_type)
-        if tp_group is not None and torch.distributed.is_initialized() and \
-                torch.distributed.get_world_size(tp_group) > 1:
-            raise NotSupportedError("tp_group with more than one rank is not supported: lnmlp.torch's module has no "
-                                    "tensor parallelism yet (tp_group=None, or a group of one rank)")
-        # No effect here: TE uses these for Userbuffers' buffers (seq_length, micro_batch_size),
-        # for initialising tensor-parallel shards (get_rng_state_tracker) and for debug tools (name).
+        # No effect here: TE uses these for Userbuffers' buffers (seq_length, micro_batch_size) and
+        # for debug tools (name).
         self.name, self.seq_length, self.micro_batch_size = name, seq_length, micro_batch_size
         self.get_rng_state_tracker = get_rng_state_tracker
         if device is None:  # TE's default is "cuda"; here the CPU where there is no GPU
@@ -176,6 +183,7 @@ class LayerNormMLP(torch.nn.Module):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InvalidArgumentError(f"{name} must be an int >= 1, got {v!r}")
         self.hidden_size, self.ffn_hidden_size = hidden_size, ffn_hidden_size
+        self._tensor_parallelism(tp_group, tp_size, sequence_parallel, set_parallel_mode)
         self.eps, self.use_bias, self.normalization, self.activation = eps, bool(bias), normalization, activation
         self.zero_centered_gamma = bool(zero_centered_gamma)
         self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
@@ -198,7 +206,7 @@ class LayerNormMLP(torch.nn.Module):
         self.wgrad_accumulation_and_reduce_hooks = []
         weakref.finalize(self, _ops.drop_slot, self._cfg.slot)
         A = len(ACTIVATIONS[activation])
-        H, F = hidden_size, ffn_hidden_size
+        H, F = hidden_size, self.size_per_partition
         dtype = params_dtype if params_dtype is not None else torch.get_default_dtype()
         if dtype not in _ops._DTYPES:
             raise InvalidArgumentError(f"params_dtype must be torch.float32, torch.bfloat16 or torch.float16, got "
@@ -208,6 +216,8 @@ class LayerNormMLP(torch.nn.Module):
         self.register_parameter("layer_norm_weight", param(True, torch.empty(H, **kw)))
         self.register_parameter("layer_norm_bias", param(normalization == "LayerNorm", torch.empty(H, **kw)))
         # nn.Linear's layout, as TE stores them: the plans read them so (weight_layout "out_in").
+        # Under tensor parallelism this rank's shards, as TE's: fc1 column-parallel (its F / tp rows
+        # of each of the A halves), fc2 row-parallel (its F / tp columns), fc2_bias whole.
         self.register_parameter("fc1_weight", param(True, torch.empty(A * F, H, **kw)))
         self.register_parameter("fc1_bias", param(bias, torch.empty(A * F, **kw)))
         self.register_parameter("fc2_weight", param(True, torch.empty(H, F, **kw)))
@@ -234,8 +244,61 @@ class LayerNormMLP(torch.nn.Module):
         self.__dict__.setdefault("_state_recipe", None)  # a module pickled before it existed
         self.__dict__.setdefault("delay_wgrad_compute", False)
         self.__dict__.setdefault("wgrad_accumulation_and_reduce_hooks", [])
+        for name, default in (("_tp_group_number", 0), ("tp_size", 1), ("sequence_parallel", False),
+                              ("set_parallel_mode", False), ("size_per_partition", self.ffn_hidden_size)):
+            self.__dict__.setdefault(name, default)  # a module pickled before tensor parallelism
         self._cfg = self._cfg.with_(slot=next(_slots))
         weakref.finalize(self, _ops.drop_slot, self._cfg.slot)
+
+    def _tensor_parallelism(self, tp_group, tp_size, sequence_parallel, set_parallel_mode):
+        """TE's tensor-parallel arguments, checked: tp_size (the group's size when tp_group is
+        given), sequence_parallel (only with more than one rank, as TE), and this rank's F."""
+        self.set_parallel_mode = bool(set_parallel_mode)
+        self._tp_group_number = 0
+        if tp_group is None:
+            if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+                raise InvalidArgumentError(f"tp_size must be an int >= 1, got {tp_size!r}")
+            self.tp_size = tp_size
+        else:
+            self.tp_size = _comm.check_group(tp_group, "tp_group")
+        if self.tp_size > 1 and not self.set_parallel_mode:
+            # TE's LayerNormMLP then leaves fc2's output unreduced on every rank (a partial sum).
+            raise NotSupportedError("tensor parallelism (tp_size > 1) needs set_parallel_mode=True (fc1 column- and "
+                                    "fc2 row-parallel, the output reduced over tp_group, as TE's TransformerLayer "
+                                    "makes it); lnmlp does not return per-rank partial outputs")
+        if self.ffn_hidden_size % self.tp_size:
+            raise InvalidArgumentError(f"ffn_hidden_size {self.ffn_hidden_size} must be divisible by the "
+                                       f"tensor-parallel size {self.tp_size}")
+        self.size_per_partition = self.ffn_hidden_size // self.tp_size
+        self.sequence_parallel = self.tp_size > 1 and bool(sequence_parallel)
+        if tp_group is not None:
+            self.set_tensor_parallel_group(tp_group)
+
+    @property
+    def tp_group(self):
+        """The tensor-parallel process group (None: none)."""
+        return _comm.group_of(self._tp_group_number)[0]
+
+    def set_tensor_parallel_group(self, tp_group) -> None:
+        """TE's: the tensor-parallel group for the forwards to come, of ``tp_size`` ranks (this
+        rank's shards of fc1 and fc2 are the module's parameters). None: no group (tp_size 1)."""
+        if tp_group is None:
+            self._tp_group_number = 0
+            return
+        size = _comm.check_group(tp_group, "tp_group")
+        if size != self.tp_size:
+            raise InvalidArgumentError(f"tp_group has {size} ranks, but the module was made for tp_size "
+                                       f"{self.tp_size} (its parameters are shards of that many)")
+        self._tp_group_number = _comm.group_number(tp_group) if size > 1 else 0
+
+    def _parallel_config(self, cfg):
+        """cfg for this rank of the tensor-parallel group (unchanged without one)."""
+        if self.tp_size == 1:
+            return cfg
+        if not self._tp_group_number:
+            raise InvalidArgumentError(f"the module was made for tp_size {self.tp_size} without a tp_group: call "
+                                       "set_tensor_parallel_group(group) before forward")
+        return cfg.with_(tp_group=self._tp_group_number, sequence_parallel=int(self.sequence_parallel))
 
     def need_backward_dw(self) -> bool:
         """Whether :meth:`backward_dw` has work: the module was made with delay_wgrad_compute=True."""
@@ -272,11 +335,25 @@ class LayerNormMLP(torch.nn.Module):
             self.layer_norm_weight.fill_(0.0 if self.zero_centered_gamma else 1.0)
             if self.layer_norm_bias is not None:
                 self.layer_norm_bias.zero_()
-            self._init_method(self.fc1_weight)
-            self._output_layer_init_method(self.fc2_weight)
+            for init, w in ((self._init_method, self.fc1_weight), (self._output_layer_init_method, self.fc2_weight)):
+                if self.get_rng_state_tracker is None:
+                    init(w)
+                else:  # as TE: each rank draws its shard under the tracker's model-parallel generator
+                    with self.get_rng_state_tracker().fork():
+                        init(w)
             for b in (self.fc1_bias, self.fc2_bias):
                 if b is not None:
                     b.zero_()
+        # TE's (and Megatron's) tensor-parallel attributes: fc1's weight and bias split along their
+        # rows, fc2's weight along its columns. The norm's parameters and fc2_bias are marked not
+        # sequence-parallel even under sequence parallelism: their gradients come back summed over
+        # the group already (TE's are each rank's part, which Megatron sums for parameters marked so).
+        for p, dim in ((self.fc1_weight, 0), (self.fc1_bias, 0), (self.fc2_weight, 1)):
+            if p is not None:
+                p.tensor_model_parallel, p.partition_dim, p.partition_stride = True, dim, 1
+        for p in (self.layer_norm_weight, self.layer_norm_bias, self.fc2_bias):
+            if p is not None:
+                p.sequence_parallel = False
 
     def extra_repr(self):
         return (f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "
@@ -415,7 +492,7 @@ class LayerNormMLP(torch.nn.Module):
     def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None):
         recipe = self._recipe()
         A = len(self._cfg.activations)
-        H, F = self.hidden_size, self.ffn_hidden_size
+        H, F = self.hidden_size, self.size_per_partition
         if not isinstance(inp, torch.Tensor) or inp.dim() < 1 or inp.shape[-1] != H:
             got = tuple(inp.shape) if isinstance(inp, torch.Tensor) else type(inp).__name__
             raise InvalidArgumentError(f"inp must be a tensor [..., hidden_size] = [..., {H}], got {got}")
@@ -426,7 +503,7 @@ class LayerNormMLP(torch.nn.Module):
         flags = 0
         if is_first_microbatch is False:
             flags = _ops._lib.CALL_WEIGHTS_UNCHANGED
-        cfg = self._cfg.with_(recipe=_ops.recipe_number(recipe), flags=flags)
+        cfg = self._parallel_config(self._cfg.with_(recipe=_ops.recipe_number(recipe), flags=flags))
         for name, want in (("fc1_weight", (A * F, H)), ("fc1_bias", (A * F,))):
             p = getattr(self, name)
             if p is not None and tuple(p.shape) != want:  # one replaced since construction

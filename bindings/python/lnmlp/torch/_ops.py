@@ -64,6 +64,7 @@ from torch import Tensor
 from .. import _lib
 from .. import _plan
 from .._lib import InvalidArgumentError, NotSupportedError
+from . import _comm
 
 # torch dtype -> (NumPy dtype for lnmlp.Plan, LNMLP_DTYPE_*)
 _DTYPES = {torch.float32: (np.dtype(np.float32), _lib.DTYPE_F32),
@@ -110,13 +111,15 @@ class _Config:
     main_grad: int = 0      # MAIN_GRAD_* bits: how backward treats main_dw1 / main_dw2, what it returns as dW
     norm_output: int = 0    # 1: forward also gives the norm output (lnmlp_desc_set_norm_output)
     delay_wgrad: int = 0    # 1: backward leaves dW1 and dW2 to finish_weight_grads (delay_wgrad_compute)
+    tp_group: int = 0       # _comm.group_number of the tensor-parallel group (0: none): the plan is its rank's
+    sequence_parallel: int = 0  # 1: x, y, dy, dx are this rank's rows of the group's tokens
     epsilon: float = 1e-6
     clamp_limit: float = 7.0
     clamp_alpha: float = 1.702
     clamp_offset: float = 1.0
 
     _INTS = ("slot", "norm", "zero_centered_gamma", "act0", "act1", "remat", "recipe", "flags", "grad_dtype",
-             "weight_layout", "main_grad", "norm_output", "delay_wgrad")
+             "weight_layout", "main_grad", "norm_output", "delay_wgrad", "tp_group", "sequence_parallel")
     _FLOATS = ("epsilon", "clamp_limit", "clamp_alpha", "clamp_offset")
 
     def ints(self) -> List[int]:
@@ -184,7 +187,9 @@ def _config_error(cfg: _Config) -> str:
              ("grad_dtype", cfg.grad_dtype in (-1, _lib.DTYPE_F32)),
              ("weight_layout", cfg.weight_layout in (_lib.WEIGHT_LAYOUT_IN_OUT, _lib.WEIGHT_LAYOUT_OUT_IN)),
              ("main_grad", 0 <= cfg.main_grad < 1 << (2 * MAIN_GRAD_SHIFT)),
-             ("norm_output", cfg.norm_output in (0, 1)))
+             ("norm_output", cfg.norm_output in (0, 1)), ("delay_wgrad", cfg.delay_wgrad in (0, 1)),
+             ("tp_group", 0 <= cfg.tp_group < _comm.group_count()),
+             ("sequence_parallel", cfg.sequence_parallel in ((0, 1) if cfg.tp_group else (0,))))
     return ", ".join(f"{name} {getattr(cfg, name)} is not valid" for name, ok in valid if not ok)
 
 
@@ -342,6 +347,17 @@ def _plan_for(cfg: _Config, x: Tensor, w1: Tensor, has_b1, has_b2, accumulate=Fa
     return _plan_of(cfg, _dims(cfg, x, w1), x.dtype, w1.dtype, x.device, has_b1, has_b2, accumulate)
 
 
+def _sharding_kwargs(cfg: _Config, tokens: int, ffn: int, comm) -> tuple:
+    """(the plan's tokens, ffn, and its sharding keywords) for a call of `tokens` rows with F shard
+    `ffn`: without a tensor-parallel group these; with one the group's (under sequence
+    parallelism every rank's rows; F of every shard), the rank's sharding and the communicator."""
+    if not cfg.tp_group:
+        return tokens, ffn, {}
+    _, size, rank = _comm.group_of(cfg.tp_group)
+    sp = bool(cfg.sequence_parallel)
+    return (tokens * size if sp else tokens), ffn * size, dict(sharding=(size, rank, sp), comm=comm)
+
+
 def _plan_of(cfg: _Config, dims: tuple, dtype, weight_dtype, device, has_b1, has_b2, accumulate):
     """_plan_for, given a call's (T, H, A, F), I/O and weight dtypes and device."""
     tokens, hidden, A, ffn = dims
@@ -353,11 +369,13 @@ def _plan_of(cfg: _Config, dims: tuple, dtype, weight_dtype, device, has_b1, has
     if plan is not None and plan.local_tokens >= tokens:
         return plan
     most = max(tokens, 1 if plan is None else plan.local_tokens)
-    kw = _plan_kwargs(cfg, hidden, ffn, dtype, has_b1, has_b2, weight_dtype, accumulate)
+    comm = _comm.communicator(cfg.tp_group, device) if cfg.tp_group else None
+    rows, group_ffn, sharding = _sharding_kwargs(cfg, most, ffn, comm)
+    kw = _plan_kwargs(cfg, hidden, group_ffn, dtype, has_b1, has_b2, weight_dtype, accumulate)
     if device.type == "cuda":
-        new = _plan.Plan(most, backend="cuda", device=device.index, **kw)
+        new = _plan.Plan(rows, backend="cuda", device=device.index, **sharding, **kw)
     else:
-        new = _plan.Plan(most, **kw)
+        new = _plan.Plan(rows, **sharding, **kw)
     with _plans_lock:
         old = _plans.get(key)
         _plans[key] = new
@@ -424,10 +442,14 @@ def _saved_terms(cfg: _Config, hidden, A, ffn, dtype, has_b1, has_b2):
     with _plans_lock:
         terms = _size_plans.get(key)
     if terms is None:
-        kw = _plan_kwargs(cfg, hidden, ffn, dtype, has_b1, has_b2, dtype, False)
+        layout = None if not cfg.tp_group else _comm.layout_communicator(*_comm.group_of(cfg.tp_group)[1:])
+        rows, group_ffn, sharding = _sharding_kwargs(cfg, 1, ffn, layout)
+        kw = _plan_kwargs(cfg, hidden, group_ffn, dtype, has_b1, has_b2, dtype, False)
         kw["grad_dtype"] = None
-        with _plan.Plan(1, external_workspace=True, **kw) as p:  # the layout is every backend's
+        with _plan.Plan(rows, external_workspace=True, **sharding, **kw) as p:  # the layout is every backend's
             per_token = p.saved_bytes_per_token
+        if cfg.sequence_parallel:  # a rank's call saves what it computes for the group's rows, P per local row
+            per_token *= rows
         slack = 0 if per_token == 0 else _SAVED_REGION_SLACK + 4 * (hidden + ffn)
         terms = (per_token, slack)
         with _plans_lock:
@@ -442,6 +464,16 @@ def saved_bytes_bound(cfg: _Config, tokens, hidden, A, ffn, dtype, has_b1, has_b
 
 
 # ---- the C calls ------------------------------------------------------------------------------------
+
+def _check_call(cfg: _Config, device, status: int, outputs: Optional[str] = None) -> None:
+    """_lib.check of a call's status; a tensor-parallel call that failed in a collective also
+    says what torch.distributed raised."""
+    if status != _lib.SUCCESS and cfg.tp_group:
+        failure = _comm.communicator(cfg.tp_group, device).failure()
+        if failure:
+            raise _lib.error_for(status, _lib.get_lib().lnmlp_last_error().decode("utf-8", "replace") + failure)
+    _lib.check(status, outputs)
+
 
 def _ptr(t: Optional[Tensor]):
     return None if t is None or t.numel() == 0 else ctypes.c_void_p(t.data_ptr())
@@ -483,9 +515,10 @@ def forward_op(x: Tensor, gamma: Tensor, beta: Optional[Tensor], w1: Tensor, b1:
     new_state = _state_copy(state, x.device)
     lib = _lib.get_lib()
     with plan._lock:
-        _lib.check(lib.lnmlp_plan_forward(plan._live(), T, _ptr(x), _ptr(gamma), _ptr(beta), _ptr(w1), _ptr(b1),
-                                          _ptr(w2), _ptr(b2), _ptr(y), _ptr(saved), _ptr(new_state), cfg.flags,
-                                          _stream(x.device)))
+        status = lib.lnmlp_plan_forward(plan._live(), T, _ptr(x), _ptr(gamma), _ptr(beta), _ptr(w1), _ptr(b1),
+                                        _ptr(w2), _ptr(b2), _ptr(y), _ptr(saved), _ptr(new_state), cfg.flags,
+                                        _stream(x.device))
+    _check_call(cfg, x.device, status)
     # The library writes every byte of the call's saved bytes; the bound's slack beyond them is
     # zeroed too, so the output is a function of the inputs (opcheck compares it).
     exact = 0 if saved.numel() == 0 else plan._tensor_shape(_lib.TENSOR_SAVED, T)[0]
@@ -500,6 +533,8 @@ def _norm_output_of(cfg: _Config, plan, saved: Tensor, x: Tensor) -> Tensor:
     if not cfg.norm_output:
         return x.new_empty((0,))
     offset = plan.saved_section("norm_output", x.numel() // x.shape[-1])[0]
+    if cfg.sequence_parallel:  # the section holds the group's rows, gathered: this rank's are its own
+        offset += _comm.group_of(cfg.tp_group)[2] * x.numel() * x.element_size()
     return saved[offset:offset + x.numel() * x.element_size()].view(x.dtype).view(x.shape).clone()
 
 
@@ -537,10 +572,11 @@ def backward_op(dy: Tensor, x: Tensor, gamma: Tensor, beta: Optional[Tensor], w1
     new_state = _state_copy(state, x.device)
     lib = _lib.get_lib()
     with plan._lock:
-        _lib.check(lib.lnmlp_plan_backward(plan._live(), T, _ptr(dy), _ptr(x), _ptr(gamma), _ptr(beta), _ptr(w1),
-                                           _ptr(b1), _ptr(w2), _ptr(saved), _ptr(dx), _ptr(dgamma), _ptr(dbeta),
-                                           _ptr(dw1), _ptr(db1), _ptr(dw2), _ptr(db2), _ptr(new_state), cfg.flags,
-                                           _stream(x.device)))
+        status = lib.lnmlp_plan_backward(plan._live(), T, _ptr(dy), _ptr(x), _ptr(gamma), _ptr(beta), _ptr(w1),
+                                         _ptr(b1), _ptr(w2), _ptr(saved), _ptr(dx), _ptr(dgamma), _ptr(dbeta),
+                                         _ptr(dw1), _ptr(db1), _ptr(dw2), _ptr(db2), _ptr(new_state), cfg.flags,
+                                         _stream(x.device))
+    _check_call(cfg, x.device, status)
     return dx, dgamma, dbeta, dw1, db1, dw2, db2, new_state
 
 
@@ -581,11 +617,12 @@ def backward_accumulate_op(dy: Tensor, x: Tensor, gamma: Tensor, beta: Optional[
     new_state = _state_copy(state, x.device)
     lib = _lib.get_lib()
     with plan._lock:
-        _lib.check(lib.lnmlp_plan_backward(plan._live(), T, _ptr(dy), _ptr(x), _ptr(gamma), _ptr(beta), _ptr(w1),
-                                           _ptr(b1), _ptr(w2), _ptr(saved), _ptr(dx), _ptr(dgamma), _ptr(dbeta),
-                                           ctypes.c_void_p(main_dw1.data_ptr()), _ptr(db1),
-                                           ctypes.c_void_p(main_dw2.data_ptr()), _ptr(db2), _ptr(new_state),
-                                           cfg.flags, _stream(x.device)), outputs="fc1/fc2 main_grad")
+        status = lib.lnmlp_plan_backward(plan._live(), T, _ptr(dy), _ptr(x), _ptr(gamma), _ptr(beta), _ptr(w1),
+                                         _ptr(b1), _ptr(w2), _ptr(saved), _ptr(dx), _ptr(dgamma), _ptr(dbeta),
+                                         ctypes.c_void_p(main_dw1.data_ptr()), _ptr(db1),
+                                         ctypes.c_void_p(main_dw2.data_ptr()), _ptr(db2), _ptr(new_state),
+                                         cfg.flags, _stream(x.device))
+    _check_call(cfg, x.device, status, outputs="fc1/fc2 main_grad")
     return dx, dgamma, dbeta, db1, db2, new_state
 
 
@@ -719,10 +756,11 @@ def _backward_data(cfg: _Config, dy, x, gamma, beta, w1, b1, w2, has_b2, saved, 
     new_state = _state_copy(state, x.device)
     lib = _lib.get_lib()
     with plan._lock:
-        _lib.check(lib.lnmlp_plan_backward_data(plan._live(), T, _ptr(dy), _ptr(x), _ptr(gamma), _ptr(beta),
-                                                _ptr(w1), _ptr(b1), _ptr(w2), _ptr(saved), _ptr(dx), _ptr(dgamma),
-                                                _ptr(dbeta), _ptr(db1), _ptr(db2), _ptr(deferred), _ptr(new_state),
-                                                cfg.flags, _stream(x.device)))
+        status = lib.lnmlp_plan_backward_data(plan._live(), T, _ptr(dy), _ptr(x), _ptr(gamma), _ptr(beta),
+                                              _ptr(w1), _ptr(b1), _ptr(w2), _ptr(saved), _ptr(dx), _ptr(dgamma),
+                                              _ptr(dbeta), _ptr(db1), _ptr(db2), _ptr(deferred), _ptr(new_state),
+                                              cfg.flags, _stream(x.device))
+    _check_call(cfg, x.device, status)
     pending = _PendingWeightGrads(cfg, dims, x.dtype, w1.dtype, b1 is not None, has_b2, dy, saved, deferred,
                                   main_grads)
     with _plans_lock:
@@ -762,9 +800,9 @@ def finish_weight_grads(slot: int):
         outs = (torch.empty(w1_shape, dtype=g, device=device), torch.empty(w2_shape, dtype=g, device=device))
     lib = _lib.get_lib()
     with plan._lock:
-        _lib.check(lib.lnmlp_plan_backward_weights(plan._live(), T, _ptr(p.dy), _ptr(p.saved), _ptr(p.deferred),
-                                                   _ptr(outs[0]), _ptr(outs[1]), 0, _stream(device)),
-                   outputs="fc1/fc2 main_grad" if mains is not None else None)
+        status = lib.lnmlp_plan_backward_weights(plan._live(), T, _ptr(p.dy), _ptr(p.saved), _ptr(p.deferred),
+                                                 _ptr(outs[0]), _ptr(outs[1]), 0, _stream(device))
+    _check_call(cfg, device, status, outputs="fc1/fc2 main_grad" if mains is not None else None)
     if mains is None:
         return outs
     if outs is not mains:  # one weight overwrites, the other adds

@@ -1,0 +1,141 @@
+"""lnmlp.torch.LayerNormMLP with TransformerEngine's tensor parallelism (tp_group, set_parallel_mode,
+sequence_parallel) on 2 gloo CPU processes that the test spawns (torch_tp_rank.py), each holding
+its TE shards of one model. Every rank's output, input gradient and parameter gradients are
+compared with the unfused float64 PyTorch block (_torch_reference.py) on the whole model and batch:
+the output and dx (under sequence parallelism this rank's rows of them), the weights' gradients
+as this rank's shards of the whole ones, and the norm's and fc2_bias's gradients whole, identical
+on both ranks. Then what the module refuses, in this one process."""
+
+import os
+
+import pytest
+
+import _reference as ref
+
+if os.environ.get("LNMLP_REQUIRE_TORCH") == "1":  # the README's test command: never skip silently
+    import torch
+else:
+    torch = pytest.importorskip("torch")
+if not torch.distributed.is_available():
+    pytest.skip("this torch has no torch.distributed", allow_module_level=True)
+
+import lnmlp.torch as lt  # noqa: E402
+import torch_tp_rank as rank_job  # noqa: E402
+from _ranks import run_ranks  # noqa: E402
+from _torch_reference import TorchLayerNormMLP  # noqa: E402
+from lnmlp import InvalidArgumentError, NotSupportedError  # noqa: E402
+
+WORLD = 2
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("torch_tp")
+    run_ranks(rank_job.__file__, WORLD, out, "tensor-parallel gloo ranks")
+    return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
+
+
+def _reference(dtype):
+    """y, dx and the whole parameters' gradients of the float64 block on the whole batch, its
+    parameters and input rounded to `dtype` first (what the ranks start from)."""
+    model = TorchLayerNormMLP(rank_job.H, rank_job.F, "swiglu", dtype=torch.float64)
+    model.load_state_dict({n: t.to(dtype).double() for n, t in rank_job.whole_state().items()})
+    x, dy = rank_job.inputs()
+    x = x.to(dtype).double().requires_grad_()
+    y = model(x)
+    (y * dy.double()).sum().backward()
+    return y.detach(), x.grad, {n: p.grad for n, p in model.named_parameters()}
+
+
+def _np(t):
+    return t.detach().double().numpy()
+
+
+@pytest.mark.parametrize("case", list(rank_job.CASES))
+def test_each_rank_computes_its_part_of_the_whole_block(ranks, case):
+    dtype, sequence_parallel, _ = rank_job.CASES[case]
+    name = _DTYPE_NAMES[dtype]
+    y_ref, dx_ref, grads_ref = _reference(dtype)
+    shards_ref = [rank_job.shard(grads_ref, r, WORLD) for r in range(WORLD)]
+    for r, res in enumerate(rank[case] for rank in ranks):
+        part = (lambda t: rank_job.rows(t, r, WORLD)) if sequence_parallel else (lambda t: t)  # noqa: E731
+        ref.assert_close(f"{case} rank {r} y", _np(res["y"]), _np(part(y_ref)), name)
+        ref.assert_close(f"{case} rank {r} dx", _np(res["dx"]), _np(part(dx_ref)), name)
+        assert set(res["grads"]) == set(grads_ref)
+        for n, g in res["grads"].items():
+            ref.assert_close(f"{case} rank {r} d{n}", _np(g), _np(shards_ref[r][n]), name)
+    for n in ("layer_norm_weight", "layer_norm_bias", "fc2_bias"):  # whole on every rank, the same bits
+        assert torch.equal(ranks[0][case]["grads"][n], ranks[1][case]["grads"][n]), f"{case}: d{n} differs by rank"
+
+
+def test_the_saved_bound_covers_every_sharded_call(ranks):
+    for r in range(WORLD):
+        assert ranks[r]["saved_bound_misses"] == [], f"rank {r}: the ops' saved bound falls short"
+
+
+def test_compiled_tensor_parallel_module_gives_eager_bits(ranks):
+    for r in range(WORLD):
+        eager, compiled = ranks[r]["tp_sp_f32"], ranks[r]["tp_sp_f32_compiled"]
+        assert torch.equal(eager["y"], compiled["y"]) and torch.equal(eager["dx"], compiled["dx"])
+        for n, g in eager["grads"].items():
+            assert torch.equal(g, compiled["grads"][n]), n
+
+
+def test_each_rank_holds_te_shard_shapes_and_attributes():
+    m = lt.LayerNormMLP(16, 64, activation="swiglu", tp_size=4, set_parallel_mode=True, sequence_parallel=True,
+                        device="cpu")
+    shapes = {n: tuple(p.shape) for n, p in m.named_parameters()}
+    assert shapes == {"layer_norm_weight": (16,), "layer_norm_bias": (16,), "fc1_weight": (32, 16),
+                      "fc1_bias": (32,), "fc2_weight": (16, 16), "fc2_bias": (16,)}
+    assert m.size_per_partition == 16 and m.sequence_parallel and m.tp_group is None
+    assert (m.fc1_weight.partition_dim, m.fc1_bias.partition_dim, m.fc2_weight.partition_dim) == (0, 0, 1)
+    assert m.fc1_weight.tensor_model_parallel and not m.layer_norm_weight.sequence_parallel
+    with pytest.raises(InvalidArgumentError, match="set_tensor_parallel_group"):
+        m(torch.zeros(4, 16))  # tp_size 4 and no group yet
+    assert not lt.LayerNormMLP(16, 64, tp_size=1, sequence_parallel=True, device="cpu").sequence_parallel  # as TE
+
+
+def test_what_tensor_parallelism_refuses():
+    with pytest.raises(NotSupportedError, match="set_parallel_mode=True"):
+        lt.LayerNormMLP(16, 64, tp_size=2, device="cpu")
+    with pytest.raises(InvalidArgumentError, match="divisible"):
+        lt.LayerNormMLP(16, 30, tp_size=4, set_parallel_mode=True, device="cpu")
+    with pytest.raises(InvalidArgumentError, match="tp_size"):
+        lt.LayerNormMLP(16, 64, tp_size=0, set_parallel_mode=True, device="cpu")
+    with pytest.raises(InvalidArgumentError, match="ProcessGroup|not initialised"):
+        lt.LayerNormMLP(16, 64, tp_group=object(), set_parallel_mode=True, device="cpu")
+    with pytest.raises(NotSupportedError, match="return_layernorm_output_gathered"):
+        lt.LayerNormMLP(16, 64, return_layernorm_output_gathered=True, device="cpu")
+
+
+class _Tracker:
+    """Megatron's RNG state tracker as TE calls it: fork() draws under the model-parallel
+    generator (here a fixed seed), leaving the default generator as it was."""
+
+    def __init__(self, seed):
+        self.seed, self.forks = seed, 0
+
+    def fork(self):
+        import contextlib
+
+        @contextlib.contextmanager
+        def forked():
+            self.forks += 1
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.seed)
+                yield
+        return forked()
+
+
+def test_the_weights_are_drawn_under_the_rng_trackers_fork():
+    torch.manual_seed(5)
+    tracker = _Tracker(seed=77)
+    m = lt.LayerNormMLP(16, 64, get_rng_state_tracker=lambda: tracker, device="cpu")
+    after = torch.rand(1)
+    assert tracker.forks == 2  # fc1_weight and fc2_weight, each under its own fork
+    torch.manual_seed(77)
+    want = torch.nn.init.normal_(torch.empty(64, 16), std=0.023)
+    assert torch.equal(m.fc1_weight.detach(), want)
+    torch.manual_seed(5)
+    assert torch.equal(torch.rand(1), after)  # the default generator untouched

@@ -1,0 +1,109 @@
+"""One rank of test_torch_tensor_parallel.py's tensor-parallel group, and what the test shares with it.
+
+`python3 torch_tp_rank.py RANK WORLD PORT OUT` makes a gloo group of WORLD CPU processes, one
+tensor-parallel group of all of them, and for each case in CASES builds lnmlp.torch.LayerNormMLP
+with TransformerEngine's tensor-parallel arguments (tp_group, set_parallel_mode=True, and
+sequence_parallel), loads this rank's shards of the whole model's state (load_state_dict, strict,
+as a TE/Megatron tensor-parallel checkpoint loads per rank), runs forward and backward on this
+rank's input (under sequence parallelism its rows along the first dimension) and saves the
+output, the input's gradient and every parameter's gradient to OUT/rank<RANK>.pt. The test
+compares them with the float64 reference on the whole model and batch.
+"""
+
+import os
+import sys
+
+import torch
+
+S, B, H, F = 8, 2, 32, 64  # x [S, B, H]: sequence first, as TE's (and Megatron's) sequence parallelism splits it
+# name -> (dtype, sequence_parallel, compiled)
+CASES = {"tp_f32": (torch.float32, False, False), "tp_sp_f32": (torch.float32, True, False),
+         "tp_bf16": (torch.bfloat16, False, False), "tp_sp_bf16": (torch.bfloat16, True, False),
+         "tp_sp_f32_compiled": (torch.float32, True, True)}
+
+
+def whole_state():
+    """The whole model's parameters (TE's names and shapes for tp_size 1), float32 on the CPU."""
+    from _torch_reference import TorchLayerNormMLP, random_state
+    return random_state(TorchLayerNormMLP(H, F, "swiglu"), seed=21, scale=0.2)
+
+
+def inputs():
+    """(x [S, B, H], dy [S, B, H]) of the whole batch, float32."""
+    g = torch.Generator().manual_seed(22)
+    return torch.randn(S, B, H, generator=g), torch.randn(S, B, H, generator=g)
+
+
+def shard(state, rank, world):
+    """This rank's TE shards of the whole state: fc1's rows of each gated half, fc2's columns."""
+    f = F // world
+    cols = slice(rank * f, (rank + 1) * f)
+    out = dict(state)
+    out["fc1_weight"] = state["fc1_weight"].view(2, F, H)[:, cols].reshape(2 * f, H)
+    out["fc1_bias"] = state["fc1_bias"].view(2, F)[:, cols].reshape(2 * f)
+    out["fc2_weight"] = state["fc2_weight"][:, cols].contiguous()
+    return out
+
+
+def rows(t, rank, world):
+    """This rank's rows of a [S, B, H] tensor under sequence parallelism (first dimension)."""
+    s = t.shape[0] // world
+    return t[rank * s:(rank + 1) * s]
+
+
+def run_case(dtype, sequence_parallel, compiled, rank, world, group):
+    import lnmlp.torch as lt
+    model = lt.LayerNormMLP(H, F, activation="swiglu", params_dtype=dtype, tp_group=group, set_parallel_mode=True,
+                            sequence_parallel=sequence_parallel)
+    state = {n: t.to(dtype) for n, t in shard(whole_state(), rank, world).items()}
+    model.load_state_dict(state, strict=True)
+    x, dy = inputs()
+    if sequence_parallel:
+        x, dy = rows(x, rank, world), rows(dy, rank, world)
+    x = x.to(dtype).requires_grad_()
+    run = torch.compile(model, fullgraph=True) if compiled else model
+    y = run(x)
+    (y.float() * dy).sum().backward()
+    return {"y": y.detach().float(), "dx": x.grad.float(),
+            "grads": {n: p.grad.detach().float() for n, p in model.named_parameters()}}
+
+
+def saved_bound_misses(group, rank, world):
+    """The ops' saved-buffer bound (per_token * t + slack, computed from a plan of this rank's
+    sharded layout) against the exact saved bytes of this rank's sharded plan, for many call sizes
+    t: the (recipe, remat, sequence_parallel, t) where the bound falls short (none, the test says)."""
+    import lnmlp
+    import lnmlp.torch as lt
+    from lnmlp.torch import _comm, _ops
+    misses = []
+    comm = _comm.layout_communicator(world, rank)
+    for recipe in (None, lnmlp.DelayedScaling(), lnmlp.MXFP8BlockScaling()):
+        for remat in ("save_all", "save_ffn1", "save_stats"):
+            for sp in (False, True):
+                cfg = lt._functional.config("layernorm", False, 1e-5, ("silu", "linear"), None, recipe).with_(
+                    remat=lnmlp._plan._REMATS[remat], tp_group=_comm.group_number(group), sequence_parallel=int(sp))
+                most = 96
+                with lnmlp.Plan(most * world if sp else most, H, F, activation_type=("silu", "linear"),
+                                use_bias1=True, use_bias2=True, recipe=recipe, remat=remat,
+                                sharding=(world, rank, sp), comm=comm) as plan:
+                    for t in range(1, most + 1, 5):
+                        exact = plan.tensor_shape("saved", t)[0]
+                        if exact > _ops.saved_bytes_bound(cfg, t, H, 2, F // world, torch.float32, True, True):
+                            misses.append((type(recipe).__name__, remat, sp, t))
+    return misses
+
+
+def main():
+    rank, world, port, out_dir = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    group = dist.new_group(list(range(world)))
+    results = {name: run_case(*case, rank, world, group) for name, case in CASES.items()}
+    results["saved_bound_misses"] = saved_bound_misses(group, rank, world)
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
