@@ -8,6 +8,7 @@ on both ranks. Then what the module refuses, in this one process."""
 
 import os
 
+import numpy as np
 import pytest
 
 import _reference as ref
@@ -69,6 +70,70 @@ def test_each_rank_computes_its_part_of_the_whole_block(ranks, case):
         assert torch.equal(ranks[0][case]["grads"][n], ranks[1][case]["grads"][n]), f"{case}: d{n} differs by rank"
 
 
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    """The 4 ranks of the data x tensor-parallel cases (rank = 2 * data rank + tensor rank)."""
+    out = tmp_path_factory.mktemp("torch_dp_tp")
+    run_ranks(rank_job.__file__, 4, out, "data x tensor-parallel gloo ranks")
+    return [torch.load(out / f"rank{r}.pt") for r in range(4)]
+
+
+def _assert_fp8_close(name, got, want):
+    """A sharded FP8 call against the whole one: ref.TOLERANCE_FP8_SHARDED (the order of fp32 sums
+    moves a few elements across an FP8 rounding boundary; a rank quantizing with its own scale
+    instead of the group's errs by far more)."""
+    got, want = _np(got), _np(want)
+    err = float(np.max(np.abs(got - want))) / max(float(np.max(np.abs(want))), 1e-30)
+    assert err <= ref.TOLERANCE_FP8_SHARDED, f"{name}: normalised error {err:.3e}"
+
+
+@pytest.mark.parametrize("case", list(rank_job.FP8_CASES))
+def test_fp8_under_tensor_parallelism_is_the_whole_blocks_fp8(ranks, case):
+    """Each rank's part of the whole module's outputs and gradients, with the same FP8 scaling
+    state on every rank as the whole module keeps, bit for bit (the library reduces every amax
+    over the tensor-parallel group inside the call), step after step."""
+    sequence_parallel = rank_job.FP8_CASES[case][1]
+    for step in range(rank_job.FP8_STEPS):
+        for r in range(WORLD):
+            got, whole = ranks[r][case]["sharded"][step], ranks[r][case]["whole"][step]
+            part = (lambda t: rank_job.rows(t, r, WORLD)) if sequence_parallel else (lambda t: t)  # noqa: E731
+            _assert_fp8_close(f"{case} step {step} rank {r} y", got["y"], part(whole["y"]))
+            _assert_fp8_close(f"{case} step {step} rank {r} dx", got["dx"], part(whole["dx"]))
+            shards = rank_job.shard(whole["grads"], r, WORLD)
+            for n, g in got["grads"].items():
+                _assert_fp8_close(f"{case} step {step} rank {r} d{n}", g, shards[n])
+            if whole["state"] is not None:
+                assert torch.equal(got["state"], whole["state"]), f"{case} step {step} rank {r}: state differs"
+
+
+def test_data_x_tensor_parallel_delayed_scaling_agrees_over_the_fp8_group(grid):
+    """Delayed scaling on 2 data x 2 tensor ranks with fp8_autocast(fp8_group=<the 4 ranks>): every
+    rank ends each step with the state the whole module keeps on the whole batch, bit for bit, and
+    its parts of the outputs and of the data-summed gradients. Without the fp8_group each data
+    replica keeps its own batch's state, and they differ."""
+    batches = rank_job.fp8_batches()
+    import lnmlp
+    whole = lt.LayerNormMLP(rank_job.H, rank_job.F, activation="swiglu", params_dtype=torch.bfloat16,
+                            fp8_recipe=lnmlp.DelayedScaling(), device="cpu")
+    whole.load_state_dict({n: t.to(torch.bfloat16) for n, t in rank_job.whole_state().items()})
+    want = rank_job._steps(whole, batches, lt.fp8_autocast)
+    half = rank_job.B // 2
+    for step in range(rank_job.FP8_STEPS):
+        for r in range(4):
+            tp_rank, dp_rank = r % 2, r // 2
+            got = grid[r]["dp_tp_delayed"][step]
+            cols = (lambda t: t[:, dp_rank * half:(dp_rank + 1) * half])  # noqa: E731
+            _assert_fp8_close(f"step {step} rank {r} y", got["y"], cols(want[step]["y"]))
+            _assert_fp8_close(f"step {step} rank {r} dx", got["dx"], cols(want[step]["dx"]))
+            shards = rank_job.shard(want[step]["grads"], tp_rank, 2)
+            for n, g in got["grads"].items():
+                _assert_fp8_close(f"step {step} rank {r} d{n}", g, shards[n])
+            assert torch.equal(got["state"], want[step]["state"]), f"step {step} rank {r}: state differs"
+    last = [grid[r]["dp_tp_delayed_no_fp8_group"][-1]["state"] for r in range(4)]
+    assert torch.equal(last[0], last[1]), "the tensor-parallel group agrees without an fp8_group"
+    assert not torch.equal(last[0], last[2]), "without an fp8_group the data replicas should keep their own states"
+
+
 def test_the_saved_bound_covers_every_sharded_call(ranks):
     for r in range(WORLD):
         assert ranks[r]["saved_bound_misses"] == [], f"rank {r}: the ops' saved bound falls short"
@@ -107,6 +172,20 @@ def test_what_tensor_parallelism_refuses():
         lt.LayerNormMLP(16, 64, tp_group=object(), set_parallel_mode=True, device="cpu")
     with pytest.raises(NotSupportedError, match="return_layernorm_output_gathered"):
         lt.LayerNormMLP(16, 64, return_layernorm_output_gathered=True, device="cpu")
+
+
+def test_fp8_autocast_takes_transformer_engines_arguments():
+    import inspect
+    assert list(inspect.signature(lt.fp8_autocast).parameters) == ["enabled", "calibrating", "fp8_recipe",
+                                                                     "fp8_group", "_graph"]
+    assert list(inspect.signature(lt.autocast).parameters) == ["enabled", "calibrating", "recipe",
+                                                                 "amax_reduction_group", "_graph"]
+    with pytest.raises(NotSupportedError, match="calibrating=True"):
+        with lt.fp8_autocast(True, True):
+            pass
+    with pytest.raises(InvalidArgumentError, match="amax_reduction_group"):
+        with lt.fp8_autocast(fp8_group=object()):
+            pass
 
 
 class _Tracker:

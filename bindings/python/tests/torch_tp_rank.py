@@ -68,6 +68,82 @@ def run_case(dtype, sequence_parallel, compiled, rank, world, group):
             "grads": {n: p.grad.detach().float() for n, p in model.named_parameters()}}
 
 
+# FP8 under tensor parallelism, 2 ranks: name -> (recipe name, sequence_parallel); bf16, two steps.
+FP8_CASES = {"tp_sp_delayed": ("DelayedScaling", True), "tp_delayed": ("DelayedScaling", False),
+             "tp_sp_current": ("Float8CurrentScaling", True), "tp_sp_mxfp8": ("MXFP8BlockScaling", True),
+             "tp_sp_block": ("Float8BlockScaling", True)}
+# Data x tensor parallelism, 4 ranks (tensor groups {0, 1} and {2, 3}, data groups {0, 2} and
+# {1, 3}), delayed scaling in bf16: name -> whether fp8_autocast's fp8_group is the 4 ranks.
+DP_TP_CASES = {"dp_tp_delayed": True, "dp_tp_delayed_no_fp8_group": False}
+FP8_STEPS = 2
+
+
+def fp8_batches():
+    """Each step's whole (x [S, B, H], dy [S, B, H]), float32."""
+    g = torch.Generator().manual_seed(23)
+    return [(torch.randn(S, B, H, generator=g) * (1 + step), torch.randn(S, B, H, generator=g))
+            for step in range(FP8_STEPS)]
+
+
+def _steps(model, parts, autocast):
+    """FP8_STEPS forward + backward steps of model on parts (x, dy), the weights unchanged: per
+    step y, dx, the parameters' gradients and the delayed-scaling state after it."""
+    out = []
+    for x, dy in parts:
+        x = x.to(torch.bfloat16).requires_grad_()
+        for p in model.parameters():
+            p.grad = None
+        with autocast():
+            y = model(x)
+        (y.float() * dy).sum().backward()
+        state = model.fp8_state
+        out.append({"y": y.detach().float(), "dx": x.grad.float(),
+                    "grads": {n: p.grad.detach().float() for n, p in model.named_parameters()},
+                    "state": None if state is None else state.clone()})
+    return out
+
+
+def run_fp8_case(recipe_name, sequence_parallel, rank, world, group):
+    """The sharded module's steps on this rank's rows, and the whole module's on the whole batch
+    (the same recipe; one process), which the test compares it with."""
+    import lnmlp
+    import lnmlp.torch as lt
+    recipe = getattr(lnmlp, recipe_name)()
+    whole = lt.LayerNormMLP(H, F, activation="swiglu", params_dtype=torch.bfloat16, fp8_recipe=recipe)
+    whole.load_state_dict({n: t.to(torch.bfloat16) for n, t in whole_state().items()}, strict=True)
+    model = lt.LayerNormMLP(H, F, activation="swiglu", params_dtype=torch.bfloat16, tp_group=group,
+                            set_parallel_mode=True, sequence_parallel=sequence_parallel, fp8_recipe=recipe)
+    model.load_state_dict({n: t.to(torch.bfloat16) for n, t in shard(whole_state(), rank, world).items()},
+                          strict=True)
+    batches = fp8_batches()
+    parts = [(rows(x, rank, world), rows(dy, rank, world)) for x, dy in batches] if sequence_parallel else batches
+    return {"sharded": _steps(model, parts, lt.fp8_autocast), "whole": _steps(whole, batches, lt.fp8_autocast)}
+
+
+def run_dp_tp_case(with_group, rank, world, tp_group, dp_group, tp_rank, dp_rank):
+    """Delayed scaling on a data x tensor-parallel grid: this rank's TP shards, its data replica's
+    half of the batch (along B), fp8_autocast's fp8_group the whole world (or none); the weights'
+    gradients summed over the data group as DDP would."""
+    import functools
+
+    import lnmlp
+    import lnmlp.torch as lt
+    recipe = lnmlp.DelayedScaling()
+    model = lt.LayerNormMLP(H, F, activation="swiglu", params_dtype=torch.bfloat16, tp_group=tp_group,
+                            set_parallel_mode=True, fp8_recipe=recipe)
+    model.load_state_dict({n: t.to(torch.bfloat16) for n, t in shard(whole_state(), tp_rank, 2).items()},
+                          strict=True)
+    group = torch.distributed.group.WORLD if with_group else None
+    half = B // 2
+    parts = [(x[:, dp_rank * half:(dp_rank + 1) * half], dy[:, dp_rank * half:(dp_rank + 1) * half])
+             for x, dy in fp8_batches()]
+    steps = _steps(model, parts, functools.partial(lt.fp8_autocast, fp8_group=group))
+    for step in steps:
+        for g in step["grads"].values():
+            torch.distributed.all_reduce(g, group=dp_group)
+    return steps
+
+
 def saved_bound_misses(group, rank, world):
     """The ops' saved-buffer bound (per_token * t + slack, computed from a plan of this rank's
     sharded layout) against the exact saved bytes of this rank's sharded plan, for many call sizes
@@ -98,9 +174,17 @@ def main():
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    group = dist.new_group(list(range(world)))
-    results = {name: run_case(*case, rank, world, group) for name, case in CASES.items()}
-    results["saved_bound_misses"] = saved_bound_misses(group, rank, world)
+    if world == 4:  # data x tensor parallelism
+        tp_groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        dp_groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+        tp_rank, dp_rank = rank % 2, rank // 2
+        results = {name: run_dp_tp_case(with_group, rank, world, tp_groups[dp_rank], dp_groups[tp_rank], tp_rank,
+                                        dp_rank) for name, with_group in DP_TP_CASES.items()}
+    else:
+        group = dist.new_group(list(range(world)))
+        results = {name: run_case(*case, rank, world, group) for name, case in CASES.items()}
+        results.update({name: run_fp8_case(*case, rank, world, group) for name, case in FP8_CASES.items()})
+        results["saved_bound_misses"] = saved_bound_misses(group, rank, world)
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
 

@@ -137,11 +137,40 @@ class _CallbackCommunicator(_Communicator):
         torch.distributed.all_reduce(out, group=self.group)
 
     def _all_reduce_max(self, send, recv, count, dtype):
-        # The maximum of the fp32 bit patterns read as unsigned ints, as lnmlp's own communicators
-        # take it: amaxes are >= 0, and every NaN is above +inf, so a NaN on any rank wins on all.
-        bits = _as_tensor(send, count, torch.int32).to(torch.int64) & 0xFFFFFFFF
-        torch.distributed.all_reduce(bits, op=torch.distributed.ReduceOp.MAX, group=self.group)
-        _as_tensor(recv, count, torch.int32).copy_(bits.to(torch.int32))
+        _as_tensor(recv, count, torch.float32).copy_(amax_over_group(_as_tensor(send, count, torch.float32),
+                                                                     self.group))
+
+
+def amax_over_group(amax: torch.Tensor, group) -> torch.Tensor:
+    """The element-wise maximum of float32 amaxes over the group's ranks, as lnmlp's own
+    communicators take it: of the bit patterns read as unsigned ints (amaxes are >= 0, and every
+    NaN is above +inf, so a NaN on any rank wins on every rank)."""
+    bits = amax.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    torch.distributed.all_reduce(bits, op=torch.distributed.ReduceOp.MAX, group=group)
+    return bits.to(torch.int32).view(torch.float32)
+
+
+def agreed_state(state: torch.Tensor, group, most_recent: bool) -> torch.Tensor:
+    """Delayed scaling's state [quantizers, 1 + history] after a call, made identical on every rank
+    of `group` (TransformerEngine's amax reduction over its fp8_group): the histories max-reduced
+    (the newest entry becomes the group's amax; the older ones are equal already), and each
+    quantizer's scale taken from the lowest rank whose reduced amax (the newest, or the history's
+    maximum) equals the group's: the scale is a function of that amax and of the previous scale,
+    equal on every rank, so it is the scale the library computes from the group's history."""
+    history = state[:, 1:]
+    group_history = amax_over_group(history, group).view(history.shape)
+
+    def reduced(h):
+        return h[:, 0] if most_recent else h.max(dim=1).values
+
+    mine, theirs = reduced(history), reduced(group_history)
+    holds = (mine == theirs) | (mine.isnan() & theirs.isnan())
+    rank, size = torch.distributed.get_rank(group), torch.distributed.get_world_size(group)
+    owner = torch.where(holds, rank, size).to(torch.int64)
+    torch.distributed.all_reduce(owner, op=torch.distributed.ReduceOp.MIN, group=group)
+    scale = torch.where(owner == rank, state[:, 0], torch.zeros_like(state[:, 0]))
+    torch.distributed.all_reduce(scale, group=group)  # the owner's scale plus zeros: that scale, exactly
+    return torch.cat([scale[:, None], group_history], dim=1)
 
 
 class _NcclCommunicator(_Communicator):

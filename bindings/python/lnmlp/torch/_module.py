@@ -23,7 +23,7 @@ from .._lib import InvalidArgumentError, NotSupportedError
 from ..recipe import QUANTIZERS, DelayedScaling, Recipe, check_recipe
 from . import _comm, _extra_state, _functional, _ops
 
-__all__ = ["LayerNormMLP", "fp8_autocast"]
+__all__ = ["LayerNormMLP", "autocast", "fp8_autocast"]
 
 # TransformerEngine PyTorch's activation names -> lnmlp's activations.
 ACTIVATIONS = {"gelu": ("gelu",), "geglu": ("gelu", "linear"), "qgelu": ("quick_gelu",),
@@ -40,25 +40,46 @@ _NAMES = dict(x="inp", gamma="layer_norm_weight", beta="layer_norm_bias", w1="fc
 class _Fp8Autocast(threading.local):
     enabled = False
     recipe = None
+    group = None  # the amax reduction group (fp8_group), or None
 
 
 _autocast = _Fp8Autocast()
 
 
 @contextlib.contextmanager
-def fp8_autocast(enabled: bool = True, fp8_recipe: Recipe | None = None):
+def autocast(enabled: bool = True, calibrating: bool = False, recipe: Recipe | None = None,
+             amax_reduction_group=None, _graph: bool = False):
     """Runs the :class:`LayerNormMLP` modules called inside under FP8 (TransformerEngine's
-    ``fp8_autocast``): ``fp8_recipe`` is an lnmlp recipe or TransformerEngine's recipe object of
-    the same name (read as the lnmlp recipe it equals), ``DelayedScaling()`` by default. A module
-    made with ``fp8_recipe=`` uses its own recipe whatever the context says."""
-    fp8_recipe = check_recipe(fp8_recipe)
-    before = (_autocast.enabled, _autocast.recipe)
+    ``autocast``, its arguments in its order): ``recipe`` is an lnmlp recipe or
+    TransformerEngine's recipe object of the same name (read as the lnmlp recipe it equals),
+    ``DelayedScaling()`` by default. A module made with ``fp8_recipe=`` uses its own recipe
+    whatever the context says. ``amax_reduction_group`` (TE's, a torch.distributed group, such as
+    the data- and tensor-parallel ranks of a model): delayed scaling's state is made identical over
+    it after every forward and backward call (each amax history max-reduced, the scales the
+    group's), where TE reduces once at the end of the region; a tensor-parallel module agrees over
+    its tp_group anyway. ``calibrating=True`` is refused (NotSupportedError: lnmlp has no
+    calibration mode); ``_graph`` (TE's CUDA-graph capture hint) changes nothing."""
+    if calibrating:
+        raise NotSupportedError("calibrating=True is not supported: lnmlp has no calibration mode (amaxes "
+                                "recorded without FP8 compute)")
+    recipe = check_recipe(recipe)
+    if amax_reduction_group is not None:
+        _comm.check_group(amax_reduction_group, "amax_reduction_group")
+    before = (_autocast.enabled, _autocast.recipe, _autocast.group)
     _autocast.enabled = bool(enabled)
-    _autocast.recipe = (fp8_recipe or DelayedScaling()) if enabled else None
+    _autocast.recipe = (recipe or DelayedScaling()) if enabled else None
+    _autocast.group = amax_reduction_group if enabled else None
     try:
         yield
     finally:
-        _autocast.enabled, _autocast.recipe = before
+        _autocast.enabled, _autocast.recipe, _autocast.group = before
+
+
+def fp8_autocast(enabled: bool = True, calibrating: bool = False, fp8_recipe: Recipe | None = None,
+                 fp8_group=None, _graph: bool = False):
+    """TransformerEngine's ``fp8_autocast`` (its arguments in its order): :func:`autocast` with
+    ``recipe=fp8_recipe`` and ``amax_reduction_group=fp8_group``."""
+    return autocast(enabled, calibrating, fp8_recipe, fp8_group, _graph)
 
 
 _slots = itertools.count(1)
@@ -504,6 +525,8 @@ class LayerNormMLP(torch.nn.Module):
         if is_first_microbatch is False:
             flags = _ops._lib.CALL_WEIGHTS_UNCHANGED
         cfg = self._parallel_config(self._cfg.with_(recipe=_ops.recipe_number(recipe), flags=flags))
+        if recipe is not None and recipe.stateful and _autocast.group is not None:
+            cfg = cfg.with_(fp8_group=_comm.group_number(_autocast.group))
         for name, want in (("fc1_weight", (A * F, H)), ("fc1_bias", (A * F,))):
             p = getattr(self, name)
             if p is not None and tuple(p.shape) != want:  # one replaced since construction

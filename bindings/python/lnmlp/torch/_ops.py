@@ -113,13 +113,15 @@ class _Config:
     delay_wgrad: int = 0    # 1: backward leaves dW1 and dW2 to finish_weight_grads (delay_wgrad_compute)
     tp_group: int = 0       # _comm.group_number of the tensor-parallel group (0: none): the plan is its rank's
     sequence_parallel: int = 0  # 1: x, y, dy, dx are this rank's rows of the group's tokens
+    fp8_group: int = 0      # _comm.group_number of the group delayed scaling's state agrees over (TE's fp8_group)
     epsilon: float = 1e-6
     clamp_limit: float = 7.0
     clamp_alpha: float = 1.702
     clamp_offset: float = 1.0
 
     _INTS = ("slot", "norm", "zero_centered_gamma", "act0", "act1", "remat", "recipe", "flags", "grad_dtype",
-             "weight_layout", "main_grad", "norm_output", "delay_wgrad", "tp_group", "sequence_parallel")
+             "weight_layout", "main_grad", "norm_output", "delay_wgrad", "tp_group", "sequence_parallel",
+             "fp8_group")
     _FLOATS = ("epsilon", "clamp_limit", "clamp_alpha", "clamp_offset")
 
     def ints(self) -> List[int]:
@@ -189,7 +191,8 @@ def _config_error(cfg: _Config) -> str:
              ("main_grad", 0 <= cfg.main_grad < 1 << (2 * MAIN_GRAD_SHIFT)),
              ("norm_output", cfg.norm_output in (0, 1)), ("delay_wgrad", cfg.delay_wgrad in (0, 1)),
              ("tp_group", 0 <= cfg.tp_group < _comm.group_count()),
-             ("sequence_parallel", cfg.sequence_parallel in ((0, 1) if cfg.tp_group else (0,))))
+             ("sequence_parallel", cfg.sequence_parallel in ((0, 1) if cfg.tp_group else (0,))),
+             ("fp8_group", 0 <= cfg.fp8_group < _comm.group_count()))
     return ", ".join(f"{name} {getattr(cfg, name)} is not valid" for name, ok in valid if not ok)
 
 
@@ -362,8 +365,8 @@ def _plan_of(cfg: _Config, dims: tuple, dtype, weight_dtype, device, has_b1, has
     """_plan_for, given a call's (T, H, A, F), I/O and weight dtypes and device."""
     tokens, hidden, A, ffn = dims
     owner = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else _thread_number()
-    key = (cfg.with_(flags=0, main_grad=0), hidden, A, ffn, dtype, weight_dtype, has_b1, has_b2, accumulate,
-           str(device), owner)
+    key = (cfg.with_(flags=0, main_grad=0, fp8_group=0), hidden, A, ffn, dtype, weight_dtype, has_b1, has_b2,
+           accumulate, str(device), owner)
     with _plans_lock:
         plan = _plans.get(key)
     if plan is not None and plan.local_tokens >= tokens:
@@ -438,7 +441,7 @@ _SAVED_REGION_SLACK = 10 * 256
 
 def _saved_terms(cfg: _Config, hidden, A, ffn, dtype, has_b1, has_b2):
     """(per_token, slack) of the saved-size bound for this configuration."""
-    key = (cfg.with_(slot=0, flags=0, main_grad=0), hidden, A, ffn, dtype, has_b1, has_b2)
+    key = (cfg.with_(slot=0, flags=0, main_grad=0, fp8_group=0), hidden, A, ffn, dtype, has_b1, has_b2)
     with _plans_lock:
         terms = _size_plans.get(key)
     if terms is None:
@@ -490,6 +493,15 @@ def _state_copy(state: Optional[Tensor], device):
     return state.clone()
 
 
+def _agreed(cfg: _Config, new_state: Tensor) -> Tensor:
+    """A call's updated delayed-scaling state, made identical over cfg's fp8_group (unchanged
+    without one; a sharded plan has agreed over its tensor-parallel group already)."""
+    if not cfg.fp8_group or new_state.numel() == 0:
+        return new_state
+    most_recent = _recipes[cfg.recipe].amax_compute_algo == "most_recent"
+    return _comm.agreed_state(new_state, _comm.group_of(cfg.fp8_group)[0], most_recent)
+
+
 def _empty_like_param(present: bool, shape, dtype, device):
     return torch.empty(shape if present else (0,), dtype=dtype, device=device)
 
@@ -519,6 +531,7 @@ def forward_op(x: Tensor, gamma: Tensor, beta: Optional[Tensor], w1: Tensor, b1:
                                         _ptr(w2), _ptr(b2), _ptr(y), _ptr(saved), _ptr(new_state), cfg.flags,
                                         _stream(x.device))
     _check_call(cfg, x.device, status)
+    new_state = _agreed(cfg, new_state)
     # The library writes every byte of the call's saved bytes; the bound's slack beyond them is
     # zeroed too, so the output is a function of the inputs (opcheck compares it).
     exact = 0 if saved.numel() == 0 else plan._tensor_shape(_lib.TENSOR_SAVED, T)[0]
@@ -577,7 +590,7 @@ def backward_op(dy: Tensor, x: Tensor, gamma: Tensor, beta: Optional[Tensor], w1
                                          _ptr(dw1), _ptr(db1), _ptr(dw2), _ptr(db2), _ptr(new_state), cfg.flags,
                                          _stream(x.device))
     _check_call(cfg, x.device, status)
-    return dx, dgamma, dbeta, dw1, db1, dw2, db2, new_state
+    return dx, dgamma, dbeta, dw1, db1, dw2, db2, _agreed(cfg, new_state)
 
 
 @backward_op.register_fake
@@ -623,7 +636,7 @@ def backward_accumulate_op(dy: Tensor, x: Tensor, gamma: Tensor, beta: Optional[
                                          ctypes.c_void_p(main_dw2.data_ptr()), _ptr(db2), _ptr(new_state),
                                          cfg.flags, _stream(x.device))
     _check_call(cfg, x.device, status, outputs="fc1/fc2 main_grad")
-    return dx, dgamma, dbeta, db1, db2, new_state
+    return dx, dgamma, dbeta, db1, db2, _agreed(cfg, new_state)
 
 
 @backward_accumulate_op.register_fake
@@ -761,6 +774,7 @@ def _backward_data(cfg: _Config, dy, x, gamma, beta, w1, b1, w2, has_b2, saved, 
                                               _ptr(dbeta), _ptr(db1), _ptr(db2), _ptr(deferred), _ptr(new_state),
                                               cfg.flags, _stream(x.device))
     _check_call(cfg, x.device, status)
+    new_state = _agreed(cfg, new_state)
     pending = _PendingWeightGrads(cfg, dims, x.dtype, w1.dtype, b1 is not None, has_b2, dy, saved, deferred,
                                   main_grads)
     with _plans_lock:
