@@ -106,29 +106,61 @@ def test_fp8_under_tensor_parallelism_is_the_whole_blocks_fp8(ranks, case):
                 assert torch.equal(got["state"], whole["state"]), f"{case} step {step} rank {r}: state differs"
 
 
-def test_data_x_tensor_parallel_delayed_scaling_agrees_over_the_fp8_group(grid):
-    """Delayed scaling on 2 data x 2 tensor ranks with fp8_autocast(fp8_group=<the 4 ranks>): every
-    rank ends each step with the state the whole module keeps on the whole batch, bit for bit, and
-    its parts of the outputs and of the data-summed gradients. Without the fp8_group each data
-    replica keeps its own batch's state, and they differ."""
-    batches = rank_job.fp8_batches()
+def _whole_module_steps(dtype, recipe_name, parts):
+    """The whole module's steps in one process on parts (the grid's reference)."""
     import lnmlp
-    whole = lt.LayerNormMLP(rank_job.H, rank_job.F, activation="swiglu", params_dtype=torch.bfloat16,
-                            fp8_recipe=lnmlp.DelayedScaling(), device="cpu")
-    whole.load_state_dict({n: t.to(torch.bfloat16) for n, t in rank_job.whole_state().items()})
-    want = rank_job._steps(whole, batches, lt.fp8_autocast)
+    recipe = getattr(lnmlp, recipe_name)() if recipe_name else None
+    whole = lt.LayerNormMLP(rank_job.H, rank_job.F, activation="swiglu", params_dtype=dtype, fp8_recipe=recipe,
+                            device="cpu")
+    whole.load_state_dict({n: t.to(dtype) for n, t in rank_job.whole_state().items()})
+    return rank_job._steps(whole, parts, lambda: lt.fp8_autocast(enabled=recipe is not None), dtype)
+
+
+def _grid_reference(dtype, recipe_name):
+    """Per data rank and step (y, dx, the gradients) of the whole module. Unquantized and under
+    delayed scaling (its state agreed over the fp8_group) a data replica computes its part of one
+    step on the whole batch. A stateless recipe quantizes each replica's half with the half's own
+    scales, as TransformerEngine does: then the reference is the whole module on each half, its
+    weight gradients summed over the halves."""
+    import lnmlp
     half = rank_job.B // 2
+    halves = [[(x[:, d * half:(d + 1) * half].contiguous(), dy[:, d * half:(d + 1) * half])
+               for x, dy in rank_job.fp8_batches()] for d in range(2)]
+    if recipe_name is None or getattr(lnmlp, recipe_name)().stateful:
+        whole = _whole_module_steps(dtype, recipe_name, rank_job.fp8_batches())
+        return [[dict(step, y=step["y"][:, d * half:(d + 1) * half], dx=step["dx"][:, d * half:(d + 1) * half])
+                 for step in whole] for d in range(2)]
+    per_half = [_whole_module_steps(dtype, recipe_name, parts) for parts in halves]
+    return [[dict(per_half[d][s], grads={n: per_half[0][s]["grads"][n] + per_half[1][s]["grads"][n]
+                                         for n in per_half[d][s]["grads"]})
+             for s in range(rank_job.FP8_STEPS)] for d in range(2)]
+
+
+@pytest.mark.parametrize("case", [c for c, (_, _, with_group, _) in rank_job.DP_TP_CASES.items()
+                                  if with_group or rank_job.DP_TP_CASES[c][1] is None])
+def test_data_x_tensor_parallel_ranks_compute_their_parts_of_the_whole_block(grid, case):
+    """2 data x 2 tensor ranks (the data-parallel gradients summed as DDP, or FSDP2 over the mesh's
+    "dp" dimension): every rank's parts of the whole module's outputs and of its gradients, each
+    step (_grid_reference); with delayed scaling and fp8_autocast(fp8_group=<the 4 ranks>) every
+    rank ends each step with the state the whole module keeps on the whole batch, bit for bit."""
+    dtype, recipe_name, _, _ = rank_job.DP_TP_CASES[case]
+    want = _grid_reference(dtype, recipe_name)
     for step in range(rank_job.FP8_STEPS):
         for r in range(4):
-            tp_rank, dp_rank = r % 2, r // 2
-            got = grid[r]["dp_tp_delayed"][step]
-            cols = (lambda t: t[:, dp_rank * half:(dp_rank + 1) * half])  # noqa: E731
-            _assert_fp8_close(f"step {step} rank {r} y", got["y"], cols(want[step]["y"]))
-            _assert_fp8_close(f"step {step} rank {r} dx", got["dx"], cols(want[step]["dx"]))
-            shards = rank_job.shard(want[step]["grads"], tp_rank, 2)
+            dp_rank, tp_rank = r // 2, r % 2
+            got, w = grid[r][case][step], want[dp_rank][step]
+            close = _assert_fp8_close if recipe_name else \
+                (lambda name, g, w: ref.assert_close(name, _np(g), _np(w), _DTYPE_NAMES[dtype]))  # noqa: E731
+            close(f"{case} step {step} rank {r} y", got["y"], w["y"])
+            close(f"{case} step {step} rank {r} dx", got["dx"], w["dx"])
+            shards = rank_job.shard(w["grads"], tp_rank, 2)
             for n, g in got["grads"].items():
-                _assert_fp8_close(f"step {step} rank {r} d{n}", g, shards[n])
-            assert torch.equal(got["state"], want[step]["state"]), f"step {step} rank {r}: state differs"
+                close(f"{case} step {step} rank {r} d{n}", g, shards[n])
+            if w["state"] is not None:
+                assert torch.equal(got["state"], w["state"]), f"{case} step {step} rank {r}: state differs"
+
+
+def test_without_an_fp8_group_the_data_replicas_keep_their_own_states(grid):
     last = [grid[r]["dp_tp_delayed_no_fp8_group"][-1]["state"] for r in range(4)]
     assert torch.equal(last[0], last[1]), "the tensor-parallel group agrees without an fp8_group"
     assert not torch.equal(last[0], last[2]), "without an fp8_group the data replicas should keep their own states"

@@ -72,9 +72,18 @@ def run_case(dtype, sequence_parallel, compiled, rank, world, group):
 FP8_CASES = {"tp_sp_delayed": ("DelayedScaling", True), "tp_delayed": ("DelayedScaling", False),
              "tp_sp_current": ("Float8CurrentScaling", True), "tp_sp_mxfp8": ("MXFP8BlockScaling", True),
              "tp_sp_block": ("Float8BlockScaling", True)}
-# Data x tensor parallelism, 4 ranks (tensor groups {0, 1} and {2, 3}, data groups {0, 2} and
-# {1, 3}), delayed scaling in bf16: name -> whether fp8_autocast's fp8_group is the 4 ranks.
-DP_TP_CASES = {"dp_tp_delayed": True, "dp_tp_delayed_no_fp8_group": False}
+# Data x tensor parallelism, 4 ranks on a 2-D mesh ("dp", "tp"): rank = 2 * data rank + tensor
+# rank. name -> (dtype, recipe name or None, whether fp8_autocast's fp8_group is the 4 ranks, the
+# data-parallel wrapper: "sum" (the weights' gradients summed over the data group, as DDP does) or
+# "fsdp2" (fully_shard over the mesh's "dp" dimension, each rank's tensor shards sharded again)).
+DP_TP_CASES = {"dp_tp_f32": (torch.float32, None, False, "sum"), "dp_tp_bf16": (torch.bfloat16, None, False, "sum"),
+               "fsdp2_tp_f32": (torch.float32, None, False, "fsdp2"),
+               "dp_tp_delayed": (torch.bfloat16, "DelayedScaling", True, "sum"),
+               "fsdp2_tp_delayed": (torch.bfloat16, "DelayedScaling", True, "fsdp2"),
+               "dp_tp_current": (torch.bfloat16, "Float8CurrentScaling", True, "sum"),
+               "dp_tp_mxfp8": (torch.bfloat16, "MXFP8BlockScaling", True, "sum"),
+               "dp_tp_block": (torch.bfloat16, "Float8BlockScaling", True, "sum"),
+               "dp_tp_delayed_no_fp8_group": (torch.bfloat16, "DelayedScaling", False, "sum")}
 FP8_STEPS = 2
 
 
@@ -85,20 +94,28 @@ def fp8_batches():
             for step in range(FP8_STEPS)]
 
 
-def _steps(model, parts, autocast):
+def _whole(t):
+    """A plain tensor (a DTensor's shards gathered), detached, fp32."""
+    full = getattr(t, "full_tensor", None)
+    return (full() if full is not None else t).detach().float().clone()
+
+
+def _steps(model, parts, autocast, dtype=torch.bfloat16, inner=None, grad_scale=1):
     """FP8_STEPS forward + backward steps of model on parts (x, dy), the weights unchanged: per
-    step y, dx, the parameters' gradients and the delayed-scaling state after it."""
+    step y, dx, the gradients of inner's (model's) parameters (times grad_scale) and its
+    delayed-scaling state after it."""
+    inner = inner or model
     out = []
     for x, dy in parts:
-        x = x.to(torch.bfloat16).requires_grad_()
+        x = x.to(dtype).requires_grad_()
         for p in model.parameters():
             p.grad = None
         with autocast():
             y = model(x)
         (y.float() * dy).sum().backward()
-        state = model.fp8_state
+        state = inner.fp8_state
         out.append({"y": y.detach().float(), "dx": x.grad.float(),
-                    "grads": {n: p.grad.detach().float() for n, p in model.named_parameters()},
+                    "grads": {n: _whole(p.grad) * grad_scale for n, p in inner.named_parameters()},
                     "state": None if state is None else state.clone()})
     return out
 
@@ -120,27 +137,31 @@ def run_fp8_case(recipe_name, sequence_parallel, rank, world, group):
     return {"sharded": _steps(model, parts, lt.fp8_autocast), "whole": _steps(whole, batches, lt.fp8_autocast)}
 
 
-def run_dp_tp_case(with_group, rank, world, tp_group, dp_group, tp_rank, dp_rank):
-    """Delayed scaling on a data x tensor-parallel grid: this rank's TP shards, its data replica's
-    half of the batch (along B), fp8_autocast's fp8_group the whole world (or none); the weights'
-    gradients summed over the data group as DDP would."""
+def run_dp_tp_case(dtype, recipe_name, with_group, wrapper, mesh):
+    """One case of DP_TP_CASES on this rank of the ("dp", "tp") mesh: its tensor shards, its data
+    replica's half of the batch (along B), fp8_autocast's fp8_group the whole world (or none)."""
     import functools
 
     import lnmlp
     import lnmlp.torch as lt
-    recipe = lnmlp.DelayedScaling()
-    model = lt.LayerNormMLP(H, F, activation="swiglu", params_dtype=torch.bfloat16, tp_group=tp_group,
+    from torch.distributed.fsdp import fully_shard
+    dp_rank, tp_rank = mesh["dp"].get_local_rank(), mesh["tp"].get_local_rank()
+    recipe = getattr(lnmlp, recipe_name)() if recipe_name else None
+    model = lt.LayerNormMLP(H, F, activation="swiglu", params_dtype=dtype, tp_group=mesh["tp"].get_group(),
                             set_parallel_mode=True, fp8_recipe=recipe)
-    model.load_state_dict({n: t.to(torch.bfloat16) for n, t in shard(whole_state(), tp_rank, 2).items()},
-                          strict=True)
+    model.load_state_dict({n: t.to(dtype) for n, t in shard(whole_state(), tp_rank, 2).items()}, strict=True)
     group = torch.distributed.group.WORLD if with_group else None
     half = B // 2
-    parts = [(x[:, dp_rank * half:(dp_rank + 1) * half], dy[:, dp_rank * half:(dp_rank + 1) * half])
+    parts = [(x[:, dp_rank * half:(dp_rank + 1) * half].contiguous(), dy[:, dp_rank * half:(dp_rank + 1) * half])
              for x, dy in fp8_batches()]
-    steps = _steps(model, parts, functools.partial(lt.fp8_autocast, fp8_group=group))
+    autocast = functools.partial(lt.fp8_autocast, enabled=recipe is not None, fp8_group=group)
+    if wrapper == "fsdp2":
+        # FSDP2 averages the gradients over the data ranks: times 2 (exact) is their sum.
+        return _steps(fully_shard(model, mesh=mesh["dp"]), parts, autocast, dtype, inner=model, grad_scale=2)
+    steps = _steps(model, parts, autocast, dtype)
     for step in steps:
         for g in step["grads"].values():
-            torch.distributed.all_reduce(g, group=dp_group)
+            torch.distributed.all_reduce(g, group=mesh["dp"].get_group())
     return steps
 
 
@@ -175,11 +196,9 @@ def main():
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     if world == 4:  # data x tensor parallelism
-        tp_groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
-        dp_groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
-        tp_rank, dp_rank = rank % 2, rank // 2
-        results = {name: run_dp_tp_case(with_group, rank, world, tp_groups[dp_rank], dp_groups[tp_rank], tp_rank,
-                                        dp_rank) for name, with_group in DP_TP_CASES.items()}
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        results = {name: run_dp_tp_case(*case, mesh) for name, case in DP_TP_CASES.items()}
     else:
         group = dist.new_group(list(range(world)))
         results = {name: run_case(*case, rank, world, group) for name, case in CASES.items()}
