@@ -37,8 +37,9 @@ if ! python3 -c "import numpy, ml_dtypes, pytest, jax.ffi, flax.linen" >/dev/nul
   python3 -m pip install -q "${python_packages[@]}"
 fi
 # PyTorch for lnmlp.torch's tests: PyPI's wheel (the CUDA build, ~5 GB, a couple of minutes),
-# installed once per machine; safetensors, a client of the module's parameters the tests check.
-if ! python3 -c "import torch, safetensors" >/dev/null 2>&1; then
-  echo "setup: pip installing torch safetensors"
-  python3 -m pip install -q "torch>=2.4" safetensors
+# installed once per machine; safetensors, a client of the module's parameters the tests check;
+# transformers for the tensor-parallel Llama example (examples/torch/llama_tp.py), which a test runs.
+if ! python3 -c "import torch, safetensors, transformers" >/dev/null 2>&1; then
+  echo "setup: pip installing torch safetensors transformers"
+  python3 -m pip install -q "torch>=2.4" safetensors transformers
 fi

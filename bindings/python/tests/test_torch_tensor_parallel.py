@@ -250,3 +250,21 @@ def test_the_weights_are_drawn_under_the_rng_trackers_fork():
     assert torch.equal(m.fc1_weight.detach(), want)
     torch.manual_seed(5)
     assert torch.equal(torch.rand(1), after)  # the default generator untouched
+
+
+def test_the_llama_example_trains_beside_the_unmodified_model():
+    """examples/torch/llama_tp.py: a HuggingFace Llama with lnmlp's tensor-parallel feed-forward
+    sublayers on 2 ranks trains as the unmodified model does (the script fails otherwise)."""
+    import subprocess
+    import sys
+    if os.environ.get("LNMLP_REQUIRE_TORCH") != "1":
+        pytest.importorskip("transformers")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "torch", "llama_tp.py")
+    import lnmlp
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(lnmlp.__file__)))
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p))
+    done = subprocess.run([sys.executable, path, "--steps", "5"], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "largest relative loss difference over 5 steps" in done.stdout
