@@ -22,11 +22,12 @@ if not torch.distributed.is_available():
 
 import lnmlp.torch as lt  # noqa: E402
 import torch_tp_rank as rank_job  # noqa: E402
-from _ranks import run_ranks  # noqa: E402
+from _ranks import run_ranks, run_script  # noqa: E402
 from _torch_reference import TorchLayerNormMLP  # noqa: E402
 from lnmlp import InvalidArgumentError, NotSupportedError  # noqa: E402
 
 WORLD = 2
+_REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..")
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 
@@ -255,16 +256,16 @@ def test_the_weights_are_drawn_under_the_rng_trackers_fork():
 def test_the_llama_example_trains_beside_the_unmodified_model():
     """examples/torch/llama_tp.py: a HuggingFace Llama with lnmlp's tensor-parallel feed-forward
     sublayers on 2 ranks trains as the unmodified model does (the script fails otherwise)."""
-    import subprocess
-    import sys
     if os.environ.get("LNMLP_REQUIRE_TORCH") != "1":
         pytest.importorskip("transformers")
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "torch", "llama_tp.py")
-    import lnmlp
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(lnmlp.__file__)))
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p))
-    done = subprocess.run([sys.executable, path, "--steps", "5"], capture_output=True, text=True, timeout=300,
-                          env=env)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "largest relative loss difference over 5 steps" in done.stdout
+    out = run_script(os.path.join(_REPO, "examples", "torch", "llama_tp.py"), "--steps", 5)
+    assert "largest relative loss difference over 5 steps" in out
+
+
+def test_the_tensor_parallel_benchmark_runs():
+    """bench/torch/tensor_parallel.py at a tiny shape: a row per layout and block, with the
+    collectives each step ran (lnmlp's: 2 all-reduces without SP)."""
+    out = run_script(os.path.join(_REPO, "bench", "torch", "tensor_parallel.py"), "--tokens", 64, "--hidden", 64,
+                     "--ffn", 128, "--iters", 1, "--warmup", 0, "--dtypes", "float32")
+    rows = [line for line in out.splitlines() if line.startswith("float32")]
+    assert len(rows) == 4 and rows[0].split()[2] == "lnmlp" and rows[0].endswith("2 all-reduce"), out
