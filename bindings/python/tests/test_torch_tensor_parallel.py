@@ -56,7 +56,7 @@ def _np(t):
 
 @pytest.mark.parametrize("case", list(rank_job.CASES))
 def test_each_rank_computes_its_part_of_the_whole_block(ranks, case):
-    dtype, sequence_parallel, _ = rank_job.CASES[case]
+    dtype, sequence_parallel, _, _ = rank_job.CASES[case]
     name = _DTYPE_NAMES[dtype]
     y_ref, dx_ref, grads_ref = _reference(dtype)
     shards_ref = [rank_job.shard(grads_ref, r, WORLD) for r in range(WORLD)]
@@ -170,6 +170,23 @@ def test_without_an_fp8_group_the_data_replicas_keep_their_own_states(grid):
 def test_the_saved_bound_covers_every_sharded_call(ranks):
     for r in range(WORLD):
         assert ranks[r]["saved_bound_misses"] == [], f"rank {r}: the ops' saved bound falls short"
+
+
+def test_the_norm_output_is_this_ranks_rows_and_delayed_weight_gradients_are_backwards(ranks):
+    """return_layernorm_output under sequence parallelism gives this rank's rows of the norm's
+    output (the float64 LayerNorm of its rows); with it, and with delay_wgrad_compute and
+    backward_dw(), y and every gradient are the bits of the same module without them."""
+    x = rank_job.inputs()[0].double()
+    state = {n: t.double() for n, t in rank_job.whole_state().items()}
+    ln = torch.nn.functional.layer_norm(x, (rank_job.H,), state["layer_norm_weight"], state["layer_norm_bias"], 1e-5)
+    for r in range(WORLD):
+        with_ln, plain = ranks[r]["tp_sp_f32_ln_out"], ranks[r]["tp_sp_f32"]
+        ref.assert_close(f"rank {r} ln_out", _np(with_ln["ln_out"]), _np(rank_job.rows(ln, r, WORLD)), "float32")
+        delayed, whole_backward = ranks[r]["tp_f32_delay_wgrad"], ranks[r]["tp_f32"]
+        for got, want in ((with_ln, plain), (delayed, whole_backward)):
+            assert torch.equal(got["y"], want["y"]) and torch.equal(got["dx"], want["dx"])
+            for n, g in want["grads"].items():
+                assert torch.equal(got["grads"][n], g), n
 
 
 def test_compiled_tensor_parallel_module_gives_eager_bits(ranks):

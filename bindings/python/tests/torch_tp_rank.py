@@ -16,10 +16,12 @@ import sys
 import torch
 
 S, B, H, F = 8, 2, 32, 64  # x [S, B, H]: sequence first, as TE's (and Megatron's) sequence parallelism splits it
-# name -> (dtype, sequence_parallel, compiled)
-CASES = {"tp_f32": (torch.float32, False, False), "tp_sp_f32": (torch.float32, True, False),
-         "tp_bf16": (torch.bfloat16, False, False), "tp_sp_bf16": (torch.bfloat16, True, False),
-         "tp_sp_f32_compiled": (torch.float32, True, True)}
+# name -> (dtype, sequence_parallel, compiled, the module's further arguments)
+CASES = {"tp_f32": (torch.float32, False, False, {}), "tp_sp_f32": (torch.float32, True, False, {}),
+         "tp_bf16": (torch.bfloat16, False, False, {}), "tp_sp_bf16": (torch.bfloat16, True, False, {}),
+         "tp_sp_f32_compiled": (torch.float32, True, True, {}),
+         "tp_sp_f32_ln_out": (torch.float32, True, False, {"return_layernorm_output": True}),
+         "tp_f32_delay_wgrad": (torch.float32, False, False, {"delay_wgrad_compute": True})}
 
 
 def whole_state():
@@ -51,10 +53,10 @@ def rows(t, rank, world):
     return t[rank * s:(rank + 1) * s]
 
 
-def run_case(dtype, sequence_parallel, compiled, rank, world, group):
+def run_case(dtype, sequence_parallel, compiled, options, rank, world, group):
     import lnmlp.torch as lt
     model = lt.LayerNormMLP(H, F, activation="swiglu", params_dtype=dtype, tp_group=group, set_parallel_mode=True,
-                            sequence_parallel=sequence_parallel)
+                            sequence_parallel=sequence_parallel, **options)
     state = {n: t.to(dtype) for n, t in shard(whole_state(), rank, world).items()}
     model.load_state_dict(state, strict=True)
     x, dy = inputs()
@@ -63,8 +65,12 @@ def run_case(dtype, sequence_parallel, compiled, rank, world, group):
     x = x.to(dtype).requires_grad_()
     run = torch.compile(model, fullgraph=True) if compiled else model
     y = run(x)
+    ln_out = None
+    if options.get("return_layernorm_output"):
+        y, ln_out = y
     (y.float() * dy).sum().backward()
-    return {"y": y.detach().float(), "dx": x.grad.float(),
+    model.backward_dw()  # delay_wgrad_compute's weight gradients (nothing otherwise)
+    return {"y": y.detach().float(), "dx": x.grad.float(), "ln_out": ln_out,
             "grads": {n: p.grad.detach().float() for n, p in model.named_parameters()}}
 
 
