@@ -80,11 +80,13 @@ FP8_CASES = {"tp_sp_delayed": ("DelayedScaling", True), "tp_delayed": ("DelayedS
              "tp_sp_block": ("Float8BlockScaling", True)}
 # Data x tensor parallelism, 4 ranks on a 2-D mesh ("dp", "tp"): rank = 2 * data rank + tensor
 # rank. name -> (dtype, recipe name or None, whether fp8_autocast's fp8_group is the 4 ranks, the
-# data-parallel wrapper: "sum" (the weights' gradients summed over the data group, as DDP does) or
-# "fsdp2" (fully_shard over the mesh's "dp" dimension, each rank's tensor shards sharded again)).
+# data-parallel wrapper: "sum" (the weights' gradients summed over the data group, as DDP does; "sum
+# compiled": the module under torch.compile(fullgraph=True)) or "fsdp2" (fully_shard over the
+# mesh's "dp" dimension, each rank's tensor shards sharded again)).
 DP_TP_CASES = {"dp_tp_f32": (torch.float32, None, False, "sum"), "dp_tp_bf16": (torch.bfloat16, None, False, "sum"),
                "fsdp2_tp_f32": (torch.float32, None, False, "fsdp2"),
                "dp_tp_delayed": (torch.bfloat16, "DelayedScaling", True, "sum"),
+               "dp_tp_delayed_compiled": (torch.bfloat16, "DelayedScaling", True, "sum compiled"),
                "fsdp2_tp_delayed": (torch.bfloat16, "DelayedScaling", True, "fsdp2"),
                "dp_tp_current": (torch.bfloat16, "Float8CurrentScaling", True, "sum"),
                "dp_tp_mxfp8": (torch.bfloat16, "MXFP8BlockScaling", True, "sum"),
@@ -164,7 +166,8 @@ def run_dp_tp_case(dtype, recipe_name, with_group, wrapper, mesh):
     if wrapper == "fsdp2":
         # FSDP2 averages the gradients over the data ranks: times 2 (exact) is their sum.
         return _steps(fully_shard(model, mesh=mesh["dp"]), parts, autocast, dtype, inner=model, grad_scale=2)
-    steps = _steps(model, parts, autocast, dtype)
+    run = torch.compile(model, fullgraph=True) if wrapper == "sum compiled" else model
+    steps = _steps(run, parts, autocast, dtype, inner=model)
     for step in steps:
         for g in step["grads"].values():
             torch.distributed.all_reduce(g, group=mesh["dp"].get_group())

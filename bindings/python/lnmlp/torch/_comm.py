@@ -33,7 +33,8 @@ import torch
 from .. import _capi, _lib
 from .._lib import InvalidArgumentError, NotSupportedError
 
-__all__ = ["group_number", "group_of", "communicator", "layout_communicator"]
+__all__ = ["group_number", "group_count", "group_of", "check_group", "communicator", "layout_communicator",
+           "amax_over_group", "agreed_state"]
 
 _lock = threading.Lock()
 _groups: list = [None]          # number -> ProcessGroup (0: none)
@@ -93,6 +94,15 @@ class _Communicator:
     def failure(self) -> str:
         return f" ({self.error})" if self.error else ""
 
+    def _make_callback_communicator(self, functions) -> None:
+        """lnmlp_comm_create_callbacks over four Python functions (all_gather, reduce_scatter,
+        all_reduce_sum, all_reduce_max), kept here: their ctypes objects must outlive it."""
+        self._fns = [_capi.LNMLP_COMM_FN(f) for f in functions]
+        table = _capi.lnmlp_comm_callbacks(ctypes.sizeof(_capi.lnmlp_comm_callbacks), self.size, self.rank,
+                                           *self._fns, None)
+        _lib.check(_lib.get_lib().lnmlp_comm_create_callbacks(ctypes.byref(table),
+                                                               ctypes.byref(self.lnmlp_comm_handle)))
+
 
 class _CallbackCommunicator(_Communicator):
     """The CPU backend's communicator: the library calls these four functions, each a blocking
@@ -101,13 +111,8 @@ class _CallbackCommunicator(_Communicator):
     def __init__(self, group, size: int, rank: int):
         super().__init__(size, rank)
         self.group = group
-        # The ctypes function objects must outlive the communicator: kept here, and this object
-        # is kept by every plan made with it.
-        self._fns = [_capi.LNMLP_COMM_FN(self._guarded(f)) for f in
-                     (self._all_gather, self._reduce_scatter, self._all_reduce_sum, self._all_reduce_max)]
-        table = _capi.lnmlp_comm_callbacks(ctypes.sizeof(_capi.lnmlp_comm_callbacks), size, rank, *self._fns, None)
-        _lib.check(_lib.get_lib().lnmlp_comm_create_callbacks(ctypes.byref(table),
-                                                               ctypes.byref(self.lnmlp_comm_handle)))
+        self._make_callback_communicator([self._guarded(f) for f in (self._all_gather, self._reduce_scatter,
+                                                                     self._all_reduce_sum, self._all_reduce_max)])
 
     def _guarded(self, collective):
         """The C callback: no exception may cross into the library; a failure is its status 1."""
@@ -235,10 +240,7 @@ class _LayoutCommunicator(_Communicator):
         def refuse(*_):
             return 1
 
-        self._fns = [_capi.LNMLP_COMM_FN(refuse) for _ in range(4)]
-        table = _capi.lnmlp_comm_callbacks(ctypes.sizeof(_capi.lnmlp_comm_callbacks), size, rank, *self._fns, None)
-        _lib.check(_lib.get_lib().lnmlp_comm_create_callbacks(ctypes.byref(table),
-                                                               ctypes.byref(self.lnmlp_comm_handle)))
+        self._make_callback_communicator([refuse] * 4)
 
 
 def layout_communicator(size: int, rank: int) -> _Communicator:

@@ -40,7 +40,7 @@ _NAMES = dict(x="inp", gamma="layer_norm_weight", beta="layer_norm_bias", w1="fc
 class _Fp8Autocast(threading.local):
     enabled = False
     recipe = None
-    group = None  # the amax reduction group (fp8_group), or None
+    group = 0  # the amax reduction group (fp8_group) as the ops number it (_comm.group_number), or 0
 
 
 _autocast = _Fp8Autocast()
@@ -68,7 +68,8 @@ def autocast(enabled: bool = True, calibrating: bool = False, recipe: Recipe | N
     before = (_autocast.enabled, _autocast.recipe, _autocast.group)
     _autocast.enabled = bool(enabled)
     _autocast.recipe = (recipe or DelayedScaling()) if enabled else None
-    _autocast.group = amax_reduction_group if enabled else None
+    # A number, so that a forward torch.compile traces reads an int (the registry is not traced).
+    _autocast.group = _comm.group_number(amax_reduction_group) if enabled else 0
     try:
         yield
     finally:
@@ -525,8 +526,8 @@ class LayerNormMLP(torch.nn.Module):
         if is_first_microbatch is False:
             flags = _ops._lib.CALL_WEIGHTS_UNCHANGED
         cfg = self._parallel_config(self._cfg.with_(recipe=_ops.recipe_number(recipe), flags=flags))
-        if recipe is not None and recipe.stateful and _autocast.group is not None:
-            cfg = cfg.with_(fp8_group=_comm.group_number(_autocast.group))
+        if recipe is not None and recipe.stateful and _autocast.group:
+            cfg = cfg.with_(fp8_group=_autocast.group)
         for name, want in (("fc1_weight", (A * F, H)), ("fc1_bias", (A * F,))):
             p = getattr(self, name)
             if p is not None and tuple(p.shape) != want:  # one replaced since construction
