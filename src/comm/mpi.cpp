@@ -1,103 +1,102 @@
-// A communicator over an MPI communicator (lnmlp_comm_create_mpi); compiled with MPI only when
-// CMake found it (LNMLP_HAVE_MPI), otherwise the factory says why it is missing.
+// lnmlp_comm_create_mpi's communicator: the MPI module's collectives (module/mpi_table.h), which
+// the core loads from liblnmlp_mpi.so.1 on first use, so that only a program that asks for MPI
+// needs an MPI library. Without the module (a build without MPI, or MPI missing at run time) the
+// factory says why.
+#include <string>
+
 #include "comm.h"
 #include "common/error.h"
 #include "lnmlp.h"
-
-#if defined(LNMLP_HAVE_MPI)
-#include <mpi.h>
-#endif
+#include "module/loader.h"
+#include "module/mpi_table.h"
 
 namespace lnmlp {
-
-#if defined(LNMLP_HAVE_MPI)
 namespace {
 
-MPI_Datatype mpi_type(CommType t) {
-  switch (t) {
-    case CommType::F32: return MPI_FLOAT;
-    case CommType::BF16:
-    case CommType::F16: return MPI_UINT16_T;  // gathered as bits; lnmlp sums and maxes in F32 only
-    case CommType::U8: return MPI_UINT8_T;
-  }
-  fail(LNMLP_ERROR_INTERNAL, "unhandled communicator element type ", static_cast<int>(t));
-}
-
-void check(int rc, const char* what) {
-  if (rc == MPI_SUCCESS) return;
-  char msg[MPI_MAX_ERROR_STRING] = {};
-  int len = 0;
-  MPI_Error_string(rc, msg, &len);
-  fail(LNMLP_ERROR_BACKEND, what, " failed: ", msg);
-}
-
-int as_int(int64_t n) {
-  if (n > 2147483647) fail(LNMLP_ERROR_SIZE_OVERFLOW, "a collective of ", n, " elements exceeds MPI's int counts");
-  return static_cast<int>(n);
-}
-
-MPI_Op sum_or_max(CommType t, MPI_Op op, const char* what) {
-  if (t != CommType::F32) fail(LNMLP_ERROR_INTERNAL, what, " on a non-F32 buffer");
-  return op;
-}
+constexpr int64_t kMsgCap = 1024;
 
 class MpiCommunicator final : public Communicator {
  public:
-  explicit MpiCommunicator(MPI_Comm c) : comm_(c) {
-    check(MPI_Comm_size(c, &size_), "MPI_Comm_size");
-    check(MPI_Comm_rank(c, &rank_), "MPI_Comm_rank");
-  }
+  MpiCommunicator(const lnmlp_mpi_module_table& m, const lnmlp_comm_callbacks& t) : m_(m), t_(t) {}
+  ~MpiCommunicator() override { m_.close(t_.user); }
   CommKind kind() const override { return CommKind::Mpi; }
-  int32_t size() const override { return size_; }
-  int32_t rank() const override { return rank_; }
-  void all_gather(const void* s, void* r, int64_t n, CommType t, void*) override {
-    check(MPI_Allgather(s, as_int(n), mpi_type(t), r, as_int(n), mpi_type(t), comm_), "MPI_Allgather");
+  int32_t size() const override { return static_cast<int32_t>(t_.group_size); }
+  int32_t rank() const override { return static_cast<int32_t>(t_.rank); }
+  void all_gather(const void* s, void* r, int64_t n, CommType t, void* st) override {
+    call(t_.all_gather, "MPI_Allgather", s, r, n, t, st);
   }
-  void reduce_scatter_sum(const void* s, void* r, int64_t n, CommType t, void*) override {
-    check(MPI_Reduce_scatter_block(s, r, as_int(n), mpi_type(t), sum_or_max(t, MPI_SUM, "a sum"), comm_),
-          "MPI_Reduce_scatter_block");
+  void reduce_scatter_sum(const void* s, void* r, int64_t n, CommType t, void* st) override {
+    call(t_.reduce_scatter, "MPI_Reduce_scatter_block", s, r, n, t, st);
   }
-  void all_reduce_sum(const void* s, void* r, int64_t n, CommType t, void*) override {
-    all_reduce(s, r, n, mpi_type(t), sum_or_max(t, MPI_SUM, "a sum"));
+  void all_reduce_sum(const void* s, void* r, int64_t n, CommType t, void* st) override {
+    call(t_.all_reduce_sum, "MPI_Allreduce (sum)", s, r, n, t, st);
   }
-  // Amaxes only (non-negative floats or NaN): max-reduced as their bit patterns, unsigned integers
-  // in which every NaN is above +inf, so a NaN on any rank reaches every rank as it does locally
-  // (MPI_MAX on floats need not propagate it).
-  void all_reduce_max(const void* s, void* r, int64_t n, CommType t, void*) override {
-    all_reduce(s, r, n, MPI_UINT32_T, sum_or_max(t, MPI_MAX, "a maximum"));
+  void all_reduce_max(const void* s, void* r, int64_t n, CommType t, void* st) override {
+    call(t_.all_reduce_max, "MPI_Allreduce (max)", s, r, n, t, st);
   }
 
  private:
-  void all_reduce(const void* s, void* r, int64_t n, MPI_Datatype type, MPI_Op op) {
-    check(MPI_Allreduce(s == r ? MPI_IN_PLACE : s, r, as_int(n), type, op, comm_), "MPI_Allreduce");
+  void call(lnmlp_comm_fn fn, const char* what, const void* s, void* r, int64_t n, CommType t, void* st) {
+    const int32_t code = fn(s, r, n, static_cast<int32_t>(t), t_.user, st);
+    if (code == 0) return;
+    char msg[kMsgCap] = {0};
+    m_.error_string(code, msg, kMsgCap);
+    fail(LNMLP_ERROR_BACKEND, what, " failed: ", msg);
   }
-  MPI_Comm comm_;
-  int size_ = 1, rank_ = 0;
+  const lnmlp_mpi_module_table& m_;
+  lnmlp_comm_callbacks t_;
 };
+
+struct Module {
+  const lnmlp_mpi_module_table* table = nullptr;
+  std::string error;  // why table is NULL
+};
+
+Module load() {
+  Module m;
+  std::string tried;
+  void* entry = load_module_entry(LNMLP_MPI_MODULE_FILE, LNMLP_MPI_MODULE_ENTRY, &tried);
+  if (entry == nullptr) {
+    m.error = "could not load lnmlp's MPI module (" + tried +
+              "): it must be installed beside liblnmlp, and the MPI library it was built with must be on the "
+              "loader's path (Open MPI's libmpi.so.40; Debian: libopenmpi3); or use lnmlp_comm_create_callbacks";
+    return m;
+  }
+  lnmlp_mpi_module_entry_fn fn = nullptr;
+  static_assert(sizeof(fn) == sizeof(entry), "function and object pointers differ in size");
+  __builtin_memcpy(&fn, &entry, sizeof fn);
+  const lnmlp_mpi_module_table* t = fn();
+  if (t == nullptr || t->abi != LNMLP_MPI_MODULE_ABI) {
+    m.error = "the MPI module " LNMLP_MPI_MODULE_FILE
+              " was built from a different lnmlp version than this library; install the module of this build";
+    return m;
+  }
+  m.table = t;
+  return m;
+}
 
 }  // namespace
 
 std::shared_ptr<Communicator> make_mpi_communicator(const void* mpi_comm) {
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (!initialized) fail(LNMLP_ERROR_INVALID_ARGUMENT, "MPI is not initialized; call MPI_Init first");
-  const MPI_Comm c = *static_cast<const MPI_Comm*>(mpi_comm);
-  if (c == MPI_COMM_NULL) fail(LNMLP_ERROR_INVALID_ARGUMENT, "*mpi_comm is MPI_COMM_NULL");
-  return std::make_shared<MpiCommunicator>(c);
+  if (!mpi_built())
+    fail(LNMLP_ERROR_NOT_SUPPORTED,
+         "this build of lnmlp has no MPI module (CMake found no MPI, or LNMLP_MPI=OFF); install an MPI (Debian: "
+         "libopenmpi-dev) and rebuild, or use lnmlp_comm_create_callbacks");
+  static const Module m = load();  // thread-safe, once
+  if (m.table == nullptr) fail(LNMLP_ERROR_NOT_SUPPORTED, m.error);
+  lnmlp_comm_callbacks table{};
+  char msg[kMsgCap] = {0};
+  const int32_t status = m.table->open(mpi_comm, &table, msg, kMsgCap);
+  if (status != LNMLP_SUCCESS) fail(status, msg);
+  return std::make_shared<MpiCommunicator>(*m.table, table);
 }
 
-bool mpi_built() { return true; }
-
+bool mpi_built() {
+#if defined(LNMLP_MPI_MODULE_BUILT)
+  return true;
 #else
-
-std::shared_ptr<Communicator> make_mpi_communicator(const void*) {
-  fail(LNMLP_ERROR_NOT_SUPPORTED,
-       "this build of lnmlp has no MPI (CMake found none, or LNMLP_MPI=OFF); install an MPI (Debian: "
-       "libopenmpi-dev) and rebuild, or use lnmlp_comm_create_callbacks");
-}
-
-bool mpi_built() { return false; }
-
+  return false;
 #endif
+}
 
 }  // namespace lnmlp

@@ -1,6 +1,7 @@
-// Loads the CUDA backend module (liblnmlp_cuda.so.1) on first use: first from the directory that
-// holds this library (found with dladdr), then through the default dynamic-loader search path.
-// The module is never unloaded (plans may outlive any caller's idea of "done").
+// Loads lnmlp's modules on first use -- the CUDA backend (liblnmlp_cuda.so.1) and the MPI
+// communicator (liblnmlp_mpi.so.1, comm/mpi.cpp) -- first from the directory that holds this
+// library (found with dladdr), then through the default dynamic-loader search path. A module is
+// never unloaded (plans may outlive any caller's idea of "done").
 #include "loader.h"
 
 #include <dlfcn.h>
@@ -31,35 +32,44 @@ std::string directory_of_this_library() {
   return slash == std::string::npos ? "" : path.substr(0, slash + 1);
 }
 
-Module load_module() {
-  Module m;
-  std::string tried;
+}  // namespace
+
+void* load_module_entry(const char* file, const char* entry, std::string* tried) {
   void* handle = nullptr;
   const std::string dir = directory_of_this_library();
   if (!dir.empty()) {
-    const std::string beside = dir + LNMLP_CUDA_MODULE_FILE;
+    const std::string beside = dir + file;
     handle = dlopen(beside.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (handle == nullptr) {
       const char* e = dlerror();
-      tried += std::string(beside) + ": " + (e ? e : "unknown error") + "; ";
+      *tried += beside + ": " + (e ? e : "unknown error") + "; ";
     }
   }
   if (handle == nullptr) {
-    handle = dlopen(LNMLP_CUDA_MODULE_FILE, RTLD_NOW | RTLD_LOCAL);
+    handle = dlopen(file, RTLD_NOW | RTLD_LOCAL);
     if (handle == nullptr) {
       const char* e = dlerror();
-      tried += std::string(LNMLP_CUDA_MODULE_FILE) + " on the loader's search path: " + (e ? e : "unknown error");
-      m.error = "the CUDA backend module could not be loaded (" + tried +
-                "); build lnmlp with -DLNMLP_CUDA=ON and install " LNMLP_CUDA_MODULE_FILE
-                " next to liblnmlp, or use LNMLP_BACKEND_CPU";
-      return m;
+      *tried += std::string(file) + " on the loader's search path: " + (e ? e : "unknown error");
+      return nullptr;
     }
   }
   dlerror();
-  void* sym = dlsym(handle, LNMLP_CUDA_MODULE_ENTRY);
+  void* sym = dlsym(handle, entry);
+  if (sym == nullptr)
+    *tried += std::string(file) + " has no entry point " + entry + ": it does not belong to this lnmlp build";
+  return sym;
+}
+
+namespace {
+
+Module load_module() {
+  Module m;
+  std::string tried;
+  void* sym = load_module_entry(LNMLP_CUDA_MODULE_FILE, LNMLP_CUDA_MODULE_ENTRY, &tried);
   if (sym == nullptr) {
-    m.error = "the CUDA backend module " LNMLP_CUDA_MODULE_FILE " has no entry point " LNMLP_CUDA_MODULE_ENTRY
-              "; it does not belong to this lnmlp build";
+    m.error = "the CUDA backend module could not be loaded (" + tried +
+              "); build lnmlp with -DLNMLP_CUDA=ON and install " LNMLP_CUDA_MODULE_FILE
+              " next to liblnmlp, or use LNMLP_BACKEND_CPU";
     return m;
   }
   lnmlp_cuda_module_entry_fn entry = nullptr;

@@ -1,15 +1,21 @@
-// The core's side of the CUDA module boundary (table.h): finding and loading liblnmlp_cuda.so.1
-// with dlopen, once, and checking that it belongs to this build. The plan's proxy engine
-// (api/cuda_engine.cpp) and the NCCL communicator (api/nccl_communicator.cpp) call through the table.
+// The core's side of the module boundaries (table.h, mpi_table.h): finding and loading
+// liblnmlp_cuda.so.1 with dlopen, once, and checking that it belongs to this build. The plan's
+// proxy engine (api/cuda_engine.cpp) and the NCCL communicator (api/nccl_communicator.cpp) call
+// through the CUDA table; comm/mpi.cpp loads the MPI module the same way.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 struct lnmlp_cuda_module_table;  // table.h
 
 namespace lnmlp {
 
-// The loaded module's table; throws NOT_SUPPORTED (saying why it could not be loaded).
+// A module's entry point: `file` loaded from this library's directory, else from the loader's
+// search path, and its symbol `entry`; NULL with what was tried appended to *tried.
+void* load_module_entry(const char* file, const char* entry, std::string* tried);
+
+// The loaded CUDA module's table; throws NOT_SUPPORTED (saying why it could not be loaded).
 const lnmlp_cuda_module_table& cuda_module_table();
 
 // lnmlp_query_support's answer for the CUDA backend: tries to load the module and probe for a

@@ -80,6 +80,39 @@ def test_experimental_tier_is_listed():
         assert not hasattr(_capi, gone), gone
 
 
+def _needed(library):
+    """The DT_NEEDED entries of a shared library (readelf -d)."""
+    out = subprocess.run(["readelf", "-d", library], capture_output=True, text=True, check=True).stdout
+    return [line.split("[", 1)[1].rstrip("]") for line in out.splitlines() if "(NEEDED)" in line]
+
+
+def test_mpi_is_a_module_the_core_loads_only_when_asked(tmp_path):
+    """liblnmlp links no MPI: lnmlp_comm_create_mpi loads liblnmlp_mpi.so.1 (beside the library)
+    when called. Without the module (the core copied alone), it fails with NOT_SUPPORTED naming the
+    module, and everything else still works."""
+    core = lnmlp.library_path()
+    assert not [n for n in _needed(core) if "mpi" in n], _needed(core)
+    module = os.path.join(os.path.dirname(core), "liblnmlp_mpi.so.1")
+    if "MPI communicator: built" in lnmlp.build_info():
+        assert any(n.startswith("libmpi") for n in _needed(module)), _needed(module)
+    alone = tmp_path / os.path.basename(core)
+    alone.write_bytes(open(core, "rb").read())
+    probe = (
+        "import ctypes, lnmlp\n"
+        "from lnmlp import _capi, _lib\n"
+        "lib = _lib.get_lib()\n"
+        "mpi_comm, comm = ctypes.c_void_p(1), ctypes.c_void_p()\n"
+        "status = lib.lnmlp_comm_create_mpi(ctypes.byref(mpi_comm), ctypes.byref(comm))\n"
+        "print(status == _capi.ERROR_NOT_SUPPORTED, not comm.value, lib.lnmlp_last_error().decode())\n"
+        "with lnmlp.Plan(4, 8, 16) as p:\n"
+        "    print('plan', p.hidden)\n")
+    env = dict(os.environ, LNMLP_LIBRARY=str(alone))
+    env.pop("LD_LIBRARY_PATH", None)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.startswith("True True ") and "liblnmlp_mpi.so.1" in out or "no MPI module" in out, out
+    assert "plan 8" in out, out
+
+
 def test_comm_callbacks_table_needs_its_struct_size():
     # The raw ctypes layer: lnmlp_comm_create_callbacks reads struct_size first and refuses any
     # size but sizeof(lnmlp_comm_callbacks) (ctypes.sizeof of the generated Structure).

@@ -776,8 +776,11 @@ extern "C" {
     /// Creates a communicator from an MPI communicator, for the CPU backend: mpi_comm points to an
     /// MPI_Comm (in Python with mpi4py: MPI._addressof(comm)). MPI must be initialized; the MPI_Comm
     /// is used as it is (not duplicated) and must stay valid while a plan uses it. The group is the
-    /// whole MPI communicator (its size and rank). Returns LNMLP_ERROR_NOT_SUPPORTED when this build has
-    /// no MPI (CMake option LNMLP_MPI; lnmlp_get_build_info says which).
+    /// whole MPI communicator (its size and rank). liblnmlp does not link MPI: this call loads lnmlp's
+    /// MPI module (liblnmlp_mpi.so.1, installed beside liblnmlp; it links the MPI library the build
+    /// found), so only a program that creates an MPI communicator needs MPI installed. Returns
+    /// LNMLP_ERROR_NOT_SUPPORTED, saying why, when this build has no MPI module (CMake option LNMLP_MPI;
+    /// lnmlp_get_build_info says which) or the module or its MPI library cannot be loaded.
     /// @since 0.1
     /// @param\[in\] mpi_comm
     /// @param\[out\] comm
