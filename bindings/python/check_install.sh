@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# `pip install ./bindings/python` into a fresh virtual environment gives a working, self-contained
-# package: pip builds the wheel from source (scikit-build-core runs the project's CMake; no CMake
-# step first), then the seed's usage example, a jitted lnmlp.jax gradient and an lnmlp.torch module's
-# gradient run from outside the source tree, with no LNMLP_LIBRARY set, on the libraries inside the
-# package.
+# The self-contained wheel works where nothing else of lnmlp's is installed: build_wheel.sh builds
+# and repairs it (oneDNN and the OpenMP runtime inside, a manylinux tag), then in a fresh virtual
+# environment, with the system's oneDNN hidden from the loader, the seed's usage example, a jitted
+# lnmlp.jax gradient and an lnmlp.torch module's gradient run from outside the source tree, with no
+# LNMLP_LIBRARY set, on the libraries inside the wheel. Then every library the wheel ships is
+# checked with ldd: each dependency is in the wheel or a library every manylinux system has
+# (glibc's, libstdc++, libgcc_s), except the MPI module's, which loads the machine's MPI only when a
+# program asks for an MPI communicator.
 #
 # The CUDA module is left out of this wheel build (-C cmake.define.LNMLP_CUDA=OFF) to keep CI
 # short: the release build compiles it, and a wheel built where nvcc exists carries it.
@@ -11,25 +14,67 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 PYTHON="${PYTHON:-python3}"
-venv="$(mktemp -d)"
-trap 'rm -rf "$venv"' EXIT
-# --system-site-packages: reuse the numpy/ml_dtypes/jax that scripts/setup.sh installed.
-"$PYTHON" -m venv --system-site-packages "$venv"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
 start=$(date +%s)
-CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$venv/bin/python" -m pip install -q -C cmake.define.LNMLP_CUDA=OFF "$here"
-echo "check_install: pip built and installed the wheel in $(( $(date +%s) - start )) s"
-pkg="$("$venv/bin/python" -c "import lnmlp, os; print(os.path.dirname(lnmlp.__file__))")"
-ls "$pkg" | grep -E '^liblnmlp' | sed 's/^/check_install: in the package: /'
-cd "$venv"
-env -u LNMLP_LIBRARY "$venv/bin/python" "$repo/examples/python/seed_usage.py"
-env -u LNMLP_LIBRARY "$venv/bin/python" -c "import lnmlp; print('installed:', lnmlp.library_path(), lnmlp.build_info())"
-env -u LNMLP_LIBRARY -u LNMLP_XLA_LIBRARY "$venv/bin/python" -c "
+wheel="$(bash "$here/build_wheel.sh" "$work/dist" -C cmake.define.LNMLP_CUDA=OFF)"
+echo "check_install: built and repaired $(basename "$wheel") in $(( $(date +%s) - start )) s," \
+     "$(( $(stat -c %s "$wheel") / 1024 )) KiB"
+"$PYTHON" -m zipfile -l "$wheel" | grep -E '\.so' | sed 's/^/check_install: in the wheel: /'
+
+# --system-site-packages: reuse the numpy/ml_dtypes/jax/torch that scripts/setup.sh installed;
+# lnmlp and its libraries come from the wheel alone.
+venv="$work/venv"
+"$PYTHON" -m venv --system-site-packages "$venv"
+"$venv/bin/python" -m pip install -q --no-deps "$wheel"
+site="$("$venv/bin/python" -c "import lnmlp, os; print(os.path.dirname(os.path.dirname(lnmlp.__file__)))")"
+
+# Hides the system's oneDNN from the loader (a private mount namespace with /dev/null over it)
+# where this process may make one; elsewhere the /proc/self/maps check below still shows which
+# oneDNN each run loaded.
+hide=()
+dnnl="$(readlink -f "$(ldconfig -p | awk '/libdnnl\.so\.[0-9]+ /{print $NF; exit}')" 2>/dev/null || true)"
+if [ -n "$dnnl" ] && unshare -m true 2>/dev/null; then
+  hide=(unshare -m sh -c "mount --bind /dev/null '$dnnl' && exec \"\$0\" \"\$@\"")
+  echo "check_install: the system's oneDNN ($dnnl) is hidden from the loader"
+else
+  echo "check_install: the system's oneDNN is not hidden (no private mount namespace here)"
+fi
+run() { (cd "$work" && env -u LNMLP_LIBRARY -u LNMLP_XLA_LIBRARY -u LD_LIBRARY_PATH "${hide[@]}" "$venv/bin/python" "$@"); }
+# Each run ends by checking that every oneDNN and OpenMP runtime it mapped is the wheel's.
+maps="
+import os
+libs = {l.split()[-1] for l in open('/proc/self/maps') if 'libdnnl' in l or 'libgomp' in l}
+outside = [l for l in libs if not l.startswith('$site/lnmlp') and 'torch' not in l]
+assert libs and not outside, ('loaded from outside the wheel', outside)"
+
+run "$repo/examples/python/seed_usage.py"
+run -c "import lnmlp; print('installed:', lnmlp.library_path(), lnmlp.build_info())
+$maps"
+run -c "
 import jax, jax.numpy as jnp, lnmlp.jax as lj
 x = jnp.ones((4, 8)); k1 = jnp.ones((8, 1, 16)) / 8; k2 = jnp.ones((16, 8)) / 16
 g = jax.jit(jax.grad(lambda x: lj.layernorm_mlp(x, jnp.ones(8), jnp.zeros(8), [k1, k2], [None, None], 'rmsnorm').sum()))(x)
-print('installed lnmlp.jax:', lj.library_path(), g.shape)"
-env -u LNMLP_LIBRARY "$venv/bin/python" -c "
+print('installed lnmlp.jax:', lj.library_path(), g.shape)
+$maps"
+run -c "
 import torch, lnmlp, lnmlp.torch as lt
 m = lt.LayerNormMLP(8, 16, activation='swiglu'); x = torch.ones(4, 8, requires_grad=True)
 m(x).sum().backward()
-print('installed lnmlp.torch:', lnmlp.library_path(), tuple(m.fc1_weight.grad.shape))"
+print('installed lnmlp.torch:', lnmlp.library_path(), tuple(m.fc1_weight.grad.shape))
+$maps"
+
+# ldd: nothing outside the wheel but what every manylinux system provides.
+policy='^(linux-vdso|ld-linux|libc|libm|libmvec|libdl|librt|libpthread|libstdc\+\+|libgcc_s)\.'
+bad=0
+for lib in "$site"/lnmlp/*.so* "$site"/lnmlp.libs/*; do
+  case "$(basename "$lib")" in liblnmlp_mpi.so.*) continue ;; esac  # the machine's MPI, when asked for
+  while read -r name _ path _; do
+    [[ "$name" =~ $policy ]] && continue
+    [[ "$path" == "$site"/lnmlp* ]] && continue
+    echo "check_install: $(basename "$lib") needs $name from $path, outside the wheel" >&2
+    bad=1
+  done < <(ldd "$lib" | grep '=>')
+done
+[ "$bad" -eq 0 ] || exit 1
+echo "check_install: every shipped library's dependencies are in the wheel or the manylinux policy"

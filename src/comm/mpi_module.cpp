@@ -1,4 +1,4 @@
-// The MPI communicator module, liblnmlp_mpi.so.1 (module/mpi_table.h): lnmlp's four collectives
+// The MPI communicator module, liblnmlp_mpi.so.1 (comm/mpi_table.h): lnmlp's four collectives
 // over a caller's MPI_Comm, as a table of C callbacks. The only part of lnmlp linked with MPI;
 // the core loads it with dlopen when lnmlp_comm_create_mpi is called.
 #include <mpi.h>
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <new>
 
-#include "module/mpi_table.h"
+#include "comm/mpi_table.h"
 
 namespace {
 

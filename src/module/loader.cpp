@@ -1,5 +1,5 @@
 // Loads lnmlp's modules on first use -- the CUDA backend (liblnmlp_cuda.so.1) and the MPI
-// communicator (liblnmlp_mpi.so.1, comm/mpi.cpp) -- first from the directory that holds this
+// communicator (liblnmlp_mpi.so.1, module/mpi_loader.cpp) -- first from the directory that holds this
 // library (found with dladdr), then through the default dynamic-loader search path. A module is
 // never unloaded (plans may outlive any caller's idea of "done").
 #include "loader.h"

@@ -1,7 +1,7 @@
-// The core's side of the module boundaries (table.h, mpi_table.h): finding and loading
+// The core's side of the module boundaries (table.h, comm/mpi_table.h): finding and loading
 // liblnmlp_cuda.so.1 with dlopen, once, and checking that it belongs to this build. The plan's
 // proxy engine (api/cuda_engine.cpp) and the NCCL communicator (api/nccl_communicator.cpp) call
-// through the CUDA table; comm/mpi.cpp loads the MPI module the same way.
+// through the CUDA table; module/mpi_loader.cpp loads the MPI module the same way.
 #pragma once
 
 #include <cstdint>

@@ -87,14 +87,18 @@ def _needed(library):
 
 
 def test_mpi_is_a_module_the_core_loads_only_when_asked(tmp_path):
-    """liblnmlp links no MPI: lnmlp_comm_create_mpi loads liblnmlp_mpi.so.1 (beside the library)
-    when called. Without the module (the core copied alone), it fails with NOT_SUPPORTED naming the
-    module, and everything else still works."""
+    """liblnmlp links no MPI, nor does its MPI module: lnmlp_comm_create_mpi loads the build's MPI
+    library into the global scope and then liblnmlp_mpi.so.1 (beside the library), whose MPI
+    symbols resolve there, when called. Without the module (the core copied alone), it fails with
+    NOT_SUPPORTED naming the module, and everything else still works."""
     core = lnmlp.library_path()
     assert not [n for n in _needed(core) if "mpi" in n], _needed(core)
     module = os.path.join(os.path.dirname(core), "liblnmlp_mpi.so.1")
     if "MPI communicator: built" in lnmlp.build_info():
-        assert any(n.startswith("libmpi") for n in _needed(module)), _needed(module)
+        assert not [n for n in _needed(module) if "mpi" in n], _needed(module)
+        undefined = subprocess.run(["nm", "-D", "--undefined-only", module], capture_output=True, text=True,
+                                   check=True).stdout
+        assert "MPI_Allreduce" in undefined, undefined
     alone = tmp_path / os.path.basename(core)
     alone.write_bytes(open(core, "rb").read())
     probe = (
@@ -106,7 +110,8 @@ def test_mpi_is_a_module_the_core_loads_only_when_asked(tmp_path):
         "print(status == _capi.ERROR_NOT_SUPPORTED, not comm.value, lib.lnmlp_last_error().decode())\n"
         "with lnmlp.Plan(4, 8, 16) as p:\n"
         "    print('plan', p.hidden)\n")
-    env = dict(os.environ, LNMLP_LIBRARY=str(alone))
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(lnmlp.__file__)))
+    env = dict(os.environ, LNMLP_LIBRARY=str(alone), PYTHONPATH=package_root)
     env.pop("LD_LIBRARY_PATH", None)
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True).stdout
     assert out.startswith("True True ") and "liblnmlp_mpi.so.1" in out or "no MPI module" in out, out

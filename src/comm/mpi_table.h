@@ -1,7 +1,9 @@
 // The boundary between the core library (liblnmlp.so) and the MPI communicator module
 // (liblnmlp_mpi.so.1), which the core loads with dlopen only when lnmlp_comm_create_mpi is called,
 // so that the core (and a wheel of it) has no link dependency on an MPI library: MPI is found at
-// run time, and only by a program that asks for it.
+// run time, and only by a program that asks for it. The module links no MPI either: compiled
+// against the build's mpi.h, it leaves MPI's symbols to the global scope, where the core first
+// loads the build's MPI library by its soname (LNMLP_MPI_LIBRARY_SONAME, src/CMakeLists.txt).
 //
 // The module exports ONE symbol, LNMLP_MPI_MODULE_ENTRY, returning a table of plain C functions.
 // open() fills the public lnmlp_comm_callbacks table over the caller's MPI_Comm (the same four

@@ -1,14 +1,16 @@
-// lnmlp_comm_create_mpi's communicator: the MPI module's collectives (module/mpi_table.h), which
-// the core loads from liblnmlp_mpi.so.1 on first use, so that only a program that asks for MPI
-// needs an MPI library. Without the module (a build without MPI, or MPI missing at run time) the
-// factory says why.
+// lnmlp_comm_create_mpi's communicator: the MPI module's collectives (comm/mpi_table.h). On
+// first use the core loads the MPI library the build found (by its soname, into the global scope)
+// and then the module liblnmlp_mpi.so.1, whose MPI symbols resolve against it; so only a program
+// that asks for MPI needs an MPI library. Without either the factory says why.
+#include <dlfcn.h>
+
 #include <string>
 
-#include "comm.h"
+#include "comm/comm.h"
+#include "comm/mpi_table.h"
 #include "common/error.h"
 #include "lnmlp.h"
 #include "module/loader.h"
-#include "module/mpi_table.h"
 
 namespace lnmlp {
 namespace {
@@ -54,12 +56,22 @@ struct Module {
 
 Module load() {
   Module m;
+#if defined(LNMLP_MPI_LIBRARY_SONAME)
+  // The module leaves MPI's symbols to the global scope: the MPI library of the build goes there
+  // first (already loaded by an MPI program or mpi4py, this only makes it global).
+  if (dlopen(LNMLP_MPI_LIBRARY_SONAME, RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+    const char* e = dlerror();
+    m.error = std::string("could not load the MPI library lnmlp's MPI module was built with (") +
+              (e ? e : LNMLP_MPI_LIBRARY_SONAME) +
+              "): install it (Open MPI's libmpi.so.40: Debian libopenmpi3), or use lnmlp_comm_create_callbacks";
+    return m;
+  }
+#endif
   std::string tried;
   void* entry = load_module_entry(LNMLP_MPI_MODULE_FILE, LNMLP_MPI_MODULE_ENTRY, &tried);
   if (entry == nullptr) {
     m.error = "could not load lnmlp's MPI module (" + tried +
-              "): it must be installed beside liblnmlp, and the MPI library it was built with must be on the "
-              "loader's path (Open MPI's libmpi.so.40; Debian: libopenmpi3); or use lnmlp_comm_create_callbacks";
+              "): install it beside liblnmlp, or use lnmlp_comm_create_callbacks";
     return m;
   }
   lnmlp_mpi_module_entry_fn fn = nullptr;
