@@ -1,18 +1,24 @@
-// A communicator made of a caller's function table (lnmlp_comm_create_callbacks).
-#include "comm.h"
-
+// A communicator made of a table of C collectives: a caller's (lnmlp_comm_create_callbacks) or the
+// MPI module's (module/mpi_loader.cpp).
 #include <climits>
+#include <string>
+#include <utility>
 
+#include "comm.h"
 #include "common/error.h"
 #include "lnmlp.h"
 
 namespace lnmlp {
 namespace {
 
-class CallbackCommunicator final : public Communicator {
+class TableCommunicator final : public Communicator {
  public:
-  explicit CallbackCommunicator(const lnmlp_comm_callbacks& t) : t_(t) {}
-  CommKind kind() const override { return CommKind::Callbacks; }
+  TableCommunicator(const lnmlp_comm_callbacks& t, CommKind kind, ExplainFailure explain, std::function<void()> release)
+      : t_(t), kind_(kind), explain_(std::move(explain)), release_(std::move(release)) {}
+  ~TableCommunicator() override {
+    if (release_) release_();
+  }
+  CommKind kind() const override { return kind_; }
   int32_t size() const override { return static_cast<int32_t>(t_.group_size); }
   int32_t rank() const override { return static_cast<int32_t>(t_.rank); }
   void all_gather(const void* s, void* r, int64_t n, CommType t, void* st) override {
@@ -31,14 +37,20 @@ class CallbackCommunicator final : public Communicator {
  private:
   void call(lnmlp_comm_fn fn, const char* name, const void* s, void* r, int64_t n, CommType t, void* st) {
     const int32_t status = fn(s, r, n, static_cast<int32_t>(t), t_.user, st);
-    if (status != 0)
-      fail(LNMLP_ERROR_BACKEND, "the communicator's ", name, " callback returned ", status, " (rank ", t_.rank, " of ",
-           t_.group_size, ")");
+    if (status != 0) fail(LNMLP_ERROR_BACKEND, explain_(name, status));
   }
   lnmlp_comm_callbacks t_;
+  CommKind kind_;
+  ExplainFailure explain_;
+  std::function<void()> release_;
 };
 
 }  // namespace
+
+std::shared_ptr<Communicator> make_table_communicator(const lnmlp_comm_callbacks& table, CommKind kind,
+                                                      ExplainFailure explain, std::function<void()> release) {
+  return std::make_shared<TableCommunicator>(table, kind, std::move(explain), std::move(release));
+}
 
 std::shared_ptr<Communicator> make_callback_communicator(const lnmlp_comm_callbacks& t) {
   if (t.group_size < 1 || t.group_size > INT32_MAX)
@@ -55,7 +67,14 @@ std::shared_ptr<Communicator> make_callback_communicator(const lnmlp_comm_callba
   for (const auto& f : fns)
     if (f.fn == nullptr)
       fail(LNMLP_ERROR_NULL_POINTER, "table->", f.name, " is NULL; all four collectives are required");
-  return std::make_shared<CallbackCommunicator>(t);
+  const int64_t rank = t.rank, size = t.group_size;
+  return make_table_communicator(
+      t, CommKind::Callbacks,
+      [rank, size](const char* name, int32_t status) {
+        return "the communicator's " + std::string(name) + " callback returned " + std::to_string(status) + " (rank " +
+               std::to_string(rank) + " of " + std::to_string(size) + ")";
+      },
+      nullptr);
 }
 
 }  // namespace lnmlp

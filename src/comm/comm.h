@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "lnmlp.h"
 #include "numerics/dtype.h"
@@ -55,6 +57,13 @@ inline float* group_sum_rows(Communicator* comm, bool sp, float* partial, float*
   comm->all_reduce_sum(partial, partial, rows * width, CommType::F32, stream);
   return partial;
 }
+
+// A communicator calling a table of C collectives (lnmlp_comm_fn): a caller's table or the MPI
+// module's. `explain` gives the message of a collective (its table field's name) that returned a
+// nonzero status; `release` (may be empty) runs when the communicator goes.
+using ExplainFailure = std::function<std::string(const char* collective, int32_t status)>;
+std::shared_ptr<Communicator> make_table_communicator(const lnmlp_comm_callbacks& table, CommKind kind,
+                                                      ExplainFailure explain, std::function<void()> release);
 
 // Both throw lnmlp::Error with a message naming what is wrong.
 std::shared_ptr<Communicator> make_callback_communicator(const lnmlp_comm_callbacks& table);

@@ -38,26 +38,41 @@ template <typename Fn> bool resolve(void* h, const char* name, Fn& fn) {
   return sym != nullptr;
 }
 
+// The directory of this module's file (found with dladdr), with a trailing '/'; "" if unknown.
+std::string module_directory() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<const void*>(&module_directory), &info) == 0 || info.dli_fname == nullptr) return "";
+  const std::string path(info.dli_fname);
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "" : path.substr(0, slash + 1);
+}
+
+void* try_dlopen(const std::string& name, std::string* tried) {
+  void* h = dlopen(name.c_str(), RTLD_NOW | RTLD_GLOBAL);
+  if (h == nullptr) {
+    const char* e = dlerror();
+    *tried += (tried->empty() ? "" : "; ") + name + ": " + (e ? e : "unknown error");
+  }
+  return h;
+}
+
 NcclApi load_nccl() {
   NcclApi a;
   std::string tried;
-  // The copy already in the process (a framework's, which made the ncclComm_t) is found by its
-  // SONAME; else the loader's search path; else the one CMake found at build time.
-  void* h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
-  if (h == nullptr) {
-    const char* e = dlerror();
-    tried += std::string("libnccl.so.2: ") + (e ? e : "unknown error");
+  // Found at run time, in this order: the copy already in the process (a framework's, which made
+  // the ncclComm_t) by its SONAME, or one on the loader's search path; NVIDIA's pip wheel beside
+  // this module's package (site-packages/nvidia/nccl/lib, as PyTorch finds it); in a build tree,
+  // the one CMake found (never baked into a wheel).
+  void* h = try_dlopen("libnccl.so.2", &tried);
+  const std::string dir = module_directory();
+  if (h == nullptr && !dir.empty()) h = try_dlopen(dir + "../nvidia/nccl/lib/libnccl.so.2", &tried);
 #if defined(LNMLP_NCCL_LIBRARY)
-    h = dlopen(LNMLP_NCCL_LIBRARY, RTLD_NOW | RTLD_GLOBAL);
-    if (h == nullptr) {
-      e = dlerror();
-      tried += std::string("; " LNMLP_NCCL_LIBRARY ": ") + (e ? e : "unknown error");
-    }
+  if (h == nullptr) h = try_dlopen(LNMLP_NCCL_LIBRARY, &tried);
 #endif
-  }
   if (h == nullptr) {
     a.error = "NCCL could not be loaded (" + tried +
-              "); install NCCL (libnccl2) or put libnccl.so.2 on the loader's search path (LD_LIBRARY_PATH)";
+              "); pip install nvidia-nccl-cu13, install NCCL (libnccl2), or put libnccl.so.2 on the loader's search "
+              "path (LD_LIBRARY_PATH)";
     return a;
   }
   bool ok = resolve(h, "ncclGetErrorString", a.error_string);

@@ -17,38 +17,6 @@ namespace {
 
 constexpr int64_t kMsgCap = 1024;
 
-class MpiCommunicator final : public Communicator {
- public:
-  MpiCommunicator(const lnmlp_mpi_module_table& m, const lnmlp_comm_callbacks& t) : m_(m), t_(t) {}
-  ~MpiCommunicator() override { m_.close(t_.user); }
-  CommKind kind() const override { return CommKind::Mpi; }
-  int32_t size() const override { return static_cast<int32_t>(t_.group_size); }
-  int32_t rank() const override { return static_cast<int32_t>(t_.rank); }
-  void all_gather(const void* s, void* r, int64_t n, CommType t, void* st) override {
-    call(t_.all_gather, "MPI_Allgather", s, r, n, t, st);
-  }
-  void reduce_scatter_sum(const void* s, void* r, int64_t n, CommType t, void* st) override {
-    call(t_.reduce_scatter, "MPI_Reduce_scatter_block", s, r, n, t, st);
-  }
-  void all_reduce_sum(const void* s, void* r, int64_t n, CommType t, void* st) override {
-    call(t_.all_reduce_sum, "MPI_Allreduce (sum)", s, r, n, t, st);
-  }
-  void all_reduce_max(const void* s, void* r, int64_t n, CommType t, void* st) override {
-    call(t_.all_reduce_max, "MPI_Allreduce (max)", s, r, n, t, st);
-  }
-
- private:
-  void call(lnmlp_comm_fn fn, const char* what, const void* s, void* r, int64_t n, CommType t, void* st) {
-    const int32_t code = fn(s, r, n, static_cast<int32_t>(t), t_.user, st);
-    if (code == 0) return;
-    char msg[kMsgCap] = {0};
-    m_.error_string(code, msg, kMsgCap);
-    fail(LNMLP_ERROR_BACKEND, what, " failed: ", msg);
-  }
-  const lnmlp_mpi_module_table& m_;
-  lnmlp_comm_callbacks t_;
-};
-
 struct Module {
   const lnmlp_mpi_module_table* table = nullptr;
   std::string error;  // why table is NULL
@@ -100,7 +68,16 @@ std::shared_ptr<Communicator> make_mpi_communicator(const void* mpi_comm) {
   char msg[kMsgCap] = {0};
   const int32_t status = m.table->open(mpi_comm, &table, msg, kMsgCap);
   if (status != LNMLP_SUCCESS) fail(status, msg);
-  return std::make_shared<MpiCommunicator>(*m.table, table);
+  const lnmlp_mpi_module_table* module = m.table;
+  void* user = table.user;
+  return make_table_communicator(
+      table, CommKind::Mpi,
+      [module](const char* name, int32_t code) {
+        char text[kMsgCap] = {0};
+        module->error_string(code, text, kMsgCap);
+        return "MPI's " + std::string(name) + " failed: " + text;
+      },
+      [module, user] { module->close(user); });
 }
 
 bool mpi_built() {

@@ -118,6 +118,33 @@ def test_mpi_is_a_module_the_core_loads_only_when_asked(tmp_path):
     assert "plan 8" in out, out
 
 
+def test_the_cuda_module_finds_cublaslt_in_nvidias_pip_wheel(tmp_path):
+    """In a wheel the CUDA module is site-packages/lnmlp/liblnmlp_cuda.so.1, and NVIDIA's pip wheel
+    puts cuBLASLt in site-packages/nvidia/cu13/lib: the module's RUNPATH names that place first.
+    Laid out so in a temporary folder (the wheel's cuBLASLt linked in from wherever this machine
+    has one), the loader resolves the module's libcublasLt.so.13 there."""
+    module = os.path.join(os.path.dirname(lnmlp.library_path()), "liblnmlp_cuda.so.1")
+    if not os.path.exists(module):
+        pytest.skip("this build has no CUDA module (no nvcc)")
+    out = subprocess.run(["readelf", "-d", module], capture_output=True, text=True, check=True).stdout
+    runpath = next(line for line in out.splitlines() if "RUNPATH" in line or "RPATH" in line)
+    assert runpath.split("[", 1)[1].startswith("$ORIGIN/../nvidia/cu13/lib"), runpath
+    cublas = next((line.split("=>")[1].split()[0] for line in subprocess.run(
+        ["ldd", module], capture_output=True, text=True, check=True).stdout.splitlines()
+        if "libcublasLt.so.13 =>" in line and "not found" not in line), None)
+    if cublas is None:
+        pytest.skip("no libcublasLt.so.13 on this machine to lay out")
+    (tmp_path / "lnmlp").mkdir()
+    (tmp_path / "nvidia" / "cu13" / "lib").mkdir(parents=True)
+    os.symlink(os.path.realpath(cublas), tmp_path / "nvidia" / "cu13" / "lib" / "libcublasLt.so.13")
+    copy = tmp_path / "lnmlp" / "liblnmlp_cuda.so.1"  # a copy: $ORIGIN is a file's own folder
+    copy.write_bytes(open(module, "rb").read())
+    env = dict(os.environ)
+    env.pop("LD_LIBRARY_PATH", None)
+    resolved = subprocess.run(["ldd", str(copy)], capture_output=True, text=True, check=True, env=env).stdout
+    assert f"{tmp_path}/lnmlp/../nvidia/cu13/lib/libcublasLt.so.13" in resolved, resolved
+
+
 def test_comm_callbacks_table_needs_its_struct_size():
     # The raw ctypes layer: lnmlp_comm_create_callbacks reads struct_size first and refuses any
     # size but sizeof(lnmlp_comm_callbacks) (ctypes.sizeof of the generated Structure).

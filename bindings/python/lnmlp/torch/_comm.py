@@ -32,38 +32,28 @@ import torch
 
 from .. import _capi, _lib
 from .._lib import InvalidArgumentError, NotSupportedError
+from . import _numbering
 
 __all__ = ["group_number", "group_count", "group_of", "check_group", "communicator", "layout_communicator",
-           "amax_over_group", "agreed_state"]
+           "amax_over_group", "agreed_state", "forget_groups"]
 
+_groups = _numbering.Numbering()  # the process groups the ops' configurations name
 _lock = threading.Lock()
-_groups: list = [None]          # number -> ProcessGroup (0: none)
-_group_numbers: dict = {}       # ProcessGroup -> number
 _communicators: dict = {}       # (number, device str) -> _Communicator
 
 
 def group_number(group) -> int:
-    """The number of a process group in the ops' configuration (0 for None). The group stays
-    referenced for the life of the process, as torch.distributed's own registry keeps it."""
-    if group is None:
-        return 0
-    with _lock:
-        n = _group_numbers.get(group)
-        if n is None:
-            n = _group_numbers[group] = len(_groups)
-            _groups.append(group)
-        return n
+    """The number of a process group in the ops' configuration (0 for None)."""
+    return _groups.number(group)
 
 
 def group_count() -> int:
-    with _lock:
-        return len(_groups)
+    return len(_groups)
 
 
 def group_of(number: int):
     """(group, size, rank) of a group number (number 0: (None, 1, 0))."""
-    with _lock:
-        group = _groups[number]
+    group = _groups[number]
     if group is None:
         return None, 1, 0
     return group, torch.distributed.get_world_size(group), torch.distributed.get_rank(group)
@@ -250,6 +240,15 @@ def layout_communicator(size: int, rank: int) -> _Communicator:
         if comm is None:
             comm = _communicators[key] = _LayoutCommunicator(size, rank)
         return comm
+
+
+def forget_groups() -> None:
+    """Drops this file's references to process groups and their communicators (at interpreter exit,
+    after the plans that use them are closed), so that a group torch.distributed destroyed goes
+    while torch is still whole, not in the interpreter's last teardown."""
+    with _lock:
+        _communicators.clear()
+    _groups.forget()
 
 
 def check_group(group, what: str) -> int:

@@ -48,6 +48,7 @@ module gets a new slot). On the CPU a plan serves every token count up to the la
 
 from __future__ import annotations
 
+import atexit
 import collections
 import ctypes
 import dataclasses
@@ -64,7 +65,7 @@ from torch import Tensor
 from .. import _lib
 from .. import _plan
 from .._lib import InvalidArgumentError, NotSupportedError
-from . import _comm
+from . import _comm, _numbering
 
 # torch dtype -> (NumPy dtype for lnmlp.Plan, LNMLP_DTYPE_*)
 _DTYPES = {torch.float32: (np.dtype(np.float32), _lib.DTYPE_F32),
@@ -76,22 +77,13 @@ _ACT_NAMES = {v: k for k, v in _plan.ACTIVATIONS.items()}
 _REMAT_NAMES = {v: k for k, v in _plan._REMATS.items()}
 
 # Recipes by number: the ops take ints, lnmlp.Plan takes the recipe object.
-_recipes: list = [None]
-_recipe_numbers: dict = {}
-_recipes_lock = threading.Lock()
+_recipes = _numbering.Numbering()
 
 
 @torch.compiler.assume_constant_result  # torch.compile: a constant for the recipe it traces with
 def recipe_number(recipe) -> int:
     """A recipe's number in the ops' configuration (0: none). Equal recipes share a number."""
-    if recipe is None:
-        return 0
-    with _recipes_lock:
-        n = _recipe_numbers.get(recipe)
-        if n is None:
-            n = _recipe_numbers[recipe] = len(_recipes)
-            _recipes.append(recipe)
-        return n
+    return _recipes.number(recipe)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,8 +171,7 @@ def _unpack(ints: tuple, floats: tuple) -> _Config:
 def _config_error(cfg: _Config) -> str:
     """What is wrong with a configuration the ops were given ('' when nothing is): the ops are
     public (torch.ops.lnmlp.*), so their ints are checked before any is used as an index."""
-    with _recipes_lock:
-        recipes = len(_recipes)
+    recipes = len(_recipes)
     valid = (("slot", cfg.slot >= 0), ("norm", cfg.norm in _plan._NORMS.values()),
              ("zero_centered_gamma", cfg.zero_centered_gamma in (0, 1)), ("act0", cfg.act0 in _ACT_NAMES),
              ("act1", cfg.act1 == -1 or cfg.act1 in _ACT_NAMES), ("remat", cfg.remat in _REMAT_NAMES),
@@ -401,6 +392,20 @@ def drop_slot(slot: int) -> None:
     _drop_plans(lambda key: key[0].slot == slot)
     with _plans_lock:
         _pending.pop(slot, None)
+
+
+def _release_at_exit() -> None:
+    """Closes every plan and drops the process groups they used, before the interpreter tears torch
+    down, so that no group (nor its communicator's callbacks) is left to that last teardown. (One
+    rank of the Llama example once aborted at exit -- "terminate called without an active
+    exception" -- after printing its results; not reproduced since, and this was the suspect.)"""
+    _drop_plans(lambda key: True)
+    with _plans_lock:
+        _pending.clear()
+    _comm.forget_groups()
+
+
+atexit.register(_release_at_exit)  # runs before torch's own exit handlers (registered earlier)
 
 
 class _ThreadPlans:
