@@ -31,7 +31,8 @@ Module load() {
     const char* e = dlerror();
     m.error = std::string("could not load the MPI library lnmlp's MPI module was built with (") +
               (e ? e : LNMLP_MPI_LIBRARY_SONAME) +
-              "): install it (Open MPI's libmpi.so.40: Debian libopenmpi3), or use lnmlp_comm_create_callbacks";
+              "): install that MPI (for Open MPI's libmpi.so.40, Debian's libopenmpi3), or use "
+              "lnmlp_comm_create_callbacks";
     return m;
   }
 #endif
