@@ -128,13 +128,20 @@ def cpu_busy(seconds=1.0):
     return 1 - (i1 - i0) / max(t1 - t0, 1)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def step_arguments(doc):
+    """A parser with the training-step benchmarks' common arguments: the shape (--tokens, --hidden,
+    --ffn) and the timing (--iters, --warmup); `doc` is the script's description."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--ffn", type=int, default=2048)
     ap.add_argument("--iters", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
+    return ap
+
+
+def main():
+    ap = step_arguments(__doc__)
     ap.add_argument("--quick", action="store_true", help="a short run: T=256 H=512 F=1024, 3 iterations")
     ap.add_argument("--device", choices=("all", "cpu", "cuda"), default="all",
                     help="cpu, cuda, or all (the CPU, and CUDA when available)")

@@ -24,7 +24,6 @@ collectives DTensor issues.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import os
 import socket
@@ -206,12 +205,8 @@ def run(rank, world, port, args):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens", type=int, default=1024)
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--ffn", type=int, default=2048)
-    ap.add_argument("--iters", type=int, default=7)
-    ap.add_argument("--warmup", type=int, default=2)
+    from compare import step_arguments
+    ap = step_arguments(__doc__)
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2), help="per process")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     args = ap.parse_args()
