@@ -1,11 +1,25 @@
 #!/usr/bin/env bash
 # Installs what building and testing lnmlp needs on a fresh Debian machine (idempotent: packages
 # already present are not fetched again).
+#   bash scripts/setup.sh             everything: the library, every binding, every test and tool
+#   bash scripts/setup.sh --main-job  only what the main job (scripts/run.sh) builds with: the
+#                                     compiler, CMake and oneDNN -- no Python packages, no test tools
 set -euo pipefail
 
-packages=(
-  build-essential cmake pkg-config   # toolchain
+main_job_only=0
+case "${1:-}" in
+  --main-job) main_job_only=1 ;;
+  "") ;;
+  *) echo "usage: bash scripts/setup.sh [--main-job]" >&2; exit 2 ;;
+esac
+
+# What building the library and lnmlp-bench needs (g++ brings OpenMP's runtime, libgomp).
+build_packages=(
+  build-essential cmake              # toolchain
   libdnnl-dev                        # oneDNN: the CPU GEMM library (see docs/blas-choice.md)
+)
+test_packages=(
+  pkg-config                         # the installed pkg-config file's test
   libgtest-dev googletest            # tests
   binutils                           # nm / readelf for the exported-symbol and CPU-level checks
   clang-format clang-tidy            # scripts/check-style.sh (.clang-format, .clang-tidy)
@@ -16,6 +30,8 @@ packages=(
   valgrind                           # scripts/valgrind.sh (memcheck)
 )
 
+packages=("${build_packages[@]}")
+((main_job_only)) || packages+=("${test_packages[@]}")
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -26,6 +42,9 @@ if ((${#missing[@]})); then
   [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
   "${sudo_cmd[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+if ((main_job_only)); then
+  exit 0
 fi
 
 # Python: what the binding's tests need, and jax before CMake configures, so that the build makes
