@@ -2,7 +2,9 @@
 # Builds (if needed) and tests the Rust bindings: cargo build of the core alone (no features, so
 # that it compiles without the experimental tier), cargo test and cargo doc (warnings are errors)
 # with --all-features, cargo clippy -D warnings with and without features, and cargo fmt --check
-# (these two if installed), all offline. Cargo's output goes to build/rust-target.
+# (these two if installed), all offline; then the documentation as docs.rs builds it (DOCS_RS set,
+# no library linked) and `cargo package` of both crates, which builds and tests-compiles them from
+# the packaged files alone, as crates.io would get them. Cargo's output goes to build/rust-target.
 #
 # The library: $LNMLP_LIB_DIR if set; else build/release/src if the CI already built it there;
 # else a CPU-only build of our own in build/rust-lib.
@@ -55,5 +57,13 @@ if cargo fmt --version >/dev/null 2>&1; then
 else
   echo "== cargo fmt: not installed, skipped"
 fi
+
+echo "== cargo doc as docs.rs builds it (DOCS_RS: no library to link)"
+DOCS_RS=1 RUSTDOCFLAGS="-Dwarnings" CARGO_TARGET_DIR="$CARGO_TARGET_DIR/docs-rs" \
+  cargo doc --offline --locked --no-deps --workspace --all-features
+
+# --allow-dirty: what is checked is the packaged files, not whether the checkout is committed.
+echo "== cargo package (both crates, built from their packaged files)"
+cargo package --offline --locked --workspace --allow-dirty
 
 echo "== rust bindings: all passed in $(( $(date +%s) - start ))s"

@@ -10,6 +10,8 @@
 //! hold `liblnmlp.so.2` (the SONAME; a `liblnmlp.so` of another ABI, e.g. an old build whose
 //! `liblnmlp.so` points to `liblnmlp.so.1`, is refused), on macOS `liblnmlp.2.dylib`.
 //!
+//! Under `DOCS_RS` (docs.rs's documentation build) it looks for nothing and links nothing.
+//!
 //! It links `lnmlp` as a dylib, adds an rpath to the directory (so tests and binaries run
 //! without `LD_LIBRARY_PATH`), and passes the directory on to dependents as `DEP_LNMLP_LIB_DIR`
 //! (thanks to `links = "lnmlp"`), because Cargo applies `rustc-link-arg` only to the package
@@ -93,6 +95,13 @@ fn main() {
     println!("cargo:rerun-if-env-changed=LNMLP_LIB_DIR");
     println!("cargo:rerun-if-env-changed=PKG_CONFIG_PATH");
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-env-changed=DOCS_RS");
+
+    // docs.rs builds the documentation on a machine without liblnmlp: declarations need no
+    // library to document, so nothing is linked there.
+    if env::var_os("DOCS_RS").is_some() {
+        return;
+    }
 
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     let mut tried: Vec<String> = Vec::new();

@@ -150,6 +150,12 @@ pub use types::{
 /// Re-export of the raw declarations.
 pub use lnmlp_sys as ffi;
 
+// The crate's README (its crates.io page) is compiled and run as a doc-test, so that its example
+// cannot go stale.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 use error::check;
 
 /// The library's release and ABI versions.
