@@ -89,15 +89,11 @@ static void lnmlp_jni_throw(JNIEnv* jenv, int32_t status) {
 
 %include <stdint.i>
 
-/* Load the JNI library: -Dlnmlp.jni.path=/abs/path/liblnmlp_jni.so, else java.library.path. */
+/* Load the JNI library: -Dlnmlp.jni.path, else the jar's own natives, else java.library.path
+   (java/org/lnmlp/NativeLoader.java). */
 %pragma(java) jniclasscode=%{
   static {
-    String path = System.getProperty("lnmlp.jni.path");
-    if (path != null && !path.isEmpty()) {
-      System.load(path);
-    } else {
-      System.loadLibrary("lnmlp_jni");
-    }
+    NativeLoader.load();
   }
 %}
 %pragma(java) moduleclassmodifiers="public final class"
@@ -173,7 +169,7 @@ struct lnmlp_comm {};
 %enddef
 
 LNMLP_RETURNS(lnmlp_get_version, jintArray, int[])
-LNMLP_RETURNS(lnmlp_query_support, jboolean, boolean)
+LNMLP_RETURNS(lnmlp_query_support, jint, int)
 LNMLP_RETURNS(lnmlp_get_build_info, jstring, String)
 LNMLP_RETURNS_HANDLE(lnmlp_desc_create, DescHandle)
 LNMLP_RETURNS_HANDLE(lnmlp_plan_create, PlanHandle)
@@ -192,6 +188,8 @@ LNMLP_RETURNS(lnmlp_plan_get_state_bytes, jlong, long)
 LNMLP_RETURNS(lnmlp_plan_get_amax_history_length, jlong, long)
 LNMLP_RETURNS(lnmlp_plan_get_quantizer_state, jfloat, float)
 LNMLP_RETURNS(lnmlp_plan_get_tensor_shape, jlongArray, long[])
+LNMLP_RETURNS(lnmlp_plan_get_saved_section, jlongArray, long[])
+LNMLP_RETURNS(lnmlp_plan_get_deferred_bytes, jlong, long)
 
 LNMLP_RETURNS_VOID(lnmlp_fp8_encode)
 LNMLP_RETURNS_VOID(lnmlp_fp8_decode)
@@ -216,6 +214,9 @@ LNMLP_RETURNS_VOID(lnmlp_desc_set_weight_gradients)
 LNMLP_RETURNS_VOID(lnmlp_desc_set_weight_dtype)
 LNMLP_RETURNS_VOID(lnmlp_desc_set_weight_layout)
 LNMLP_RETURNS_VOID(lnmlp_desc_set_external_workspace)
+LNMLP_RETURNS_VOID(lnmlp_desc_set_prepared_tokens)
+LNMLP_RETURNS_VOID(lnmlp_desc_set_norm_output)
+LNMLP_RETURNS_VOID(lnmlp_desc_set_gemm_math)
 LNMLP_RETURNS_VOID(lnmlp_plan_destroy)
 LNMLP_RETURNS_VOID(lnmlp_plan_attach_workspace)
 LNMLP_RETURNS_VOID(lnmlp_plan_attach_fp8_state)
@@ -225,6 +226,8 @@ LNMLP_RETURNS_VOID(lnmlp_plan_export_state)
 LNMLP_RETURNS_VOID(lnmlp_plan_import_state)
 LNMLP_RETURNS_VOID(lnmlp_plan_forward)
 LNMLP_RETURNS_VOID(lnmlp_plan_backward)
+LNMLP_RETURNS_VOID(lnmlp_plan_backward_data)
+LNMLP_RETURNS_VOID(lnmlp_plan_backward_weights)
 LNMLP_RETURNS_VOID(lnmlp_plan_forward_u16)
 LNMLP_RETURNS_VOID(lnmlp_plan_backward_u16)
 LNMLP_RETURNS_VOID(lnmlp_plan_backward_u16_f32grad)
@@ -248,7 +251,7 @@ LNMLP_RETURNS_VOID(lnmlp_plan_backward_ptr)
 }
 
 %typemap(in, numinputs=0) int32_t* supported (int32_t v = 0) "$1 = &v;"
-%typemap(argout) int32_t* supported "$result = v$argnum ? JNI_TRUE : JNI_FALSE;"
+%typemap(argout) int32_t* supported "$result = (jint)v$argnum;" /* UNSUPPORTED, SUPPORTED, SUPPORTED_EMULATED */
 
 %typemap(in, numinputs=0) const char** info (const char* v = NULL) "$1 = ($1_ltype)&v;"
 %typemap(argout) const char** info {
@@ -300,6 +303,45 @@ LNMLP_RETURNS_VOID(lnmlp_plan_backward_ptr)
     (*jenv)->SetIntArrayRegion(jenv, $input, 0, 1, &d);
   }
 }
+
+/* plan_get_saved_section: returns the section's dims as plan_get_tensor_shape does (null when the
+ * plan does not save it); offset is an optional long[] (null, or at least 1 element) that receives
+ * its byte offset (-1 when not saved). */
+%typemap(jni) int64_t* offset "jlongArray"
+%typemap(jtype) int64_t* offset "long[]"
+%typemap(jstype) int64_t* offset "long[]"
+%typemap(javain) int64_t* offset "$javainput"
+%typemap(in) int64_t* offset (int64_t v = -1) {
+  $1 = &v;
+  if ($input && !(*jenv)->ExceptionCheck(jenv) && (*jenv)->GetArrayLength(jenv, $input) < 1)
+    SWIG_JavaThrowException(jenv, SWIG_JavaIllegalArgumentException, "offset must be null or a long[1]");
+}
+%typemap(argout) int64_t* offset {
+  if ($input && !(*jenv)->ExceptionCheck(jenv)) {
+    jlong o = (jlong)v$argnum;
+    (*jenv)->SetLongArrayRegion(jenv, $input, 0, 1, &o);
+  }
+}
+
+/* desc_set_prepared_tokens(desc, long[] tokens): count = tokens.length (0 for null). */
+%typemap(jni) (int32_t count, const int64_t* tokens) "jlongArray"
+%typemap(jtype) (int32_t count, const int64_t* tokens) "long[]"
+%typemap(jstype) (int32_t count, const int64_t* tokens) "long[]"
+%typemap(javain) (int32_t count, const int64_t* tokens) "$javainput"
+%typemap(in) (int32_t count, const int64_t* tokens) {
+  $1 = 0;
+  $2 = NULL;
+  if ($input && !(*jenv)->ExceptionCheck(jenv)) {
+    $1 = (int32_t)(*jenv)->GetArrayLength(jenv, $input);
+    $2 = ($2_ltype)(*jenv)->GetLongArrayElements(jenv, $input, NULL);
+  }
+}
+%typemap(argout) (int32_t count, const int64_t* tokens) {
+  if ($2) (*jenv)->ReleaseLongArrayElements(jenv, $input, (jlong*)$2, JNI_ABORT);
+}
+/* SWIG's int64_t is long long, the header's may be long: call with the header's type. */
+%feature("action") lnmlp_desc_set_prepared_tokens
+  "result = lnmlp_desc_set_prepared_tokens(arg1, arg2, (const int64_t*)arg3);"
 
 /* ---- Java arrays ----------------------------------------------------------------------------
  * ARRAY_IN / ARRAY_OUT: a Java primitive array (null -> NULL), pinned or copied with
@@ -430,8 +472,8 @@ LNMLP_DIRECT(void* DIRECT)
                             const void* b1, const void* w2, const void* b2, const void* dy };
 %apply void* F32_OUT { void* y, void* dx, void* dgamma, void* dbeta, void* dw1, void* db1,
                        void* dw2, void* db2, void* fp8_state };
-%apply void* DIRECT { void* saved, void* state };
-%apply const void* DIRECT { const void* saved };
+%apply void* DIRECT { void* saved, void* state, void* deferred };
+%apply const void* DIRECT { const void* saved, const void* deferred };
 %apply void* PTR { void* stream };
 %apply const void* PTR { const void* mpi_comm, const void* nccl_comm };
 

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Generates the Java (JNI) binding of lnmlp with SWIG, builds it, and runs bindings/swig/test.
+# Builds the Java (JNI) binding's jar (build_jar.sh: SWIG, the JNI glue, the classes and the native
+# libraries inside), and runs bindings/swig/test from that jar, with the machine's oneDNN hidden
+# from the loader where a private mount namespace can be made, then checks that every lnmlp, oneDNN
+# and OpenMP library the test mapped came out of the jar.
 #
 #   bash bindings/swig/run_tests.sh
 #
-# Needs: swig (Debian: apt-get install swig), a JDK (javac, java; JAVA_HOME or javac on PATH),
+# Needs: swig (Debian: apt-get install swig), patchelf, a JDK (javac, java; JAVA_HOME or javac on PATH),
 # gcc, and liblnmlp: $LNMLP_LIB_DIR if set, else build/release/src if it holds liblnmlp.so, else
 # a CPU-only build made here (cmake). Every output goes under build/swig/.
 set -euo pipefail
@@ -16,8 +19,6 @@ START=$(date +%s.%N)
 die() { echo "run_tests.sh: $*" >&2; exit 1; }
 step() { echo "== $*"; }
 
-command -v swig >/dev/null || die "swig not found (Debian/Ubuntu: apt-get install -y swig)"
-command -v gcc >/dev/null || die "gcc not found"
 if [[ -z "${JAVA_HOME:-}" || ! -f "${JAVA_HOME}/include/jni.h" ]]; then
   command -v javac >/dev/null || die "javac not found (Debian: apt-get install -y default-jdk-headless)"
   JAVA_HOME="$(dirname "$(dirname "$(readlink -f "$(command -v javac)")")")"
@@ -41,54 +42,35 @@ else
   LIB_DIR="$OUT/lnmlp-build/src"
 fi
 [[ -e "$LIB_DIR/liblnmlp.so" ]] || die "no liblnmlp.so in $LIB_DIR"
-echo "liblnmlp: $LIB_DIR"
-echo "swig: $(swig -version | sed -n 's/^SWIG Version //p'), JDK: $JAVA_HOME"
 
-# ---- generate ------------------------------------------------------------------------------------
-rm -rf "$OUT/java" "$OUT/classes" "$OUT/lnmlp_wrap.c" "$OUT/liblnmlp_jni.so"
-mkdir -p "$OUT/java/org/lnmlp" "$OUT/classes"
-step "swig -java -package org.lnmlp"
-swig -java -package org.lnmlp -I"$REPO/include" -outdir "$OUT/java/org/lnmlp" \
-  -o "$OUT/lnmlp_wrap.c" "$HERE/lnmlp.i"
-
-# Every function and enum constant of lnmlp.h must be in the generated Java, the experimental
-# tier's included (lnmlp.i defines LNMLP_EXPERIMENTAL for SWIG's parse).
-missing=0
-for fn in $(grep -oE 'LNMLP_API [a-z0-9_ ]+\*? *lnmlp_[a-z0-9_]+\(' "$REPO/include/lnmlp.h" |
-            grep -oE 'lnmlp_[a-z0-9_]+'); do
-  if ! grep -qE "public static .* ${fn#lnmlp_}\(" "$OUT/java/org/lnmlp/LnmlpNative.java"; then
-    echo "missing function in LnmlpNative: $fn" >&2; missing=1
-  fi
-done
-for c in $(grep -oE '^\s*(enum \{ *)?LNMLP_[A-Z0-9_]+ *=' "$REPO/include/lnmlp.h" | grep -oE 'LNMLP_[A-Z0-9_]+') \
-         LNMLP_VERSION_MAJOR LNMLP_VERSION_MINOR LNMLP_VERSION_PATCH LNMLP_ABI_VERSION; do
-  if ! grep -qE "public final static int ${c#LNMLP_} = " "$OUT/java/org/lnmlp/LnmlpNativeConstants.java"; then
-    echo "missing constant in LnmlpNativeConstants: $c" >&2; missing=1
-  fi
-done
-[[ $missing == 0 ]] || die "the binding does not cover lnmlp.h"
-echo "coverage: every lnmlp.h function and constant is in LnmlpNative / LnmlpNativeConstants"
-
-# ---- compile -------------------------------------------------------------------------------------
-step "gcc lnmlp_wrap.c -> liblnmlp_jni.so"
-gcc -std=c99 -O2 -fPIC -shared -fno-strict-aliasing -Wall -Wno-unused-function \
-  -I"$REPO/include" -I"$JAVA_HOME/include" -I"$JAVA_HOME/include/linux" \
-  "$OUT/lnmlp_wrap.c" -o "$OUT/liblnmlp_jni.so" \
-  -L"$LIB_DIR" -llnmlp -Wl,-rpath,"$LIB_DIR" -Wl,--no-undefined
-
-step "javac"
-"$JAVAC" -Xlint:all,-try -d "$OUT/classes" \
-  "$OUT"/java/org/lnmlp/*.java "$HERE"/java/org/lnmlp/*.java "$HERE/test/LnmlpTest.java"
+# ---- build ---------------------------------------------------------------------------------------
+jar="$(bash "$HERE/build_jar.sh" "$LIB_DIR" "$OUT")"
+step "javac LnmlpTest against $(basename "$jar")"
+rm -rf "$OUT/test-classes"
+"$JAVAC" -Xlint:all,-try -cp "$jar" -d "$OUT/test-classes" "$HERE/test/LnmlpTest.java"
 
 # ---- run -----------------------------------------------------------------------------------------
-step "java LnmlpTest"
+# The test runs on the natives inside the jar, the machine's oneDNN hidden where it can be.
+# shellcheck source=scripts/shipped-libs-lib.sh
+source "$REPO/scripts/shipped-libs-lib.sh"
+step "java LnmlpTest, from the jar"
+hide_system_onednn "run_tests.sh: "
 set +e
-"$JAVA" -Xcheck:jni -ea -Dlnmlp.jni.path="$OUT/liblnmlp_jni.so" -cp "$OUT/classes" LnmlpTest \
-  2>&1 | tee "$OUT/test.log"
+(cd "$OUT" && env -u LD_LIBRARY_PATH "${HIDE_ONEDNN[@]}" \
+  "$JAVA" -Xcheck:jni -ea -cp "$jar:$OUT/test-classes" LnmlpTest) 2>&1 | tee "$OUT/test.log"
 rc=${PIPESTATUS[0]}
 set -e
 [[ $rc == 0 ]] || die "LnmlpTest failed (exit $rc)"
 if grep -q "WARNING in native method" "$OUT/test.log"; then
   die "-Xcheck:jni reported misuse of JNI (see $OUT/test.log)"
 fi
+# Every lnmlp, oneDNN and OpenMP library the test mapped is one the jar carried: all in the one
+# directory NativeLoader copied them to, next to the glue.
+natives="$(sed -n 's/^native library: //p' "$OUT/test.log")"
+dir="$(dirname "$(grep '/liblnmlp_jni\.so$' <<<"$natives")")"
+[[ "$dir" != . && "$dir" != "$OUT"* ]] || die "the glue was not loaded from a copy out of the jar"
+grep -q '/libdnnl' <<<"$natives" || die "no oneDNN among the mapped libraries"
+outside="$(grep -v "^$dir/" <<<"$natives" || true)"
+[[ -z "$outside" ]] || die "loaded from outside the jar: $outside"
+echo "run_tests.sh: lnmlp, oneDNN and OpenMP all came out of the jar ($dir)"
 awk -v s="$START" -v e="$(date +%s.%N)" 'BEGIN { printf "run_tests.sh: passed in %.1f s\n", e - s }'

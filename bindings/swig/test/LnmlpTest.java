@@ -83,6 +83,9 @@ public final class LnmlpTest {
     check(LnmlpNative.status_string(12345).equals("LNMLP_UNKNOWN_STATUS"), "unknown status");
     check(Lnmlp.supports(BACKEND_CPU, FEATURE_BACKEND), "CPU backend supported");
     check(Lnmlp.supports(BACKEND_CPU, FEATURE_DTYPE_F32), "CPU f32 supported");
+    check(Lnmlp.support(BACKEND_CPU, FEATURE_DTYPE_F32) == SUPPORTED, "CPU f32: SUPPORTED");
+    check(Lnmlp.support(BACKEND_CPU, FEATURE_RECIPE_DELAYED) == SUPPORTED_EMULATED
+        && Lnmlp.supports(BACKEND_CPU, FEATURE_RECIPE_DELAYED), "CPU FP8 recipes: SUPPORTED_EMULATED");
     check(ACT_GELU == 2 && NORM_RMSNORM == 1 && QUANTIZER_COUNT == 6 && FP8_FORMAT_DEFAULT == -1
         && RECIPE_MXFP8 == 4 && FEATURE_EXTERNAL_WORKSPACE == 9, "enum constants");
     check(DTYPE_U8 == 3 && DTYPE_FP8_E4M3 == 4 && DTYPE_FP8_E5M2 == 5 && FP8_FORMAT_HYBRID == 0
@@ -793,6 +796,75 @@ public final class LnmlpTest {
     return s;
   }
 
+  /** The 0.2 calls through the raw API: prepared token counts, the saved buffer's sections, the
+   * deferred buffer's bytes, and backward in two calls giving plan_backward's bits. */
+  static void testPreparedTokensSectionsAndTwoCalls() {
+    final int T = 12, H = 32, F = 48, t = 7;
+    Random r = new Random(7);
+    float[] x = rand(r, t * H, 1.5, 0.3), gamma = rand(r, H, 0.5, 1.0), beta = rand(r, H, 0.2, 0);
+    float[] w1 = rand(r, H * F, 0.3, 0), b1 = rand(r, F, 0.2, 0);
+    float[] w2 = rand(r, F * H, 0.3, 0), b2 = rand(r, H, 0.2, 0), dy = rand(r, t * H, 1.0, 0);
+    DescHandle d = LnmlpNative.desc_create();
+    PlanHandle p = null;
+    try {
+      LnmlpNative.desc_set_shape(d, T, H, F);
+      LnmlpNative.desc_set_activations(d, new int[] {ACT_GELU});
+      LnmlpNative.desc_set_bias(d, 1, 1);
+      LnmlpNative.desc_set_num_threads(d, 1);
+      expectStatus(ERROR_INVALID_ARGUMENT, "must be >= 1",
+          () -> LnmlpNative.desc_set_prepared_tokens(d, new long[] {3, 0}), "a prepared count of 0");
+      LnmlpNative.desc_set_prepared_tokens(d, new long[] {3, t});
+      p = LnmlpNative.plan_create(d);
+      final PlanHandle plan = p;
+
+      // Sections: FFN1 is [t, 1, F] f32 inside the saved buffer of t tokens; no FP8 scales here.
+      long savedBytes = LnmlpNative.plan_get_tensor_shape(plan, TENSOR_SAVED, t, null)[0];
+      long[] offset = {-7};
+      int[] dtype = {-7};
+      long[] ffn1 = LnmlpNative.plan_get_saved_section(plan, SAVED_FFN1, t, offset, dtype);
+      check(Arrays.equals(ffn1, new long[] {t, 1, F}) && dtype[0] == DTYPE_F32,
+          "FFN1 section shape " + Arrays.toString(ffn1) + " dtype " + dtype[0]);
+      check(offset[0] >= 0 && offset[0] + 4L * t * F <= savedBytes,
+          "FFN1 section at " + offset[0] + " inside " + savedBytes + " bytes");
+      check(LnmlpNative.plan_get_saved_section(plan, SAVED_FP8_SCALES, t, offset, null) == null
+          && offset[0] == -1, "no FP8 scales section without a recipe");
+      check(LnmlpNative.plan_get_saved_section(plan, SAVED_RSTD, t, null, null)[0] == t, "rstd rows");
+      expect(IllegalArgumentException.class,
+          () -> LnmlpNative.plan_get_saved_section(plan, SAVED_FFN1, t, new long[0], null),
+          "saved_section with an empty offset array");
+
+      // Backward in two calls: bit for bit what one backward writes.
+      long deferredBytes = LnmlpNative.plan_get_deferred_bytes(plan, t);
+      check(deferredBytes > 0, "deferred bytes " + deferredBytes);
+      long alignment = LnmlpNative.plan_get_alignment(plan);
+      ByteBuffer saved = Plan.allocateAligned(savedBytes, alignment);
+      float[] y = new float[t * H];
+      LnmlpNative.plan_forward(plan, t, x, gamma, beta, w1, b1, w2, b2, y, saved, null, CALL_DEFAULT, 0L);
+      float[][] one = {new float[t * H], new float[H], new float[H], new float[H * F], new float[F],
+                       new float[F * H], new float[H]};
+      LnmlpNative.plan_backward(plan, t, dy, x, gamma, beta, w1, b1, w2, saved, one[0], one[1],
+          one[2], one[3], one[4], one[5], one[6], null, CALL_DEFAULT, 0L);
+      float[][] two = {new float[t * H], new float[H], new float[H], new float[H * F], new float[F],
+                       new float[F * H], new float[H]};
+      ByteBuffer deferred = Plan.allocateAligned(deferredBytes, alignment);
+      LnmlpNative.plan_backward_data(plan, t, dy, x, gamma, beta, w1, b1, w2, saved, two[0], two[1],
+          two[2], two[4], two[6], deferred, null, CALL_DEFAULT, 0L);
+      LnmlpNative.plan_backward_weights(plan, t, dy, saved, deferred, two[3], two[5], CALL_DEFAULT, 0L);
+      String[] names = {"dx", "dgamma", "dbeta", "dW1", "db1", "dW2", "db2"};
+      for (int i = 0; i < names.length; i++) {
+        check(sameBits(one[i], two[i]), "two-call backward: " + names[i] + " as one backward's");
+      }
+      expect(IllegalArgumentException.class,
+          () -> LnmlpNative.plan_backward_weights(plan, t, dy, saved, ByteBuffer.allocate(8), two[3],
+              two[5], CALL_DEFAULT, 0L),
+          "a heap buffer as the deferred buffer");
+      System.out.println("0.2 calls: prepared tokens, saved sections, backward in two calls = one");
+    } finally {
+      if (p != null) LnmlpNative.plan_destroy(p);
+      LnmlpNative.desc_destroy(d);
+    }
+  }
+
   static void testAccumulate() {
     final int T = 8, H = 32, F = 48;
     final int[] ts = {8, 5, 3}; // the micro-batches' tokens
@@ -918,7 +990,21 @@ public final class LnmlpTest {
     System.out.println("accumulation: mismatched holders, arrays and dtypes are refused");
   }
 
-  public static void main(String[] args) {
+  /**
+   * Prints "native library: PATH" for each of lnmlp's, oneDNN's and the OpenMP runtime's libraries
+   * this process mapped, for run_tests.sh to check that they came out of the jar.
+   */
+  private static void printNativeLibraries() throws java.io.IOException {
+    java.util.TreeSet<String> paths = new java.util.TreeSet<>();
+    for (String line : java.nio.file.Files.readAllLines(java.nio.file.Paths.get("/proc/self/maps"))) {
+      String[] fields = line.trim().split("\\s+");
+      String path = fields[fields.length - 1];
+      if (path.matches(".*/lib(lnmlp|dnnl|gomp)[^/]*")) paths.add(path);
+    }
+    for (String path : paths) System.out.println("native library: " + path);
+  }
+
+  public static void main(String[] args) throws java.io.IOException {
     long t0 = System.nanoTime();
     testVersion();
     testForwardBackward();
@@ -930,6 +1016,8 @@ public final class LnmlpTest {
     testVariants();
     testWeightsUnchanged();
     testAccumulate();
+    testPreparedTokensSectionsAndTwoCalls();
+    printNativeLibraries();
     System.out.printf("LnmlpTest: all %d checks passed (%.2f s)%n", checks, (System.nanoTime() - t0) / 1e9);
   }
 }

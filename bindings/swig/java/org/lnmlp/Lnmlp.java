@@ -43,9 +43,15 @@ public final class Lnmlp {
     return LnmlpNative.get_build_info();
   }
 
-  /** Whether {@code backend} (BACKEND_*) can run {@code feature} (FEATURE_*) here.
-   * BACKEND_CUDA and FEATURE_SHARDING are experimental. */
+  /** Whether {@code backend} (BACKEND_*) can run {@code feature} (FEATURE_*) here, natively or
+   * emulated (see {@link #support}). BACKEND_CUDA and FEATURE_SHARDING are experimental. */
   public static boolean supports(int backend, int feature) {
+    return support(backend, feature) != LnmlpNativeConstants.UNSUPPORTED;
+  }
+
+  /** lnmlp_query_support's answer: UNSUPPORTED, SUPPORTED, or SUPPORTED_EMULATED (an FP8 recipe
+   * whose quantized GEMMs are emulated exactly, e.g. every recipe on the CPU backend). */
+  public static int support(int backend, int feature) {
     return LnmlpNative.query_support(backend, feature);
   }
 
