@@ -144,7 +144,7 @@ pub use error::{last_error, status_string, Error, Result, Status};
 pub use plan::{CallOptions, Gradients, GradientsMut, Plan, QuantizerState, Weights};
 pub use types::{
     Activation, Activations, AmaxAlgo, Backend, CallFlags, ClampedSwiglu, DType, DelayedScaling, ElementType, Feature,
-    Fp8Encoding, Fp8Format, Norm, Quantizer, Recipe, Remat, Shape, Tensor, Tokens, WeightLayout,
+    Fp8Encoding, Fp8Format, Norm, Quantizer, Recipe, Remat, Shape, Support, Tensor, Tokens, WeightLayout,
 };
 
 /// Re-export of the raw declarations.
@@ -193,12 +193,13 @@ pub fn build_info() -> &'static str {
     }
 }
 
-/// Whether `backend` can run `feature` in this build on this machine.
-pub fn query_support(backend: Backend, feature: Feature) -> Result<bool> {
+/// Whether `backend` can run `feature` in this build on this machine, and for an FP8 recipe how:
+/// natively or emulated ([`Support::is_available`] for "either").
+pub fn query_support(backend: Backend, feature: Feature) -> Result<Support> {
     let mut s = 0i32;
     // SAFETY: a valid out-pointer.
     check(unsafe { sys::lnmlp_query_support(backend.raw(), feature.raw(), &mut s) })?;
-    Ok(s != 0)
+    Ok(Support::from_raw(s))
 }
 
 /// Quantizes `input` to FP8 codes: `out[i] = fp8(input[i] * scale)`, round-to-nearest-even,

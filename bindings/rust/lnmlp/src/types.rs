@@ -512,6 +512,35 @@ impl Feature {
     }
 }
 
+/// [`crate::query_support`]'s answer (`LNMLP_UNSUPPORTED`, `LNMLP_SUPPORTED`,
+/// `LNMLP_SUPPORTED_EMULATED`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Support {
+    /// The backend cannot run the feature in this build on this machine.
+    Unsupported,
+    /// It can; for an FP8 recipe, on FP8 tensor cores.
+    Supported,
+    /// An FP8 recipe whose quantized GEMMs are emulated exactly (codes decoded and multiplied in
+    /// bf16/fp32 with fp32 accumulation: the values FP8 hardware gives, up to the order of sums),
+    /// slower: the CPU backend for every recipe, the CUDA backend for some.
+    Emulated,
+}
+
+impl Support {
+    /// Whether a plan with the feature can be made: [`Support::Supported`] or [`Support::Emulated`].
+    pub fn is_available(self) -> bool {
+        self != Support::Unsupported
+    }
+
+    pub(crate) fn from_raw(v: i32) -> Support {
+        match v {
+            sys::LNMLP_SUPPORTED => Support::Supported,
+            sys::LNMLP_SUPPORTED_EMULATED => Support::Emulated,
+            _ => Support::Unsupported,
+        }
+    }
+}
+
 /// The tensors of forward and backward (`LNMLP_TENSOR_*`), for [`crate::Plan::tensor_shape`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Tensor {

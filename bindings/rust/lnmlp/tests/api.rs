@@ -38,8 +38,13 @@ fn version_build_info_and_support() {
     assert_eq!(v.abi, ffi::LNMLP_ABI_VERSION);
     assert_eq!((v.major, v.minor), (ffi::LNMLP_VERSION_MAJOR, ffi::LNMLP_VERSION_MINOR));
     assert!(!build_info().is_empty());
-    assert!(query_support(Backend::Cpu, Feature::Backend).unwrap());
-    assert!(query_support(Backend::Cpu, Feature::DTypeBf16).unwrap());
+    assert!(query_support(Backend::Cpu, Feature::Backend).unwrap().is_available());
+    assert!(query_support(Backend::Cpu, Feature::DTypeBf16).unwrap().is_available());
+    // The three-way answer: the CPU backend emulates every FP8 recipe exactly.
+    assert_eq!(query_support(Backend::Cpu, Feature::DTypeF32).unwrap(), Support::Supported);
+    for recipe in [Feature::RecipeDelayed, Feature::RecipeCurrent, Feature::RecipeBlock, Feature::RecipeMxfp8] {
+        assert_eq!(query_support(Backend::Cpu, recipe).unwrap(), Support::Emulated, "{recipe:?}");
+    }
     assert_eq!(status_string(ffi::LNMLP_ERROR_NULL_POINTER), "LNMLP_ERROR_NULL_POINTER");
     assert_eq!(Status::from_code(7), Status::WorkspaceTooSmall);
     assert_eq!(Status::PlanBusy.code(), ffi::LNMLP_ERROR_PLAN_BUSY);
@@ -165,7 +170,7 @@ fn bad_experimental_settings_are_reported() {
     // a group of one needs none
     let p = small().sharding(1, 0, false).build().unwrap();
     assert_eq!(p.group_size(), 1);
-    if !query_support(Backend::Cuda, Feature::Backend).unwrap() {
+    if !query_support(Backend::Cuda, Feature::Backend).unwrap().is_available() {
         let e = small().backend(Backend::Cuda, 0).build().unwrap_err();
         assert_eq!(e.status(), Status::NotSupported, "{e}");
     }

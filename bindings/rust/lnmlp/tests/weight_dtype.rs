@@ -23,7 +23,7 @@ fn builder(recipe: Recipe) -> PlanBuilder {
 }
 
 fn current_supported() -> bool {
-    let ok = query_support(Backend::Cpu, Feature::RecipeCurrent).unwrap();
+    let ok = query_support(Backend::Cpu, Feature::RecipeCurrent).unwrap().is_available();
     if !ok {
         eprintln!("skipped: current scaling not supported here");
     }
