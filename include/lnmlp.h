@@ -293,7 +293,11 @@ enum {
 LNMLP_API int32_t lnmlp_query_support(int32_t backend, int32_t feature, int32_t* supported);
 
 /* A static, human-readable description of this build (version, backends compiled in, the GEMM
- * library and threading) for logs and bug reports. Never NULL.
+ * library and threading) for logs and bug reports. Never NULL. Once something has asked for the
+ * CUDA backend (a CUDA plan, lnmlp_query_support with LNMLP_BACKEND_CUDA, an NCCL communicator), it
+ * also names the CUDA module's file and the cuBLASLt and NCCL it found, with their versions and
+ * files (a CUDA install's, or NVIDIA's pip wheels'), or why the module could not be loaded; this
+ * call itself loads nothing. Each text stays valid for the life of the process.
  * @since 0.1
  * @param[out] info */
 LNMLP_API int32_t lnmlp_get_build_info(const char** info);
@@ -939,7 +943,8 @@ enum {
                           * driver or the device) */
 };
 
-/* lnmlp_query_support's feature: the backend shards (lnmlp_desc_set_sharding). */
+/* lnmlp_query_support's feature: the backend shards (lnmlp_desc_set_sharding). The CUDA backend
+ * answers LNMLP_SUPPORTED only where NCCL loads (the query loads it, as a communicator would). */
 enum { LNMLP_FEATURE_SHARDING = 8 };
 
 /* GEMM math faster than exact (lnmlp_desc_set_gemm_math), OR'ed. */

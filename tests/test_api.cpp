@@ -2,6 +2,7 @@
 // "Errors, safety and threads", returns its own status and a message naming the argument, and
 // leaves descriptors, plans and output buffers exactly as they were; handles, workspace,
 // threads, versions and queries.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "dtype_convert.h"
@@ -1292,6 +1294,72 @@ TEST(Status, BuildInfo) {
   const char* again = nullptr;
   ASSERT_OK(lnmlp_get_build_info(&again));
   EXPECT_EQ(info, again) << "the build info string is static";
+}
+
+// Before anything asks for the CUDA backend the build info says only whether the module was built
+// (describing what it found would mean loading cuBLASLt); after a CUDA query it names the module's
+// file and the cuBLASLt and NCCL it found, each checked against the copy this process has loaded
+// (dlopen RTLD_NOLOAD by SONAME, the file through dladdr, the version from the library's own
+// function). The first text stays valid. ctest runs each test in a process of its own, so the
+// "before" is this process's first look.
+TEST(Status, BuildInfoNamesTheLibrariesTheCudaModuleFound) {
+  const char* before = nullptr;
+  ASSERT_OK(lnmlp_get_build_info(&before));
+  const std::string first(before);
+  if (first.find("CUDA backend: not built") != std::string::npos) GTEST_SKIP() << "no CUDA module in this build";
+  int32_t backend = 0, sharding = 0;
+  ASSERT_OK(lnmlp_query_support(LNMLP_BACKEND_CUDA, LNMLP_FEATURE_BACKEND, &backend));
+  ASSERT_OK(lnmlp_query_support(LNMLP_BACKEND_CUDA, LNMLP_FEATURE_SHARDING, &sharding));
+  const char* after = nullptr;
+  ASSERT_OK(lnmlp_get_build_info(&after));
+  const std::string s(after);
+  EXPECT_EQ(std::string(before), first) << "the earlier text is still valid and unchanged";
+
+  const auto library = [](const char* soname, const char* function) -> std::pair<void*, std::string> {
+    void* h = dlopen(soname, RTLD_NOW | RTLD_NOLOAD);
+    if (h == nullptr) return {nullptr, ""};
+    void* fn = dlsym(h, function);
+    Dl_info info{};
+    const std::string file = fn != nullptr && dladdr(fn, &info) != 0 && info.dli_fname ? info.dli_fname : "";
+    dlclose(h);  // drops only the reference RTLD_NOLOAD took
+    return {fn, file};
+  };
+  const auto version = [](long v) {
+    return std::to_string(v / 10000) + "." + std::to_string((v / 100) % 100) + "." + std::to_string(v % 100);
+  };
+  const auto [lt_version_fn, lt_file] = library("libcublasLt.so.13", "cublasLtGetVersion");
+  if (lt_version_fn == nullptr) {
+    EXPECT_NE(s.find("the CUDA backend module could not be loaded"), std::string::npos) << s;
+    EXPECT_EQ(backend, LNMLP_UNSUPPORTED);
+    return;
+  }
+  Dl_info self{};
+  ASSERT_NE(dladdr(reinterpret_cast<const void*>(&lnmlp_get_build_info), &self), 0);
+  const std::string core(self.dli_fname);
+  const std::string module = core.substr(0, core.rfind('/') + 1) + "liblnmlp_cuda.so.1";
+  size_t (*lt_version)() = nullptr;
+  std::memcpy(&lt_version, &lt_version_fn, sizeof lt_version);
+  EXPECT_NE(s.find("CUDA backend: module " + module + " loaded, on cuBLASLt " +
+                   version(static_cast<long>(lt_version())) + " (" + lt_file + "); "),
+            std::string::npos)
+      << s;
+
+  const auto [nccl_version_fn, nccl_file] = library("libnccl.so.2", "ncclGetVersion");
+  if (nccl_version_fn != nullptr) {
+    int (*nccl_version)(int*) = nullptr;
+    std::memcpy(&nccl_version, &nccl_version_fn, sizeof nccl_version);
+    int v = 0;
+    ASSERT_EQ(nccl_version(&v), 0);
+    EXPECT_NE(s.find("; NCCL " + version(v) + " (" + nccl_file + "); MPI"), std::string::npos) << s;
+  } else {
+    EXPECT_TRUE(s.find("NCCL could not be loaded") != std::string::npos ||
+                s.find("NCCL not built in") != std::string::npos)
+        << s;
+    EXPECT_EQ(sharding, LNMLP_UNSUPPORTED) << "sharding on the CUDA backend needs NCCL";
+  }
+  if (backend == LNMLP_UNSUPPORTED) {
+    EXPECT_EQ(sharding, LNMLP_UNSUPPORTED) << "no device, no sharding";
+  }
 }
 
 // It names the GEMM library and the kernel the library runs for fp32 (and bf16 where it has a bf16

@@ -64,7 +64,7 @@ done
 # LNMLP_RETURNS*: a failure is an exception), and every pointer has a typemap: no SWIGTYPE_p_*
 # class, which would hand Java an unusable opaque pointer, but the callback table's (built in C).
 for fn in $(grep -oE 'LNMLP_API int32_t lnmlp_[a-z0-9_]+' "$repo/include/lnmlp.h" | awk '{print $3}'); do
-  if ! grep -qE "^LNMLP_RETURNS[A-Z_]*\($fn[,)]" "$here/lnmlp.i"; then
+  if ! grep -qE "^LNMLP_RETURNS[A-Z_]*\(${fn}[,)]" "$here/lnmlp.i"; then
     echo "no LNMLP_RETURNS* line in lnmlp.i for $fn" >&2; missing=1
   fi
 done
@@ -103,8 +103,12 @@ while read -r name path; do
   cp "$(readlink -f "$path")" "$native/$name"
   shipped+=("$name")
 done < <(needed_from_machine "$lib_dir/liblnmlp.so.2")
-# shellcheck disable=SC2016
-for lib in "${shipped[@]}"; do patchelf --set-rpath '$ORIGIN' "$native/$lib"; done
+# $ORIGIN first; the CUDA module keeps its own entries after it (where a CUDA install's cuBLASLt is).
+for lib in "${shipped[@]}"; do
+  rpath='$ORIGIN'
+  [[ $lib == liblnmlp_cuda.so.1 ]] && rpath+=":$(patchelf --print-rpath "$native/$lib")"
+  patchelf --set-rpath "${rpath%:}" "$native/$lib"
+done
 shipped+=(liblnmlp_jni.so)
 printf '%s\n' "${shipped[@]}" > "$native/files"
 

@@ -1,5 +1,7 @@
 #include "gemm_cublaslt.h"
 
+#include <dlfcn.h>
+
 #include <string>
 
 #include "check.h"
@@ -209,8 +211,14 @@ void LtGemm::run(const void* a, const void* b, const void* bias, void* c, void* 
 const char* cublaslt_description() {
   static const std::string s = [] {
     const size_t v = cublasLtGetVersion();
-    return "cuBLASLt " + std::to_string(v / 10000) + "." + std::to_string((v / 100) % 100) + "." +
-           std::to_string(v % 100);
+    std::string text =
+        "cuBLASLt " + std::to_string(v / 10000) + "." + std::to_string((v / 100) % 100) + "." + std::to_string(v % 100);
+    // Which file the loader found (a CUDA install's, or NVIDIA's pip wheel's): the one defining
+    // the function just called.
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<const void*>(&cublasLtGetVersion), &info) != 0 && info.dli_fname != nullptr)
+      text += std::string(" (") + info.dli_fname + ")";
+    return text;
   }();
   return s.c_str();
 }

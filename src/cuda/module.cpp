@@ -3,11 +3,13 @@
 // every exception into a status and a message, so nothing C++ crosses into the core library.
 #include <cstring>
 #include <new>
+#include <string>
 
 #include "block/engine.h"
 #include "common/error.h"
 #include "cuda_exec.h"
 #include "devices.h"
+#include "gemm_cublaslt.h"
 #include "module/table.h"
 #include "nccl_comm.h"
 
@@ -129,6 +131,18 @@ int32_t nccl_collective(lnmlp_cuda_comm* c, int32_t op, const void* send, void* 
   });
 }
 
+void libraries(int32_t* nccl_loaded, char* text, int64_t cap) {
+  try {
+    bool loaded = false;
+    const std::string nccl = lnmlp::cuda::nccl_library_description(&loaded);
+    *nccl_loaded = loaded ? 1 : 0;
+    write_message(text, cap, (std::string(lnmlp::cuda::cublaslt_description()) + "; " + nccl).c_str());
+  } catch (...) {
+    *nccl_loaded = 0;
+    write_message(text, cap, "the CUDA module's libraries could not be described (out of memory)");
+  }
+}
+
 const lnmlp_cuda_module_table kTable = {
     LNMLP_CUDA_MODULE_ABI,
     static_cast<int64_t>(sizeof(lnmlp::Config)),
@@ -150,10 +164,11 @@ const lnmlp_cuda_module_table kTable = {
     nccl_create,
     nccl_destroy,
     nccl_collective,
+    libraries,
 };
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const lnmlp_cuda_module_table* lnmlp_cuda_module_v12(void) {
+extern "C" __attribute__((visibility("default"))) const lnmlp_cuda_module_table* lnmlp_cuda_module_v13(void) {
   return &kTable;
 }

@@ -1,5 +1,7 @@
 #include "nccl_comm.h"
 
+#include <string>
+
 #include "check.h"
 #include "common/error.h"
 #include "devices.h"
@@ -8,7 +10,6 @@
 #include <dlfcn.h>
 #include <nccl.h>
 
-#include <string>
 #include <thread>
 #endif
 
@@ -28,7 +29,9 @@ struct NcclApi {
   decltype(&ncclAllReduce) all_reduce = nullptr;
   decltype(&ncclCommGetAsyncError) async_error = nullptr;
   const char* (*last_error)(ncclComm_t) = nullptr;  // NCCL >= 2.13; optional
-  std::string error;                                // why the others are NULL
+  decltype(&ncclGetVersion) get_version = nullptr;
+  std::string file;   // the loaded library's path (dladdr), for the build info
+  std::string error;  // why the others are NULL
 };
 
 template <typename Fn> bool resolve(void* h, const char* name, Fn& fn) {
@@ -84,13 +87,22 @@ NcclApi load_nccl() {
   ok = resolve(h, "ncclAllReduce", a.all_reduce) && ok;
   ok = resolve(h, "ncclCommGetAsyncError", a.async_error) && ok;
   resolve(h, "ncclGetLastError", a.last_error);
+  ok = resolve(h, "ncclGetVersion", a.get_version) && ok;
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<const void*>(a.get_version), &info) != 0 && info.dli_fname != nullptr)
+    a.file = info.dli_fname;
   if (!ok)
     a.error = "the loaded libnccl.so.2 lacks functions lnmlp needs; it is too old (NCCL 2.10 or newer is needed)";
   return a;
 }
 
-const NcclApi& nccl() {
+const NcclApi& loaded_nccl() {
   static const NcclApi a = load_nccl();  // once, thread-safe
+  return a;
+}
+
+const NcclApi& nccl() {
+  const NcclApi& a = loaded_nccl();
   if (!a.error.empty()) fail(LNMLP_ERROR_NOT_SUPPORTED, "the NCCL communicator is unavailable: ", a.error);
   return a;
 }
@@ -191,6 +203,17 @@ std::unique_ptr<Communicator> make_nccl_communicator(const void* nccl_comm) {
 
 int nccl_device(const Communicator& c) { return static_cast<const NcclCommunicator&>(c).device(); }
 
+std::string nccl_library_description(bool* loaded) {
+  const NcclApi& a = loaded_nccl();
+  *loaded = a.error.empty();
+  if (!*loaded) return a.error;
+  int v = 0;
+  if (a.get_version(&v) != ncclSuccess) return "NCCL of unknown version (" + a.file + ")";
+  // NCCL_VERSION_CODE since 2.9: major * 10000 + minor * 100 + patch.
+  return "NCCL " + std::to_string(v / 10000) + "." + std::to_string((v / 100) % 100) + "." + std::to_string(v % 100) +
+         " (" + a.file + ")";
+}
+
 #else
 
 bool nccl_built() { return false; }
@@ -202,6 +225,11 @@ std::unique_ptr<Communicator> make_nccl_communicator(const void*) {
 }
 
 int nccl_device(const Communicator&) { return 0; }
+
+std::string nccl_library_description(bool* loaded) {
+  *loaded = false;
+  return "NCCL not built in (the module was compiled without nccl.h)";
+}
 
 #endif
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "comm/comm.h"
 
@@ -24,5 +25,9 @@ std::unique_ptr<Communicator> make_nccl_communicator(const void* nccl_comm);
 
 // The CUDA device of a communicator from make_nccl_communicator.
 int nccl_device(const Communicator& c);
+
+// "NCCL <version> (<file>)" for the build info, loading NCCL if no communicator has yet (needs no
+// GPU), and *loaded = whether it is loaded; else why not (not built in, not found, too old).
+std::string nccl_library_description(bool* loaded);
 
 }  // namespace lnmlp::cuda

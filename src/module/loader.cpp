@@ -6,6 +6,7 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <string>
 
 #include "common/error.h"
@@ -20,8 +21,12 @@ constexpr int64_t kMsgCap = 1024;
 
 struct Module {
   const lnmlp_cuda_module_table* table = nullptr;
+  std::string file;   // the module's path, as loaded (dladdr)
   std::string error;  // why table is NULL
 };
+
+// Set once loading the CUDA module has begun (lnmlp_get_build_info describes it from then on).
+std::atomic<bool> g_module_tried{false};
 
 std::string directory_of_this_library() {
   Dl_info info{};
@@ -84,12 +89,36 @@ Module load_module() {
     return m;
   }
   m.table = t;
+  Dl_info info{};
+  m.file = dladdr(sym, &info) != 0 && info.dli_fname != nullptr ? info.dli_fname : LNMLP_CUDA_MODULE_FILE;
   return m;
 }
 
 const Module& module() {
+  g_module_tried.store(true);
   static const Module m = load_module();  // thread-safe, once
   return m;
+}
+
+// What the module's table says of its libraries (loading NCCL), asked once.
+struct Libraries {
+  bool nccl_loaded = false;
+  std::string text;
+};
+
+const Libraries& module_libraries() {
+  static const Libraries l = [] {
+    Libraries r;
+    const Module& m = module();
+    if (m.table == nullptr) return r;
+    char text[kMsgCap] = {0};
+    int32_t nccl_loaded = 0;
+    m.table->libraries(&nccl_loaded, text, kMsgCap);
+    r.nccl_loaded = nccl_loaded != 0;
+    r.text = text;
+    return r;
+  }();
+  return l;
 }
 
 const lnmlp_cuda_module_table& require_module() {
@@ -109,10 +138,11 @@ int32_t cuda_feature_supported(int32_t feature) noexcept {
     char msg[kMsgCap] = {0};
     int32_t count = 0;
     if (m.table->probe(&count, msg, kMsgCap) != LNMLP_SUCCESS || count < 1) return 0;
-    // Sharding over NCCL (lnmlp_comm_create_nccl), when the module was built with NCCL's header
-    // (NCCL itself is loaded when a communicator is created). FP8: the module's answer for the
-    // GPU (native or emulated, cuda/cuda_exec.h's fp8_support).
-    if (feature == LNMLP_FEATURE_SHARDING) return m.table->nccl_built != 0 ? LNMLP_SUPPORTED : LNMLP_UNSUPPORTED;
+    // Sharding over NCCL (lnmlp_comm_create_nccl), when NCCL loads (the module was built with its
+    // header, and the library is found). FP8: the module's answer for the GPU (native or
+    // emulated, cuda/cuda_exec.h's fp8_support).
+    if (feature == LNMLP_FEATURE_SHARDING)
+      return m.table->nccl_built != 0 && module_libraries().nccl_loaded ? LNMLP_SUPPORTED : LNMLP_UNSUPPORTED;
     const Recipe recipe = feature_recipe(feature);
     if (recipe != Recipe::None) {
       int32_t answer = LNMLP_UNSUPPORTED;
@@ -123,6 +153,17 @@ int32_t cuda_feature_supported(int32_t feature) noexcept {
     return every_backend_supports(feature) ? LNMLP_SUPPORTED : LNMLP_UNSUPPORTED;
   } catch (...) {
     return 0;
+  }
+}
+
+std::string cuda_module_description() {
+  if (!g_module_tried.load()) return "";
+  try {
+    const Module& m = module();
+    if (m.table == nullptr) return m.error;
+    return "module " + m.file + " loaded, on " + module_libraries().text;
+  } catch (...) {
+    return "";
   }
 }
 

@@ -22,8 +22,8 @@
 #include "plan/layout.h"
 
 // Bump when the table or any struct passed through it changes.
-#define LNMLP_CUDA_MODULE_ABI 12
-#define LNMLP_CUDA_MODULE_ENTRY "lnmlp_cuda_module_v12"
+#define LNMLP_CUDA_MODULE_ABI 13
+#define LNMLP_CUDA_MODULE_ENTRY "lnmlp_cuda_module_v13"
 #define LNMLP_CUDA_MODULE_FILE "liblnmlp_cuda.so.1"
 
 extern "C" {
@@ -75,6 +75,11 @@ typedef struct lnmlp_cuda_module_table {
   // is an lnmlp::CommType, count as in lnmlp::Communicator.
   int32_t (*nccl_collective)(lnmlp_cuda_comm* c, int32_t op, const void* send, void* recv, int64_t count, int32_t type,
                              void* stream, char* msg, int64_t msg_cap);
+  // The libraries the module runs on, for lnmlp_get_build_info: writes (NUL-terminated, cut to
+  // cap) "cuBLASLt <version> (<file>); NCCL <version> (<file>)", or for NCCL why it is absent.
+  // Loads NCCL if it is not loaded yet, as a communicator's creation would; *nccl_loaded = 1 when
+  // it loaded. Needs no GPU.
+  void (*libraries)(int32_t* nccl_loaded, char* text, int64_t cap);
 } lnmlp_cuda_module_table;
 
 typedef const lnmlp_cuda_module_table* (*lnmlp_cuda_module_entry_fn)(void);

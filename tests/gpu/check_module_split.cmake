@@ -1,7 +1,7 @@
 # Checks the CUDA module split:
 #  - the core library (LIB) needs no CUDA library: no libcudart, libcuda or libcublas* in its
 #    DT_NEEDED entries (it loads the module with dlopen);
-#  - the module (MODULE) exports exactly one dynamic symbol, its entry point lnmlp_cuda_module_v12,
+#  - the module (MODULE) exports exactly one dynamic symbol, its entry point lnmlp_cuda_module_v13,
 #    and links the CUDA runtime statically (no libcudart in DT_NEEDED).
 #
 # Usage: cmake -DLIB=liblnmlp.so.2 -DMODULE=liblnmlp_cuda.so.1 -P tests/gpu/check_module_split.cmake
@@ -44,11 +44,11 @@ foreach(l IN LISTS lines)
     endif()
   endif()
 endforeach()
-if(NOT exported STREQUAL "lnmlp_cuda_module_v12")
-  string(APPEND errors "  the module exports [${exported}], expected exactly lnmlp_cuda_module_v12\n")
+if(NOT exported STREQUAL "lnmlp_cuda_module_v13")
+  string(APPEND errors "  the module exports [${exported}], expected exactly lnmlp_cuda_module_v13\n")
 endif()
 
 if(errors)
   message(FATAL_ERROR "module split check failed:\n${errors}")
 endif()
-message(STATUS "module split: the core needs no CUDA library; the module exports only lnmlp_cuda_module_v12")
+message(STATUS "module split: the core needs no CUDA library; the module exports only lnmlp_cuda_module_v13")

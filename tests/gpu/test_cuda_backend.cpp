@@ -248,10 +248,15 @@ TEST(CudaErrors, WithoutAGpuPlanCreationSaysWhy) {
   lnmlp_desc_destroy(d);
 }
 
-TEST(CudaErrors, BuildInfoSaysTheModuleIsBuilt) {
+// Once a CUDA query has loaded the module, the build info names the file and the cuBLASLt it runs on
+// (tests/test_api.cpp checks the names against the libraries the process loaded).
+TEST(CudaErrors, BuildInfoNamesTheLoadedModule) {
+  int32_t v = -1;
+  ASSERT_EQ(lnmlp_query_support(LNMLP_BACKEND_CUDA, LNMLP_FEATURE_BACKEND, &v), LNMLP_SUCCESS);
   const char* info = nullptr;
   ASSERT_EQ(lnmlp_get_build_info(&info), LNMLP_SUCCESS);
-  EXPECT_TRUE(names(info, "liblnmlp_cuda.so.1 built")) << info;
+  EXPECT_TRUE(names(info, "liblnmlp_cuda.so.1 loaded, on cuBLASLt ")) << info;
+  EXPECT_TRUE(names(info, "; NCCL ")) << info;
 }
 
 TEST(CudaErrors, DeviceThatDoesNotExist) {

@@ -1,10 +1,14 @@
-/* Links against an installed lnmlp and checks that the library it loads is the one it was built for. */
+/* Links against an installed lnmlp and checks that the library it loads is the one it was built for;
+ * prints the build info after asking for the CUDA backend, which then names the CUDA module's file
+ * (tests/install/check_install.cmake checks that it is the installed one). */
 #include <stdio.h>
 
+#define LNMLP_EXPERIMENTAL /* LNMLP_BACKEND_CUDA */
 #include <lnmlp.h>
 
 int main(void) {
-  int32_t major = -1, abi = -1;
+  int32_t major = -1, abi = -1, cuda = -1;
+  const char* info = NULL;
   lnmlp_desc* d = NULL;
   lnmlp_plan* p = NULL;
   if (lnmlp_get_version(&major, NULL, NULL, &abi) != LNMLP_SUCCESS || abi != LNMLP_ABI_VERSION) return 1;
@@ -15,6 +19,9 @@ int main(void) {
   }
   lnmlp_plan_destroy(p);
   lnmlp_desc_destroy(d);
-  printf("consumer: lnmlp %d, ABI %d\n", major, abi);
+  /* Never fails for a missing module, driver or GPU: it answers LNMLP_UNSUPPORTED. */
+  if (lnmlp_query_support(LNMLP_BACKEND_CUDA, LNMLP_FEATURE_BACKEND, &cuda) != LNMLP_SUCCESS) return 4;
+  if (lnmlp_get_build_info(&info) != LNMLP_SUCCESS) return 5;
+  printf("consumer: lnmlp %d, ABI %d; %s\n", major, abi, info);
   return 0;
 }

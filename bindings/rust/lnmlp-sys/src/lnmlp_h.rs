@@ -362,7 +362,11 @@ extern "C" {
     /// @param\[out\] supported
     pub fn lnmlp_query_support(backend: i32, feature: i32, supported: *mut i32) -> i32;
     /// A static, human-readable description of this build (version, backends compiled in, the GEMM
-    /// library and threading) for logs and bug reports. Never NULL.
+    /// library and threading) for logs and bug reports. Never NULL. Once something has asked for the
+    /// CUDA backend (a CUDA plan, lnmlp_query_support with LNMLP_BACKEND_CUDA, an NCCL communicator), it
+    /// also names the CUDA module's file and the cuBLASLt and NCCL it found, with their versions and
+    /// files (a CUDA install's, or NVIDIA's pip wheels'), or why the module could not be loaded; this
+    /// call itself loads nothing. Each text stays valid for the life of the process.
     /// @since 0.1
     /// @param\[out\] info
     pub fn lnmlp_get_build_info(info: *mut *const c_char) -> i32;
