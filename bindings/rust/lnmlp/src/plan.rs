@@ -927,6 +927,30 @@ impl Plan {
         Err(Error::invalid(format!("{} is {:?}, but {how}", tensor.name(), E::DTYPE)))
     }
 
+    /// Whether a tensor the plan may or may not take (`shape` None: it does not) is passed,
+    /// given the length of the caller's slice (None: not given); checks its type and length.
+    fn check_optional<T: Element>(
+        &self,
+        tensor: Tensor,
+        len: Option<usize>,
+        shape: Option<Shape>,
+        tokens: Option<usize>,
+        why_missing: &str,
+        why_extra: &str,
+    ) -> Result<bool> {
+        let name = tensor.name();
+        match (len, shape) {
+            (None, None) => Ok(false),
+            (Some(_), None) => Err(Error::invalid(format!("{name} was given, but {why_extra}; pass None"))),
+            (None, Some(_)) => Err(Error::null(format!("{name} is None, but {why_missing}"))),
+            (Some(len), Some(shape)) => {
+                self.check_type::<T>(tensor, &shape)?;
+                self.check_len(tensor, len, &shape, tokens)?;
+                Ok(true)
+            }
+        }
+    }
+
     /// An input the plan may or may not take (`shape` None: it does not).
     fn opt_in<T: Element>(
         &self,
@@ -937,17 +961,8 @@ impl Plan {
         why_missing: &str,
         why_extra: &str,
     ) -> Result<*const c_void> {
-        let name = tensor.name();
-        match (v, shape) {
-            (None, None) => Ok(ptr::null()),
-            (Some(_), None) => Err(Error::invalid(format!("{name} was given, but {why_extra}; pass None"))),
-            (None, Some(_)) => Err(Error::null(format!("{name} is None, but {why_missing}"))),
-            (Some(s), Some(shape)) => {
-                self.check_type::<T>(tensor, &shape)?;
-                self.check_len(tensor, s.len(), &shape, tokens)?;
-                Ok(in_ptr(s))
-            }
-        }
+        let passed = self.check_optional::<T>(tensor, v.map(<[T]>::len), shape, tokens, why_missing, why_extra)?;
+        Ok(v.filter(|_| passed).map_or(ptr::null(), in_ptr))
     }
 
     /// An input every plan takes.
@@ -970,17 +985,9 @@ impl Plan {
         tokens: Option<usize>,
         why: &str,
     ) -> Result<*mut c_void> {
-        let name = tensor.name();
-        match (v, shape) {
-            (None, None) => Ok(ptr::null_mut()),
-            (Some(_), None) => Err(Error::invalid(format!("{name} was given, but {why}; pass None"))),
-            (None, Some(_)) => Err(Error::null(format!("{name} is None, but this plan writes it"))),
-            (Some(s), Some(shape)) => {
-                self.check_type::<T>(tensor, &shape)?;
-                self.check_len(tensor, s.len(), &shape, tokens)?;
-                Ok(out_ptr(s))
-            }
-        }
+        let len = v.as_ref().map(|s| s.len());
+        let passed = self.check_optional::<T>(tensor, len, shape, tokens, "this plan writes it", why)?;
+        Ok(v.filter(|_| passed).map_or(ptr::null_mut(), out_ptr))
     }
 
     /// An output every plan writes.
@@ -1171,26 +1178,10 @@ impl Plan {
         // library's shape gives for t tokens; saved holds at least the call's bytes, aligned; y,
         // saved and the FP8 state are exclusively borrowed. The flags are LNMLP_CALL_* values;
         // with weights_unchanged the copies reused are the plan's own (in its workspace), and the
-        // library reads no pointer of an earlier call.
-        let r = unsafe {
-            check(sys::lnmlp_plan_forward(
-                self.raw.as_ptr(),
-                t as i64,
-                xp,
-                g,
-                b,
-                w1,
-                b1,
-                w2,
-                b2,
-                yp,
-                sp,
-                st,
-                flags.raw(),
-                ptr::null_mut(),
-            ))
-        };
-        self.with_comm_failure(r)?;
+        // library reads no pointer of an earlier call. Host memory: no stream.
+        unsafe {
+            self.forward_raw(t, xp, g, b, w1, b1, w2, b2, yp, sp, st, flags, ptr::null_mut())?;
+        }
         saved.set_tokens(t);
         Ok(())
     }
@@ -1322,10 +1313,9 @@ impl Plan {
         // SAFETY: as in forward_impl; the outputs are distinct exclusive borrows of the length
         // and element type the library's shapes give (the weight gradients' type included, which
         // may differ from the I/O type), so accumulating reads initialised values of that type.
-        let r = unsafe {
-            check(sys::lnmlp_plan_backward(
-                self.raw.as_ptr(),
-                t as i64,
+        unsafe {
+            self.backward_raw(
+                t,
                 dyp,
                 xp,
                 g,
@@ -1342,11 +1332,10 @@ impl Plan {
                 dw2,
                 db2,
                 st,
-                flags.raw(),
+                flags,
                 ptr::null_mut(),
-            ))
-        };
-        self.with_comm_failure(r)
+            )
+        }
     }
 
     // ---- execution (raw pointers: device memory) -----------------------------------------------
@@ -1354,8 +1343,10 @@ impl Plan {
     /// `lnmlp_plan_forward` with raw pointers, for `tokens` tokens (0 ..= [`Plan::max_tokens`]):
     /// device pointers for the CUDA backend, with a `cudaStream_t` `stream` (NULL = the default
     /// stream); host pointers for the CPU backend (the stream is ignored). `fp8_state` is NULL
-    /// (the plan's state) or a [`Recipe::Delayed`] plan's state array for this call. No flags
-    /// ([`Plan::forward_raw_with_flags`] takes them).
+    /// (the plan's state) or a [`Recipe::Delayed`] plan's state array for this call. `flags` are the
+    /// call's ([`CallFlags::DEFAULT`], or e.g. [`CallFlags::WEIGHTS_UNCHANGED`]: see
+    /// [`CallOptions::weights_unchanged`]; a false promise about the values gives results of the
+    /// old weights' copies); `w1` and `w2` may be other pointers than the previous call's.
     ///
     /// # Safety
     /// Every pointer must be NULL where the C API allows/requires it (beta for RMSNorm, disabled
@@ -1366,48 +1357,6 @@ impl Plan {
     /// nothing may be accessed concurrently until the work on `stream` completes.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn forward_raw(
-        &mut self,
-        tokens: usize,
-        x: *const c_void,
-        gamma: *const c_void,
-        beta: *const c_void,
-        w1: *const c_void,
-        b1: *const c_void,
-        w2: *const c_void,
-        b2: *const c_void,
-        y: *mut c_void,
-        saved: *mut c_void,
-        fp8_state: *mut c_void,
-        stream: *mut c_void,
-    ) -> Result<()> {
-        // SAFETY: guaranteed by the caller.
-        unsafe {
-            self.forward_raw_with_flags(
-                tokens,
-                x,
-                gamma,
-                beta,
-                w1,
-                b1,
-                w2,
-                b2,
-                y,
-                saved,
-                fp8_state,
-                CallFlags::DEFAULT,
-                stream,
-            )
-        }
-    }
-
-    /// [`Plan::forward_raw`] with the call's flags, e.g. [`CallFlags::WEIGHTS_UNCHANGED`] (see
-    /// [`CallOptions::weights_unchanged`]: a false promise about the values gives results of the
-    /// old weights' copies). `w1` and `w2` may be other pointers than the previous call's.
-    ///
-    /// # Safety
-    /// As [`Plan::forward_raw`].
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn forward_raw_with_flags(
         &mut self,
         tokens: usize,
         x: *const c_void,
@@ -1448,8 +1397,7 @@ impl Plan {
 
     /// `lnmlp_plan_backward` with raw pointers (see [`Plan::forward_raw`]). dW1, db1, dW2 and db2
     /// are of the plan's [`Plan::grad_dtype`] and are added into when the plan accumulates
-    /// ([`PlanBuilder::accumulate_grads`]). No flags ([`Plan::backward_raw_with_flags`] takes
-    /// them).
+    /// ([`PlanBuilder::accumulate_grads`]). `flags` as for forward.
     ///
     /// # Safety
     /// As [`Plan::forward_raw`] (dy and dx are token-sized like x; the weight gradients hold
@@ -1458,58 +1406,6 @@ impl Plan {
     /// overlap each other or the inputs.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn backward_raw(
-        &mut self,
-        tokens: usize,
-        dy: *const c_void,
-        x: *const c_void,
-        gamma: *const c_void,
-        beta: *const c_void,
-        w1: *const c_void,
-        b1: *const c_void,
-        w2: *const c_void,
-        saved: *const c_void,
-        dx: *mut c_void,
-        dgamma: *mut c_void,
-        dbeta: *mut c_void,
-        dw1: *mut c_void,
-        db1: *mut c_void,
-        dw2: *mut c_void,
-        db2: *mut c_void,
-        fp8_state: *mut c_void,
-        stream: *mut c_void,
-    ) -> Result<()> {
-        // SAFETY: guaranteed by the caller.
-        unsafe {
-            self.backward_raw_with_flags(
-                tokens,
-                dy,
-                x,
-                gamma,
-                beta,
-                w1,
-                b1,
-                w2,
-                saved,
-                dx,
-                dgamma,
-                dbeta,
-                dw1,
-                db1,
-                dw2,
-                db2,
-                fp8_state,
-                CallFlags::DEFAULT,
-                stream,
-            )
-        }
-    }
-
-    /// [`Plan::backward_raw`] with the call's flags (see [`Plan::forward_raw_with_flags`]).
-    ///
-    /// # Safety
-    /// As [`Plan::backward_raw`] and, for the flags, [`Plan::forward_raw_with_flags`].
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn backward_raw_with_flags(
         &mut self,
         tokens: usize,
         dy: *const c_void,

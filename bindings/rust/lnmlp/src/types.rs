@@ -804,7 +804,7 @@ impl From<usize> for Tokens {
 }
 
 /// Flags of a forward or backward call (`LNMLP_CALL_*`), OR'ed with `|`; for the raw calls
-/// ([`crate::Plan::forward_raw_with_flags`], [`crate::Plan::backward_raw_with_flags`]). The
+/// ([`crate::Plan::forward_raw`], [`crate::Plan::backward_raw`]). The
 /// slice-taking calls take them as [`crate::CallOptions`].
 ///
 /// ```

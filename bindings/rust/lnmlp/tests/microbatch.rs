@@ -203,7 +203,7 @@ fn halved_w1_behind_the_flag_fp8_reuses_old_copies_f32_sees_new_weights() {
     // SAFETY: host pointers of the call's sizes (t rows), saved sized and aligned for the call;
     // w1 and w2 are the previous call's (live) buffers.
     unsafe {
-        fp8.forward_raw_with_flags(
+        fp8.forward_raw(
             t,
             c(&x),
             c(&pr.gamma),
@@ -280,7 +280,7 @@ fn the_flag_with_new_weight_buffers_reads_them_or_the_copies() {
     // SAFETY: host pointers of the call's sizes (t rows), saved sized and aligned for the call.
     unsafe {
         f32_plan
-            .forward_raw_with_flags(
+            .forward_raw(
                 t,
                 c(x),
                 c(&pr.gamma),

@@ -343,10 +343,12 @@ fn too_many_tokens_or_a_ragged_length_is_an_error_not_a_panic() {
     // the raw path checks the count too
     let n = std::ptr::null_mut();
     // SAFETY: the count is refused before any pointer is used.
-    let e = unsafe { plan.forward_raw(MAX_T + 1, n, n, n, n, n, n, n, n, n, n, n) }.unwrap_err();
+    let e = unsafe { plan.forward_raw(MAX_T + 1, n, n, n, n, n, n, n, n, n, n, CallFlags::DEFAULT, n) }.unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument, "{e}");
     // SAFETY: as above.
-    let e = unsafe { plan.backward_raw(MAX_T + 1, n, n, n, n, n, n, n, n, n, n, n, n, n, n, n, n, n) }.unwrap_err();
+    let e =
+        unsafe { plan.backward_raw(MAX_T + 1, n, n, n, n, n, n, n, n, n, n, n, n, n, n, n, n, CallFlags::DEFAULT, n) }
+            .unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument, "{e}");
 
     assert_eq!(last_error(), before, "a check reached the library");
@@ -382,6 +384,7 @@ fn raw_calls_take_the_token_count() {
             y_raw.as_mut_ptr() as *mut _,
             saved_raw.as_mut_bytes().as_mut_ptr() as *mut _,
             n,
+            CallFlags::DEFAULT,
             n,
         )
         .unwrap();
