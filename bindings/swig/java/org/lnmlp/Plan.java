@@ -3,6 +3,7 @@ package org.lnmlp;
 import static org.lnmlp.LnmlpNativeConstants.*;
 
 import java.lang.ref.Cleaner;
+import java.lang.reflect.Array;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 
@@ -81,14 +82,15 @@ public final class Plan implements AutoCloseable {
     }
   }
 
-  /** Gradients of an f32 plan, written by {@link #backward}: dbeta is null for RMSNorm, db1/db2
-   * without bias. */
-  public static final class Grads {
-    public final float[] dx, dgamma, dbeta, dw1, db1, dw2, db2;
+  /** A backward call's gradients: dx, dgamma, dbeta are arrays of type {@code A} (the plan's
+   * dtype: float[] or short[] 16-bit patterns), dw1, db1, dw2, db2 of type {@code G} (the weight
+   * gradients' dtype); null for the gradients the plan does not have (dbeta for RMSNorm, db1 and
+   * db2 without bias). The three holders below fix the types. */
+  public static class Gradients<A, G> {
+    public final A dx, dgamma, dbeta;
+    public final G dw1, db1, dw2, db2;
 
-    /** Caller arrays (null for the gradients the plan does not have); see {@link #newGrads}. */
-    public Grads(float[] dx, float[] dgamma, float[] dbeta, float[] dw1, float[] db1, float[] dw2,
-        float[] db2) {
+    Gradients(A dx, A dgamma, A dbeta, G dw1, G db1, G dw2, G db2) {
       this.dx = dx;
       this.dgamma = dgamma;
       this.dbeta = dbeta;
@@ -99,39 +101,31 @@ public final class Plan implements AutoCloseable {
     }
   }
 
-  /** Gradients of a bf16 / f16 plan whose weight gradients are in its dtype: every array holds
-   * 16-bit patterns. null for the gradients the plan does not have; see {@link #newGrads16}. */
-  public static final class Grads16 {
-    public final short[] dx, dgamma, dbeta, dw1, db1, dw2, db2;
+  /** Gradients of an f32 plan, written by {@link #backward}; see {@link #newGrads}. */
+  public static final class Grads extends Gradients<float[], float[]> {
+    /** Caller arrays (null for the gradients the plan does not have). */
+    public Grads(float[] dx, float[] dgamma, float[] dbeta, float[] dw1, float[] db1, float[] dw2,
+        float[] db2) {
+      super(dx, dgamma, dbeta, dw1, db1, dw2, db2);
+    }
+  }
 
+  /** Gradients of a bf16 / f16 plan whose weight gradients are in its dtype: every array holds
+   * 16-bit patterns; see {@link #newGrads16}. */
+  public static final class Grads16 extends Gradients<short[], short[]> {
     public Grads16(short[] dx, short[] dgamma, short[] dbeta, short[] dw1, short[] db1, short[] dw2,
         short[] db2) {
-      this.dx = dx;
-      this.dgamma = dgamma;
-      this.dbeta = dbeta;
-      this.dw1 = dw1;
-      this.db1 = db1;
-      this.dw2 = dw2;
-      this.db2 = db2;
+      super(dx, dgamma, dbeta, dw1, db1, dw2, db2);
     }
   }
 
   /** Gradients of a bf16 / f16 plan whose weight gradients are fp32 ({@code gradDtype(DTYPE_F32)},
    * "main grads"): dx, dgamma, dbeta in the plan's dtype (16-bit patterns), dw1, db1, dw2, db2
-   * float[]. null for the gradients the plan does not have; see {@link #newMainGrads}. */
-  public static final class MainGrads {
-    public final short[] dx, dgamma, dbeta;
-    public final float[] dw1, db1, dw2, db2;
-
+   * float[]; see {@link #newMainGrads}. */
+  public static final class MainGrads extends Gradients<short[], float[]> {
     public MainGrads(short[] dx, short[] dgamma, short[] dbeta, float[] dw1, float[] db1,
         float[] dw2, float[] db2) {
-      this.dx = dx;
-      this.dgamma = dgamma;
-      this.dbeta = dbeta;
-      this.dw1 = dw1;
-      this.db1 = db1;
-      this.dw2 = dw2;
-      this.db2 = db2;
+      super(dx, dgamma, dbeta, dw1, db1, dw2, db2);
     }
   }
 
@@ -493,12 +487,9 @@ public final class Plan implements AutoCloseable {
     }
   }
 
-  private static void len(String name, float[] a, long expect) {
-    len(name, a == null ? 0 : a.length, a == null, expect);
-  }
-
-  private static void len(String name, short[] a, long expect) {
-    len(name, a == null ? 0 : a.length, a == null, expect);
+  /** {@link #len(String, int, boolean, long)} of a float[] or short[]. */
+  private static void len(String name, Object array, long expect) {
+    len(name, n(array), array == null, expect);
   }
 
   /** The call's tokens: x.length / H (x is [t, H]). A t above maxTokens() is passed on to C,
@@ -526,8 +517,9 @@ public final class Plan implements AutoCloseable {
     }
   }
 
-  private void checkInputs(float[] gamma, float[] beta, float[] w1, float[] b1, float[] w2,
-      float[] b2, float[] fp8State) {
+  /** The parameters' lengths (float[] or short[] arrays) against the shape query. */
+  private void checkInputs(Object gamma, Object beta, Object w1, Object b1, Object w2, Object b2,
+      float[] fp8State) {
     len("gamma", gamma, elements(TENSOR_GAMMA));
     len("beta", beta, elements(TENSOR_BETA));
     len("w1", w1, elements(TENSOR_W1));
@@ -537,31 +529,45 @@ public final class Plan implements AutoCloseable {
     len("fp8State", fp8State, elements(TENSOR_FP8_STATE));
   }
 
-  private void checkInputs(short[] gamma, short[] beta, short[] w1, short[] b1, short[] w2,
-      short[] b2, float[] fp8State) {
-    len("gamma", gamma, elements(TENSOR_GAMMA));
-    len("beta", beta, elements(TENSOR_BETA));
-    len("w1", w1, elements(TENSOR_W1));
-    len("b1", b1, elements(TENSOR_B1));
-    len("w2", w2, elements(TENSOR_W2));
-    len("b2", b2, elements(TENSOR_B2));
-    len("fp8State", fp8State, elements(TENSOR_FP8_STATE));
+  /** A forward's checks, either array type; returns its tokens (x.length / H). */
+  private long checkForward(Object x, Object gamma, Object beta, Object w1, Object b1, Object w2,
+      Object b2, Object y, ByteBuffer saved, float[] fp8State) {
+    long t = x == null ? 0 : tokensOf("x", n(x));
+    checkInputs(gamma, beta, w1, b1, w2, b2, fp8State);
+    if (x != null) len("y", y, n(x));
+    checkSaved(saved, t);
+    return t;
+  }
+
+  /** A backward's checks, either array type, once the holder's types are known to fit; returns
+   * its tokens (x.length / H). */
+  private long checkBackward(Object dy, Object x, Object gamma, Object beta, Object w1, Object b1,
+      Object w2, ByteBuffer saved, Gradients<?, ?> out, float[] fp8State) {
+    long t = x == null ? 0 : tokensOf("x", n(x));
+    if (x != null) {
+      len("dy", dy, n(x));
+      len("dx", out.dx, n(x));
+    }
+    checkInputs(gamma, beta, w1, b1, w2, null, fp8State);
+    checkSaved(saved, t);
+    checkParamGrads(out);
+    return t;
   }
 
   /** The lengths of the parameter gradients (the weight gradients' in either array type). */
-  private void checkParamGrads(int dgamma, boolean dgammaNull, int dbeta, boolean dbetaNull,
-      int dw1, boolean dw1Null, int db1, boolean db1Null, int dw2, boolean dw2Null, int db2,
-      boolean db2Null) {
-    len("dgamma", dgamma, dgammaNull, elements(TENSOR_DGAMMA));
-    len("dbeta", dbeta, dbetaNull, elements(TENSOR_DBETA));
-    len("dw1", dw1, dw1Null, elements(TENSOR_DW1));
-    len("db1", db1, db1Null, elements(TENSOR_DB1));
-    len("dw2", dw2, dw2Null, elements(TENSOR_DW2));
-    len("db2", db2, db2Null, elements(TENSOR_DB2));
+  /** Checks each parameter gradient of {@code out} against the shape query: of its length, or null
+   * where the plan has no such gradient. */
+  private void checkParamGrads(Gradients<?, ?> out) {
+    len("dgamma", n(out.dgamma), out.dgamma == null, elements(TENSOR_DGAMMA));
+    len("dbeta", n(out.dbeta), out.dbeta == null, elements(TENSOR_DBETA));
+    len("dw1", n(out.dw1), out.dw1 == null, elements(TENSOR_DW1));
+    len("db1", n(out.db1), out.db1 == null, elements(TENSOR_DB1));
+    len("dw2", n(out.dw2), out.dw2 == null, elements(TENSOR_DW2));
+    len("db2", n(out.db2), out.db2 == null, elements(TENSOR_DB2));
   }
 
-  private static int n(float[] a) { return a == null ? 0 : a.length; }
-  private static int n(short[] a) { return a == null ? 0 : a.length; }
+  /** The length of a float[] or short[] (0 for null). */
+  private static int n(Object array) { return array == null ? 0 : Array.getLength(array); }
 
   // -- f32 plans: float[] tensors --
 
@@ -586,10 +592,7 @@ public final class Plan implements AutoCloseable {
       boolean weightsUnchanged) {
     PlanHandle h = live();
     requireF32("forward");
-    long t = x == null ? 0 : tokensOf("x", x.length);
-    checkInputs(gamma, beta, w1, b1, w2, b2, fp8State);
-    if (x != null) len("y", y, x.length);
-    checkSaved(saved, t);
+    long t = checkForward(x, gamma, beta, w1, b1, w2, b2, y, saved, fp8State);
     LnmlpNative.plan_forward(h, t, x, gamma, beta, w1, b1, w2, b2, y, saved, fp8State,
         flags(weightsUnchanged), 0L);
   }
@@ -623,16 +626,7 @@ public final class Plan implements AutoCloseable {
     PlanHandle h = live();
     requireF32("backward");
     requireGradDtype(DTYPE_F32, "Plan.Grads");
-    long t = x == null ? 0 : tokensOf("x", x.length);
-    if (x != null) {
-      len("dy", dy, x.length);
-      len("dx", out.dx, x.length);
-    }
-    checkInputs(gamma, beta, w1, b1, w2, null, fp8State);
-    checkSaved(saved, t);
-    checkParamGrads(n(out.dgamma), out.dgamma == null, n(out.dbeta), out.dbeta == null,
-        n(out.dw1), out.dw1 == null, n(out.db1), out.db1 == null, n(out.dw2), out.dw2 == null,
-        n(out.db2), out.db2 == null);
+    long t = checkBackward(dy, x, gamma, beta, w1, b1, w2, saved, out, fp8State);
     LnmlpNative.plan_backward(h, t, dy, x, gamma, beta, w1, b1, w2, saved, out.dx, out.dgamma,
         out.dbeta, out.dw1, out.db1, out.dw2, out.db2, fp8State, flags(weightsUnchanged), 0L);
   }
@@ -686,27 +680,9 @@ public final class Plan implements AutoCloseable {
     PlanHandle h = live();
     require16("forward");
     requireWeightDtype16("forward");
-    long t = x == null ? 0 : tokensOf("x", x.length);
-    checkInputs(gamma, beta, w1, b1, w2, b2, fp8State);
-    if (x != null) len("y", y, x.length);
-    checkSaved(saved, t);
+    long t = checkForward(x, gamma, beta, w1, b1, w2, b2, y, saved, fp8State);
     LnmlpNative.plan_forward_u16(h, t, x, gamma, beta, w1, b1, w2, b2, y, saved, fp8State,
         flags(weightsUnchanged), 0L);
-  }
-
-  /** The checks shared by the two short[] backwards (before the weight gradients' own). */
-  private long checkBackward16(short[] dy, short[] x, short[] gamma, short[] beta, short[] w1,
-      short[] b1, short[] w2, ByteBuffer saved, short[] dx, float[] fp8State) {
-    require16("backward");
-    requireWeightDtype16("backward");
-    long t = x == null ? 0 : tokensOf("x", x.length);
-    if (x != null) {
-      len("dy", dy, x.length);
-      len("dx", dx, x.length);
-    }
-    checkInputs(gamma, beta, w1, b1, w2, null, fp8State);
-    checkSaved(saved, t);
-    return t;
   }
 
   /** Backward of a bf16 / f16 plan whose weight gradients are in its dtype (short[] all through). */
@@ -714,11 +690,10 @@ public final class Plan implements AutoCloseable {
       short[] w1, short[] b1, short[] w2, ByteBuffer saved, Grads16 out, float[] fp8State,
       boolean weightsUnchanged) {
     PlanHandle h = live();
-    long t = checkBackward16(dy, x, gamma, beta, w1, b1, w2, saved, out.dx, fp8State);
+    require16("backward");
+    requireWeightDtype16("backward");
     requireGradDtype(dtype, "Plan.Grads16");
-    checkParamGrads(n(out.dgamma), out.dgamma == null, n(out.dbeta), out.dbeta == null,
-        n(out.dw1), out.dw1 == null, n(out.db1), out.db1 == null, n(out.dw2), out.dw2 == null,
-        n(out.db2), out.db2 == null);
+    long t = checkBackward(dy, x, gamma, beta, w1, b1, w2, saved, out, fp8State);
     LnmlpNative.plan_backward_u16(h, t, dy, x, gamma, beta, w1, b1, w2, saved, out.dx, out.dgamma,
         out.dbeta, out.dw1, out.db1, out.dw2, out.db2, fp8State, flags(weightsUnchanged), 0L);
   }
@@ -729,11 +704,10 @@ public final class Plan implements AutoCloseable {
       short[] w1, short[] b1, short[] w2, ByteBuffer saved, MainGrads out, float[] fp8State,
       boolean weightsUnchanged) {
     PlanHandle h = live();
-    long t = checkBackward16(dy, x, gamma, beta, w1, b1, w2, saved, out.dx, fp8State);
+    require16("backward");
+    requireWeightDtype16("backward");
     requireGradDtype(DTYPE_F32, "Plan.MainGrads");
-    checkParamGrads(n(out.dgamma), out.dgamma == null, n(out.dbeta), out.dbeta == null,
-        n(out.dw1), out.dw1 == null, n(out.db1), out.db1 == null, n(out.dw2), out.dw2 == null,
-        n(out.db2), out.db2 == null);
+    long t = checkBackward(dy, x, gamma, beta, w1, b1, w2, saved, out, fp8State);
     LnmlpNative.plan_backward_u16_f32grad(h, t, dy, x, gamma, beta, w1, b1, w2, saved, out.dx,
         out.dgamma, out.dbeta, out.dw1, out.db1, out.dw2, out.db2, fp8State,
         flags(weightsUnchanged), 0L);
