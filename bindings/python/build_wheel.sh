@@ -7,17 +7,24 @@
 # libraries of scripts/shipped-libs-lib.sh's RUN_TIME_LIBRARIES (the machine's MPI for the MPI
 # module; cuBLASLt and NCCL for the CUDA module, from NVIDIA's pip wheels or a CUDA install).
 #
-# Usage: bindings/python/build_wheel.sh OUT_DIR [pip -C options, e.g. -C cmake.define.LNMLP_CUDA=OFF]
-# Prints the repaired wheel's path last. Needs auditwheel and patchelf (scripts/setup.sh installs them).
+# Usage: bindings/python/build_wheel.sh OUT_DIR [--from SDIST] [pip -C options, e.g.
+#        -C cmake.define.LNMLP_CUDA=OFF]
+# Builds from the sdist SDIST (build_sdist.sh) if given, else from this checkout. Prints the
+# repaired wheel's path last. Needs auditwheel and patchelf (scripts/setup.sh installs them).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PYTHON="${PYTHON:-python3}"
 out="$(mkdir -p "$1" && cd "$1" && pwd)"
 shift
+source_tree="$here"
+if [ "${1:-}" = --from ]; then
+  source_tree="$(readlink -f "$2")"
+  shift 2
+fi
 raw="$(mktemp -d)"
 trap 'rm -rf "$raw"' EXIT
 CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
-  "$PYTHON" -m pip wheel -q --no-deps -w "$raw" "$@" "$here" >&2
+  "$PYTHON" -m pip wheel -q --no-deps -w "$raw" "$@" "$source_tree" >&2
 # shellcheck source=scripts/shipped-libs-lib.sh
 source "$here/../../scripts/shipped-libs-lib.sh"
 excluded=("${RUN_TIME_LIBRARIES[@]}")

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The self-contained wheel works where nothing else of lnmlp's is installed: build_wheel.sh builds
-# and repairs it (oneDNN and the OpenMP runtime inside, a manylinux tag), then in a fresh virtual
-# environment, with the system's oneDNN hidden from the loader, the seed's usage example, a jitted
+# The self-contained wheel works where nothing else of lnmlp's is installed: build_sdist.sh makes the
+# sdist from the committed files, build_wheel.sh builds the wheel from that sdist alone and repairs
+# it (oneDNN and the OpenMP runtime inside, a manylinux tag), pip installs it with its extras
+# [jax,torch,flax] without an index (they resolve to what the machine has), then in that fresh
+# virtual environment, with the system's oneDNN hidden from the loader, the seed's usage example, a jitted
 # lnmlp.jax gradient and an lnmlp.torch module's gradient run from outside the source tree, with no
 # LNMLP_LIBRARY set, on the libraries inside the wheel. Then every library the wheel ships is
 # checked with ldd: each dependency is in the wheel or a library every manylinux system has
@@ -17,7 +19,9 @@ PYTHON="${PYTHON:-python3}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 start=$(date +%s)
-wheel="$(bash "$here/build_wheel.sh" "$work/dist" -C cmake.define.LNMLP_CUDA=OFF)"
+sdist="$(bash "$here/build_sdist.sh" "$work/sdist")"
+echo "check_install: $(basename "$sdist"), $(( $(stat -c %s "$sdist") / 1024 )) KiB"
+wheel="$(bash "$here/build_wheel.sh" "$work/dist" --from "$sdist" -C cmake.define.LNMLP_CUDA=OFF)"
 echo "check_install: built and repaired $(basename "$wheel") in $(( $(date +%s) - start )) s," \
      "$(( $(stat -c %s "$wheel") / 1024 )) KiB"
 "$PYTHON" -m zipfile -l "$wheel" | grep -E '\.so' | sed 's/^/check_install: in the wheel: /'
@@ -26,7 +30,15 @@ echo "check_install: built and repaired $(basename "$wheel") in $(( $(date +%s) 
 # lnmlp and its libraries come from the wheel alone.
 venv="$work/venv"
 "$PYTHON" -m venv --system-site-packages "$venv"
-"$venv/bin/python" -m pip install -q --no-deps "$wheel"
+# The venv's own bootstrap setuptools (Python < 3.12 puts one in) would hide the machine's, which is
+# what torch's requirement (setuptools >= 77) is met by.
+"$venv/bin/python" -m pip uninstall -q -y setuptools 2>/dev/null || true
+# --no-index: the dependencies and the extras' packages must be ones the machine has; a wheel that
+# lacks an extra only gets a warning from pip, so that is checked too.
+"$venv/bin/python" -m pip install --no-index "${wheel}[jax,torch,flax]" > "$work/pip.log" 2>&1 ||
+  { cat "$work/pip.log" >&2; exit 1; }
+if grep -i "does not provide the extra" "$work/pip.log" >&2; then exit 1; fi
+echo "check_install: pip installed $(basename "$wheel")[jax,torch,flax] from no index"
 site="$("$venv/bin/python" -c "import lnmlp, os; print(os.path.dirname(os.path.dirname(lnmlp.__file__)))")"
 
 # shellcheck source=scripts/shipped-libs-lib.sh
