@@ -74,6 +74,17 @@ _FIXED_TENSORS = (_lib.TENSOR_GAMMA, _lib.TENSOR_BETA, _lib.TENSOR_W1, _lib.TENS
                   _lib.TENSOR_DW2, _lib.TENSOR_DB2, _lib.TENSOR_FP8_STATE)
 
 
+def _written_array_address(name, arr, contiguous_fix, writer):
+    """The address of an array lnmlp writes, once it is C-contiguous, writeable and aligned."""
+    if not arr.flags.c_contiguous:
+        raise InvalidArgumentError(f"{name} is not C-contiguous; {contiguous_fix}")
+    if not arr.flags.writeable:
+        raise InvalidArgumentError(f"{name} is read-only, but {writer}")
+    if not arr.flags.aligned:
+        raise MisalignedError(f"{name} is not aligned to its element size")
+    return arr.ctypes.data
+
+
 @dataclass(frozen=True)
 class ActParams:
     """Parameters of the clamped SwiGLU pair ("clamped_silu", "clamped_linear"):
@@ -845,13 +856,8 @@ class Plan:
             raise InvalidArgumentError(
                 f"{name} has shape {tuple(state.shape)}, but this plan's FP8 state is {shape} (per "
                 f"quantizer, in lnmlp.QUANTIZERS order: the scale, then the amax history, newest first)")
-        if not state.flags.c_contiguous:
-            raise InvalidArgumentError(f"{name} is not C-contiguous; pass numpy.ascontiguousarray({name})")
-        if not state.flags.writeable:
-            raise InvalidArgumentError(f"{name} is read-only, but lnmlp updates it in place")
-        if not state.flags.aligned:
-            raise MisalignedError(f"{name} is not aligned to its element size")
-        return state.ctypes.data
+        return _written_array_address(name, state, f"pass numpy.ascontiguousarray({name})",
+                                      "lnmlp updates it in place")
 
     def _empty(self, shape, dtype=None):
         dtype = self.dtype if dtype is None else dtype
@@ -1055,13 +1061,7 @@ class Plan:
                 f"{name} has dtype {arr.dtype}, but this plan's weight gradients are {dtype.name} ({why})")
         if tuple(arr.shape) != tuple(shape):
             raise InvalidArgumentError(f"{name} has shape {tuple(arr.shape)}, but the plan needs {tuple(shape)}")
-        if not arr.flags.c_contiguous:
-            raise InvalidArgumentError(f"{name} is not C-contiguous; pass a C-contiguous array")
-        if not arr.flags.writeable:
-            raise InvalidArgumentError(f"{name} is read-only, but backward writes it")
-        if not arr.flags.aligned:
-            raise MisalignedError(f"{name} is not aligned to its element size")
-        return arr.ctypes.data
+        return _written_array_address(name, arr, "pass a C-contiguous array", "backward writes it")
 
     def backward(self, dy, x, gamma, beta, w1, b1, w2, saved, fp8_state=None, *, weights_unchanged=False,
                  grads=None):
@@ -1089,20 +1089,8 @@ class Plan:
         possibly holding part of the call's sum; any other error is raised before anything is
         written. The FP8 state is never left half-updated.
 
-        ``weights_unchanged`` (TransformerEngine's ``is_first_microbatch=False``; passes
-        LNMLP_CALL_WEIGHTS_UNCHANGED): True promises that w1 and w2 hold the values they had in the
-        plan's call that last made its copies of them -- the widened copies (float16 plans; bfloat16
-        on a CPU without bf16 GEMMs) or, under an FP8 recipe, the quantized copies with their scales
-        -- so this call reuses those copies instead of making them again. Pass it for the
-        micro-batches after the first one with the same weights, and for the backward of a forward
-        with the same weights. Every call keeps the copies it makes (a copy not made yet is made),
-        so the flag is always safe when the promise holds; with current scaling a flagged call gives
-        bit for bit what an unflagged one gives. If the weights did change, the results come from
-        the OLD weights' copies (a float32 plan without FP8 keeps no copies and reads w1, w2 as
-        given). Under delayed scaling the reused copies keep the scale they were made with, and the
-        weights' amaxes recorded are those measured then. Under sharding every rank passes the same
-        value. False (the default) makes the copies afresh, as
-        TransformerEngine's ``is_first_microbatch=None`` / ``True``."""
+        ``weights_unchanged``: as for :meth:`forward` (the backward of a forward with the same
+        weights passes True: it reuses the copies that forward made)."""
         unchanged = _flag("weights_unchanged", weights_unchanged)
         with self._lock:
             handle = self._live()
