@@ -41,74 +41,20 @@ fn cfg(t: usize) -> Cfg {
 }
 
 fn builder<T: Element>(recipe: Recipe) -> PlanBuilder {
-    PlanBuilder::new()
-        .shape(MAX_T, H, F)
-        .norm(Norm::LayerNorm)
-        .epsilon(1e-5)
-        .activation(Activation::Gelu)
-        .bias(true, true)
+    layernorm_gelu(MAX_T, H, F)
         .element::<T>()
         .recipe(recipe)
         .delayed_scaling(DelayedScaling { amax_history_len: 4, ..Default::default() })
-        .num_threads(1)
 }
 
-/// The parameters and the inputs of the plan's most tokens, rounded to `T`, with their exact
-/// values as f64 for the reference (a call with t tokens takes the first t rows).
-struct Problem<T> {
-    x: Vec<T>,
-    dy: Vec<T>,
-    gamma: Vec<T>,
-    beta: Vec<T>,
-    w1: Vec<T>,
-    b1: Vec<T>,
-    w2: Vec<T>,
-    b2: Vec<T>,
-}
-
-fn round<T: Element>(v: Vec<f64>) -> Vec<T> {
-    v.into_iter().map(|x| T::from_f32(x as f32)).collect()
-}
-
-fn f64s<T: Element>(v: &[T]) -> Vec<f64> {
-    v.iter().map(|x| x.to_f32() as f64).collect()
-}
-
+/// The parameters and the inputs of the plan's most tokens, rounded to `T`.
 fn problem<T: Element>(seed: u64) -> Problem<T> {
-    let mut r = Rng::new(seed);
-    Problem {
-        x: round(r.vec(MAX_T * H, 2.0)),
-        dy: round(r.vec(MAX_T * H, 1.0)),
-        gamma: round(r.vec(H, 0.5).into_iter().map(|v| v + 1.0).collect()),
-        beta: round(r.vec(H, 0.2)),
-        w1: round(r.vec(H * F, 1.0 / (H as f64).sqrt())),
-        b1: round(r.vec(F, 0.2)),
-        w2: round(r.vec(F * H, 1.0 / (F as f64).sqrt())),
-        b2: round(r.vec(H, 0.2)),
-    }
+    Problem::random(seed, MAX_T, H, F, 1)
 }
 
-impl<T: Element> Problem<T> {
-    fn weights(&self) -> Weights<'_, T> {
-        Weights {
-            gamma: &self.gamma,
-            beta: Some(&self.beta),
-            w1: &self.w1,
-            b1: Some(&self.b1),
-            w2: &self.w2,
-            b2: Some(&self.b2),
-        }
-    }
-    fn params(&self) -> Params {
-        Params {
-            gamma: f64s(&self.gamma),
-            beta: f64s(&self.beta),
-            w1: f64s(&self.w1),
-            b1: f64s(&self.b1),
-            w2: f64s(&self.w2),
-            b2: f64s(&self.b2),
-        }
-    }
+/// Every parameter: the plans here have LayerNorm and both biases.
+fn all_weights<T: Element>(pr: &Problem<T>) -> Weights<'_, T> {
+    pr.weights(true, (true, true))
 }
 
 fn reuse() -> CallOptions<'static> {
@@ -142,7 +88,7 @@ fn current_supported() -> bool {
 /// unflagged ones.
 fn flagged_equals_unflagged<T: Element>(recipe: Recipe, seed: u64) {
     let pr = problem::<T>(seed);
-    let w = pr.weights();
+    let w = all_weights(&pr);
     let mut plain = builder::<T>(recipe).build().unwrap();
     let mut flagged = builder::<T>(recipe).build().unwrap();
     for (i, t) in [8, 3, 0, 5, 8, 1].into_iter().enumerate() {
@@ -191,51 +137,30 @@ fn halved_w1_behind_the_flag_fp8_reuses_old_copies_f32_sees_new_weights() {
     let mut pr = problem::<f32>(5);
     let (x, dy) = (pr.x[..t * H].to_vec(), pr.dy[..t * H].to_vec());
     let mut fp8 = builder::<f32>(Recipe::Current).build().unwrap();
-    let (y_old, g_old) = step(&mut fp8, &x, &dy, &pr.weights(), false);
+    let (y_old, g_old) = step(&mut fp8, &x, &dy, &all_weights(&pr), false);
     halve(&mut pr.w1);
-    let (y_flag, g_flag) = step(&mut fp8, &x, &dy, &pr.weights(), true);
+    let (y_flag, g_flag) = step(&mut fp8, &x, &dy, &all_weights(&pr), true);
     assert_bits("fp8 flagged y", &y_flag, &y_old);
     assert_grads_bits("fp8 flagged", &g_flag, &g_old);
-    // the raw call takes the flag too
-    let mut y_raw = vec![0.0f32; t * H];
-    let mut saved_raw = fp8.new_saved_for(t).unwrap();
-    let c = |v: &[f32]| v.as_ptr() as *const std::ffi::c_void;
-    // SAFETY: host pointers of the call's sizes (t rows), saved sized and aligned for the call;
-    // w1 and w2 are the previous call's (live) buffers.
-    unsafe {
-        fp8.forward_raw(
-            t,
-            c(&x),
-            c(&pr.gamma),
-            c(&pr.beta),
-            c(&pr.w1),
-            c(&pr.b1),
-            c(&pr.w2),
-            c(&pr.b2),
-            y_raw.as_mut_ptr() as *mut _,
-            saved_raw.as_mut_bytes().as_mut_ptr() as *mut _,
-            std::ptr::null_mut(),
-            CallFlags::WEIGHTS_UNCHANGED,
-            std::ptr::null_mut(),
-        )
-        .unwrap();
-    }
+    // the raw call takes the flag too (w1 and w2 are the previous call's live buffers)
+    let (y_raw, _) = forward_raw_on_host(&mut fp8, &x, &pr, &pr.w1, &pr.w2, CallFlags::WEIGHTS_UNCHANGED);
     assert_bits("fp8 raw flagged y", &y_raw, &y_old);
     // without the flag the plan makes new copies: new results, which the flag then keeps
-    let (y_new, g_new) = step(&mut fp8, &x, &dy, &pr.weights(), false);
+    let (y_new, g_new) = step(&mut fp8, &x, &dy, &all_weights(&pr), false);
     assert!(!same_bits(&y_new, &y_old), "halving w1 did not change y");
     assert!(!same_bits(&g_new.dx, &g_old.dx), "halving w1 did not change dx");
-    let (y_new2, g_new2) = step(&mut fp8, &x, &dy, &pr.weights(), true);
+    let (y_new2, g_new2) = step(&mut fp8, &x, &dy, &all_weights(&pr), true);
     assert_bits("fp8 flagged after remaking y", &y_new2, &y_new);
     assert_grads_bits("fp8 flagged after remaking", &g_new2, &g_new);
 
     // f32 (no copies): the flagged step sees the halved weights, bitwise as an unflagged one
     let mut pr = problem::<f32>(5);
     let mut f32_plan = builder::<f32>(Recipe::None).build().unwrap();
-    let (y_old32, _) = step(&mut f32_plan, &x, &dy, &pr.weights(), false);
+    let (y_old32, _) = step(&mut f32_plan, &x, &dy, &all_weights(&pr), false);
     halve(&mut pr.w1);
-    let (y_flag32, g_flag32) = step(&mut f32_plan, &x, &dy, &pr.weights(), true);
-    let (y_new32, g_new32) = step(&mut builder::<f32>(Recipe::None).build().unwrap(), &x, &dy, &pr.weights(), false);
+    let (y_flag32, g_flag32) = step(&mut f32_plan, &x, &dy, &all_weights(&pr), true);
+    let (y_new32, g_new32) =
+        step(&mut builder::<f32>(Recipe::None).build().unwrap(), &x, &dy, &all_weights(&pr), false);
     assert!(!same_bits(&y_flag32, &y_old32), "the f32 plan did not see the new w1");
     assert_bits("f32 flagged y", &y_flag32, &y_new32);
     assert_grads_bits("f32 flagged", &g_flag32, &g_new32);
@@ -254,13 +179,13 @@ fn the_flag_with_new_weight_buffers_reads_them_or_the_copies() {
     let (w1_before, w2_before) = (pr.w1.clone(), pr.w2.clone());
     let half_w1: Vec<f32> = pr.w1.iter().map(|v| v * 0.5).collect();
     let half_w2: Vec<f32> = pr.w2.iter().map(|v| v * 0.5).collect();
-    let halved = Weights { w1: &half_w1, w2: &half_w2, ..pr.weights() };
+    let halved = Weights { w1: &half_w1, w2: &half_w2, ..all_weights(&pr) };
     assert_ne!(half_w1.as_ptr(), pr.w1.as_ptr());
     assert_ne!(half_w2.as_ptr(), pr.w2.as_ptr());
 
     // f32: the flagged step after a step with the old buffers computes with the new ones
     let mut f32_plan = builder::<f32>(Recipe::None).build().unwrap();
-    let (y_old, g_old) = step(&mut f32_plan, x, dy, &pr.weights(), false);
+    let (y_old, g_old) = step(&mut f32_plan, x, dy, &all_weights(&pr), false);
     let (y_flag, g_flag) = step(&mut f32_plan, x, dy, &halved, true);
     let (y_new, g_new) = step(&mut builder::<f32>(Recipe::None).build().unwrap(), x, dy, &halved, false);
     assert!(!same_bits(&y_new, &y_old), "halving the weights did not change y");
@@ -273,36 +198,14 @@ fn the_flag_with_new_weight_buffers_reads_them_or_the_copies() {
     let (y_first, g_first) = step(&mut first, x, dy, &halved, true);
     assert_bits("f32 first call flagged y", &y_first, &y_new);
     assert_grads_bits("f32 first call flagged", &g_first, &g_new);
-    step(&mut f32_plan, x, dy, &pr.weights(), false);
-    let c = |v: &[f32]| v.as_ptr() as *const std::ffi::c_void;
-    let mut y_raw = vec![0.0f32; t * H];
-    let mut saved_raw = f32_plan.new_saved_for(t).unwrap();
-    // SAFETY: host pointers of the call's sizes (t rows), saved sized and aligned for the call.
-    unsafe {
-        f32_plan
-            .forward_raw(
-                t,
-                c(x),
-                c(&pr.gamma),
-                c(&pr.beta),
-                c(&half_w1),
-                c(&pr.b1),
-                c(&half_w2),
-                c(&pr.b2),
-                y_raw.as_mut_ptr() as *mut _,
-                saved_raw.as_mut_bytes().as_mut_ptr() as *mut _,
-                std::ptr::null_mut(),
-                CallFlags::WEIGHTS_UNCHANGED,
-                std::ptr::null_mut(),
-            )
-            .unwrap();
-    }
+    step(&mut f32_plan, x, dy, &all_weights(&pr), false);
+    let (y_raw, _) = forward_raw_on_host(&mut f32_plan, x, &pr, &half_w1, &half_w2, CallFlags::WEIGHTS_UNCHANGED);
     assert_bits("f32 raw flagged y", &y_raw, &y_new);
 
     // FP8 current scaling: the flagged step with the new buffers reuses the old weights' copies
     if current_supported() {
         let mut fp8 = builder::<f32>(Recipe::Current).build().unwrap();
-        let (y_old8, g_old8) = step(&mut fp8, x, dy, &pr.weights(), false);
+        let (y_old8, g_old8) = step(&mut fp8, x, dy, &all_weights(&pr), false);
         let (y_flag8, g_flag8) = step(&mut fp8, x, dy, &halved, true);
         assert_bits("fp8 flagged y", &y_flag8, &y_old8);
         assert_grads_bits("fp8 flagged", &g_flag8, &g_old8);
@@ -330,13 +233,13 @@ fn delayed_scaling_reused_copy_records_the_old_amax() {
     let mut plan = builder::<f32>(Recipe::Delayed).build().unwrap();
     let mut saved = plan.new_saved().unwrap();
     let mut y = vec![0.0f32; x.len()];
-    plan.forward_into(&x, &pr.weights(), &mut y, &mut saved).unwrap();
+    plan.forward_into(&x, &all_weights(&pr), &mut y, &mut saved).unwrap();
     assert_eq!(plan.quantizer_state(Quantizer::W1).unwrap().amax_history[0], amax);
     pr.w1.iter_mut().for_each(|v| *v *= 0.5);
-    plan.forward_with_options(&x, &pr.weights(), &mut y, &mut saved, reuse()).unwrap();
+    plan.forward_with_options(&x, &all_weights(&pr), &mut y, &mut saved, reuse()).unwrap();
     let st = plan.quantizer_state(Quantizer::W1).unwrap();
     assert_eq!(&st.amax_history[..2], &[amax, amax], "the flagged call measured the new w1");
-    plan.forward_into(&x, &pr.weights(), &mut y, &mut saved).unwrap();
+    plan.forward_into(&x, &all_weights(&pr), &mut y, &mut saved).unwrap();
     assert_eq!(plan.quantizer_state(Quantizer::W1).unwrap().amax_history[0], amax * 0.5);
 }
 
@@ -360,7 +263,7 @@ fn call_options_and_flags() {
 /// last micro-batch's alone.
 fn accumulate<T: Element, G: Element>(grad_dtype: Option<DType>, tol: f64, seed: u64) {
     let pr = problem::<T>(seed);
-    let w = pr.weights();
+    let w = all_weights(&pr);
     let mut b = builder::<T>(Recipe::None).accumulate_grads(true).num_threads(2);
     if let Some(d) = grad_dtype {
         b = b.grad_dtype(d);
@@ -449,7 +352,7 @@ fn accumulates_with_the_weights_unchanged_flag_too() {
     // the two features together, on an f16 plan (widened weight copies) with f32 gradients:
     // flagged micro-batches accumulate bitwise what unflagged ones do
     let pr = problem::<F16>(10);
-    let w = pr.weights();
+    let w = all_weights(&pr);
     let mk = || builder::<F16>(Recipe::None).accumulate_grads(true).grad_dtype(DType::F32).build().unwrap();
     let (mut a, mut b) = (mk(), mk());
     let mut ga = a.new_gradients_as::<F16, f32>(0).unwrap();
@@ -497,7 +400,7 @@ fn a_bad_gradient_dtype_is_refused_at_build() {
 #[test]
 fn wrongly_typed_gradient_buffers_are_an_error_not_ub() {
     let pr = problem::<Bf16>(11);
-    let w = pr.weights();
+    let w = all_weights(&pr);
     let t = 3;
     let (x, dy) = (&pr.x[..t * H], &pr.dy[..t * H]);
     for acc in [false, true] {
@@ -551,7 +454,7 @@ fn wrongly_typed_gradient_buffers_are_an_error_not_ub() {
         let (x32, dy32): (Vec<f32>, Vec<f32>) =
             (x32.iter().map(|&v| v as f32).collect(), dy32.iter().map(|&v| v as f32).collect());
         let p32 = problem::<f32>(11);
-        let e = plan.backward_into(&dy32, &x32, &p32.weights(), &saved, g32.as_mut()).unwrap_err();
+        let e = plan.backward_into(&dy32, &x32, &all_weights(&p32), &saved, g32.as_mut()).unwrap_err();
         assert_eq!(e.status(), Status::InvalidArgument, "{e}");
         assert!(e.message().contains("the plan's dtype is Bf16"), "{e}");
         // the allocating backward cannot hold f32 weight gradients (nor accumulate)
@@ -568,7 +471,7 @@ fn wrongly_typed_gradient_buffers_are_an_error_not_ub() {
 #[test]
 fn an_accumulating_plan_refuses_the_allocating_backward() {
     let pr = problem::<f32>(12);
-    let w = pr.weights();
+    let w = all_weights(&pr);
     let x = &pr.x[..2 * H];
     let mut plan = builder::<f32>(Recipe::None).accumulate_grads(true).build().unwrap();
     let saved = plan.forward_alloc(x, &w).unwrap().1;

@@ -5,7 +5,7 @@
 //! comparisons here are bitwise (single-threaded plans: `num_threads(1)`).
 mod common;
 
-use common::Rng;
+use common::{forward_raw_on_host, Problem};
 use lnmlp::*;
 
 const MAX_T: usize = 37;
@@ -80,46 +80,13 @@ impl Setup {
 }
 
 /// The inputs of the plan's most tokens; a call with t tokens takes the first t rows.
-struct Problem<T> {
-    x: Vec<T>,
-    dy: Vec<T>,
-    gamma: Vec<T>,
-    beta: Vec<T>,
-    w1: Vec<T>,
-    b1: Vec<T>,
-    w2: Vec<T>,
-    b2: Vec<T>,
-}
-
 fn problem<T: Element>(s: &Setup, seed: u64) -> Problem<T> {
-    let mut r = Rng::new(seed);
-    let mut v = |n: usize, scale: f64, offset: f64| -> Vec<T> {
-        r.vec(n, scale).into_iter().map(|x| T::from_f32((x + offset) as f32)).collect()
-    };
-    let (h, f, a) = (s.h, s.f, s.a());
-    Problem {
-        x: v(MAX_T * h, 2.0, 0.0),
-        dy: v(MAX_T * h, 1.0, 0.0),
-        gamma: v(h, 0.5, 1.0),
-        beta: v(h, 0.2, 0.0),
-        w1: v(h * a * f, 1.0 / (h as f64).sqrt(), 0.0),
-        b1: v(a * f, 0.2, 0.0),
-        w2: v(f * h, 1.0 / (f as f64).sqrt(), 0.0),
-        b2: v(h, 0.2, 0.0),
-    }
+    Problem::random(seed, MAX_T, s.h, s.f, s.a())
 }
 
-impl<T: Element> Problem<T> {
-    fn weights(&self, s: &Setup) -> Weights<'_, T> {
-        Weights {
-            gamma: &self.gamma,
-            beta: (s.norm == Norm::LayerNorm).then_some(&self.beta[..]),
-            w1: &self.w1,
-            b1: s.bias.0.then_some(&self.b1[..]),
-            w2: &self.w2,
-            b2: s.bias.1.then_some(&self.b2[..]),
-        }
-    }
+/// The parameters the setup's plan takes.
+fn setup_weights<'a, T: Element>(pr: &'a Problem<T>, s: &Setup) -> Weights<'a, T> {
+    pr.weights(s.norm == Norm::LayerNorm, s.bias)
 }
 
 /// A plan for MAX_T tokens run with t = 37, 1, 13, 0, 37, 13 (repeats and shrinking counts
@@ -127,7 +94,7 @@ impl<T: Element> Problem<T> {
 /// saved buffer sized for the call and with the plan's full-size one.
 fn same_as_exact_plans<T: Element>(s: Setup, seed: u64) {
     let pr = problem::<T>(&s, seed);
-    let w = pr.weights(&s);
+    let w = setup_weights(&pr, &s);
     let h = s.h;
     let mut big = s.builder::<T>(MAX_T).build().unwrap();
     assert_eq!(big.max_tokens(), MAX_T);
@@ -166,7 +133,7 @@ fn same_as_exact_plans<T: Element>(s: Setup, seed: u64) {
 fn prepared_token_counts_match_exact_plans() {
     let s = ln_gelu();
     let pr = problem::<f32>(&s, 11);
-    let w = pr.weights(&s);
+    let w = setup_weights(&pr, &s);
     let mut big = s.builder::<f32>(MAX_T).prepared_tokens(&[16, 1, 16]).build().unwrap();
     for t in [16, 1, 5, 16] {
         let (x, dy) = (&pr.x[..t * s.h], &pr.dy[..t * s.h]);
@@ -235,7 +202,7 @@ fn fp8_current_variable_tokens_match_exact_plans() {
 fn zero_tokens() {
     let s = ln_gelu();
     let pr = problem::<f32>(&s, 9);
-    let w = pr.weights(&s);
+    let w = setup_weights(&pr, &s);
     let mut plan = s.builder::<f32>(MAX_T).build().unwrap();
     let mut y: Vec<f32> = Vec::new();
     let saved = plan.forward(&[], &w, &mut y).unwrap();
@@ -278,7 +245,7 @@ fn zero_tokens_leave_the_fp8_state_alone() {
     }
     let s = Setup { recipe: Recipe::Delayed, ..ln_gelu() };
     let pr = problem::<f32>(&s, 10);
-    let w = pr.weights(&s);
+    let w = setup_weights(&pr, &s);
     let mut plan = s.builder::<f32>(MAX_T).build().unwrap();
     let (_, saved) = plan.forward_alloc(&pr.x[..5 * s.h], &w).unwrap(); // a nontrivial state
     plan.backward(&pr.dy[..5 * s.h], &pr.x[..5 * s.h], &w, &saved).unwrap();
@@ -296,7 +263,7 @@ fn too_many_tokens_or_a_ragged_length_is_an_error_not_a_panic() {
     let s = ln_gelu();
     let h = s.h;
     let pr = problem::<f32>(&s, 11);
-    let w = pr.weights(&s);
+    let w = setup_weights(&pr, &s);
     let mut plan = s.builder::<f32>(MAX_T).build().unwrap();
     let x38 = vec![0.5f32; (MAX_T + 1) * h];
     let mut y38 = vec![0.0f32; (MAX_T + 1) * h];
@@ -362,33 +329,11 @@ fn raw_calls_take_the_token_count() {
     let s = ln_gelu();
     let h = s.h;
     let pr = problem::<f32>(&s, 12);
-    let w = pr.weights(&s);
+    let w = setup_weights(&pr, &s);
     let mut plan = s.builder::<f32>(MAX_T).build().unwrap();
     let t = 13;
     let (y, saved) = plan.forward_alloc(&pr.x[..t * h], &w).unwrap();
-    let mut y_raw = vec![0.0f32; t * h];
-    let mut saved_raw = plan.new_saved_for(t).unwrap();
-    let c = |v: &Vec<f32>| v.as_ptr() as *const std::ffi::c_void;
-    let n = std::ptr::null_mut();
-    // SAFETY: host pointers of the call's sizes (13 rows), saved sized and aligned for the call.
-    unsafe {
-        plan.forward_raw(
-            t,
-            pr.x.as_ptr() as *const _,
-            c(&pr.gamma),
-            c(&pr.beta),
-            c(&pr.w1),
-            c(&pr.b1),
-            c(&pr.w2),
-            c(&pr.b2),
-            y_raw.as_mut_ptr() as *mut _,
-            saved_raw.as_mut_bytes().as_mut_ptr() as *mut _,
-            n,
-            CallFlags::DEFAULT,
-            n,
-        )
-        .unwrap();
-    }
+    let (y_raw, saved_raw) = forward_raw_on_host(&mut plan, &pr.x[..t * h], &pr, &pr.w1, &pr.w2, CallFlags::DEFAULT);
     assert_bits("y", &y_raw, &y);
     assert_eq!(saved_raw.as_bytes(), saved.as_bytes());
 }
@@ -487,7 +432,7 @@ fn caller_owned_state_per_call_matches_the_plan_held_state() {
     let Some(s) = delayed() else { return };
     let h = s.h;
     let pr = problem::<f32>(&s, 13);
-    let w = pr.weights(&s);
+    let w = setup_weights(&pr, &s);
     let mut own = s.builder::<f32>(MAX_T).build().unwrap();
     let mut caller = s.builder::<f32>(MAX_T).build().unwrap();
     let fresh = caller.new_fp8_state().unwrap();
@@ -519,7 +464,7 @@ fn attached_state_matches_the_plan_held_state_and_comes_back() {
     let Some(s) = delayed() else { return };
     let h = s.h;
     let pr = problem::<f32>(&s, 14);
-    let w = pr.weights(&s);
+    let w = setup_weights(&pr, &s);
     let mut own = s.builder::<f32>(MAX_T).build().unwrap();
     let mut att = s.builder::<f32>(MAX_T).build().unwrap();
     let fresh = att.new_fp8_state().unwrap();
@@ -570,7 +515,7 @@ fn attached_state_matches_the_plan_held_state_and_comes_back() {
 fn fp8_state_misuse_is_an_error() {
     let Some(s) = delayed() else { return };
     let pr = problem::<f32>(&s, 15);
-    let w = pr.weights(&s);
+    let w = setup_weights(&pr, &s);
     let mut plan = s.builder::<f32>(MAX_T).build().unwrap();
     let len = plan.fp8_state_len();
     let e = plan.attach_fp8_state(vec![1.0; len - 1]).unwrap_err();

@@ -11,15 +11,7 @@ const H: usize = 16;
 const F: usize = 24;
 
 fn builder(recipe: Recipe) -> PlanBuilder {
-    PlanBuilder::new()
-        .shape(MAX_T, H, F)
-        .norm(Norm::LayerNorm)
-        .epsilon(1e-5)
-        .activation(Activation::Gelu)
-        .bias(true, true)
-        .dtype(DType::Bf16)
-        .recipe(recipe)
-        .num_threads(1)
+    layernorm_gelu(MAX_T, H, F).dtype(DType::Bf16).recipe(recipe)
 }
 
 fn current_supported() -> bool {
@@ -39,29 +31,8 @@ fn f32s(v: &[f64]) -> Vec<f32> {
 }
 
 /// The inputs and parameters of the plan's most tokens, as f64.
-struct Problem {
-    x: Vec<f64>,
-    dy: Vec<f64>,
-    gamma: Vec<f64>,
-    beta: Vec<f64>,
-    w1: Vec<f64>,
-    b1: Vec<f64>,
-    w2: Vec<f64>,
-    b2: Vec<f64>,
-}
-
-fn problem(seed: u64) -> Problem {
-    let mut r = Rng::new(seed);
-    Problem {
-        x: r.vec(MAX_T * H, 2.0),
-        dy: r.vec(MAX_T * H, 1.0),
-        gamma: r.vec(H, 0.5).into_iter().map(|v| v + 1.0).collect(),
-        beta: r.vec(H, 0.2),
-        w1: r.vec(H * F, 1.0 / (H as f64).sqrt()),
-        b1: r.vec(F, 0.2),
-        w2: r.vec(F * H, 1.0 / (F as f64).sqrt()),
-        b2: r.vec(H, 0.2),
-    }
+fn problem(seed: u64) -> Problem<f64> {
+    Problem::draw(seed, MAX_T, H, F, 1, |x| x)
 }
 
 fn max_abs<T: Element>(v: &[T]) -> f32 {

@@ -254,3 +254,122 @@ pub fn assert_close(name: &str, got: &[f64], want: &[f64], tol: f64) {
         want[at]
     );
 }
+
+/// The inputs of `tokens` tokens and the parameters of a block [H] -> [A, F] -> [H], drawn from
+/// `seed` in one order (x, dy, gamma around 1, beta, w1, b1, w2, b2) and made values of `T` by
+/// `make`; a call with t tokens takes the first t rows of x and dy.
+pub struct Problem<T> {
+    pub x: Vec<T>,
+    pub dy: Vec<T>,
+    pub gamma: Vec<T>,
+    pub beta: Vec<T>,
+    pub w1: Vec<T>,
+    pub b1: Vec<T>,
+    pub w2: Vec<T>,
+    pub b2: Vec<T>,
+}
+
+impl<T> Problem<T> {
+    pub fn draw(seed: u64, tokens: usize, h: usize, f: usize, a: usize, make: impl Fn(f64) -> T) -> Problem<T> {
+        let mut r = Rng::new(seed);
+        let mut v = |n: usize, scale: f64, offset: f64| -> Vec<T> {
+            r.vec(n, scale).into_iter().map(|x| make(x + offset)).collect()
+        };
+        Problem {
+            x: v(tokens * h, 2.0, 0.0),
+            dy: v(tokens * h, 1.0, 0.0),
+            gamma: v(h, 0.5, 1.0),
+            beta: v(h, 0.2, 0.0),
+            w1: v(h * a * f, 1.0 / (h as f64).sqrt(), 0.0),
+            b1: v(a * f, 0.2, 0.0),
+            w2: v(f * h, 1.0 / (f as f64).sqrt(), 0.0),
+            b2: v(h, 0.2, 0.0),
+        }
+    }
+}
+
+impl<T: lnmlp::Element> Problem<T> {
+    /// [`Problem::draw`] with each value rounded to `T` (through f32).
+    pub fn random(seed: u64, tokens: usize, h: usize, f: usize, a: usize) -> Problem<T> {
+        Problem::draw(seed, tokens, h, f, a, |x| T::from_f32(x as f32))
+    }
+
+    /// The parameters as the library takes them: beta only for LayerNorm, each bias where enabled.
+    pub fn weights(&self, layer_norm: bool, bias: (bool, bool)) -> lnmlp::Weights<'_, T> {
+        lnmlp::Weights {
+            gamma: &self.gamma,
+            beta: layer_norm.then_some(&self.beta[..]),
+            w1: &self.w1,
+            b1: bias.0.then_some(&self.b1[..]),
+            w2: &self.w2,
+            b2: bias.1.then_some(&self.b2[..]),
+        }
+    }
+
+    /// The parameters' exact values, for the float64 reference.
+    pub fn params(&self) -> Params {
+        Params {
+            gamma: f64s(&self.gamma),
+            beta: f64s(&self.beta),
+            w1: f64s(&self.w1),
+            b1: f64s(&self.b1),
+            w2: f64s(&self.w2),
+            b2: f64s(&self.b2),
+        }
+    }
+}
+
+/// The exact values of library elements.
+pub fn f64s<T: lnmlp::Element>(v: &[T]) -> Vec<f64> {
+    v.iter().map(|x| x.to_f32() as f64).collect()
+}
+
+/// `forward_raw` on host memory: x's tokens with p's gamma, beta and biases and the given w1 and
+/// w2, into a new y and a new saved buffer sized for the call; returns (y, saved).
+pub fn forward_raw_on_host(
+    plan: &mut lnmlp::Plan,
+    x: &[f32],
+    p: &Problem<f32>,
+    w1: &[f32],
+    w2: &[f32],
+    flags: lnmlp::CallFlags,
+) -> (Vec<f32>, lnmlp::Saved) {
+    let t = x.len() / plan.hidden();
+    let mut y = vec![0.0f32; x.len()];
+    let mut saved = plan.new_saved_for(t).unwrap();
+    let c = |v: &[f32]| v.as_ptr() as *const std::ffi::c_void;
+    // SAFETY: host slices of the call's sizes (t rows of x and y; the parameters of the plan's
+    // shapes: the callers' plans have LayerNorm and both biases), saved sized and aligned for
+    // the call, y and saved exclusively borrowed; no FP8 state, no stream.
+    unsafe {
+        plan.forward_raw(
+            t,
+            c(x),
+            c(&p.gamma),
+            c(&p.beta),
+            c(w1),
+            c(&p.b1),
+            c(w2),
+            c(&p.b2),
+            y.as_mut_ptr() as *mut _,
+            saved.as_mut_bytes().as_mut_ptr() as *mut _,
+            std::ptr::null_mut(),
+            flags,
+            std::ptr::null_mut(),
+        )
+    }
+    .unwrap();
+    (y, saved)
+}
+
+/// A single-threaded plan of LayerNorm (epsilon 1e-5), gelu and both biases, for at most
+/// `max_tokens` tokens per call: the block most tests take, before their own settings.
+pub fn layernorm_gelu(max_tokens: usize, h: usize, f: usize) -> lnmlp::PlanBuilder {
+    lnmlp::PlanBuilder::new()
+        .shape(max_tokens, h, f)
+        .norm(lnmlp::Norm::LayerNorm)
+        .epsilon(1e-5)
+        .activation(lnmlp::Activation::Gelu)
+        .bias(true, true)
+        .num_threads(1)
+}
