@@ -49,15 +49,7 @@ lnmlp_ref::Config config(int64_t tokens) {
 
 // Micro-batch `i`'s inputs (x, dy) with micro-batch 0's parameters.
 Problem micro_batch(const Problem& first, int i, int32_t dtype, int64_t tokens) {
-  Problem p = make_problem(config(tokens), dtype, 500 + static_cast<uint64_t>(i));
-  p.p = first.p;
-  p.bgamma = first.bgamma;
-  p.bbeta = first.bbeta;
-  p.bw1 = first.bw1;
-  p.bb1 = first.bb1;
-  p.bw2 = first.bw2;
-  p.bb2 = first.bb2;
-  return p;
+  return with_parameters(make_problem(config(tokens), dtype, 500 + static_cast<uint64_t>(i)), first);
 }
 
 // A tensor of `n` values in `dtype` (F32, BF16, F16), from doubles.

@@ -207,6 +207,18 @@ inline void set_weights(Problem& pr, int32_t dtype) {
   pr.bw2 = weight_in_layout(Buffer::from(pr.p.w2, dtype), pr.F(), pr.H(), pr.weight_layout);
 }
 
+// pr with `from`'s parameters: another micro-batch (pr's x, dy) of the same weights.
+inline Problem with_parameters(Problem pr, const Problem& from) {
+  pr.p = from.p;
+  pr.bgamma = from.bgamma;
+  pr.bbeta = from.bbeta;
+  pr.bw1 = from.bw1;
+  pr.bb1 = from.bb1;
+  pr.bw2 = from.bw2;
+  pr.bb2 = from.bb2;
+  return pr;
+}
+
 struct InputScales {
   double h_std = 1.5;  // the standard deviation GEMM1's output gets (roughly): how far into the activations
 };

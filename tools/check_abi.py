@@ -18,7 +18,7 @@ and compares:
 Usage:
   python3 tools/check_abi.py [--header include/lnmlp.h] [--baseline-dir tests/abi]
   python3 tools/check_abi.py --update      # (re)write tests/abi/lnmlp_abi_<N>.txt
-  python3 tools/check_abi.py --self-test   # shows the checker catches breaking edits (temp copies)
+  python3 tools/check_abi_selftest.py      # shows the checker catches breaking edits (temp copies)
 
 --update refuses to paper over a breaking change of the same ABI version unless --force is given
 (the honest fix for a breaking change is a version bump).
@@ -181,11 +181,7 @@ def main(argv=None):
     ap.add_argument("--baseline-dir", default=DEFAULT_BASELINE_DIR)
     ap.add_argument("--update", action="store_true", help="(re)write the baseline of the header's ABI version")
     ap.add_argument("--force", action="store_true", help="with --update: accept breaking changes")
-    ap.add_argument("--self-test", action="store_true", help="run the checker's own test")
     a = ap.parse_args(argv)
-    if a.self_test:
-        import check_abi_selftest  # tools/check_abi_selftest.py
-        return check_abi_selftest.main()
     try:
         return run(a.header, a.baseline_dir, update=a.update, force=a.force)
     except (lnmlp_header.HeaderError, ValueError, OSError) as e:

@@ -2,12 +2,14 @@
 
 Works on temporary copies only (never on include/lnmlp.h or tests/abi/): a baseline is generated
 from a copy of the real header, then each case edits the copy and runs the checker on it.
-Run with `python3 tools/check_abi.py --self-test`; exit 0 when every case behaves as expected.
+Run with `python3 tools/check_abi_selftest.py`; exit 0 when every case behaves as expected. (It imports
+the checker; the checker knows nothing of it.)
 """
 
 import os
 import re
 import shutil
+import sys
 import tempfile
 
 import check_abi
@@ -97,3 +99,7 @@ def main():
         failures += not ok
     print(f"self-test: {'PASSED' if not failures else f'{failures} FAILED'}")
     return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

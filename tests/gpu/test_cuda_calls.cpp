@@ -200,18 +200,6 @@ class Calls {
   std::vector<AlignedMemory> host_;
 };
 
-// pr with `from`'s parameters (another micro-batch of the same weights).
-Problem with_parameters(Problem pr, const Problem& from) {
-  pr.p = from.p;
-  pr.bgamma = from.bgamma;
-  pr.bbeta = from.bbeta;
-  pr.bw1 = from.bw1;
-  pr.bb1 = from.bb1;
-  pr.bw2 = from.bw2;
-  pr.bb2 = from.bb2;
-  return pr;
-}
-
 void expect_close(const RunResult& got, const RunResult& want, const Tolerance& tol, const char* what) {
   const auto a = named(got), b = named(want);
   for (size_t i = 0; i < a.size(); ++i) {
