@@ -1,6 +1,8 @@
 """The TransformerEngine-style functional API: layernorm_mlp, layernorm_mlp_vjp, the plan cache."""
 
 import gc
+import pathlib
+import runpy
 import weakref
 
 import ml_dtypes
@@ -29,26 +31,16 @@ def fresh_cache():
 
 
 def test_seed_usage_example_runs_as_written():
-    d = inputs()
-    input_tensor, ln_scale, ln_bias = d["x"], d["gamma"], d["beta"]
-    ffn1_weight, ffn2_weight = d["kernels"]
-    ffn1_bias, ffn2_bias = d["biases"]
-    from lnmlp import layernorm_mlp
-
-    # Fused LayerNorm + MLP forward pass with GELU activation
-    output = layernorm_mlp(
-        x=input_tensor,
-        gamma=ln_scale,
-        beta=ln_bias,
-        kernels=[ffn1_weight, ffn2_weight],
-        biases=[ffn1_bias, ffn2_bias],
-        norm_type="layernorm",
-        activation_type=("gelu",),
-    )
-    assert output.shape == input_tensor.shape and output.dtype == np.float32
-    y_ref, _ = ref.forward(input_tensor.reshape(-1, H), ln_scale, ln_bias, ffn1_weight, ffn1_bias,
-                           ffn2_weight, ffn2_bias, "layernorm", False, 1e-6, ("gelu",), {})
-    ref.assert_close("y seed example", output.reshape(-1, H), y_ref, "float32")
+    """examples/python/seed_usage.py, the seed's usage snippet as written, gives the float64
+    reference's output (the script's own variables, after it ran)."""
+    example = pathlib.Path(__file__).resolve().parents[3] / "examples" / "python" / "seed_usage.py"
+    g = runpy.run_path(str(example))
+    x, output = g["input_tensor"], g["output"]
+    assert output.shape == x.shape and output.dtype == np.float32
+    h = x.shape[-1]
+    y_ref, _ = ref.forward(x.reshape(-1, h), g["ln_scale"], g["ln_bias"], g["ffn1_weight"], g["ffn1_bias"],
+                           g["ffn2_weight"], g["ffn2_bias"], "layernorm", False, 1e-6, ("gelu",), {})
+    ref.assert_close("y seed example", output.reshape(-1, h), y_ref, "float32")
 
 
 @pytest.mark.parametrize("dtype_name", ["float32", "float16", "bfloat16"])

@@ -23,7 +23,7 @@ import pytest
 import lnmlp
 import _reference as ref
 from test_fp8_recipes import ARGS, make_dy, make_inputs
-from test_tokens import same
+from test_tokens import FP8_CONFIGS, same
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 T_MAX, H, F = 37, 48, 80
@@ -34,12 +34,7 @@ GRADS = ("dx", "dgamma", "dbeta") + WEIGHT_GRADS
 CONFIGS = {
     "f32": ("layernorm", ("gelu",), np.float32, True, None),  # reads W1, W2 as they are: no copies
     "f16": ("rmsnorm", ("silu", "linear"), np.float16, True, None),  # widened fp32 copies
-    "fp8-current": ("layernorm", ("gelu",), np.float32, True, lambda: lnmlp.Float8CurrentScaling()),
-    "fp8-current-bf16-swiglu": ("rmsnorm", ("silu", "linear"), BF16, True,
-                                lambda: lnmlp.Float8CurrentScaling(fp8_format="E4M3", power_2_scale=True)),
-    "fp8-delayed": ("layernorm", ("gelu",), np.float32, True, lambda: lnmlp.DelayedScaling(amax_history_len=4)),
-    "fp8-block": ("layernorm", ("gelu",), np.float32, True, lambda: lnmlp.Float8BlockScaling()),
-    "fp8-mxfp8": ("rmsnorm", ("silu", "linear"), BF16, True, lambda: lnmlp.MXFP8BlockScaling()),
+    **FP8_CONFIGS,
 }
 
 

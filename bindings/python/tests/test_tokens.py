@@ -21,16 +21,20 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 T_MAX, H, F = 37, 48, 80
 TOKENS = (1, 13, 37)
 
-# (norm, activations, dtype, biases, recipe factory or None)
-CONFIGS = {
-    "f32-layernorm-gelu-bias": ("layernorm", ("gelu",), np.float32, True, None),
-    "bf16-rmsnorm-swiglu": ("rmsnorm", ("silu", "linear"), BF16, False, None),
+# (norm, activations, dtype, biases, recipe factory or None): each FP8 recipe (test_reuse_accumulate.py
+# takes these too), then plans without one.
+FP8_CONFIGS = {
     "fp8-current": ("layernorm", ("gelu",), np.float32, True, lambda: lnmlp.Float8CurrentScaling()),
     "fp8-current-bf16-swiglu": ("rmsnorm", ("silu", "linear"), BF16, True,
                                 lambda: lnmlp.Float8CurrentScaling(fp8_format="E4M3", power_2_scale=True)),
     "fp8-delayed": ("layernorm", ("gelu",), np.float32, True, lambda: lnmlp.DelayedScaling(amax_history_len=4)),
     "fp8-block": ("layernorm", ("gelu",), np.float32, True, lambda: lnmlp.Float8BlockScaling()),
     "fp8-mxfp8": ("rmsnorm", ("silu", "linear"), BF16, True, lambda: lnmlp.MXFP8BlockScaling()),
+}
+CONFIGS = {
+    "f32-layernorm-gelu-bias": ("layernorm", ("gelu",), np.float32, True, None),
+    "bf16-rmsnorm-swiglu": ("rmsnorm", ("silu", "linear"), BF16, False, None),
+    **FP8_CONFIGS,
 }
 GRADS = ("dx", "dgamma", "dbeta", "dw1", "db1", "dw2", "db2")
 

@@ -5,7 +5,6 @@ against the NumPy FP8 simulation (_fp8_sim.py); state_dict round trips; bad inpu
 import copy
 import gc
 import inspect
-import os
 import pickle
 import threading
 
@@ -15,10 +14,9 @@ import pytest
 import _reference as ref
 from _block_cases import CASES, EPS, F, H, case_id, make, reference
 
-if os.environ.get("LNMLP_REQUIRE_TORCH") == "1":  # the README's test command: never skip silently
-    import torch
-else:
-    torch = pytest.importorskip("torch")
+from _requirements import torch_or_skip  # noqa: E402
+
+torch = torch_or_skip()
 
 import lnmlp  # noqa: E402
 import lnmlp.torch as lt  # noqa: E402

@@ -6,14 +6,12 @@ fuse_wgrad_accumulation, accumulates into main_grad) and runs the registered hoo
 library's backward in two calls, whose two calls give one backward's bits."""
 
 import copy
-import os
 
 import pytest
 
-if os.environ.get("LNMLP_REQUIRE_TORCH") == "1":
-    import torch
-else:
-    torch = pytest.importorskip("torch")
+from _requirements import torch_or_skip  # noqa: E402
+
+torch = torch_or_skip()
 
 import _reference as ref  # noqa: E402
 import lnmlp  # noqa: E402

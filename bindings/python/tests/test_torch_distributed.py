@@ -5,19 +5,15 @@ checkpoint is loaded into this one process. Every rank's outputs, the gathered g
 SGD steps and the final parameters are compared with one process training the unfused float64
 PyTorch block (_torch_reference.py) on the whole batch."""
 
-import os
 
 import numpy as np
 import pytest
 
 import _reference as ref
 
-if os.environ.get("LNMLP_REQUIRE_TORCH") == "1":  # the README's test command: never skip silently
-    import torch
-else:
-    torch = pytest.importorskip("torch")
-if not torch.distributed.is_available():
-    pytest.skip("this torch has no torch.distributed", allow_module_level=True)
+from _requirements import torch_or_skip  # noqa: E402
+
+torch = torch_or_skip(distributed=True)
 
 import lnmlp.torch as lt  # noqa: E402
 import torch_dist_rank as rank_job  # noqa: E402

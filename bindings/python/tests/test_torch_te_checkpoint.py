@@ -21,10 +21,9 @@ from typing import Callable, NamedTuple, Optional, Union
 import numpy as np
 import pytest
 
-if os.environ.get("LNMLP_REQUIRE_TORCH") == "1":
-    import torch
-else:
-    torch = pytest.importorskip("torch")
+from _requirements import torch_or_skip  # noqa: E402
+
+torch = torch_or_skip()
 
 import lnmlp  # noqa: E402
 import lnmlp.torch as lt  # noqa: E402

@@ -13,12 +13,9 @@ import pytest
 
 import _reference as ref
 
-if os.environ.get("LNMLP_REQUIRE_TORCH") == "1":  # the README's test command: never skip silently
-    import torch
-else:
-    torch = pytest.importorskip("torch")
-if not torch.distributed.is_available():
-    pytest.skip("this torch has no torch.distributed", allow_module_level=True)
+from _requirements import torch_or_skip  # noqa: E402
+
+torch = torch_or_skip(distributed=True)
 
 import lnmlp.torch as lt  # noqa: E402
 import torch_tp_rank as rank_job  # noqa: E402
