@@ -278,6 +278,23 @@ inline Problem make_problem(const lnmlp_ref::Config& cfg, int32_t dtype, uint64_
                                lnmlp_last_error());                                                   \
   } while (0)
 
+// The descriptor settings a Problem fixes: norm, zero-centered gamma, epsilon, activations (with
+// the clamped SwiGLU's parameters), biases, dtype and weight layout.
+inline void set_block(lnmlp_desc* d, const Problem& pr) {
+  const auto& c = pr.cfg;
+  LNMLP_TEST_CHECK(
+      lnmlp_desc_set_norm(d, c.norm == lnmlp_ref::Norm::LayerNorm ? LNMLP_NORM_LAYERNORM : LNMLP_NORM_RMSNORM));
+  LNMLP_TEST_CHECK(lnmlp_desc_set_zero_centered_gamma(d, c.zero_centered_gamma ? 1 : 0));
+  LNMLP_TEST_CHECK(lnmlp_desc_set_epsilon(d, static_cast<float>(c.epsilon)));
+  std::vector<int32_t> acts(c.acts.begin(), c.acts.end());
+  LNMLP_TEST_CHECK(lnmlp_desc_set_activations(d, static_cast<int32_t>(acts.size()), acts.data()));
+  LNMLP_TEST_CHECK(lnmlp_desc_set_clamped_swiglu(d, static_cast<float>(c.limit), static_cast<float>(c.alpha),
+                                                 static_cast<float>(c.offset)));
+  LNMLP_TEST_CHECK(lnmlp_desc_set_bias(d, c.has_bias1 ? 1 : 0, c.has_bias2 ? 1 : 0));
+  LNMLP_TEST_CHECK(lnmlp_desc_set_dtype(d, pr.dtype));
+  LNMLP_TEST_CHECK(lnmlp_desc_set_weight_layout(d, pr.weight_layout));
+}
+
 struct RunOptions {
   int32_t remat = LNMLP_REMAT_SAVE_ALL;
   int32_t num_threads = 1;
@@ -333,17 +350,7 @@ class Plan {
     LNMLP_TEST_CHECK(lnmlp_desc_create(&d));
     std::unique_ptr<lnmlp_desc, int32_t (*)(lnmlp_desc*)> guard(d, lnmlp_desc_destroy);
     LNMLP_TEST_CHECK(lnmlp_desc_set_shape(d, o.max_tokens > 0 ? o.max_tokens : c.tokens, c.hidden, c.ffn));
-    LNMLP_TEST_CHECK(lnmlp_desc_set_norm(
-        d, c.norm == lnmlp_ref::Norm::LayerNorm ? LNMLP_NORM_LAYERNORM : LNMLP_NORM_RMSNORM));
-    LNMLP_TEST_CHECK(lnmlp_desc_set_zero_centered_gamma(d, c.zero_centered_gamma ? 1 : 0));
-    LNMLP_TEST_CHECK(lnmlp_desc_set_epsilon(d, static_cast<float>(c.epsilon)));
-    std::vector<int32_t> acts(c.acts.begin(), c.acts.end());
-    LNMLP_TEST_CHECK(lnmlp_desc_set_activations(d, static_cast<int32_t>(acts.size()), acts.data()));
-    LNMLP_TEST_CHECK(lnmlp_desc_set_clamped_swiglu(d, static_cast<float>(c.limit), static_cast<float>(c.alpha),
-                                                   static_cast<float>(c.offset)));
-    LNMLP_TEST_CHECK(lnmlp_desc_set_bias(d, c.has_bias1 ? 1 : 0, c.has_bias2 ? 1 : 0));
-    LNMLP_TEST_CHECK(lnmlp_desc_set_dtype(d, pr.dtype));
-    LNMLP_TEST_CHECK(lnmlp_desc_set_weight_layout(d, pr.weight_layout));
+    set_block(d, pr);
     LNMLP_TEST_CHECK(lnmlp_desc_set_remat(d, o.remat));
     LNMLP_TEST_CHECK(lnmlp_desc_set_norm_output(d, o.norm_output ? 1 : 0));
     LNMLP_TEST_CHECK(

@@ -122,17 +122,7 @@ inline lnmlp_plan* make_plan(const Problem& pr, int32_t remat, int32_t backend, 
   std::unique_ptr<lnmlp_desc, int32_t (*)(lnmlp_desc*)> guard(d, lnmlp_desc_destroy);
   LNMLP_TEST_CHECK(lnmlp_desc_set_shape(d, calls.max_tokens > 0 ? calls.max_tokens : c.tokens, c.hidden, c.ffn));
   LNMLP_TEST_CHECK(lnmlp_desc_set_weight_gradients(d, calls.accumulate, calls.grad_dtype));
-  LNMLP_TEST_CHECK(
-      lnmlp_desc_set_norm(d, c.norm == lnmlp_ref::Norm::LayerNorm ? LNMLP_NORM_LAYERNORM : LNMLP_NORM_RMSNORM));
-  LNMLP_TEST_CHECK(lnmlp_desc_set_zero_centered_gamma(d, c.zero_centered_gamma ? 1 : 0));
-  LNMLP_TEST_CHECK(lnmlp_desc_set_epsilon(d, static_cast<float>(c.epsilon)));
-  std::vector<int32_t> acts(c.acts.begin(), c.acts.end());
-  LNMLP_TEST_CHECK(lnmlp_desc_set_activations(d, static_cast<int32_t>(acts.size()), acts.data()));
-  LNMLP_TEST_CHECK(lnmlp_desc_set_clamped_swiglu(d, static_cast<float>(c.limit), static_cast<float>(c.alpha),
-                                                 static_cast<float>(c.offset)));
-  LNMLP_TEST_CHECK(lnmlp_desc_set_bias(d, c.has_bias1 ? 1 : 0, c.has_bias2 ? 1 : 0));
-  LNMLP_TEST_CHECK(lnmlp_desc_set_dtype(d, pr.dtype));
-  LNMLP_TEST_CHECK(lnmlp_desc_set_weight_layout(d, pr.weight_layout));
+  set_block(d, pr);
   // fp32 weights with a bf16/f16 problem (lnmlp_desc_set_weight_dtype, FP8 recipes only).
   if (pr.bw1.dtype != pr.dtype) LNMLP_TEST_CHECK(lnmlp_desc_set_weight_dtype(d, pr.bw1.dtype));
   LNMLP_TEST_CHECK(lnmlp_desc_set_remat(d, remat));
