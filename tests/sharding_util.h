@@ -61,6 +61,14 @@ inline Problem shard_problem(const Problem& pr, int P, int rank, bool sp) {
   return s;
 }
 
+// The float64 reference's outputs in named() order -- y, dx, dgamma, dbeta, dw1, db1, dw2, db2 --
+// the gradients empty without backward: what a group's assembled result is compared with.
+inline std::vector<std::vector<double>> reference_outputs(const Problem& pr, bool backward = true) {
+  lnmlp_ref::Grads g;
+  if (backward) g = lnmlp_ref::backward(pr.cfg, pr.x, pr.p, pr.dy);
+  return {lnmlp_ref::forward(pr.cfg, pr.x, pr.p), g.dx, g.dgamma, g.dbeta, g.dw1, g.db1, g.dw2, g.db2};
+}
+
 // The group's tensors from the ranks' results. Replicated outputs (y, dx without sequence
 // parallelism; dgamma, dbeta, db2 always) must be bit-identical on every rank: a difference is
 // appended to *mismatch.

@@ -81,10 +81,7 @@ TEST_P(Sharding, GroupEqualsUnshardedPlanAndReference) {
   EXPECT_TRUE(mismatch.empty()) << mismatch;
 
   const Tolerance tol = tolerance_for(k.dtype);
-  const auto y_ref = lnmlp_ref::forward(pr.cfg, pr.x, pr.p);
-  lnmlp_ref::Grads g;
-  if (o.backward) g = lnmlp_ref::backward(pr.cfg, pr.x, pr.p, pr.dy);
-  const std::vector<double>* refs[] = {&y_ref, &g.dx, &g.dgamma, &g.dbeta, &g.dw1, &g.db1, &g.dw2, &g.db2};
+  const auto refs = reference_outputs(pr, o.backward);
   const auto got_named = named(got), single_named = named(single);
   for (size_t i = 0; i < got_named.size(); ++i) {
     if (single_named[i].buf->empty()) continue;
@@ -92,7 +89,7 @@ TEST_P(Sharding, GroupEqualsUnshardedPlanAndReference) {
     Comparison c1, c2;
     EXPECT_TRUE(within_tolerance(got_named[i].name, v, single_named[i].buf->to_doubles(), nullptr, tol, &c1))
         << "against the unsharded plan";
-    EXPECT_TRUE(within_tolerance(got_named[i].name, v, *refs[i], nullptr, tol, &c2)) << "against the reference";
+    EXPECT_TRUE(within_tolerance(got_named[i].name, v, refs[i], nullptr, tol, &c2)) << "against the reference";
     double& w1 = worst()[std::string(dtype_label(k.dtype)) + " vs unsharded plan"];
     double& w2 = worst()[std::string(dtype_label(k.dtype)) + " vs float64 reference"];
     w1 = std::max(w1, c1.normalised());
@@ -178,9 +175,7 @@ TEST_P(ShardingFp8, GroupEqualsUnshardedPlanAndReference) {
   ASSERT_EQ(st.size(), st_ref.size());
   for (size_t i = 0; i < st.size(); ++i) EXPECT_NEAR(st[i], st_ref[i], 1e-4 * std::fabs(st_ref[i])) << "state float " << i;
 
-  const auto y_ref = lnmlp_ref::forward(pr.cfg, pr.x, pr.p);
-  const auto g = lnmlp_ref::backward(pr.cfg, pr.x, pr.p, pr.dy);
-  const std::vector<double>* refs[] = {&y_ref, &g.dx, &g.dgamma, &g.dbeta, &g.dw1, &g.db1, &g.dw2, &g.db2};
+  const auto refs = reference_outputs(pr);
   const auto a = named(got), b = named(single);
   for (size_t i = 0; i < a.size(); ++i) {
     if (b[i].buf->empty()) continue;
@@ -188,7 +183,7 @@ TEST_P(ShardingFp8, GroupEqualsUnshardedPlanAndReference) {
     Comparison c1, c2;
     EXPECT_TRUE(within_tolerance(a[i].name, v, b[i].buf->to_doubles(), nullptr, kTolFp8Sharded, &c1))
         << "against the unsharded plan";
-    EXPECT_TRUE(within_tolerance(a[i].name, v, *refs[i], nullptr, kTolFp8, &c2)) << "against the reference";
+    EXPECT_TRUE(within_tolerance(a[i].name, v, refs[i], nullptr, kTolFp8, &c2)) << "against the reference";
     double& w1 = worst()[fp8_name(k).substr(0, fp8_name(k).find('_')) + " vs unsharded plan"];
     double& w2 = worst()[fp8_name(k).substr(0, fp8_name(k).find('_')) + " vs float64 reference"];
     w1 = std::max(w1, c1.normalised());
@@ -271,9 +266,7 @@ TEST_P(ShardingFp8Blocked, PartialBlocksGroupEqualsUnshardedPlanAndReference) {
   const RunResult got = assemble(pr, ranks, k.sp, &mismatch);
   EXPECT_TRUE(mismatch.empty()) << mismatch;
 
-  const auto y_ref = lnmlp_ref::forward(pr.cfg, pr.x, pr.p);
-  const auto g = lnmlp_ref::backward(pr.cfg, pr.x, pr.p, pr.dy);
-  const std::vector<double>* refs[] = {&y_ref, &g.dx, &g.dgamma, &g.dbeta, &g.dw1, &g.db1, &g.dw2, &g.db2};
+  const auto refs = reference_outputs(pr);
   const auto a = named(got), b = named(single);
   const std::string key = fp8_blocked_name(k).substr(0, fp8_blocked_name(k).find("_P")) +
                           (k.power_2_scale == 0 ? ", whole blocks" : ", partial blocks");
@@ -283,7 +276,7 @@ TEST_P(ShardingFp8Blocked, PartialBlocksGroupEqualsUnshardedPlanAndReference) {
     Comparison c1, c2;
     EXPECT_TRUE(within_tolerance(a[i].name, v, b[i].buf->to_doubles(), nullptr, kTolFp8Sharded, &c1))
         << "against the unsharded plan";
-    EXPECT_TRUE(within_tolerance(a[i].name, v, *refs[i], nullptr, kTolFp8, &c2)) << "against the reference";
+    EXPECT_TRUE(within_tolerance(a[i].name, v, refs[i], nullptr, kTolFp8, &c2)) << "against the reference";
     double& w1 = worst()[key + " vs unsharded plan"];
     double& w2 = worst()[key + " vs float64 reference"];
     w1 = std::max(w1, c1.normalised());

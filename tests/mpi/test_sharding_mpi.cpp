@@ -74,17 +74,14 @@ int run_case(lnmlp_ref::Norm norm, std::vector<int> acts, int32_t dtype, bool bi
   if (!mismatch.empty() && rank == 0) std::printf("  replicated outputs differ: %s\n", mismatch.c_str());
 
   const Tolerance tol = fp8 ? kTolFp8Sharded : tolerance_for(dtype), tol_ref = fp8 ? kTolFp8 : tolerance_for(dtype);
-  const auto y_ref = lnmlp_ref::forward(pr.cfg, pr.x, pr.p);
-  lnmlp_ref::Grads g;
-  if (o.backward) g = lnmlp_ref::backward(pr.cfg, pr.x, pr.p, pr.dy);
-  const std::vector<double>* refs[] = {&y_ref, &g.dx, &g.dgamma, &g.dbeta, &g.dw1, &g.db1, &g.dw2, &g.db2};
+  const auto refs = reference_outputs(pr, o.backward);
   const auto a = named(got), b = named(single);
   for (size_t i = 0; i < a.size(); ++i) {
     if (b[i].buf->empty()) continue;
     const auto v = a[i].buf->to_doubles();
     Comparison c1, c2;
     const auto r1 = within_tolerance(a[i].name, v, b[i].buf->to_doubles(), nullptr, tol, &c1);
-    const auto r2 = within_tolerance(a[i].name, v, *refs[i], nullptr, tol_ref, &c2);
+    const auto r2 = within_tolerance(a[i].name, v, refs[i], nullptr, tol_ref, &c2);
     worst[0] = std::max(worst[0], c1.normalised());
     worst[1] = std::max(worst[1], c2.normalised());
     if (!r1 || !r2) {
