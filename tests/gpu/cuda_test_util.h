@@ -185,6 +185,29 @@ inline int32_t device_backward(lnmlp_plan* p, const DeviceInputs& in, const Devi
                              stream);
 }
 
+// Forward then backward of `p` captured on `stream` into a CUDA graph, instantiated into *exec
+// (the caller destroys it).
+// "" on success, else what failed (the capture, a call under capture with its message, the
+// instantiation).
+inline std::string capture_step(lnmlp_plan* p, const DeviceInputs& in, const DeviceOutputs& out, cudaStream_t stream,
+                                cudaGraphExec_t* exec) {
+  cudaGraph_t graph = nullptr;
+  if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) != cudaSuccess)
+    return "cudaStreamBeginCapture failed";
+  const int32_t fst = device_forward(p, in, out, stream);
+  const int32_t bst = device_backward(p, in, out, stream);
+  const std::string err = lnmlp_last_error();
+  if (cudaStreamEndCapture(stream, &graph) != cudaSuccess) return "cudaStreamEndCapture failed";
+  std::string why;
+  if (fst != LNMLP_SUCCESS || bst != LNMLP_SUCCESS) {
+    why = "forward or backward under capture failed: " + err;
+  } else if (cudaGraphInstantiate(exec, graph, 0) != cudaSuccess) {
+    why = "cudaGraphInstantiate failed";
+  }
+  cudaGraphDestroy(graph);  // the instantiated graph does not need it
+  return why;
+}
+
 // The outputs as host buffers, in RunResult's shape.
 inline RunResult to_host(const Problem& pr, const DeviceOutputs& out, bool backward) {
   const auto& c = pr.cfg;

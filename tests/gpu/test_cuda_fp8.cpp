@@ -303,23 +303,14 @@ TEST(CudaFp8Graph, CurrentScalingCapturesAndReplays) {
   ASSERT_EQ(device_forward(p.get(), in, eager, stream), LNMLP_SUCCESS) << lnmlp_last_error();
   ASSERT_EQ(device_backward(p.get(), in, eager, stream), LNMLP_SUCCESS) << lnmlp_last_error();
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-  const int32_t fst = device_forward(p.get(), in, replayed, stream);
-  const int32_t bst = device_backward(p.get(), in, replayed, stream);
-  const std::string err = lnmlp_last_error();
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  ASSERT_EQ(fst, LNMLP_SUCCESS) << err;
-  ASSERT_EQ(bst, LNMLP_SUCCESS) << err;
   cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(capture_step(p.get(), in, replayed, stream, &exec), "");
   for (int rep = 0; rep < 2; ++rep) ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   const RunResult a = to_host(pr, eager, true), b = to_host(pr, replayed, true);
   const auto na = named(a), nb = named(b);
   for (size_t i = 0; i < na.size(); ++i) EXPECT_TRUE(same_bits(na[i].name, *na[i].buf, *nb[i].buf));
   cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
 
