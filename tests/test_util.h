@@ -600,4 +600,17 @@ inline ::testing::AssertionResult same_bits(const char* name, const Buffer& a, c
   return ::testing::AssertionFailure() << m.str();
 }
 
+// Every output of `got` bit for bit the same as `want`'s (named() order); the failure message gives
+// each tensor that differs, as same_bits does.
+inline ::testing::AssertionResult same_outputs(const RunResult& got, const RunResult& want) {
+  const auto a = named(got), b = named(want);
+  std::string differ;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const ::testing::AssertionResult r = same_bits(a[i].name, *a[i].buf, *b[i].buf);
+    if (!r) differ += (differ.empty() ? "" : "; ") + std::string(r.message());
+  }
+  if (differ.empty()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << differ;
+}
+
 }  // namespace lnmlp_test
