@@ -34,6 +34,15 @@ void require_out(const void* p, const char* name) {
   if (p == nullptr) fail(LNMLP_ERROR_NULL_POINTER, name, " is NULL; pass where to write the result");
 }
 
+// The C API's plan size getters: the plan held while `get` reads it, *bytes written.
+template <typename Get> int32_t get_plan_bytes(const char* fn, const lnmlp_plan* plan, int64_t* bytes, Get&& get) {
+  return api_guard(fn, [&] {
+    const Held<lnmlp_plan> held(plan, "plan");
+    require_out(bytes, "bytes");
+    *bytes = get(*plan);
+  });
+}
+
 // Applies `change` to a copy of the descriptor's config and stores it only if nothing threw.
 template <typename Fn> void edit(lnmlp_desc* d, Fn&& change) {
   const Held<lnmlp_desc> held(d, "desc");
@@ -470,35 +479,19 @@ LNMLP_API int32_t lnmlp_plan_destroy(lnmlp_plan* plan) {
 }
 
 LNMLP_API int32_t lnmlp_plan_get_workspace_bytes(const lnmlp_plan* plan, int64_t* bytes) {
-  return api_guard(__func__, [&] {
-    const Held<lnmlp_plan> held(plan, "plan");
-    require_out(bytes, "bytes");
-    *bytes = plan->workspace_bytes;
-  });
+  return get_plan_bytes(__func__, plan, bytes, [](const lnmlp_plan& p) { return p.workspace_bytes; });
 }
 
 LNMLP_API int32_t lnmlp_plan_get_saved_bytes(const lnmlp_plan* plan, int64_t* bytes) {
-  return api_guard(__func__, [&] {
-    const Held<lnmlp_plan> held(plan, "plan");
-    require_out(bytes, "bytes");
-    *bytes = plan->saved.total_bytes;
-  });
+  return get_plan_bytes(__func__, plan, bytes, [](const lnmlp_plan& p) { return p.saved.total_bytes; });
 }
 
 LNMLP_API int32_t lnmlp_plan_get_saved_bytes_per_token(const lnmlp_plan* plan, int64_t* bytes) {
-  return api_guard(__func__, [&] {
-    const Held<lnmlp_plan> held(plan, "plan");
-    require_out(bytes, "bytes");
-    *bytes = plan->saved.bytes_per_token;
-  });
+  return get_plan_bytes(__func__, plan, bytes, [](const lnmlp_plan& p) { return p.saved.bytes_per_token; });
 }
 
 LNMLP_API int32_t lnmlp_plan_get_alignment(const lnmlp_plan* plan, int64_t* bytes) {
-  return api_guard(__func__, [&] {
-    const Held<lnmlp_plan> held(plan, "plan");
-    require_out(bytes, "bytes");
-    *bytes = plan->engine->alignment();
-  });
+  return get_plan_bytes(__func__, plan, bytes, [](const lnmlp_plan& p) { return p.engine->alignment(); });
 }
 
 LNMLP_API int32_t lnmlp_plan_attach_workspace(lnmlp_plan* plan, void* workspace, int64_t bytes) {
