@@ -25,7 +25,8 @@ int32_t cuda_feature_supported(int32_t feature) noexcept;
 // For lnmlp_get_build_info, once something has asked for the CUDA module (a CUDA plan,
 // lnmlp_query_support with LNMLP_BACKEND_CUDA, an NCCL communicator): "module <file> loaded, on
 // cuBLASLt <version> (<file>); NCCL <version> (<file>)" (NCCL loaded by this call if need be), or
-// why the module could not be loaded. "" before (loading it costs seconds: the caller decides).
+// why the module could not be loaded. "" before (loading it maps cuBLASLt, hundreds of MB: only a
+// CUDA user should pay for that).
 std::string cuda_module_description();
 
 }  // namespace lnmlp
