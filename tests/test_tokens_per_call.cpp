@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "test_util.h"
@@ -101,38 +102,32 @@ const Case kCases[] = {
 
 class TokensPerCall : public ::testing::TestWithParam<Case> {};
 
+// A problem of t tokens (drawn from seed + t) run on a plan made for kMaxTokens, with `prepared`
+// counts, gives every output and the FP8 state bit for bit as a plan made for exactly t.
+void expect_bits_of_exact_plan(const Case& k, int64_t t, uint64_t seed, std::vector<int64_t> prepared) {
+  SCOPED_TRACE("tokens " + std::to_string(t));
+  const Problem pr = make_problem(config_of(k, t), k.dtype, seed + static_cast<uint64_t>(t));
+  RunOptions o = options_of(k);
+  const RunResult exact = run_library(pr, o);
+  o.max_tokens = kMaxTokens;
+  o.prepared_tokens = std::move(prepared);
+  const RunResult call = run_library(pr, o);
+  EXPECT_TRUE(same_outputs(call, exact));
+  EXPECT_EQ(call.state, exact.state) << "the delayed-scaling state differs";
+}
+
 // A call with t tokens on a plan made for kMaxTokens gives the bits a plan made for exactly t
 // gives: t = 1, a prime, and the maximum.
 TEST_P(TokensPerCall, ACallComputesWhatAPlanMadeForItsTokensComputes) {
-  const Case& k = GetParam();
-  for (int64_t t : {int64_t{1}, int64_t{37}, kMaxTokens}) {
-    SCOPED_TRACE("tokens " + std::to_string(t));
-    const Problem pr = make_problem(config_of(k, t), k.dtype, 1000 + static_cast<uint64_t>(t));
-    RunOptions o = options_of(k);
-    const RunResult exact = run_library(pr, o);
-    o.max_tokens = kMaxTokens;
-    const RunResult call = run_library(pr, o);
-    EXPECT_TRUE(same_outputs(call, exact));
-    EXPECT_EQ(call.state, exact.state) << "the delayed-scaling state differs";
-  }
+  for (int64_t t : {int64_t{1}, int64_t{37}, kMaxTokens}) expect_bits_of_exact_plan(GetParam(), t, 1000, {});
 }
 
 // A count the plan made its GEMMs for at creation (lnmlp_desc_set_prepared_tokens) runs those GEMMs:
 // the bits of a plan made for exactly that count, whichever prepared count the call has (1, a
 // prime, a count given twice) and for a count not prepared beside them.
 TEST_P(TokensPerCall, PreparedCountsComputeWhatAPlanMadeForThemComputes) {
-  const Case& k = GetParam();
-  for (int64_t t : {int64_t{1}, int64_t{37}, int64_t{20}}) {
-    SCOPED_TRACE("tokens " + std::to_string(t));
-    const Problem pr = make_problem(config_of(k, t), k.dtype, 2000 + static_cast<uint64_t>(t));
-    RunOptions o = options_of(k);
-    const RunResult exact = run_library(pr, o);
-    o.max_tokens = kMaxTokens;
-    o.prepared_tokens = {37, 1, 37, 16};
-    const RunResult call = run_library(pr, o);
-    EXPECT_TRUE(same_outputs(call, exact));
-    EXPECT_EQ(call.state, exact.state) << "the delayed-scaling state differs";
-  }
+  for (int64_t t : {int64_t{1}, int64_t{37}, int64_t{20}})
+    expect_bits_of_exact_plan(GetParam(), t, 2000, {37, 1, 37, 16});
 }
 
 // And a call with fewer tokens is right, not merely the same as another plan.
