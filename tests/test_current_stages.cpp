@@ -68,19 +68,7 @@ struct Calls {
                                g.dgamma.data(), g.dbeta.data(), g.dw1.data(), g.db1.data(), g.dw2.data(), g.db2.data(),
                                amax, flags, nullptr);
   }
-  RunResult buffers(int64_t tokens) const {
-    const size_t T = static_cast<size_t>(tokens), H = pr.H(), F = pr.F(), AF = pr.AF();
-    RunResult r;
-    r.y = Buffer(pr.dtype, T * H);
-    r.dx = Buffer(pr.dtype, T * H);
-    r.dgamma = Buffer(pr.dtype, H);
-    r.dbeta = Buffer(pr.dtype, H);
-    r.dw1 = Buffer(pr.dtype, H * AF);
-    r.db1 = Buffer(pr.dtype, AF);
-    r.dw2 = Buffer(pr.dtype, F * H);
-    r.db2 = Buffer(pr.dtype, H);
-    return r;
-  }
+  RunResult buffers(int64_t tokens) const { return output_buffers(pr, tokens); }
 };
 
 double max_abs(const Buffer& b) {

@@ -138,26 +138,15 @@ class DelayedBlock {
 
   // Forward, then backward with dy; returns every output.
   RunResult step(const Buffer& dy) {
-    const auto& c = pr_.cfg;
-    const size_t T = static_cast<size_t>(c.tokens), H = static_cast<size_t>(c.hidden), F = static_cast<size_t>(c.ffn),
-                 AF = c.acts.size() * F;
-    RunResult r;
-    r.y = Buffer(pr_.dtype, T * H);
-    LNMLP_TEST_CHECK(lnmlp_plan_forward(get(), static_cast<int64_t>(T), pr_.bx.data(), pr_.bgamma.data(),
-                                        pr_.bbeta.data(), pr_.bw1.data(), pr_.bb1.data(), pr_.bw2.data(),
-                                        pr_.bb2.data(), r.y.data(), saved_.get(), nullptr, LNMLP_CALL_DEFAULT,
-                                        nullptr));
-    r.dx = Buffer(pr_.dtype, T * H);
-    r.dgamma = Buffer(pr_.dtype, H);
-    r.dbeta = Buffer(pr_.dtype, H);
-    r.dw1 = Buffer(pr_.dtype, H * AF);
-    r.db1 = Buffer(pr_.dtype, AF);
-    r.dw2 = Buffer(pr_.dtype, F * H);
-    r.db2 = Buffer(pr_.dtype, H);
-    LNMLP_TEST_CHECK(lnmlp_plan_backward(get(), static_cast<int64_t>(T), dy.data(), pr_.bx.data(), pr_.bgamma.data(),
-                                         pr_.bbeta.data(), pr_.bw1.data(), pr_.bb1.data(), pr_.bw2.data(), saved_.get(),
-                                         r.dx.data(), r.dgamma.data(), r.dbeta.data(), r.dw1.data(), r.db1.data(),
-                                         r.dw2.data(), r.db2.data(), nullptr, LNMLP_CALL_DEFAULT, nullptr));
+    const int64_t T = pr_.cfg.tokens;
+    RunResult r = output_buffers(pr_, T);
+    LNMLP_TEST_CHECK(lnmlp_plan_forward(get(), T, pr_.bx.data(), pr_.bgamma.data(), pr_.bbeta.data(), pr_.bw1.data(),
+                                        pr_.bb1.data(), pr_.bw2.data(), pr_.bb2.data(), r.y.data(), saved_.get(),
+                                        nullptr, LNMLP_CALL_DEFAULT, nullptr));
+    LNMLP_TEST_CHECK(lnmlp_plan_backward(get(), T, dy.data(), pr_.bx.data(), pr_.bgamma.data(), pr_.bbeta.data(),
+                                         pr_.bw1.data(), pr_.bb1.data(), pr_.bw2.data(), saved_.get(), r.dx.data(),
+                                         r.dgamma.data(), r.dbeta.data(), r.dw1.data(), r.db1.data(), r.dw2.data(),
+                                         r.db2.data(), nullptr, LNMLP_CALL_DEFAULT, nullptr));
     return r;
   }
 
