@@ -35,6 +35,6 @@ typedef struct lnmlp_mpi_module_table {
   void (*error_string)(int32_t code, char* msg, int64_t msg_cap);
 } lnmlp_mpi_module_table;
 
-typedef const lnmlp_mpi_module_table* (*lnmlp_mpi_module_entry_fn)(void);
+// The entry point: const lnmlp_mpi_module_table* entry(void) (module/loader.h's call_module_entry calls it).
 
 }  // extern "C"

@@ -77,10 +77,7 @@ Module load_module() {
               " next to liblnmlp, or use LNMLP_BACKEND_CPU";
     return m;
   }
-  lnmlp_cuda_module_entry_fn entry = nullptr;
-  static_assert(sizeof(entry) == sizeof(sym), "function and object pointers differ in size");
-  __builtin_memcpy(&entry, &sym, sizeof entry);
-  const lnmlp_cuda_module_table* t = entry();
+  const lnmlp_cuda_module_table* t = call_module_entry<lnmlp_cuda_module_table>(sym);
   if (t == nullptr || t->abi != LNMLP_CUDA_MODULE_ABI || t->config_size != static_cast<int64_t>(sizeof(Config)) ||
       t->layout_size != static_cast<int64_t>(sizeof(SavedLayout)) ||
       t->args_size != static_cast<int64_t>(sizeof(ForwardArgs) + sizeof(BackwardArgs))) {

@@ -15,6 +15,15 @@ namespace lnmlp {
 // search path, and its symbol `entry`; NULL with what was tried appended to *tried.
 void* load_module_entry(const char* file, const char* entry, std::string* tried);
 
+// Calls a module's entry point (from load_module_entry: a `const Table* (void)` function) and
+// returns the module's table (NULL if it gives none).
+template <typename Table> const Table* call_module_entry(void* entry) {
+  const Table* (*fn)(void) = nullptr;
+  static_assert(sizeof(fn) == sizeof(entry), "function and object pointers differ in size");
+  __builtin_memcpy(&fn, &entry, sizeof fn);
+  return fn();
+}
+
 // The loaded CUDA module's table; throws NOT_SUPPORTED (saying why it could not be loaded).
 const lnmlp_cuda_module_table& cuda_module_table();
 

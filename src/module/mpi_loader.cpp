@@ -43,10 +43,7 @@ Module load() {
               "): install it beside liblnmlp, or use lnmlp_comm_create_callbacks";
     return m;
   }
-  lnmlp_mpi_module_entry_fn fn = nullptr;
-  static_assert(sizeof(fn) == sizeof(entry), "function and object pointers differ in size");
-  __builtin_memcpy(&fn, &entry, sizeof fn);
-  const lnmlp_mpi_module_table* t = fn();
+  const lnmlp_mpi_module_table* t = call_module_entry<lnmlp_mpi_module_table>(entry);
   if (t == nullptr || t->abi != LNMLP_MPI_MODULE_ABI) {
     m.error = "the MPI module " LNMLP_MPI_MODULE_FILE
               " was built from a different lnmlp version than this library; install the module of this build";

@@ -82,6 +82,6 @@ typedef struct lnmlp_cuda_module_table {
   void (*libraries)(int32_t* nccl_loaded, char* text, int64_t cap);
 } lnmlp_cuda_module_table;
 
-typedef const lnmlp_cuda_module_table* (*lnmlp_cuda_module_entry_fn)(void);
+// The entry point: const lnmlp_cuda_module_table* entry(void) (module/loader.h's call_module_entry calls it).
 
 }  // extern "C"
