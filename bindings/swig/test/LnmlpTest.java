@@ -54,6 +54,22 @@ public final class LnmlpTest {
     return a;
   }
 
+  /** One call's inputs with biases, [t, H] x and dy, drawn from r in one order. */
+  private static final class Inputs {
+    final float[] x, gamma, beta, w1, b1, w2, b2, dy;
+
+    Inputs(Random r, int t, int H, int F) {
+      x = rand(r, t * H, 1.5, 0.3);
+      gamma = rand(r, H, 0.5, 1.0);
+      beta = rand(r, H, 0.2, 0);
+      w1 = rand(r, H * F, 0.3, 0);
+      b1 = rand(r, F, 0.2, 0);
+      w2 = rand(r, F * H, 0.3, 0);
+      b2 = rand(r, H, 0.2, 0);
+      dy = rand(r, t * H, 1.0, 0);
+    }
+  }
+
   /** max |got - ref| <= tol * max |ref|. */
   private static void close(String name, float[] got, double[] ref, double tol) {
     check(got.length == ref.length, name + ": length " + got.length + " vs " + ref.length);
@@ -467,9 +483,8 @@ public final class LnmlpTest {
   static void testTokens() {
     final int T = 12, H = 32, F = 48, t = 5;
     Random r = new Random(99);
-    float[] x = rand(r, t * H, 1.5, 0.3), gamma = rand(r, H, 0.5, 1.0), beta = rand(r, H, 0.2, 0);
-    float[] w1 = rand(r, H * F, 0.3, 0), b1 = rand(r, F, 0.2, 0);
-    float[] w2 = rand(r, F * H, 0.3, 0), b2 = rand(r, H, 0.2, 0), dy = rand(r, t * H, 1.0, 0);
+    Inputs in = new Inputs(r, t, H, F);
+    float[] x = in.x, gamma = in.gamma, beta = in.beta, w1 = in.w1, b1 = in.b1, w2 = in.w2, b2 = in.b2, dy = in.dy;
     // One thread, so that the plan for T and the plan for t sum in the same order: a call with t
     // tokens must give what the plan made for t tokens gives, bit for bit.
     try (Plan big = Plan.builder(T, H, F).activations(ACT_GELU).bias(true, true).numThreads(1).build();
@@ -801,9 +816,8 @@ public final class LnmlpTest {
   static void testPreparedTokensSectionsAndTwoCalls() {
     final int T = 12, H = 32, F = 48, t = 7;
     Random r = new Random(7);
-    float[] x = rand(r, t * H, 1.5, 0.3), gamma = rand(r, H, 0.5, 1.0), beta = rand(r, H, 0.2, 0);
-    float[] w1 = rand(r, H * F, 0.3, 0), b1 = rand(r, F, 0.2, 0);
-    float[] w2 = rand(r, F * H, 0.3, 0), b2 = rand(r, H, 0.2, 0), dy = rand(r, t * H, 1.0, 0);
+    Inputs in = new Inputs(r, t, H, F);
+    float[] x = in.x, gamma = in.gamma, beta = in.beta, w1 = in.w1, b1 = in.b1, w2 = in.w2, b2 = in.b2, dy = in.dy;
     DescHandle d = LnmlpNative.desc_create();
     PlanHandle p = null;
     try {
