@@ -365,8 +365,9 @@ extern "C" {
     /// library and threading) for logs and bug reports. Never NULL. Once something has asked for the
     /// CUDA backend (a CUDA plan, lnmlp_query_support with LNMLP_BACKEND_CUDA, an NCCL communicator), it
     /// also names the CUDA module's file and the cuBLASLt and NCCL it found, with their versions and
-    /// files (a CUDA install's, or NVIDIA's pip wheels'), or why the module could not be loaded; this
-    /// call itself loads nothing. Each text stays valid for the life of the process.
+    /// files (a CUDA install's, or NVIDIA's pip wheels'), or why the module could not be loaded. This
+    /// call never loads the CUDA module itself; once it is loaded, it loads NCCL (as a communicator
+    /// would) to name it. Each text stays valid for the life of the process.
     /// @since 0.1
     /// @param\[out\] info
     pub fn lnmlp_get_build_info(info: *mut *const c_char) -> i32;
