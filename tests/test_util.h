@@ -518,14 +518,16 @@ inline RunResult run_library(const Problem& pr, const RunOptions& o) {
   return r;
 }
 
-// Output buffers for a call of pr's plan with `tokens` tokens: y and dx [tokens, H] and the
-// parameter gradients the plan has (dbeta only for LayerNorm, db1 and db2 only with their bias),
-// each poisoned, so that an output the library leaves unwritten shows.
-inline RunResult output_buffers(const Problem& pr, int64_t tokens) {
+// Output buffers for a call of pr's plan with `tokens` tokens: y [tokens, H] and, with `backward`,
+// dx [tokens, H] and the parameter gradients the plan has (dbeta only for LayerNorm, db1 and db2
+// only with their bias), each poisoned, so that an output the library leaves unwritten shows.
+inline RunResult output_buffers(const Problem& pr, int64_t tokens, bool backward = true) {
   const auto& c = pr.cfg;
   const size_t T = static_cast<size_t>(tokens), H = pr.H(), F = pr.F(), AF = pr.AF();
   RunResult r;
   r.y = Buffer(pr.dtype, T * H);
+  r.y.poison();
+  if (!backward) return r;
   r.dx = Buffer(pr.dtype, T * H);
   r.dgamma = Buffer(pr.dtype, H);
   if (c.norm == lnmlp_ref::Norm::LayerNorm) r.dbeta = Buffer(pr.dtype, H);
@@ -533,7 +535,7 @@ inline RunResult output_buffers(const Problem& pr, int64_t tokens) {
   if (c.has_bias1) r.db1 = Buffer(pr.dtype, AF);
   r.dw2 = Buffer(pr.dtype, F * H);
   if (c.has_bias2) r.db2 = Buffer(pr.dtype, H);
-  for (Buffer* b : {&r.y, &r.dx, &r.dgamma, &r.dbeta, &r.dw1, &r.db1, &r.dw2, &r.db2}) b->poison();
+  for (Buffer* b : {&r.dx, &r.dgamma, &r.dbeta, &r.dw1, &r.db1, &r.dw2, &r.db2}) b->poison();
   return r;
 }
 

@@ -267,33 +267,24 @@ struct CpuRun {
 
 inline CpuRun run_cpu(const Problem& pr, int32_t remat, int32_t recipe = LNMLP_RECIPE_NONE) {
   PlanPtr p = plan_ptr(make_plan(pr, remat, LNMLP_BACKEND_CPU, 0, recipe));
+  const bool backward = remat != LNMLP_REMAT_FORWARD_ONLY;
   CpuRun run;
-  LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes(p.get(), &run.r.saved_bytes));
-  LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes_per_token(p.get(), &run.r.saved_bytes_per_token));
-  const auto& c = pr.cfg;
-  const size_t T = static_cast<size_t>(c.tokens), H = static_cast<size_t>(c.hidden),
-               F = static_cast<size_t>(c.ffn), AF = c.acts.size() * F;
-  AlignedMemory saved(run.r.saved_bytes, 256, 0xFF);
   RunResult& r = run.r;
-  r.y = Buffer(pr.dtype, T * H);
+  r = output_buffers(pr, pr.cfg.tokens, backward);
+  LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes(p.get(), &r.saved_bytes));
+  LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes_per_token(p.get(), &r.saved_bytes_per_token));
+  AlignedMemory saved(r.saved_bytes, 256, 0xFF);
   LNMLP_TEST_CHECK(lnmlp_plan_forward(p.get(), plan_tokens(p.get()), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(),
                                       pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), pr.bb2.data(), r.y.data(),
                                       saved.get(), nullptr, LNMLP_CALL_DEFAULT, nullptr));
-  if (remat != LNMLP_REMAT_FORWARD_ONLY) {
-    r.dx = Buffer(pr.dtype, T * H);
-    r.dgamma = Buffer(pr.dtype, H);
-    if (c.norm == lnmlp_ref::Norm::LayerNorm) r.dbeta = Buffer(pr.dtype, H);
-    r.dw1 = Buffer(pr.dtype, H * AF);
-    if (c.has_bias1) r.db1 = Buffer(pr.dtype, AF);
-    r.dw2 = Buffer(pr.dtype, F * H);
-    if (c.has_bias2) r.db2 = Buffer(pr.dtype, H);
+  if (backward) {
     LNMLP_TEST_CHECK(lnmlp_plan_backward(p.get(), plan_tokens(p.get()), pr.bdy.data(), pr.bx.data(), pr.bgamma.data(),
                                          pr.bbeta.data(), pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), saved.get(),
                                          r.dx.data(), r.dgamma.data(), r.dbeta.data(), r.dw1.data(), r.db1.data(),
                                          r.dw2.data(), r.db2.data(), nullptr, LNMLP_CALL_DEFAULT, nullptr));
   }
   const auto* s = static_cast<const unsigned char*>(saved.get());
-  run.saved.assign(s, s + run.r.saved_bytes);
+  run.saved.assign(s, s + r.saved_bytes);
   return run;
 }
 
