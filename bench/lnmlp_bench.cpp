@@ -21,8 +21,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dtype_convert.h"
@@ -94,6 +96,17 @@ Options parse(int argc, char** argv) {
   if (o.plan_tokens == 0) o.plan_tokens = o.tokens;
   if (o.plan_tokens < o.tokens) usage("--plan-tokens must be >= --tokens");
   return o;
+}
+
+// The value named `v` among an option's choices, or the usage message that lists them.
+int32_t choose(const char* option, const std::string& v,
+               std::initializer_list<std::pair<const char*, int32_t>> choices) {
+  std::string names;
+  for (const auto& [name, value] : choices) {
+    if (v == name) return value;
+    names += (names.empty() ? "" : ", ") + std::string(name);
+  }
+  usage((std::string(option) + " is one of " + names).c_str());
 }
 
 std::vector<int32_t> activations(const std::string& name) {
@@ -195,26 +208,21 @@ int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   const std::vector<int32_t> acts = activations(o.act);
   const int32_t A = static_cast<int32_t>(acts.size());
-  const int32_t dtype = o.dtype == "f32" ? LNMLP_DTYPE_F32
-                        : o.dtype == "bf16" ? LNMLP_DTYPE_BF16
-                        : o.dtype == "f16" ? LNMLP_DTYPE_F16
-                                           : (usage("--dtype is f32, bf16 or f16"), 0);
-  const int32_t norm = o.norm == "layernorm" ? LNMLP_NORM_LAYERNORM
-                       : o.norm == "rmsnorm" ? LNMLP_NORM_RMSNORM
-                                             : (usage("--norm is layernorm or rmsnorm"), 0);
-  const int32_t remat = o.remat == "save_all" ? LNMLP_REMAT_SAVE_ALL
-                        : o.remat == "save_ffn1" ? LNMLP_REMAT_SAVE_FFN1
-                        : o.remat == "save_stats" ? LNMLP_REMAT_SAVE_STATS
-                                                  : (usage("--remat is save_all, save_ffn1 or save_stats"), 0);
-  const int32_t recipe = o.recipe == "none" ? LNMLP_RECIPE_NONE
-                         : o.recipe == "delayed" ? LNMLP_RECIPE_DELAYED
-                         : o.recipe == "current" ? LNMLP_RECIPE_CURRENT
-                         : o.recipe == "block" ? LNMLP_RECIPE_BLOCK
-                         : o.recipe == "mxfp8" ? LNMLP_RECIPE_MXFP8
-                                               : (usage("--recipe is none, delayed, current, block or mxfp8"), 0);
-  const int32_t layout = o.weight_layout == "in_out"   ? LNMLP_WEIGHT_LAYOUT_IN_OUT
-                         : o.weight_layout == "out_in" ? LNMLP_WEIGHT_LAYOUT_OUT_IN
-                                                       : (usage("--weight-layout is in_out or out_in"), 0);
+  const int32_t dtype =
+      choose("--dtype", o.dtype, {{"f32", LNMLP_DTYPE_F32}, {"bf16", LNMLP_DTYPE_BF16}, {"f16", LNMLP_DTYPE_F16}});
+  const int32_t norm = choose("--norm", o.norm, {{"layernorm", LNMLP_NORM_LAYERNORM}, {"rmsnorm", LNMLP_NORM_RMSNORM}});
+  const int32_t remat = choose("--remat", o.remat,
+                               {{"save_all", LNMLP_REMAT_SAVE_ALL},
+                                {"save_ffn1", LNMLP_REMAT_SAVE_FFN1},
+                                {"save_stats", LNMLP_REMAT_SAVE_STATS}});
+  const int32_t recipe = choose("--recipe", o.recipe,
+                                {{"none", LNMLP_RECIPE_NONE},
+                                 {"delayed", LNMLP_RECIPE_DELAYED},
+                                 {"current", LNMLP_RECIPE_CURRENT},
+                                 {"block", LNMLP_RECIPE_BLOCK},
+                                 {"mxfp8", LNMLP_RECIPE_MXFP8}});
+  const int32_t layout = choose("--weight-layout", o.weight_layout,
+                                {{"in_out", LNMLP_WEIGHT_LAYOUT_IN_OUT}, {"out_in", LNMLP_WEIGHT_LAYOUT_OUT_IN}});
   const int64_t T = o.tokens, H = o.hidden, F = o.ffn;
   const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
 

@@ -24,51 +24,43 @@ template <typename Body> double time_parallel(int threads, Body&& body) {
 
 volatile float g_sink;
 
+// One vector width's fp32 operations, so that one probe serves AVX-512 and AVX2: VEC(op) is the
+// intrinsic _mm512_op_ps or _mm256_op_ps.
 #if defined(__AVX512F__)
-// Keeps the accumulators alive (a plain store; GCC 12 warns falsely inside _mm512_reduce_add_ps).
-void sink(const __m512* acc) {
-  __m512 s = acc[0];
-  for (int c = 1; c < kChains; ++c) s = _mm512_add_ps(s, acc[c]);
-  alignas(64) float out[16];
-  _mm512_store_ps(out, s);
+using Vec = __m512;
+#define VEC(op) _mm512_##op##_ps
+const char* const kFmaWhat = "AVX-512 fp32 FMA";
+#else
+using Vec = __m256;
+#define VEC(op) _mm256_##op##_ps
+const char* const kFmaWhat = "AVX2 fp32 FMA";
+#endif
+constexpr int kLanes = sizeof(Vec) / sizeof(float);
+
+// Keeps every accumulator alive: each chain feeds the sink, or the compiler drops the unused ones
+// (a plain store; GCC 12 warns falsely inside _mm512_reduce_add_ps).
+void sink(const Vec* acc) {
+  Vec s = acc[0];
+  for (int c = 1; c < kChains; ++c) s = VEC(add)(s, acc[c]);
+  float out[kLanes];
+  VEC(storeu)(out, s);
   g_sink = out[0];
 }
-#endif
 
 }  // namespace
 
 Peak measure_fp32_peak(int threads) {
-#if defined(__AVX512F__)
-  constexpr int kLanes = 16;
   const double secs = time_parallel(threads, [] {
-    __m512 acc[kChains];
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(1.0f + c * 1e-3f);
-    const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+    Vec acc[kChains];
+    for (int c = 0; c < kChains; ++c) acc[c] = VEC(set1)(1.0f + c * 1e-3f);
+    const Vec a = VEC(set1)(0.999999f), b = VEC(set1)(1e-7f);
     for (long i = 0; i < kIters; ++i)
 #pragma GCC unroll 16
-      for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+      for (int c = 0; c < kChains; ++c) acc[c] = VEC(fmadd)(acc[c], a, b);
     sink(acc);
   });
-  const char* what = "AVX-512 fp32 FMA";
-#else
-  constexpr int kLanes = 8;
-  const double secs = time_parallel(threads, [] {
-    __m256 acc[kChains];
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(1.0f + c * 1e-3f);
-    const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-    for (long i = 0; i < kIters; ++i)
-#pragma GCC unroll 16
-      for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
-    __m256 sum = acc[0];  // every chain feeds the sink, or the compiler drops the unused ones
-    for (int c = 1; c < kChains; ++c) sum = _mm256_add_ps(sum, acc[c]);
-    float out[8];
-    _mm256_storeu_ps(out, sum);
-    g_sink = out[0];
-  });
-  const char* what = "AVX2 fp32 FMA";
-#endif
   const double flops = 2.0 * kLanes * kChains * kIters * threads;
-  return {flops / secs * 1e-9, what};
+  return {flops / secs * 1e-9, kFmaWhat};
 }
 
 Peak measure_bf16_peak(int threads) {

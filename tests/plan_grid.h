@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,17 @@ inline std::vector<PlanCase> plan_grid(int32_t last_remat, bool rms_when_even = 
   return v;
 }
 
+// Runs body(case) for a bf16 LayerNorm plan of each recipe and remat policy given, each under a
+// trace that names them.
+template <typename Body>
+void for_each_bf16_plan(std::initializer_list<int32_t> recipes, std::initializer_list<int32_t> remats, Body&& body) {
+  for (const int32_t recipe : recipes)
+    for (const int32_t remat : remats) {
+      SCOPED_TRACE("recipe " + std::to_string(recipe) + ", remat " + std::to_string(remat));
+      body(PlanCase{LNMLP_DTYPE_BF16, recipe, remat, false});
+    }
+}
+
 // The run options of a case: its recipe and remat policy (the rest each test's own).
 inline RunOptions plan_case_options(const PlanCase& k) {
   RunOptions o;
@@ -45,14 +57,9 @@ inline RunOptions plan_case_options(const PlanCase& k) {
 }
 
 inline Problem plan_case_problem(const PlanCase& k, uint64_t seed, int64_t tokens = 37) {
-  lnmlp_ref::Config c;
-  c.tokens = tokens;
-  c.hidden = 48;
-  c.ffn = 40;
-  c.norm = k.rms ? lnmlp_ref::Norm::RmsNorm : lnmlp_ref::Norm::LayerNorm;
-  c.acts = {LNMLP_ACT_SILU, LNMLP_ACT_LINEAR};
-  c.has_bias1 = c.has_bias2 = true;
-  return make_problem(c, k.dtype, seed);
+  const auto norm = k.rms ? lnmlp_ref::Norm::RmsNorm : lnmlp_ref::Norm::LayerNorm;
+  return make_problem(lnmlp_ref::biased_config(tokens, 48, 40, {LNMLP_ACT_SILU, LNMLP_ACT_LINEAR}, norm), k.dtype,
+                      seed);
 }
 
 }  // namespace lnmlp_test

@@ -61,12 +61,31 @@ inline Problem shard_problem(const Problem& pr, int P, int rank, bool sp) {
   return s;
 }
 
-// The float64 reference's outputs in named() order -- y, dx, dgamma, dbeta, dw1, db1, dw2, db2 --
-// the gradients empty without backward: what a group's assembled result is compared with.
-inline std::vector<std::vector<double>> reference_outputs(const Problem& pr, bool backward = true) {
-  lnmlp_ref::Grads g;
-  if (backward) g = lnmlp_ref::backward(pr.cfg, pr.x, pr.p, pr.dy);
-  return {lnmlp_ref::forward(pr.cfg, pr.x, pr.p), g.dx, g.dgamma, g.dbeta, g.dw1, g.db1, g.dw2, g.db2};
+// A group's assembled outputs against the unsharded plan's and the float64 reference's.
+struct GroupComparison {
+  std::string failures;                            // every output off, with what it was compared with
+  double worst_vs_plan = 0.0, worst_vs_ref = 0.0;  // the largest normalised errors
+};
+
+// Each output the unsharded plan (`single`) computes, from the group (`got`): within `vs_plan` of
+// the plan's, within `vs_ref` of the reference's.
+inline GroupComparison compare_group(const Problem& pr, const RunResult& got, const RunResult& single, bool backward,
+                                     Tolerance vs_plan, Tolerance vs_ref) {
+  GroupComparison out;
+  const auto refs = reference_outputs(pr, backward);
+  const auto a = named(got), b = named(single);
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (b[i].buf->empty()) continue;
+    const auto v = a[i].buf->to_doubles();
+    Comparison c1, c2;
+    const auto r1 = within_tolerance(a[i].name, v, b[i].buf->to_doubles(), nullptr, vs_plan, &c1);
+    const auto r2 = within_tolerance(a[i].name, v, refs[i], nullptr, vs_ref, &c2);
+    if (!r1) out.failures += std::string(r1.message()) + " (against the unsharded plan); ";
+    if (!r2) out.failures += std::string(r2.message()) + " (against the reference); ";
+    out.worst_vs_plan = std::max(out.worst_vs_plan, c1.normalised());
+    out.worst_vs_ref = std::max(out.worst_vs_ref, c2.normalised());
+  }
+  return out;
 }
 
 // The group's tensors from the ranks' results. Replicated outputs (y, dx without sequence

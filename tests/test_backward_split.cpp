@@ -41,10 +41,8 @@ TEST_P(BackwardSplit, GivesTheWholeBackwardsBits) {
 
   // The weight gradients against the float64 reference (the other outputs come from the data call
   // as they come from backward, which the numerics tests hold to the reference).
-  const auto g = lnmlp_ref::backward(pr.cfg, pr.x, pr.p, pr.dy);
   const Tolerance tol = k.recipe == LNMLP_RECIPE_NONE ? tolerance_for(k.dtype) : kTolFp8;
-  EXPECT_TRUE(within_tolerance("dW1", split.dw1.to_doubles(), g.dw1, nullptr, tol));
-  EXPECT_TRUE(within_tolerance("dW2", split.dw2.to_doubles(), g.dw2, nullptr, tol));
+  EXPECT_TRUE(matches_reference(pr, split, tol, {"dW1", "dW2"}));
 
   // Bit for bit what one backward call gives: every output and the FP8 state.
   EXPECT_TRUE(same_outputs(split, whole));
@@ -52,27 +50,23 @@ TEST_P(BackwardSplit, GivesTheWholeBackwardsBits) {
   EXPECT_GT(split.deferred_bytes, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Plans, BackwardSplit, ::testing::ValuesIn(plan_grid(LNMLP_REMAT_SAVE_STATS)),
-                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name(); });
+INSTANTIATE_TEST_SUITE_P(Plans, BackwardSplit, ::testing::ValuesIn(plan_grid(LNMLP_REMAT_SAVE_STATS)), NamedParam());
 
 // The norm output saved (so an unquantized plan's weights call reads ln from the saved buffer),
 // out x in weights, and calls with fewer tokens than the plan's most.
 TEST(BackwardSplitVariants, NormOutputWeightLayoutAndFewerTokens) {
-  for (const int32_t recipe : {LNMLP_RECIPE_NONE, LNMLP_RECIPE_CURRENT, LNMLP_RECIPE_MXFP8})
-    for (const int32_t remat : {LNMLP_REMAT_SAVE_FFN1, LNMLP_REMAT_SAVE_STATS}) {
-      SCOPED_TRACE("recipe " + std::to_string(recipe) + ", remat " + std::to_string(remat));
-      const Case k{LNMLP_DTYPE_BF16, recipe, remat, false};
-      Problem pr = problem_of(k, 29);
-      pr.weight_layout = LNMLP_WEIGHT_LAYOUT_OUT_IN;
-      set_weights(pr, k.dtype);
-      RunOptions split = options_of(k, true), whole = options_of(k, false);
-      for (RunOptions* o : {&split, &whole}) {
-        o->norm_output = true;
-        o->max_tokens = 64;
-      }
-      const RunResult a = run_library(pr, split), b = run_library(pr, whole);
-      EXPECT_TRUE(same_outputs(a, b));
+  const std::initializer_list<int32_t> recipes = {LNMLP_RECIPE_NONE, LNMLP_RECIPE_CURRENT, LNMLP_RECIPE_MXFP8};
+  for_each_bf16_plan(recipes, {LNMLP_REMAT_SAVE_FFN1, LNMLP_REMAT_SAVE_STATS}, [](const Case& k) {
+    Problem pr = problem_of(k, 29);
+    pr.weight_layout = LNMLP_WEIGHT_LAYOUT_OUT_IN;
+    set_weights(pr, k.dtype);
+    RunOptions split = options_of(k, true), whole = options_of(k, false);
+    for (RunOptions* o : {&split, &whole}) {
+      o->norm_output = true;
+      o->max_tokens = 64;
     }
+    EXPECT_TRUE(same_outputs(run_library(pr, split), run_library(pr, whole)));
+  });
 }
 
 // Sharded: every rank's two calls give its backward's bits (the data call runs the collectives;

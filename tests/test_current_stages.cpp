@@ -20,13 +20,7 @@ namespace {
 constexpr float kUnset = -1.0f;  // an entry no call has written (amaxes are >= 0)
 
 Problem problem(int32_t dtype, int64_t tokens = 40) {
-  lnmlp_ref::Config c;
-  c.tokens = tokens;
-  c.hidden = 48;
-  c.ffn = 64;
-  c.acts = {LNMLP_ACT_SILU, LNMLP_ACT_LINEAR};
-  c.has_bias1 = c.has_bias2 = true;
-  return make_problem(c, dtype, 41);
+  return make_problem(lnmlp_ref::biased_config(tokens, 48, 64, {LNMLP_ACT_SILU, LNMLP_ACT_LINEAR}), dtype, 41);
 }
 
 RunOptions current(int32_t remat = LNMLP_REMAT_SAVE_ALL) {

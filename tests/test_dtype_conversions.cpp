@@ -13,10 +13,7 @@
 
 namespace {
 
-using lnmlp::numerics::bf16_to_float;
-using lnmlp::numerics::f16_to_float;
-using lnmlp::numerics::float_to_bf16;
-using lnmlp::numerics::float_to_f16;
+using namespace lnmlp::numerics;
 
 using lnmlp_test::from_bits;
 using lnmlp_test::to_bits;

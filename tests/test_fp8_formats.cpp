@@ -17,10 +17,7 @@
 
 namespace {
 
-using lnmlp::numerics::Fp8Format;
-using lnmlp::numerics::fp8_max;
-using lnmlp::numerics::fp8_to_float;
-using lnmlp::numerics::float_to_fp8;
+using namespace lnmlp::numerics;
 
 using lnmlp_test::from_bits;
 using lnmlp_test::to_bits;

@@ -27,15 +27,7 @@ constexpr int32_t kRecipes[] = {LNMLP_RECIPE_DELAYED, LNMLP_RECIPE_CURRENT, LNML
 constexpr int32_t kDtypes[] = {LNMLP_DTYPE_F32, LNMLP_DTYPE_BF16, LNMLP_DTYPE_F16};
 
 // Partial blocks everywhere: T, H, F and A*F are not multiples of 32 or 128.
-lnmlp_ref::Config gated_config() {
-  lnmlp_ref::Config c;
-  c.tokens = 130;
-  c.hidden = 96;
-  c.ffn = 200;
-  c.acts = {LNMLP_ACT_SILU, LNMLP_ACT_LINEAR};
-  c.has_bias1 = c.has_bias2 = true;
-  return c;
-}
+lnmlp_ref::Config gated_config() { return lnmlp_ref::biased_config(130, 96, 200, {LNMLP_ACT_SILU, LNMLP_ACT_LINEAR}); }
 
 std::string label(int32_t recipe, int32_t dtype) {
   static const char* names[] = {"none", "delayed", "current", "block", "mxfp8"};

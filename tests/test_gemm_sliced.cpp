@@ -18,8 +18,7 @@
 
 namespace {
 
-using lnmlp::cpu::GemmShape;
-using lnmlp::cpu::GemmType;
+using namespace lnmlp::cpu;
 using lnmlp::numerics::bf16_to_float;
 using lnmlp::numerics::float_to_bf16;
 

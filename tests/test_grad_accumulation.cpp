@@ -38,13 +38,7 @@ const Case kCases[] = {
 };
 
 lnmlp_ref::Config config(int64_t tokens) {
-  lnmlp_ref::Config c;
-  c.tokens = tokens;
-  c.hidden = 32;
-  c.ffn = 48;
-  c.acts = {LNMLP_ACT_GELU, LNMLP_ACT_LINEAR};
-  c.has_bias1 = c.has_bias2 = true;
-  return c;
+  return lnmlp_ref::biased_config(tokens, 32, 48, {LNMLP_ACT_GELU, LNMLP_ACT_LINEAR});
 }
 
 // Micro-batch `i`'s inputs (x, dy) with micro-batch 0's parameters.
@@ -98,8 +92,7 @@ TEST_P(GradAccumulation, MicroBatchesAddUpToTheReferenceSum) {
   Buffer bdw1 = weight_in_layout(holding(dw1, gdtype), H, AF, layout), bdb1 = holding(db1, gdtype),
          bdw2 = weight_in_layout(holding(dw2, gdtype), F, H, layout), bdb2 = holding(db2, gdtype);
 
-  int64_t saved_bytes = 0;
-  LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes(p.get(), &saved_bytes));
+  const int64_t saved_bytes = saved_bytes_of(p.get());
   AlignedMemory saved(saved_bytes, 64, 0xFF);
   for (int i = 0; i < 3; ++i) {
     const Problem mb = micro_batch(first, i, k.dtype, tokens[i]);
@@ -194,8 +187,7 @@ TEST(WeightDtypeArguments, AreCheckedAndReported) {
   // w1 2-byte aligned (enough for bf16, not for fp32) is refused, naming it.
   std::vector<uint16_t> x(T * H), gamma(H), beta(H), y(T * H);
   std::vector<float> w1(H * F + 1), w2(F * H);
-  int64_t saved_bytes = 0;
-  ASSERT_EQ(lnmlp_plan_get_saved_bytes(p, &saved_bytes), LNMLP_SUCCESS);
+  const int64_t saved_bytes = saved_bytes_of(p);
   AlignedMemory saved(saved_bytes, 256, 0);
   const void* w1_off = reinterpret_cast<const char*>(w1.data()) + 2;
   EXPECT_EQ(lnmlp_plan_forward(p, T, x.data(), gamma.data(), beta.data(), w1_off, nullptr, w2.data(), nullptr, y.data(),

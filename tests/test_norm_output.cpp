@@ -86,8 +86,7 @@ TEST_P(NormOutput, SectionsTileTheSavedBuffer) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Plans, NormOutput, ::testing::ValuesIn(plan_grid(LNMLP_REMAT_FORWARD_ONLY)),
-                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name(); });
+INSTANTIATE_TEST_SUITE_P(Plans, NormOutput, ::testing::ValuesIn(plan_grid(LNMLP_REMAT_FORWARD_ONLY)), NamedParam());
 
 // Sequence parallelism: every rank's section holds the whole group's rows (all-gathered), the
 // one-process plan's norm output; tensor parallelism: every rank's is the whole norm output.

@@ -47,6 +47,14 @@ struct Case {
   double h_std = 1.5;
   float eps = 1e-6f;  // the library's default
 
+  static Case of_shape(int64_t tokens, int64_t hidden, int64_t ffn) {
+    Case c;
+    c.T = tokens;
+    c.H = hidden;
+    c.F = ffn;
+    return c;
+  }
+
   lnmlp_ref::Config config() const {
     lnmlp_ref::Config c;
     c.tokens = T;
@@ -134,10 +142,7 @@ std::vector<Case> sweep() {
   for (const auto& s : shapes)
     for (int32_t dt : dtypes)
       for (bool rms : {false, true}) {
-        Case c;
-        c.T = s[0];
-        c.H = s[1];
-        c.F = s[2];
+        Case c = Case::of_shape(s[0], s[1], s[2]);
         c.rms = rms;
         c.zc = rms;
         c.acts = {LNMLP_ACT_SILU, LNMLP_ACT_LINEAR};
@@ -150,10 +155,7 @@ std::vector<Case> sweep() {
   for (int bias = 0; bias < 4; ++bias)
     for (bool rms : {false, true})
       for (bool zc : {false, true}) {
-        Case c;
-        c.T = 5;
-        c.H = 19;
-        c.F = 23;
+        Case c = Case::of_shape(5, 19, 23);
         c.rms = rms;
         c.zc = zc;
         c.acts = {LNMLP_ACT_GELU, LNMLP_ACT_LINEAR};
@@ -165,10 +167,7 @@ std::vector<Case> sweep() {
 
   //    And a large epsilon, which must enter the statistics (and their gradient) exactly as documented.
   for (bool rms : {false, true}) {
-    Case c;
-    c.T = 5;
-    c.H = 19;
-    c.F = 23;
+    Case c = Case::of_shape(5, 19, 23);
     c.rms = rms;
     c.acts = {LNMLP_ACT_SILU};
     c.b1 = true;
@@ -182,10 +181,7 @@ std::vector<Case> sweep() {
   const int64_t big[][3] = {{1, 7, 5}, {17, 33, 29}, {64, 96, 80}};
   for (const auto& s : big)
     for (int32_t dt : dtypes) {
-      Case c;
-      c.T = s[0];
-      c.H = s[1];
-      c.F = s[2];
+      Case c = Case::of_shape(s[0], s[1], s[2]);
       c.rms = dt == LNMLP_DTYPE_BF16;
       c.acts = {LNMLP_ACT_RELU, LNMLP_ACT_LINEAR};
       c.b1 = c.b2 = true;
@@ -481,8 +477,7 @@ TEST_P(Numerics, RematPoliciesAreBitIdenticalAndSavedBytesMatchTheFormula) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Sweep, Numerics, ::testing::ValuesIn(sweep()),
-                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name(); });
+INSTANTIATE_TEST_SUITE_P(Sweep, Numerics, ::testing::ValuesIn(sweep()), NamedParam());
 
 // An external-workspace plan (attached, garbage-filled memory) gives the bits of an owned one,
 // for every policy that runs backward and for each dtype.
@@ -505,22 +500,14 @@ TEST_P(ExternalWorkspace, SameBitsAsOwnedWorkspace) {
   RunOptions o;
   o.external_workspace = true;
   o.num_threads = k.threads;
-  const RunResult ext = run_library(pr, o);
-  const auto y = lnmlp_ref::forward(pr.cfg, pr.x, pr.p);
-  const auto g = lnmlp_ref::backward(pr.cfg, pr.x, pr.p, pr.dy);
-  const Tolerance tol = tolerance_for(k.dtype);
-  EXPECT_TRUE(within_tolerance("y", ext.y.to_doubles(), y, nullptr, tol));
-  EXPECT_TRUE(within_tolerance("dW2", ext.dw2.to_doubles(), g.dw2, nullptr, tol));
+  EXPECT_TRUE(matches_reference(pr, run_library(pr, o), tolerance_for(k.dtype), {"y", "dW2"}));
 }
 
 std::vector<Case> external_workspace_cases() {
   std::vector<Case> v;
   for (int32_t dt : {LNMLP_DTYPE_F32, LNMLP_DTYPE_BF16, LNMLP_DTYPE_F16})
     for (int32_t thr : {1, 2}) {
-      Case c;
-      c.T = 17;
-      c.H = 33;
-      c.F = 29;
+      Case c = Case::of_shape(17, 33, 29);
       c.rms = thr == 2;
       c.acts = {LNMLP_ACT_SILU, LNMLP_ACT_LINEAR};
       c.b1 = c.b2 = true;
@@ -531,8 +518,7 @@ std::vector<Case> external_workspace_cases() {
   return v;
 }
 
-INSTANTIATE_TEST_SUITE_P(Plans, ExternalWorkspace, ::testing::ValuesIn(external_workspace_cases()),
-                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name(); });
+INSTANTIATE_TEST_SUITE_P(Plans, ExternalWorkspace, ::testing::ValuesIn(external_workspace_cases()), NamedParam());
 
 }  // namespace
 }  // namespace lnmlp_test

@@ -70,24 +70,22 @@ TEST_P(SectionsApart, GiveTheOneBuffersBits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Plans, SectionsApart, ::testing::ValuesIn(plan_grid(LNMLP_REMAT_SAVE_STATS, true)),
-                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name(); });
+                         NamedParam());
 
 // Backward in two calls, the norm output saved, and calls with fewer tokens than the plan's most:
 // each section the size of the call's.
 TEST(SavedSectionsVariants, SplitBackwardNormOutputAndFewerTokens) {
-  for (const int32_t recipe : {LNMLP_RECIPE_NONE, LNMLP_RECIPE_DELAYED, LNMLP_RECIPE_MXFP8})
-    for (const int32_t remat : {LNMLP_REMAT_SAVE_ALL, LNMLP_REMAT_SAVE_STATS}) {
-      SCOPED_TRACE("recipe " + std::to_string(recipe) + ", remat " + std::to_string(remat));
-      const Case k{LNMLP_DTYPE_BF16, recipe, remat, false};
-      const Problem pr = plan_case_problem(k, 43, 29);
-      RunOptions apart = options_of(k, true), one = options_of(k, false);
-      for (RunOptions* o : {&apart, &one}) {
-        o->split_backward = true;
-        o->norm_output = true;
-        o->max_tokens = 64;
-      }
-      expect_same_run(run_library(pr, apart), run_library(pr, one));
+  const std::initializer_list<int32_t> recipes = {LNMLP_RECIPE_NONE, LNMLP_RECIPE_DELAYED, LNMLP_RECIPE_MXFP8};
+  for_each_bf16_plan(recipes, {LNMLP_REMAT_SAVE_ALL, LNMLP_REMAT_SAVE_STATS}, [](const Case& k) {
+    const Problem pr = plan_case_problem(k, 43, 29);
+    RunOptions apart = options_of(k, true), one = options_of(k, false);
+    for (RunOptions* o : {&apart, &one}) {
+      o->split_backward = true;
+      o->norm_output = true;
+      o->max_tokens = 64;
     }
+    expect_same_run(run_library(pr, apart), run_library(pr, one));
+  });
 }
 
 // Sharded: every rank's calls with the sections apart give its calls' bits with the one buffer.

@@ -57,16 +57,20 @@ std::map<std::string, double>& worst() {
   return m;
 }
 
+// compare_group's verdict as test failures, its largest errors kept under `key`.
+void expect_group_matches(const GroupComparison& c, const std::string& key) {
+  EXPECT_TRUE(c.failures.empty()) << c.failures;
+  double& w1 = worst()[key + " vs unsharded plan"];
+  double& w2 = worst()[key + " vs float64 reference"];
+  w1 = std::max(w1, c.worst_vs_plan);
+  w2 = std::max(w2, c.worst_vs_ref);
+}
+
 class Sharding : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Sharding, GroupEqualsUnshardedPlanAndReference) {
   const Case& k = GetParam();
-  lnmlp_ref::Config cfg;
-  cfg.tokens = 12;  // divisible by 2 and 3
-  cfg.hidden = 40;
-  cfg.ffn = 24;
-  cfg.norm = k.norm;
-  cfg.acts = k.acts;
+  lnmlp_ref::Config cfg = lnmlp_ref::biased_config(12, 40, 24, k.acts, k.norm);  // T divisible by 2 and 3
   cfg.has_bias1 = cfg.has_bias2 = k.bias;
   const Problem pr = make_problem(cfg, k.dtype, hash_name(case_name(k)));
   RunOptions o;
@@ -81,20 +85,7 @@ TEST_P(Sharding, GroupEqualsUnshardedPlanAndReference) {
   EXPECT_TRUE(mismatch.empty()) << mismatch;
 
   const Tolerance tol = tolerance_for(k.dtype);
-  const auto refs = reference_outputs(pr, o.backward);
-  const auto got_named = named(got), single_named = named(single);
-  for (size_t i = 0; i < got_named.size(); ++i) {
-    if (single_named[i].buf->empty()) continue;
-    const auto v = got_named[i].buf->to_doubles();
-    Comparison c1, c2;
-    EXPECT_TRUE(within_tolerance(got_named[i].name, v, single_named[i].buf->to_doubles(), nullptr, tol, &c1))
-        << "against the unsharded plan";
-    EXPECT_TRUE(within_tolerance(got_named[i].name, v, refs[i], nullptr, tol, &c2)) << "against the reference";
-    double& w1 = worst()[std::string(dtype_label(k.dtype)) + " vs unsharded plan"];
-    double& w2 = worst()[std::string(dtype_label(k.dtype)) + " vs float64 reference"];
-    w1 = std::max(w1, c1.normalised());
-    w2 = std::max(w2, c2.normalised());
-  }
+  expect_group_matches(compare_group(pr, got, single, o.backward, tol, tol), dtype_label(k.dtype));
   EXPECT_GT(collectives, 0);
 }
 
@@ -149,13 +140,9 @@ class ShardingFp8 : public ::testing::TestWithParam<Fp8Case> {};
 TEST_P(ShardingFp8, GroupEqualsUnshardedPlanAndReference) {
   const Fp8Case& k = GetParam();
   constexpr int P = 2;
-  lnmlp_ref::Config cfg;
-  cfg.tokens = 32;
-  cfg.hidden = 64;
-  cfg.ffn = 256;  // F/P = 128: each shard is whole blocks of every recipe (see kTolFp8Sharded)
-  cfg.norm = k.gated ? lnmlp_ref::Norm::RmsNorm : lnmlp_ref::Norm::LayerNorm;
-  cfg.acts = k.gated ? std::vector<int>{LNMLP_ACT_SILU, LNMLP_ACT_LINEAR} : std::vector<int>{LNMLP_ACT_GELU};
-  cfg.has_bias1 = cfg.has_bias2 = true;
+  // F/P = 128: each shard is whole blocks of every recipe (see kTolFp8Sharded)
+  const lnmlp_ref::Config cfg = lnmlp_ref::biased_config(
+      32, 64, 256, swiglu_or_gelu(k.gated), k.gated ? lnmlp_ref::Norm::RmsNorm : lnmlp_ref::Norm::LayerNorm);
   const Problem pr = make_problem(cfg, k.dtype, hash_name(fp8_name(k)));
   RunOptions o;
   o.remat = k.remat;
@@ -175,20 +162,8 @@ TEST_P(ShardingFp8, GroupEqualsUnshardedPlanAndReference) {
   ASSERT_EQ(st.size(), st_ref.size());
   for (size_t i = 0; i < st.size(); ++i) EXPECT_NEAR(st[i], st_ref[i], 1e-4 * std::fabs(st_ref[i])) << "state float " << i;
 
-  const auto refs = reference_outputs(pr);
-  const auto a = named(got), b = named(single);
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (b[i].buf->empty()) continue;
-    const auto v = a[i].buf->to_doubles();
-    Comparison c1, c2;
-    EXPECT_TRUE(within_tolerance(a[i].name, v, b[i].buf->to_doubles(), nullptr, kTolFp8Sharded, &c1))
-        << "against the unsharded plan";
-    EXPECT_TRUE(within_tolerance(a[i].name, v, refs[i], nullptr, kTolFp8, &c2)) << "against the reference";
-    double& w1 = worst()[fp8_name(k).substr(0, fp8_name(k).find('_')) + " vs unsharded plan"];
-    double& w2 = worst()[fp8_name(k).substr(0, fp8_name(k).find('_')) + " vs float64 reference"];
-    w1 = std::max(w1, c1.normalised());
-    w2 = std::max(w2, c2.normalised());
-  }
+  expect_group_matches(compare_group(pr, got, single, true, kTolFp8Sharded, kTolFp8),
+                       fp8_name(k).substr(0, fp8_name(k).find('_')));
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, ShardingFp8, ::testing::ValuesIn(fp8_cases()),
@@ -242,13 +217,9 @@ class ShardingFp8Blocked : public ::testing::TestWithParam<Fp8BlockedCase> {};
 
 TEST_P(ShardingFp8Blocked, PartialBlocksGroupEqualsUnshardedPlanAndReference) {
   const Fp8BlockedCase& k = GetParam();
-  lnmlp_ref::Config cfg;
-  cfg.tokens = 48;  // divisible by 2 and 3
-  cfg.hidden = 64;
-  cfg.ffn = k.ffn();  // 240: F/P = 120 or 80, a partial block at the end of every shard (see above)
-  cfg.norm = k.gated ? lnmlp_ref::Norm::RmsNorm : lnmlp_ref::Norm::LayerNorm;
-  cfg.acts = k.gated ? std::vector<int>{LNMLP_ACT_SILU, LNMLP_ACT_LINEAR} : std::vector<int>{LNMLP_ACT_GELU};
-  cfg.has_bias1 = cfg.has_bias2 = true;
+  // T divisible by 2 and 3; F 240: F/P = 120 or 80, a partial block at the end of every shard (see above)
+  const lnmlp_ref::Config cfg = lnmlp_ref::biased_config(
+      48, 64, k.ffn(), swiglu_or_gelu(k.gated), k.gated ? lnmlp_ref::Norm::RmsNorm : lnmlp_ref::Norm::LayerNorm);
   const int64_t block = k.recipe == LNMLP_RECIPE_BLOCK ? 128 : 32;
   if (k.power_2_scale == 0)
     ASSERT_EQ((cfg.ffn / k.P) % block, 0);
@@ -266,22 +237,9 @@ TEST_P(ShardingFp8Blocked, PartialBlocksGroupEqualsUnshardedPlanAndReference) {
   const RunResult got = assemble(pr, ranks, k.sp, &mismatch);
   EXPECT_TRUE(mismatch.empty()) << mismatch;
 
-  const auto refs = reference_outputs(pr);
-  const auto a = named(got), b = named(single);
   const std::string key = fp8_blocked_name(k).substr(0, fp8_blocked_name(k).find("_P")) +
                           (k.power_2_scale == 0 ? ", whole blocks" : ", partial blocks");
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (b[i].buf->empty()) continue;
-    const auto v = a[i].buf->to_doubles();
-    Comparison c1, c2;
-    EXPECT_TRUE(within_tolerance(a[i].name, v, b[i].buf->to_doubles(), nullptr, kTolFp8Sharded, &c1))
-        << "against the unsharded plan";
-    EXPECT_TRUE(within_tolerance(a[i].name, v, refs[i], nullptr, kTolFp8, &c2)) << "against the reference";
-    double& w1 = worst()[key + " vs unsharded plan"];
-    double& w2 = worst()[key + " vs float64 reference"];
-    w1 = std::max(w1, c1.normalised());
-    w2 = std::max(w2, c2.normalised());
-  }
+  expect_group_matches(compare_group(pr, got, single, true, kTolFp8Sharded, kTolFp8), key);
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, ShardingFp8Blocked, ::testing::ValuesIn(fp8_blocked_cases()),
@@ -295,12 +253,8 @@ INSTANTIATE_TEST_SUITE_P(Recipes, ShardingFp8Blocked, ::testing::ValuesIn(fp8_bl
 // has gives, rank by rank, the bits of a group made for exactly the call's tokens (with and
 // without sequence parallelism, where a rank's call has its T/P rows).
 TEST(ShardingTokensPerCall, AGroupCallComputesWhatAGroupMadeForItsTokensComputes) {
-  lnmlp_ref::Config cfg;
-  cfg.tokens = 10;  // the call's, the group's: 5 rows per rank under sequence parallelism
-  cfg.hidden = 32;
-  cfg.ffn = 48;
-  cfg.acts = {LNMLP_ACT_SILU, LNMLP_ACT_LINEAR};
-  cfg.has_bias1 = cfg.has_bias2 = true;
+  // 10 tokens, the call's, the group's: 5 rows per rank under sequence parallelism
+  const lnmlp_ref::Config cfg = lnmlp_ref::biased_config(10, 32, 48, swiglu_or_gelu(true));
   for (int32_t recipe : {LNMLP_RECIPE_NONE, LNMLP_RECIPE_DELAYED}) {
     for (bool sp : {false, true}) {
       SCOPED_TRACE(std::string("recipe ") + std::to_string(recipe) + (sp ? ", sequence parallel" : ""));

@@ -32,13 +32,7 @@ int usable_cores() {
 }
 
 Problem problem() {
-  lnmlp_ref::Config c;
-  c.tokens = 40;
-  c.hidden = 32;
-  c.ffn = 48;
-  c.acts = {LNMLP_ACT_SILU, LNMLP_ACT_LINEAR};
-  c.has_bias1 = c.has_bias2 = true;
-  return make_problem(c, LNMLP_DTYPE_F32, 21);
+  return make_problem(lnmlp_ref::biased_config(40, 32, 48, {LNMLP_ACT_SILU, LNMLP_ACT_LINEAR}), LNMLP_DTYPE_F32, 21);
 }
 
 // Clamped to the cores: the bits of a plan asking for exactly that many.
@@ -56,12 +50,7 @@ TEST(Threads, TheDefaultCountRunsAndIsRight) {
   const Problem pr = problem();
   RunOptions o;
   o.num_threads = 0;
-  const RunResult r = run_library(pr, o);
-  const Tolerance tol = tolerance_for(pr.dtype);
-  const auto g = lnmlp_ref::backward(pr.cfg, pr.x, pr.p, pr.dy);
-  EXPECT_TRUE(within_tolerance("y", r.y.to_doubles(), lnmlp_ref::forward(pr.cfg, pr.x, pr.p), nullptr, tol));
-  EXPECT_TRUE(within_tolerance("dx", r.dx.to_doubles(), g.dx, nullptr, tol));
-  EXPECT_TRUE(within_tolerance("dW1", r.dw1.to_doubles(), g.dw1, nullptr, tol));
+  EXPECT_TRUE(matches_reference(pr, run_library(pr, o), tolerance_for(pr.dtype), {"y", "dx", "dW1"}));
 }
 
 // Forward with `plan` on the problem's tokens: y, or an empty buffer when the call fails.
@@ -101,16 +90,11 @@ TEST(Fork, AChildRunsAfterTheParentRanThreads) {
     // Right, but not always the parent's bits: oneDNN's sgemm splits its sums by thread count.
     const RunResult child = run_library(pr, o);
     const Tolerance tol = tolerance_for(pr.dtype);
-    const auto g = lnmlp_ref::backward(pr.cfg, pr.x, pr.p, pr.dy);
-    const auto y_ref = lnmlp_ref::forward(pr.cfg, pr.x, pr.p);
     int failures = 0;
-    failures += !within_tolerance("y", child.y.to_doubles(), y_ref, nullptr, tol);
-    failures += !within_tolerance("dx", child.dx.to_doubles(), g.dx, nullptr, tol);
-    failures += !within_tolerance("dW1", child.dw1.to_doubles(), g.dw1, nullptr, tol);
-    failures += !within_tolerance("dW2", child.dw2.to_doubles(), g.dw2, nullptr, tol);
-    const Buffer again_y = forward_y(kept, pr);
-    failures +=
-        again_y.empty() || !within_tolerance("y of the parent's plan", again_y.to_doubles(), y_ref, nullptr, tol);
+    failures += !matches_reference(pr, child, tol, {"y", "dx", "dW1", "dW2"});
+    RunResult again_on_parent_plan;
+    again_on_parent_plan.y = forward_y(kept, pr);
+    failures += again_on_parent_plan.y.empty() || !matches_reference(pr, again_on_parent_plan, tol, {"y"});
     std::vector<uint8_t> again(codes.size(), 0);
     if (lnmlp_fp8_encode(LNMLP_DTYPE_FP8_E4M3, big.data(), static_cast<int64_t>(big.size()), 1.0f, again.data()) !=
             LNMLP_SUCCESS ||

@@ -28,12 +28,7 @@ struct Case {
 };
 
 lnmlp_ref::Config config_of(const Case& k, int64_t tokens) {
-  lnmlp_ref::Config c;
-  c.tokens = tokens;
-  c.hidden = 32;
-  c.ffn = 48;
-  c.norm = k.norm;
-  c.acts = k.acts;
+  lnmlp_ref::Config c = lnmlp_ref::biased_config(tokens, 32, 48, k.acts, k.norm);
   c.has_bias1 = c.has_bias2 = k.bias;
   return c;
 }
@@ -137,15 +132,7 @@ TEST_P(TokensPerCall, AShortCallMatchesTheFloat64Reference) {
   const Problem pr = make_problem(config_of(k, 13), k.dtype, 7);
   RunOptions o = options_of(k);
   o.max_tokens = kMaxTokens;
-  const RunResult r = run_library(pr, o);
-  const auto y = lnmlp_ref::forward(pr.cfg, pr.x, pr.p);
-  const auto g = lnmlp_ref::backward(pr.cfg, pr.x, pr.p, pr.dy);
-  const Tolerance tol = tolerance_for(k.dtype);
-  EXPECT_TRUE(within_tolerance("y", r.y.to_doubles(), y, nullptr, tol));
-  EXPECT_TRUE(within_tolerance("dx", r.dx.to_doubles(), g.dx, nullptr, tol));
-  EXPECT_TRUE(within_tolerance("dW1", r.dw1.to_doubles(), g.dw1, nullptr, tol));
-  EXPECT_TRUE(within_tolerance("dW2", r.dw2.to_doubles(), g.dw2, nullptr, tol));
-  EXPECT_TRUE(within_tolerance("dgamma", r.dgamma.to_doubles(), g.dgamma, nullptr, tol));
+  EXPECT_TRUE(matches_reference(pr, run_library(pr, o), tolerance_for(k.dtype), {"y", "dx", "dW1", "dW2", "dgamma"}));
 }
 
 INSTANTIATE_TEST_SUITE_P(All, TokensPerCall, ::testing::ValuesIn(kCases),

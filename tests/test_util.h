@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <random>
@@ -57,6 +58,18 @@ inline uint64_t hash_name(const std::string& s) {
     h *= 1099511628211ull;
   }
   return h;
+}
+
+// gtest's test-name generator for parameters that name themselves (a name() method).
+struct NamedParam {
+  template <typename P> std::string operator()(const ::testing::TestParamInfo<P>& info) const {
+    return info.param.name();
+  }
+};
+
+// The two activation choices most tests cover: a gated pair (SwiGLU's silu * linear) or gelu.
+inline std::vector<int> swiglu_or_gelu(bool gated) {
+  return gated ? std::vector<int>{LNMLP_ACT_SILU, LNMLP_ACT_LINEAR} : std::vector<int>{LNMLP_ACT_GELU};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -277,6 +290,13 @@ inline Problem make_problem(const lnmlp_ref::Config& cfg, int32_t dtype, uint64_
       throw std::runtime_error(std::string(#call) + " returned " + lnmlp_status_string(st_) + ": " + \
                                lnmlp_last_error());                                                   \
   } while (0)
+
+// The saved buffer's bytes of a plan (at its most tokens); throws on failure.
+inline int64_t saved_bytes_of(const lnmlp_plan* plan) {
+  int64_t bytes = 0;
+  LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes(plan, &bytes));
+  return bytes;
+}
 
 // The descriptor settings a Problem fixes: norm, zero-centered gamma, epsilon, activations (with
 // the clamped SwiGLU's parameters), biases, dtype and weight layout.
@@ -549,6 +569,14 @@ inline std::vector<NamedBuffer> named(const RunResult& r) {
           {"dW1", &r.dw1}, {"db1", &r.db1}, {"dW2", &r.dw2},       {"db2", &r.db2}};
 }
 
+// The float64 reference's outputs in named() order -- y, dx, dgamma, dbeta, dw1, db1, dw2, db2 --
+// the gradients empty without backward.
+inline std::vector<std::vector<double>> reference_outputs(const Problem& pr, bool backward = true) {
+  lnmlp_ref::Grads g;
+  if (backward) g = lnmlp_ref::backward(pr.cfg, pr.x, pr.p, pr.dy);
+  return {lnmlp_ref::forward(pr.cfg, pr.x, pr.p), g.dx, g.dgamma, g.dbeta, g.dw1, g.db1, g.dw2, g.db2};
+}
+
 // ---------------------------------------------------------------------------------------------
 // Comparison.
 // ---------------------------------------------------------------------------------------------
@@ -599,6 +627,24 @@ inline ::testing::AssertionResult within_tolerance(const char* name, const std::
     << " exceeds the bound " << bound << " = atol " << tol.atol << " + rtol " << tol.rtol << " * max|ref| "
     << c.max_ref;
   return ::testing::AssertionFailure() << m.str();
+}
+
+// The outputs of `got` that `names` lists (named()'s names) against the float64 reference, all at
+// `tol`; the failure message gives each one off.
+inline ::testing::AssertionResult matches_reference(const Problem& pr, const RunResult& got, Tolerance tol,
+                                                    std::initializer_list<const char*> names) {
+  const auto outputs = named(got);
+  const auto ref = reference_outputs(pr);
+  std::string off;
+  for (const char* want : names) {
+    size_t i = 0;
+    while (i < outputs.size() && std::strcmp(outputs[i].name, want) != 0) ++i;
+    if (i == outputs.size()) return ::testing::AssertionFailure() << "no output is named " << want;
+    const ::testing::AssertionResult r = within_tolerance(want, outputs[i].buf->to_doubles(), ref[i], nullptr, tol);
+    if (!r) off += (off.empty() ? "" : "; ") + std::string(r.message());
+  }
+  if (off.empty()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << off;
 }
 
 // Bit-identity of two buffers; the failure message names the first differing element.

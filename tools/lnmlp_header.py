@@ -260,24 +260,26 @@ def parse_api(path):
             c = re.search(r"/\*.*?\*/", seg, re.S)
             enumerators.append((name, value, _comment_text(c.group(0)) if c else ""))
 
-    functions, tags = {}, {}
-    for m in _PROTO.finditer(masked):
-        functions[m.group(2)] = (normalize_type(m.group(1)), _named_params(m.group(3), m.group(2)))
-        docs[m.group(2)] = _doc_before(raw, m.start())
-        tags[m.group(2)] = _tags(docs[m.group(2)], functions[m.group(2)][1], m.group(2))
-        if experimental(m.start()):
-            in_tier.add(m.group(2))
+    tags = {}
+
+    def declarations(pattern):
+        # name -> (return type, parameters) of the functions (or function pointer types) the
+        # pattern finds, with each one's doc comment, tags and tier recorded.
+        found = {}
+        for m in pattern.finditer(masked):
+            name = m.group(2)
+            found[name] = (normalize_type(m.group(1)), _named_params(m.group(3), name))
+            docs[name] = _doc_before(raw, m.start())
+            tags[name] = _tags(docs[name], found[name][1], name)
+            if experimental(m.start()):
+                in_tier.add(name)
+        return found
+
+    functions = declarations(_PROTO)
     n_api = len(re.findall(r"\bLNMLP_API\b", masked))
     if n_api != len(functions):
         raise HeaderError(f"found {n_api} LNMLP_API declarations but could read only {len(functions)}")
-
-    fnptrs = {}
-    for m in _FNPTR.finditer(masked):
-        fnptrs[m.group(2)] = (normalize_type(m.group(1)), _named_params(m.group(3), m.group(2)))
-        docs[m.group(2)] = _doc_before(raw, m.start())
-        tags[m.group(2)] = _tags(docs[m.group(2)], fnptrs[m.group(2)][1], m.group(2))
-        if experimental(m.start()):
-            in_tier.add(m.group(2))
+    fnptrs = declarations(_FNPTR)
     structs = {}
     for m in _STRUCT.finditer(masked):
         fields = []

@@ -16,32 +16,26 @@ CXXFLAGS=(-std=c++17 -O3 -march=native -mamx-tile -mamx-bf16 -mavx512bf16 -fopen
 echo "[build] peak"
 "${CXX}" "${CXXFLAGS[@]}" -DBC_PEAK "${SRC}" -o "${OUT}/bc_peak"
 
-# OpenBLAS: link the variant directory explicitly (not the update-alternatives
-# symlink) and pin it with an rpath, so both variants can be measured regardless
-# of which one the alternatives system currently selects.
-for v in openmp pthread; do
-  d="${ML}/openblas-${v}"
-  if [[ -e "${d}/libopenblas.so" ]]; then
-    tag=$([[ $v == openmp ]] && echo omp || echo pth)
-    echo "[build] openblas-${v}"
-    "${CXX}" "${CXXFLAGS[@]}" -DBC_OPENBLAS -DBC_VARIANT="\"(${v})\"" -I"${MI}/openblas-${v}" \
-      "${SRC}" -o "${OUT}/bc_openblas_${tag}" -L"${d}" -Wl,-rpath,"${d}" -lopenblas -ldl
-  else
-    echo "[build] skip openblas-${v} (not installed)"
-  fi
-done
-
-for v in openmp pthread; do
-  d="${ML}/blis-${v}"
-  if [[ -e "${d}/libblis.so" ]]; then
-    tag=$([[ $v == openmp ]] && echo omp || echo pth)
-    echo "[build] blis-${v}"
-    "${CXX}" "${CXXFLAGS[@]}" -DBC_BLIS -DBC_VARIANT="\"(${v})\"" -I"${MI}/blis-${v}" \
-      "${SRC}" -o "${OUT}/bc_blis_${tag}" -L"${d}" -Wl,-rpath,"${d}" -lblis -lm
-  else
-    echo "[build] skip blis-${v} (not installed)"
-  fi
-done
+# OpenBLAS and BLIS: link each variant's directory explicitly (not the update-alternatives
+# symlink) and pin it with an rpath, so both variants can be measured regardless of which one the
+# alternatives system currently selects.
+#   build_variants NAME DEFINE EXTRA_LIBS
+build_variants() {
+  local name=$1 define=$2 extra=$3 v d tag
+  for v in openmp pthread; do
+    d="${ML}/${name}-${v}"
+    if [[ -e "${d}/lib${name}.so" ]]; then
+      tag=$([[ $v == openmp ]] && echo omp || echo pth)
+      echo "[build] ${name}-${v}"
+      "${CXX}" "${CXXFLAGS[@]}" "-D${define}" -DBC_VARIANT="\"(${v})\"" -I"${MI}/${name}-${v}" \
+        "${SRC}" -o "${OUT}/bc_${name}_${tag}" -L"${d}" -Wl,-rpath,"${d}" "-l${name}" "${extra}"
+    else
+      echo "[build] skip ${name}-${v} (not installed)"
+    fi
+  done
+}
+build_variants openblas BC_OPENBLAS -ldl
+build_variants blis BC_BLIS -lm
 
 if [[ -e /usr/include/oneapi/dnnl/dnnl.hpp ]]; then
   echo "[build] onednn"

@@ -51,6 +51,19 @@ template <typename Fn> void edit(lnmlp_desc* d, Fn&& change) {
   d->cfg = c;
 }
 
+// A communicator handle over a collective library's own communicator (`native`, the argument
+// `name` of type `type`), made by `make`.
+template <typename Make> int32_t create_native_comm(const char* fn, const void* native, const char* name,
+                                                    const char* type, lnmlp_comm** comm, Make make) {
+  return api_guard(fn, [&] {
+    if (native == nullptr) fail(LNMLP_ERROR_NULL_POINTER, name, " is NULL; pass a pointer to an ", type);
+    require_out(comm, "comm");
+    auto c = std::make_unique<lnmlp_comm>();
+    c->impl = make(native);
+    *comm = register_handle(std::move(c));
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -415,23 +428,11 @@ LNMLP_API int32_t lnmlp_comm_create_callbacks(const lnmlp_comm_callbacks* table,
 }
 
 LNMLP_API int32_t lnmlp_comm_create_mpi(const void* mpi_comm, lnmlp_comm** comm) {
-  return api_guard(__func__, [&] {
-    if (mpi_comm == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "mpi_comm is NULL; pass a pointer to an MPI_Comm");
-    require_out(comm, "comm");
-    auto c = std::make_unique<lnmlp_comm>();
-    c->impl = make_mpi_communicator(mpi_comm);
-    *comm = register_handle(std::move(c));
-  });
+  return create_native_comm(__func__, mpi_comm, "mpi_comm", "MPI_Comm", comm, make_mpi_communicator);
 }
 
 LNMLP_API int32_t lnmlp_comm_create_nccl(const void* nccl_comm, lnmlp_comm** comm) {
-  return api_guard(__func__, [&] {
-    if (nccl_comm == nullptr) fail(LNMLP_ERROR_NULL_POINTER, "nccl_comm is NULL; pass a pointer to an ncclComm_t");
-    require_out(comm, "comm");
-    auto c = std::make_unique<lnmlp_comm>();
-    c->impl = make_nccl_communicator(nccl_comm);
-    *comm = register_handle(std::move(c));
-  });
+  return create_native_comm(__func__, nccl_comm, "nccl_comm", "ncclComm_t", comm, make_nccl_communicator);
 }
 
 LNMLP_API int32_t lnmlp_comm_destroy(lnmlp_comm* comm) {

@@ -25,4 +25,11 @@ DecodedSlot take_decoded_slot(RegionAllocator& a, const ResolvedRecipe& r, const
   return s;
 }
 
+DecodedTarget decoded_target(const DecodedSlot& s, const QuantizeCall& call, bool columnwise, bool to_saved,
+                             void* base) {
+  const DecodedRegions& r = columnwise ? s.col : s.row;
+  return {to_saved ? call.saved_codes : at<uint8_t>(r.codes, base),
+          to_saved ? call.saved_scales : at<void>(r.scales, base), at<void>(r.op, base)};
+}
+
 }  // namespace lnmlp::block

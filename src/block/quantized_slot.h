@@ -26,4 +26,14 @@ struct DecodedSlot {
 // CPU backend's ISA levels must not share inline code, src/cpu/isa.h.)
 DecodedSlot take_decoded_slot(RegionAllocator& a, const ResolvedRecipe& r, const QuantizeCall& call, int64_t op_bytes);
 
+// Where one representation goes, the slot at `base`: its codes and block scales (the saved
+// buffer's, from the call, when to_saved) and its decoded operand.
+struct DecodedTarget {
+  uint8_t* codes;
+  void* scales;
+  void* op;
+};
+DecodedTarget decoded_target(const DecodedSlot& s, const QuantizeCall& call, bool columnwise, bool to_saved,
+                             void* base);
+
 }  // namespace lnmlp::block

@@ -310,15 +310,12 @@ class CpuExec final : public block::Exec {
     const float* scale_inv = call.scale != nullptr ? &call.scale->scale_inv : nullptr;
     return block::quantize_representations(call, l.reps.shared, [&](bool columnwise, bool to_saved, bool operand) {
       const QuantKind k = kind(call.quantizer, columnwise ? Contract::Rows : Contract::Cols);
-      const block::DecodedRegions& rep = columnwise ? l.reps.col : l.reps.row;
-      uint8_t* codes = to_saved ? call.saved_codes : at<uint8_t>(rep.codes, base);
-      void* scales = to_saved ? call.saved_scales : at<void>(rep.scales, base);
-      void* op = at<void>(rep.op, base);
-      quantize_operand(threads_, k, in, x.rows, x.cols, call.scale != nullptr ? call.scale->scale : 0.0f, codes, scales,
-                       work());
+      const block::DecodedTarget to = block::decoded_target(l.reps, call, columnwise, to_saved, base);
+      quantize_operand(threads_, k, in, x.rows, x.cols, call.scale != nullptr ? call.scale->scale : 0.0f, to.codes,
+                       to.scales, work());
       if (!operand) return Operand{};
-      decode_operand(threads_, k, codes, scales, x.rows, x.cols, decoded_, op);
-      return Operand{op, scale_inv};
+      decode_operand(threads_, k, to.codes, to.scales, x.rows, x.cols, decoded_, to.op);
+      return Operand{to.op, scale_inv};
     });
   }
 

@@ -270,14 +270,11 @@ class CudaExec final : public block::Exec {
     }
     return block::quantize_representations(call, l.reps.shared, [&](bool columnwise, bool to_saved, bool operand) {
       const QuantKind k = kind(call.quantizer, columnwise ? Contract::Rows : Contract::Cols);
-      const block::DecodedRegions& d = columnwise ? l.reps.col : l.reps.row;
-      uint8_t* codes = to_saved ? call.saved_codes : at<uint8_t>(d.codes, base);
-      void* scales = to_saved ? call.saved_scales : at<void>(d.scales, base);
-      void* op = at<void>(d.op, base);
-      fp8_quantize_blocked(x.type, k, x.data, x.rows, x.cols, codes, scales, st_);
+      const block::DecodedTarget to = block::decoded_target(l.reps, call, columnwise, to_saved, base);
+      fp8_quantize_blocked(x.type, k, x.data, x.rows, x.cols, to.codes, to.scales, st_);
       if (!operand) return Operand{};
-      fp8_decode_operand(k, codes, scales, x.rows, x.cols, op_f32_, op, st_);
-      return Operand{op, nullptr};
+      fp8_decode_operand(k, to.codes, to.scales, x.rows, x.cols, op_f32_, to.op, st_);
+      return Operand{to.op, nullptr};
     });
   }
 

@@ -17,8 +17,8 @@
 #include <utility>
 
 #include <vector>
-#include "float_bits.h"               // tests/: a float's bits and back
 #include "reference/dtype_convert.h"  // tests/: bf16 and f16 rounded to nearest even
+#include "reference/float_bits.h"     // tests/: a float's bits and back
 
 #include "lnmlp.h"
 

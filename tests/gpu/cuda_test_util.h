@@ -234,24 +234,23 @@ inline RunResult to_host(const Problem& pr, const DeviceOutputs& out, bool backw
   return r;
 }
 
-// Forward (+ backward unless FORWARD_ONLY) on a CUDA plan, on the default stream; also returns the
-// saved buffer's bytes.
-struct CudaRun {
+// A plan's outputs with its saved buffer's bytes, as run_cuda and run_cpu return them.
+struct PlanRun {
   RunResult r;
   std::vector<unsigned char> saved;
 };
 
-inline CudaRun run_cuda(const Problem& pr, int32_t remat, int32_t recipe = LNMLP_RECIPE_NONE) {
+// Forward (+ backward unless FORWARD_ONLY) on a CUDA plan, on the default stream.
+inline PlanRun run_cuda(const Problem& pr, int32_t remat, int32_t recipe = LNMLP_RECIPE_NONE) {
   PlanPtr p = plan_ptr(make_plan(pr, remat, LNMLP_BACKEND_CUDA, 0, recipe));
-  int64_t saved_bytes = 0;
-  LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes(p.get(), &saved_bytes));
+  const int64_t saved_bytes = saved_bytes_of(p.get());
   const DeviceInputs in(pr);
   const DeviceOutputs out(pr, saved_bytes);
   LNMLP_TEST_CHECK(device_forward(p.get(), in, out, nullptr));
   const bool backward = remat != LNMLP_REMAT_FORWARD_ONLY;
   if (backward) LNMLP_TEST_CHECK(device_backward(p.get(), in, out, nullptr));
   CUDA_TEST_CHECK(cudaDeviceSynchronize());
-  CudaRun run;
+  PlanRun run;
   run.r = to_host(pr, out, backward);
   run.r.saved_bytes = saved_bytes;
   LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes_per_token(p.get(), &run.r.saved_bytes_per_token));
@@ -259,16 +258,11 @@ inline CudaRun run_cuda(const Problem& pr, int32_t remat, int32_t recipe = LNMLP
   return run;
 }
 
-// Forward + backward on a CPU plan, with the saved buffer kept.
-struct CpuRun {
-  RunResult r;
-  std::vector<unsigned char> saved;
-};
-
-inline CpuRun run_cpu(const Problem& pr, int32_t remat, int32_t recipe = LNMLP_RECIPE_NONE) {
+// Forward (+ backward unless FORWARD_ONLY) on a CPU plan.
+inline PlanRun run_cpu(const Problem& pr, int32_t remat, int32_t recipe = LNMLP_RECIPE_NONE) {
   PlanPtr p = plan_ptr(make_plan(pr, remat, LNMLP_BACKEND_CPU, 0, recipe));
   const bool backward = remat != LNMLP_REMAT_FORWARD_ONLY;
-  CpuRun run;
+  PlanRun run;
   RunResult& r = run.r;
   r = output_buffers(pr, pr.cfg.tokens, backward);
   LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes(p.get(), &r.saved_bytes));

@@ -129,8 +129,8 @@ TEST_P(CudaVsCpu, EveryRematPolicyMatchesTheCpuBackend) {
   const Problem pr = problem_for(k);
   const Tolerance tol = gpu_vs_cpu_tolerance(k.dtype);
 
-  const CpuRun cpu_all = run_cpu(pr, LNMLP_REMAT_SAVE_ALL);
-  const CudaRun gpu_all = run_cuda(pr, LNMLP_REMAT_SAVE_ALL);
+  const PlanRun cpu_all = run_cpu(pr, LNMLP_REMAT_SAVE_ALL);
+  const PlanRun gpu_all = run_cuda(pr, LNMLP_REMAT_SAVE_ALL);
   const int straddles = kink_straddles(pr, saved_h(pr, cpu_all.saved), saved_h(pr, gpu_all.saved));
   if (straddles > 0)
     std::printf("[ note ] %s: %d element(s) of h straddle an activation kink between the backends; the "
@@ -140,8 +140,8 @@ TEST_P(CudaVsCpu, EveryRematPolicyMatchesTheCpuBackend) {
   for (int32_t remat : {LNMLP_REMAT_SAVE_ALL, LNMLP_REMAT_SAVE_FFN1, LNMLP_REMAT_SAVE_STATS,
                         LNMLP_REMAT_FORWARD_ONLY}) {
     SCOPED_TRACE(remat_name(remat));
-    const CpuRun cpu = remat == LNMLP_REMAT_SAVE_ALL ? cpu_all : run_cpu(pr, remat);
-    const CudaRun gpu = remat == LNMLP_REMAT_SAVE_ALL ? gpu_all : run_cuda(pr, remat);
+    const PlanRun cpu = remat == LNMLP_REMAT_SAVE_ALL ? cpu_all : run_cpu(pr, remat);
+    const PlanRun gpu = remat == LNMLP_REMAT_SAVE_ALL ? gpu_all : run_cuda(pr, remat);
     EXPECT_EQ(gpu.r.saved_bytes, cpu.r.saved_bytes);
     EXPECT_EQ(gpu.r.saved_bytes_per_token, cpu.r.saved_bytes_per_token);
     const auto got = named(gpu.r), ref = named(cpu.r), same_policy_all = named(gpu_all.r);
@@ -164,8 +164,8 @@ TEST_P(CudaVsCpu, EveryRematPolicyMatchesTheCpuBackend) {
 TEST_P(CudaVsCpu, RepeatedRunsGiveTheSameBits) {
   SKIP_WITHOUT_GPU();
   const Problem pr = problem_for(GetParam());
-  const CudaRun a = run_cuda(pr, LNMLP_REMAT_SAVE_STATS);
-  const CudaRun b = run_cuda(pr, LNMLP_REMAT_SAVE_STATS);
+  const PlanRun a = run_cuda(pr, LNMLP_REMAT_SAVE_STATS);
+  const PlanRun b = run_cuda(pr, LNMLP_REMAT_SAVE_STATS);
   EXPECT_TRUE(same_outputs(a.r, b.r));
   EXPECT_EQ(a.saved, b.saved);
 }
@@ -182,8 +182,7 @@ TEST(CudaGraph, ForwardAndBackwardCaptureAndReplay) {
   for (int32_t remat : {LNMLP_REMAT_SAVE_ALL, LNMLP_REMAT_SAVE_STATS}) {
     SCOPED_TRACE(remat_name(remat));
     PlanPtr p = plan_ptr(make_plan(pr, remat, LNMLP_BACKEND_CUDA));
-    int64_t saved_bytes = 0;
-    ASSERT_EQ(lnmlp_plan_get_saved_bytes(p.get(), &saved_bytes), LNMLP_SUCCESS);
+    const int64_t saved_bytes = saved_bytes_of(p.get());
     const DeviceInputs in(pr);
     cudaStream_t stream = nullptr;
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
@@ -296,8 +295,7 @@ TEST(CudaErrors, HostPointersAreRefused) {
   SKIP_WITHOUT_GPU();
   const Problem pr = problem_for(kErrCase);
   PlanPtr p = plan_ptr(make_plan(pr, LNMLP_REMAT_SAVE_ALL, LNMLP_BACKEND_CUDA));
-  int64_t saved_bytes = 0;
-  ASSERT_EQ(lnmlp_plan_get_saved_bytes(p.get(), &saved_bytes), LNMLP_SUCCESS);
+  const int64_t saved_bytes = saved_bytes_of(p.get());
   DeviceInputs in(pr);
   const DeviceOutputs out(pr, saved_bytes);
   const std::vector<unsigned char> y_before = out.y.to_host();
@@ -327,8 +325,7 @@ TEST(CudaErrors, MisalignedDevicePointersAreRefused) {
   SKIP_WITHOUT_GPU();
   const Problem pr = problem_for(kErrCase);  // f32: 4-byte elements, so +4 passes the element check
   PlanPtr p = plan_ptr(make_plan(pr, LNMLP_REMAT_SAVE_ALL, LNMLP_BACKEND_CUDA));
-  int64_t saved_bytes = 0;
-  ASSERT_EQ(lnmlp_plan_get_saved_bytes(p.get(), &saved_bytes), LNMLP_SUCCESS);
+  const int64_t saved_bytes = saved_bytes_of(p.get());
   const DeviceInputs in(pr);
   const DeviceOutputs out(pr, saved_bytes);
   DeviceBuffer big_w1(pr.bw1.bytes.size() + 64);
@@ -384,7 +381,7 @@ TEST(CudaErrors, ExternalDeviceWorkspace) {
   ASSERT_EQ(device_backward(p.get(), in, out, nullptr), LNMLP_SUCCESS) << lnmlp_last_error();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const RunResult gpu = to_host(pr, out, true);
-  const CpuRun cpu = run_cpu(pr, LNMLP_REMAT_SAVE_ALL);
+  const PlanRun cpu = run_cpu(pr, LNMLP_REMAT_SAVE_ALL);
   const auto got = named(gpu), ref = named(cpu.r);
   for (size_t i = 0; i < got.size(); ++i)
     if (!ref[i].buf->empty()) {

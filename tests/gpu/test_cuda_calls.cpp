@@ -19,13 +19,7 @@ namespace {
 constexpr int64_t kMaxTokens = 64;
 
 lnmlp_ref::Config config(int64_t tokens, bool gated) {
-  lnmlp_ref::Config c;
-  c.tokens = tokens;
-  c.hidden = 64;
-  c.ffn = 96;
-  c.acts = gated ? std::vector<int>{LNMLP_ACT_SILU, LNMLP_ACT_LINEAR} : std::vector<int>{LNMLP_ACT_GELU};
-  c.has_bias1 = c.has_bias2 = true;
-  return c;
+  return lnmlp_ref::biased_config(tokens, 64, 96, swiglu_or_gelu(gated));
 }
 
 // The emulation's counts of device allocations and GEMMs made (cuda_emulation::counts); zeros on a

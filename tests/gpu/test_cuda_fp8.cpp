@@ -47,12 +47,7 @@ std::vector<Fp8Case> fp8_cases() {
 }
 
 Problem fp8_problem(const Fp8Case& k) {
-  lnmlp_ref::Config cfg;
-  cfg.tokens = k.T;
-  cfg.hidden = k.H;
-  cfg.ffn = k.F;
-  cfg.acts = k.gated ? std::vector<int>{LNMLP_ACT_SILU, LNMLP_ACT_LINEAR} : std::vector<int>{LNMLP_ACT_GELU};
-  cfg.has_bias1 = cfg.has_bias2 = true;
+  const lnmlp_ref::Config cfg = lnmlp_ref::biased_config(k.T, k.H, k.F, swiglu_or_gelu(k.gated));
   return make_problem(cfg, k.dtype, hash_name(fp8_case_name(::testing::TestParamInfo<Fp8Case>(k, 0))));
 }
 
@@ -62,8 +57,8 @@ TEST_P(CudaFp8VsCpu, ForwardAndGradientsMatchTheCpuBackend) {
   SKIP_WITHOUT_GPU();
   const Fp8Case& k = GetParam();
   const Problem pr = fp8_problem(k);
-  const CpuRun cpu = run_cpu(pr, LNMLP_REMAT_SAVE_ALL, k.recipe);
-  const CudaRun gpu = run_cuda(pr, LNMLP_REMAT_SAVE_ALL, k.recipe);
+  const PlanRun cpu = run_cpu(pr, LNMLP_REMAT_SAVE_ALL, k.recipe);
+  const PlanRun gpu = run_cuda(pr, LNMLP_REMAT_SAVE_ALL, k.recipe);
   EXPECT_EQ(gpu.r.saved_bytes, cpu.r.saved_bytes);
   EXPECT_EQ(gpu.r.saved_bytes_per_token, cpu.r.saved_bytes_per_token);
   const auto got = named(gpu.r), ref = named(cpu.r);
@@ -73,7 +68,7 @@ TEST_P(CudaFp8VsCpu, ForwardAndGradientsMatchTheCpuBackend) {
                                  kTolFp8Backends));
   }
   // Quantized on the GPU too: far from the unquantized GPU result.
-  const CudaRun plain = run_cuda(pr, LNMLP_REMAT_SAVE_ALL, LNMLP_RECIPE_NONE);
+  const PlanRun plain = run_cuda(pr, LNMLP_REMAT_SAVE_ALL, LNMLP_RECIPE_NONE);
   EXPECT_GT(compare(gpu.r.y.to_doubles(), plain.r.y.to_doubles()).normalised(), 0.02) << "y looks unquantized";
 }
 
@@ -81,9 +76,9 @@ TEST_P(CudaFp8VsCpu, RecomputationGivesTheBitsOfSaveAll) {
   SKIP_WITHOUT_GPU();
   const Fp8Case& k = GetParam();
   const Problem pr = fp8_problem(k);
-  const CudaRun all = run_cuda(pr, LNMLP_REMAT_SAVE_ALL, k.recipe);
+  const PlanRun all = run_cuda(pr, LNMLP_REMAT_SAVE_ALL, k.recipe);
   for (int32_t remat : {LNMLP_REMAT_SAVE_FFN1, LNMLP_REMAT_SAVE_STATS}) {
-    const CudaRun r = run_cuda(pr, remat, k.recipe);
+    const PlanRun r = run_cuda(pr, remat, k.recipe);
     const auto a = named(all.r), b = named(r.r);
     for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(a[i].name, *a[i].buf, *b[i].buf)) << "remat " << remat;
   }
@@ -103,8 +98,8 @@ TEST(CudaFp8Float32Weights, MatchTheCpuBackend) {
     for (auto* w : {&pr.p.w1, &pr.p.w2})
       for (double& v : *w) v = static_cast<double>(static_cast<float>(v * (1.0 + rng.uniform(-1.0, 1.0) / 512)));
     set_weights(pr, LNMLP_DTYPE_F32);
-    const CpuRun cpu = run_cpu(pr, LNMLP_REMAT_SAVE_ALL, r);
-    const CudaRun gpu = run_cuda(pr, LNMLP_REMAT_SAVE_ALL, r);
+    const PlanRun cpu = run_cpu(pr, LNMLP_REMAT_SAVE_ALL, r);
+    const PlanRun gpu = run_cuda(pr, LNMLP_REMAT_SAVE_ALL, r);
     const auto got = named(gpu.r), ref = named(cpu.r);
     for (size_t i = 0; i < got.size(); ++i) {
       if (ref[i].buf->empty()) continue;
@@ -117,8 +112,7 @@ TEST(CudaFp8Float32Weights, MatchTheCpuBackend) {
 // Forward + backward twice on one plan; then each quantizer's scale and newest two amaxes.
 std::vector<float> state_after_two_steps(const Problem& pr, int32_t backend, int32_t recipe) {
   PlanPtr p = plan_ptr(make_plan(pr, LNMLP_REMAT_SAVE_ALL, backend, 0, recipe));
-  int64_t saved_bytes = 0;
-  LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes(p.get(), &saved_bytes));
+  const int64_t saved_bytes = saved_bytes_of(p.get());
   if (backend == LNMLP_BACKEND_CUDA) {
     const DeviceInputs in(pr);
     const DeviceOutputs out(pr, saved_bytes);
@@ -192,9 +186,8 @@ TEST(CudaFp8State, StateCopiesAreOrderedAgainstANonBlockingStream) {
   const Fp8Case k{LNMLP_RECIPE_DELAYED, LNMLP_DTYPE_BF16, true, 256, 128, 192};
   const Problem pr = fp8_problem(k);
   PlanPtr p = plan_ptr(make_plan(pr, LNMLP_REMAT_SAVE_ALL, LNMLP_BACKEND_CUDA, 0, k.recipe));
-  int64_t saved_bytes = 0;
+  const int64_t saved_bytes = saved_bytes_of(p.get());
   int64_t len = 0;
-  ASSERT_EQ(lnmlp_plan_get_saved_bytes(p.get(), &saved_bytes), LNMLP_SUCCESS);
   ASSERT_EQ(lnmlp_plan_get_amax_history_length(p.get(), &len), LNMLP_SUCCESS);
   const DeviceInputs in(pr);
   const DeviceOutputs out(pr, saved_bytes);
@@ -242,8 +235,7 @@ TEST(CudaFp8State, CurrentScalingInStagesGivesTheWholeCallsBits) {
   for (const int32_t remat : {LNMLP_REMAT_SAVE_ALL, LNMLP_REMAT_SAVE_STATS}) {
     SCOPED_TRACE("remat " + std::to_string(remat));
     PlanPtr p = plan_ptr(make_plan(pr, remat, LNMLP_BACKEND_CUDA, 0, LNMLP_RECIPE_CURRENT));
-    int64_t saved_bytes = 0;
-    LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes(p.get(), &saved_bytes));
+    const int64_t saved_bytes = saved_bytes_of(p.get());
     const DeviceInputs in(pr);
     const DeviceOutputs whole(pr, saved_bytes), staged(pr, saved_bytes);
     LNMLP_TEST_CHECK(device_forward(p.get(), in, whole, nullptr));
@@ -293,8 +285,7 @@ TEST(CudaFp8Graph, CurrentScalingCapturesAndReplays) {
   const Fp8Case k{LNMLP_RECIPE_CURRENT, LNMLP_DTYPE_BF16, true, 256, 128, 192};
   const Problem pr = fp8_problem(k);
   PlanPtr p = plan_ptr(make_plan(pr, LNMLP_REMAT_SAVE_ALL, LNMLP_BACKEND_CUDA, 0, k.recipe));
-  int64_t saved_bytes = 0;
-  ASSERT_EQ(lnmlp_plan_get_saved_bytes(p.get(), &saved_bytes), LNMLP_SUCCESS);
+  const int64_t saved_bytes = saved_bytes_of(p.get());
   const DeviceInputs in(pr);
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
@@ -341,8 +332,8 @@ TEST(CudaFp8State, AnUnquantizedSavedBufferServesTheOtherBackendAndFp8CodesDoNot
   for (int32_t recipe : {LNMLP_RECIPE_NONE, LNMLP_RECIPE_CURRENT}) {
     SCOPED_TRACE(recipe == LNMLP_RECIPE_NONE ? "unquantized" : "current scaling");
     const Problem pr = fp8_problem({recipe, LNMLP_DTYPE_BF16, true, 64, 128, 192});
-    const CudaRun gpu = run_cuda(pr, LNMLP_REMAT_SAVE_ALL, recipe);
-    const CpuRun cpu = run_cpu(pr, LNMLP_REMAT_SAVE_ALL, recipe);
+    const PlanRun gpu = run_cuda(pr, LNMLP_REMAT_SAVE_ALL, recipe);
+    const PlanRun cpu = run_cpu(pr, LNMLP_REMAT_SAVE_ALL, recipe);
     ASSERT_EQ(gpu.saved.size(), cpu.saved.size());
     PlanPtr p = plan_ptr(make_plan(pr, LNMLP_REMAT_SAVE_ALL, LNMLP_BACKEND_CPU, 0, recipe));
     AlignedMemory saved(static_cast<int64_t>(gpu.saved.size()), 256, 0);

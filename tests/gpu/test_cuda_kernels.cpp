@@ -27,15 +27,10 @@
 namespace {
 
 using namespace lnmlp_kernel_test;
+using namespace lnmlp::numerics;
 using lnmlp::cuda::Fp8Out;
-using lnmlp::numerics::Act;
-using lnmlp::numerics::ActParams;
-using lnmlp::numerics::Norm;
-using lnmlp::numerics::RuntimeAct;
 using lnmlp_test::kKernelSumRtol;
 using lnmlp_test::kKernelTranscendentalRtol;
-
-using lnmlp::numerics::dtype_name;
 
 template <typename Fn> void with_dtype(DType d, Fn&& fn) { lnmlp::numerics::dispatch_dtype(d, fn); }
 

@@ -122,13 +122,9 @@ std::vector<Case> cases() {
 }
 
 Problem problem_for(const Case& k) {
-  lnmlp_ref::Config cfg;
   const bool fp8 = k.recipe != LNMLP_RECIPE_NONE;
-  cfg.tokens = 64;   // T/2 = 32; FP8 GEMM dimensions are multiples of 16
-  cfg.hidden = 64;
-  cfg.ffn = fp8 ? 256 : 96;  // F/2 = 128: whole 128-blocks for BLOCK
-  cfg.norm = k.norm;
-  cfg.acts = k.acts;
+  // T/2 = 32: FP8 GEMM dimensions are multiples of 16; FP8's F/2 = 128: whole 128-blocks for BLOCK
+  lnmlp_ref::Config cfg = lnmlp_ref::biased_config(64, 64, fp8 ? 256 : 96, k.acts, k.norm);
   cfg.has_bias1 = cfg.has_bias2 = k.bias;
   return make_problem(cfg, k.dtype, hash_name(k.name));
 }
@@ -144,8 +140,7 @@ RankResult run_rank(const Problem& shard, const ShardGeometry& g, const Case& k,
                     int steps) {
   CUDA_TEST_CHECK(cudaSetDevice(device));
   PlanPtr p = plan_ptr(make_plan(shard, k.remat, LNMLP_BACKEND_CUDA, device, k.recipe, s));
-  int64_t saved_bytes = 0;
-  LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes(p.get(), &saved_bytes));
+  const int64_t saved_bytes = saved_bytes_of(p.get());
   const DeviceInputs in(shard);
   const DeviceOutputs out(shard, saved_bytes);  // sized for the group's shape: large enough
   cudaStream_t stream = nullptr;
@@ -234,16 +229,21 @@ void compare(const Case& k, const RunResult& got, const RunResult& want, const c
   }
 }
 
-class CudaSharding : public ::testing::TestWithParam<std::tuple<Case, bool>> {};
-
-TEST_P(CudaSharding, OneRankNcclEqualsUnshardedPlan) {
-  SKIP_WITHOUT_NCCL();
+// A case with or without sequence parallelism: skipped where NCCL or the recipe cannot run.
+class CudaSharding : public ::testing::TestWithParam<std::tuple<Case, bool>> {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_NCCL();
+    std::string why;
+    if (fp8_unsupported(k, &why)) GTEST_SKIP() << why;
+  }
   const Case& k = std::get<0>(GetParam());
   const bool sp = std::get<1>(GetParam());
-  std::string why;
-  if (fp8_unsupported(k, &why)) GTEST_SKIP() << why;
+  const int steps = k.recipe == LNMLP_RECIPE_DELAYED ? 3 : 1;  // delayed: scales from the recorded history
+};
+
+TEST_P(CudaSharding, OneRankNcclEqualsUnshardedPlan) {
   const Problem pr = problem_for(k);
-  const int steps = k.recipe == LNMLP_RECIPE_DELAYED ? 3 : 1;
   const RankResult single = run_unsharded(pr, k, steps);
   NcclGroup group(1);
   const RankResult one = run_rank(pr, geometry(pr, 1, 0, sp), k, 0, {1, 0, sp ? 1 : 0, group.comm(0)}, steps);
@@ -254,14 +254,8 @@ TEST_P(CudaSharding, OneRankNcclEqualsUnshardedPlan) {
 }
 
 TEST_P(CudaSharding, TwoRanksEqualUnshardedPlan) {
-  SKIP_WITHOUT_NCCL();
   if (device_count() < 2) GTEST_SKIP() << "one GPU: the two-rank NCCL group needs two";
-  const Case& k = std::get<0>(GetParam());
-  const bool sp = std::get<1>(GetParam());
-  std::string why;
-  if (fp8_unsupported(k, &why)) GTEST_SKIP() << why;
   const Problem pr = problem_for(k);
-  const int steps = k.recipe == LNMLP_RECIPE_DELAYED ? 3 : 1;
   const RankResult single = run_unsharded(pr, k, steps);
   constexpr int P = 2;
   NcclGroup group(P);

@@ -21,14 +21,8 @@ namespace {
 constexpr int64_t kTokens = 64;
 
 Problem problem(int32_t dtype, bool gated, bool rmsnorm, uint64_t seed) {
-  lnmlp_ref::Config c;
-  c.tokens = kTokens;
-  c.hidden = 64;
-  c.ffn = 96;
-  c.acts = gated ? std::vector<int>{LNMLP_ACT_SILU, LNMLP_ACT_LINEAR} : std::vector<int>{LNMLP_ACT_GELU};
-  c.norm = rmsnorm ? lnmlp_ref::Norm::RmsNorm : lnmlp_ref::Norm::LayerNorm;
-  c.has_bias1 = c.has_bias2 = true;
-  return make_problem(c, dtype, seed);
+  const auto norm = rmsnorm ? lnmlp_ref::Norm::RmsNorm : lnmlp_ref::Norm::LayerNorm;
+  return make_problem(lnmlp_ref::biased_config(kTokens, 64, 96, swiglu_or_gelu(gated), norm), dtype, seed);
 }
 
 // A non-blocking stream of its own, as a framework's.

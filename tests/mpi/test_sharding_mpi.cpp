@@ -33,12 +33,8 @@ Buffer part(const Buffer& all, int P, int r) {
 int run_case(lnmlp_ref::Norm norm, std::vector<int> acts, int32_t dtype, bool bias, bool sp, int32_t remat,
              int32_t recipe, lnmlp_comm* comm, int P, int rank, double* worst) {
   const bool fp8 = recipe != LNMLP_RECIPE_NONE;
-  lnmlp_ref::Config cfg;
-  cfg.tokens = fp8 ? 32 : 12;
-  cfg.hidden = fp8 ? 64 : 40;
-  cfg.ffn = fp8 ? 256 : 24;  // FP8: F/P = 128, whole blocks (tests/tolerances.h, kTolFp8Sharded)
-  cfg.norm = norm;
-  cfg.acts = acts;
+  // FP8: F/P = 128, whole blocks (tests/tolerances.h, kTolFp8Sharded)
+  lnmlp_ref::Config cfg = lnmlp_ref::biased_config(fp8 ? 32 : 12, fp8 ? 64 : 40, fp8 ? 256 : 24, acts, norm);
   cfg.has_bias1 = cfg.has_bias2 = bias;
   const Problem pr = make_problem(cfg, dtype, 1234 + static_cast<uint64_t>(remat));
   RunOptions o;
@@ -74,20 +70,12 @@ int run_case(lnmlp_ref::Norm norm, std::vector<int> acts, int32_t dtype, bool bi
   if (!mismatch.empty() && rank == 0) std::printf("  replicated outputs differ: %s\n", mismatch.c_str());
 
   const Tolerance tol = fp8 ? kTolFp8Sharded : tolerance_for(dtype), tol_ref = fp8 ? kTolFp8 : tolerance_for(dtype);
-  const auto refs = reference_outputs(pr, o.backward);
-  const auto a = named(got), b = named(single);
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (b[i].buf->empty()) continue;
-    const auto v = a[i].buf->to_doubles();
-    Comparison c1, c2;
-    const auto r1 = within_tolerance(a[i].name, v, b[i].buf->to_doubles(), nullptr, tol, &c1);
-    const auto r2 = within_tolerance(a[i].name, v, refs[i], nullptr, tol_ref, &c2);
-    worst[0] = std::max(worst[0], c1.normalised());
-    worst[1] = std::max(worst[1], c2.normalised());
-    if (!r1 || !r2) {
-      ++failures;
-      if (rank == 0) std::printf("  %s\n", (!r1 ? r1 : r2).message());
-    }
+  const GroupComparison c = compare_group(pr, got, single, o.backward, tol, tol_ref);
+  worst[0] = std::max(worst[0], c.worst_vs_plan);
+  worst[1] = std::max(worst[1], c.worst_vs_ref);
+  if (!c.failures.empty()) {
+    ++failures;
+    if (rank == 0) std::printf("  %s\n", c.failures.c_str());
   }
   return failures;
 }
@@ -136,9 +124,8 @@ int main(int argc, char** argv) {
         const int32_t dtype = n % 2 == 0 ? LNMLP_DTYPE_BF16 : LNMLP_DTYPE_F32;
         int f = 0;
         try {
-          f = run_case(gated ? lnmlp_ref::Norm::RmsNorm : lnmlp_ref::Norm::LayerNorm,
-                       gated ? std::vector<int>{LNMLP_ACT_SILU, LNMLP_ACT_LINEAR} : std::vector<int>{LNMLP_ACT_GELU},
-                       dtype, true, sp, n % 3, recipe, comm, P, rank, worst_fp8[recipe]);
+          f = run_case(gated ? lnmlp_ref::Norm::RmsNorm : lnmlp_ref::Norm::LayerNorm, swiglu_or_gelu(gated), dtype,
+                       true, sp, n % 3, recipe, comm, P, rank, worst_fp8[recipe]);
         } catch (const std::exception& e) {
           std::printf("rank %d: %s\n", rank, e.what());
           f = 1;

@@ -5,8 +5,9 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
+
+#include "float_bits.h"
 
 namespace lnmlp_ref {
 
@@ -16,10 +17,7 @@ namespace lnmlp_ref {
 inline uint16_t bf16_from_double(double v) {
   if (std::isnan(v)) return std::signbit(v) ? 0xFFC0 : 0x7FC0;
   if (std::isinf(v) || v == 0.0) {
-    const float f = static_cast<float>(v);  // exact
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return static_cast<uint16_t>(u >> 16);
+    return static_cast<uint16_t>(bit_copy<uint32_t>(static_cast<float>(v)) >> 16);  // exact
   }
   int e = std::ilogb(v);
   if (e < -126) e = -126;
@@ -27,18 +25,11 @@ inline uint16_t bf16_from_double(double v) {
   double r = std::nearbyint(v / q) * q;  // the default rounding mode is to nearest, ties to even
   const double max_bf16 = std::ldexp(255.0, 127 - 7);  // 0x7F7F: (2 - 2^-7) * 2^127
   if (std::fabs(r) > max_bf16) r = std::copysign(std::numeric_limits<double>::infinity(), v);
-  const float f = static_cast<float>(r);  // exact: r has <= 8 significant bits in float's range
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>(u >> 16);
+  // exact: r has <= 8 significant bits in float's range
+  return static_cast<uint16_t>(bit_copy<uint32_t>(static_cast<float>(r)) >> 16);
 }
 
-inline double bf16_to_double(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+inline double bf16_to_double(uint16_t b) { return bit_copy<float>(static_cast<uint32_t>(b) << 16); }
 
 #if defined(__clang__) && __clang_major__ < 15
 // clang before 15 has no _Float16 on x86-64 without AVX512-FP16 (the tsan and fuzz presets build
@@ -67,17 +58,10 @@ inline double f16_to_double(uint16_t b) {
 }
 #else
 inline uint16_t f16_from_double(double v) {
-  const _Float16 h = static_cast<_Float16>(v);  // IEEE conversion, round to nearest even
-  uint16_t b;
-  std::memcpy(&b, &h, 2);
-  return b;
+  return bit_copy<uint16_t>(static_cast<_Float16>(v));  // IEEE conversion, round to nearest even
 }
 
-inline double f16_to_double(uint16_t b) {
-  _Float16 h;
-  std::memcpy(&h, &b, 2);
-  return static_cast<double>(h);
-}
+inline double f16_to_double(uint16_t b) { return static_cast<double>(bit_copy<_Float16>(b)); }
 #endif
 
 }  // namespace lnmlp_ref

@@ -72,6 +72,22 @@ double gain(const Config& c, double gamma) { return c.zero_centered_gamma ? gamm
 
 }  // namespace
 
+// The backward of out = in @ W (+ b), in [m, k], W [k, n], with d_out [m, n]: dW = in^T d_out,
+// db = sum over rows of d_out (left empty without a bias); returns d_in = d_out W^T.
+Vec linear_backward(int64_t m, int64_t k, int64_t n, const Vec& in, const Vec& w, const Vec& d_out, bool bias, Vec* dw,
+                    Vec* db) {
+  if (bias) {
+    db->assign(sz(n), 0.0);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < n; ++j) (*db)[sz(j)] += d_out[sz(r * n + j)];
+  }
+  dw->assign(sz(k * n), 0.0);
+  matmul_tn_acc(m, k, n, in.data(), d_out.data(), dw->data());
+  Vec d_in(sz(m * k));
+  matmul_nt(m, n, k, d_out.data(), w.data(), d_in.data());
+  return d_in;
+}
+
 double act_value(int act, double v, const Config& c) {
   switch (act) {
     case kLinear: return v;
@@ -203,16 +219,8 @@ Grads backward(const Config& c, const Vec& x, const Params& p, const Vec& dy) {
   const bool ln = c.norm == Norm::LayerNorm;
   Grads g;
 
-  // y = a @ W2 + b2:  db2 = sum_t dy,  dW2 = a^T dy,  da = dy W2^T.
-  if (c.has_bias2) {
-    g.db2.assign(sz(H), 0.0);
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < H; ++j) g.db2[sz(j)] += dy[sz(t * H + j)];
-  }
-  g.dw2.assign(sz(F * H), 0.0);
-  matmul_tn_acc(T, F, H, f.a.data(), dy.data(), g.dw2.data());
-  Vec da(sz(T * F));
-  matmul_nt(T, H, F, dy.data(), p.w2.data(), da.data());
+  // y = a @ W2 + b2.
+  const Vec da = linear_backward(T, F, H, f.a, p.w2, dy, c.has_bias2, &g.dw2, &g.db2);
 
   // a = f0(h0) [* f1(h1)]:  the product rule.
   Vec dh(sz(T * AF), 0.0);
@@ -229,16 +237,8 @@ Grads backward(const Config& c, const Vec& x, const Params& p, const Vec& dy) {
       }
     }
 
-  // h = n @ W1 + b1:  db1 = sum_t dh,  dW1 = n^T dh,  dn = dh W1^T.
-  if (c.has_bias1) {
-    g.db1.assign(sz(AF), 0.0);
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < AF; ++j) g.db1[sz(j)] += dh[sz(t * AF + j)];
-  }
-  g.dw1.assign(sz(H * AF), 0.0);
-  matmul_tn_acc(T, H, AF, f.n.data(), dh.data(), g.dw1.data());
-  Vec dn(sz(T * H));
-  matmul_nt(T, AF, H, dh.data(), p.w1.data(), dn.data());
+  // h = n @ W1 + b1.
+  const Vec dn = linear_backward(T, H, AF, f.n, p.w1, dh, c.has_bias1, &g.dw1, &g.db1);
 
   // n = xhat * g + beta:  dgamma = sum_t dn * xhat (d(gamma+1)/dgamma = 1),  dbeta = sum_t dn.
   // Through xhat = (x - mu) * rs, with rs = (var + eps)^-1/2 (var the mean square for rmsnorm),

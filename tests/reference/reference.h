@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace lnmlp_ref {
@@ -24,6 +25,20 @@ struct Config {
   double limit = 7.0, alpha = 1.702, offset = 1.0;    // clamped SwiGLU
   bool has_bias1 = false, has_bias2 = false;
 };
+
+// The configuration most tests start from: T x H x F with both biases, the given activations and
+// norm, everything else at its default.
+inline Config biased_config(int64_t tokens, int64_t hidden, int64_t ffn, std::vector<int> acts,
+                            Norm norm = Norm::LayerNorm) {
+  Config c;
+  c.tokens = tokens;
+  c.hidden = hidden;
+  c.ffn = ffn;
+  c.norm = norm;
+  c.acts = std::move(acts);
+  c.has_bias1 = c.has_bias2 = true;
+  return c;
+}
 
 // Row-major, shapes as in docs/design.md: x [T,H], gamma/beta [H], w1 [H,A,F], b1 [A,F], w2 [F,H], b2 [H].
 // beta is ignored for rmsnorm; b1/b2 are ignored when disabled.

@@ -102,6 +102,11 @@ def make_inputs(T, H, F, A, norm, dtype, bias, seed):
                 w2=c(n((F, H)) / math.sqrt(F)), b2=c(0.1 * n(H)) if bias else None)
 
 
+def inputs_for(cfg, seed):
+    T, H, F, norm, acts, dtype, bias = cfg
+    return make_inputs(T, H, F, len(acts), norm, dtype, bias, seed)
+
+
 def make_dy(T, H, dtype, seed):
     return np.random.default_rng(1000 + seed).standard_normal((T, H)).astype(dtype)
 
@@ -387,11 +392,9 @@ def test_delayed_state_over_steps(spec):
 
 
 def test_forward_updates_forward_quantizers_backward_the_backward_ones():
-    spec = ("delayed", "HYBRID", 0, 4, "max")
     cfg = CONFIGS["rms-swiglu"]
-    T, H, F, norm, acts, dtype, bias = cfg
-    inp = make_inputs(T, H, F, 2, norm, dtype, bias, seed=5)
-    with plan_for(cfg, recipe_of(spec)) as plan:
+    T, H, dtype, inp = cfg[0], cfg[1], cfg[5], inputs_for(cfg, seed=5)
+    with plan_for(cfg, recipe_of(("delayed", "HYBRID", 0, 4, "max"))) as plan:
         y, saved = plan.forward(*(inp[k] for k in ARGS))
         for n in lnmlp.QUANTIZERS:
             sc, h = plan.quantizer_state(n)
@@ -402,11 +405,9 @@ def test_forward_updates_forward_quantizers_backward_the_backward_ones():
 
 
 def test_zero_and_nonfinite_amax_keep_the_scale():
-    spec = ("delayed", "HYBRID", 0, 2, "max")
     cfg = CONFIGS["rms-swiglu"]
-    T, H, F, norm, acts, dtype, bias = cfg
-    inp = make_inputs(T, H, F, 2, norm, dtype, bias, seed=6)
-    with plan_for(cfg, recipe_of(spec)) as plan:
+    T, H, dtype, inp = cfg[0], cfg[1], cfg[5], inputs_for(cfg, seed=6)
+    with plan_for(cfg, recipe_of(("delayed", "HYBRID", 0, 2, "max"))) as plan:
         step(plan, inp, make_dy(T, H, dtype, 6))
         s_dy, h_dy = plan.quantizer_state("dy")
         s_dh, _ = plan.quantizer_state("dh")

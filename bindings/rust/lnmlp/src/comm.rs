@@ -182,10 +182,10 @@ impl Communicator {
             // Both fit: size <= i32::MAX, rank < size.
             group_size: size as i64,
             rank: rank as i64,
-            all_gather: Some(tramp_all_gather),
-            reduce_scatter: Some(tramp_reduce_scatter),
-            all_reduce_sum: Some(tramp_all_reduce_sum),
-            all_reduce_max: Some(tramp_all_reduce_max),
+            all_gather: Some(trampoline::<0>),
+            reduce_scatter: Some(trampoline::<1>),
+            all_reduce_sum: Some(trampoline::<2>),
+            all_reduce_max: Some(trampoline::<3>),
             // The Box's heap address is stable; Inner keeps the Box until the handle is destroyed.
             user: &*state as *const CallbackState as *mut c_void,
         };
@@ -359,9 +359,33 @@ unsafe fn slice_mut<'a, T>(p: *mut c_void, len: usize) -> &'a mut [T] {
     }
 }
 
+/// One collective call's arguments, as the library passes them to a callback.
+#[derive(Clone, Copy)]
+struct Call {
+    send: *const c_void,
+    recv: *mut c_void,
+    count: i64,
+    ty: i32,
+}
+
+/// A collective's name (for failure messages) and its body.
+type Collective = (&'static str, unsafe fn(&CallbackState, Call) -> CommResult);
+
+/// The collectives in the order of the callback table's trampolines.
+const COLLECTIVES: [Collective; 4] = [
+    ("all_gather", all_gather),
+    ("reduce_scatter", reduce_scatter),
+    ("all_reduce_sum", |c, call| unsafe { all_reduce(c, call, |imp, d| imp.all_reduce_sum(d)) }),
+    ("all_reduce_max", |c, call| unsafe { all_reduce(c, call, |imp, d| imp.all_reduce_max(d)) }),
+];
+
+/// The library's callback for collective number `OP` of [`COLLECTIVES`]: the one function type
+/// every entry of `lnmlp_comm_callbacks` has.
+///
 /// # Safety
-/// The library's all_gather contract: send holds `count` elements of `ty`, recv `size * count`.
-unsafe extern "C" fn tramp_all_gather(
+/// The library's contract for that collective (the buffers as its documentation sizes them); user
+/// is our state.
+unsafe extern "C" fn trampoline<const OP: usize>(
     send: *const c_void,
     recv: *mut c_void,
     count: i64,
@@ -369,108 +393,63 @@ unsafe extern "C" fn tramp_all_gather(
     user: *mut c_void,
     _stream: *mut c_void,
 ) -> i32 {
-    // SAFETY: user is our state (see run).
-    unsafe {
-        run(user, "all_gather", |c| {
-            let t = ElementType::from_raw(ty).ok_or_else(|| format!("unknown element type {ty}"))?;
-            let (size, rank) = (c.size, c.rank);
-            let n = bytes(count, t.size(), 1)?;
-            let total = bytes(count, t.size(), size)?;
-            if n > 0 {
-                // This rank's block in place first (memmove: send may lie inside recv), so the
-                // implementation sees one buffer and no aliasing.
-                // SAFETY: send holds n bytes, recv total >= (rank + 1) * n bytes (rank < size).
-                ptr::copy(send as *const u8, (recv as *mut u8).add(rank * n), n);
-            }
-            // SAFETY: recv holds total bytes, and send is not read after this point.
-            c.imp.all_gather(slice_mut::<u8>(recv, total), t)
-        })
+    let (name, body) = COLLECTIVES[OP];
+    // SAFETY: user is our state (see run); the buffers are as the library's contract says.
+    unsafe { run(user, name, |c| body(c, Call { send, recv, count, ty })) }
+}
+
+/// # Safety
+/// The library's all_gather contract: send holds `count` elements of `ty`, recv `size * count`.
+unsafe fn all_gather(c: &CallbackState, call: Call) -> CommResult {
+    let Call { send, recv, count, ty } = call;
+    let t = ElementType::from_raw(ty).ok_or_else(|| format!("unknown element type {ty}"))?;
+    let (size, rank) = (c.size, c.rank);
+    let n = bytes(count, t.size(), 1)?;
+    let total = bytes(count, t.size(), size)?;
+    if n > 0 {
+        // This rank's block in place first (memmove: send may lie inside recv), so the
+        // implementation sees one buffer and no aliasing.
+        // SAFETY: send holds n bytes, recv total >= (rank + 1) * n bytes (rank < size).
+        unsafe { ptr::copy(send as *const u8, (recv as *mut u8).add(rank * n), n) };
     }
+    // SAFETY: recv holds total bytes, and send is not read after this point.
+    c.imp.all_gather(unsafe { slice_mut::<u8>(recv, total) }, t)
 }
 
 /// # Safety
 /// The library's reduce_scatter contract: send holds `size * count` f32, recv `count`.
-unsafe extern "C" fn tramp_reduce_scatter(
-    send: *const c_void,
-    recv: *mut c_void,
-    count: i64,
-    ty: i32,
-    user: *mut c_void,
-    _stream: *mut c_void,
-) -> i32 {
-    // SAFETY: user is our state (see run).
-    unsafe {
-        run(user, "reduce_scatter", |c| {
-            check_f32(ty, send)?;
-            check_f32(ty, recv)?;
-            let n = bytes(count, 1, 1)?;
-            let total = bytes(count, 1, c.size)?;
-            let (s0, s1) = (send as usize, send as usize + total * 4);
-            let (r0, r1) = (recv as usize, recv as usize + n * 4);
-            if n > 0 && s0 < r1 && r0 < s1 {
-                // The library passes distinct buffers; should they overlap, give the
-                // implementation a copy of send rather than aliased slices.
-                let copy = std::slice::from_raw_parts(send as *const f32, total).to_vec();
-                return c.imp.reduce_scatter_sum(&copy, slice_mut::<f32>(recv, n));
-            }
-            let send: &[f32] = if total == 0 { &[] } else { std::slice::from_raw_parts(send as *const f32, total) };
-            c.imp.reduce_scatter_sum(send, slice_mut::<f32>(recv, n))
-        })
+unsafe fn reduce_scatter(c: &CallbackState, call: Call) -> CommResult {
+    let Call { send, recv, count, ty } = call;
+    check_f32(ty, send)?;
+    check_f32(ty, recv)?;
+    let n = bytes(count, 1, 1)?;
+    let total = bytes(count, 1, c.size)?;
+    let (s0, s1) = (send as usize, send as usize + total * 4);
+    let (r0, r1) = (recv as usize, recv as usize + n * 4);
+    // SAFETY (below): send holds total f32 and recv n, as the contract says.
+    if n > 0 && s0 < r1 && r0 < s1 {
+        // The library passes distinct buffers; should they overlap, give the implementation a
+        // copy of send rather than aliased slices.
+        let copy = unsafe { std::slice::from_raw_parts(send as *const f32, total) }.to_vec();
+        return c.imp.reduce_scatter_sum(&copy, unsafe { slice_mut::<f32>(recv, n) });
     }
+    let send: &[f32] = if total == 0 { &[] } else { unsafe { std::slice::from_raw_parts(send as *const f32, total) } };
+    c.imp.reduce_scatter_sum(send, unsafe { slice_mut::<f32>(recv, n) })
 }
 
 /// The two all-reduces: send copied into recv (memmove; nothing when in place), then in place.
 ///
 /// # Safety
-/// send and recv each hold `count` f32; user is our state.
-unsafe fn all_reduce(
-    send: *const c_void,
-    recv: *mut c_void,
-    count: i64,
-    ty: i32,
-    user: *mut c_void,
-    name: &str,
-    op: fn(&dyn Collectives, &mut [f32]) -> CommResult,
-) -> i32 {
-    // SAFETY: user is our state (see run).
-    unsafe {
-        run(user, name, |c| {
-            check_f32(ty, send)?;
-            check_f32(ty, recv)?;
-            let n = bytes(count, 1, 1)?;
-            if n > 0 && !ptr::eq(send, recv) {
-                // SAFETY: both hold n floats; copy is a memmove.
-                ptr::copy(send as *const f32, recv as *mut f32, n);
-            }
-            op(&*c.imp, slice_mut::<f32>(recv, n))
-        })
+/// send and recv each hold `count` f32.
+unsafe fn all_reduce(c: &CallbackState, call: Call, op: fn(&dyn Collectives, &mut [f32]) -> CommResult) -> CommResult {
+    let Call { send, recv, count, ty } = call;
+    check_f32(ty, send)?;
+    check_f32(ty, recv)?;
+    let n = bytes(count, 1, 1)?;
+    if n > 0 && !ptr::eq(send, recv) {
+        // SAFETY: both hold n floats; copy is a memmove.
+        unsafe { ptr::copy(send as *const f32, recv as *mut f32, n) };
     }
-}
-
-/// # Safety
-/// The library's all_reduce contract.
-unsafe extern "C" fn tramp_all_reduce_sum(
-    send: *const c_void,
-    recv: *mut c_void,
-    count: i64,
-    ty: i32,
-    user: *mut c_void,
-    _stream: *mut c_void,
-) -> i32 {
-    // SAFETY: forwarded.
-    unsafe { all_reduce(send, recv, count, ty, user, "all_reduce_sum", |c, d| c.all_reduce_sum(d)) }
-}
-
-/// # Safety
-/// The library's all_reduce contract.
-unsafe extern "C" fn tramp_all_reduce_max(
-    send: *const c_void,
-    recv: *mut c_void,
-    count: i64,
-    ty: i32,
-    user: *mut c_void,
-    _stream: *mut c_void,
-) -> i32 {
-    // SAFETY: forwarded.
-    unsafe { all_reduce(send, recv, count, ty, user, "all_reduce_max", |c, d| c.all_reduce_max(d)) }
+    // SAFETY: recv holds n floats.
+    op(&*c.imp, unsafe { slice_mut::<f32>(recv, n) })
 }

@@ -32,11 +32,70 @@ impl Element for f32 {
     }
 }
 
-/// A bfloat16 value, stored as its bit pattern (the top 16 bits of an `f32`), as the library
-/// takes it (`LNMLP_DTYPE_BF16`).
-#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
-#[repr(transparent)]
-pub struct Bf16(pub u16);
+/// A 16-bit element type, `$t`, stored as its bit pattern, with what the two share around their
+/// own `from_f32` and `to_f32`: the bit pattern's accessors, `From` both ways, `Debug`, `Display`
+/// and [`Element`].
+macro_rules! half_type {
+    ($(#[$doc:meta])* $t:ident, $dtype:expr) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+        #[repr(transparent)]
+        pub struct $t(pub u16);
+
+        impl $t {
+            /// The bit pattern.
+            pub fn to_bits(self) -> u16 {
+                self.0
+            }
+
+            /// The value of a bit pattern.
+            pub fn from_bits(bits: u16) -> $t {
+                $t(bits)
+            }
+        }
+
+        impl From<f32> for $t {
+            fn from(v: f32) -> $t {
+                $t::from_f32(v)
+            }
+        }
+
+        impl From<$t> for f32 {
+            fn from(v: $t) -> f32 {
+                v.to_f32()
+            }
+        }
+
+        impl fmt::Debug for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, concat!(stringify!($t), "({})"), self.to_f32())
+            }
+        }
+
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(&self.to_f32(), f)
+            }
+        }
+
+        impl Element for $t {
+            const DTYPE: DType = $dtype;
+            fn from_f32(v: f32) -> Self {
+                $t::from_f32(v)
+            }
+            fn to_f32(self) -> f32 {
+                $t::to_f32(self)
+            }
+        }
+    };
+}
+
+half_type!(
+    /// A bfloat16 value, stored as its bit pattern (the top 16 bits of an `f32`), as the library
+    /// takes it (`LNMLP_DTYPE_BF16`).
+    Bf16,
+    DType::Bf16
+);
 
 impl Bf16 {
     /// Rounds an `f32` to the nearest bfloat16, ties to even; NaN stays a (quiet) NaN of the same
@@ -55,57 +114,14 @@ impl Bf16 {
     pub fn to_f32(self) -> f32 {
         f32::from_bits((self.0 as u32) << 16)
     }
-
-    /// The bit pattern.
-    pub fn to_bits(self) -> u16 {
-        self.0
-    }
-
-    /// The value of a bit pattern.
-    pub fn from_bits(bits: u16) -> Bf16 {
-        Bf16(bits)
-    }
 }
 
-impl From<f32> for Bf16 {
-    fn from(v: f32) -> Bf16 {
-        Bf16::from_f32(v)
-    }
-}
-
-impl From<Bf16> for f32 {
-    fn from(v: Bf16) -> f32 {
-        v.to_f32()
-    }
-}
-
-impl fmt::Debug for Bf16 {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Bf16({})", self.to_f32())
-    }
-}
-
-impl fmt::Display for Bf16 {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.to_f32(), f)
-    }
-}
-
-impl Element for Bf16 {
-    const DTYPE: DType = DType::Bf16;
-    fn from_f32(v: f32) -> Self {
-        Bf16::from_f32(v)
-    }
-    fn to_f32(self) -> f32 {
-        Bf16::to_f32(self)
-    }
-}
-
-/// An IEEE binary16 (half precision) value, stored as its bit pattern, as the library takes it
-/// (`LNMLP_DTYPE_F16`).
-#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
-#[repr(transparent)]
-pub struct F16(pub u16);
+half_type!(
+    /// An IEEE binary16 (half precision) value, stored as its bit pattern, as the library takes it
+    /// (`LNMLP_DTYPE_F16`).
+    F16,
+    DType::F16
+);
 
 impl F16 {
     /// Rounds an `f32` to the nearest binary16, ties to even, with subnormals; magnitudes that
@@ -167,50 +183,6 @@ impl F16 {
             sign | ((exp + 127 - 15) << 23) | (man << 13)
         };
         f32::from_bits(bits)
-    }
-
-    /// The bit pattern.
-    pub fn to_bits(self) -> u16 {
-        self.0
-    }
-
-    /// The value of a bit pattern.
-    pub fn from_bits(bits: u16) -> F16 {
-        F16(bits)
-    }
-}
-
-impl From<f32> for F16 {
-    fn from(v: f32) -> F16 {
-        F16::from_f32(v)
-    }
-}
-
-impl From<F16> for f32 {
-    fn from(v: F16) -> f32 {
-        v.to_f32()
-    }
-}
-
-impl fmt::Debug for F16 {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "F16({})", self.to_f32())
-    }
-}
-
-impl fmt::Display for F16 {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.to_f32(), f)
-    }
-}
-
-impl Element for F16 {
-    const DTYPE: DType = DType::F16;
-    fn from_f32(v: f32) -> Self {
-        F16::from_f32(v)
-    }
-    fn to_f32(self) -> f32 {
-        F16::to_f32(self)
     }
 }
 

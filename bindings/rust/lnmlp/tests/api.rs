@@ -50,18 +50,21 @@ fn version_build_info_and_support() {
     assert_eq!(Status::PlanBusy.code(), ffi::LNMLP_ERROR_PLAN_BUSY);
 }
 
-#[test]
-fn bf16_conversions_round_trip_and_round_to_nearest_even() {
-    // every finite bf16 pattern survives bf16 -> f32 -> bf16
+/// Every 16-bit pattern survives pattern -> f32 -> pattern (NaNs stay NaN).
+fn every_pattern_round_trips<E: Element>(from_bits: fn(u16) -> E, to_bits: fn(E) -> u16) {
     for bits in 0u16..=u16::MAX {
-        let b = Bf16(bits);
-        let f = b.to_f32();
+        let f = from_bits(bits).to_f32();
         if f.is_nan() {
-            assert!(Bf16::from_f32(f).to_f32().is_nan());
+            assert!(E::from_f32(f).to_f32().is_nan());
             continue;
         }
-        assert_eq!(Bf16::from_f32(f).0, bits, "bf16 {bits:#06x}");
+        assert_eq!(to_bits(E::from_f32(f)), bits, "{:?} {bits:#06x} = {f}", E::DTYPE);
     }
+}
+
+#[test]
+fn bf16_conversions_round_trip_and_round_to_nearest_even() {
+    every_pattern_round_trips::<Bf16>(Bf16::from_bits, Bf16::to_bits);
     assert_eq!(Bf16::from_f32(1.0).0, 0x3f80);
     // 1 + 2^-8 is exactly between 1 and 1 + 2^-7: ties to even (1.0)
     assert_eq!(Bf16::from_f32(1.0 + 1.0 / 256.0).0, 0x3f80);
@@ -77,15 +80,7 @@ fn bf16_conversions_round_trip_and_round_to_nearest_even() {
 
 #[test]
 fn f16_conversions_round_trip_and_round_to_nearest_even() {
-    for bits in 0u16..=u16::MAX {
-        let h = F16(bits);
-        let f = h.to_f32();
-        if f.is_nan() {
-            assert!(F16::from_f32(f).to_f32().is_nan());
-            continue;
-        }
-        assert_eq!(F16::from_f32(f).0, bits, "f16 {bits:#06x} = {f}");
-    }
+    every_pattern_round_trips::<F16>(F16::from_bits, F16::to_bits);
     assert_eq!(F16::from_f32(1.0).0, 0x3c00);
     assert_eq!(F16::from_f32(65504.0).0, 0x7bff);
     assert_eq!(F16::from_f32(65520.0).0, 0x7c00); // the tie above max rounds to inf

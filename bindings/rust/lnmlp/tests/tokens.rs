@@ -162,6 +162,14 @@ fn ln_gelu() -> Setup {
     }
 }
 
+/// The layernorm-gelu setup's f32 problem and a plan for MAX_T tokens.
+fn ln_gelu_f32(seed: u64) -> (Setup, Problem<f32>, Plan) {
+    let s = ln_gelu();
+    let pr = problem::<f32>(&s, seed);
+    let plan = s.builder::<f32>(MAX_T).build().unwrap();
+    (s, pr, plan)
+}
+
 fn rms_swiglu(remat: Remat) -> Setup {
     Setup { h: 24, f: 40, norm: Norm::RmsNorm, gated: true, bias: (true, false), remat, recipe: Recipe::None }
 }
@@ -200,10 +208,8 @@ fn fp8_current_variable_tokens_match_exact_plans() {
 
 #[test]
 fn zero_tokens() {
-    let s = ln_gelu();
-    let pr = problem::<f32>(&s, 9);
+    let (s, pr, mut plan) = ln_gelu_f32(9);
     let w = setup_weights(&pr, &s);
-    let mut plan = s.builder::<f32>(MAX_T).build().unwrap();
     let mut y: Vec<f32> = Vec::new();
     let saved = plan.forward(&[], &w, &mut y).unwrap();
     assert_eq!(saved.tokens(), Some(0));
@@ -260,11 +266,9 @@ fn zero_tokens_leave_the_fp8_state_alone() {
 
 #[test]
 fn too_many_tokens_or_a_ragged_length_is_an_error_not_a_panic() {
-    let s = ln_gelu();
+    let (s, pr, mut plan) = ln_gelu_f32(11);
     let h = s.h;
-    let pr = problem::<f32>(&s, 11);
     let w = setup_weights(&pr, &s);
-    let mut plan = s.builder::<f32>(MAX_T).build().unwrap();
     let x38 = vec![0.5f32; (MAX_T + 1) * h];
     let mut y38 = vec![0.0f32; (MAX_T + 1) * h];
     let (y, saved) = plan.forward_alloc(&pr.x, &w).unwrap();
@@ -326,11 +330,9 @@ fn too_many_tokens_or_a_ragged_length_is_an_error_not_a_panic() {
 
 #[test]
 fn raw_calls_take_the_token_count() {
-    let s = ln_gelu();
+    let (s, pr, mut plan) = ln_gelu_f32(12);
     let h = s.h;
-    let pr = problem::<f32>(&s, 12);
     let w = setup_weights(&pr, &s);
-    let mut plan = s.builder::<f32>(MAX_T).build().unwrap();
     let t = 13;
     let (y, saved) = plan.forward_alloc(&pr.x[..t * h], &w).unwrap();
     let (y_raw, saved_raw) = forward_raw_on_host(&mut plan, &pr.x[..t * h], &pr, &pr.w1, &pr.w2, CallFlags::DEFAULT);
