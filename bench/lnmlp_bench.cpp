@@ -7,12 +7,15 @@
 //               [--dtype f32|bf16|f16] [--remat save_all|save_ffn1|save_stats] [--iters N]
 //               [--threads N] [--check-tokens N] [--weight-layout in_out|out_in] [--json FILE]
 //               [--plan-tokens P [--prepare]]
+//   lnmlp-bench --machine [--threads N] [--json FILE]
 //
 // --json FILE also writes the figures as one JSON object (bench/compare reads it).
 // --plan-tokens P makes the plan for P >= T tokens and runs every call with T (a server's batch
 // below the plan's most); --prepare names T in lnmlp_desc_set_prepared_tokens, so the plan makes
 // its GEMMs at creation rather than in the first call (a no-op when P = T). "first call" is the first forward +
 // backward (the warm-up), which is where a count not prepared makes its GEMMs.
+// --machine measures only the machine: its arithmetic peaks and its memory bandwidth (bench/compare's
+// serving table divides the weights' bytes read by the latter).
 #include <omp.h>
 
 #include <algorithm>
@@ -27,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "bandwidth.h"
 #include "dtype_convert.h"
 #include "gemm_peer.h"
 #include "lnmlp.h"
@@ -47,6 +51,7 @@ struct Options {
   int64_t check_tokens = 16;
   int64_t plan_tokens = 0;               // the plan's most tokens (0: tokens)
   bool prepare = false;                  // name tokens in lnmlp_desc_set_prepared_tokens
+  bool machine = false;                  // measure the machine only
   std::string weight_layout = "in_out";  // W1 [H, A*F], W2 [F, H]; out_in: [A*F, H], [H, F] (PyTorch's)
   std::string json;  // where to write the figures as JSON; empty = nowhere
 };
@@ -59,6 +64,7 @@ struct Options {
                "                   [--recipe none|delayed|current|block|mxfp8]\n"
                "                   [--iters N] [--threads N] [--check-tokens N] [--weight-layout in_out|out_in]\n"
                "                   [--json FILE] [--plan-tokens P [--prepare]]\n"
+               "       lnmlp-bench --machine [--threads N] [--json FILE]\n"
                "  NAME: linear relu gelu silu quick_gelu squared_relu sigmoid, or a gated pair\n"
                "        geglu swiglu reglu qgeglu sreglu glu clamped_swiglu\n",
                msg);
@@ -70,8 +76,8 @@ Options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") usage("runs the fused block on the CPU");
-    if (a == "--prepare") {
-      o.prepare = true;
+    if (a == "--prepare" || a == "--machine") {
+      (a == "--prepare" ? o.prepare : o.machine) = true;
       continue;
     }
     if (i + 1 >= argc) usage(("missing value after " + a).c_str());
@@ -202,10 +208,59 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// Writes what `print` prints to `path` (a JSON object); false, with a message, when it cannot.
+template <typename Print> bool write_json(const std::string& path, Print&& print) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "lnmlp-bench: cannot write %s\n", path.c_str());
+    return false;
+  }
+  print(f);
+  std::fclose(f);
+  return true;
+}
+
+// The peak of the instructions the GEMMs use: AMX tiles for bf16 where present (oneDNN uses them),
+// then AVX512_BF16, else the fp32 FMA units (where the CPU has no bf16 instructions, bf16 GEMMs
+// run on fp32 copies). Best of three, since a shared machine only ever slows it.
+Peak best_peak(bool bf16_gemms, int threads) {
+  Peak peak{0.0, ""};
+  for (int k = 0; k < 3; ++k) {
+    Peak p = bf16_gemms ? measure_amx_bf16_peak(threads) : measure_fp32_peak(threads);
+    if (p.gflops == 0.0 && bf16_gemms) p = measure_bf16_peak(threads);
+    if (p.gflops == 0.0) p = measure_fp32_peak(threads);
+    if (p.gflops > peak.gflops) peak = p;
+  }
+  return peak;
+}
+
+// --machine: the peaks and the memory bandwidth alone.
+int measure_machine(const Options& o) {
+  const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
+  const Peak fp32 = best_peak(false, threads), bf16 = best_peak(true, threads);
+  const Bandwidth bw = measure_triad_bandwidth(threads);
+  std::printf("fp32 peak            %9.1f GFLOP/s (%s, %d threads, measured now)\n", fp32.gflops, fp32.what, threads);
+  std::printf("bf16 peak            %9.1f GFLOP/s (%s)\n", bf16.gflops, bf16.what);
+  std::printf("memory bandwidth     %9.1f GB/s (STREAM triad, 3 x %.0f MiB, %d threads, best of 10)\n", bw.gbs,
+              bw.array_mib, threads);
+  if (o.json.empty()) return 0;
+  return write_json(o.json,
+                    [&](FILE* f) {
+                      std::fprintf(f,
+                                   "{\"threads\": %d, \"fp32_peak_gflops\": %.3f, \"fp32_peak_what\": \"%s\", "
+                                   "\"bf16_peak_gflops\": %.3f,\n"
+                                   " \"bf16_peak_what\": \"%s\", \"triad_gbs\": %.3f, \"triad_array_mib\": %.1f}\n",
+                                   threads, fp32.gflops, fp32.what, bf16.gflops, bf16.what, bw.gbs, bw.array_mib);
+                    })
+             ? 0
+             : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
+  if (o.machine) return measure_machine(o);
   const std::vector<int32_t> acts = activations(o.act);
   const int32_t A = static_cast<int32_t>(acts.size());
   const int32_t dtype =
@@ -331,19 +386,10 @@ int main(int argc, char** argv) {
       peer_bwd_secs.push_back(p.backward_s);
     }
   }
-  std::fprintf(stderr, "\rmeasuring peak...        ");
+  std::fprintf(stderr, "\rmeasuring peak and bandwidth...");
   std::fflush(stderr);
-  // The peak of the instructions the GEMMs use: AMX tiles for bf16 where present (oneDNN uses
-  // them), then AVX512_BF16, else the fp32 FMA units (where the CPU has no bf16 instructions, bf16
-  // GEMMs run on fp32 copies). Best of three, since a shared machine only ever slows it.
-  Peak peak{0.0, ""};
-  for (int k = 0; k < 3; ++k) {
-    const bool bf16_gemms = dtype == LNMLP_DTYPE_BF16 || recipe != LNMLP_RECIPE_NONE;
-    Peak p = bf16_gemms ? measure_amx_bf16_peak(threads) : measure_fp32_peak(threads);
-    if (p.gflops == 0.0 && bf16_gemms) p = measure_bf16_peak(threads);
-    if (p.gflops == 0.0) p = measure_fp32_peak(threads);
-    if (p.gflops > peak.gflops) peak = p;
-  }
+  const Peak peak = best_peak(dtype == LNMLP_DTYPE_BF16 || recipe != LNMLP_RECIPE_NONE, threads);
+  const Bandwidth bandwidth = measure_triad_bandwidth(threads);
   std::fprintf(stderr, "\rchecking against the float64 reference...");
   std::fflush(stderr);
 
@@ -400,36 +446,35 @@ int main(int argc, char** argv) {
       tr * 1e3, (tt - tr) * 1e3, 100.0 * (tt - tr) / tt);
   std::printf("work outside GEMMs   %9.1f %% of the block's time\n", 100.0 * std::max(0.0, tt - pt) / tt);
   std::printf("machine peak         %9.1f GFLOP/s (%s, %d threads, measured now)\n", peak.gflops, peak.what, threads);
+  std::printf("memory bandwidth     %9.1f GB/s (STREAM triad, 3 x %.0f MiB, measured now)\n", bandwidth.gbs,
+              bandwidth.array_mib);
   if (peak.gflops > 0) std::printf("fraction of peak     %9.1f %%\n", 100.0 * flops / tt * 1e-9 / peak.gflops);
   std::printf("saved for backward   %9lld bytes/token (%.1f MiB total)\n", static_cast<long long>(saved_per_token),
               saved_bytes / 1048576.0);
   std::printf("workspace            %9.1f MiB\n", ws_bytes / 1048576.0);
   std::printf("max error vs float64 y %.2e, dx %.2e  (normalised by max|ref|, %lld sampled tokens)\n", err_y, err_dx,
               static_cast<long long>(S));
-  if (!o.json.empty()) {
-    FILE* f = std::fopen(o.json.c_str(), "w");
-    if (f == nullptr) {
-      std::fprintf(stderr, "lnmlp-bench: cannot write %s\n", o.json.c_str());
-      return 1;
-    }
-    std::fprintf(f,
-                 "{\"tokens\": %lld, \"hidden\": %lld, \"ffn\": %lld, \"act\": \"%s\", \"norm\": \"%s\", "
-                 "\"dtype\": \"%s\", \"recipe\": \"%s\", \"remat\": \"%s\", \"weight_layout\": \"%s\", \"threads\": "
-                 "%d, \"iters\": %d,\n"
-                 " \"forward_ms\": %.4f, \"backward_ms\": %.4f, \"total_ms\": %.4f, \"gemms_alone_ms\": %.4f,\n"
-                 " \"weights_reused_total_ms\": %.4f,\n"
-                 " \"outside_gemms_fraction\": %.5f, \"gflops\": %.3f, \"peak_gflops\": %.3f, \"peak_what\": \"%s\",\n"
-                 " \"saved_bytes_per_token\": %lld, \"workspace_bytes\": %lld, \"plan_create_ms\": %.3f,\n"
-                 " \"plan_tokens\": %lld, \"prepared\": %s, \"first_call_ms\": %.4f,\n"
-                 " \"err_y\": %.3e, \"err_dx\": %.3e, \"build_info\": \"%s\"}\n",
-                 static_cast<long long>(T), static_cast<long long>(H), static_cast<long long>(F), o.act.c_str(),
-                 o.norm.c_str(), o.dtype.c_str(), o.recipe.c_str(), o.remat.c_str(), o.weight_layout.c_str(), threads,
-                 o.iters, tf * 1e3, tb * 1e3, tt * 1e3, pt * 1e3, tr * 1e3, std::max(0.0, tt - pt) / tt,
-                 flops / tt * 1e-9, peak.gflops, peak.what, static_cast<long long>(saved_per_token),
-                 static_cast<long long>(ws_bytes), plan_secs * 1e3, static_cast<long long>(o.plan_tokens),
-                 o.prepare ? "true" : "false", first_call_secs * 1e3, err_y, err_dx, info);
-    std::fclose(f);
-  }
+  if (!o.json.empty() && !write_json(o.json, [&](FILE* f) {
+        std::fprintf(
+            f,
+            "{\"tokens\": %lld, \"hidden\": %lld, \"ffn\": %lld, \"act\": \"%s\", \"norm\": \"%s\", "
+            "\"dtype\": \"%s\", \"recipe\": \"%s\", \"remat\": \"%s\", \"weight_layout\": \"%s\", \"threads\": "
+            "%d, \"iters\": %d,\n"
+            " \"forward_ms\": %.4f, \"backward_ms\": %.4f, \"total_ms\": %.4f, \"gemms_alone_ms\": %.4f,\n"
+            " \"weights_reused_total_ms\": %.4f,\n"
+            " \"outside_gemms_fraction\": %.5f, \"gflops\": %.3f, \"peak_gflops\": %.3f, \"peak_what\": \"%s\",\n"
+            " \"triad_gbs\": %.3f,\n"
+            " \"saved_bytes_per_token\": %lld, \"workspace_bytes\": %lld, \"plan_create_ms\": %.3f,\n"
+            " \"plan_tokens\": %lld, \"prepared\": %s, \"first_call_ms\": %.4f,\n"
+            " \"err_y\": %.3e, \"err_dx\": %.3e, \"build_info\": \"%s\"}\n",
+            static_cast<long long>(T), static_cast<long long>(H), static_cast<long long>(F), o.act.c_str(),
+            o.norm.c_str(), o.dtype.c_str(), o.recipe.c_str(), o.remat.c_str(), o.weight_layout.c_str(), threads,
+            o.iters, tf * 1e3, tb * 1e3, tt * 1e3, pt * 1e3, tr * 1e3, std::max(0.0, tt - pt) / tt, flops / tt * 1e-9,
+            peak.gflops, peak.what, bandwidth.gbs, static_cast<long long>(saved_per_token),
+            static_cast<long long>(ws_bytes), plan_secs * 1e3, static_cast<long long>(o.plan_tokens),
+            o.prepare ? "true" : "false", first_call_secs * 1e3, err_y, err_dx, info);
+      }))
+    return 1;
   lnmlp_plan_destroy(plan);
   return 0;
 }

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Side-by-side CPU comparison of lnmlp's fused block with PyTorch (eager, torch.compile), JAX (jit)
-and plain NumPy, plus lnmlp under each FP8 recipe and lnmlp's scaling with tokens and threads.
+and plain NumPy, plus lnmlp under each FP8 recipe and lnmlp's scaling with tokens and threads; and,
+with --serving, the serving table: the forward alone at T = 1 to 64 against the memory bandwidth.
 
     bash bench/compare/run.sh [--quick] [options]      # builds, sets up the venv, runs this
+    bash bench/compare/run.sh --serving [--quick]      # the serving table (serving.py)
 
 Each implementation runs in its own worker process (this file with --worker), one after another,
 so that its peak memory is its own. Results: a table on stdout, progress on stderr, and
@@ -28,6 +30,7 @@ REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 
 import report  # noqa: E402
+import serving  # noqa: E402
 import workers  # noqa: E402
 
 SHAPES = {"a": dict(hidden=1024, ffn=4096, norm="layernorm", act="gelu"),
@@ -55,6 +58,9 @@ def parse_args(argv):
     p.add_argument("--dtypes", default=",".join(DTYPES))
     p.add_argument("--no-scaling", action="store_true", help="skip the tokens/threads sweep")
     p.add_argument("--scaling-only", action="store_true", help="only the tokens/threads sweep")
+    p.add_argument("--serving", action="store_true", help="only the serving table: forward alone, T = 1, 4, 16, "
+                   "64, f32 and bf16, lnmlp vs PyTorch eager, torch.compile and JAX jit, weights' GB/s against the "
+                   "measured memory bandwidth (cpu-serving.json/.png)")
     p.add_argument("--scaling-tokens", help="comma-separated T of the sweep (default 64..16384; --quick 64..1024)")
     p.add_argument("--step-limit", type=float, help="seconds: a peer estimated slower than this per "
                    "fwd+bwd is not run but shown with its estimate (default 60; --quick 10)")
@@ -186,6 +192,20 @@ class Runner:
             return dict(status="n/a", reason=f"lnmlp-bench exited with {rc}: {last_line(log) or e}")
 
 
+    def machine(self, what):
+        """lnmlp-bench --machine: the peaks and the memory bandwidth on the workers' threads."""
+        out = self.tmp / f"machine{self.n + 1:03d}.json"
+        self.progress.show(what)
+        rc, log, _ = self._spawn([self.args.bench, "--machine", "--threads", str(self.args.threads), "--json",
+                                  str(out)], what)
+        try:
+            result = json.loads(out.read_text())
+        except (OSError, ValueError) as e:
+            result = dict(reason=f"lnmlp-bench exited with {rc}: {last_line(log) or e}")
+        self.progress.finish(what, f"{result['triad_gbs']:.1f} GB/s" if "triad_gbs" in result else result["reason"])
+        return result
+
+
 class Spinner:
     """A process that keeps one CPU busy (a shared node's other job) while a worker runs: a busy
     loop at the same priority, pinned to that CPU."""
@@ -228,6 +248,8 @@ def fp8_configs(args, cfg, contended):
 
 
 def count_jobs(args):
+    if args.serving:
+        return len(list(serving.configs())) + 2  # and lnmlp-bench --machine before and after
     n = 0
     if not args.scaling_only:
         for _, cfg, contended in configs(args):
@@ -280,6 +302,27 @@ def outcome(row):
     return f"n/a ({row['reason']})" + (f", est. {est / 1e3:.0f} s" if est else "")
 
 
+# --- the serving table ----------------------------------------------------------------------------
+def run_serving(runner, args):
+    """The serving rows (serving.configs), between two measurements of the machine; returns the rows
+    and the machine's figures with the better bandwidth of the two (a busy moment only lowers it)."""
+    before = runner.machine("lnmlp-bench --machine (before)")
+    rows = []
+    budget = serving.BUDGET_S["quick" if args.quick else "full"]
+    for cfg, impl in serving.configs():
+        what = f"serving {cfg['dtype']} T={cfg['tokens']}: {serving.NAMES[impl]}" + \
+            ("" if cfg["recipe"] == "none" else f" fp8 {cfg['recipe']}")
+        dump = runner.tmp / f"serving-{cfg['tokens']}-{cfg['dtype']}-{cfg['recipe']}-{impl}"
+        spec = dict(config=cfg, impl=impl, threads=args.threads, budget_s=budget, dump=str(dump), serving=True)
+        row = dict(config=cfg, impl=impl, dump=str(dump), **runner.worker(spec, what))
+        runner.progress.finish(what, f"{row['median_us']:.1f} us" if row["status"] == "ok" else
+                               f"n/a ({row['reason']})")
+        rows.append(row)
+    after = runner.machine("lnmlp-bench --machine (after)")
+    machine = max((before, after), key=lambda m: m.get("triad_gbs", 0.0))
+    return rows, dict(machine, triad_gbs_runs=[m.get("triad_gbs") for m in (before, after)])
+
+
 # --- the scaling sweep ----------------------------------------------------------------------------
 def scaling_threads(args):
     return sorted({1, args.threads})
@@ -329,13 +372,20 @@ def main(argv):
         settings = dict(quick=args.quick, tokens=args.tokens, contended_tokens=args.contended_tokens,
                         iters=args.iters, warmup=args.warmup, step_limit_s=args.step_limit,
                         tolerances=report.TOLERANCES, targets=report.TARGETS)
-        if not args.scaling_only:
+        if args.serving:
+            rows, bandwidth = run_serving(runner, args)
+            rows = serving.analyse(rows, bandwidth.get("triad_gbs"))
+            serving.print_table(rows, machine, bandwidth)
+            report.write_json(out_dir / "cpu-serving.json", machine, dict(settings, bandwidth=bandwidth), rows)
+            serving.plot(out_dir / "cpu-serving.png", rows, machine, bandwidth)
+            written += ["cpu-serving.json", "cpu-serving.png"]
+        elif not args.scaling_only:
             rows = report.analyse(run_comparison(runner, args))
             report.print_comparison(rows, machine, settings)
             report.write_json(out_dir / "cpu-compare.json", machine, settings, rows)
             report.plot_comparison(out_dir / "cpu-compare.png", rows, machine)
             written += ["cpu-compare.json", "cpu-compare.png"]
-        if not args.no_scaling:
+        if not args.no_scaling and not args.serving:
             sweep = report.analyse_scaling(run_scaling(runner, args), SCALING_SHAPE)
             report.print_scaling(sweep)
             report.write_json(out_dir / "cpu-scaling.json", machine, dict(shape=SCALING_SHAPE), sweep)

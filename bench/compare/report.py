@@ -209,10 +209,14 @@ def target_checks(rows):
 
 
 def print_targets(rows):
-    checks = target_checks(rows)
+    print_checks("Against the targets (docs/cpu-compare.md), this run on this machine:", target_checks(rows))
+
+
+def print_checks(title, checks):
+    """(what, measured, goal, met or None) rows under a title; nothing when there are none."""
     if not checks:
         return
-    print("\nAgainst the targets (docs/cpu-compare.md), this run on this machine:")
+    print("\n" + title)
     width = max(len(c[0]) for c in checks)
     for what, got, goal, met in checks:
         verdict = "" if met is None else ("met" if met else "NOT MET")

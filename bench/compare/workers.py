@@ -495,7 +495,11 @@ def worker_main(spec_json, result_path):
     """Runs one job and writes its result (or the reason it is n/a) as JSON to result_path."""
     spec = json.loads(spec_json)
     try:
-        result = run_scaling(spec) if spec["impl"] == "scaling" else run_impl(spec)
+        if spec.get("serving"):
+            import serving
+            result = serving.run_serving(spec)
+        else:
+            result = run_scaling(spec) if spec["impl"] == "scaling" else run_impl(spec)
         result["status"] = "ok"
     except NotAvailable as e:
         result = dict(status="n/a", reason=str(e))
