@@ -138,6 +138,25 @@ TEST_P(TokensPerCall, AShortCallMatchesTheFloat64Reference) {
 INSTANTIATE_TEST_SUITE_P(All, TokensPerCall, ::testing::ValuesIn(kCases),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
+// Few tokens on two threads: every count from 1 to 17 and both sides of the CPU backend's switch to
+// column-sliced GEMMs at 128 rows (src/cpu/gemm_onednn.cpp, SplitGemm's few-rows rule; H and A*F
+// are wide enough to be sliced, and not multiples of the slices), each a plan made for exactly
+// that many tokens, f32 and bf16, against float64. With LNMLP_TEST_WEIGHT_LAYOUT=out_in (the
+// suite's weights_out_in run) the weights are stored [n, k], which the rule leaves whole.
+TEST(FewTokens, EveryCountUpTo17AndAcrossTheSliceSwitchMatchesFloat64) {
+  std::vector<int64_t> counts;
+  for (int64_t t = 1; t <= 17; ++t) counts.push_back(t);
+  for (int64_t t : {127, 128, 129}) counts.push_back(t);
+  for (int32_t dtype : {LNMLP_DTYPE_F32, LNMLP_DTYPE_BF16})
+    for (int64_t tokens : counts) {
+      SCOPED_TRACE(std::string(dtype_label(dtype)) + ", " + std::to_string(tokens) + " tokens");
+      const Problem pr = make_problem(lnmlp_ref::biased_config(tokens, 272, 300, {LNMLP_ACT_GELU}), dtype, 90 + tokens);
+      RunOptions o;
+      o.num_threads = 2;
+      EXPECT_TRUE(matches_reference(pr, run_library(pr, o), tolerance_for(dtype), {"y", "dx", "dW1", "dW2"}));
+    }
+}
+
 // One plan, its tensors, and calls of any token count on it.
 struct Fixture {
   Problem pr;

@@ -184,6 +184,11 @@ class SplitGemm final : public Gemm {
  public:
   static constexpr int64_t kMinSlice = 64;            // rows or columns: narrower slices lose speed
   static constexpr double kMinMultiplyAdds = 0x1p31;  // m * n * k: 512 tokens x 1024 x 4096
+  // A GEMM of few rows (a forward, or a data gradient, at few tokens) streams its weights once and
+  // is bound by memory, not arithmetic. Where B is stored [k, n], oneDNN's brgemm runs such a
+  // product on about one thread, so its columns are sliced whatever its size; with B stored
+  // [n, k] oneDNN's own partition was as fast or faster (docs/gemm-libraries.md, "Few rows").
+  static constexpr int64_t kFewRows = 128;
 
   enum class Mode { Auto, Off, On };  // LNMLP_CPU_GEMM_SLICES unset (or other), "off", "on"
   static Mode mode() {
@@ -205,7 +210,8 @@ class SplitGemm final : public Gemm {
   static int slices_for(const GemmShape& s, int threads) {
     if (mode() == Mode::Off || threads < 2) return 0;
     const double multiply_adds = static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
-    if (mode() == Mode::Auto && (!brgemm_kernels(s.input) || multiply_adds < kMinMultiplyAdds)) return 0;
+    const bool large = multiply_adds >= kMinMultiplyAdds, few_rows = s.m <= kFewRows && !s.trans_b;
+    if (mode() == Mode::Auto && (!brgemm_kernels(s.input) || !(large || few_rows))) return 0;
     const int want = 2 * threads;
     return std::max(s.m, s.n) >= want * kMinSlice ? want : 0;
   }
