@@ -62,11 +62,18 @@ GemmPeer::GemmPeer(int64_t T, int64_t H, int64_t F, int32_t A, int32_t dtype, bo
 
 GemmPeer::~GemmPeer() = default;
 
-GemmPeerTimes GemmPeer::run_once() {
+double GemmPeer::run_forward_once() {
   State& s = *s_;
   const auto t0 = std::chrono::steady_clock::now();
   s.g1->run(s.ln.data(), s.w1.data(), s.b1.data(), s.h.data(), s.scratch);
   s.g2->run(s.act.data(), s.w2.data(), s.b2.data(), s.y.data(), s.scratch);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+GemmPeerTimes GemmPeer::run_once() {
+  State& s = *s_;
+  const auto t0 = std::chrono::steady_clock::now();
+  run_forward_once();
   const auto t1 = std::chrono::steady_clock::now();
   if (s.recompute_gemm1) s.g1->run(s.ln.data(), s.w1.data(), s.b1.data(), s.h.data(), s.scratch);
   s.g_dact->run(s.dy.data(), s.w2.data(), nullptr, s.dact.data(), s.scratch);

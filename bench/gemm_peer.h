@@ -23,6 +23,8 @@ class GemmPeer {
            bool recompute_gemm1, int32_t weight_layout = LNMLP_WEIGHT_LAYOUT_IN_OUT);
   ~GemmPeer();
   GemmPeerTimes run_once();
+  // GEMM1 and GEMM2 alone (a forward-only step's worth): seconds.
+  double run_forward_once();
 
  private:
   struct State;

@@ -8,6 +8,7 @@
 //               [--threads N] [--check-tokens N] [--weight-layout in_out|out_in] [--json FILE]
 //               [--plan-tokens P [--prepare]]
 //   lnmlp-bench --machine [--threads N] [--json FILE]
+//   lnmlp-bench --remat forward_only [--calls N] [...]
 //
 // --json FILE also writes the figures as one JSON object (bench/compare reads it).
 // --plan-tokens P makes the plan for P >= T tokens and runs every call with T (a server's batch
@@ -15,7 +16,10 @@
 // its GEMMs at creation rather than in the first call (a no-op when P = T). "first call" is the first forward +
 // backward (the warm-up), which is where a count not prepared makes its GEMMs.
 // --machine measures only the machine: its arithmetic peaks and its memory bandwidth (bench/compare's
-// serving table divides the weights' bytes read by the latter).
+// serving table divides the weights' bytes read by the latter). --remat forward_only times what a
+// server runs: forward calls alone on a forward-only plan (--calls of them, each timed), the weights
+// declared unchanged after the first, against its two GEMMs alone, with the weights' bytes read per
+// second against the memory bandwidth; at a small H it is the C API's cost of a call.
 #include <omp.h>
 
 #include <algorithm>
@@ -47,6 +51,7 @@ struct Options {
   std::string remat = "save_all";
   std::string recipe = "none";
   int iters = 5;
+  int calls = 2000;  // forward-only: the timed calls
   int threads = 0;
   int64_t check_tokens = 16;
   int64_t plan_tokens = 0;               // the plan's most tokens (0: tokens)
@@ -60,10 +65,10 @@ struct Options {
   std::fprintf(stderr,
                "lnmlp-bench: %s\n"
                "usage: lnmlp-bench [--tokens T] [--hidden H] [--ffn F] [--act NAME] [--norm layernorm|rmsnorm]\n"
-               "                   [--dtype f32|bf16|f16] [--remat save_all|save_ffn1|save_stats]\n"
+               "                   [--dtype f32|bf16|f16] [--remat save_all|save_ffn1|save_stats|forward_only]\n"
                "                   [--recipe none|delayed|current|block|mxfp8]\n"
                "                   [--iters N] [--threads N] [--check-tokens N] [--weight-layout in_out|out_in]\n"
-               "                   [--json FILE] [--plan-tokens P [--prepare]]\n"
+               "                   [--json FILE] [--plan-tokens P [--prepare]] [--calls N (forward_only)]\n"
                "       lnmlp-bench --machine [--threads N] [--json FILE]\n"
                "  NAME: linear relu gelu silu quick_gelu squared_relu sigmoid, or a gated pair\n"
                "        geglu swiglu reglu qgeglu sreglu glu clamped_swiglu\n",
@@ -91,6 +96,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--remat") o.remat = v;
     else if (a == "--recipe") o.recipe = v;
     else if (a == "--iters") o.iters = std::atoi(v);
+    else if (a == "--calls") o.calls = std::atoi(v);
     else if (a == "--threads") o.threads = std::atoi(v);
     else if (a == "--check-tokens") o.check_tokens = std::atoll(v);
     else if (a == "--json") o.json = v;
@@ -99,6 +105,7 @@ Options parse(int argc, char** argv) {
     else usage(("unknown option " + a).c_str());
   }
   if (o.iters < 1) usage("--iters must be >= 1");
+  if (o.calls < 1) usage("--calls must be >= 1");
   if (o.plan_tokens == 0) o.plan_tokens = o.tokens;
   if (o.plan_tokens < o.tokens) usage("--plan-tokens must be >= --tokens");
   return o;
@@ -244,16 +251,69 @@ int measure_machine(const Options& o) {
   std::printf("memory bandwidth     %9.1f GB/s (STREAM triad, 3 x %.0f MiB, %d threads, best of 10)\n", bw.gbs,
               bw.array_mib, threads);
   if (o.json.empty()) return 0;
-  return write_json(o.json,
-                    [&](FILE* f) {
-                      std::fprintf(f,
-                                   "{\"threads\": %d, \"fp32_peak_gflops\": %.3f, \"fp32_peak_what\": \"%s\", "
-                                   "\"bf16_peak_gflops\": %.3f,\n"
-                                   " \"bf16_peak_what\": \"%s\", \"triad_gbs\": %.3f, \"triad_array_mib\": %.1f}\n",
-                                   threads, fp32.gflops, fp32.what, bf16.gflops, bf16.what, bw.gbs, bw.array_mib);
-                    })
-             ? 0
-             : 1;
+  const bool ok = write_json(o.json, [&](FILE* f) {
+    std::fprintf(
+        f,
+        "{\"threads\": %d, \"fp32_peak_gflops\": %.3f, \"fp32_peak_what\": \"%s\", \"bf16_peak_gflops\": %.3f,\n"
+        " \"bf16_peak_what\": \"%s\", \"triad_gbs\": %.3f, \"triad_array_mib\": %.1f}\n",
+        threads, fp32.gflops, fp32.what, bf16.gflops, bf16.what, bw.gbs, bw.array_mib);
+  });
+  return ok ? 0 : 1;
+}
+
+// What time_forward_only reports on.
+struct ForwardOnlyBlock {
+  lnmlp_plan* plan;
+  int64_t T, H, F;
+  int32_t A, dtype, recipe;
+  int threads;
+  const char* build_info;
+};
+
+// --remat forward_only: a server's calls. `forward(flags)` runs one forward; the first makes the
+// plan's weight copies, every timed one declares the weights unchanged. Then the peer's GEMMs alone,
+// the memory bandwidth, and y's error (`y_error()`, after the last call).
+template <typename Forward, typename YError> void time_forward_only(const Options& o, const ForwardOnlyBlock& b,
+                                                                    GemmPeer& peer, Forward&& forward,
+                                                                    YError&& y_error) {
+  forward(LNMLP_CALL_DEFAULT);
+  std::vector<double> call_secs, peer_secs;
+  for (int i = 0; i < o.calls; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    forward(LNMLP_CALL_WEIGHTS_UNCHANGED);
+    call_secs.push_back(seconds_since(t0));
+  }
+  for (int i = 0; i < o.calls; ++i) peer_secs.push_back(peer.run_forward_once());
+  const Bandwidth bandwidth = measure_triad_bandwidth(b.threads);
+  const double err_y = y_error();
+  // The weights' bytes: as the caller passes them, or 1 an element under FP8 (the codes a server keeps).
+  const double weight_elements = static_cast<double>(b.H * b.A * b.F + b.F * b.H);
+  const double weight_bytes = weight_elements * (b.recipe != LNMLP_RECIPE_NONE ? 1
+                                                 : b.dtype == LNMLP_DTYPE_F32  ? 4
+                                                                               : 2);
+  const double tf = median(call_secs), tmin = *std::min_element(call_secs.begin(), call_secs.end());
+  const double tp = median(peer_secs), gbs = weight_bytes / tf * 1e-9;
+  std::printf("forward call         %9.2f us median (min %.2f) of %d calls, weights declared unchanged\n", tf * 1e6,
+              tmin * 1e6, o.calls);
+  std::printf("its GEMMs alone      %9.2f us median of %zu runs (GEMM1 + GEMM2, same library, same run)\n", tp * 1e6,
+              peer_secs.size());
+  std::printf(
+      "weights read         %9.1f GB/s, %.0f %% of the memory bandwidth (STREAM triad %.1f GB/s, measured now)\n", gbs,
+      100.0 * gbs / bandwidth.gbs, bandwidth.gbs);
+  std::printf("max error vs float64 y %.2e  (normalised by max|ref|, %lld sampled tokens)\n", err_y,
+              static_cast<long long>(std::min(o.check_tokens, b.T)));
+  if (o.json.empty()) return;
+  const bool ok = write_json(o.json, [&](FILE* f) {
+    std::fprintf(f,
+                 "{\"tokens\": %lld, \"hidden\": %lld, \"ffn\": %lld, \"act\": \"%s\", \"norm\": \"%s\", "
+                 "\"dtype\": \"%s\", \"recipe\": \"%s\", \"remat\": \"forward_only\", \"threads\": %d, \"calls\": %d,\n"
+                 " \"forward_us\": %.3f, \"forward_min_us\": %.3f, \"gemms_alone_us\": %.3f, \"weights_gbs\": %.3f,\n"
+                 " \"triad_gbs\": %.3f, \"err_y\": %.3e, \"build_info\": \"%s\"}\n",
+                 static_cast<long long>(b.T), static_cast<long long>(b.H), static_cast<long long>(b.F), o.act.c_str(),
+                 o.norm.c_str(), o.dtype.c_str(), o.recipe.c_str(), b.threads, o.calls, tf * 1e6, tmin * 1e6, tp * 1e6,
+                 gbs, bandwidth.gbs, err_y, b.build_info);
+  });
+  if (!ok) std::exit(1);
 }
 
 }  // namespace
@@ -269,7 +329,8 @@ int main(int argc, char** argv) {
   const int32_t remat = choose("--remat", o.remat,
                                {{"save_all", LNMLP_REMAT_SAVE_ALL},
                                 {"save_ffn1", LNMLP_REMAT_SAVE_FFN1},
-                                {"save_stats", LNMLP_REMAT_SAVE_STATS}});
+                                {"save_stats", LNMLP_REMAT_SAVE_STATS},
+                                {"forward_only", LNMLP_REMAT_FORWARD_ONLY}});
   const int32_t recipe = choose("--recipe", o.recipe,
                                 {{"none", LNMLP_RECIPE_NONE},
                                  {"delayed", LNMLP_RECIPE_DELAYED},
@@ -337,7 +398,8 @@ int main(int argc, char** argv) {
   Tensor y(dtype, T * H), dx(dtype, T * H), dgamma(dtype, H), dbeta(dtype, H), dw1(dtype, H * A * F),
       db1(dtype, A * F), dw2(dtype, F * H), db2(dtype, H);
   std::vector<unsigned char> saved(static_cast<size_t>(saved_bytes) + 64);
-  void* saved_ptr = saved.data() + (64 - reinterpret_cast<uintptr_t>(saved.data()) % 64) % 64;
+  void* saved_ptr =
+      saved_bytes == 0 ? nullptr : saved.data() + (64 - reinterpret_cast<uintptr_t>(saved.data()) % 64) % 64;
   const void* beta_ptr = norm == LNMLP_NORM_LAYERNORM ? beta.data() : nullptr;
   void* dbeta_ptr = norm == LNMLP_NORM_LAYERNORM ? dbeta.data() : nullptr;
 
@@ -345,6 +407,47 @@ int main(int argc, char** argv) {
   // shared machine's drift affects both alike.
   omp_set_num_threads(threads);
   GemmPeer peer(T, H, F, A, dtype, true, true, remat == LNMLP_REMAT_SAVE_STATS, layout);
+
+  // The error against the float64 reference on sampled tokens: y and dx rows depend only on their
+  // own token, so the reference runs on just those rows (dx only after a backward).
+  struct ReferenceErrors {
+    double y, dx;
+  };
+  auto reference_errors = [&](bool backward) {
+    const int64_t S = std::min(o.check_tokens, T);
+    std::vector<int64_t> rows(S);
+    for (int64_t i = 0; i < S; ++i) rows[i] = (i * 7919) % T;
+    lnmlp_ref::Config rc;
+    rc.tokens = S;
+    rc.hidden = H;
+    rc.ffn = F;
+    rc.norm = norm == LNMLP_NORM_LAYERNORM ? lnmlp_ref::Norm::LayerNorm : lnmlp_ref::Norm::RmsNorm;
+    rc.acts.assign(acts.begin(), acts.end());
+    rc.has_bias1 = rc.has_bias2 = true;
+    const lnmlp_ref::Params rp{gamma.as_double(), beta.as_double(),      w1_in_out.as_double(),
+                               b1.as_double(),    w2_in_out.as_double(), b2.as_double()};
+    std::vector<double> xs(S * H), dys(S * H);
+    for (int64_t r = 0; r < S; ++r)
+      for (int64_t j = 0; j < H; ++j) {
+        xs[r * H + j] = x.get(rows[r] * H + j);
+        dys[r * H + j] = dy.get(rows[r] * H + j);
+      }
+    ReferenceErrors e{normalised_error(y, lnmlp_ref::forward(rc, xs, rp), rows, H), 0.0};
+    if (backward) e.dx = normalised_error(dx, lnmlp_ref::backward(rc, xs, rp, dys).dx, rows, H);
+    return e;
+  };
+  if (remat == LNMLP_REMAT_FORWARD_ONLY) {
+    time_forward_only(
+        o, ForwardOnlyBlock{plan, T, H, F, A, dtype, recipe, threads, info}, peer,
+        [&](int32_t flags) {
+          check(lnmlp_plan_forward(plan, static_cast<int64_t>(T), x.data(), gamma.data(), beta_ptr, w1.data(),
+                                   b1.data(), w2.data(), b2.data(), y.data(), saved_ptr, nullptr, flags, nullptr),
+                "forward");
+        },
+        [&] { return reference_errors(false).y; });
+    lnmlp_plan_destroy(plan);
+    return 0;
+  }
 
   // Warm-up, then timed iterations with a progress indicator on stderr.
   std::vector<double> fwd_secs, bwd_secs, peer_fwd_secs, peer_bwd_secs, reuse_secs;
@@ -393,30 +496,8 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "\rchecking against the float64 reference...");
   std::fflush(stderr);
 
-  // Error on sampled tokens: y and dx rows depend only on their own token, so the reference runs
-  // on just those rows.
-  const int64_t S = std::min(o.check_tokens, T);
-  std::vector<int64_t> rows(S);
-  for (int64_t i = 0; i < S; ++i) rows[i] = (i * 7919) % T;
-  lnmlp_ref::Config rc;
-  rc.tokens = S;
-  rc.hidden = H;
-  rc.ffn = F;
-  rc.norm = norm == LNMLP_NORM_LAYERNORM ? lnmlp_ref::Norm::LayerNorm : lnmlp_ref::Norm::RmsNorm;
-  rc.acts.assign(acts.begin(), acts.end());
-  rc.has_bias1 = rc.has_bias2 = true;
-  const lnmlp_ref::Params rp{gamma.as_double(), beta.as_double(),      w1_in_out.as_double(),
-                             b1.as_double(),    w2_in_out.as_double(), b2.as_double()};
-  std::vector<double> xs(S * H), dys(S * H);
-  for (int64_t r = 0; r < S; ++r)
-    for (int64_t j = 0; j < H; ++j) {
-      xs[r * H + j] = x.get(rows[r] * H + j);
-      dys[r * H + j] = dy.get(rows[r] * H + j);
-    }
-  const std::vector<double> y_ref = lnmlp_ref::forward(rc, xs, rp);
-  const lnmlp_ref::Grads g_ref = lnmlp_ref::backward(rc, xs, rp, dys);
-  const double err_y = normalised_error(y, y_ref, rows, H);
-  const double err_dx = normalised_error(dx, g_ref.dx, rows, H);
+  const ReferenceErrors errors = reference_errors(true);
+  const double err_y = errors.y, err_dx = errors.dx;
   std::fprintf(stderr, "\r%60s\r", "");
 
   const double gemm_flops_fwd = 2.0 * T * H * A * F + 2.0 * T * F * H;
@@ -453,7 +534,7 @@ int main(int argc, char** argv) {
               saved_bytes / 1048576.0);
   std::printf("workspace            %9.1f MiB\n", ws_bytes / 1048576.0);
   std::printf("max error vs float64 y %.2e, dx %.2e  (normalised by max|ref|, %lld sampled tokens)\n", err_y, err_dx,
-              static_cast<long long>(S));
+              static_cast<long long>(std::min(o.check_tokens, T)));
   if (!o.json.empty() && !write_json(o.json, [&](FILE* f) {
         std::fprintf(
             f,
