@@ -25,6 +25,7 @@ collectives DTensor issues.
 from __future__ import annotations
 
 import collections
+import gc
 import os
 import socket
 import sys
@@ -201,6 +202,12 @@ def run(rank, world, port, args):
                     kinds, mib = _describe(traffic)
                     print(f"{dtype_name:9s} {'TP+SP' if sp else 'TP':7s} {name:14s} {ms:9.2f} {ms / base:9.2f} "
                           f"{mib:8.2f}  {kinds}", flush=True)
+    # Every collective finished, and nothing left holding the group, before it goes: a gloo worker
+    # still finishing one during the interpreter's teardown takes the GIL of a finalizing
+    # interpreter and aborts the process ("terminate called without an active exception").
+    dist.barrier()
+    del mesh
+    gc.collect()
     dist.destroy_process_group()
 
 

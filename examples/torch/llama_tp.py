@@ -96,6 +96,9 @@ def train(rank, world, port, steps, tolerance, failed):
         print(f"largest relative loss difference over {steps} steps: {worst:.2e} (tolerance {tolerance:.0e})")
     if worst > tolerance:
         failed.value = 1
+    # Every collective finished before the group goes: a gloo worker still finishing one during the
+    # interpreter's teardown would take the GIL of a finalizing interpreter and abort the process.
+    dist.barrier()
     dist.destroy_process_group()
 
 

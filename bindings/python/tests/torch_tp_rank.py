@@ -214,6 +214,7 @@ def main():
         results.update({name: run_fp8_case(*case, rank, world, group) for name, case in FP8_CASES.items()})
         results["saved_bound_misses"] = saved_bound_misses(group, rank, world)
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.barrier()  # no collective left to a gloo worker during the teardown (bench/torch/tensor_parallel.py)
     dist.destroy_process_group()
 
 
