@@ -191,7 +191,6 @@ class Runner:
         except (OSError, ValueError) as e:
             return dict(status="n/a", reason=f"lnmlp-bench exited with {rc}: {last_line(log) or e}")
 
-
     def machine(self, what):
         """lnmlp-bench --machine: the peaks and the memory bandwidth on the workers' threads."""
         out = self.tmp / f"machine{self.n + 1:03d}.json"
