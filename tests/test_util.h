@@ -458,6 +458,33 @@ struct SavedSections {
   }
 };
 
+// (Re)makes r's output buffers for a call with `tokens` tokens of a plan of pr's block over `ffn`
+// columns of F (a shard's under tensor parallelism): y [tokens, H] and, with `backward`, dx
+// [tokens, H] and the parameter gradients the plan has (dbeta only for LayerNorm, db1 and db2 only
+// with their bias), each poisoned, so that an output the library leaves unwritten shows.
+inline void make_output_buffers(RunResult& r, const Problem& pr, size_t tokens, size_t ffn, bool backward) {
+  const auto& c = pr.cfg;
+  const size_t H = pr.H(), AF = c.acts.size() * ffn;
+  r.y = Buffer(pr.dtype, tokens * H);
+  r.y.poison();
+  if (!backward) return;
+  r.dx = Buffer(pr.dtype, tokens * H);
+  r.dgamma = Buffer(pr.dtype, H);
+  if (c.norm == lnmlp_ref::Norm::LayerNorm) r.dbeta = Buffer(pr.dtype, H);
+  r.dw1 = Buffer(pr.dtype, H * AF);
+  if (c.has_bias1) r.db1 = Buffer(pr.dtype, AF);
+  r.dw2 = Buffer(pr.dtype, ffn * H);
+  if (c.has_bias2) r.db2 = Buffer(pr.dtype, H);
+  for (Buffer* b : {&r.dx, &r.dgamma, &r.dbeta, &r.dw1, &r.db1, &r.dw2, &r.db2}) b->poison();
+}
+
+// The output buffers of a call of pr's (unsharded) plan with `tokens` tokens (make_output_buffers).
+inline RunResult output_buffers(const Problem& pr, int64_t tokens, bool backward = true) {
+  RunResult r;
+  make_output_buffers(r, pr, static_cast<size_t>(tokens), pr.F(), backward);
+  return r;
+}
+
 // Forward (and backward) of one plan; every output buffer starts poisoned.
 inline RunResult run_library(const Problem& pr, const RunOptions& o) {
   const auto& c = pr.cfg;
@@ -465,7 +492,6 @@ inline RunResult run_library(const Problem& pr, const RunOptions& o) {
   const size_t P = static_cast<size_t>(o.group_size);
   const size_t T = static_cast<size_t>(c.tokens) / (o.sequence_parallel ? P : 1), H = static_cast<size_t>(c.hidden),
                F = static_cast<size_t>(c.ffn) / P, AF = c.acts.size() * F;
-  const bool ln = c.norm == lnmlp_ref::Norm::LayerNorm;
   Plan plan(pr, o);
   RunResult r;
   LNMLP_TEST_CHECK(lnmlp_plan_get_saved_bytes(plan.get(), &r.saved_bytes));
@@ -489,21 +515,11 @@ inline RunResult run_library(const Problem& pr, const RunOptions& o) {
   float* call_state = o.state == RunOptions::State::PerCall ? state.data() : nullptr;
 
   for (int32_t step = 0; step < o.steps; ++step) {
-    r.y = Buffer(pr.dtype, T * H);
-    r.y.poison();
+    make_output_buffers(r, pr, T, F, o.backward);
     LNMLP_TEST_CHECK(lnmlp_plan_forward(plan.get(), static_cast<int64_t>(T), pr.bx.data(), pr.bgamma.data(),
                                         pr.bbeta.data(), pr.bw1.data(), pr.bb1.data(), pr.bw2.data(), pr.bb2.data(),
                                         r.y.data(), saved_arg, call_state, flags, nullptr));
     if (!o.backward) continue;
-
-    r.dx = Buffer(pr.dtype, T * H);
-    r.dgamma = Buffer(pr.dtype, H);
-    if (ln) r.dbeta = Buffer(pr.dtype, H);
-    r.dw1 = Buffer(pr.dtype, H * AF);
-    if (c.has_bias1) r.db1 = Buffer(pr.dtype, AF);
-    r.dw2 = Buffer(pr.dtype, F * H);
-    if (c.has_bias2) r.db2 = Buffer(pr.dtype, H);
-    for (Buffer* b : {&r.dx, &r.dgamma, &r.dbeta, &r.dw1, &r.db1, &r.dw2, &r.db2}) b->poison();
     if (!o.split_backward) {
       LNMLP_TEST_CHECK(lnmlp_plan_backward(
           plan.get(), static_cast<int64_t>(T), pr.bdy.data(), pr.bx.data(), pr.bgamma.data(), pr.bbeta.data(),
@@ -535,27 +551,6 @@ inline RunResult run_library(const Problem& pr, const RunOptions& o) {
   LNMLP_TEST_CHECK(lnmlp_plan_get_state_bytes(plan.get(), &state_bytes));
   r.state.resize(static_cast<size_t>(state_bytes));
   if (state_bytes > 0) LNMLP_TEST_CHECK(lnmlp_plan_export_state(plan.get(), r.state.data(), state_bytes));
-  return r;
-}
-
-// Output buffers for a call of pr's plan with `tokens` tokens: y [tokens, H] and, with `backward`,
-// dx [tokens, H] and the parameter gradients the plan has (dbeta only for LayerNorm, db1 and db2
-// only with their bias), each poisoned, so that an output the library leaves unwritten shows.
-inline RunResult output_buffers(const Problem& pr, int64_t tokens, bool backward = true) {
-  const auto& c = pr.cfg;
-  const size_t T = static_cast<size_t>(tokens), H = pr.H(), F = pr.F(), AF = pr.AF();
-  RunResult r;
-  r.y = Buffer(pr.dtype, T * H);
-  r.y.poison();
-  if (!backward) return r;
-  r.dx = Buffer(pr.dtype, T * H);
-  r.dgamma = Buffer(pr.dtype, H);
-  if (c.norm == lnmlp_ref::Norm::LayerNorm) r.dbeta = Buffer(pr.dtype, H);
-  r.dw1 = Buffer(pr.dtype, H * AF);
-  if (c.has_bias1) r.db1 = Buffer(pr.dtype, AF);
-  r.dw2 = Buffer(pr.dtype, F * H);
-  if (c.has_bias2) r.db2 = Buffer(pr.dtype, H);
-  for (Buffer* b : {&r.dx, &r.dgamma, &r.dbeta, &r.dw1, &r.db1, &r.dw2, &r.db2}) b->poison();
   return r;
 }
 

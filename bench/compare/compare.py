@@ -309,7 +309,7 @@ def run_serving(runner, args):
     rows = []
     budget = serving.BUDGET_S["quick" if args.quick else "full"]
     for cfg, impl in serving.configs():
-        what = f"serving {cfg['dtype']} T={cfg['tokens']}: {serving.NAMES[impl]}" + \
+        what = f"serving {cfg['dtype']} T={cfg['tokens']}: {report.NAMES[impl]}" + \
             ("" if cfg["recipe"] == "none" else f" fp8 {cfg['recipe']}")
         dump = runner.tmp / f"serving-{cfg['tokens']}-{cfg['dtype']}-{cfg['recipe']}-{impl}"
         spec = dict(config=cfg, impl=impl, threads=args.threads, budget_s=budget, dump=str(dump), serving=True)
@@ -375,7 +375,11 @@ def main(argv):
             rows, bandwidth = run_serving(runner, args)
             rows = serving.analyse(rows, bandwidth.get("triad_gbs"))
             serving.print_table(rows, machine, bandwidth)
-            report.write_json(out_dir / "cpu-serving.json", machine, dict(settings, bandwidth=bandwidth), rows)
+            serving_settings = dict(quick=args.quick, budget_s=serving.BUDGET_S["quick" if args.quick else "full"],
+                                    warmup_calls=serving.WARMUP, min_calls=serving.MIN_CALLS,
+                                    max_calls=serving.MAX_CALLS, tolerances=report.TOLERANCES,
+                                    targets=serving.TARGETS, bandwidth=bandwidth)
+            report.write_json(out_dir / "cpu-serving.json", machine, serving_settings, rows)
             serving.plot(out_dir / "cpu-serving.png", rows, machine, bandwidth)
             written += ["cpu-serving.json", "cpu-serving.png"]
         elif not args.scaling_only:

@@ -32,9 +32,6 @@ FP8_RECIPE = "current"
 WARMUP, MIN_CALLS, MAX_CALLS = 5, 20, 5000
 BUDGET_S = dict(full=1.5, quick=0.3)
 BYTES_PER_WEIGHT = {"f32": 4, "bf16": 2, "fp8": 1}
-#: max|y - y64| / max|y64| against the float64 forward, per row kind (as report.TOLERANCES).
-TOLERANCES = {"f32": 1e-4, "bf16": 5e-2, "fp8": 0.25}
-NAMES = {"lnmlp": "lnmlp", "torch": "PyTorch eager", "torch.compile": "torch.compile", "jax": "JAX jit"}
 #: The serving goals (issue 53), checked (never asserted) by print_targets: at T <= small_t the
 #: weights read at >= bandwidth_fraction of the measured bandwidth; at every T, each lnmlp row
 #: (the FP8 one included) >= speedup x faster than each peer named, same T, in that row's dtype.
@@ -53,19 +50,14 @@ class LnmlpForward:
     def __init__(self, cfg, inputs, threads):
         import lnmlp
         from lnmlp import _lib
-        recipe = None if cfg.recipe == "none" else {"current": lnmlp.Float8CurrentScaling,
-                                                    "delayed": lnmlp.DelayedScaling,
-                                                    "block": lnmlp.Float8BlockScaling,
-                                                    "mxfp8": lnmlp.MXFP8BlockScaling}[cfg.recipe]()
         dtype = workers.numpy_dtype(cfg.dtype)
         self.plan = lnmlp.Plan(cfg.tokens, cfg.hidden, cfg.ffn, norm_type=cfg.norm, activation_type=cfg.act,
                                use_bias1=True, use_bias2=True, dtype=dtype, remat="forward_only",
-                               num_threads=threads, recipe=recipe)
+                               num_threads=threads, recipe=workers.lnmlp_recipe(lnmlp, cfg.recipe))
         self.y = np.empty(self.plan.tensor_shape("y", cfg.tokens), dtype)
         saved = self.plan.tensor_shape("saved", cfg.tokens)  # None: a forward-only plan may save nothing
         self.saved = workers.aligned_bytes(saved[0], self.plan.alignment) if saved and saved[0] else None
-        self.inp, lib = inputs, _lib.get_lib()
-        p = lambda a: None if a is None else a.ctypes.data  # noqa: E731
+        self.inp, lib, p = inputs, _lib.get_lib(), workers.address
         args = [self.plan._handle, cfg.tokens, p(inputs["x"]), p(inputs["gamma"]), p(inputs.get("beta")),
                 p(inputs["w1"]), p(inputs["b1"]), p(inputs["w2"]), p(inputs["b2"]), p(self.y), p(self.saved), None]
         self._first = (lib.lnmlp_plan_forward, *args, _lib.CALL_DEFAULT, None)
@@ -179,7 +171,7 @@ def weight_bytes(cfg):
 
 
 def row_name(row):
-    return NAMES[row["impl"]] + ("" if row["config"]["recipe"] == "none" else f" fp8 {row['config']['recipe']}")
+    return report.NAMES[row["impl"]] + ("" if row["config"]["recipe"] == "none" else f" fp8 {row['config']['recipe']}")
 
 
 def reference_y(cfg):
@@ -212,7 +204,7 @@ def analyse(rows, bandwidth_gbs):
             refs[key] = reference_y(cfg)
         y = np.load(row["dump"] + ".y.npy").astype(np.float64)
         row["err_y"] = float(np.max(np.abs(y - refs[key])) / np.max(np.abs(refs[key])))
-        row["tolerance"] = TOLERANCES[kind(cfg)]
+        row["tolerance"] = report.TOLERANCES[kind(cfg)]  # max|y - y64| / max|y64|, per row kind
         row["agrees"] = row["err_y"] <= row["tolerance"]
     for row in rows:
         row.pop("dump", None)
@@ -223,8 +215,9 @@ def print_table(rows, machine, bandwidth):
     bw = bandwidth.get("triad_gbs")
     print(f"\nServing: the forward alone, H={SHAPE['hidden']} F={SHAPE['ffn']} {SHAPE['norm']} {SHAPE['act']} "
           f"with biases, on {machine['cpu_model']} ({machine['cores']} cores), {machine['threads']} threads each")
-    print(f"memory bandwidth {fmt(bw, '.1f')} GB/s (lnmlp-bench --machine: STREAM triad, best of the runs before "
-          f"and after the table); fp32 peak {fmt(bandwidth.get('fp32_peak_gflops'), '.0f')} GFLOP/s")
+    peak = report.fmt(bandwidth.get("fp32_peak_gflops"), ".0f")
+    print(f"memory bandwidth {report.fmt(bw, '.1f')} GB/s (lnmlp-bench --machine: STREAM triad, best of the runs "
+          f"before and after the table); fp32 peak {peak} GFLOP/s")
     head = f"{'dtype':<6}{'T':>4}  {'implementation':<22}{'forward us':>11}{'weights GB/s':>14}{'% bandwidth':>13}" \
            f"{'lnmlp x':>9}  err y vs float64"
     print(head)
@@ -236,8 +229,8 @@ def print_table(rows, machine, bandwidth):
             print(f"{lead}  n/a: {r['reason']}")
             continue
         flag = "" if r["agrees"] else f" DISAGREES (tol {r['tolerance']:g})"
-        print(f"{lead}{r['median_us']:>11.1f}{r['weights_gbs']:>14.1f}{fmt(r.get('bandwidth_fraction'), '.0%'):>13}"
-              f"{fmt(r.get('lnmlp_speedup'), '.2f'):>9}  {r['err_y']:.1e}{flag}")
+        share, speedup = report.fmt(r.get("bandwidth_fraction"), ".0%"), report.fmt(r.get("lnmlp_speedup"), ".2f")
+        print(f"{lead}{r['median_us']:>11.1f}{r['weights_gbs']:>14.1f}{share:>13}{speedup:>9}  {r['err_y']:.1e}{flag}")
     print("(median of each row's calls after warm-up; weights GB/s: W1 and W2's bytes -- 4 per element in f32, "
           "2 in bf16, 1 under FP8 -- over the forward's time; lnmlp x: the peer's time / lnmlp's, same dtype and T)")
     print_targets(rows)
@@ -268,10 +261,6 @@ def target_checks(rows):
 def print_targets(rows):
     report.print_checks("Against the serving goals (docs/cpu-compare.md, Serving), this run on this machine:",
                         target_checks(rows))
-
-
-def fmt(value, spec, missing="-"):
-    return missing if value is None else format(value, spec)
 
 
 def plot(path, rows, machine, bandwidth):
@@ -307,7 +296,7 @@ def plot(path, rows, machine, bandwidth):
         bottom.set_ylim(bottom=0)
     bw = bandwidth.get("triad_gbs")
     fig.suptitle(f"Serving, forward only, H={SHAPE['hidden']} F={SHAPE['ffn']} {SHAPE['act']}: "
-                 f"{machine['cpu_model']}, {machine['threads']} threads, bandwidth {fmt(bw, '.1f')} GB/s",
+                 f"{machine['cpu_model']}, {machine['threads']} threads, bandwidth {report.fmt(bw, '.1f')} GB/s",
                  fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -134,18 +134,12 @@ class Lnmlp:
         import lnmlp
         self.lnmlp, self.cfg, self.inp, self.threads = lnmlp, cfg, inputs, threads
 
-    def _recipe(self):
-        lm = self.lnmlp
-        return {"none": None, "delayed": lm.DelayedScaling, "current": lm.Float8CurrentScaling,
-                "block": lm.Float8BlockScaling, "mxfp8": lm.MXFP8BlockScaling}[self.cfg.recipe]
-
     def prepare(self):
         cfg, dtype = self.cfg, numpy_dtype(self.cfg.dtype)
-        recipe = self._recipe()
         self.plan = self.lnmlp.Plan(
             cfg.tokens, cfg.hidden, cfg.ffn, norm_type=cfg.norm, activation_type=cfg.act,
             use_bias1=True, use_bias2=True, dtype=dtype, num_threads=self.threads,
-            recipe=None if recipe is None else recipe())
+            recipe=lnmlp_recipe(self.lnmlp, cfg.recipe))
         # outputs sized as the library gives their shapes (lnmlp_plan_get_tensor_shape)
         self.out = {k: np.empty(self.plan.tensor_shape(k, cfg.tokens), dtype)
                     for k in ("y", "dx", "dgamma", "dw1", "db1", "dw2", "db2")}
@@ -156,8 +150,7 @@ class Lnmlp:
 
     def _bind_calls(self):
         from lnmlp import _lib
-        lib, h, i, o = _lib.get_lib(), self.plan._handle, self.inp, self.out
-        p = lambda a: None if a is None else a.ctypes.data  # noqa: E731
+        lib, h, i, o, p = _lib.get_lib(), self.plan._handle, self.inp, self.out, address
         params = [p(i["x"]), p(i["gamma"]), p(i.get("beta")), p(i["w1"]), p(i["b1"]), p(i["w2"])]
         # Every call takes the plan's tokens and its own FP8 state. A training step: the forward
         # makes the plan's copies of the weights (FP8-quantized, or widened where the GEMMs need
@@ -180,6 +173,17 @@ class Lnmlp:
 
     def outputs(self):
         return self.out["y"], self.out["dx"]
+
+
+def lnmlp_recipe(lnmlp, name):
+    """lnmlp's recipe object of a configuration's recipe name ("none": None)."""
+    return {"none": lambda: None, "delayed": lnmlp.DelayedScaling, "current": lnmlp.Float8CurrentScaling,
+            "block": lnmlp.Float8BlockScaling, "mxfp8": lnmlp.MXFP8BlockScaling}[name]()
+
+
+def address(a):
+    """A NumPy array's data address for a C call (None for an absent array)."""
+    return None if a is None else a.ctypes.data
 
 
 def aligned_bytes(nbytes, alignment):
