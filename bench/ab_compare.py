@@ -2,7 +2,7 @@
 """Two builds of lnmlp-bench against each other on the same machine, interleaved.
 
     python3 bench/ab_compare.py --a OLD/bench/lnmlp-bench --b NEW/bench/lnmlp-bench [--rounds 3]
-                                [--iters 3] [--set standard|quick|fp8|calls] [--only TEXT]
+                                [--iters 3] [--set standard|quick|fp8|calls|serving] [--only TEXT]
                                 [--label-a old --label-b new] [--env-a VAR=VALUE] [--env-b VAR=VALUE]
                                 [--args-a ARGS] [--args-b ARGS]
 
@@ -11,7 +11,8 @@ level against the level the CPU gets (what a build without run-time dispatch wou
 --args-b "--weight-layout out_in" with the same binary as --a compares PyTorch's out x in weights
 (lnmlp_desc_set_weight_layout) against the default in x out ones.
 --set calls runs calls of 1, 37, 256, 1000 and 4096 tokens on plans made for 4096 (a server's
-batches); --args-b=--prepare with the same binary as --a compares counts whose GEMMs the plan
+batches); --set serving runs forward-only calls of 1 to 256 tokens (weights declared unchanged), and
+--env-a LNMLP_CPU_PACKED_WEIGHTS=off with the same binary as --b measures the packed weights; --args-b=--prepare with the same binary as --a compares counts whose GEMMs the plan
 prepared at creation (lnmlp_desc_set_prepared_tokens) against counts that make them in the first
 call: see the "first call" and "plan creation" columns.
 
@@ -50,6 +51,21 @@ QUICK = [c for c in STANDARD if c[0].startswith("T=256")] + [STANDARD[0]]
 CALLS = [(f"T={t} of a 4096 plan gelu {d}", ["--dtype", d, "--plan-tokens", "4096", "--tokens", str(t)])
          for d in ("f32", "bf16") for t in (1, 37, 256, 1000, 4096)]
 FP8 = [c for c in STANDARD if "fp8" in c[0]]
+# A server's forward-only calls (--remat forward_only: every timed call declares the weights
+# unchanged), at the serving table's token counts: the ms columns are one forward call.
+SERVING = [(f"forward T={t} gelu {d}", ["--dtype", d, "--remat", "forward_only", "--tokens", str(t), "--calls", "200"])
+           for d in ("f32", "bf16") for t in (1, 4, 16, 64, 256)]
+
+
+def step_ms(run):
+    """A run's time: forward + backward, or one forward call (forward-only runs)."""
+    return run["total_ms"] if "total_ms" in run else run["forward_us"] / 1000
+
+
+def outside_fraction(run):
+    if "outside_gemms_fraction" in run:
+        return run["outside_gemms_fraction"]
+    return 1 - run["gemms_alone_us"] / run["forward_us"]
 
 
 def cpu_model():
@@ -88,12 +104,12 @@ def main():
     p.add_argument("--args-b", default="", metavar="ARGS", help="more lnmlp-bench arguments for B's runs")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iters", type=int, default=3)
-    p.add_argument("--set", choices=["standard", "quick", "fp8", "calls"], default="standard")
+    p.add_argument("--set", choices=["standard", "quick", "fp8", "calls", "serving"], default="standard")
     p.add_argument("--only", default="", help="run only the configurations whose name contains this")
     o = p.parse_args()
     env_a = dict(e.split("=", 1) for e in o.env_a)
     env_b = dict(e.split("=", 1) for e in o.env_b)
-    configs = {"standard": STANDARD, "quick": QUICK, "fp8": FP8, "calls": CALLS}[o.set]
+    configs = {"standard": STANDARD, "quick": QUICK, "fp8": FP8, "calls": CALLS, "serving": SERVING}[o.set]
     configs = [c for c in configs if o.only in c[0]]
     print(f"{cpu_model()}, {os.cpu_count()} CPUs; {o.rounds} rounds of A B, lnmlp-bench --iters {o.iters} each")
     print(f"A = {o.label_a}: {o.a} {o.args_a} {' '.join(o.env_a)}\nB = {o.label_b}: {o.b} {o.args_b} {' '.join(o.env_b)}")
@@ -107,17 +123,18 @@ def main():
             print(f"  {name}: round {r + 1}/{o.rounds}   ", end="\r", file=sys.stderr, flush=True)
             a.append(run(o.a, args + o.args_a.split(), o.iters, env_a))
             b.append(run(o.b, args + o.args_b.split(), o.iters, env_b))
-        ta = statistics.median(x["total_ms"] for x in a)
-        tb = statistics.median(x["total_ms"] for x in b)
-        ratios = [y["total_ms"] / x["total_ms"] for x, y in zip(a, b)]
-        oa = statistics.median(x["outside_gemms_fraction"] for x in a)
-        ob = statistics.median(x["outside_gemms_fraction"] for x in b)
+        ta = statistics.median(step_ms(x) for x in a)
+        tb = statistics.median(step_ms(x) for x in b)
+        ratios = [step_ms(y) / step_ms(x) for x, y in zip(a, b)]
+        oa = statistics.median(outside_fraction(x) for x in a)
+        ob = statistics.median(outside_fraction(x) for x in b)
         # Older builds write no first call.
         fa, fb = (statistics.median(x.get("first_call_ms", float("nan")) for x in runs) for runs in (a, b))
-        pa, pb = (statistics.median(x["plan_create_ms"] for x in runs) for runs in (a, b))
-        print(f"{name:36} {ta:12.1f} {tb:12.1f} {statistics.median(ratios):7.3f} {100 * oa:9.1f}% {100 * ob:9.1f}%"
+        pa, pb = (statistics.median(x.get("plan_create_ms", float("nan")) for x in runs) for runs in (a, b))
+        digits = 3 if o.set == "serving" else 1  # a forward call at a few tokens is well below a millisecond
+        print(f"{name:36} {ta:12.{digits}f} {tb:12.{digits}f} {statistics.median(ratios):7.3f} {100 * oa:9.1f}% {100 * ob:9.1f}%"
               f" {fa:11.1f} {fb:11.1f} {pa:8.1f} {pb:8.1f}   (B/A per round {min(ratios):.3f}..{max(ratios):.3f})")
-    print("(ms: median over the rounds of each run's median forward + backward; B/A: median of the per-round "
+    print("(ms: median over the rounds of each run's median forward + backward (serving: one forward call); B/A: median of the per-round "
           "ratios; outside: the block's time outside its GEMMs, from each run's own GEMMs-alone peer; 1st call: "
           "the first forward + backward, where a token count not prepared makes its GEMMs; plan: plan creation)")
 

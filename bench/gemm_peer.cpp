@@ -16,6 +16,8 @@ using lnmlp::cpu::make_gemm;
 
 struct GemmPeer::State {
   std::unique_ptr<Gemm> g1, g2, g_dact, g_dw2, g_dn, g_dw1;
+  std::unique_ptr<Gemm> g1_packed, g2_packed;  // NULL where the library packs no weights here
+  std::vector<char> w1_packed, w2_packed;      // packed once (their values do not matter either)
   bool recompute_gemm1 = false;
   bool weights_out_in = false;  // the weight gradients' sides swapped (block/gemm_roles.h)
   // Zero-filled operands (GEMM speed does not depend on the values); 4 bytes per element covers
@@ -47,11 +49,23 @@ GemmPeer::GemmPeer(int64_t T, int64_t H, int64_t F, int32_t A, int32_t dtype, bo
   s.g_dw2 = make(GemmRole::Dw2);
   s.g_dn = make(GemmRole::Dn);
   s.g_dw1 = make(GemmRole::Dw1);
+  // The forward GEMMs on packed weights (the packing itself is once per weight, not per call).
+  auto make_packed = [&](lnmlp::block::GemmRole role, std::vector<char>& packed) -> std::unique_ptr<Gemm> {
+    lnmlp::cpu::GemmShape shape = lnmlp::cpu::cpu_gemm(lnmlp::block::gemm_spec(role, c), c).shape;
+    const int64_t bytes = lnmlp::cpu::packed_b_bytes(shape);
+    if (bytes == 0) return nullptr;
+    packed.assign(static_cast<size_t>(bytes) + 64, 0);
+    shape.packed_b = true;
+    return make_gemm(shape);
+  };
+  s.g1_packed = make_packed(GemmRole::Gemm1, s.w1_packed);
+  s.g2_packed = make_packed(GemmRole::Gemm2, s.w2_packed);
   const int64_t AF = A * F;
   s.recompute_gemm1 = recompute_gemm1;
   int64_t scratch = 0;
-  for (const Gemm* g : {s.g1.get(), s.g2.get(), s.g_dact.get(), s.g_dw2.get(), s.g_dn.get(), s.g_dw1.get()})
-    scratch = std::max(scratch, g->scratch_bytes());
+  for (const Gemm* g : {s.g1.get(), s.g2.get(), s.g_dact.get(), s.g_dw2.get(), s.g_dn.get(), s.g_dw1.get(),
+                        s.g1_packed.get(), s.g2_packed.get()})
+    if (g != nullptr) scratch = std::max(scratch, g->scratch_bytes());
   auto buf = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n), 0.0f); };
   s.ln = buf(T * H), s.w1 = buf(H * AF), s.b1 = buf(AF), s.h = buf(T * AF), s.act = buf(T * F);
   s.w2 = buf(F * H), s.b2 = buf(H), s.y = buf(T * H), s.dy = buf(T * H), s.dact = buf(T * F);
@@ -62,11 +76,18 @@ GemmPeer::GemmPeer(int64_t T, int64_t H, int64_t F, int32_t A, int32_t dtype, bo
 
 GemmPeer::~GemmPeer() = default;
 
-double GemmPeer::run_forward_once() {
+// 64-byte aligned start of a packed weight's buffer (the packed layout's alignment).
+static void* aligned(std::vector<char>& v) { return v.data() + (64 - reinterpret_cast<uintptr_t>(v.data()) % 64) % 64; }
+
+double GemmPeer::run_forward_once(bool packed_weights) {
   State& s = *s_;
   const auto t0 = std::chrono::steady_clock::now();
-  s.g1->run(s.ln.data(), s.w1.data(), s.b1.data(), s.h.data(), s.scratch);
-  s.g2->run(s.act.data(), s.w2.data(), s.b2.data(), s.y.data(), s.scratch);
+  if (packed_weights && s.g1_packed)
+    s.g1_packed->run(s.ln.data(), aligned(s.w1_packed), s.b1.data(), s.h.data(), s.scratch);
+  else s.g1->run(s.ln.data(), s.w1.data(), s.b1.data(), s.h.data(), s.scratch);
+  if (packed_weights && s.g2_packed)
+    s.g2_packed->run(s.act.data(), aligned(s.w2_packed), s.b2.data(), s.y.data(), s.scratch);
+  else s.g2->run(s.act.data(), s.w2.data(), s.b2.data(), s.y.data(), s.scratch);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 

@@ -23,8 +23,10 @@ class GemmPeer {
            bool recompute_gemm1, int32_t weight_layout = LNMLP_WEIGHT_LAYOUT_IN_OUT);
   ~GemmPeer();
   GemmPeerTimes run_once();
-  // GEMM1 and GEMM2 alone (a forward-only step's worth): seconds.
-  double run_forward_once();
+  // GEMM1 and GEMM2 alone (a forward-only step's worth): seconds. packed_weights: reading W1 and
+  // W2 packed, as the CPU backend's forward does in a call that declares them unchanged (where
+  // the GEMM library has a packed layout on this CPU; else as they are).
+  double run_forward_once(bool packed_weights = false);
 
  private:
   struct State;

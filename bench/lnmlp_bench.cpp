@@ -283,7 +283,7 @@ template <typename Forward, typename YError> void time_forward_only(const Option
     forward(LNMLP_CALL_WEIGHTS_UNCHANGED);
     call_secs.push_back(seconds_since(t0));
   }
-  for (int i = 0; i < o.calls; ++i) peer_secs.push_back(peer.run_forward_once());
+  for (int i = 0; i < o.calls; ++i) peer_secs.push_back(peer.run_forward_once(true));
   const Bandwidth bandwidth = measure_triad_bandwidth(b.threads);
   const double err_y = y_error();
   // The weights' bytes: as the caller passes them, or 1 an element under FP8 (the codes a server keeps).
@@ -295,8 +295,10 @@ template <typename Forward, typename YError> void time_forward_only(const Option
   const double tp = median(peer_secs), gbs = weight_bytes / tf * 1e-9;
   std::printf("forward call         %9.2f us median (min %.2f) of %d calls, weights declared unchanged\n", tf * 1e6,
               tmin * 1e6, o.calls);
-  std::printf("its GEMMs alone      %9.2f us median of %zu runs (GEMM1 + GEMM2, same library, same run)\n", tp * 1e6,
-              peer_secs.size());
+  std::printf(
+      "its GEMMs alone      %9.2f us median of %zu runs (GEMM1 + GEMM2, same library, weights as the call reads them, "
+      "same run)\n",
+      tp * 1e6, peer_secs.size());
   std::printf(
       "weights read         %9.1f GB/s, %.0f %% of the memory bandwidth (STREAM triad %.1f GB/s, measured now)\n", gbs,
       100.0 * gbs / bandwidth.gbs, bandwidth.gbs);

@@ -769,7 +769,14 @@ LNMLP_API int32_t lnmlp_plan_set_quantizer_state(lnmlp_plan* plan, int32_t quant
  *      are the ones measured then. Every call keeps the copies it makes (in the plan's workspace,
  *      whose bytes count them), so the flag costs nothing to ask for: a copy not made yet, or
  *      made in another workspace (lnmlp_plan_attach_workspace), is made. A call without the flag
- *      makes its copies afresh. Under sharding every rank passes the same flags.
+ *      makes its copies afresh. On the CPU backend with AVX-512 GEMM kernels a flagged forward
+ *      also reads W1 and W2 from packed copies (the GEMM library's own layout, which spares the
+ *      forward GEMMs a repacking or a strided read of the weights in every call: at a few tokens
+ *      they run several times faster), made by the first flagged call that needs them; the
+ *      workspace holds them (about the weights' size) whatever the flags, and only flagged calls
+ *      write them. Their GEMMs may sum in another order than an unflagged call's, so results can
+ *      differ from an unflagged call's in the last bits (within the dtype's rounding); flagged
+ *      calls give the same bits as each other. Under sharding every rank passes the same flags.
  *  LNMLP_CALL_SAVED_SECTIONS     the call's `saved` argument is not the saved buffer but an array
  *      void* [LNMLP_SAVED_COUNT] of its sections apart, indexed by LNMLP_SAVED_* (see "Sections of
  *      the saved buffer"): each section the plan saves in a buffer of its own, of at least the

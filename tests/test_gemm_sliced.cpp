@@ -14,13 +14,11 @@
 #include <vector>
 
 #include "cpu/gemm.h"
-#include "numerics/dtype.h"
+#include "gemm_reference.h"
 
 namespace {
 
 using namespace lnmlp::cpu;
-using lnmlp::numerics::bf16_to_float;
-using lnmlp::numerics::float_to_bf16;
 
 struct Case {
   int64_t m, n, k;  // m >= n: slices of rows; m < n: slices of columns
@@ -37,71 +35,23 @@ std::string name(const ::testing::TestParamInfo<Case>& info) {
          "_" + std::to_string(c.slices) + "slices";
 }
 
-// Values of the input type, returned as the floats they are (bf16-rounded for bf16).
-struct Operand {
-  std::vector<float> f32;
-  std::vector<uint16_t> bf16;
-  const void* data(GemmType t) const {
-    return t == GemmType::BF16 ? static_cast<const void*>(bf16.data()) : f32.data();
-  }
-};
-
-Operand random_operand(int64_t count, GemmType type, std::mt19937& rng) {
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  Operand o;
-  for (int64_t i = 0; i < count; ++i) {
-    float v = dist(rng);
-    if (type == GemmType::BF16) {
-      o.bf16.push_back(float_to_bf16(v));
-      v = bf16_to_float(o.bf16.back());
-    }
-    o.f32.push_back(v);
-  }
-  return o;
-}
-
 // Runs case c's sliced GEMM on two OpenMP threads (of the calling thread) and returns
 // max |C - float64 reference| / max |reference|.
 double sliced_gemm_error(const Case& c, unsigned seed) {
-  std::mt19937 rng(seed);
-  const Operand a = random_operand(c.m * c.k, c.input, rng), b = random_operand(c.k * c.n, c.input, rng);
-  const Operand bias = random_operand(c.n, c.input, rng), c0 = random_operand(c.m * c.n, c.output, rng);
-
   const int previous = omp_get_max_threads();
   omp_set_num_threads(2);  // the slices are shared by two threads
   GemmShape shape{c.m, c.n, c.k, c.trans_a, c.trans_b, c.input, c.output, c.bias};
   shape.accumulate = c.accumulate;
   auto gemm = lnmlp::cpu::make_sliced_gemm(shape, c.slices);
-  std::vector<unsigned char> scratch(gemm->scratch_bytes() + 64);
-  void* aligned_scratch = scratch.data() + (64 - reinterpret_cast<uintptr_t>(scratch.data()) % 64) % 64;
-  std::vector<float> c32 = c0.f32;
-  std::vector<uint16_t> c16 = c0.bf16;
-  void* out = c.output == GemmType::F32 ? static_cast<void*>(c32.data()) : static_cast<void*>(c16.data());
-  gemm->run(a.data(c.input), b.data(c.input), c.bias ? bias.data(c.input) : nullptr, out, aligned_scratch);
+  gemm_reference::AlignedBytes scratch(gemm->scratch_bytes());
+  const double error = gemm_reference::gemm_error(
+      shape, seed,
+      [&](const void* a, const void* b, const void* bias, void* out) { gemm->run(a, b, bias, out, scratch.get()); });
   omp_set_num_threads(previous);
-
-  double worst = 0.0, largest = 0.0;
-  std::vector<double> ref(c.m * c.n);
-  for (int64_t i = 0; i < c.m; ++i)
-    for (int64_t j = 0; j < c.n; ++j) {
-      double r = (c.bias ? bias.f32[j] : 0.0) + (c.accumulate ? c0.f32[i * c.n + j] : 0.0);
-      for (int64_t p = 0; p < c.k; ++p)
-        r += double(c.trans_a ? a.f32[p * c.m + i] : a.f32[i * c.k + p]) *
-             double(c.trans_b ? b.f32[j * c.k + p] : b.f32[p * c.n + j]);
-      ref[i * c.n + j] = r;
-      largest = std::max(largest, std::abs(r));
-    }
-  for (int64_t i = 0; i < c.m * c.n; ++i) {
-    const double got = c.output == GemmType::F32 ? c32[i] : bf16_to_float(c16[i]);
-    worst = std::max(worst, std::abs(got - ref[i]));
-  }
-  return worst / largest;
+  return error;
 }
 
-// fp32 accumulation over k terms of unit-variance products: relative error ~ k * 2^-24 of the
-// largest entry; a bf16 output adds one rounding (2^-9 relative). Normalised by the largest
-// |reference| so that near-zero entries do not dominate.
-double tolerance(const Case& c) { return c.output == GemmType::BF16 ? 1.0 / 256 : 1e-5; }
+double tolerance(const Case& c) { return gemm_reference::tolerance(c.output); }
 
 class SlicedGemm : public ::testing::TestWithParam<Case> {};
 

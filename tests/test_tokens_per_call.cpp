@@ -157,6 +157,35 @@ TEST(FewTokens, EveryCountUpTo17AndAcrossTheSliceSwitchMatchesFloat64) {
     }
 }
 
+// Packed weights (src/cpu/gemm.h, packed_b_bytes): calls flagged LNMLP_CALL_WEIGHTS_UNCHANGED read
+// W1 and W2 from a copy in the GEMM library's own layout, which the first flagged call makes. Two
+// flagged steps per plan (the second reads the first's copy), at every count from 1 to 17 and
+// across 128, for each representation the copy is made from: the weights themselves (f32, bf16),
+// their widened copies (f16) and their decoded FP8 copies (current scaling), against float64.
+TEST(PackedWeights, FlaggedCallsAtEveryCountUpTo17MatchFloat64) {
+  std::vector<int64_t> counts;
+  for (int64_t t = 1; t <= 17; ++t) counts.push_back(t);
+  for (int64_t t : {127, 128, 129}) counts.push_back(t);
+  struct Kind {
+    int32_t dtype, recipe;
+  };
+  for (const Kind k : {Kind{LNMLP_DTYPE_F32, LNMLP_RECIPE_NONE}, Kind{LNMLP_DTYPE_BF16, LNMLP_RECIPE_NONE},
+                       Kind{LNMLP_DTYPE_F16, LNMLP_RECIPE_NONE}, Kind{LNMLP_DTYPE_BF16, LNMLP_RECIPE_CURRENT}})
+    for (int64_t tokens : counts) {
+      SCOPED_TRACE(std::string(dtype_label(k.dtype)) + (k.recipe != LNMLP_RECIPE_NONE ? " current scaling" : "") +
+                   ", " + std::to_string(tokens) + " tokens");
+      const Problem pr =
+          make_problem(lnmlp_ref::biased_config(tokens, 272, 300, {LNMLP_ACT_GELU}), k.dtype, 7 + tokens);
+      RunOptions o;
+      o.num_threads = 2;
+      o.recipe = k.recipe;
+      o.steps = 2;
+      o.weights_unchanged = true;
+      const Tolerance tol = k.recipe != LNMLP_RECIPE_NONE ? kTolFp8 : tolerance_for(k.dtype);
+      EXPECT_TRUE(matches_reference(pr, run_library(pr, o), tol, {"y", "dx", "dW1", "dW2"}));
+    }
+}
+
 // One plan, its tensors, and calls of any token count on it.
 struct Fixture {
   Problem pr;
@@ -489,6 +518,32 @@ TEST(WeightReuse, AnotherWorkspaceMakesTheCopiesAgain) {
   f.pr.bw1 = halved(f.pr.bw1);
   const RunResult flagged = f.step(LNMLP_CALL_WEIGHTS_UNCHANGED);
   EXPECT_NE(flagged.y.bytes, before.y.bytes) << "the flagged call used copies from the old workspace";
+}
+
+// The flagged calls read the packed copy, not the weights: weights changed behind the flag's back
+// leave them computing with the old ones, and a call without the flag sees the new ones. A plan
+// made for 32 tokens, calls of 5 (the copy does not depend on the count).
+TEST(PackedWeights, TheFlaggedCallsReadThePackedCopy) {
+  const char* info = nullptr;
+  LNMLP_TEST_CHECK(lnmlp_get_build_info(&info));
+  if (std::string(info).find("weights packed") == std::string::npos)
+    GTEST_SKIP() << "this CPU's GEMMs read the weights as they are: " << info;
+  for (int32_t dtype : {LNMLP_DTYPE_F32, LNMLP_DTYPE_BF16}) {
+    SCOPED_TRACE(dtype_label(dtype));
+    // Packed where oneDNN runs its brgemm kernels for the type (src/cpu/gemm_onednn.cpp).
+    if (dtype == LNMLP_DTYPE_BF16 && std::string(info).find("bf16 kernel brg") == std::string::npos) continue;
+    Case k = kCases[0];
+    k.dtype = dtype;
+    Fixture f(k, 32);
+    Buffer y0(f.pr.dtype, 5 * 32), y1(f.pr.dtype, 5 * 32), y2(f.pr.dtype, 5 * 32);
+    ASSERT_EQ(f.forward(5, y0.data(), nullptr, LNMLP_CALL_WEIGHTS_UNCHANGED), LNMLP_SUCCESS) << lnmlp_last_error();
+    const Buffer original = std::move(f.pr.bw1);
+    f.pr.bw1 = halved(original);
+    ASSERT_EQ(f.forward(5, y1.data(), nullptr, LNMLP_CALL_WEIGHTS_UNCHANGED), LNMLP_SUCCESS) << lnmlp_last_error();
+    EXPECT_EQ(y1.bytes, y0.bytes) << "the flagged call read the changed weights, not its packed copy";
+    ASSERT_EQ(f.forward(5, y2.data()), LNMLP_SUCCESS) << lnmlp_last_error();
+    EXPECT_NE(y2.bytes, y0.bytes) << "the call without the flag did not read the changed weights";
+  }
 }
 
 }  // namespace

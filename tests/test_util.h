@@ -346,6 +346,8 @@ struct RunOptions {
   // The saved buffer's sections apart (LNMLP_CALL_SAVED_SECTIONS): each section the plan saves in
   // memory of its own, poisoned at first, passed to every call.
   bool saved_sections = false;
+  // Every call flagged LNMLP_CALL_WEIGHTS_UNCHANGED (the first one makes the copies it keeps).
+  bool weights_unchanged = false;
 };
 
 struct RunResult {
@@ -500,7 +502,8 @@ inline RunResult run_library(const Problem& pr, const RunOptions& o) {
   SavedSections parts =
       o.saved_sections ? SavedSections(plan.get(), static_cast<int64_t>(T), plan.alignment()) : SavedSections();
   void* saved_arg = o.saved_sections ? static_cast<void*>(parts.pointers.data()) : saved.get();
-  const int32_t flags = o.saved_sections ? LNMLP_CALL_SAVED_SECTIONS : LNMLP_CALL_DEFAULT;
+  const int32_t flags = (o.saved_sections ? LNMLP_CALL_SAVED_SECTIONS : LNMLP_CALL_DEFAULT) |
+                        (o.weights_unchanged ? LNMLP_CALL_WEIGHTS_UNCHANGED : LNMLP_CALL_DEFAULT);
   // A caller-owned FP8 state: a fresh one (every scale 1, every history entry 0).
   std::vector<float> state;
   if (o.state != RunOptions::State::Plan) {

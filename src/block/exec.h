@@ -51,9 +51,12 @@ inline Mat mat(const void* data, DType type, int64_t rows, int64_t cols) {
 // representation this backend's GEMM for that side was created for (the tensor itself, a widened
 // copy, FP8 codes, or codes decoded with their block scales), and for per-tensor FP8 the
 // scale_inv the GEMM multiplies by (in backend memory; NULL: 1).
+// A weight's operand for a forward GEMM may also carry the same values in the backend's packed
+// layout (pack_weight), which that GEMM reads instead where it can.
 struct Operand {
   const void* data = nullptr;
   const float* scale_inv = nullptr;
+  const void* packed = nullptr;
 };
 
 // The two representations of a quantized tensor: for GEMMs that contract along its rows' length
@@ -176,6 +179,9 @@ class Exec {
   // Whether one quantization of quantizer q's tensor gives one GEMM operand for both orientations
   // (quantize_representations' `shared`).
   virtual bool one_operand_for_both(int quantizer) const = 0;
+  // Bytes of the packed copy of the weight operand that the forward GEMM `role` (GEMM1, GEMM2)
+  // reads (pack_weight): 0 where the backend has no layout of its own for it.
+  virtual int64_t packed_weight_bytes(GemmRole) const { return 0; }
 
   // ---- memory of the backend's kind (host or device) --------------------------------------------
   virtual int64_t alignment() const = 0;  // of the saved buffer and an attached workspace
@@ -262,6 +268,13 @@ class Exec {
   // The GEMM operand of an unquantized tensor: m itself, or a copy in operand_type() in the slot.
   Operand plain(const Mat& m, void* slot) { return live_ ? do_plain(m, slot) : Operand{}; }
 
+  // The forward GEMM `role`'s weight operand w with its packed copy made into the slot
+  // (packed_weight_bytes(role) bytes): the weight in the layout the backend's GEMM library reads
+  // it in, which a call whose weights are unchanged reuses (block/weight_copies.h).
+  Operand pack_weight(GemmRole role, const Operand& w, void* slot) {
+    return live_ ? do_pack_weight(role, w, slot) : Operand{};
+  }
+
   // FP8. *amax_bits = the bits of max |x|.
   void amax(const Mat& x, uint32_t* amax_bits) {
     if (live_) do_amax(x, amax_bits);
@@ -314,6 +327,7 @@ class Exec {
   virtual void do_reduce_partials(ColumnSum which, const float* partials, const Mat& out) = 0;
   virtual void do_bias_round(const Mat& acc, const void* bias, const Mat& out) = 0;
   virtual Operand do_plain(const Mat& m, void* slot) = 0;
+  virtual Operand do_pack_weight(GemmRole, const Operand& w, void*) { return w; }  // none: w as it is
   virtual void do_amax(const Mat& x, uint32_t* amax_bits) = 0;
   virtual void do_tensor_scale(const TensorScale& s) = 0;
   virtual Quantized do_quantize(const QuantizeCall& call, void* slot) = 0;

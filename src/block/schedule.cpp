@@ -55,6 +55,8 @@ struct Pass {
   WeightCopies* weights = nullptr;        // the plan's kept weight copies (NULL while sizing)
   void* weight_slot[2][2] = {};           // [weight][orientation] (weight_copies.h)
   bool weight_shared[2] = {};             // one operand for both orientations
+  int64_t packed_bytes[2] = {};           // [weight]: its forward GEMM's packed copy (Exec::pack_weight)
+  void* packed_slot[2] = {};
   float* used_scales = nullptr;           // forward: where the scales it uses are saved for backward
   const float* forward_scales = nullptr;  // backward: those scales
   float* backward_scales = nullptr;       // backward in two calls: dy's and dh's scales (the deferred buffer's)
@@ -111,6 +113,7 @@ struct Pass {
     return offset(is_forward_quantizer(q) ? forward_scales : static_cast<const float*>(backward_scales), q);
   }
 
+  static GemmRole forward_role(int w) { return w == WeightCopies::kW1 ? GemmRole::Gemm1 : GemmRole::Gemm2; }
   // W1 or W2 (WeightCopies::kW1, kW2) as a [rows, cols] matrix in `type`: in x out, W1 [H, A*F]
   // and W2 [F, H]; out x in, [A*F, H] and [H, F] (the weight layout). Their gradients too.
   Mat weight_matrix(int w, const void* data, DType type) const {
@@ -132,6 +135,8 @@ struct Pass {
       const int q = w == WeightCopies::kW1 ? kW1 : kW2;
       const Mat m = weight(w, nullptr);
       const char* name = quantizer_name(q);
+      packed_bytes[w] = x.packed_weight_bytes(forward_role(w));
+      packed_slot[w] = slot(packed_bytes[w], "packed weight");
       if (!quantized) {
         weight_shared[w] = true;
         weight_slot[w][0] = slot(x.plain_bytes(m), name);
@@ -315,6 +320,18 @@ Quantized weight_operands(Pass& p, int w, const void* data, bool rowwise, bool c
   return out;
 }
 
+// Weight w's forward operand o with the backend's packed copy of it (Exec::pack_weight), in a call
+// that declares the weights unchanged: the first such call packs it, the next ones reuse it. A
+// call without the flag reads the weight as it is: packing costs a pass over the weight, which
+// pays only over the calls that reuse it.
+Operand with_packed_copy(Pass& p, int w, Operand o, bool weights_unchanged) {
+  WeightCopies* kept = p.weights;
+  if (!weights_unchanged || kept == nullptr || p.packed_bytes[w] == 0) return o;
+  if (kept->packed[w] == nullptr) kept->packed[w] = p.x.pack_weight(Pass::forward_role(w), o, p.packed_slot[w]).packed;
+  o.packed = kept->packed[w];
+  return o;
+}
+
 // Weight w's operands for the forward GEMMs (GEMM1 or GEMM2) and for the data-gradient ones (dn
 // or dact), those asked for: weight_operands in the orientation each reads.
 struct WeightUses {
@@ -471,7 +488,9 @@ void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardA
   }
 
   // 2. h = ln @ W1 + b1; a = act(h), and GEMM2's operand of it.
-  const Operand w1 = weight_uses(p, WeightCopies::kW1, a.w1, true, false, ScaleFrom::Own).forward;
+  const Operand w1 = with_packed_copy(p, WeightCopies::kW1,
+                                      weight_uses(p, WeightCopies::kW1, a.w1, true, false, ScaleFrom::Own).forward,
+                                      a.weights_unchanged);
   const Mat h = p.saved_or_take(sv.h, a.saved, p.D, T, AF, "ffn1");
   Operand act_op;
   if (!p.quantized) {
@@ -490,7 +509,9 @@ void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardA
   }
 
   // 3. y = a @ W2 + b2; sharded, the fp32 partial sums summed over the group first.
-  const Operand w2 = weight_uses(p, WeightCopies::kW2, a.w2, true, false, ScaleFrom::Own).forward;
+  const Operand w2 = with_packed_copy(p, WeightCopies::kW2,
+                                      weight_uses(p, WeightCopies::kW2, a.w2, true, false, ScaleFrom::Own).forward,
+                                      a.weights_unchanged);
   if (!c.sharded()) {
     x.gemm(GemmRole::Gemm2, act_op, w2, p.io(a.y, T, H), a.b2);
   } else {

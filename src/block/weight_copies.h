@@ -17,6 +17,9 @@ struct WeightCopies {
 
   bool made[2][2] = {};
   Operand operand[2][2] = {};
+  // The forward GEMMs' packed copies (Exec::pack_weight), made only by a call that declares the
+  // weights unchanged: packing costs a pass over the weight, which pays when later calls reuse it.
+  const void* packed[2] = {};
   const void* workspace = nullptr;  // the workspace they live in
 
   bool any(int w) const { return made[w][kRowwise] || made[w][kColumnwise]; }

@@ -11,6 +11,7 @@
 
 #include "block/quantized_slot.h"
 #include "block/token_cache.h"
+#include "common/error.h"
 #include "fork_child.h"
 #include "fp8_operands.h"
 #include "gemm.h"
@@ -78,6 +79,12 @@ class CpuExec final : public block::Exec {
     np_ = NormParams{c_.norm, c_.zero_centered_gamma, c_.epsilon, c_.hidden};
     quantized_ = r_.recipe != Recipe::None;
     decoded_ = fp8_operand_type(r_);
+    for (GemmRole role : {GemmRole::Gemm1, GemmRole::Gemm2}) {
+      const GemmShape shape = cpu_gemm(block::gemm_spec(role, c_), c_).shape;
+      const int w = role == GemmRole::Gemm1 ? 0 : 1;
+      packed_bytes_[w] = packed_b_bytes(shape);
+      if (packed_bytes_[w] > 0) packers_[w] = make_b_packer(shape);
+    }
     const int64_t gemm_scratch = pin_plan_gemms(-1);
     gemms_now_ = &gemms_.pinned();
     // The staged results of the maximum count's GEMMs bound every smaller count's.
@@ -115,6 +122,9 @@ class CpuExec final : public block::Exec {
   // Codes are decoded for the GEMMs, one operand for both orientations where the blocks do not
   // depend on them (block/quantized_slot.h).
   bool one_operand_for_both(int q) const override { return kind(q, Contract::Cols).orientation_free(); }
+  int64_t packed_weight_bytes(GemmRole role) const override {
+    return role == GemmRole::Gemm1 || role == GemmRole::Gemm2 ? packed_bytes_[forward_index(role)] : 0;
+  }
 
   // ---- memory ----
   int64_t alignment() const override { return kCpuAlignment; }
@@ -201,7 +211,7 @@ class CpuExec final : public block::Exec {
       return do_act_forward(h, act, op_slot, fp8);
     }
     float* acc = at<float>(staging_, scratch_);
-    g.gemm->run(ln.data, w1.data, nullptr, acc, at<char>(gemm_scratch_, scratch_));
+    g.run(ln, w1, nullptr, acc, at<char>(gemm_scratch_, scratch_));
     const float alpha = scale_inv_product(ln, w1);
     float* copy = widened_copy(act, op_slot);
     act_pass(h.rows, [&](auto d, auto gated, const auto& f0, const auto& f1, int64_t r0, int64_t r1, int) {
@@ -273,6 +283,11 @@ class CpuExec final : public block::Exec {
                       [&](int64_t i0, int64_t i1, int) { widen<D>(i0, i1, typed<const storage_t<D>>(m), out); });
     });
     return {out, nullptr};
+  }
+
+  Operand do_pack_weight(GemmRole role, const Operand& w, void* slot) override {
+    packers_[forward_index(role)]->run(w.data, slot);
+    return {w.data, w.scale_inv, slot};
   }
 
   // ---- FP8 ----
@@ -352,12 +367,12 @@ class CpuExec final : public block::Exec {
     const float alpha = scale_inv_product(a, b);
     char* gemm_scratch = at<char>(gemm_scratch_, scratch_);
     if (!g.staged) {
-      g.gemm->run(a.data, b.data, bias, out.data, gemm_scratch);
+      g.run(a, b, bias, out.data, gemm_scratch);
       if (alpha != 1.0f) scale_in_place(typed<float>(out), out.rows * out.cols, alpha);  // an fp32 result
       return;
     }
     float* acc = at<float>(staging_, scratch_);
-    g.gemm->run(a.data, b.data, nullptr, acc, gemm_scratch);
+    g.run(a, b, nullptr, acc, gemm_scratch);
     epilogue(acc, alpha, bias, out);
   }
 
@@ -380,7 +395,13 @@ class CpuExec final : public block::Exec {
 
   struct Role {
     std::unique_ptr<Gemm> gemm;
+    std::unique_ptr<Gemm> packed;  // a forward GEMM reading its weight's packed copy (do_pack_weight)
     bool staged = false;
+
+    void run(const Operand& a, const Operand& b, const void* bias, void* c, void* scratch) {
+      if (b.packed != nullptr && packed != nullptr) packed->run(a.data, b.packed, bias, c, scratch);
+      else gemm->run(a.data, b.data, bias, c, scratch);
+    }
   };
   using GemmSet = std::array<Role, block::kGemmRoles>;
 
@@ -395,7 +416,8 @@ class CpuExec final : public block::Exec {
     auto pin = [&](int64_t tokens) {
       auto set = make_gemms(tokens, scratch_limit);
       for (const Role& g : *set)
-        if (g.gemm != nullptr) scratch = std::max(scratch, g.gemm->scratch_bytes());
+        for (const Gemm* gemm : {g.gemm.get(), g.packed.get()})
+          if (gemm != nullptr) scratch = std::max(scratch, gemm->scratch_bytes());
       gemms_.pin(tokens, std::move(set));
     };
     pin(c_.tokens);
@@ -417,11 +439,23 @@ class CpuExec final : public block::Exec {
       if (role != GemmRole::Gemm1 && role != GemmRole::Gemm2 && !block::trains(c)) continue;
       const CpuGemm g = cpu_gemm(block::gemm_spec(role, c), c);
       Role& slot = (*set)[static_cast<int>(role)];
-      slot.gemm = make_gemm(g.shape);
-      if (scratch_limit >= 0 && slot.gemm->scratch_bytes() > scratch_limit) {
-        GemmShape own = g.shape;
-        own.library_scratch = true;
-        slot.gemm = make_gemm(own);
+      const auto make = [&](GemmShape shape) {
+        auto gemm = make_gemm(shape);
+        if (scratch_limit < 0 || gemm->scratch_bytes() <= scratch_limit) return gemm;
+        shape.library_scratch = true;
+        return make_gemm(shape);
+      };
+      slot.gemm = make(g.shape);
+      if (role == GemmRole::Gemm1 || role == GemmRole::Gemm2) {
+        if (packed_bytes_[forward_index(role)] > 0) {
+          GemmShape packed = g.shape;
+          packed.packed_b = true;
+          try {
+            slot.packed = make(packed);
+          } catch (const Error&) {
+            // oneDNN declined this count's GEMM on the packed layout: it reads the weight as given.
+          }
+        }
       }
       slot.staged = g.staged;
     }
@@ -465,6 +499,7 @@ class CpuExec final : public block::Exec {
   int64_t decoded_bytes(int64_t rows, int64_t cols) const {
     return checked_mul(rows, cols, "a decoded FP8 operand") * (decoded_ == GemmType::BF16 ? 2 : 4);
   }
+  static int forward_index(GemmRole role) { return role == GemmRole::Gemm1 ? 0 : 1; }
   int64_t width(ColumnSum which) const { return which == ColumnSum::Db1 ? c_.act_width() : c_.hidden; }
   uint32_t* work() const { return at<uint32_t>(work_, scratch_); }
 
@@ -500,6 +535,10 @@ class CpuExec final : public block::Exec {
   block::TokenCache<GemmSet> gemms_;   // per token count; the plan's maximum pinned
   GemmSet* gemms_now_ = nullptr;       // the current call's
   Region gemm_scratch_, staging_, work_;
+  // The forward GEMMs' packed weights ([0] W1 for GEMM1, [1] W2 for GEMM2): their bytes (0: none on
+  // this CPU) and the packing, made at plan creation.
+  int64_t packed_bytes_[2] = {};
+  std::unique_ptr<BPacker> packers_[2];
   int64_t scratch_bytes_ = 0;
   char* scratch_ = nullptr;  // this pass's
 };

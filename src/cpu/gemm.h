@@ -26,6 +26,8 @@ struct GemmShape {
   // The library allocates its own scratch (scratch_bytes() 0): for a shape made after the plan's
   // workspace was sized (another token count, block/token_cache.h) that wants more than it holds.
   bool library_scratch = false;
+  // B is in the GEMM library's own layout for op(B) (pack_b below) instead of stored as trans_b says.
+  bool packed_b = false;
 };
 
 class Gemm {
@@ -38,6 +40,21 @@ class Gemm {
 };
 
 std::unique_ptr<Gemm> make_gemm(const GemmShape& shape);
+
+// Packed B: op(B) in the layout the GEMM library's kernels read it in (oneDNN's blocked weights
+// format), which a GEMM made with packed_b reads without the copy into that layout the library
+// otherwise makes of B in every call (or instead of reading it at a stride). What a plan keeps of
+// a forward GEMM's weight across calls that declare it unchanged (block/exec.h, pack_weight).
+//   packed_b_bytes: the bytes of that layout for the shape's B, or 0 where this CPU's kernels
+//   have none (below AVX-512, where oneDNN reads B as it is stored).
+//   make_b_packer: the reorder from B as stored into it, made ahead (run() never allocates).
+int64_t packed_b_bytes(const GemmShape& shape);
+class BPacker {
+ public:
+  virtual ~BPacker() = default;
+  virtual void run(const void* b, void* packed) = 0;  // packed: packed_b_bytes(shape) bytes, 64-byte aligned
+};
+std::unique_ptr<BPacker> make_b_packer(const GemmShape& shape);
 
 // The GEMM as `slices` single-threaded GEMMs on bands of C's rows (m >= n) or columns, which the
 // calling thread's OpenMP threads take one at a time: what make_gemm makes of large GEMMs where

@@ -66,6 +66,21 @@ bool brgemm_kernels(GemmType input) {
   return input == GemmType::BF16 ? bf16 : f32;
 }
 
+memory::data_type data_type(GemmType t) {
+  return t == GemmType::BF16 ? memory::data_type::bf16 : memory::data_type::f32;
+}
+
+// The layout oneDNN's matmul picks for op(B) of the shape when free to ("any"): a blocked one
+// with its brgemm kernels (e.g. BA16a64b2a for bf16). It depends on k, n and the type, not on m
+// (the same from m = 1 to 4096, oneDNN 2.6), so that one packed copy serves every token count.
+memory::desc packed_b_desc(const GemmShape& s) {
+  const memory::data_type in = data_type(s.input);
+  const memory::desc a({1, s.k}, in, memory::dims{s.k, 1});
+  const memory::desc b({s.k, s.n}, in, memory::format_tag::any);
+  const memory::desc c({1, s.n}, data_type(s.output), memory::dims{s.n, 1});
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), cpu_engine()).weights_desc();
+}
+
 // Leading dimensions (elements between consecutive rows as stored) of A, B and C when they are
 // slices of wider matrices (SplitGemm); 0 for a matrix stored whole.
 struct LeadingDims {
@@ -75,12 +90,13 @@ struct LeadingDims {
 class OneDnnGemm final : public Gemm {
  public:
   explicit OneDnnGemm(const GemmShape& s, LeadingDims ld = {}) try {
-    const auto type = [](GemmType t) { return t == GemmType::BF16 ? memory::data_type::bf16 : memory::data_type::f32; };
-    const memory::data_type in = type(s.input);
+    const memory::data_type in = data_type(s.input);
     const int64_t lda = ld.a ? ld.a : s.trans_a ? s.m : s.k, ldb = ld.b ? ld.b : s.trans_b ? s.k : s.n;
     const memory::desc a_md({s.m, s.k}, in, s.trans_a ? memory::dims{1, lda} : memory::dims{lda, 1});
-    const memory::desc b_md({s.k, s.n}, in, s.trans_b ? memory::dims{1, ldb} : memory::dims{ldb, 1});
-    const memory::desc c_md({s.m, s.n}, type(s.output), memory::dims{ld.c ? ld.c : s.n, 1});
+    const memory::desc b_md =
+        s.packed_b ? packed_b_desc(s)
+                   : memory::desc({s.k, s.n}, in, s.trans_b ? memory::dims{1, ldb} : memory::dims{ldb, 1});
+    const memory::desc c_md({s.m, s.n}, data_type(s.output), memory::dims{ld.c ? ld.c : s.n, 1});
     const memory::desc bias_md = s.bias ? memory::desc({1, s.n}, in, memory::dims{s.n, 1}) : memory::desc();
     dnnl::primitive_attr attr;
     if (!s.library_scratch) attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -288,7 +304,45 @@ class SplitGemm final : public Gemm {
   int64_t scratch_bytes_ = 0;
 };
 
+// B as stored into the packed layout: a oneDNN reorder, made once.
+class OneDnnBPacker final : public BPacker {
+ public:
+  explicit OneDnnBPacker(const GemmShape& s) try {
+    const memory::desc from({s.k, s.n}, data_type(s.input), s.trans_b ? memory::dims{1, s.k} : memory::dims{s.n, 1});
+    const memory::desc to = packed_b_desc(s);
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    const dnnl::reorder::primitive_desc pd(cpu_engine(), from, cpu_engine(), to, attr);
+    prim_ = dnnl::reorder(pd);
+    stream_ = dnnl::stream(cpu_engine());
+    scratch_.resize(pd.scratchpad_desc().get_size());  // none for these layouts; kept general
+    from_ = memory(from, cpu_engine(), DNNL_MEMORY_NONE);
+    to_ = memory(to, cpu_engine(), DNNL_MEMORY_NONE);
+    scratch_mem_ = memory(pd.scratchpad_desc(), cpu_engine(), scratch_.empty() ? DNNL_MEMORY_NONE : scratch_.data());
+  } catch (const dnnl::error& e) {
+    fail(e.status == dnnl_out_of_memory ? LNMLP_ERROR_OUT_OF_MEMORY : LNMLP_ERROR_BACKEND,
+         "oneDNN could not create the packing of a [", s.k, " x ", s.n, "] GEMM operand: ", e.what());
+  }
+
+  void run(const void* b, void* packed) override {
+    check(dnnl_memory_set_data_handle(from_.get(), const_cast<void*>(b)), "set B");
+    check(dnnl_memory_set_data_handle(to_.get(), packed), "set packed B");
+    dnnl_exec_arg_t args[3] = {{DNNL_ARG_FROM, from_.get()}, {DNNL_ARG_TO, to_.get()}};
+    int nargs = 2;
+    if (!scratch_.empty()) args[nargs++] = {DNNL_ARG_SCRATCHPAD, scratch_mem_.get()};
+    check(dnnl_primitive_execute(prim_.get(), stream_.get(), nargs, args), "reorder");
+    check(dnnl_stream_wait(stream_.get()), "stream wait");
+  }
+
+ private:
+  dnnl::reorder prim_;
+  dnnl::stream stream_;
+  std::vector<char> scratch_;
+  memory from_, to_, scratch_mem_;
+};
+
 std::unique_ptr<Gemm> make_onednn_gemm(const GemmShape& shape) {
+  if (shape.packed_b) return std::make_unique<OneDnnGemm>(shape);  // oneDNN's own partition reads it well
   if (OffsetWeightsGemm::wanted(shape))
     return std::make_unique<OffsetWeightsGemm>(shape, std::make_unique<OneDnnGemm>(shape));
   if (const int slices = SplitGemm::slices_for(shape, omp_get_max_threads()); slices > 0)
@@ -318,6 +372,32 @@ std::unique_ptr<Gemm> make_sliced_gemm(const GemmShape& shape, int slices) {
   return std::make_unique<SplitGemm>(shape, slices);
 }
 
+namespace {
+// Whether weights are packed (LNMLP_CPU_PACKED_WEIGHTS, read once: "off" never packs, for
+// comparisons; anything else, or unset, packs where packed_b_bytes finds a layout).
+bool packing_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("LNMLP_CPU_PACKED_WEIGHTS");
+    return v == nullptr || std::strcmp(v, "off") != 0;
+  }();
+  return on;
+}
+}  // namespace
+
+int64_t packed_b_bytes(const GemmShape& shape) {
+  if (!packing_enabled()) return 0;
+  if (!gemm_native_bf16() && shape.input == GemmType::BF16) return 0;  // bf16 runs on fp32 copies
+  if (!brgemm_kernels(shape.input)) return 0;
+  try {
+    const memory::desc d = packed_b_desc(shape);
+    return d.data.format_desc.blocking.inner_nblks > 0 ? static_cast<int64_t>(d.get_size()) : 0;
+  } catch (const dnnl::error&) {
+    return 0;
+  }
+}
+
+std::unique_ptr<BPacker> make_b_packer(const GemmShape& shape) { return std::make_unique<OneDnnBPacker>(shape); }
+
 std::unique_ptr<Gemm> make_gemm(const GemmShape& shape) {
   if (shape.input == GemmType::BF16 && !gemm_native_bf16()) return make_bf16_on_f32_gemm(shape, make_onednn_gemm);
   return make_onednn_gemm(shape);
@@ -330,7 +410,10 @@ const char* gemm_library_description() {
     return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
            (gemm_native_bf16()
                 ? " matmul (" + f32 + ", bf16 kernel " + matmul_kernel(memory::data_type::bf16) + "; OpenMP" +
-                      (SplitGemm::slices_large_gemms() ? "; large GEMMs in single-thread slices" : "") + ")"
+                      (SplitGemm::slices_large_gemms() ? "; large GEMMs in single-thread slices" : "") +
+                      (packing_enabled() && brgemm_kernels(GemmType::F32) ? "; weights packed for unchanged calls"
+                                                                          : "") +
+                      ")"
                 // Below AVX-512 oneDNN 2.x's f32 matmul is its sgemm driver, which
                 // mallocs its packing buffers on every call (sized by the weights'
                 // dimensions and its blocking, not by the tokens). tests/alloc reads this.

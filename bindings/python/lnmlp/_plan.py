@@ -928,10 +928,13 @@ class Plan:
         -- so this call reuses those copies instead of making them again. Pass it for the
         micro-batches after the first one with the same weights, and for the backward of a forward
         with the same weights. Every call keeps the copies it makes (a copy not made yet is made),
-        so the flag is always safe when the promise holds; with current scaling a flagged call gives
-        bit for bit what an unflagged one gives. If the weights did change, the results come from
-        the OLD weights' copies (a float32 plan without FP8 keeps no copies and reads w1, w2 as
-        given). Under delayed scaling the reused copies keep the scale they were made with, and the
+        so the flag is always safe when the promise holds. On a CPU with AVX-512 GEMM kernels a
+        flagged forward also reads w1 and w2 from packed copies (the GEMM library's own layout: at a
+        few tokens the forward runs several times faster), made by the first flagged call; their
+        GEMMs may sum in another order, so a flagged forward can differ from an unflagged one in the
+        last bits (flagged calls agree with each other bit for bit). If the weights did change,
+        the results come from the OLD weights' copies (a float32 plan without FP8 on a CPU that
+        packs no weights keeps no copies and reads w1, w2 as given). Under delayed scaling the reused copies keep the scale they were made with, and the
         weights' amaxes recorded are those measured then. Under sharding every rank passes the same
         value. False (the default) makes the copies afresh, as
         TransformerEngine's ``is_first_microbatch=None`` / ``True``."""

@@ -32,7 +32,9 @@ GRADS = ("dx", "dgamma", "dbeta") + WEIGHT_GRADS
 
 # (norm, activations, dtype, biases, recipe factory or None)
 CONFIGS = {
-    "f32": ("layernorm", ("gelu",), np.float32, True, None),  # reads W1, W2 as they are: no copies
+    # No widened or FP8 copies; where the CPU packs weights (AVX-512), the first flagged forward packs
+    # them, which here comes after the weights changed: it reads W1, W2 as they are.
+    "f32": ("layernorm", ("gelu",), np.float32, True, None),
     "f16": ("rmsnorm", ("silu", "linear"), np.float16, True, None),  # widened fp32 copies
     **FP8_CONFIGS,
 }
