@@ -81,7 +81,7 @@ class CpuExec final : public block::Exec {
     decoded_ = fp8_operand_type(r_);
     for (GemmRole role : {GemmRole::Gemm1, GemmRole::Gemm2}) {
       const GemmShape shape = cpu_gemm(block::gemm_spec(role, c_), c_).shape;
-      const int w = role == GemmRole::Gemm1 ? 0 : 1;
+      const int w = forward_index(role);
       packed_bytes_[w] = packed_b_bytes(shape);
       if (packed_bytes_[w] > 0) packers_[w] = make_b_packer(shape);
     }
