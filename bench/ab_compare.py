@@ -2,7 +2,7 @@
 """Two builds of lnmlp-bench against each other on the same machine, interleaved.
 
     python3 bench/ab_compare.py --a OLD/bench/lnmlp-bench --b NEW/bench/lnmlp-bench [--rounds 3]
-                                [--iters 3] [--set standard|quick|fp8|calls|serving] [--only TEXT]
+                                [--iters 3] [--set standard|quick|fp8|calls|serving|few] [--only TEXT]
                                 [--label-a old --label-b new] [--env-a VAR=VALUE] [--env-b VAR=VALUE]
                                 [--args-a ARGS] [--args-b ARGS]
 
@@ -12,7 +12,8 @@ level against the level the CPU gets (what a build without run-time dispatch wou
 (lnmlp_desc_set_weight_layout) against the default in x out ones.
 --set calls runs calls of 1, 37, 256, 1000 and 4096 tokens on plans made for 4096 (a server's
 batches); --set serving runs forward-only calls of 1 to 256 tokens (weights declared unchanged), and
---env-a LNMLP_CPU_PACKED_WEIGHTS=off with the same binary as --b measures the packed weights; --args-b=--prepare with the same binary as --a compares counts whose GEMMs the plan
+--env-a LNMLP_CPU_PACKED_WEIGHTS=off with the same binary as --b measures the packed weights;
+--set few runs training steps of 16 to 256 tokens; --args-b=--prepare with the same binary as --a compares counts whose GEMMs the plan
 prepared at creation (lnmlp_desc_set_prepared_tokens) against counts that make them in the first
 call: see the "first call" and "plan creation" columns.
 
@@ -51,6 +52,12 @@ QUICK = [c for c in STANDARD if c[0].startswith("T=256")] + [STANDARD[0]]
 CALLS = [(f"T={t} of a 4096 plan gelu {d}", ["--dtype", d, "--plan-tokens", "4096", "--tokens", str(t)])
          for d in ("f32", "bf16") for t in (1, 37, 256, 1000, 4096)]
 FP8 = [c for c in STANDARD if "fp8" in c[0]]
+# Training steps of few tokens (where GEMMs of two threads are not sliced by size).
+FEW = [(f"T={t} layernorm gelu {d}", ["--dtype", d, "--tokens", str(t)]) for d in ("f32", "bf16")
+       for t in (16, 64, 128, 256)] + [
+    ("T=256 rmsnorm swiglu F=2730 f32", ["--dtype", "f32", "--norm", "rmsnorm", "--act", "swiglu", "--ffn", "2730",
+                                         "--tokens", "256"]),
+    ("T=256 gelu f32 out x in", ["--dtype", "f32", "--tokens", "256", "--weight-layout", "out_in"])]
 # A server's forward-only calls (--remat forward_only: every timed call declares the weights
 # unchanged), at the serving table's token counts: the ms columns are one forward call.
 SERVING = [(f"forward T={t} gelu {d}", ["--dtype", d, "--remat", "forward_only", "--tokens", str(t), "--calls", "200"])
@@ -104,12 +111,12 @@ def main():
     p.add_argument("--args-b", default="", metavar="ARGS", help="more lnmlp-bench arguments for B's runs")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iters", type=int, default=3)
-    p.add_argument("--set", choices=["standard", "quick", "fp8", "calls", "serving"], default="standard")
+    p.add_argument("--set", choices=["standard", "quick", "fp8", "calls", "serving", "few"], default="standard")
     p.add_argument("--only", default="", help="run only the configurations whose name contains this")
     o = p.parse_args()
     env_a = dict(e.split("=", 1) for e in o.env_a)
     env_b = dict(e.split("=", 1) for e in o.env_b)
-    configs = {"standard": STANDARD, "quick": QUICK, "fp8": FP8, "calls": CALLS, "serving": SERVING}[o.set]
+    configs = {"standard": STANDARD, "quick": QUICK, "fp8": FP8, "calls": CALLS, "serving": SERVING, "few": FEW}[o.set]
     configs = [c for c in configs if o.only in c[0]]
     print(f"{cpu_model()}, {os.cpu_count()} CPUs; {o.rounds} rounds of A B, lnmlp-bench --iters {o.iters} each")
     print(f"A = {o.label_a}: {o.a} {o.args_a} {' '.join(o.env_a)}\nB = {o.label_b}: {o.b} {o.args_b} {' '.join(o.env_b)}")

@@ -205,6 +205,11 @@ class SplitGemm final : public Gemm {
   // product on about one thread, so its columns are sliced whatever its size; with B stored
   // [n, k] oneDNN's own partition was as fast or faster (docs/gemm-libraries.md, "Few rows").
   static constexpr int64_t kFewRows = 128;
+  // A stored [k, m] is a weight gradient's GEMM (dW1, dW2: the tokens are its k). With an fp32
+  // result, oneDNN's own partition of it over two threads ran 1.6-1.8x faster than one thread
+  // where its slices ran 1.9-2.1x faster, at 64 to 256 tokens, so it is sliced whatever its size;
+  // with a bf16 result slicing gained nothing (docs/gemm-libraries.md, "Weight gradients").
+  static bool fp32_weight_gradient(const GemmShape& s) { return s.trans_a && s.output == GemmType::F32; }
 
   enum class Mode { Auto, Off, On };  // LNMLP_CPU_GEMM_SLICES unset (or other), "off", "on"
   static Mode mode() {
@@ -227,7 +232,7 @@ class SplitGemm final : public Gemm {
     if (mode() == Mode::Off || threads < 2) return 0;
     const double multiply_adds = static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
     const bool large = multiply_adds >= kMinMultiplyAdds, few_rows = s.m <= kFewRows && !s.trans_b;
-    if (mode() == Mode::Auto && (!brgemm_kernels(s.input) || !(large || few_rows))) return 0;
+    if (mode() == Mode::Auto && (!brgemm_kernels(s.input) || !(large || few_rows || fp32_weight_gradient(s)))) return 0;
     const int want = 2 * threads;
     return std::max(s.m, s.n) >= want * kMinSlice ? want : 0;
   }
