@@ -51,7 +51,9 @@ STANDARD = [
 QUICK = [c for c in STANDARD if c[0].startswith("T=256")] + [STANDARD[0]]
 CALLS = [(f"T={t} of a 4096 plan gelu {d}", ["--dtype", d, "--plan-tokens", "4096", "--tokens", str(t)])
          for d in ("f32", "bf16") for t in (1, 37, 256, 1000, 4096)]
-FP8 = [c for c in STANDARD if "fp8" in c[0]]
+FP8 = [c for c in STANDARD if "fp8" in c[0]] + [
+    (f"T=256 gelu bf16 fp8 {r}", ["--dtype", "bf16", "--recipe", r, "--tokens", "256"])
+    for r in ("delayed", "current", "block", "mxfp8")]
 # Training steps of few tokens (where GEMMs of two threads are not sliced by size).
 FEW = [(f"T={t} layernorm gelu {d}", ["--dtype", d, "--tokens", str(t)]) for d in ("f32", "bf16")
        for t in (16, 64, 128, 256)] + [

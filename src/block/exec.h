@@ -181,7 +181,7 @@ class Exec {
   virtual bool one_operand_for_both(int quantizer) const = 0;
   // Bytes of the packed copy of the weight operand that the forward GEMM `role` (GEMM1, GEMM2)
   // reads (pack_weight): 0 where the backend has no layout of its own for it.
-  virtual int64_t packed_weight_bytes(GemmRole) const { return 0; }
+  virtual int64_t packed_weight_bytes(GemmRole role) const = 0;
 
   // ---- memory of the backend's kind (host or device) --------------------------------------------
   virtual int64_t alignment() const = 0;  // of the saved buffer and an attached workspace
@@ -327,7 +327,7 @@ class Exec {
   virtual void do_reduce_partials(ColumnSum which, const float* partials, const Mat& out) = 0;
   virtual void do_bias_round(const Mat& acc, const void* bias, const Mat& out) = 0;
   virtual Operand do_plain(const Mat& m, void* slot) = 0;
-  virtual Operand do_pack_weight(GemmRole, const Operand& w, void*) { return w; }  // none: w as it is
+  virtual Operand do_pack_weight(GemmRole role, const Operand& w, void* slot) = 0;
   virtual void do_amax(const Mat& x, uint32_t* amax_bits) = 0;
   virtual void do_tensor_scale(const TensorScale& s) = 0;
   virtual Quantized do_quantize(const QuantizeCall& call, void* slot) = 0;

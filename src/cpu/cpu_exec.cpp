@@ -11,7 +11,6 @@
 
 #include "block/quantized_slot.h"
 #include "block/token_cache.h"
-#include "common/error.h"
 #include "fork_child.h"
 #include "fp8_operands.h"
 #include "gemm.h"
@@ -311,32 +310,25 @@ class CpuExec final : public block::Exec {
     const QuantizeSlot l(*this, call);
     char* base = static_cast<char*>(slot);
     const Mat& x = call.x;
-    // The quantizers read fp32: the I/O dtype's values widened first.
-    const float* in = typed<const float>(x);
-    if (x.type != DType::F32) {
-      float* staged = at<float>(l.staging, base);
-      with_dtype([&](auto d) {
-        constexpr DType D = decltype(d)::value;
-        parallel_chunks(threads_, chunks_, x.rows * x.cols,
-                        [&](int64_t i0, int64_t i1, int) { widen<D>(i0, i1, typed<const storage_t<D>>(x), staged); });
-      });
-      in = staged;
-    }
     const float* scale_inv = call.scale != nullptr ? &call.scale->scale_inv : nullptr;
-    return block::quantize_representations(call, l.reps.shared, [&](bool columnwise, bool to_saved, bool operand) {
-      const QuantKind k = kind(call.quantizer, columnwise ? Contract::Rows : Contract::Cols);
-      const block::DecodedTarget to = block::decoded_target(l.reps, call, columnwise, to_saved, base);
-      quantize_operand(threads_, k, in, x.rows, x.cols, call.scale != nullptr ? call.scale->scale : 0.0f, to.codes,
-                       to.scales, work());
-      if (!operand) return Operand{};
-      decode_operand(threads_, k, to.codes, to.scales, x.rows, x.cols, decoded_, to.op);
-      return Operand{to.op, scale_inv};
+    // The quantizers read x in its own type (fp32, or the I/O dtype): no widened copy.
+    return numerics::dispatch_dtype(x.type, [&](auto d) {
+      constexpr DType D = decltype(d)::value;
+      return block::quantize_representations(call, l.reps.shared, [&](bool columnwise, bool to_saved, bool operand) {
+        const QuantKind k = kind(call.quantizer, columnwise ? Contract::Rows : Contract::Cols);
+        const block::DecodedTarget to = block::decoded_target(l.reps, call, columnwise, to_saved, base);
+        quantize_operand<D>(threads_, k, typed<const storage_t<D>>(x), x.rows, x.cols,
+                            call.scale != nullptr ? call.scale->scale : 0.0f, to.codes, to.scales, work());
+        if (!operand) return Operand{};
+        decode_operand(threads_, k, to.codes, to.scales, x.rows, x.cols, decoded_, to.op);
+        return Operand{to.op, scale_inv};
+      });
     });
   }
 
   void do_quantize_codes(int q, const Mat& x, const QuantScalars* scale, uint8_t* codes) override {
-    quantize_operand(threads_, kind(q, Contract::Cols), typed<const float>(x), x.rows, x.cols, scale->scale, codes,
-                     nullptr, work());
+    quantize_operand<DType::F32>(threads_, kind(q, Contract::Cols), typed<const float>(x), x.rows, x.cols, scale->scale,
+                                 codes, nullptr, work());
   }
 
   Operand do_gathered_operands(int q, const uint8_t* codes, int64_t rows, int64_t cols, const QuantScalars* scale,
@@ -377,17 +369,14 @@ class CpuExec final : public block::Exec {
   }
 
  private:
-  // The slot of one quantization: the fp32 copy of an I/O-dtype input (the quantizers read fp32),
-  // then the representations' codes, scales and decoded operands (block/quantized_slot.h).
+  // The slot of one quantization: the representations' codes, scales and decoded operands
+  // (block/quantized_slot.h).
   struct QuantizeSlot {
-    Region staging;
     block::DecodedSlot reps;
     int64_t bytes = 0;
 
     QuantizeSlot(const CpuExec& e, const block::QuantizeCall& call) {
       RegionAllocator a;
-      staging = a.take_if(call.x.type != DType::F32, checked_mul(call.x.rows, call.x.cols, "an FP8 operand"), 4,
-                          "FP8 quantizer input fp32");
       reps = block::take_decoded_slot(a, e.r_, call, e.decoded_bytes(1, 1));
       bytes = a.total();
     }
@@ -439,23 +428,11 @@ class CpuExec final : public block::Exec {
       if (role != GemmRole::Gemm1 && role != GemmRole::Gemm2 && !block::trains(c)) continue;
       const CpuGemm g = cpu_gemm(block::gemm_spec(role, c), c);
       Role& slot = (*set)[static_cast<int>(role)];
-      const auto make = [&](GemmShape shape) {
-        auto gemm = make_gemm(shape);
-        if (scratch_limit < 0 || gemm->scratch_bytes() <= scratch_limit) return gemm;
-        shape.library_scratch = true;
-        return make_gemm(shape);
-      };
-      slot.gemm = make(g.shape);
-      if (role == GemmRole::Gemm1 || role == GemmRole::Gemm2) {
-        if (packed_bytes_[forward_index(role)] > 0) {
-          GemmShape packed = g.shape;
-          packed.packed_b = true;
-          try {
-            slot.packed = make(packed);
-          } catch (const Error&) {
-            // oneDNN declined this count's GEMM on the packed layout: it reads the weight as given.
-          }
-        }
+      slot.gemm = make_gemm_within(g.shape, scratch_limit);
+      if ((role == GemmRole::Gemm1 || role == GemmRole::Gemm2) && packed_bytes_[forward_index(role)] > 0) {
+        GemmShape packed = g.shape;
+        packed.packed_b = true;
+        slot.packed = make_gemm_within(packed, scratch_limit);  // NULL: this count reads the weight as given
       }
       slot.staged = g.staged;
     }

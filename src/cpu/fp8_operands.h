@@ -36,44 +36,45 @@ template <DType D> uint32_t parallel_amax_bits(int threads, const numerics::stor
   return m;
 }
 
-// Quantizes in [rows, cols] into codes [rows, cols] and, for blocked recipes, scales
-// (k.scale_count floats, or E8M0 bytes for mxfp8). Per-tensor kinds use `scale`. `work` holds
-// threads * cols uint32 (column bands).
-inline void quantize_operand(int threads, const QuantKind& k, const float* in, int64_t rows, int64_t cols, float scale,
-                             uint8_t* codes, void* scales, uint32_t* work) {
+// Quantizes in [rows, cols] (fp32, or an I/O dtype read as it is) into codes [rows, cols] and, for
+// blocked recipes, scales (k.scale_count floats, or E8M0 bytes for mxfp8). Per-tensor kinds use
+// `scale`. `work` holds threads * cols uint32 (column bands).
+template <DType D = DType::F32> void quantize_operand(int threads, const QuantKind& k, const numerics::storage_t<D>* in,
+                                                      int64_t rows, int64_t cols, float scale, uint8_t* codes,
+                                                      void* scales, uint32_t* work) {
   numerics::dispatch_fp8(k.format, [&](auto ft) {
     constexpr Fp8Format F = decltype(ft)::value;
     const int64_t b = k.block();
     if (k.per_tensor()) {
       parallel_chunks(threads, threads, rows * cols, [&](int64_t i0, int64_t i1, int) {
-        numerics::quantize_tensor<F>(in + i0, i1 - i0, scale, codes + i0);
+        numerics::quantize_tensor<F, D>(in + i0, i1 - i0, scale, codes + i0);
       });
     } else if (k.tiles()) {
       const int64_t bands = numerics::num_blocks(rows, b), nbc = numerics::num_blocks(cols, b);
       parallel_chunks(threads, threads, bands, [&](int64_t b0, int64_t b1, int) {
         for (int64_t band = b0; band < b1; ++band) {
           const int64_t r0 = band * b, h = rows - r0 < b ? rows - r0 : b;
-          numerics::quantize_tiles<F>(in + r0 * cols, h, cols, b, b, k.power_2_scale, k.amax_epsilon, codes + r0 * cols,
-                                      static_cast<float*>(scales) + band * nbc);
+          numerics::quantize_tiles<F, D>(in + r0 * cols, h, cols, b, b, k.power_2_scale, k.amax_epsilon,
+                                         codes + r0 * cols, static_cast<float*>(scales) + band * nbc);
         }
       });
     } else if (k.contract == Contract::Cols) {
       const int64_t nb = numerics::num_blocks(cols, b);
       parallel_chunks(threads, threads, rows, [&](int64_t r0, int64_t r1, int) {
         if (k.recipe == Recipe::Mxfp8)
-          numerics::quantize_mxfp8_rows<F>(in + r0 * cols, r1 - r0, cols, codes + r0 * cols,
-                                           static_cast<uint8_t*>(scales) + r0 * nb, b);
+          numerics::quantize_mxfp8_rows<F, D>(in + r0 * cols, r1 - r0, cols, codes + r0 * cols,
+                                              static_cast<uint8_t*>(scales) + r0 * nb, b);
         else
-          numerics::quantize_rows_blocked<F>(in + r0 * cols, r1 - r0, cols, b, k.power_2_scale, k.amax_epsilon,
-                                             codes + r0 * cols, static_cast<float*>(scales) + r0 * nb);
+          numerics::quantize_rows_blocked<F, D>(in + r0 * cols, r1 - r0, cols, b, k.power_2_scale, k.amax_epsilon,
+                                                codes + r0 * cols, static_cast<float*>(scales) + r0 * nb);
       });
     } else {
       parallel_chunks(threads, threads, numerics::num_blocks(rows, b), [&](int64_t b0, int64_t b1, int c) {
         uint32_t* w = work + c * cols;
         for (int64_t band = b0; band < b1; ++band) {
           const int64_t r0 = band * b, h = rows - r0 < b ? rows - r0 : b;
-          numerics::quantize_cols_band<F>(in, cols, band, r0, h, k.recipe == Recipe::Mxfp8, k.power_2_scale,
-                                          k.amax_epsilon, codes, scales, w);
+          numerics::quantize_cols_band<F, D>(in, cols, band, r0, h, k.recipe == Recipe::Mxfp8, k.power_2_scale,
+                                             k.amax_epsilon, codes, scales, w);
         }
       });
     }

@@ -41,6 +41,12 @@ class Gemm {
 
 std::unique_ptr<Gemm> make_gemm(const GemmShape& shape);
 
+// make_gemm for a caller whose workspace holds scratch_limit bytes of GEMM scratch (-1: as much
+// as it wants, the caller sizing its workspace from it): a GEMM that would want more allocates its
+// own instead (library_scratch). For a packed_b shape, NULL where oneDNN declines the packed layout
+// at this shape (the caller then reads B as it is stored).
+std::unique_ptr<Gemm> make_gemm_within(const GemmShape& shape, int64_t scratch_limit);
+
 // Packed B: op(B) in the layout the GEMM library's kernels read it in (oneDNN's blocked weights
 // format), which a GEMM made with packed_b reads without the copy into that layout the library
 // otherwise makes of B in every call (or instead of reading it at a stride). What a plan keeps of

@@ -408,6 +408,20 @@ std::unique_ptr<Gemm> make_gemm(const GemmShape& shape) {
   return make_onednn_gemm(shape);
 }
 
+std::unique_ptr<Gemm> make_gemm_within(const GemmShape& shape, int64_t scratch_limit) {
+  std::unique_ptr<Gemm> gemm;
+  try {
+    gemm = make_gemm(shape);
+  } catch (const Error& e) {
+    if (!shape.packed_b || e.status() != LNMLP_ERROR_BACKEND) throw;
+    return nullptr;  // oneDNN declined the packed layout here
+  }
+  if (scratch_limit < 0 || gemm->scratch_bytes() <= scratch_limit) return gemm;
+  GemmShape own = shape;
+  own.library_scratch = true;
+  return make_gemm(own);
+}
+
 const char* gemm_library_description() {
   static const std::string desc = [] {
     const dnnl_version_t* v = dnnl_version();

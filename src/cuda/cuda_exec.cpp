@@ -86,6 +86,7 @@ class CudaExec final : public block::Exec {
   }
   DType operand_type() const override { return c_.dtype; }
   int64_t plain_bytes(const Mat&) const override { return 0; }
+  int64_t packed_weight_bytes(GemmRole) const override { return 0; }  // cuBLASLt reads the weights as they are
   // FP8 tensor cores read K-major codes, so each orientation has its own (transposed) codes; an
   // emulated recipe's decoded operand serves both where its blocks do not depend on them.
   bool one_operand_for_both(int q) const override {
@@ -243,6 +244,7 @@ class CudaExec final : public block::Exec {
                      st_);
   }
   Operand do_plain(const Mat& m, void*) override { return {m.data, nullptr}; }
+  Operand do_pack_weight(GemmRole, const Operand& w, void*) override { return w; }  // never called: no packed bytes
 
   // ---- FP8 ----
   void do_amax(const Mat& x, uint32_t* amax_bits) override {

@@ -1,5 +1,6 @@
-// Host reference quantizers over plain fp32 arrays (docs/design.md, "FP8"), for every recipe: the
-// CPU backend calls them, and they are the specification the CUDA kernels must match bit for bit.
+// Host reference quantizers over plain fp32 arrays, or arrays of an I/O dtype (docs/design.md,
+// "FP8"), for every recipe: the CPU backend calls them, and they are the specification the CUDA
+// kernels must match bit for bit.
 // The scale arithmetic is in scaling.h, the element casts in fp8.h.
 //
 // Layouts (all row-major, all compact; a backend that feeds cuBLASLt reorders the scales into
@@ -116,12 +117,17 @@ template <DType D> LNMLP_HOST_INLINE uint32_t amax_bits_of(const storage_t<D>* x
   return m;
 }
 
-LNMLP_HOST_INLINE float amax_of(const float* x, int64_t n) { return amax_from_bits(amax_bits_of<DType::F32>(x, n)); }
+template <DType D = DType::F32> LNMLP_HOST_INLINE float amax_of(const storage_t<D>* x, int64_t n) {
+  return amax_from_bits(amax_bits_of<D>(x, n));
+}
 
 // codes[i] = cast(x[i] * scale): the fp32 product, then float_to_fp8 (nearest even, saturating).
-template <Fp8Format F> LNMLP_HOST_INLINE void quantize_tensor(const float* in, int64_t n, float scale, uint8_t* codes) {
+// The quantizers below read x in D's storage type (fp32, or an I/O dtype, whose values fp32 holds
+// exactly: the same codes as from an fp32 copy).
+template <Fp8Format F, DType D = DType::F32>
+LNMLP_HOST_INLINE void quantize_tensor(const storage_t<D>* in, int64_t n, float scale, uint8_t* codes) {
   LNMLP_QUANT_SIMD
-  for (int64_t i = 0; i < n; ++i) codes[i] = float_to_fp8<F>(in[i] * scale);
+  for (int64_t i = 0; i < n; ++i) codes[i] = float_to_fp8<F>(load<D>(in[i]) * scale);
 }
 
 // out[i] = fp8_to_float(codes[i]) * scale_inv.
@@ -141,17 +147,17 @@ LNMLP_HD int64_t block_width(int64_t cols, int64_t c0, int64_t block) { return c
 // Quantizes in [rows, cols] in 1 x block blocks: per block amax -> block_scale (fmt_max /
 // max(amax, amax_epsilon), optionally a power of two; 1.0 for an all-zero or non-finite block) ->
 // codes [rows, cols] and scale_inv[rows, num_blocks(cols, block)] = 1 / scale.
-template <Fp8Format F>
-LNMLP_HOST_INLINE void quantize_rows_blocked(const float* in, int64_t rows, int64_t cols, int64_t block,
+template <Fp8Format F, DType D = DType::F32>
+LNMLP_HOST_INLINE void quantize_rows_blocked(const storage_t<D>* in, int64_t rows, int64_t cols, int64_t block,
                                              bool power_2_scale, float amax_epsilon, uint8_t* codes, float* scale_inv) {
   const int64_t nb = num_blocks(cols, block);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c0 = 0, i = r * nb; c0 < cols; c0 += block, ++i) {
       const int64_t off = r * cols + c0, w = block_width(cols, c0, block);
       const BlockScaleChoice b =
-          choose_block_scale(amax_of(in + off, w), Fp8Traits<F>::max, false, power_2_scale, amax_epsilon);
+          choose_block_scale(amax_of<D>(in + off, w), Fp8Traits<F>::max, false, power_2_scale, amax_epsilon);
       scale_inv[i] = b.scale_inv;
-      quantize_tensor<F>(in + off, w, b.scale, codes + off);
+      quantize_tensor<F, D>(in + off, w, b.scale, codes + off);
     }
 }
 
@@ -176,23 +182,24 @@ template <Fp8Format F> LNMLP_HOST_INLINE void dequantize_rows_blocked(const uint
 // quantize_rows_blocked gives the transpose, bit for bit.
 
 // The amax of each column over rows [r0, r0 + h) into amax[cols] (NaN-propagating, as amax_of).
-LNMLP_HOST_INLINE void column_amax(const float* in, int64_t cols, int64_t r0, int64_t h, uint32_t* amax_bits) {
+template <DType D = DType::F32>
+LNMLP_HOST_INLINE void column_amax(const storage_t<D>* in, int64_t cols, int64_t r0, int64_t h, uint32_t* amax_bits) {
   for (int64_t c = 0; c < cols; ++c) amax_bits[c] = 0;
   for (int64_t r = r0; r < r0 + h; ++r) {
-    const float* row = in + r * cols;
+    const storage_t<D>* row = in + r * cols;
     LNMLP_QUANT_SIMD
-    for (int64_t c = 0; c < cols; ++c) amax_bits[c] = amax_bits_max(amax_bits[c], magnitude_bits(row[c]));
+    for (int64_t c = 0; c < cols; ++c) amax_bits[c] = amax_bits_max(amax_bits[c], magnitude_bits(load<D>(row[c])));
   }
 }
 
 // Quantizes rows [r0, r0 + h) of band rb: scale per column from its amax (work: cols entries,
 // reused for the scales' bit patterns). The band's scales go to scales[rb * cols + c]: fp32
 // scale_invs (block scaling), or E8M0 bytes (mxfp8, as quantize_mxfp8_rows gives the transpose).
-template <Fp8Format F> LNMLP_HOST_INLINE void quantize_cols_band(const float* in, int64_t cols, int64_t rb, int64_t r0,
-                                                                 int64_t h, bool mxfp8, bool power_2_scale,
-                                                                 float amax_epsilon, uint8_t* codes, void* scales,
-                                                                 uint32_t* work) {
-  column_amax(in, cols, r0, h, work);
+template <Fp8Format F, DType D = DType::F32>
+LNMLP_HOST_INLINE void quantize_cols_band(const storage_t<D>* in, int64_t cols, int64_t rb, int64_t r0, int64_t h,
+                                          bool mxfp8, bool power_2_scale, float amax_epsilon, uint8_t* codes,
+                                          void* scales, uint32_t* work) {
+  column_amax<D>(in, cols, r0, h, work);
   for (int64_t c = 0; c < cols; ++c) {
     const BlockScaleChoice b =
         choose_block_scale(amax_from_bits(work[c]), Fp8Traits<F>::max, mxfp8, power_2_scale, amax_epsilon);
@@ -202,7 +209,8 @@ template <Fp8Format F> LNMLP_HOST_INLINE void quantize_cols_band(const float* in
   }
   for (int64_t r = r0; r < r0 + h; ++r) {
     LNMLP_QUANT_SIMD
-    for (int64_t c = 0; c < cols; ++c) codes[r * cols + c] = float_to_fp8<F>(in[r * cols + c] * bits_float(work[c]));
+    for (int64_t c = 0; c < cols; ++c)
+      codes[r * cols + c] = float_to_fp8<F>(load<D>(in[r * cols + c]) * bits_float(work[c]));
   }
 }
 
@@ -210,9 +218,10 @@ template <Fp8Format F> LNMLP_HOST_INLINE void quantize_cols_band(const float* in
 
 // Quantizes in [rows, cols] in block_rows x block_cols tiles (edge tiles partial), one amax and
 // scale per tile as above; scale_inv [num_blocks(rows, block_rows), num_blocks(cols, block_cols)].
-template <Fp8Format F> LNMLP_HOST_INLINE void quantize_tiles(const float* in, int64_t rows, int64_t cols,
-                                                             int64_t block_rows, int64_t block_cols, bool power_2_scale,
-                                                             float amax_epsilon, uint8_t* codes, float* scale_inv) {
+template <Fp8Format F, DType D = DType::F32>
+LNMLP_HOST_INLINE void quantize_tiles(const storage_t<D>* in, int64_t rows, int64_t cols, int64_t block_rows,
+                                      int64_t block_cols, bool power_2_scale, float amax_epsilon, uint8_t* codes,
+                                      float* scale_inv) {
   const int64_t nbr = num_blocks(rows, block_rows), nbc = num_blocks(cols, block_cols);
   for (int64_t br = 0; br < nbr; ++br) {
     const int64_t r0 = br * block_rows;
@@ -221,10 +230,11 @@ template <Fp8Format F> LNMLP_HOST_INLINE void quantize_tiles(const float* in, in
       const int64_t c0 = bc * block_cols;
       const int64_t w = cols - c0 < block_cols ? cols - c0 : block_cols;
       float amax = 0.0f;
-      for (int64_t r = r0; r < r0 + h; ++r) amax = amax_max(amax, amax_of(in + r * cols + c0, w));
+      for (int64_t r = r0; r < r0 + h; ++r) amax = amax_max(amax, amax_of<D>(in + r * cols + c0, w));
       const BlockScaleChoice b = choose_block_scale(amax, Fp8Traits<F>::max, false, power_2_scale, amax_epsilon);
       scale_inv[br * nbc + bc] = b.scale_inv;
-      for (int64_t r = r0; r < r0 + h; ++r) quantize_tensor<F>(in + r * cols + c0, w, b.scale, codes + r * cols + c0);
+      for (int64_t r = r0; r < r0 + h; ++r)
+        quantize_tensor<F, D>(in + r * cols + c0, w, b.scale, codes + r * cols + c0);
     }
   }
 }
@@ -252,16 +262,16 @@ template <Fp8Format F> LNMLP_HOST_INLINE void dequantize_tiles(const uint8_t* co
 // dequantizes to NaN throughout whatever its codes; they are coded with e = 127, the exponent a
 // NaN amax maps to). Every scale is a power of two, so x * 2^-e is
 // exact unless it falls below fp32's normal range, where fp8 rounds it to zero anyway.
-template <Fp8Format F> LNMLP_HOST_INLINE void quantize_mxfp8_rows(const float* in, int64_t rows, int64_t cols,
-                                                                  uint8_t* codes, uint8_t* scale_e8m0,
-                                                                  int64_t block = kMxfp8BlockLength) {
+template <Fp8Format F, DType D = DType::F32>
+LNMLP_HOST_INLINE void quantize_mxfp8_rows(const storage_t<D>* in, int64_t rows, int64_t cols, uint8_t* codes,
+                                           uint8_t* scale_e8m0, int64_t block = kMxfp8BlockLength) {
   const int64_t nb = num_blocks(cols, block);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c0 = 0, i = r * nb; c0 < cols; c0 += block, ++i) {
       const int64_t off = r * cols + c0, w = block_width(cols, c0, block);
-      const BlockScaleChoice b = choose_block_scale(amax_of(in + off, w), Fp8Traits<F>::max, true, false, 0.0f);
+      const BlockScaleChoice b = choose_block_scale(amax_of<D>(in + off, w), Fp8Traits<F>::max, true, false, 0.0f);
       scale_e8m0[i] = b.e8m0;
-      quantize_tensor<F>(in + off, w, b.scale, codes + off);
+      quantize_tensor<F, D>(in + off, w, b.scale, codes + off);
     }
 }
 
