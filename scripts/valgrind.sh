@@ -33,6 +33,24 @@ check() {  # name, then the command memcheck runs
   echo "--- valgrind: $name"
   local status=0
   "${memcheck[@]}" --log-file="$logs/$name.log" "$@" || status=$?
+  # Memcheck sometimes loses track of a thread's stack in concurrent_plans (two application
+  # threads, each with a oneDNN team): it warns "client switching stacks?" (a stack pointer moving
+  # between the main stack and a low mapping), and from there reports thousands of uses of
+  # "uninitialised" values created by stack allocations -- in oneDNN's JIT code, in libdnnl.so, and
+  # in glibc's own thread exit (munmap's and madvise's arguments). Seen on 2026-12-06 and
+  # 2026-12-07 on AMD EPYC family 26 model 2, with the library of either day (the same build
+  # passing and failing in turn, the program's outputs bit for bit those of each plan run alone).
+  # The switches come at the start and over and over ("further instances ... not shown"), which
+  # fits generated code that uses the stack pointer register for something else for a while (not
+  # established). Here 3 of 4 runs in a row showed it. Such a run is repeated, up to 4 runs in all;
+  # a failure without that warning, or 4 with it, fails.
+  local tries=1
+  while [ "$status" -eq 99 ] && [ "$tries" -lt 4 ] && grep -q "client switching stacks?" "$logs/$name.log"; do
+    echo "valgrind: $name: memcheck lost track of a stack (\"client switching stacks?\"); running it again"
+    tries=$((tries + 1))
+    status=0
+    "${memcheck[@]}" --log-file="$logs/$name.log" "$@" || status=$?
+  done
   if [ "$status" -ne 0 ]; then
     echo "valgrind: $name exited with $status (99: memcheck found errors); the start of memcheck's report:"
     head -n 150 "$logs/$name.log"
