@@ -14,6 +14,9 @@
 using lnmlp::cpu::Gemm;
 using lnmlp::cpu::make_gemm;
 
+// The 64-byte aligned start of a buffer allocated 64 bytes longer (GEMM scratch, packed weights).
+static char* aligned(std::vector<char>& v) { return v.data() + (64 - reinterpret_cast<uintptr_t>(v.data()) % 64) % 64; }
+
 struct GemmPeer::State {
   std::unique_ptr<Gemm> g1, g2, g_dact, g_dw2, g_dn, g_dw1;
   std::unique_ptr<Gemm> g1_packed, g2_packed;  // NULL where the library packs no weights here
@@ -71,13 +74,10 @@ GemmPeer::GemmPeer(int64_t T, int64_t H, int64_t F, int32_t A, int32_t dtype, bo
   s.w2 = buf(F * H), s.b2 = buf(H), s.y = buf(T * H), s.dy = buf(T * H), s.dact = buf(T * F);
   s.dw2 = buf(F * H), s.dh = buf(T * AF), s.dn = buf(T * H), s.dw1 = buf(H * AF);
   s.ws.resize(static_cast<size_t>(scratch) + 64);
-  s.scratch = s.ws.data() + (64 - reinterpret_cast<uintptr_t>(s.ws.data()) % 64) % 64;
+  s.scratch = aligned(s.ws);
 }
 
 GemmPeer::~GemmPeer() = default;
-
-// 64-byte aligned start of a packed weight's buffer (the packed layout's alignment).
-static void* aligned(std::vector<char>& v) { return v.data() + (64 - reinterpret_cast<uintptr_t>(v.data()) % 64) % 64; }
 
 double GemmPeer::run_forward_once(bool packed_weights) {
   State& s = *s_;

@@ -55,8 +55,7 @@ struct Pass {
   WeightCopies* weights = nullptr;        // the plan's kept weight copies (NULL while sizing)
   void* weight_slot[2][2] = {};           // [weight][orientation] (weight_copies.h)
   bool weight_shared[2] = {};             // one operand for both orientations
-  int64_t packed_bytes[2] = {};           // [weight]: its forward GEMM's packed copy (Exec::pack_weight)
-  void* packed_slot[2] = {};
+  void* packed_slot[2] = {};              // [weight]: its forward GEMM's packed copy (Exec::pack_weight)
   float* used_scales = nullptr;           // forward: where the scales it uses are saved for backward
   const float* forward_scales = nullptr;  // backward: those scales
   float* backward_scales = nullptr;       // backward in two calls: dy's and dh's scales (the deferred buffer's)
@@ -135,8 +134,7 @@ struct Pass {
       const int q = w == WeightCopies::kW1 ? kW1 : kW2;
       const Mat m = weight(w, nullptr);
       const char* name = quantizer_name(q);
-      packed_bytes[w] = x.packed_weight_bytes(forward_role(w));
-      packed_slot[w] = slot(packed_bytes[w], "packed weight");
+      packed_slot[w] = slot(x.packed_weight_bytes(forward_role(w)), "packed weight");
       if (!quantized) {
         weight_shared[w] = true;
         weight_slot[w][0] = slot(x.plain_bytes(m), name);
@@ -326,7 +324,7 @@ Quantized weight_operands(Pass& p, int w, const void* data, bool rowwise, bool c
 // pays only over the calls that reuse it.
 Operand with_packed_copy(Pass& p, int w, Operand o, bool weights_unchanged) {
   WeightCopies* kept = p.weights;
-  if (!weights_unchanged || kept == nullptr || p.packed_bytes[w] == 0) return o;
+  if (!weights_unchanged || kept == nullptr || p.x.packed_weight_bytes(Pass::forward_role(w)) == 0) return o;
   if (kept->packed[w] == nullptr) kept->packed[w] = p.x.pack_weight(Pass::forward_role(w), o, p.packed_slot[w]).packed;
   o.packed = kept->packed[w];
   return o;

@@ -206,9 +206,9 @@ class SplitGemm final : public Gemm {
   // [n, k] oneDNN's own partition was as fast or faster (docs/gemm-libraries.md, "Few rows").
   static constexpr int64_t kFewRows = 128;
   // A stored [k, m] is a weight gradient's GEMM (dW1, dW2: the tokens are its k). With an fp32
-  // result, oneDNN's own partition of it over two threads ran 1.6-1.8x faster than one thread
-  // where its slices ran 1.9-2.1x faster, at 64 to 256 tokens, so it is sliced whatever its size;
-  // with a bf16 result slicing gained nothing (docs/gemm-libraries.md, "Weight gradients").
+  // result, oneDNN's own two-thread partition of it scaled worst of the block's GEMMs and its
+  // slices better, so it is sliced whatever its size; with a bf16 result slicing gained nothing
+  // (docs/gemm-libraries.md, "Weight gradients").
   static bool fp32_weight_gradient(const GemmShape& s) { return s.trans_a && s.output == GemmType::F32; }
 
   enum class Mode { Auto, Off, On };  // LNMLP_CPU_GEMM_SLICES unset (or other), "off", "on"
