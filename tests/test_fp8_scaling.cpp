@@ -406,6 +406,9 @@ TEST(Quantize, RowsBlocked1x128PartialLastBlock) {
   check_rows_blocked<Fp8Format::E4M3>(4, 300, 128, false, 1e-6f);
   check_rows_blocked<Fp8Format::E4M3>(3, 128, 128, true, 0.0f);  // exact multiple
   check_rows_blocked<Fp8Format::E4M3>(3, 50, 128, true, 0.0f);   // a single partial block
+  // Rows of more than the 64 blocks the quantizer takes at a time (quantize_blocks_along_rows).
+  check_rows_blocked<Fp8Format::E4M3>(3, 64 * 128 + 77, 128, false, 0.0f);
+  check_rows_blocked<Fp8Format::E5M2>(3, 65 * 128, 128, true, 0.0f);
 }
 
 // ---- 128x128 tiles, brute force ---------------------------------------------------------
@@ -496,6 +499,10 @@ TEST(Quantize, Mxfp8RowsPartialLastBlock) {
   check_mxfp8<Fp8Format::E4M3>(4, 300);  // 300 = 9 * 32 + 12
   check_mxfp8<Fp8Format::E5M2>(4, 300);
   check_mxfp8<Fp8Format::E4M3>(3, 64);
+  // Rows of more than the 64 blocks the quantizer takes at a time (quantize_blocks_along_rows):
+  // the partial last block in the second group, and a row of exactly two groups.
+  check_mxfp8<Fp8Format::E4M3>(3, 64 * 32 + 45);
+  check_mxfp8<Fp8Format::E5M2>(3, 128 * 32);
 }
 
 // ---- the GEMM contract --------------------------------------------------------------------
