@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "fp8_lookup.h"
 #include "gemm.h"
 #include "gemm_plan.h"
 #include "numerics/dtype.h"
@@ -83,8 +84,12 @@ template <DType D = DType::F32> void quantize_operand(int threads, const QuantKi
 
 // Decodes codes [rows, cols] into the GEMM operand: fp8 value times its block's scale_inv (per
 // tensor: the bare fp8 value; the scale_inv goes to the GEMM's epilogue). bf16 or fp32 per type.
+// Where the kernels decode by table lookup (fp8_lookup.h), a row's codes are looked up kSpan at a
+// time (a multiple of every block length) and the span's values then scaled and rounded.
 inline void decode_operand(int threads, const QuantKind& k, const uint8_t* codes, const void* scales, int64_t rows,
                            int64_t cols, GemmType type, void* out) {
+  constexpr int64_t kSpan = 256;
+  static_assert(kSpan % numerics::kMxfp8BlockLength == 0 && kSpan % numerics::kBlockScalingLength == 0);
   numerics::dispatch_fp8(k.format, [&](auto ft) {
     constexpr Fp8Format F = decltype(ft)::value;
     const int64_t b = k.block();
@@ -93,33 +98,48 @@ inline void decode_operand(int threads, const QuantKind& k, const uint8_t* codes
     const auto* sf = static_cast<const float*>(scales);
     const auto* s8 = static_cast<const uint8_t*>(scales);
     auto scale_inv = [&](int64_t i) { return e8m0 ? numerics::e8m0_to_float(s8[i]) : sf[i]; };
-    // Writes o[c] = fp8(q[c]) * s(c) for c in [c0, c1), s given per element; bf16 or fp32.
-    auto emit = [&](const uint8_t* q, int64_t r, int64_t c0, int64_t c1, auto s) {
+    // Writes o[c] = v(c) * s(c) for c in [c0, c1) of row r, v and s given per element.
+    auto write = [&](int64_t r, int64_t c0, int64_t c1, auto v, auto s) {
       if (type == GemmType::BF16) {
         uint16_t* o = static_cast<uint16_t*>(out) + r * cols;
 #pragma omp simd
-        for (int64_t c = c0; c < c1; ++c)
-          o[c] = numerics::store<numerics::DType::BF16>(numerics::fp8_to_float<F>(q[c]) * s(c));
+        for (int64_t c = c0; c < c1; ++c) o[c] = numerics::store<numerics::DType::BF16>(v(c) * s(c));
       } else {
         float* o = static_cast<float*>(out) + r * cols;
 #pragma omp simd
-        for (int64_t c = c0; c < c1; ++c) o[c] = numerics::fp8_to_float<F>(q[c]) * s(c);
+        for (int64_t c = c0; c < c1; ++c) o[c] = v(c) * s(c);
       }
     };
     parallel_chunks(threads, threads, rows, [&](int64_t r0, int64_t r1, int) {
       for (int64_t r = r0; r < r1; ++r) {
         const uint8_t* q = codes + r * cols;
-        if (layout == numerics::ScaleLayout::PerTensor) {
-          emit(q, r, 0, cols, [](int64_t) { return 1.0f; });
-        } else if (layout != numerics::ScaleLayout::DownColumns) {  // one scale per block of the row
-          for (int64_t c0 = 0; c0 < cols; c0 += b) {
-            const float si = scale_inv(numerics::block_scale_index(layout, r, c0, cols, b));
-            emit(q, r, c0, std::min(cols, c0 + b), [si](int64_t) { return si; });
+#if LNMLP_CPU_FP8_LOOKUP
+        if (layout == numerics::ScaleLayout::PerTensor && type == GemmType::BF16) {  // the looked-up bf16 itself
+          fp8_to_bf16_lookup<F>(q, cols, static_cast<uint16_t*>(out) + r * cols);
+          continue;
+        }
+#endif
+        for (int64_t a = 0; a < cols; a += kSpan) {
+          const int64_t e = cols - a < kSpan ? cols : a + kSpan;
+#if LNMLP_CPU_FP8_LOOKUP
+          alignas(64) float v[kSpan];
+          fp8_to_float_lookup<F>(q + a, e - a, v);
+          auto value = [&v, a](int64_t c) { return v[c - a]; };
+#else
+          auto value = [q](int64_t c) { return numerics::fp8_to_float<F>(q[c]); };
+#endif
+          if (layout == numerics::ScaleLayout::PerTensor) {
+            write(r, a, e, value, [](int64_t) { return 1.0f; });
+          } else if (layout == numerics::ScaleLayout::DownColumns) {  // a scale per column, shared by `b` rows
+            const int64_t base = numerics::block_scale_index(layout, r, 0, cols, b);
+            if (e8m0) write(r, a, e, value, [s8, base](int64_t c) { return numerics::e8m0_to_float(s8[base + c]); });
+            else write(r, a, e, value, [sf, base](int64_t c) { return sf[base + c]; });
+          } else {  // one scale per block of the row (or per tile)
+            for (int64_t c0 = a; c0 < e; c0 += b) {
+              const float si = scale_inv(numerics::block_scale_index(layout, r, c0, cols, b));
+              write(r, c0, e - c0 < b ? e : c0 + b, value, [si](int64_t) { return si; });
+            }
           }
-        } else {  // blocks down the columns: a scale per column, shared by `b` rows
-          const int64_t base = numerics::block_scale_index(layout, r, 0, cols, b);
-          if (e8m0) emit(q, r, 0, cols, [s8, base](int64_t c) { return numerics::e8m0_to_float(s8[base + c]); });
-          else emit(q, r, 0, cols, [sf, base](int64_t c) { return sf[base + c]; });
         }
       }
     });
