@@ -1,0 +1,78 @@
+// The CPU backend's FP8 operand passes alone (src/cpu/fp8_operands.h): quantizing a bf16 matrix
+// the shape of W1 (1024 x 4096) for each recipe and orientation, and decoding the codes into the
+// bf16 GEMM operand, in ns per element, best of 7 after one warm-up, at 1 and `threads` threads.
+// Built by run.sh once per ISA level (LNMLP_CPU_ISA and -march), as the library builds its
+// kernels; the block-level effect of these passes is bench/ab_compare.py --set fp8.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "cpu/fp8_operands.h"
+
+namespace {
+
+using namespace lnmlp;
+using lnmlp::numerics::DType;
+
+template <typename F> double best_ms(F&& f) {
+  f();
+  double best = 1e30;
+  for (int i = 0; i < 7; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    const auto t1 = std::chrono::steady_clock::now();
+    best = std::min(best, std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* level = argc > 1 ? argv[1] : "?";
+  const int threads = argc > 2 ? std::atoi(argv[2]) : omp_get_max_threads();
+  const int64_t rows = 1024, cols = 4096, n = rows * cols;
+  std::vector<uint16_t> in(n);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  for (auto& v : in) v = numerics::store<DType::BF16>(normal(rng));
+  std::vector<uint8_t> codes(n), e8m0(n / 32 + cols);
+  std::vector<float> scales(n / 32 + cols);
+  std::vector<uint16_t> out(n);
+  std::vector<uint32_t> work(static_cast<size_t>(threads) * cols);
+  struct Kind {
+    const char* name;
+    Recipe recipe;
+    Contract contract;
+  };
+  const Kind kinds[] = {{"per tensor (current)", Recipe::Current, Contract::Cols},
+                        {"block 1x128 along rows", Recipe::Block, Contract::Cols},
+                        {"block 128x1 down columns", Recipe::Block, Contract::Rows},
+                        {"mxfp8 1x32 along rows", Recipe::Mxfp8, Contract::Cols},
+                        {"mxfp8 32x1 down columns", Recipe::Mxfp8, Contract::Rows}};
+  std::printf("FP8 operand passes, bf16 [%lld, %lld] -> e4m3 codes -> bf16 operand, CPU kernels at %s; ns/element\n",
+              static_cast<long long>(rows), static_cast<long long>(cols), level);
+  std::printf("%-26s %10s %10s %10s %10s\n", "quantizer", "quant 1t", "decode 1t", "quant Nt", "decode Nt");
+  for (const Kind& k : kinds) {
+    const QuantKind q{k.recipe, numerics::Fp8Format::E4M3, k.contract, false, false, 0.0f};
+    void* s = k.recipe == Recipe::Mxfp8 ? static_cast<void*>(e8m0.data()) : scales.data();
+    double t[4];
+    for (int i = 0; i < 2; ++i) {
+      const int th = i == 0 ? 1 : threads;
+      t[2 * i] = best_ms([&] {
+        cpu::quantize_operand<DType::BF16>(th, q, in.data(), rows, cols, 1.0f, codes.data(), s, work.data());
+      });
+      t[2 * i + 1] =
+          best_ms([&] { cpu::decode_operand(th, q, codes.data(), s, rows, cols, cpu::GemmType::BF16, out.data()); });
+    }
+    std::printf("%-26s %10.3f %10.3f %10.3f %10.3f\n", k.name, t[0] * 1e6 / n, t[1] * 1e6 / n, t[2] * 1e6 / n,
+                t[3] * 1e6 / n);
+  }
+  std::printf("(N = %d threads)\n", threads);
+  return 0;
+}
