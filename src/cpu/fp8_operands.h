@@ -110,62 +110,36 @@ inline void decode_operand(int threads, const QuantKind& k, const uint8_t* codes
         for (int64_t c = c0; c < c1; ++c) o[c] = v(c) * s(c);
       }
     };
-    // use(value) with value(c) = fp8(code c of row r) for c in the span [a, e).
-    auto with_values = [&](int64_t r, int64_t a, int64_t e, auto&& use) {
-#if LNMLP_CPU_FP8_LOOKUP
-      alignas(64) float v[kSpan];
-      fp8_to_float_lookup<F>(codes + r * cols + a, e - a, v);
-      use([&v, a](int64_t c) { return v[c - a]; });
-#else
-      (void)a, (void)e;  // the arithmetic decode reads each code where it is used
-      const uint8_t* q = codes + r * cols;
-      use([q](int64_t c) { return numerics::fp8_to_float<F>(q[c]); });
-#endif
-    };
-    auto span_end = [&](int64_t a) { return cols - a < kSpan ? cols : a + kSpan; };
     parallel_chunks(threads, threads, rows, [&](int64_t r0, int64_t r1, int) {
-      if (layout == numerics::ScaleLayout::DownColumns && e8m0) {
-        // E8M0 scales down the columns, band by band (the rows sharing them) and span by span: a
-        // span's scales are converted once for all its band's rows.
-        alignas(64) float span_scale[kSpan];
-        for (int64_t g0 = r0; g0 < r1;) {
-          const int64_t g1 = std::min(r1, (g0 / b + 1) * b);
-          const int64_t base = numerics::block_scale_index(layout, g0, 0, cols, b);
-          for (int64_t a = 0; a < cols; a += kSpan) {
-            const int64_t e = span_end(a);
-#pragma omp simd
-            for (int64_t c = a; c < e; ++c) span_scale[c - a] = numerics::e8m0_to_float(s8[base + c]);
-            for (int64_t r = g0; r < g1; ++r)
-              with_values(r, a, e, [&](auto value) {
-                write(r, a, e, value, [&span_scale, a](int64_t c) { return span_scale[c - a]; });
-              });
-          }
-          g0 = g1;
-        }
-        return;
-      }
       for (int64_t r = r0; r < r1; ++r) {
+        const uint8_t* q = codes + r * cols;
 #if LNMLP_CPU_FP8_LOOKUP
         if (layout == numerics::ScaleLayout::PerTensor && type == GemmType::BF16) {  // the looked-up bf16 itself
-          fp8_to_bf16_lookup<F>(codes + r * cols, cols, static_cast<uint16_t*>(out) + r * cols);
+          fp8_to_bf16_lookup<F>(q, cols, static_cast<uint16_t*>(out) + r * cols);
           continue;
         }
 #endif
         for (int64_t a = 0; a < cols; a += kSpan) {
-          const int64_t e = span_end(a);
-          with_values(r, a, e, [&](auto value) {
-            if (layout == numerics::ScaleLayout::PerTensor) {
-              write(r, a, e, value, [](int64_t) { return 1.0f; });
-            } else if (layout == numerics::ScaleLayout::DownColumns) {  // fp32 scales, one per column
-              const int64_t base = numerics::block_scale_index(layout, r, 0, cols, b);
-              write(r, a, e, value, [sf, base](int64_t c) { return sf[base + c]; });
-            } else {  // one scale per block of the row (or per tile)
-              for (int64_t c0 = a; c0 < e; c0 += b) {
-                const float si = scale_inv(numerics::block_scale_index(layout, r, c0, cols, b));
-                write(r, c0, e - c0 < b ? e : c0 + b, value, [si](int64_t) { return si; });
-              }
+          const int64_t e = cols - a < kSpan ? cols : a + kSpan;
+#if LNMLP_CPU_FP8_LOOKUP
+          alignas(64) float v[kSpan];
+          fp8_to_float_lookup<F>(q + a, e - a, v);
+          auto value = [&v, a](int64_t c) { return v[c - a]; };
+#else
+          auto value = [q](int64_t c) { return numerics::fp8_to_float<F>(q[c]); };
+#endif
+          if (layout == numerics::ScaleLayout::PerTensor) {
+            write(r, a, e, value, [](int64_t) { return 1.0f; });
+          } else if (layout == numerics::ScaleLayout::DownColumns) {  // a scale per column, shared by `b` rows
+            const int64_t base = numerics::block_scale_index(layout, r, 0, cols, b);
+            if (e8m0) write(r, a, e, value, [s8, base](int64_t c) { return numerics::e8m0_to_float(s8[base + c]); });
+            else write(r, a, e, value, [sf, base](int64_t c) { return sf[base + c]; });
+          } else {  // one scale per block of the row (or per tile)
+            for (int64_t c0 = a; c0 < e; c0 += b) {
+              const float si = scale_inv(numerics::block_scale_index(layout, r, c0, cols, b));
+              write(r, c0, e - c0 < b ? e : c0 + b, value, [si](int64_t) { return si; });
             }
-          });
+          }
         }
       }
     });
