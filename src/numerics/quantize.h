@@ -167,8 +167,7 @@ LNMLP_HOST_INLINE void quantize_blocks_along_rows(const storage_t<D>* in, int64_
       const int64_t c0 = g0 * block, len = cols - c0 < n * block ? cols - c0 : n * block;  // the group's columns
       const storage_t<D>* x = in + r * cols + c0;
       uint8_t* q = codes + r * cols + c0;
-      auto width = [&](int64_t j) { return block_width(len, j * block, block); };
-      for (int64_t j = 0; j < n; ++j) amax[j] = amax_bits_of<D>(x + j * block, width(j));
+      for (int64_t j = 0; j < n; ++j) amax[j] = amax_bits_of<D>(x + j * block, block_width(len, j * block, block));
       LNMLP_QUANT_SIMD
       for (int64_t j = 0; j < n; ++j) {
         const BlockScaleChoice b =
@@ -183,7 +182,7 @@ LNMLP_HOST_INLINE void quantize_blocks_along_rows(const storage_t<D>* in, int64_
       }
       for (int64_t j = 0; j < n; ++j) {
         const float sj = scale[j];
-        for (int64_t i = j * block; i < j * block + width(j); ++i) element_scale[i] = sj;
+        for (int64_t i = j * block; i < j * block + block_width(len, j * block, block); ++i) element_scale[i] = sj;
       }
       LNMLP_QUANT_SIMD
       for (int64_t i = 0; i < len; ++i) q[i] = float_to_fp8<F>(load<D>(x[i]) * element_scale[i]);
