@@ -31,22 +31,19 @@ inline namespace LNMLP_CPU_ISA {
 // Codes decoded 32 at a time.
 constexpr int64_t kFp8LookupWidth = 32;
 
-struct Fp8WordTable {
-  __m512i words[8];  // the words of codes 32 i .. 32 i + 31
+// The 256 codes' words: bf16_words, numerics::store<BF16>(fp8_to_float(code)) (a NaN becomes
+// bf16's canonical NaN, as there); otherwise float_bits(fp8_to_float(code)) >> 16.
+struct Fp8Words {
+  alignas(64) uint16_t w[256];
 };
-
-// bf16_words: numerics::store<BF16>(fp8_to_float(code)) (a NaN becomes bf16's canonical NaN, as
-// there); otherwise float_bits(fp8_to_float(code)) >> 16.
-template <numerics::Fp8Format F, bool bf16_words> const Fp8WordTable& fp8_word_table() {
-  static const Fp8WordTable table = [] {
-    alignas(64) uint16_t words[256];
+template <numerics::Fp8Format F, bool bf16_words> const Fp8Words& fp8_words() {
+  static const Fp8Words table = [] {
+    Fp8Words t;
     for (int c = 0; c < 256; ++c) {
       const float v = numerics::fp8_to_float<F>(static_cast<uint8_t>(c));
-      words[c] =
+      t.w[c] =
           bf16_words ? numerics::store<numerics::DType::BF16>(v) : static_cast<uint16_t>(numerics::float_bits(v) >> 16);
     }
-    Fp8WordTable t;
-    for (int i = 0; i < 8; ++i) t.words[i] = _mm512_load_si512(words + 32 * i);
     return t;
   }();
   return table;
@@ -57,12 +54,12 @@ inline __mmask32 first_lanes(int64_t n) {
   return n >= kFp8LookupWidth ? ~__mmask32{0} : static_cast<__mmask32>((uint32_t{1} << n) - 1u);
 }
 
-// The table in registers: held by value, so that the compiler need not reload it after each store
-// (a store through any pointer may alias a table in memory).
+// The table in eight registers (codes 32 i .. 32 i + 31 in w[i]): held by value, so that the
+// compiler need not reload it after each store (a store through any pointer may alias the table).
 struct Fp8WordLookup {
   __m512i w[8];
-  explicit Fp8WordLookup(const Fp8WordTable& t) {
-    for (int i = 0; i < 8; ++i) w[i] = t.words[i];
+  explicit Fp8WordLookup(const Fp8Words& t) {
+    for (int i = 0; i < 8; ++i) w[i] = _mm512_load_si512(t.w + 32 * i);
   }
   // The words of 32 codes (zero-extended to 16 bits).
   __m512i operator()(__m512i code) const {
@@ -89,7 +86,7 @@ inline __m512i load_codes(const uint8_t* q, int64_t n) {
 // out[i] = store<BF16>(fp8_to_float(q[i])) for i < n. Whole groups of 32 are stored unmasked
 // (masked stores are slow on AMD's AVX-512), the tail masked.
 template <numerics::Fp8Format F> void fp8_to_bf16_lookup(const uint8_t* q, int64_t n, uint16_t* out) {
-  const Fp8WordLookup lookup(fp8_word_table<F, true>());
+  const Fp8WordLookup lookup(fp8_words<F, true>());
   int64_t i = 0;
   for (; i + kFp8LookupWidth <= n; i += kFp8LookupWidth)
     _mm512_storeu_si512(out + i, lookup(load_codes(q + i, kFp8LookupWidth)));
@@ -99,7 +96,7 @@ template <numerics::Fp8Format F> void fp8_to_bf16_lookup(const uint8_t* q, int64
 // out[i] = fp8_to_float(q[i]) for i < n, written in whole groups of 32 (out has room for n rounded
 // up to a multiple of 32).
 template <numerics::Fp8Format F> void fp8_to_float_lookup(const uint8_t* q, int64_t n, float* out) {
-  const Fp8WordLookup lookup(fp8_word_table<F, false>());
+  const Fp8WordLookup lookup(fp8_words<F, false>());
   const __mmask16 all = 0xffff;
   for (int64_t i = 0; i < n; i += kFp8LookupWidth) {
     const __m512i w = lookup(load_codes(q + i, n - i));
