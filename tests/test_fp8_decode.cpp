@@ -24,10 +24,12 @@ using lnmlp::QuantKind;
 using lnmlp::Recipe;
 using lnmlp::numerics::Fp8Format;
 using lnmlp::test::DecodeFn;
+using lnmlp::test::QuantizeToOperandFn;
 
 struct Level {
   const char* name;
   DecodeFn decode;
+  QuantizeToOperandFn quantize;
   bool runs;  // this CPU has the level
 };
 
@@ -41,19 +43,19 @@ std::vector<Level> levels() {
                   __builtin_cpu_supports("avx512vl");
   std::vector<Level> l;
 #if defined(LNMLP_TEST_LEVEL_x86_64)
-  l.push_back({"x86-64", lnmlp::test::decode_operand_x86_64, true});
+  l.push_back({"x86-64", lnmlp::test::decode_operand_x86_64, lnmlp::test::quantize_to_operand_x86_64, true});
 #endif
 #if defined(LNMLP_TEST_LEVEL_x86_64_v3)
-  l.push_back({"x86-64-v3", lnmlp::test::decode_operand_x86_64_v3, v3});
+  l.push_back({"x86-64-v3", lnmlp::test::decode_operand_x86_64_v3, lnmlp::test::quantize_to_operand_x86_64_v3, v3});
 #endif
 #if defined(LNMLP_TEST_LEVEL_x86_64_v4)
-  l.push_back({"x86-64-v4", lnmlp::test::decode_operand_x86_64_v4, v4});
+  l.push_back({"x86-64-v4", lnmlp::test::decode_operand_x86_64_v4, lnmlp::test::quantize_to_operand_x86_64_v4, v4});
 #endif
 #if defined(LNMLP_TEST_LEVEL_native)
-  l.push_back({"native", lnmlp::test::decode_operand_native, true});
+  l.push_back({"native", lnmlp::test::decode_operand_native, lnmlp::test::quantize_to_operand_native, true});
 #endif
 #if defined(LNMLP_TEST_LEVEL_portable)
-  l.push_back({"portable", lnmlp::test::decode_operand_portable, true});
+  l.push_back({"portable", lnmlp::test::decode_operand_portable, lnmlp::test::quantize_to_operand_portable, true});
 #endif
   (void)v4;
   return l;
@@ -155,6 +157,88 @@ TEST(Fp8Decode, EveryCodeEveryLayoutAtEveryLevel) {
                   }
                 }
             }
+  }
+  EXPECT_GT(ran, 0);
+}
+
+// quantize_to_operand (the operand straight from x, no codes) against quantize_operand then
+// decode_operand at the same level, bit for bit (a NaN for a NaN): every recipe and orientation,
+// fp32 and bf16 inputs and operands, e4m3 and e5m2, 1 and 2 threads, shapes with partial blocks on
+// both sides, over values spread across 2^-40 .. 2^40 with whole blocks of zeros, a NaN, an
+// infinity, fp32 subnormals and values beyond the format (a per-tensor scale of 2^20 saturates).
+TEST(Fp8Decode, QuantizeToOperandIsQuantizeThenDecodeAtEveryLevel) {
+  const Case cases[] = {
+      {"per tensor", Recipe::Current, Contract::Cols, false}, {"block 1x128", Recipe::Block, Contract::Cols, false},
+      {"block 128x1", Recipe::Block, Contract::Rows, false},  {"block 128x128", Recipe::Block, Contract::Cols, true},
+      {"mxfp8 1x32", Recipe::Mxfp8, Contract::Cols, false},   {"mxfp8 32x1", Recipe::Mxfp8, Contract::Rows, false},
+  };
+  const int64_t shapes[][2] = {{1, 1}, {3, 31}, {5, 33}, {2, 257}, {130, 300}, {33, 2100}};
+  int ran = 0;
+  for (const Level& level : levels()) {
+    if (!level.runs) continue;
+    ++ran;
+    for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2})
+      for (const Case& c : cases)
+        for (const auto& shape : shapes)
+          for (bool in_bf16 : {false, true})
+            for (bool bf16 : {true, false})
+              for (int threads : {1, 2}) {
+                const int64_t rows = shape[0], cols = shape[1], n = rows * cols;
+                const QuantKind k{c.recipe, f, c.contract, c.weight, false, 0.0f};
+                std::mt19937 rng(static_cast<uint32_t>(n * 3 + cols + in_bf16));
+                std::normal_distribution<float> normal;
+                std::uniform_int_distribution<int> octave(-40, 40);
+                std::vector<float> x(n);
+                for (int64_t i = 0; i < n; ++i) {
+                  const int64_t block = i / 32;  // runs of 32 along a row: a block of mxfp8 1x32
+                  x[i] = std::ldexp(normal(rng), block % 5 == 0 ? octave(rng) : static_cast<int>(block % 9) - 4);
+                  if (block % 11 == 3) x[i] = 0.0f;
+                }
+                const float specials[] = {NAN, INFINITY, -INFINITY, 1e-40f, -3e-39f, 1e30f, -0.0f};
+                for (int64_t j = 0; j < 7 && j * 97 + 5 < n; ++j) x[j * 97 + 5] = specials[j];
+                std::vector<uint16_t> x16(n);
+                for (int64_t i = 0; i < n; ++i) {
+                  x16[i] = lnmlp_ref::bf16_from_double(x[i]);
+                  if (in_bf16) x[i] = static_cast<float>(lnmlp_ref::bf16_to_double(x16[i]));
+                }
+                const void* in = in_bf16 ? static_cast<const void*>(x16.data()) : x.data();
+                const float scale = n % 2 ? 0x1p20f : 3.75f;
+                const int64_t ns = k.scale_count(rows, cols) + 1, bytes = bf16 ? 2 : 4;
+                std::vector<uint32_t> work(2 * cols);
+                std::vector<uint8_t> codes(n), want(n * bytes, 0x5a), got(n * bytes, 0xa5);
+                std::vector<uint32_t> want_scales(ns, 7), got_scales(ns, 7);  // as floats or E8M0 bytes
+                level.quantize(threads, k, in, in_bf16, rows, cols, scale, codes.data(), want_scales.data(), bf16,
+                               want.data(), work.data());
+                level.quantize(threads, k, in, in_bf16, rows, cols, scale, nullptr, got_scales.data(), bf16, got.data(),
+                               work.data());
+                const std::string where = std::string(level.name) + " " + lnmlp::numerics::fp8_name(f) + " " + c.name +
+                                          (in_bf16 ? " from bf16 " : " from fp32 ") + (bf16 ? "to bf16 " : "to fp32 ") +
+                                          std::to_string(rows) + "x" + std::to_string(cols) + " threads " +
+                                          std::to_string(threads);
+                ASSERT_EQ(got_scales, want_scales) << where;
+                for (int64_t i = 0; i < n; ++i) {
+                  double w, g;
+                  if (bf16) {
+                    uint16_t wb, gb;
+                    std::memcpy(&wb, &want[i * 2], 2);
+                    std::memcpy(&gb, &got[i * 2], 2);
+                    w = static_cast<float>(lnmlp_ref::bf16_to_double(wb));
+                    g = static_cast<float>(lnmlp_ref::bf16_to_double(gb));
+                  } else {
+                    float wf, gf;
+                    std::memcpy(&wf, &want[i * 4], 4);
+                    std::memcpy(&gf, &got[i * 4], 4);
+                    w = wf;
+                    g = gf;
+                  }
+                  if (std::isnan(w)) {
+                    ASSERT_TRUE(std::isnan(g)) << where << " at " << i;
+                  } else {
+                    ASSERT_EQ(0, std::memcmp(&want[i * bytes], &got[i * bytes], bytes))
+                        << where << " at " << i << " (x " << x[i] << "): " << g << " vs " << w;
+                  }
+                }
+              }
   }
   EXPECT_GT(ran, 0);
 }

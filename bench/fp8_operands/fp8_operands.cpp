@@ -1,6 +1,7 @@
 // The CPU backend's FP8 operand passes alone (src/cpu/fp8_operands.h): quantizing a bf16 matrix
 // the shape of W1 (1024 x 4096) for each recipe and orientation, and decoding the codes into the
-// bf16 GEMM operand, in ns per element, best of 7 after one warm-up, at 1 and `threads` threads.
+// bf16 GEMM operand, and the two in one pass without codes (quantize_to_operand, "straight"), in
+// ns per element, best of 7 after one warm-up, at 1 and `threads` threads.
 // Built by run.sh once per ISA level (LNMLP_CPU_ISA and -march), as the library builds its
 // kernels; the block-level effect of these passes is bench/ab_compare.py --set fp8.
 #include <omp.h>
@@ -57,21 +58,27 @@ int main(int argc, char** argv) {
                         {"mxfp8 32x1 down columns", Recipe::Mxfp8, Contract::Rows}};
   std::printf("FP8 operand passes, bf16 [%lld, %lld] -> e4m3 codes -> bf16 operand, CPU kernels at %s; ns/element\n",
               static_cast<long long>(rows), static_cast<long long>(cols), level);
-  std::printf("%-26s %10s %10s %10s %10s\n", "quantizer", "quant 1t", "decode 1t", "quant Nt", "decode Nt");
+  std::printf("%-26s %10s %10s %10s %10s %10s %10s\n", "quantizer", "quant 1t", "decode 1t", "straight 1t", "quant Nt",
+              "decode Nt", "straight Nt");
   for (const Kind& k : kinds) {
     const QuantKind q{k.recipe, numerics::Fp8Format::E4M3, k.contract, false, false, 0.0f};
     void* s = k.recipe == Recipe::Mxfp8 ? static_cast<void*>(e8m0.data()) : scales.data();
-    double t[4];
+    double t[6];
     for (int i = 0; i < 2; ++i) {
       const int th = i == 0 ? 1 : threads;
-      t[2 * i] = best_ms([&] {
+      t[3 * i] = best_ms([&] {
         cpu::quantize_operand<DType::BF16>(th, q, in.data(), rows, cols, 1.0f, codes.data(), s, work.data());
       });
-      t[2 * i + 1] =
+      t[3 * i + 1] =
           best_ms([&] { cpu::decode_operand(th, q, codes.data(), s, rows, cols, cpu::GemmType::BF16, out.data()); });
+      t[3 * i + 2] = best_ms([&] {
+        cpu::quantize_to_operand<DType::BF16>(th, q, in.data(), rows, cols, 1.0f, s, cpu::GemmType::BF16, out.data(),
+                                              work.data());
+      });
     }
-    std::printf("%-26s %10.3f %10.3f %10.3f %10.3f\n", k.name, t[0] * 1e6 / n, t[1] * 1e6 / n, t[2] * 1e6 / n,
-                t[3] * 1e6 / n);
+    std::printf("%-26s", k.name);
+    for (double ms : t) std::printf(" %10.3f", ms * 1e6 / n);
+    std::printf("\n");
   }
   std::printf("(N = %d threads)\n", threads);
   return 0;

@@ -317,8 +317,14 @@ class CpuExec final : public block::Exec {
       return block::quantize_representations(call, l.reps.shared, [&](bool columnwise, bool to_saved, bool operand) {
         const QuantKind k = kind(call.quantizer, columnwise ? Contract::Rows : Contract::Cols);
         const block::DecodedTarget to = block::decoded_target(l.reps, call, columnwise, to_saved, base);
-        quantize_operand<D>(threads_, k, typed<const storage_t<D>>(x), x.rows, x.cols,
-                            call.scale != nullptr ? call.scale->scale : 0.0f, to.codes, to.scales, work());
+        const float scale = call.scale != nullptr ? call.scale->scale : 0.0f;
+        if (operand && !to_saved) {  // codes only the decode would read: the operand without them
+          quantize_to_operand<D>(threads_, k, typed<const storage_t<D>>(x), x.rows, x.cols, scale, to.scales, decoded_,
+                                 to.op, work());
+          return Operand{to.op, scale_inv};
+        }
+        quantize_operand<D>(threads_, k, typed<const storage_t<D>>(x), x.rows, x.cols, scale, to.codes, to.scales,
+                            work());
         if (!operand) return Operand{};
         decode_operand(threads_, k, to.codes, to.scales, x.rows, x.cols, decoded_, to.op);
         return Operand{to.op, scale_inv};

@@ -37,49 +37,76 @@ template <DType D> uint32_t parallel_amax_bits(int threads, const numerics::stor
   return m;
 }
 
-// Quantizes in [rows, cols] (fp32, or an I/O dtype read as it is) into codes [rows, cols] and, for
-// blocked recipes, scales (k.scale_count floats, or E8M0 bytes for mxfp8). Per-tensor kinds use
-// `scale`. `work` holds threads * cols uint32 (column bands).
-template <DType D = DType::F32> void quantize_operand(int threads, const QuantKind& k, const numerics::storage_t<D>* in,
-                                                      int64_t rows, int64_t cols, float scale, uint8_t* codes,
-                                                      void* scales, uint32_t* work) {
+// Quantizes in [rows, cols] (fp32, or an I/O dtype read as it is) for k into out (numerics'
+// ToCodes: codes [rows, cols]; ToDecoded: the GEMM operand decode_operand would make of them) and,
+// for blocked recipes, scales (k.scale_count floats, or E8M0 bytes for mxfp8). Per-tensor kinds
+// use `scale`. `work` holds threads * cols uint32 (column bands).
+template <DType D, typename Out> void quantize_operand_to(int threads, const QuantKind& k,
+                                                          const numerics::storage_t<D>* in, int64_t rows, int64_t cols,
+                                                          float scale, Out out, void* scales, uint32_t* work) {
   numerics::dispatch_fp8(k.format, [&](auto ft) {
     constexpr Fp8Format F = decltype(ft)::value;
     const int64_t b = k.block();
     if (k.per_tensor()) {
       parallel_chunks(threads, threads, rows * cols, [&](int64_t i0, int64_t i1, int) {
-        numerics::quantize_tensor<F, D>(in + i0, i1 - i0, scale, codes + i0);
+        numerics::quantize_tensor_to<F, D>(in + i0, i1 - i0, scale, 1.0f, out.at(i0));
       });
     } else if (k.tiles()) {
       const int64_t bands = numerics::num_blocks(rows, b), nbc = numerics::num_blocks(cols, b);
       parallel_chunks(threads, threads, bands, [&](int64_t b0, int64_t b1, int) {
         for (int64_t band = b0; band < b1; ++band) {
           const int64_t r0 = band * b, h = rows - r0 < b ? rows - r0 : b;
-          numerics::quantize_tiles<F, D>(in + r0 * cols, h, cols, b, b, k.power_2_scale, k.amax_epsilon,
-                                         codes + r0 * cols, static_cast<float*>(scales) + band * nbc);
+          numerics::quantize_tiles_to<F, D>(in + r0 * cols, h, cols, b, b, k.power_2_scale, k.amax_epsilon,
+                                            out.at(r0 * cols), static_cast<float*>(scales) + band * nbc);
         }
       });
-    } else if (k.contract == Contract::Cols) {
+    } else if (k.contract == Contract::Cols) {  // (below, each recipe its own call: the scales' loop vectorizes)
       const int64_t nb = numerics::num_blocks(cols, b);
       parallel_chunks(threads, threads, rows, [&](int64_t r0, int64_t r1, int) {
         if (k.recipe == Recipe::Mxfp8)
-          numerics::quantize_mxfp8_rows<F, D>(in + r0 * cols, r1 - r0, cols, codes + r0 * cols,
-                                              static_cast<uint8_t*>(scales) + r0 * nb, b);
+          numerics::quantize_blocks_along_rows<F, D>(in + r0 * cols, r1 - r0, cols, b, true, false, 0.0f,
+                                                     out.at(r0 * cols), nullptr,
+                                                     static_cast<uint8_t*>(scales) + r0 * nb);
         else
-          numerics::quantize_rows_blocked<F, D>(in + r0 * cols, r1 - r0, cols, b, k.power_2_scale, k.amax_epsilon,
-                                                codes + r0 * cols, static_cast<float*>(scales) + r0 * nb);
+          numerics::quantize_blocks_along_rows<F, D>(in + r0 * cols, r1 - r0, cols, b, false, k.power_2_scale,
+                                                     k.amax_epsilon, out.at(r0 * cols),
+                                                     static_cast<float*>(scales) + r0 * nb, nullptr);
       });
     } else {
       parallel_chunks(threads, threads, numerics::num_blocks(rows, b), [&](int64_t b0, int64_t b1, int c) {
         uint32_t* w = work + c * cols;
         for (int64_t band = b0; band < b1; ++band) {
           const int64_t r0 = band * b, h = rows - r0 < b ? rows - r0 : b;
-          numerics::quantize_cols_band<F, D>(in, cols, band, r0, h, k.recipe == Recipe::Mxfp8, k.power_2_scale,
-                                             k.amax_epsilon, codes, scales, w);
+          if (k.recipe == Recipe::Mxfp8)
+            numerics::quantize_cols_band_to<F, D>(in, cols, band, r0, h, true, false, 0.0f, out, scales, w);
+          else
+            numerics::quantize_cols_band_to<F, D>(in, cols, band, r0, h, false, k.power_2_scale, k.amax_epsilon, out,
+                                                  scales, w);
         }
       });
     }
   });
+}
+
+// Quantizes in into codes [rows, cols] and scales (above).
+template <DType D = DType::F32> void quantize_operand(int threads, const QuantKind& k, const numerics::storage_t<D>* in,
+                                                      int64_t rows, int64_t cols, float scale, uint8_t* codes,
+                                                      void* scales, uint32_t* work) {
+  quantize_operand_to<D>(threads, k, in, rows, cols, scale, numerics::ToCodes{codes}, scales, work);
+}
+
+// Quantizes in straight into the GEMM operand of `type` (bf16 or fp32) at out, bit for bit what
+// decode_operand makes of quantize_operand's codes, without making them (where nothing else reads
+// them: about half the work of the two passes); the scales as quantize_operand's.
+template <DType D = DType::F32>
+void quantize_to_operand(int threads, const QuantKind& k, const numerics::storage_t<D>* in, int64_t rows, int64_t cols,
+                         float scale, void* scales, GemmType type, void* out, uint32_t* work) {
+  if (type == GemmType::BF16)
+    quantize_operand_to<D>(threads, k, in, rows, cols, scale,
+                           numerics::ToDecoded<DType::BF16>{static_cast<uint16_t*>(out)}, scales, work);
+  else
+    quantize_operand_to<D>(threads, k, in, rows, cols, scale, numerics::ToDecoded<DType::F32>{static_cast<float*>(out)},
+                           scales, work);
 }
 
 // Decodes codes [rows, cols] into the GEMM operand: fp8 value times its block's scale_inv (per

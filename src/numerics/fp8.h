@@ -152,7 +152,25 @@ LNMLP_HD float fp8_to_float(uint8_t c, Fp8Format fmt) {
   return bits_float(select_bits(fmt == Fp8Format::E4M3, float_bits(e4m3), float_bits(e5m2)));
 }
 
-// The value v takes after a round trip through the format.
-template <Fp8Format F> LNMLP_HD float round_to_fp8(float v) { return fp8_to_float<F>(float_to_fp8<F>(v)); }
+// The value v takes after a round trip through the format, fp8_to_float(float_to_fp8(v)) bit for
+// bit (tests/test_fp8_formats.cpp checks every fp32 of the range that rounds), computed in fp32
+// without the code: what a quantizer whose codes only a decode would read (the CPU backend's GEMM
+// operands) writes in about half the instructions. c is a power of two whose ulp is the format's
+// spacing at |v| (2^(e-M) for |v| in [2^e, 2^(e+1)); below the smallest normal, the subnormal
+// spacing), so |v| + c is |v| rounded to nearest even on the format's grid, plus c, and taking c
+// away again is exact; a carry into the next binade is the correct rounding up. Saturation, the
+// sign and NaN (the canonical code's +NaN, 0x7fc00000) then as float_to_fp8. (Beyond max finite,
+// c overflows: those lanes take the saturated value.)
+template <Fp8Format F> LNMLP_HD float round_to_fp8(float v) {
+  using T = Fp8Traits<F>;
+  constexpr uint32_t min_normal_bits = (127u + 1u - T::bias) << 23;
+  const uint32_t u = float_bits(v);
+  const uint32_t a = u & 0x7fffffffu;
+  const uint32_t e = a & 0x7f800000u;
+  const uint32_t c = (e > min_normal_bits ? e : min_normal_bits) + ((23u - T::mantissa_bits) << 23);
+  const float rounded = (bits_float(a) + bits_float(c)) - bits_float(c);
+  const uint32_t magnitude = select_bits(a >= T::max_float_bits, T::max_float_bits, float_bits(rounded));
+  return bits_float(select_bits(a > 0x7f800000u, 0x7fc00000u, (u & 0x80000000u) | magnitude));
+}
 
 }  // namespace lnmlp::numerics

@@ -121,13 +121,43 @@ template <DType D = DType::F32> LNMLP_HOST_INLINE float amax_of(const storage_t<
   return amax_from_bits(amax_bits_of<D>(x, n));
 }
 
-// codes[i] = cast(x[i] * scale): the fp32 product, then float_to_fp8 (nearest even, saturating).
-// The quantizers below read x in D's storage type (fp32, or an I/O dtype, whose values fp32 holds
-// exactly: the same codes as from an fp32 copy).
+// Where a quantizer's elements go: their codes (ToCodes: the quantized tensor), or, where nothing
+// but a decode would read the codes, the decoded values themselves (ToDecoded<O>: a backend's GEMM
+// operand in O's storage type, fp32 or bf16). An element x scaled by its scale (x * scale, in fp32)
+// is written as float_to_fp8 of it, or as round_to_fp8 of it times the element's scale_inv (its
+// block's; 1 per tensor, whose scale_inv the GEMM applies): bit for bit fp8_to_float(code) *
+// scale_inv, the decode of the code, with no code made or read. `at(offset)` is the output
+// `offset` elements on.
+struct ToCodes {
+  static constexpr bool decoded = false;
+  uint8_t* codes;
+  LNMLP_HD ToCodes at(int64_t offset) const { return {codes + offset}; }
+};
+template <DType O> struct ToDecoded {
+  static constexpr bool decoded = true;
+  storage_t<O>* values;
+  LNMLP_HD ToDecoded at(int64_t offset) const { return {values + offset}; }
+};
+template <Fp8Format F> LNMLP_HD void put(const ToCodes& o, int64_t i, float scaled, float) {
+  o.codes[i] = float_to_fp8<F>(scaled);
+}
+template <Fp8Format F, DType O> LNMLP_HD void put(const ToDecoded<O>& o, int64_t i, float scaled, float scale_inv) {
+  o.values[i] = store<O>(round_to_fp8<F>(scaled) * scale_inv);
+}
+
+// out[i] = cast(x[i] * scale): the fp32 product, then float_to_fp8 (nearest even, saturating), or
+// its decoded value times scale_inv (see ToDecoded). The quantizers below read x in D's storage
+// type (fp32, or an I/O dtype, whose values fp32 holds exactly: the same codes as from an fp32 copy).
+template <Fp8Format F, DType D, typename Out>
+LNMLP_HOST_INLINE void quantize_tensor_to(const storage_t<D>* in, int64_t n, float scale, float scale_inv, Out out) {
+  LNMLP_QUANT_SIMD
+  for (int64_t i = 0; i < n; ++i) put<F>(out, i, load<D>(in[i]) * scale, scale_inv);
+}
+
+// codes[i] = cast(x[i] * scale).
 template <Fp8Format F, DType D = DType::F32>
 LNMLP_HOST_INLINE void quantize_tensor(const storage_t<D>* in, int64_t n, float scale, uint8_t* codes) {
-  LNMLP_QUANT_SIMD
-  for (int64_t i = 0; i < n; ++i) codes[i] = float_to_fp8<F>(load<D>(in[i]) * scale);
+  quantize_tensor_to<F, D>(in, n, scale, 1.0f, ToCodes{codes});
 }
 
 // out[i] = fp8_to_float(codes[i]) * scale_inv.
@@ -144,48 +174,79 @@ LNMLP_HOST_INLINE void dequantize_tensor(const uint8_t* codes, int64_t n, float 
 // be narrower. (Plain loops in every function below, no callbacks: see LNMLP_HOST_INLINE.)
 LNMLP_HD int64_t block_width(int64_t cols, int64_t c0, int64_t block) { return cols - c0 < block ? cols - c0 : block; }
 
+// The elements of n whole blocks of B elements each, block j scaled by scale[j] and decoded with
+// inverse[j] (ToDecoded): B a constant, so that each block's loop is a fixed number of vectors
+// with its scale in a register.
+template <Fp8Format F, DType D, int64_t B, typename Out>
+LNMLP_HOST_INLINE void quantize_whole_blocks(const storage_t<D>* x, int64_t n, const float* scale, const float* inverse,
+                                             Out out) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float s = scale[j], si = inverse[j];
+    LNMLP_QUANT_SIMD
+    for (int64_t i = j * B; i < j * B + B; ++i) put<F>(out, i, load<D>(x[i]) * s, si);
+  }
+}
+
 // 1 x block blocks along the rows, for both recipes that use them: block scaling (fp32
-// scale_inv[i]) and mxfp8 (E8M0 bytes scale_e8m0[i]), i = r * num_blocks(cols, block) + b. In three
-// passes over a group of blocks (up to 64, at most kSpan elements) at a time: their amaxes, then
-// their scales (vectorized across blocks), then the codes of the whole group in one loop, each
-// element multiplied by its block's scale spread over the group. Block by block, each block's
-// cast waited on its own reduction and scalar scale arithmetic, and a loop per 32-element block
-// cost more than its work (mxfp8's rowwise quantizer ran several times slower).
-template <Fp8Format F, DType D>
+// scale_inv[i]) and mxfp8 (E8M0 bytes scale_e8m0[i]), i = r * num_blocks(cols, block) + b. A
+// group of up to 64 blocks (at most kSpan elements) at a time: their amaxes, then their scales
+// (one loop across the blocks, which vectorizes), then their elements. Block by block with
+// everything, each block's cast waited on its own reduction and scalar scale arithmetic, and a
+// loop of a run-time length per 32-element block cost more than its work (mxfp8's rowwise
+// quantizer ran several times slower). Codes are cast in one loop over the group, each element
+// multiplied by its block's scale spread beside it (per block, a loop of 32 byte-sized results
+// is half-width vectors); decoded values block by block in loops of the recipes' constant block
+// lengths (quantize_whole_blocks: no spread scales to write and read; other lengths, and a partial
+// last block, in loops of their length).
+template <Fp8Format F, DType D, typename Out>
 LNMLP_HOST_INLINE void quantize_blocks_along_rows(const storage_t<D>* in, int64_t rows, int64_t cols, int64_t block,
-                                                  bool mxfp8, bool power_2_scale, float amax_epsilon, uint8_t* codes,
+                                                  bool mxfp8, bool power_2_scale, float amax_epsilon, Out out,
                                                   float* scale_inv, uint8_t* scale_e8m0) {
   constexpr int64_t kMaxGroup = 64, kSpan = 2048;
   const int64_t nb = num_blocks(cols, block);
   const int64_t group = block > kSpan ? 1 : (kSpan / block < kMaxGroup ? kSpan / block : kMaxGroup);
   uint32_t amax[kMaxGroup];
-  float scale[kMaxGroup];
-  float element_scale[kSpan];
+  float scale[kMaxGroup], inverse[kMaxGroup];
+  float element_scale[Out::decoded ? 1 : kSpan];
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t g0 = 0; g0 < nb; g0 += group) {
       const int64_t n = nb - g0 < group ? nb - g0 : group, i0 = r * nb + g0;
       const int64_t c0 = g0 * block, len = cols - c0 < n * block ? cols - c0 : n * block;  // the group's columns
       const storage_t<D>* x = in + r * cols + c0;
-      uint8_t* q = codes + r * cols + c0;
+      const Out o = out.at(r * cols + c0);
       for (int64_t j = 0; j < n; ++j) amax[j] = amax_bits_of<D>(x + j * block, block_width(len, j * block, block));
       LNMLP_QUANT_SIMD
       for (int64_t j = 0; j < n; ++j) {
         const BlockScaleChoice b =
             choose_block_scale(amax_from_bits(amax[j]), Fp8Traits<F>::max, mxfp8, power_2_scale, amax_epsilon);
         scale[j] = b.scale;
+        inverse[j] = b.scale_inv;  // mxfp8: e8m0_to_float(b.e8m0), what a decode of the byte reads
         if (mxfp8) scale_e8m0[i0 + j] = b.e8m0;
         else scale_inv[i0 + j] = b.scale_inv;
       }
-      if (len > kSpan) {  // one block longer than the span
-        quantize_tensor<F, D>(x, len, scale[0], q);
-        continue;
+      if constexpr (Out::decoded) {
+        const int64_t whole = len / block;
+        if (block == kMxfp8BlockLength) {
+          quantize_whole_blocks<F, D, kMxfp8BlockLength>(x, whole, scale, inverse, o);
+        } else if (block == kBlockScalingLength) {
+          quantize_whole_blocks<F, D, kBlockScalingLength>(x, whole, scale, inverse, o);
+        } else {
+          for (int64_t j = 0; j < whole; ++j)
+            quantize_tensor_to<F, D>(x + j * block, block, scale[j], inverse[j], o.at(j * block));
+        }
+        if (whole < n)
+          quantize_tensor_to<F, D>(x + whole * block, len - whole * block, scale[whole], inverse[whole],
+                                   o.at(whole * block));
+      } else if (len > kSpan) {  // one block longer than the span
+        quantize_tensor_to<F, D>(x, len, scale[0], 1.0f, o);
+      } else {
+        for (int64_t j = 0; j < n; ++j) {
+          const float sj = scale[j];
+          for (int64_t i = j * block; i < j * block + block_width(len, j * block, block); ++i) element_scale[i] = sj;
+        }
+        LNMLP_QUANT_SIMD
+        for (int64_t i = 0; i < len; ++i) put<F>(o, i, load<D>(x[i]) * element_scale[i], 1.0f);
       }
-      for (int64_t j = 0; j < n; ++j) {
-        const float sj = scale[j];
-        for (int64_t i = j * block; i < j * block + block_width(len, j * block, block); ++i) element_scale[i] = sj;
-      }
-      LNMLP_QUANT_SIMD
-      for (int64_t i = 0; i < len; ++i) q[i] = float_to_fp8<F>(load<D>(x[i]) * element_scale[i]);
     }
 }
 
@@ -195,7 +256,7 @@ LNMLP_HOST_INLINE void quantize_blocks_along_rows(const storage_t<D>* in, int64_
 template <Fp8Format F, DType D = DType::F32>
 LNMLP_HOST_INLINE void quantize_rows_blocked(const storage_t<D>* in, int64_t rows, int64_t cols, int64_t block,
                                              bool power_2_scale, float amax_epsilon, uint8_t* codes, float* scale_inv) {
-  quantize_blocks_along_rows<F, D>(in, rows, cols, block, false, power_2_scale, amax_epsilon, codes, scale_inv,
+  quantize_blocks_along_rows<F, D>(in, rows, cols, block, false, power_2_scale, amax_epsilon, ToCodes{codes}, scale_inv,
                                    nullptr);
 }
 
@@ -232,34 +293,63 @@ LNMLP_HOST_INLINE void column_amax(const storage_t<D>* in, int64_t cols, int64_t
 
 // Quantizes rows [r0, r0 + h) of band rb: scale per column from its amax (work: cols entries,
 // reused for the scales' bit patterns). The band's scales go to scales[rb * cols + c]: fp32
-// scale_invs (block scaling), or E8M0 bytes (mxfp8, as quantize_mxfp8_rows gives the transpose).
+// scale_invs (block scaling), or E8M0 bytes (mxfp8, as quantize_mxfp8_rows gives the transpose);
+// the elements to out (ToCodes, or ToDecoded with each column's scale_inv as stored, taken into
+// fp32 for a chunk of columns at a time and then used by all the band's rows).
+template <Fp8Format F, DType D, typename Out>
+LNMLP_HOST_INLINE void quantize_cols_band_to(const storage_t<D>* in, int64_t cols, int64_t rb, int64_t r0, int64_t h,
+                                             bool mxfp8, bool power_2_scale, float amax_epsilon, Out out, void* scales,
+                                             uint32_t* work) {
+  column_amax<D>(in, cols, r0, h, work);
+  float* const scale_inv = static_cast<float*>(scales) + rb * cols;
+  uint8_t* const scale_e8m0 = static_cast<uint8_t*>(scales) + rb * cols;
+  LNMLP_QUANT_SIMD
+  for (int64_t c = 0; c < cols; ++c) {
+    const BlockScaleChoice b =
+        choose_block_scale(amax_from_bits(work[c]), Fp8Traits<F>::max, mxfp8, power_2_scale, amax_epsilon);
+    if (mxfp8) scale_e8m0[c] = b.e8m0;
+    else scale_inv[c] = b.scale_inv;
+    work[c] = float_bits(b.scale);
+  }
+  constexpr int64_t kChunk = 512;
+  float inverse[Out::decoded ? kChunk : 1];
+  const int64_t chunk = Out::decoded ? kChunk : cols;
+  for (int64_t c0 = 0; c0 < cols; c0 += chunk) {
+    const int64_t w = cols - c0 < chunk ? cols - c0 : chunk;
+    if (Out::decoded) {
+      if (mxfp8) {
+        LNMLP_QUANT_SIMD
+        for (int64_t c = 0; c < w; ++c) inverse[c] = e8m0_to_float(scale_e8m0[c0 + c]);
+      } else {
+        LNMLP_QUANT_SIMD
+        for (int64_t c = 0; c < w; ++c) inverse[c] = scale_inv[c0 + c];
+      }
+    }
+    for (int64_t r = r0; r < r0 + h; ++r) {
+      const Out o = out.at(r * cols + c0);
+      const storage_t<D>* x = in + r * cols + c0;
+      const uint32_t* s = work + c0;
+      LNMLP_QUANT_SIMD
+      for (int64_t c = 0; c < w; ++c) put<F>(o, c, load<D>(x[c]) * bits_float(s[c]), Out::decoded ? inverse[c] : 1.0f);
+    }
+  }
+}
+
 template <Fp8Format F, DType D = DType::F32>
 LNMLP_HOST_INLINE void quantize_cols_band(const storage_t<D>* in, int64_t cols, int64_t rb, int64_t r0, int64_t h,
                                           bool mxfp8, bool power_2_scale, float amax_epsilon, uint8_t* codes,
                                           void* scales, uint32_t* work) {
-  column_amax<D>(in, cols, r0, h, work);
-  for (int64_t c = 0; c < cols; ++c) {
-    const BlockScaleChoice b =
-        choose_block_scale(amax_from_bits(work[c]), Fp8Traits<F>::max, mxfp8, power_2_scale, amax_epsilon);
-    if (mxfp8) static_cast<uint8_t*>(scales)[rb * cols + c] = b.e8m0;
-    else static_cast<float*>(scales)[rb * cols + c] = b.scale_inv;
-    work[c] = float_bits(b.scale);
-  }
-  for (int64_t r = r0; r < r0 + h; ++r) {
-    LNMLP_QUANT_SIMD
-    for (int64_t c = 0; c < cols; ++c)
-      codes[r * cols + c] = float_to_fp8<F>(load<D>(in[r * cols + c]) * bits_float(work[c]));
-  }
+  quantize_cols_band_to<F, D>(in, cols, rb, r0, h, mxfp8, power_2_scale, amax_epsilon, ToCodes{codes}, scales, work);
 }
 
 // ---- block scaling: 2-D tiles (weights) -------------------------------------------------------
 
 // Quantizes in [rows, cols] in block_rows x block_cols tiles (edge tiles partial), one amax and
 // scale per tile as above; scale_inv [num_blocks(rows, block_rows), num_blocks(cols, block_cols)].
-template <Fp8Format F, DType D = DType::F32>
-LNMLP_HOST_INLINE void quantize_tiles(const storage_t<D>* in, int64_t rows, int64_t cols, int64_t block_rows,
-                                      int64_t block_cols, bool power_2_scale, float amax_epsilon, uint8_t* codes,
-                                      float* scale_inv) {
+template <Fp8Format F, DType D, typename Out>
+LNMLP_HOST_INLINE void quantize_tiles_to(const storage_t<D>* in, int64_t rows, int64_t cols, int64_t block_rows,
+                                         int64_t block_cols, bool power_2_scale, float amax_epsilon, Out out,
+                                         float* scale_inv) {
   const int64_t nbr = num_blocks(rows, block_rows), nbc = num_blocks(cols, block_cols);
   for (int64_t br = 0; br < nbr; ++br) {
     const int64_t r0 = br * block_rows;
@@ -272,9 +362,17 @@ LNMLP_HOST_INLINE void quantize_tiles(const storage_t<D>* in, int64_t rows, int6
       const BlockScaleChoice b = choose_block_scale(amax, Fp8Traits<F>::max, false, power_2_scale, amax_epsilon);
       scale_inv[br * nbc + bc] = b.scale_inv;
       for (int64_t r = r0; r < r0 + h; ++r)
-        quantize_tensor<F, D>(in + r * cols + c0, w, b.scale, codes + r * cols + c0);
+        quantize_tensor_to<F, D>(in + r * cols + c0, w, b.scale, b.scale_inv, out.at(r * cols + c0));
     }
   }
+}
+
+template <Fp8Format F, DType D = DType::F32>
+LNMLP_HOST_INLINE void quantize_tiles(const storage_t<D>* in, int64_t rows, int64_t cols, int64_t block_rows,
+                                      int64_t block_cols, bool power_2_scale, float amax_epsilon, uint8_t* codes,
+                                      float* scale_inv) {
+  quantize_tiles_to<F, D>(in, rows, cols, block_rows, block_cols, power_2_scale, amax_epsilon, ToCodes{codes},
+                          scale_inv);
 }
 
 template <Fp8Format F> LNMLP_HOST_INLINE void dequantize_tiles(const uint8_t* codes, int64_t rows, int64_t cols,
@@ -303,7 +401,7 @@ template <Fp8Format F> LNMLP_HOST_INLINE void dequantize_tiles(const uint8_t* co
 template <Fp8Format F, DType D = DType::F32>
 LNMLP_HOST_INLINE void quantize_mxfp8_rows(const storage_t<D>* in, int64_t rows, int64_t cols, uint8_t* codes,
                                            uint8_t* scale_e8m0, int64_t block = kMxfp8BlockLength) {
-  quantize_blocks_along_rows<F, D>(in, rows, cols, block, true, false, 0.0f, codes, nullptr, scale_e8m0);
+  quantize_blocks_along_rows<F, D>(in, rows, cols, block, true, false, 0.0f, ToCodes{codes}, nullptr, scale_e8m0);
 }
 
 // out = codes * 2^e of the element's block (NaN for an 0xFF block).
