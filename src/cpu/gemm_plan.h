@@ -6,9 +6,10 @@
 // CPU); f16, and bf16 elsewhere, on fp32 copies the backend makes (operand_type), since the CPU
 // GEMM libraries have no f16. FP8 operands: decoded into bf16 or fp32 (fp8_operand_type).
 // The library writes f32 and bf16 results directly, adds a forward GEMM's bias and adds into an
-// accumulating weight gradient; an f16 or an FP8 GEMM's result in the I/O dtype (and an FP8
-// GEMM's accumulating one) is staged in fp32, and a pass then applies the per-tensor scales and
-// the bias, or adds it into the gradient, and rounds (cpu_exec.cpp).
+// accumulating weight gradient; an f16 result, a per-tensor FP8 GEMM's result in the I/O dtype
+// (and its accumulating one), and a blocked FP8 GEMM's that the library cannot write in its types
+// are staged in fp32, and a pass then applies the per-tensor scales and the bias, or adds it into the
+// gradient, and rounds (cpu_exec.cpp).
 #pragma once
 
 #include "isa.h"
@@ -49,9 +50,16 @@ inline CpuGemm cpu_gemm(const block::GemmSpec& s, const Config& c) {
   const GemmType io = c.dtype == DType::BF16 ? GemmType::BF16 : GemmType::F32;
   const GemmType in =
       quantized ? fp8_operand_type(r) : (operand_type(c.dtype) == DType::BF16 ? GemmType::BF16 : GemmType::F32);
-  // An accumulating FP8 GEMM is staged too: its scale_invs apply to the product, not to what it
-  // is added into.
-  const bool staged = (!s.out_f32 && (quantized || operand_type(c.dtype) != c.dtype)) || (s.accumulate && quantized);
+  // An FP8 GEMM's result is staged where per-tensor scales apply to it (scale_inv_a * scale_inv_b,
+  // a pass after the product; for an accumulating GEMM too: they apply to the product, not to what
+  // it is added into), and where the decoded operands' type is not the I/O dtype and the library
+  // cannot write the result: its bias is of its input type, and it has no fp32 x fp32 -> bf16. The
+  // blocked recipes fold their scales into the decoded operands, so the library writes their other
+  // results itself, bias added.
+  const bool scaled = quantized && r.per_tensor();
+  const bool other_types = quantized && in != io && (s.bias || io == GemmType::BF16);
+  const bool staged =
+      (!s.out_f32 && (scaled || other_types || operand_type(c.dtype) != c.dtype)) || (s.accumulate && scaled);
   const GemmType out = s.out_f32 || staged ? GemmType::F32 : io;
   GemmShape shape{s.m, s.n, s.k, s.trans_a, s.trans_b, in, out, s.bias && !staged};
   shape.accumulate = s.accumulate && !staged;
