@@ -79,6 +79,13 @@ struct Case {
   bool weight;
 };
 
+// Every recipe's quantizer kinds: per tensor, and each blocked layout.
+const Case kCases[] = {
+    {"per tensor", Recipe::Current, Contract::Cols, false}, {"block 1x128", Recipe::Block, Contract::Cols, false},
+    {"block 128x1", Recipe::Block, Contract::Rows, false},  {"block 128x128", Recipe::Block, Contract::Cols, true},
+    {"mxfp8 1x32", Recipe::Mxfp8, Contract::Cols, false},   {"mxfp8 32x1", Recipe::Mxfp8, Contract::Rows, false},
+};
+
 // The scale_inv of element (r, c), from the layouts' definitions (numerics/quantize.h).
 double scale_of(const Case& k, const std::vector<float>& sf, const std::vector<uint8_t>& s8, int64_t r, int64_t c,
                 int64_t cols) {
@@ -93,18 +100,13 @@ double scale_of(const Case& k, const std::vector<float>& sf, const std::vector<u
 }
 
 TEST(Fp8Decode, EveryCodeEveryLayoutAtEveryLevel) {
-  const Case cases[] = {
-      {"per tensor", Recipe::Current, Contract::Cols, false}, {"block 1x128", Recipe::Block, Contract::Cols, false},
-      {"block 128x1", Recipe::Block, Contract::Rows, false},  {"block 128x128", Recipe::Block, Contract::Cols, true},
-      {"mxfp8 1x32", Recipe::Mxfp8, Contract::Cols, false},   {"mxfp8 32x1", Recipe::Mxfp8, Contract::Rows, false},
-  };
   const int64_t shapes[][2] = {{3, 1}, {2, 31}, {5, 33}, {3, 255}, {2, 256}, {4, 257}, {130, 300}, {33, 600}};
   int ran = 0;
   for (const Level& level : levels()) {
     if (!level.runs) continue;
     ++ran;
     for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2})
-      for (const Case& c : cases)
+      for (const Case& c : kCases)
         for (const auto& shape : shapes)
           for (bool bf16 : {true, false})
             for (int threads : {1, 2}) {
@@ -167,18 +169,13 @@ TEST(Fp8Decode, EveryCodeEveryLayoutAtEveryLevel) {
 // both sides, over values spread across 2^-40 .. 2^40 with whole blocks of zeros, a NaN, an
 // infinity, fp32 subnormals and values beyond the format (a per-tensor scale of 2^20 saturates).
 TEST(Fp8Decode, QuantizeToOperandIsQuantizeThenDecodeAtEveryLevel) {
-  const Case cases[] = {
-      {"per tensor", Recipe::Current, Contract::Cols, false}, {"block 1x128", Recipe::Block, Contract::Cols, false},
-      {"block 128x1", Recipe::Block, Contract::Rows, false},  {"block 128x128", Recipe::Block, Contract::Cols, true},
-      {"mxfp8 1x32", Recipe::Mxfp8, Contract::Cols, false},   {"mxfp8 32x1", Recipe::Mxfp8, Contract::Rows, false},
-  };
   const int64_t shapes[][2] = {{1, 1}, {3, 31}, {5, 33}, {2, 257}, {130, 300}, {33, 2100}};
   int ran = 0;
   for (const Level& level : levels()) {
     if (!level.runs) continue;
     ++ran;
     for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2})
-      for (const Case& c : cases)
+      for (const Case& c : kCases)
         for (const auto& shape : shapes)
           for (bool in_bf16 : {false, true})
             for (bool bf16 : {true, false})
