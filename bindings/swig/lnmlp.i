@@ -123,6 +123,10 @@ struct lnmlp_comm {};
  * (comm_create_callbacks takes an opaque pointer to a table built in C, its struct_size set to
  * sizeof(lnmlp_comm_callbacks)). */
 %ignore lnmlp_comm_callbacks;
+/* NVFP4's quantizer on host arrays: the Java binding gains it (with array typemaps) together with
+ * the NVFP4 recipe; until then it is C, Python, Rust and Julia only. */
+%ignore lnmlp_nvfp4_quantize;
+%ignore lnmlp_nvfp4_dequantize;
 
 /* ---- status -> exception ------------------------------------------------------------------------
  * Every int32_t-returning call: skipped when a typemap already left a Java exception pending

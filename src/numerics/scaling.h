@@ -11,6 +11,8 @@
 //   current  current_scale
 //   block    block_scale (1x128 activation/gradient blocks, 128x128 weight blocks, fp32 scales)
 //   mxfp8    mxfp8_scale_inv_exponent / mxfp8_scale_e8m0 (1x32 blocks, E8M0 scale_inv)
+//   nvfp4    nvfp4_global_scale / nvfp4_block_scale_e4m3 / nvfp4_element_scale (1x16 blocks or
+//            16x16 weight tiles of E2M1, an E4M3 scale per block, an fp32 scale per tensor)
 //
 // Everything is LNMLP_HD and branch-free where it sits in a hot loop (selects, not branches), so
 // it compiles for the CUDA backend and vectorizes in the CPU backend. Exact powers of two are
@@ -20,6 +22,7 @@
 #include <cstdint>
 
 #include "dtype.h"
+#include "fp4.h"
 #include "fp8.h"
 #include "hd.h"
 
@@ -248,6 +251,41 @@ LNMLP_HD BlockScaleChoice choose_block_scale(float amax_block, float fmt_max, bo
     c.e8m0 = 0;
   }
   return c;
+}
+
+// ---- nvfp4 (1x16 blocks or 16x16 tiles of E2M1, E4M3 block scales, an fp32 global scale) ----
+//
+// docs/design.md, "NVFP4". Two levels, as TransformerEngine's NVFP4 kernels compute them (its
+// core_nvfp4.cuh; every step in fp32, IEEE division):
+//   S_enc    = 448 * 6 / global_amax, at most FLT_MAX; 1 where global_amax is 0 or the quotient 0
+//              (global_amax +inf)                                            (nvfp4_global_scale)
+//   s_block  = e4m3( min(block_amax * (S_enc * (1/6)), FLT_MAX) ), the block's stored decode
+//              scale, saturating at 448                                    (nvfp4_block_scale_e4m3)
+//   scale    = min(1 / (float(s_block) * (1 / S_enc)), FLT_MAX), what the block's elements are
+//              multiplied by before float_to_e2m1                             (nvfp4_element_scale)
+// and an element x decodes to e2m1_to_float(code) * float(s_block) / S_enc. A NaN amax (lnmlp's
+// amax propagates NaN) makes the minimum FLT_MAX (as fminf does), so S_enc = FLT_MAX and the
+// block's s_block = 448.
+constexpr float kNvfp4GlobalNumerator = kFp8E4M3Max * kFp4E2M1Max;  // 2688
+
+// min(v, FLT_MAX) as fminf computes it: a NaN v gives FLT_MAX.
+LNMLP_HD float at_most_float_max(float v) {
+  return bits_float(select_bits(v < kFloatMax, float_bits(v), float_bits(kFloatMax)));
+}
+
+LNMLP_HD float nvfp4_global_scale(float global_amax) {
+  const float s = at_most_float_max(kNvfp4GlobalNumerator / global_amax);
+  return global_amax == 0.0f || s == 0.0f ? 1.0f : s;
+}
+
+LNMLP_HD uint8_t nvfp4_block_scale_e4m3(float block_amax, float global_scale) {
+  constexpr float inv_fp4_max = 1.0f / kFp4E2M1Max;
+  return float_to_fp8<Fp8Format::E4M3>(at_most_float_max(block_amax * (global_scale * inv_fp4_max)));
+}
+
+LNMLP_HD float nvfp4_element_scale(uint8_t block_scale_e4m3, float global_scale) {
+  const float global_decode = 1.0f / global_scale;
+  return at_most_float_max(1.0f / (fp8_to_float<Fp8Format::E4M3>(block_scale_e4m3) * global_decode));
 }
 
 }  // namespace lnmlp::numerics

@@ -10,7 +10,8 @@ Two ways in:
 * :func:`layernorm_mlp` / :func:`layernorm_mlp_vjp` -- TransformerEngine's functional signature,
   with plans cached by configuration.
 
-:mod:`lnmlp.fp8` converts arrays to and from the FP8 formats (E4M3, E5M2).
+:mod:`lnmlp.fp8` converts arrays to and from the FP8 formats (E4M3, E5M2); :mod:`lnmlp.nvfp4`
+quantizes them as the NVFP4 recipe does.
 
 FP8 training (docs/fp8.md defines exactly what is computed): the recipes :class:`DelayedScaling`,
 :class:`Float8CurrentScaling`, :class:`Float8BlockScaling` and :class:`MXFP8BlockScaling`
@@ -43,13 +44,13 @@ from ._functional import (clear_plan_cache, layernorm_mlp, layernorm_mlp_vjp, no
                           plan_cache_info, set_plan_cache_size)
 from .recipe import (QUANTIZERS, DelayedScaling, Float8BlockScaling, Float8CurrentScaling,
                      MXFP8BlockScaling, QuantizerSet, Recipe, make_quantizer_set)
-from . import fp8
+from . import fp8, nvfp4
 
 __all__ = [
     "__version__", "ABI_VERSION", "build_info", "library_path", "library_version", "query_support",
     "Plan", "Grads", "ActParams", "ACTIVATIONS", "GATED_PAIRS", "normalize_activations",
     "layernorm_mlp", "layernorm_mlp_vjp", "noop_quantizer_set", "clear_plan_cache",
-    "plan_cache_info", "set_plan_cache_size", "fp8",
+    "plan_cache_info", "set_plan_cache_size", "fp8", "nvfp4",
     "Recipe", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling",
     "QuantizerSet", "make_quantizer_set", "QUANTIZERS",
     "Error", "InvalidArgumentError", "NullPointerError", "SizeOverflowError", "InvalidHandleError",

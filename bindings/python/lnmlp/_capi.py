@@ -151,6 +151,8 @@ PROTOTYPES = {
     "lnmlp_get_build_info": (ctypes.c_int32, [ctypes.c_void_p]),
     "lnmlp_fp8_encode": (ctypes.c_int32, [ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p]),
     "lnmlp_fp8_decode": (ctypes.c_int32, [ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p]),
+    "lnmlp_nvfp4_quantize": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p]),
+    "lnmlp_nvfp4_dequantize": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p]),
     "lnmlp_desc_create": (ctypes.c_int32, [ctypes.c_void_p]),
     "lnmlp_desc_destroy": (ctypes.c_int32, [ctypes.c_void_p]),
     "lnmlp_desc_set_shape": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]),

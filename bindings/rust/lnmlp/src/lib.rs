@@ -238,3 +238,82 @@ pub fn fp8_decode_into(format: Fp8Encoding, input: &[u8], scale_inv: f32, out: &
         sys::lnmlp_fp8_decode(format.raw(), input.as_ptr(), input.len() as i64, scale_inv, out.as_mut_ptr())
     })
 }
+
+/// A row-major `[rows, cols]` matrix quantized as TransformerEngine's NVFP4 recipe quantizes it
+/// (without its random Hadamard transform and stochastic rounding; `lnmlp_nvfp4_quantize` in
+/// include/lnmlp.h): FP4 E2M1 codes two to a byte (the even element in the low half),
+/// `rows * ((cols + 1) / 2)` bytes; E4M3 block scales, `rows * ((cols + 15) / 16)` bytes; and the
+/// amax the fp32 global scale came from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Nvfp4 {
+    /// Rows of the matrix.
+    pub rows: usize,
+    /// Columns of the matrix (elements per row).
+    pub cols: usize,
+    /// E2M1 codes, two a byte, `rows * ((cols + 1) / 2)` bytes.
+    pub codes: Vec<u8>,
+    /// E4M3 block scales, `rows * ((cols + 15) / 16)` bytes (16x16 tiles: repeated on each row).
+    pub scales: Vec<u8>,
+    /// The amax the global scale `448 * 6 / global_amax` came from.
+    pub global_amax: f32,
+}
+
+/// The bytes of a `[rows, cols]` matrix's codes and of its scales.
+fn nvfp4_bytes(rows: usize, cols: usize) -> (usize, usize) {
+    (rows * ((cols + 1) / 2), rows * ((cols + 15) / 16))
+}
+
+/// Quantizes `input` (`rows * cols` values) in 1x16 blocks along its rows, or in 16x16 tiles
+/// (`tiles`, the recipe's weights). `global_amax`: `None` for the matrix's own largest |x| (NaN
+/// if it holds one).
+pub fn nvfp4_quantize(input: &[f32], rows: usize, cols: usize, tiles: bool, global_amax: Option<f32>) -> Result<Nvfp4> {
+    if rows.checked_mul(cols) != Some(input.len()) {
+        return Err(Error::invalid(format!("input has {} values, not {rows} x {cols}", input.len())));
+    }
+    let amax = global_amax.unwrap_or_else(|| {
+        input.iter().fold(0f32, |m, &v| if m.is_nan() || v.is_nan() { f32::NAN } else { m.max(v.abs()) })
+    });
+    let (code_bytes, scale_bytes) = nvfp4_bytes(rows, cols);
+    let mut q = Nvfp4 { rows, cols, codes: vec![0u8; code_bytes], scales: vec![0u8; scale_bytes], global_amax: amax };
+    let block_rows = if tiles { 16 } else { 1 };
+    // SAFETY: input holds rows * cols values, codes and scales the sizes the header gives.
+    check(unsafe {
+        sys::lnmlp_nvfp4_quantize(
+            input.as_ptr(),
+            rows as i64,
+            cols as i64,
+            block_rows,
+            amax,
+            q.codes.as_mut_ptr(),
+            q.scales.as_mut_ptr(),
+        )
+    })?;
+    Ok(q)
+}
+
+/// The `rows * cols` values an [`Nvfp4`]'s codes stand for: `(e2m1 * s_block) * (1 / S_enc)`.
+pub fn nvfp4_dequantize(q: &Nvfp4) -> Result<Vec<f32>> {
+    let n = q.rows.checked_mul(q.cols).ok_or_else(|| Error::invalid("rows * cols overflows"))?;
+    if (q.codes.len(), q.scales.len()) != nvfp4_bytes(q.rows, q.cols) {
+        return Err(Error::invalid(format!(
+            "{} code bytes and {} scales do not fit {} x {}",
+            q.codes.len(),
+            q.scales.len(),
+            q.rows,
+            q.cols
+        )));
+    }
+    let mut out = vec![0f32; n];
+    // SAFETY: sizes checked above.
+    check(unsafe {
+        sys::lnmlp_nvfp4_dequantize(
+            q.codes.as_ptr(),
+            q.scales.as_ptr(),
+            q.rows as i64,
+            q.cols as i64,
+            q.global_amax,
+            out.as_mut_ptr(),
+        )
+    })?;
+    Ok(out)
+}

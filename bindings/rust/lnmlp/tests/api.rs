@@ -116,6 +116,30 @@ fn fp8_encode_decode() {
 }
 
 #[test]
+fn nvfp4_quantize_dequantize() {
+    // Global amax 2688 makes the global scale 1; each block's largest value (6, 6.3) makes its E4M3 scale
+    // 1.0 (0x38), so the elements are cast as they are: ties to even, saturation at 6.
+    let mut row = [0.0f32; 32];
+    row[..8].copy_from_slice(&[6.0, 0.25, 0.75, 2.5, 5.0, -3.0, 6.3, -0.0]);
+    row[16] = 6.0;
+    row[17] = f32::NAN;
+    let q = nvfp4_quantize(&row, 1, 32, false, Some(2688.0)).unwrap();
+    // The second block holds a NaN: its amax is NaN, its scale saturates to 448 (0x7e).
+    assert_eq!(q.scales, vec![0x38, 0x7e]);
+    // codes: 6 -> 7, 0.25 -> 0, 0.75 -> 2 (1.0), 2.5 -> 4 (2.0), 5 -> 6 (4.0), -3 -> 13, 6.3 -> 7, -0 -> 8
+    assert_eq!(&q.codes[..4], &[0x07, 0x42, 0xd6, 0x87]);
+    assert_eq!(q.codes[8], 0x70); // 6 at scale 448 -> 0, the NaN -> +6 (code 7)
+    let back = nvfp4_dequantize(&q).unwrap();
+    assert_eq!(&back[..8], &[6.0, 0.0, 1.0, 2.0, 4.0, -3.0, 6.0, -0.0]);
+    assert_eq!(nvfp4_quantize(&row[..16], 1, 16, true, None).unwrap().global_amax, 6.3);
+    assert!(nvfp4_quantize(&row, 1, 32, false, None).unwrap().global_amax.is_nan());
+    let err = nvfp4_quantize(&row, 2, 32, false, None).unwrap_err();
+    assert_eq!(err.status(), Status::InvalidArgument);
+    let err = nvfp4_quantize(&row, 1, 32, false, Some(-1.0)).unwrap_err();
+    assert!(err.message().contains("global_amax"), "{}", err.message());
+}
+
+#[test]
 fn bad_shape_is_invalid_argument_with_the_library_message() {
     let err = PlanBuilder::new().shape(0, 8, 16).build().unwrap_err();
     assert_eq!(err.status(), Status::InvalidArgument);

@@ -1,0 +1,196 @@
+"""NVFP4 quantization (lnmlp.nvfp4, lnmlp_nvfp4_quantize) bit-exact against an independent NumPy
+simulation of TransformerEngine's NVFP4 quantizer, written from its definition (the kernels'
+core_nvfp4.cuh, docs/design.md "NVFP4"), with ml_dtypes' float8_e4m3fn and float4_e2m1fn casts.
+
+Every step is float32 arithmetic as TE's kernels do it. ml_dtypes' casts round to nearest even but
+do not saturate as NVIDIA's cvt.rn.satfinite does, so values are clipped to the format's max first
+(clipping cannot change the rounding of a value that should round to max: only |v| > max is
+touched, and every such v rounds to max); a NaN element becomes +6 (code 0x7), which the E2M1
+format has no NaN for, as cvt does (ml_dtypes writes 0x8 there).
+"""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from lnmlp import _lib, nvfp4
+
+F32 = np.float32
+FLT_MAX = F32(np.finfo(np.float32).max)
+E4M3, E2M1 = ml_dtypes.float8_e4m3fn, ml_dtypes.float4_e2m1fn
+
+
+def fminf(a, b):
+    """C's fminf: the non-NaN operand where one is NaN."""
+    a, b = F32(a), F32(b)
+    return np.where(np.isnan(a), b, np.where(np.isnan(b), a, np.minimum(a, b))).astype(F32)
+
+
+def nan_max_abs(a):
+    return F32(np.max(np.abs(a))) if a.size else F32(0.0)
+
+
+def sim_global_scale(amax):
+    amax = F32(amax)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = fminf(F32(448.0) * F32(6.0) / amax, FLT_MAX)
+    return F32(1.0) if amax == 0 or s == 0 else F32(s)
+
+
+def sim_e4m3(v):
+    return np.clip(F32(v), -448, 448).astype(E4M3).view(np.uint8)
+
+
+def sim_e2m1(v):
+    v = np.asarray(v, dtype=F32)
+    codes = np.clip(v, -6, 6).astype(E2M1).view(np.uint8) & 0xF
+    return np.where(np.isnan(v), np.uint8(7), codes).astype(np.uint8)
+
+
+def simulate(x, tiles, global_amax):
+    """TE's NVFP4 quantizer: (codes [rows, cols] unpacked, scales [rows, ceil(cols/16)])."""
+    rows, cols = x.shape
+    s_enc = sim_global_scale(global_amax)
+    s_dec = F32(F32(1.0) / s_enc)
+    inv6 = F32(F32(1.0) / F32(6.0))
+    blocks = -(-cols // 16)
+    codes = np.zeros((rows, cols), np.uint8)
+    scales = np.zeros((rows, blocks), np.uint8)
+    tr = 16 if tiles else 1
+    with np.errstate(all="ignore"):
+        for r0 in range(0, rows, tr):
+            for b in range(blocks):
+                blk = x[r0:r0 + tr, b * 16:(b + 1) * 16]
+                amax = nan_max_abs(blk)
+                sb = sim_e4m3(fminf(amax * F32(s_enc * inv6), FLT_MAX))
+                scale = fminf(F32(1.0) / F32(sb.view(E4M3).astype(F32) * s_dec), FLT_MAX)
+                scales[r0:r0 + tr, b] = sb
+                codes[r0:r0 + tr, b * 16:(b + 1) * 16] = sim_e2m1(blk * scale)
+    return codes, scales
+
+
+def check(x, tiles=False, global_amax=None):
+    x = np.asarray(x, dtype=F32)
+    codes, scales, amax = nvfp4.quantize(x, tiles=tiles, global_amax=global_amax)
+    want_codes, want_scales = simulate(x, tiles, amax)
+    np.testing.assert_array_equal(scales, want_scales)
+    got = nvfp4.unpack(codes, x.shape[1])
+    bad = np.argwhere(got != want_codes)
+    assert bad.size == 0, (f"{len(bad)} codes differ, first at {bad[:4].tolist()}: "
+                           f"x {[x[tuple(i)] for i in bad[:4]]} got {[got[tuple(i)] for i in bad[:4]]} "
+                           f"want {[want_codes[tuple(i)] for i in bad[:4]]}")
+    if x.shape[1] % 2:
+        assert np.all(codes[:, -1] >> 4 == 0), "an odd row's last high half must be 0"
+    return codes, scales, amax
+
+
+@pytest.mark.parametrize("tiles", [False, True])
+@pytest.mark.parametrize("shape", [(1, 16), (3, 37), (16, 32), (33, 47), (64, 256), (17, 1)])
+@pytest.mark.parametrize("spread", [0.0, 8.0, 60.0])
+def test_matches_the_simulation(shape, tiles, spread):
+    rng = np.random.default_rng(hash((shape, tiles, spread)) % 2**32)
+    x = (rng.standard_normal(shape) * np.exp2(rng.uniform(-spread, spread, shape))).astype(F32)
+    check(x, tiles)
+
+
+def test_every_e2m1_rounding_case():
+    """Every E2M1 midpoint, its float32 neighbours, the grid points and beyond-max values, each block
+    holding a 6 (global_amax 2688: S_enc 1; s_block = e4m3(6 / 6) = 1, so elements are cast as they
+    are): the element cast against ml_dtypes'."""
+    points = np.array([0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0], F32)
+    vals = np.concatenate([points, np.nextafter(points, F32(0)), np.nextafter(points, F32(10)),
+                           [1e-30, 6.3, 6.35]]).astype(F32)
+    vals = np.concatenate([vals, -vals])
+    per_block = 15
+    blocks = -(-len(vals) // per_block)
+    x = np.zeros((1, blocks * 16), F32)
+    for b in range(blocks):
+        chunk = vals[b * per_block:(b + 1) * per_block]
+        x[0, b * 16:b * 16 + len(chunk)] = chunk
+        x[0, b * 16 + 15] = 6.0
+    codes, scales, _ = check(x, global_amax=F32(2688.0))
+    assert np.all(scales == 0x38), "every block's scale should be E4M3 1.0 here"
+
+
+def test_element_scale_is_the_kernels_reciprocal():
+    """TE's kernels scale elements by 1 / (s_block * (1 / S_enc)); S_enc / s_block is the same in
+    exact arithmetic but not always in float32. Find a block where the two differ and an element
+    that lands exactly on an E2M1 midpoint under the first and off it under the second: lnmlp's code
+    must be the first's."""
+    rng = np.random.default_rng(11)
+    with np.errstate(all="ignore"):
+        for _ in range(10000):
+            global_amax = F32(rng.uniform(1, 1000))
+            block_amax = F32(global_amax * F32(rng.uniform(0.01, 1)))
+            s_enc = sim_global_scale(global_amax)
+            sb = sim_e4m3(fminf(block_amax * F32(s_enc * F32(F32(1) / F32(6))), FLT_MAX))
+            sbf = sb.view(E4M3).astype(F32)
+            kernel = F32(F32(1) / F32(sbf * F32(F32(1) / s_enc)))
+            other = F32(s_enc / sbf)
+            if kernel == other:
+                continue
+            mid = F32(2.5) if other > kernel else F32(3.5)  # ties to 2 (even), and to 4 (even)
+            x = F32(mid / kernel)
+            if F32(x * kernel) != mid or F32(x * other) == mid:
+                continue
+            break
+        else:
+            pytest.fail("no discriminating input found")
+    row = np.zeros((1, 16), F32)
+    row[0, 0], row[0, 1] = block_amax, x
+    codes, _, _ = check(row, global_amax=global_amax)
+    assert nvfp4.unpack(codes, 16)[0, 1] == (4 if mid == 2.5 else 6)
+    assert sim_e2m1(F32(x * other)) != sim_e2m1(mid), "the input does not tell the two formulas apart"
+
+
+def test_special_blocks():
+    x = np.zeros((2, 96), F32)
+    x[0, 16:32] = np.arange(1, 17, dtype=np.uint32).view(F32) * F32(1000)  # float32 subnormals
+    x[0, 32:48] = np.linspace(-3, 5, 16, dtype=F32)
+    x[0, 40] = np.nan
+    x[0, 48:64] = np.linspace(-0.3, 0.2, 16, dtype=F32)
+    x[0, 50] = -np.inf
+    x[0, 64:80] = np.float32(1e-6)
+    x[0, 80:96] = np.linspace(-1e30, 1e30, 16, dtype=F32)
+    x[1] = np.linspace(-2, 2, 96, dtype=F32)
+    check(x)  # NaN global amax: S_enc = FLT_MAX
+    x[0, 40] = 1.0
+    check(x)  # inf global amax: S_enc = 1
+    x[0, 50] = 2.0
+    check(x)  # finite, with zero, subnormal and 1e30 blocks
+    check(x, tiles=True)
+    check(np.zeros((3, 20), F32))  # all zeros: global scale 1, every code 0
+
+
+def test_dequantize_is_code_times_scales():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((7, 50)).astype(F32)
+    codes, scales, amax = check(x)
+    y = nvfp4.dequantize(codes, scales, 50, amax)
+    e2m1 = nvfp4.unpack(codes, 50).view(E2M1).astype(F32)
+    s = np.repeat(scales.view(E4M3).astype(F32), 16, axis=1)[:, :50]
+    want = (e2m1 * s) * F32(F32(1.0) / sim_global_scale(amax))
+    np.testing.assert_array_equal(y.view(np.uint32), want.astype(F32).view(np.uint32))
+    # An element is within half a grid step of its block's scaled max grid, 1/6 of the block amax
+    # at most (between 4 and 6 the step is 2), plus E4M3's rounding of the scale (1/16).
+    assert np.max(np.abs(y - x)) <= np.max(np.abs(x)) * (1 / 6) * (1 + 1 / 16) + 1e-7
+
+
+def test_bad_arguments():
+    x = np.ones((2, 16), F32)
+    with pytest.raises(_lib.InvalidArgumentError, match="2-D"):
+        nvfp4.quantize(np.ones(16, F32))
+    with pytest.raises(_lib.InvalidArgumentError, match="global_amax"):
+        nvfp4.quantize(x, global_amax=-1.0)
+    lib = _lib.get_lib()
+    codes = np.zeros((2, 8), np.uint8)
+    scales = np.zeros((2, 1), np.uint8)
+    assert lib.lnmlp_nvfp4_quantize(x.ctypes.data, 2, 16, 8, 1.0, codes.ctypes.data, scales.ctypes.data) != 0
+    assert b"block_rows" in lib.lnmlp_last_error()
+    assert lib.lnmlp_nvfp4_quantize(None, 2, 16, 1, 1.0, codes.ctypes.data, scales.ctypes.data) != 0
+    assert lib.lnmlp_nvfp4_quantize(x.ctypes.data, -1, 16, 1, 1.0, codes.ctypes.data, scales.ctypes.data) != 0
+    assert lib.lnmlp_nvfp4_quantize(x.ctypes.data, 2**40, 2**40, 1, 1.0, codes.ctypes.data, scales.ctypes.data) != 0
+    assert not codes.any() and not scales.any(), "a refused call wrote its outputs"
+    assert lib.lnmlp_nvfp4_quantize(None, 0, 16, 1, 1.0, None, None) == 0
+    with pytest.raises(_lib.InvalidArgumentError, match="shape"):
+        nvfp4.dequantize(codes, np.zeros((2, 2), np.uint8), 16, 1.0)

@@ -1,0 +1,220 @@
+// FP4 E2M1 (src/numerics/fp4.h) and the NVFP4 quantizer (src/numerics/quantize_nvfp4.h) against
+// references written here from the definitions: E2M1's eight magnitudes listed by hand, encoding
+// by scanning them for the nearest (ties to the even code), NaN -> +6, saturation at 6; the NVFP4
+// scales computed in double from TransformerEngine's formulas and rounded to fp32 where its kernels
+// round. ml_dtypes is the second, independent oracle (bindings/python/tests/test_nvfp4.py).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "float_bits.h"
+#include "numerics/fp4.h"
+#include "numerics/quantize_nvfp4.h"
+
+namespace {
+
+using namespace lnmlp::numerics;
+
+using lnmlp_test::from_bits;
+using lnmlp_test::to_bits;
+
+// The magnitudes of codes 0..7, by the format's definition.
+constexpr float kMagnitudes[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+// Nearest magnitude code, ties to the even code; beyond 6 (and inf) 7; NaN 7 without sign.
+uint8_t ref_encode(float x) {
+  if (std::isnan(x)) return 7;
+  const bool neg = std::signbit(x);
+  const double a = std::fabs(static_cast<double>(x));
+  int best = 7;
+  if (a < 6.0) {
+    best = 0;
+    for (int c = 1; c < 8; ++c) {
+      const double d = std::fabs(a - kMagnitudes[c]), db = std::fabs(a - kMagnitudes[best]);
+      if (d < db || (d == db && c % 2 == 0)) best = c;
+    }
+  }
+  return static_cast<uint8_t>(best | (neg ? 8 : 0));
+}
+
+void expect_encodes(float x) {
+  const uint8_t want = ref_encode(x);
+  ASSERT_EQ(float_to_e2m1(x), want) << "x = " << x << " (bits 0x" << std::hex << to_bits(x) << ")";
+  ASSERT_EQ(to_bits(round_to_e2m1(x)), to_bits(e2m1_to_float(want))) << "x = " << x;
+}
+
+TEST(Fp4Formats, EveryCodeDecodes) {
+  for (int c = 0; c < 16; ++c) {
+    const float want = (c & 8) ? -kMagnitudes[c & 7] : kMagnitudes[c & 7];
+    EXPECT_EQ(to_bits(e2m1_to_float(static_cast<uint8_t>(c))), to_bits(want)) << "code " << c;
+    EXPECT_EQ(float_to_e2m1(want), c) << "code " << c << " does not round-trip";
+    EXPECT_EQ(e2m1_to_float(static_cast<uint8_t>(c | 0xf0)), e2m1_to_float(static_cast<uint8_t>(c)));
+  }
+}
+
+TEST(Fp4Formats, TiesAndSpecials) {
+  // The midpoint between codes i and i + 1 goes to the even one of them: 0.25 -> 0, 0.75 -> 1.0,
+  // 1.25 -> 1.0, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4; just below it to i, just above to i + 1.
+  const float ties[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  for (int i = 0; i < 7; ++i) {
+    const int even = i % 2 == 0 ? i : i + 1;
+    EXPECT_EQ(float_to_e2m1(ties[i]), even) << ties[i];
+    EXPECT_EQ(float_to_e2m1(-ties[i]), even | 8) << -ties[i];
+    EXPECT_EQ(float_to_e2m1(std::nextafter(ties[i], 0.0f)), i) << ties[i];
+    EXPECT_EQ(float_to_e2m1(std::nextafter(ties[i], 10.0f)), i + 1) << ties[i];
+  }
+  EXPECT_EQ(float_to_e2m1(-0.0f), 8);
+  EXPECT_EQ(float_to_e2m1(-1e-30f), 8);
+  EXPECT_EQ(float_to_e2m1(6.5f), 7);
+  EXPECT_EQ(float_to_e2m1(1e30f), 7);
+  EXPECT_EQ(float_to_e2m1(std::numeric_limits<float>::infinity()), 7);
+  EXPECT_EQ(float_to_e2m1(-std::numeric_limits<float>::infinity()), 15);
+  EXPECT_EQ(float_to_e2m1(std::numeric_limits<float>::quiet_NaN()), 7);
+  EXPECT_EQ(float_to_e2m1(-std::numeric_limits<float>::quiet_NaN()), 7);
+  EXPECT_EQ(to_bits(round_to_e2m1(std::numeric_limits<float>::quiet_NaN())), to_bits(6.0f));
+}
+
+// Every fp32 from 2^-8 to 16 (both signs: the whole range where E2M1 rounds, ~0.2 G floats of
+// each sign would take too long, so every 7th), and every 4099th float of the rest.
+TEST(Fp4Formats, Sweep) {
+  for (uint32_t u = to_bits(0x1p-8f); u <= to_bits(16.0f); u += 7) {
+    expect_encodes(from_bits(u));
+    expect_encodes(from_bits(u | 0x80000000u));
+  }
+  for (uint64_t u = 0; u <= 0xffffffffu; u += 4099) expect_encodes(from_bits(static_cast<uint32_t>(u)));
+}
+
+TEST(Fp4Formats, Packing) {
+  EXPECT_EQ(pack_e2m1x2(0x3, 0xc), 0xc3);
+  const uint8_t row[2] = {0xc3, 0x05};
+  EXPECT_EQ(unpack_e2m1(row, 0), 0x3);
+  EXPECT_EQ(unpack_e2m1(row, 1), 0xc);
+  EXPECT_EQ(unpack_e2m1(row, 2), 0x5);
+  EXPECT_EQ(unpack_e2m1(row, 3), 0x0);
+}
+
+// ---- the NVFP4 quantizer ------------------------------------------------------------------------
+
+// TransformerEngine's formulas (docs/design.md, "NVFP4"), each product and quotient rounded to
+// fp32 as its kernels round them (an operation on two floats done in double and rounded to float
+// once is the fp32 operation), then limited to FLT_MAX as fminf limits them (NaN included).
+constexpr double kFltMax = std::numeric_limits<float>::max();
+float at_most_flt_max(double q) {
+  return std::isnan(q) || q > kFltMax ? static_cast<float>(kFltMax) : static_cast<float>(q);
+}
+double d(float v) { return static_cast<double>(v); }
+
+float ref_global_scale(float amax) {
+  if (amax == 0.0f) return 1.0f;
+  const float s = at_most_flt_max(2688.0 / d(amax));
+  return s == 0.0f ? 1.0f : s;
+}
+
+struct RefBlock {
+  uint8_t scale;
+  float element_scale;
+};
+RefBlock ref_block(float block_amax, float global_scale) {
+  const float m = static_cast<float>(d(global_scale) * d(1.0f / 6.0f));
+  const uint8_t s = float_to_fp8<Fp8Format::E4M3>(at_most_flt_max(d(block_amax) * d(m)));  // E4M3: test_fp8_formats
+  const float dec = static_cast<float>(1.0 / d(global_scale));
+  const float p = static_cast<float>(d(fp8_to_float<Fp8Format::E4M3>(s)) * d(dec));
+  return {s, at_most_flt_max(1.0 / d(p))};
+}
+
+void check_quantizer(const std::vector<float>& x, int64_t rows, int64_t cols, bool tiles) {
+  float amax = 0.0f;
+  for (float v : x) amax = std::isnan(v) || std::isnan(amax) ? NAN : std::max(amax, std::fabs(v));
+  const int64_t blocks = (cols + 15) / 16, row_bytes = (cols + 1) / 2;
+  std::vector<uint8_t> codes(rows * row_bytes, 0xee), scales(rows * blocks, 0xee);
+  quantize_nvfp4(x.data(), rows, cols, tiles, amax, codes.data(), scales.data());
+  const float gs = ref_global_scale(amax);
+  const int64_t tr = tiles ? 16 : 1;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < blocks; ++b) {
+      float bmax = 0.0f;  // over the block's rows of its tile, NaN-propagating
+      for (int64_t rr = r / tr * tr; rr < std::min(rows, r / tr * tr + tr); ++rr)
+        for (int64_t c = b * 16; c < std::min(cols, b * 16 + 16); ++c) {
+          const float v = x[rr * cols + c];
+          bmax = std::isnan(v) || std::isnan(bmax) ? NAN : std::max(bmax, std::fabs(v));
+        }
+      const RefBlock rb = ref_block(bmax, gs);
+      ASSERT_EQ(scales[r * blocks + b], rb.scale) << "row " << r << " block " << b << " amax " << bmax;
+      for (int64_t c = b * 16; c < std::min(cols, b * 16 + 16); ++c) {
+        const uint8_t want = ref_encode(x[r * cols + c] * rb.element_scale);
+        ASSERT_EQ(unpack_e2m1(codes.data() + r * row_bytes, c), want) << "(" << r << ", " << c << ")";
+      }
+      if (cols % 2 == 1) {
+        ASSERT_EQ(codes[r * row_bytes + row_bytes - 1] >> 4, 0) << "row " << r << "'s padding";
+      }
+    }
+}
+
+std::vector<float> random_matrix(int64_t n, uint32_t seed, float spread) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> exponent(-spread, spread);
+  std::vector<float> x(n);
+  for (float& v : x) v = normal(gen) * std::exp2(exponent(gen));
+  return x;
+}
+
+TEST(Nvfp4Quantizer, BlocksAndTilesAgainstTheFormulas) {
+  for (bool tiles : {false, true}) {
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 16}, {3, 37}, {16, 32}, {33, 47}, {40, 64}, {17, 1}}) {
+      for (float spread : {0.0f, 6.0f, 40.0f}) {
+        SCOPED_TRACE(testing::Message() << rows << " x " << cols << (tiles ? " tiles" : " blocks") << " spread "
+                                        << spread);
+        check_quantizer(random_matrix(rows * cols, static_cast<uint32_t>(rows * 131 + cols), spread), rows, cols,
+                        tiles);
+      }
+    }
+  }
+}
+
+TEST(Nvfp4Quantizer, SpecialBlocks) {
+  // A row of 5 blocks: zeros, subnormal floats, a NaN, an inf, and ordinary values.
+  std::vector<float> x(80, 0.0f);
+  for (int i = 16; i < 32; ++i) x[i] = from_bits(static_cast<uint32_t>(i * 1000));  // fp32 subnormals
+  for (int i = 32; i < 48; ++i) x[i] = 0.1f * static_cast<float>(i);
+  x[40] = NAN;
+  for (int i = 48; i < 64; ++i) x[i] = -0.3f * static_cast<float>(i);
+  x[50] = -std::numeric_limits<float>::infinity();
+  for (int i = 64; i < 80; ++i) x[i] = static_cast<float>(i - 70);
+  check_quantizer(x, 1, 80, false);
+  x[40] = 1.0f;  // the inf alone
+  check_quantizer(x, 1, 80, false);
+  x[50] = 2.0f;  // finite; the zero and subnormal blocks under an ordinary global scale
+  check_quantizer(x, 1, 80, false);
+  check_quantizer(std::vector<float>(64, 0.0f), 2, 32, true);  // all zeros: global scale 1
+}
+
+TEST(Nvfp4Quantizer, DequantizeIsCodeTimesScales) {
+  const int64_t rows = 5, cols = 35;
+  const std::vector<float> x = random_matrix(rows * cols, 7, 3.0f);
+  float amax = 0.0f;
+  for (float v : x) amax = std::max(amax, std::fabs(v));
+  std::vector<uint8_t> codes(rows * 18), scales(rows * 3);
+  quantize_nvfp4(x.data(), rows, cols, false, amax, codes.data(), scales.data());
+  std::vector<float> out(rows * cols);
+  dequantize_nvfp4(codes.data(), scales.data(), rows, cols, amax, out.data());
+  const float dec = 1.0f / ref_global_scale(amax);
+  double worst = 0.0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float s = fp8_to_float<Fp8Format::E4M3>(scales[r * 3 + c / 16]);
+      const float want = (e2m1_to_float(unpack_e2m1(codes.data() + r * 18, c)) * s) * dec;
+      ASSERT_EQ(to_bits(out[r * cols + c]), to_bits(want));
+      worst = std::max(worst,
+                       std::fabs(static_cast<double>(out[r * cols + c]) - x[r * cols + c]) / static_cast<double>(amax));
+    }
+  // An element is off by at most half a grid step, 1/6 of its block's amax (between 4 and 6 the
+  // step is 2, and the block's max maps near 6), give or take the E4M3 scale's rounding (1/16).
+  EXPECT_LT(worst, (1.0 / 6.0) * (1.0 + 1.0 / 16.0));
+}
+
+}  // namespace
