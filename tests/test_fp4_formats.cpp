@@ -13,6 +13,7 @@
 
 #include "float_bits.h"
 #include "numerics/fp4.h"
+#include "numerics/philox.h"
 #include "numerics/quantize_nvfp4.h"
 
 namespace {
@@ -215,6 +216,71 @@ TEST(Nvfp4Quantizer, DequantizeIsCodeTimesScales) {
   // An element is off by at most half a grid step, 1/6 of its block's amax (between 4 and 6 the
   // step is 2, and the block's max maps near 6), give or take the E4M3 scale's rounding (1/16).
   EXPECT_LT(worst, (1.0 / 6.0) * (1.0 + 1.0 / 16.0));
+}
+
+}  // namespace
+
+// ---- stochastic rounding ------------------------------------------------------------------------
+
+namespace {
+
+// floor((a - lo) / (hi - lo) * 2^32) in exact arithmetic, for a magnitude below 6.
+uint64_t ref_threshold(float v) {
+  const double a = std::fabs(static_cast<double>(v));
+  int lo = 0;
+  while (lo < 7 && kMagnitudes[lo + 1] <= a) ++lo;
+  return static_cast<uint64_t>(std::floor((a - kMagnitudes[lo]) / (kMagnitudes[lo + 1] - kMagnitudes[lo]) * 0x1p32));
+}
+
+TEST(Fp4Stochastic, RoundsUpForExactlyTheRightShareOfRandomBits) {
+  std::mt19937 gen(3);
+  std::uniform_real_distribution<float> mag(0.0f, 6.0f);
+  std::vector<float> values = {0.0f,  0.5f,  1.0f, 1.5f,   2.0f,     3.0f,     4.0f,
+                               0.25f, 0.75f, 5.0f, 5.999f, 0x1p-20f, 0x1p-140f};
+  for (int i = 0; i < 2000; ++i) values.push_back(mag(gen));
+  for (float v : values) {
+    for (float s : {v, -v}) {
+      const uint8_t down = static_cast<uint8_t>(float_to_e2m1(s) & 8);  // the sign; magnitude below
+      const uint64_t t = ref_threshold(s);
+      int lo = 0;
+      while (lo < 7 && kMagnitudes[lo + 1] <= std::fabs(s)) ++lo;
+      // Bits just below and at the threshold: up below it, down from it on.
+      if (t > 0) {
+        ASSERT_EQ(stochastic_float_to_e2m1(s, static_cast<uint32_t>(t - 1)), (lo + 1) | down) << s;
+      }
+      ASSERT_EQ(stochastic_float_to_e2m1(s, static_cast<uint32_t>(std::min<uint64_t>(t, 0xffffffffu))), lo | down) << s;
+      ASSERT_EQ(stochastic_float_to_e2m1(s, 0xffffffffu), lo | down) << s;
+    }
+  }
+  EXPECT_EQ(stochastic_float_to_e2m1(6.0f, 0), 7);
+  EXPECT_EQ(stochastic_float_to_e2m1(-100.0f, 0), 15);
+  EXPECT_EQ(stochastic_float_to_e2m1(std::numeric_limits<float>::infinity(), 0), 7);
+  EXPECT_EQ(stochastic_float_to_e2m1(std::numeric_limits<float>::quiet_NaN(), 0), 7);
+  EXPECT_EQ(stochastic_float_to_e2m1(-0.0f, 0), 8);
+}
+
+// With Philox's bits, the decoded values average to the input (unbiased) with the variance of a
+// two-point distribution, step^2 p (1 - p), within 5 standard errors.
+TEST(Fp4Stochastic, UnbiasedWithTheExpectedVariance) {
+  const int n = 200000;
+  for (float v : {0.1f, 0.3f, 0.8f, 1.2f, 1.9f, 2.7f, 3.3f, 4.5f, 5.5f, -2.2f}) {
+    double sum = 0.0, sum2 = 0.0;
+    for (int i = 0; i < n; ++i) {
+      const double d = e2m1_to_float(stochastic_float_to_e2m1(v, philox_bits(42, 7, static_cast<uint64_t>(i))));
+      sum += d;
+      sum2 += d * d;
+    }
+    const double mean = sum / n, var = sum2 / n - mean * mean;
+    const double a = std::fabs(static_cast<double>(v));
+    int lo = 0;
+    while (kMagnitudes[lo + 1] <= a) ++lo;
+    const double step = kMagnitudes[lo + 1] - kMagnitudes[lo], p = (a - kMagnitudes[lo]) / step;
+    const double want_var = step * step * p * (1.0 - p);
+    EXPECT_NEAR(mean, static_cast<double>(v), 5.0 * std::sqrt(want_var / n)) << v;
+    // The sample variance of n two-point draws has a standard error of about var * sqrt(2 / n)
+    // (its fourth moment is bounded by step^4 p (1-p)); 5 of those, relative.
+    EXPECT_NEAR(var, want_var, 5.0 * step * step * std::sqrt(p * (1.0 - p) / n)) << v;
+  }
 }
 
 }  // namespace
