@@ -284,3 +284,89 @@ TEST(Fp4Stochastic, UnbiasedWithTheExpectedVariance) {
 }
 
 }  // namespace
+
+// ---- the quantizer with stochastic rounding, and the GEMM contract --------------------------------
+
+namespace {
+
+TEST(Nvfp4Quantizer, StochasticRoundingDrawsEachElementsOwnBits) {
+  const int64_t rows = 32, cols = 40;
+  const std::vector<float> x = random_matrix(rows * cols, 9, 4.0f);
+  float amax = 0.0f;
+  for (float v : x) amax = std::max(amax, std::fabs(v));
+  const Nvfp4Rounding sr{true, 1234, 5, 0};
+  std::vector<uint8_t> codes(rows * 20), scales(rows * 3), nearest_codes(rows * 20), nearest_scales(rows * 3);
+  quantize_nvfp4(x.data(), rows, cols, false, amax, codes.data(), scales.data(), sr);
+  quantize_nvfp4(x.data(), rows, cols, false, amax, nearest_codes.data(), nearest_scales.data());
+  EXPECT_EQ(scales, nearest_scales);  // the scales do not depend on the rounding
+  const float gs = ref_global_scale(amax);
+  int64_t differ = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      float bmax = 0.0f;
+      for (int64_t i = c / 16 * 16; i < std::min(cols, c / 16 * 16 + 16); ++i)
+        bmax = std::max(bmax, std::fabs(x[r * cols + i]));
+      const float scaled = x[r * cols + c] * ref_block(bmax, gs).element_scale;
+      const uint32_t bits = philox_bits(1234, 5, static_cast<uint64_t>(r * cols + c));
+      ASSERT_EQ(unpack_e2m1(codes.data() + r * 20, c), stochastic_float_to_e2m1(scaled, bits)) << r << ", " << c;
+      differ += unpack_e2m1(codes.data() + r * 20, c) != unpack_e2m1(nearest_codes.data() + r * 20, c);
+    }
+  EXPECT_GT(differ, rows * cols / 10);  // stochastic rounding moves many elements off nearest
+  // Quantized in two pieces of rows, with the second's first index, it draws the same bits.
+  std::vector<uint8_t> halves(rows * 20), half_scales(rows * 3);
+  quantize_nvfp4(x.data(), 16, cols, false, amax, halves.data(), half_scales.data(), sr);
+  quantize_nvfp4(x.data() + 16 * cols, 16, cols, false, amax, halves.data() + 16 * 20, half_scales.data() + 16 * 3,
+                 Nvfp4Rounding{true, 1234, 5, 16 * cols});
+  EXPECT_EQ(halves, codes);
+}
+
+TEST(Nvfp4Gemm, BlockScaledDotIsTheContract) {
+  EXPECT_EQ(to_bits(kNvfp4AlphaFactorInv), to_bits(static_cast<float>(1.0 / 7225344.0)));
+  const int64_t m = 3, n = 4, k = 40, row_bytes = 20, blocks = 3;
+  const std::vector<float> a = random_matrix(m * k, 11, 3.0f), b = random_matrix(n * k, 12, 3.0f);
+  float amax_a = 0.0f, amax_b = 0.0f;
+  for (float v : a) amax_a = std::max(amax_a, std::fabs(v));
+  for (float v : b) amax_b = std::max(amax_b, std::fabs(v));
+  std::vector<uint8_t> qa(m * row_bytes), sa(m * blocks), qb(n * row_bytes), sb(n * blocks);
+  quantize_nvfp4(a.data(), m, k, false, amax_a, qa.data(), sa.data());
+  quantize_nvfp4(b.data(), n, k, true, amax_b, qb.data(), sb.data());
+  const float alpha = nvfp4_gemm_alpha(amax_a, amax_b);
+  EXPECT_EQ(to_bits(alpha), to_bits(static_cast<float>(static_cast<double>(static_cast<float>(d(amax_a) * d(amax_b))) *
+                                                       d(kNvfp4AlphaFactorInv))));
+  // An element's quantization error is at most half a grid step at its block's scale: 1/6 of the
+  // block's amax (the step between 4 and 6 is 2), times 17/16 for the E4M3 rounding of the scale.
+  auto block_amax = [&](const std::vector<float>& x, int64_t r0, int64_t r1, int64_t blk) {
+    float mx = 0.0f;
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = blk * 16; c < std::min(k, blk * 16 + 16); ++c) mx = std::max(mx, std::fabs(x[r * k + c]));
+    return d(mx) / 6.0 * 17.0 / 16.0;
+  };
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      // The contract in double: each block's dot times its two scales is exact in fp32 too.
+      double sum = 0.0, mass = 0.0, exact = 0.0, bound = 0.0;
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        double dot = 0.0;
+        for (int64_t c = blk * 16; c < std::min(k, blk * 16 + 16); ++c)
+          dot += d(e2m1_to_float(unpack_e2m1(qa.data() + i * row_bytes, c))) *
+                 d(e2m1_to_float(unpack_e2m1(qb.data() + j * row_bytes, c)));
+        const double term = dot * d(fp8_to_float<Fp8Format::E4M3>(sa[i * blocks + blk])) *
+                            d(fp8_to_float<Fp8Format::E4M3>(sb[j * blocks + blk]));
+        sum += term;
+        mass += std::fabs(term);
+      }
+      for (int64_t c = 0; c < k; ++c) {
+        const double ea = block_amax(a, i, i + 1, c / 16), eb = block_amax(b, 0, n, c / 16);  // B: 16x16 tiles
+        exact += d(a[i * k + c]) * d(b[j * k + c]);
+        bound += ea * std::fabs(d(b[j * k + c])) + std::fabs(d(a[i * k + c])) * eb + ea * eb;
+      }
+      const float got = nvfp4_block_scaled_dot(qa.data() + i * row_bytes, sa.data() + i * blocks,
+                                               qb.data() + j * row_bytes, sb.data() + j * blocks, k, alpha);
+      // Only the sum over the blocks (3) and the product with alpha round.
+      EXPECT_NEAR(got, sum * d(alpha), (3.0 * mass + std::fabs(sum)) * d(alpha) * 0x1p-23) << i << ", " << j;
+      // And it is the unquantized product within the elements' quantization errors.
+      EXPECT_LE(std::fabs(d(got) - exact), bound * (1.0 + 1e-3)) << i << ", " << j;
+    }
+}
+
+}  // namespace

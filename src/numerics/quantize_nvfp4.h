@@ -18,6 +18,7 @@
 
 #include "fp4.h"
 #include "hd.h"
+#include "philox.h"
 #include "quantize.h"
 #include "scaling.h"
 
@@ -28,11 +29,25 @@ constexpr int64_t kNvfp4BlockLength = 16;  // 1x16 blocks, 16x16 weight tiles
 // Bytes of a row of codes packed two to a byte.
 LNMLP_HD constexpr int64_t nvfp4_row_bytes(int64_t cols) { return (cols + 1) / 2; }
 
+// How elements round: to nearest even, or stochastically (stochastic_float_to_e2m1) with the random
+// bits of element (r, c) drawn as philox_bits(seed, offset, first_index + r * cols + c), so that a
+// tensor quantized in pieces draws what it would whole.
+struct Nvfp4Rounding {
+  bool stochastic = false;
+  uint64_t seed = 0, offset = 0, first_index = 0;
+};
+
+// One scaled element's code under `rounding`; `index` is its element index.
+LNMLP_HD uint8_t nvfp4_cast(float scaled, const Nvfp4Rounding& rounding, uint64_t index) {
+  return rounding.stochastic ? stochastic_float_to_e2m1(scaled, philox_bits(rounding.seed, rounding.offset, index))
+                             : float_to_e2m1(scaled);
+}
+
 // Quantizes `in` with the global scale of `global_amax` (the tensor's amax, NaN-propagating as
 // amax_of gives it; a caller may pass another tensor's, as TransformerEngine's quantizers may).
-template <DType D = DType::F32> LNMLP_HOST_INLINE void quantize_nvfp4(const storage_t<D>* in, int64_t rows,
-                                                                      int64_t cols, bool tiles, float global_amax,
-                                                                      uint8_t* codes, uint8_t* scales) {
+template <DType D = DType::F32>
+LNMLP_HOST_INLINE void quantize_nvfp4(const storage_t<D>* in, int64_t rows, int64_t cols, bool tiles, float global_amax,
+                                      uint8_t* codes, uint8_t* scales, Nvfp4Rounding rounding = {}) {
   constexpr int64_t B = kNvfp4BlockLength;
   const float global_scale = nvfp4_global_scale(global_amax);
   const int64_t blocks = num_blocks(cols, B), row_bytes = nvfp4_row_bytes(cols);
@@ -49,9 +64,10 @@ template <DType D = DType::F32> LNMLP_HOST_INLINE void quantize_nvfp4(const stor
         scales[r * blocks + b] = block_scale;
         const storage_t<D>* x = in + r * cols + c0;
         uint8_t* out = codes + r * row_bytes + c0 / 2;
+        const uint64_t index = rounding.first_index + static_cast<uint64_t>(r * cols + c0);
         for (int64_t i = 0; i < n; i += 2) {
-          const uint8_t even = float_to_e2m1(load<D>(x[i]) * scale);
-          const uint8_t odd = i + 1 < n ? float_to_e2m1(load<D>(x[i + 1]) * scale) : uint8_t{0};
+          const uint8_t even = nvfp4_cast(load<D>(x[i]) * scale, rounding, index + i);
+          const uint8_t odd = i + 1 < n ? nvfp4_cast(load<D>(x[i + 1]) * scale, rounding, index + i + 1) : uint8_t{0};
           out[i / 2] = pack_e2m1x2(even, odd);
         }
       }
@@ -70,6 +86,38 @@ LNMLP_HOST_INLINE void dequantize_nvfp4(const uint8_t* codes, const uint8_t* sca
       const float s = fp8_to_float<Fp8Format::E4M3>(scales[r * blocks + c / kNvfp4BlockLength]);
       out[r * cols + c] = e2m1_to_float(unpack_e2m1(codes + r * row_bytes, c)) * s * global_decode;
     }
+}
+
+// ---- the GEMM contract ----------------------------------------------------------------------------
+//
+// For C = A B^T with A [M, K] and B [N, K] quantized in 1x16 blocks along K (B in 16x16 tiles alike:
+// its scales repeat per row), what FP4 hardware computes, TransformerEngine's cuBLASLt call with
+// CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3:
+//   C[m, n] = alpha * sum over blocks b of
+//               ( sum_{k in b} e2m1(qa[m, k]) * e2m1(qb[n, k]) ) * s_a[m, b] * s_b[n, b]
+//   alpha   = amax_a * amax_b * (1 / (6 * 6 * 448 * 448)), left to right in fp32
+//             (TE's nvte_nvfp4_compute_per_tensor_scale, user alpha 1)
+// Each block's dot is exact in fp32 (products are multiples of 1/4 up to 36, 16 of them), and so
+// is its product with the two E4M3 scales (at most 12 + 8 significant bits); only the sum over
+// blocks rounds, in an order hardware may not share. A backend may therefore multiply operands
+// decoded with their block scales, e2m1 * s_block (exact in bf16), accumulating in fp32, and scale
+// the result by alpha.
+constexpr float kNvfp4AlphaFactorInv = static_cast<float>(1.0 / (6.0 * 6.0 * 448.0 * 448.0));
+
+LNMLP_HD float nvfp4_gemm_alpha(float amax_a, float amax_b) { return 1.0f * amax_a * amax_b * kNvfp4AlphaFactorInv; }
+
+// One output element of the contract: rows qa/sa of A and qb/sb of B (codes packed, scales per
+// 1x16 block), K elements.
+LNMLP_HOST_INLINE float nvfp4_block_scaled_dot(const uint8_t* qa, const uint8_t* sa, const uint8_t* qb,
+                                               const uint8_t* sb, int64_t k, float alpha) {
+  float sum = 0.0f;
+  for (int64_t b = 0; b * kNvfp4BlockLength < k; ++b) {
+    float dot = 0.0f;
+    for (int64_t i = b * kNvfp4BlockLength; i < k && i < (b + 1) * kNvfp4BlockLength; ++i)
+      dot += e2m1_to_float(unpack_e2m1(qa, i)) * e2m1_to_float(unpack_e2m1(qb, i));
+    sum += dot * fp8_to_float<Fp8Format::E4M3>(sa[b]) * fp8_to_float<Fp8Format::E4M3>(sb[b]);
+  }
+  return alpha * sum;
 }
 
 }  // namespace lnmlp::numerics
