@@ -333,7 +333,7 @@ LNMLP_API int32_t lnmlp_fp8_decode(int32_t dtype, const uint8_t* in, int64_t cou
  * NVFP4 quantization (host arrays, either backend's build; see docs/design.md, "NVFP4")
  * ------------------------------------------------------------------------------------------- */
 
-/* Quantizes a row-major [rows, cols] fp32 matrix as TransformerEngine's NVFP4BlockScaling recipe
+/* Quantizes a row-major [rows, cols] fp32 matrix x as TransformerEngine's NVFP4BlockScaling recipe
  * does (its quantizer without the random Hadamard transform and stochastic rounding): E2M1 codes
  * (1 sign, 2 exponent, 1 mantissa bit: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6) in blocks of 16
  * consecutive elements of a row (block_rows = 1) or in 16 x 16 tiles (block_rows = 16, the recipe's
@@ -350,20 +350,21 @@ LNMLP_API int32_t lnmlp_fp8_decode(int32_t dtype, const uint8_t* in, int64_t cou
  * r * ((cols + 1) / 2) + c / 2, the low 4 bits for even c (an odd row's last high half is 0);
  * scales: rows * ((cols + 15) / 16) E4M3 bytes, row r's block b at r * ((cols + 15) / 16) + b
  * (with tiles, every row of a tile holds the tile's scale). Pointers may be NULL when rows * cols
- * is 0; `in` must not overlap the outputs.
+ * is 0; `x` must not overlap the outputs.
  * @since 0.2
- * @param[in] in, rows, cols, block_rows, global_amax
+ * @param[in] x, rows, cols, block_rows, global_amax
  * @param[out] codes, scales */
-LNMLP_API int32_t lnmlp_nvfp4_quantize(const float* in, int64_t rows, int64_t cols, int32_t block_rows,
+LNMLP_API int32_t lnmlp_nvfp4_quantize(const float* x, int64_t rows, int64_t cols, int32_t block_rows,
                                        float global_amax, uint8_t* codes, uint8_t* scales);
 
-/* The values lnmlp_nvfp4_quantize's codes stand for: out[r, c] = (e2m1(code) * s_block) * (1 / S_enc),
- * in fp32, with codes, scales and global_amax laid out and meant as there.
+/* The values lnmlp_nvfp4_quantize's codes stand for, row-major [rows, cols]:
+ * values[r, c] = (e2m1(code) * s_block) * (1 / S_enc), in fp32, with codes, scales and global_amax
+ * laid out and meant as there.
  * @since 0.2
  * @param[in] codes, scales, rows, cols, global_amax
- * @param[out] out */
+ * @param[out] values */
 LNMLP_API int32_t lnmlp_nvfp4_dequantize(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
-                                         float global_amax, float* out);
+                                         float global_amax, float* values);
 
 /* ---------------------------------------------------------------------------------------------
  * Descriptor: what to compute. Setters validate their own arguments; lnmlp_plan_create

@@ -123,10 +123,6 @@ struct lnmlp_comm {};
  * (comm_create_callbacks takes an opaque pointer to a table built in C, its struct_size set to
  * sizeof(lnmlp_comm_callbacks)). */
 %ignore lnmlp_comm_callbacks;
-/* NVFP4's quantizer on host arrays: the Java binding gains it (with array typemaps) together with
- * the NVFP4 recipe; until then it is C, Python, Rust and Julia only. */
-%ignore lnmlp_nvfp4_quantize;
-%ignore lnmlp_nvfp4_dequantize;
 
 /* ---- status -> exception ------------------------------------------------------------------------
  * Every int32_t-returning call: skipped when a typemap already left a Java exception pending
@@ -197,6 +193,8 @@ LNMLP_RETURNS(lnmlp_plan_get_deferred_bytes, jlong, long)
 
 LNMLP_RETURNS_VOID(lnmlp_fp8_encode)
 LNMLP_RETURNS_VOID(lnmlp_fp8_decode)
+LNMLP_RETURNS_VOID(lnmlp_nvfp4_quantize)
+LNMLP_RETURNS_VOID(lnmlp_nvfp4_dequantize)
 LNMLP_RETURNS_VOID(lnmlp_desc_destroy)
 LNMLP_RETURNS_VOID(lnmlp_desc_set_shape)
 LNMLP_RETURNS_VOID(lnmlp_desc_set_norm)
@@ -424,6 +422,51 @@ LNMLP_ARRAY(float* out, jfloatArray, float[], jfloat, Float, 0)
       SWIG_JavaThrowException(jenv, SWIG_JavaIllegalArgumentException,
                               "out is shorter than in (fp8_encode / fp8_decode write in.length elements)");
   }
+}
+
+/* nvfp4_quantize(float[] x, rows, cols, block_rows, global_amax, byte[] codes, byte[] scales) and
+ * nvfp4_dequantize(byte[] codes, byte[] scales, rows, cols, global_amax, float[] values): every
+ * array must hold what include/lnmlp.h gives for rows x cols (x and values rows * cols, codes
+ * rows * ((cols + 1) / 2), scales rows * ((cols + 15) / 16)), else IllegalArgumentException (the
+ * call is not made). A null array is passed as NULL, which the library refuses with its status. */
+%{
+/* Whether a non-null Java array holds fewer than rows * per_row elements. Shapes the library
+ * refuses anyway (negative, overflowing) are left to it. */
+static int lnmlp_java_too_short(JNIEnv* jenv, jarray a, int64_t rows, int64_t per_row) {
+  if (!a || (*jenv)->ExceptionCheck(jenv) || rows < 0 || per_row <= 0 || rows > INT64_MAX / per_row) return 0;
+  return (int64_t)(*jenv)->GetArrayLength(jenv, a) < rows * per_row;
+}
+%}
+LNMLP_ARRAY(const float* x, jfloatArray, float[], jfloat, Float, JNI_ABORT)
+LNMLP_ARRAY(uint8_t* codes, jbyteArray, byte[], jbyte, Byte, 0)
+LNMLP_ARRAY(uint8_t* scales, jbyteArray, byte[], jbyte, Byte, 0)
+LNMLP_ARRAY(const uint8_t* codes, jbyteArray, byte[], jbyte, Byte, JNI_ABORT)
+LNMLP_ARRAY(const uint8_t* scales, jbyteArray, byte[], jbyte, Byte, JNI_ABORT)
+LNMLP_ARRAY(float* values, jfloatArray, float[], jfloat, Float, 0)
+/* In nvfp4_quantize rows and cols are arg2 and arg3; in nvfp4_dequantize arg3 and arg4. */
+%typemap(check) const float* x {
+  if (lnmlp_java_too_short(jenv, $input, arg2, arg3))
+    SWIG_JavaThrowException(jenv, SWIG_JavaIllegalArgumentException, "x is shorter than rows * cols");
+}
+%typemap(check) uint8_t* codes {
+  if (lnmlp_java_too_short(jenv, $input, arg2, (arg3 + 1) / 2))
+    SWIG_JavaThrowException(jenv, SWIG_JavaIllegalArgumentException, "codes is shorter than rows * ((cols + 1) / 2)");
+}
+%typemap(check) uint8_t* scales {
+  if (lnmlp_java_too_short(jenv, $input, arg2, (arg3 + 15) / 16))
+    SWIG_JavaThrowException(jenv, SWIG_JavaIllegalArgumentException, "scales is shorter than rows * ((cols + 15) / 16)");
+}
+%typemap(check) const uint8_t* codes {
+  if (lnmlp_java_too_short(jenv, $input, arg3, (arg4 + 1) / 2))
+    SWIG_JavaThrowException(jenv, SWIG_JavaIllegalArgumentException, "codes is shorter than rows * ((cols + 1) / 2)");
+}
+%typemap(check) const uint8_t* scales {
+  if (lnmlp_java_too_short(jenv, $input, arg3, (arg4 + 15) / 16))
+    SWIG_JavaThrowException(jenv, SWIG_JavaIllegalArgumentException, "scales is shorter than rows * ((cols + 15) / 16)");
+}
+%typemap(check) float* values {
+  if (lnmlp_java_too_short(jenv, $input, arg3, arg4))
+    SWIG_JavaThrowException(jenv, SWIG_JavaIllegalArgumentException, "values is shorter than rows * cols");
 }
 
 /* Direct java.nio.ByteBuffer (null -> NULL); its address, not its position. */

@@ -44,34 +44,34 @@ template <typename Fn> void for_row_chunks(int64_t rows, int64_t cols, Fn&& fn) 
 
 extern "C" {
 
-LNMLP_API int32_t lnmlp_nvfp4_quantize(const float* in, int64_t rows, int64_t cols, int32_t block_rows,
+LNMLP_API int32_t lnmlp_nvfp4_quantize(const float* x, int64_t rows, int64_t cols, int32_t block_rows,
                                        float global_amax, uint8_t* codes, uint8_t* scales) {
   return api_guard(__func__, [&] {
     check_shape(rows, cols, global_amax);
     if (block_rows != 1 && block_rows != kNvfp4BlockLength)
       fail(LNMLP_ERROR_INVALID_ARGUMENT, "block_rows must be 1 (1x16 blocks) or 16 (16x16 tiles), got ", block_rows);
-    check_pointer(in, "in", rows, cols);
+    check_pointer(x, "x", rows, cols);
     check_pointer(codes, "codes", rows, cols);
     check_pointer(scales, "scales", rows, cols);
     const int64_t row_bytes = numerics::nvfp4_row_bytes(cols), blocks = numerics::num_blocks(cols, kNvfp4BlockLength);
     for_row_chunks(rows, cols, [&](int64_t r0, int64_t r1) {
-      numerics::quantize_nvfp4(in + r0 * cols, r1 - r0, cols, block_rows != 1, global_amax, codes + r0 * row_bytes,
+      numerics::quantize_nvfp4(x + r0 * cols, r1 - r0, cols, block_rows != 1, global_amax, codes + r0 * row_bytes,
                                scales + r0 * blocks);
     });
   });
 }
 
 LNMLP_API int32_t lnmlp_nvfp4_dequantize(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
-                                         float global_amax, float* out) {
+                                         float global_amax, float* values) {
   return api_guard(__func__, [&] {
     check_shape(rows, cols, global_amax);
     check_pointer(codes, "codes", rows, cols);
     check_pointer(scales, "scales", rows, cols);
-    check_pointer(out, "out", rows, cols);
+    check_pointer(values, "values", rows, cols);
     const int64_t row_bytes = numerics::nvfp4_row_bytes(cols), blocks = numerics::num_blocks(cols, kNvfp4BlockLength);
     for_row_chunks(rows, cols, [&](int64_t r0, int64_t r1) {
       numerics::dequantize_nvfp4(codes + r0 * row_bytes, scales + r0 * blocks, r1 - r0, cols, global_amax,
-                                 out + r0 * cols);
+                                 values + r0 * cols);
     });
   });
 }

@@ -143,6 +143,41 @@ def test_element_scale_is_the_kernels_reciprocal():
     assert sim_e2m1(F32(x * other)) != sim_e2m1(mid), "the input does not tell the two formulas apart"
 
 
+def test_block_scale_is_the_kernels_product():
+    """TE's kernels take s_block = e4m3(block_amax * (S_enc * (1/6))); its JAX reference computes
+    e4m3((block_amax / 6) * S_enc), the same in exact arithmetic. Build a block whose fp32 product
+    lands exactly on an E4M3 midpoint under the first and off it under the second (so the E4M3
+    rounding differs): lnmlp's scale must be the first's."""
+    rng = np.random.default_rng(12)
+    inv6 = F32(F32(1) / F32(6))
+    mids = np.array([1.0625, 1.1875, 1.3125, 1.4375, 1.5625, 1.6875, 1.8125, 1.9375], F32)  # E4M3 ties
+    with np.errstate(all="ignore"):
+        for _ in range(20000):
+            global_amax = F32(rng.uniform(1, 1000))
+            s_enc = sim_global_scale(global_amax)
+            m = F32(s_enc * inv6)
+            target = F32(mids[rng.integers(len(mids))] * F32(2.0 ** rng.integers(-4, 5)))
+            amax = F32(target / m)
+            found = False
+            for k in range(-3, 4):  # the float32 values a few ulps around amax
+                a = amax
+                for _ in range(abs(k)):
+                    a = F32(np.nextafter(a, F32(np.inf) if k > 0 else F32(0)))
+                kernel = F32(a * m)
+                jax_ref = F32(F32(a / F32(6)) * s_enc)
+                if a <= global_amax and sim_e4m3(kernel) != sim_e4m3(jax_ref):
+                    found = True
+                    break
+            if found:
+                break
+        else:
+            pytest.fail("no discriminating input found")
+    row = np.zeros((1, 16), F32)
+    row[0, 0] = a
+    _, scales, _ = check(row, global_amax=global_amax)
+    assert scales[0, 0] == sim_e4m3(kernel) != sim_e4m3(jax_ref)
+
+
 def test_special_blocks():
     x = np.zeros((2, 96), F32)
     x[0, 16:32] = np.arange(1, 17, dtype=np.uint32).view(F32) * F32(1000)  # float32 subnormals

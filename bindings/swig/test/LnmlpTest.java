@@ -135,6 +135,29 @@ public final class LnmlpTest {
         "fp8_encode with a short output array");
     expectStatus(ERROR_INVALID_ARGUMENT, "scale",
         () -> LnmlpNative.fp8_encode(DTYPE_FP8_E4M3, new float[4], 0f, new byte[4]), "fp8 scale 0");
+    // NVFP4: global amax 2688 gives the global scale 1, a block maximum of 6 the E4M3 scale 1.0
+    // (0x38), so the elements are cast as they are (ties to even, saturating at 6).
+    // 6.3 saturates to 6, and 6.3 / 6 still rounds to 1.0 in E4M3.
+    float[] x = new float[16];
+    x[0] = 6f; x[1] = 0.25f; x[2] = 0.75f; x[3] = 2.5f; x[4] = -3f; x[5] = 6.3f;
+    byte[] fp4 = new byte[8];
+    byte[] fp4Scales = new byte[1];
+    float[] values = new float[16];
+    LnmlpNative.nvfp4_quantize(x, 1, 16, 1, 2688f, fp4, fp4Scales);
+    check(fp4Scales[0] == 0x38 && fp4[0] == 0x07 && fp4[1] == 0x42 && fp4[2] == (byte) 0x7d,
+        "nvfp4 codes: " + Arrays.toString(fp4));
+    LnmlpNative.nvfp4_dequantize(fp4, fp4Scales, 1, 16, 2688f, values);
+    check(values[0] == 6f && values[1] == 0f && values[2] == 1f && values[3] == 2f && values[4] == -3f
+        && values[5] == 6f, "nvfp4 dequantize: " + Arrays.toString(values));
+    expect(IllegalArgumentException.class,
+        () -> LnmlpNative.nvfp4_quantize(new float[16], 1, 16, 1, 1f, new byte[7], new byte[1]),
+        "nvfp4_quantize with a short codes array");
+    expect(IllegalArgumentException.class,
+        () -> LnmlpNative.nvfp4_dequantize(new byte[8], new byte[1], 1, 16, 1f, new float[15]),
+        "nvfp4_dequantize with a short values array");
+    expectStatus(ERROR_INVALID_ARGUMENT, "block_rows",
+        () -> LnmlpNative.nvfp4_quantize(new float[16], 1, 16, 8, 1f, new byte[8], new byte[1]),
+        "nvfp4_quantize with block_rows 8");
     System.out.println("version " + Lnmlp.versionString() + " abi " + v[3] + ": ok");
   }
 

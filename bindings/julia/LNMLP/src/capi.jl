@@ -30,10 +30,10 @@ lnmlp_fp8_encode(dtype, input, count, scale, output) =
     ccall((:lnmlp_fp8_encode, liblnmlp), Int32, (Int32, Ptr{Float32}, Int64, Float32, Ptr{UInt8}), dtype, input, count, scale, output)
 lnmlp_fp8_decode(dtype, input, count, scale_inv, output) =
     ccall((:lnmlp_fp8_decode, liblnmlp), Int32, (Int32, Ptr{UInt8}, Int64, Float32, Ptr{Float32}), dtype, input, count, scale_inv, output)
-lnmlp_nvfp4_quantize(input, rows, cols, block_rows, global_amax, codes, scales) =
-    ccall((:lnmlp_nvfp4_quantize, liblnmlp), Int32, (Ptr{Float32}, Int64, Int64, Int32, Float32, Ptr{UInt8}, Ptr{UInt8}), input, rows, cols, block_rows, global_amax, codes, scales)
-lnmlp_nvfp4_dequantize(codes, scales, rows, cols, global_amax, output) =
-    ccall((:lnmlp_nvfp4_dequantize, liblnmlp), Int32, (Ptr{UInt8}, Ptr{UInt8}, Int64, Int64, Float32, Ptr{Float32}), codes, scales, rows, cols, global_amax, output)
+lnmlp_nvfp4_quantize(x, rows, cols, block_rows, global_amax, codes, scales) =
+    ccall((:lnmlp_nvfp4_quantize, liblnmlp), Int32, (Ptr{Float32}, Int64, Int64, Int32, Float32, Ptr{UInt8}, Ptr{UInt8}), x, rows, cols, block_rows, global_amax, codes, scales)
+lnmlp_nvfp4_dequantize(codes, scales, rows, cols, global_amax, values) =
+    ccall((:lnmlp_nvfp4_dequantize, liblnmlp), Int32, (Ptr{UInt8}, Ptr{UInt8}, Int64, Int64, Float32, Ptr{Float32}), codes, scales, rows, cols, global_amax, values)
 lnmlp_desc_create(desc) =
     ccall((:lnmlp_desc_create, liblnmlp), Int32, (Ptr{Ptr{Cvoid}},), desc)
 lnmlp_desc_destroy(desc) =

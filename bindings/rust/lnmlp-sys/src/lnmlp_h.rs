@@ -391,7 +391,7 @@ extern "C" {
     /// @param\[in\] dtype, in, count, scale_inv
     /// @param\[out\] out
     pub fn lnmlp_fp8_decode(dtype: i32, in_: *const u8, count: i64, scale_inv: f32, out: *mut f32) -> i32;
-    /// Quantizes a row-major \[rows, cols\] fp32 matrix as TransformerEngine's NVFP4BlockScaling recipe
+    /// Quantizes a row-major \[rows, cols\] fp32 matrix x as TransformerEngine's NVFP4BlockScaling recipe
     /// does (its quantizer without the random Hadamard transform and stochastic rounding): E2M1 codes
     /// (1 sign, 2 exponent, 1 mantissa bit: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6) in blocks of 16
     /// consecutive elements of a row (block_rows = 1) or in 16 x 16 tiles (block_rows = 16, the recipe's
@@ -408,17 +408,18 @@ extern "C" {
     /// r * ((cols + 1) / 2) + c / 2, the low 4 bits for even c (an odd row's last high half is 0);
     /// scales: rows * ((cols + 15) / 16) E4M3 bytes, row r's block b at r * ((cols + 15) / 16) + b
     /// (with tiles, every row of a tile holds the tile's scale). Pointers may be NULL when rows * cols
-    /// is 0; `in` must not overlap the outputs.
+    /// is 0; `x` must not overlap the outputs.
     /// @since 0.2
-    /// @param\[in\] in, rows, cols, block_rows, global_amax
+    /// @param\[in\] x, rows, cols, block_rows, global_amax
     /// @param\[out\] codes, scales
-    pub fn lnmlp_nvfp4_quantize(in_: *const f32, rows: i64, cols: i64, block_rows: i32, global_amax: f32, codes: *mut u8, scales: *mut u8) -> i32;
-    /// The values lnmlp_nvfp4_quantize's codes stand for: out\[r, c\] = (e2m1(code) * s_block) * (1 / S_enc),
-    /// in fp32, with codes, scales and global_amax laid out and meant as there.
+    pub fn lnmlp_nvfp4_quantize(x: *const f32, rows: i64, cols: i64, block_rows: i32, global_amax: f32, codes: *mut u8, scales: *mut u8) -> i32;
+    /// The values lnmlp_nvfp4_quantize's codes stand for, row-major \[rows, cols\]:
+    /// values\[r, c\] = (e2m1(code) * s_block) * (1 / S_enc), in fp32, with codes, scales and global_amax
+    /// laid out and meant as there.
     /// @since 0.2
     /// @param\[in\] codes, scales, rows, cols, global_amax
-    /// @param\[out\] out
-    pub fn lnmlp_nvfp4_dequantize(codes: *const u8, scales: *const u8, rows: i64, cols: i64, global_amax: f32, out: *mut f32) -> i32;
+    /// @param\[out\] values
+    pub fn lnmlp_nvfp4_dequantize(codes: *const u8, scales: *const u8, rows: i64, cols: i64, global_amax: f32, values: *mut f32) -> i32;
     /// Creates a descriptor with the defaults: no shape (must be set), layernorm, gamma not
     /// zero-centered, epsilon 1e-6, activation (RELU), no biases, f32, weights IN_OUT, SAVE_ALL, CPU
     /// backend, device 0, recipe NONE, no sharding, all cores.
