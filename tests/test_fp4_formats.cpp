@@ -127,9 +127,20 @@ RefBlock ref_block(float block_amax, float global_scale) {
   return {s, at_most_flt_max(1.0 / d(p))};
 }
 
+// max |x| over rows [r0, r1) and columns [c0, c1) of a [*, cols] matrix, NaN if one of them is.
+float ref_amax(const std::vector<float>& x, int64_t cols, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  float m = 0.0f;
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t c = c0; c < std::min(cols, c1); ++c) {
+      const float v = x[r * cols + c];
+      m = std::isnan(v) || std::isnan(m) ? NAN : std::max(m, std::fabs(v));
+    }
+  return m;
+}
+float ref_amax(const std::vector<float>& x) { return ref_amax(x, 1, 0, static_cast<int64_t>(x.size()), 0, 1); }
+
 void check_quantizer(const std::vector<float>& x, int64_t rows, int64_t cols, bool tiles) {
-  float amax = 0.0f;
-  for (float v : x) amax = std::isnan(v) || std::isnan(amax) ? NAN : std::max(amax, std::fabs(v));
+  const float amax = ref_amax(x);
   const int64_t blocks = (cols + 15) / 16, row_bytes = (cols + 1) / 2;
   std::vector<uint8_t> codes(rows * row_bytes, 0xee), scales(rows * blocks, 0xee);
   quantize_nvfp4(x.data(), rows, cols, tiles, amax, codes.data(), scales.data());
@@ -137,12 +148,7 @@ void check_quantizer(const std::vector<float>& x, int64_t rows, int64_t cols, bo
   const int64_t tr = tiles ? 16 : 1;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < blocks; ++b) {
-      float bmax = 0.0f;  // over the block's rows of its tile, NaN-propagating
-      for (int64_t rr = r / tr * tr; rr < std::min(rows, r / tr * tr + tr); ++rr)
-        for (int64_t c = b * 16; c < std::min(cols, b * 16 + 16); ++c) {
-          const float v = x[rr * cols + c];
-          bmax = std::isnan(v) || std::isnan(bmax) ? NAN : std::max(bmax, std::fabs(v));
-        }
+      const float bmax = ref_amax(x, cols, r / tr * tr, std::min(rows, r / tr * tr + tr), b * 16, b * 16 + 16);
       const RefBlock rb = ref_block(bmax, gs);
       ASSERT_EQ(scales[r * blocks + b], rb.scale) << "row " << r << " block " << b << " amax " << bmax;
       for (int64_t c = b * 16; c < std::min(cols, b * 16 + 16); ++c) {
@@ -197,8 +203,7 @@ TEST(Nvfp4Quantizer, SpecialBlocks) {
 TEST(Nvfp4Quantizer, DequantizeIsCodeTimesScales) {
   const int64_t rows = 5, cols = 35;
   const std::vector<float> x = random_matrix(rows * cols, 7, 3.0f);
-  float amax = 0.0f;
-  for (float v : x) amax = std::max(amax, std::fabs(v));
+  const float amax = ref_amax(x);
   std::vector<uint8_t> codes(rows * 18), scales(rows * 3);
   quantize_nvfp4(x.data(), rows, cols, false, amax, codes.data(), scales.data());
   std::vector<float> out(rows * cols);
@@ -224,11 +229,17 @@ TEST(Nvfp4Quantizer, DequantizeIsCodeTimesScales) {
 
 namespace {
 
+// The index lo of the grid magnitudes around a in [0, 6): kMagnitudes[lo] <= a < kMagnitudes[lo + 1].
+int grid_below(double a) {
+  int lo = 0;
+  while (lo < 6 && kMagnitudes[lo + 1] <= a) ++lo;
+  return lo;
+}
+
 // floor((a - lo) / (hi - lo) * 2^32) in exact arithmetic, for a magnitude below 6.
 uint64_t ref_threshold(float v) {
   const double a = std::fabs(static_cast<double>(v));
-  int lo = 0;
-  while (lo < 7 && kMagnitudes[lo + 1] <= a) ++lo;
+  const int lo = grid_below(a);
   return static_cast<uint64_t>(std::floor((a - kMagnitudes[lo]) / (kMagnitudes[lo + 1] - kMagnitudes[lo]) * 0x1p32));
 }
 
@@ -242,8 +253,7 @@ TEST(Fp4Stochastic, RoundsUpForExactlyTheRightShareOfRandomBits) {
     for (float s : {v, -v}) {
       const uint8_t down = static_cast<uint8_t>(float_to_e2m1(s) & 8);  // the sign; magnitude below
       const uint64_t t = ref_threshold(s);
-      int lo = 0;
-      while (lo < 7 && kMagnitudes[lo + 1] <= std::fabs(s)) ++lo;
+      const int lo = grid_below(std::fabs(static_cast<double>(s)));
       // Bits just below and at the threshold: up below it, down from it on.
       if (t > 0) {
         ASSERT_EQ(stochastic_float_to_e2m1(s, static_cast<uint32_t>(t - 1)), (lo + 1) | down) << s;
@@ -272,8 +282,7 @@ TEST(Fp4Stochastic, UnbiasedWithTheExpectedVariance) {
     }
     const double mean = sum / n, var = sum2 / n - mean * mean;
     const double a = std::fabs(static_cast<double>(v));
-    int lo = 0;
-    while (kMagnitudes[lo + 1] <= a) ++lo;
+    const int lo = grid_below(a);
     const double step = kMagnitudes[lo + 1] - kMagnitudes[lo], p = (a - kMagnitudes[lo]) / step;
     const double want_var = step * step * p * (1.0 - p);
     EXPECT_NEAR(mean, static_cast<double>(v), 5.0 * std::sqrt(want_var / n)) << v;
@@ -292,8 +301,7 @@ namespace {
 TEST(Nvfp4Quantizer, StochasticRoundingDrawsEachElementsOwnBits) {
   const int64_t rows = 32, cols = 40;
   const std::vector<float> x = random_matrix(rows * cols, 9, 4.0f);
-  float amax = 0.0f;
-  for (float v : x) amax = std::max(amax, std::fabs(v));
+  const float amax = ref_amax(x);
   const Nvfp4Rounding sr{true, 1234, 5, 0};
   std::vector<uint8_t> codes(rows * 20), scales(rows * 3), nearest_codes(rows * 20), nearest_scales(rows * 3);
   quantize_nvfp4(x.data(), rows, cols, false, amax, codes.data(), scales.data(), sr);
@@ -303,9 +311,7 @@ TEST(Nvfp4Quantizer, StochasticRoundingDrawsEachElementsOwnBits) {
   int64_t differ = 0;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {
-      float bmax = 0.0f;
-      for (int64_t i = c / 16 * 16; i < std::min(cols, c / 16 * 16 + 16); ++i)
-        bmax = std::max(bmax, std::fabs(x[r * cols + i]));
+      const float bmax = ref_amax(x, cols, r, r + 1, c / 16 * 16, c / 16 * 16 + 16);
       const float scaled = x[r * cols + c] * ref_block(bmax, gs).element_scale;
       const uint32_t bits = philox_bits(1234, 5, static_cast<uint64_t>(r * cols + c));
       ASSERT_EQ(unpack_e2m1(codes.data() + r * 20, c), stochastic_float_to_e2m1(scaled, bits)) << r << ", " << c;
@@ -324,9 +330,7 @@ TEST(Nvfp4Gemm, BlockScaledDotIsTheContract) {
   EXPECT_EQ(to_bits(kNvfp4AlphaFactorInv), to_bits(static_cast<float>(1.0 / 7225344.0)));
   const int64_t m = 3, n = 4, k = 40, row_bytes = 20, blocks = 3;
   const std::vector<float> a = random_matrix(m * k, 11, 3.0f), b = random_matrix(n * k, 12, 3.0f);
-  float amax_a = 0.0f, amax_b = 0.0f;
-  for (float v : a) amax_a = std::max(amax_a, std::fabs(v));
-  for (float v : b) amax_b = std::max(amax_b, std::fabs(v));
+  const float amax_a = ref_amax(a), amax_b = ref_amax(b);
   std::vector<uint8_t> qa(m * row_bytes), sa(m * blocks), qb(n * row_bytes), sb(n * blocks);
   quantize_nvfp4(a.data(), m, k, false, amax_a, qa.data(), sa.data());
   quantize_nvfp4(b.data(), n, k, true, amax_b, qb.data(), sb.data());
@@ -335,11 +339,8 @@ TEST(Nvfp4Gemm, BlockScaledDotIsTheContract) {
                                                        d(kNvfp4AlphaFactorInv))));
   // An element's quantization error is at most half a grid step at its block's scale: 1/6 of the
   // block's amax (the step between 4 and 6 is 2), times 17/16 for the E4M3 rounding of the scale.
-  auto block_amax = [&](const std::vector<float>& x, int64_t r0, int64_t r1, int64_t blk) {
-    float mx = 0.0f;
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t c = blk * 16; c < std::min(k, blk * 16 + 16); ++c) mx = std::max(mx, std::fabs(x[r * k + c]));
-    return d(mx) / 6.0 * 17.0 / 16.0;
+  auto error_bound = [&](const std::vector<float>& x, int64_t r0, int64_t r1, int64_t blk) {
+    return d(ref_amax(x, k, r0, r1, blk * 16, blk * 16 + 16)) / 6.0 * 17.0 / 16.0;
   };
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
@@ -356,7 +357,7 @@ TEST(Nvfp4Gemm, BlockScaledDotIsTheContract) {
         mass += std::fabs(term);
       }
       for (int64_t c = 0; c < k; ++c) {
-        const double ea = block_amax(a, i, i + 1, c / 16), eb = block_amax(b, 0, n, c / 16);  // B: 16x16 tiles
+        const double ea = error_bound(a, i, i + 1, c / 16), eb = error_bound(b, 0, n, c / 16);  // B: 16x16 tiles
         exact += d(a[i * k + c]) * d(b[j * k + c]);
         bound += ea * std::fabs(d(b[j * k + c])) + std::fabs(d(a[i * k + c])) * eb + ea * eb;
       }
