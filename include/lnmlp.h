@@ -215,13 +215,21 @@ enum {
  *  CURRENT  per-tensor scales from the tensor's own amax (stateless). Float8CurrentScaling.
  *  BLOCK    1x128 blocks for activations and gradients (along the GEMM's contracted dimension),
  *           128x128 tiles for weights, one fp32 scale per block. Float8BlockScaling.
- *  MXFP8    1x32 blocks along the contracted dimension, E8M0 (power-of-two) scales. MXFP8BlockScaling. */
+ *  MXFP8    1x32 blocks along the contracted dimension, E8M0 (power-of-two) scales. MXFP8BlockScaling.
+ *  NVFP4    FP4 E2M1 elements in 1x16 blocks along the contracted dimension, an E4M3 scale per block
+ *           and an fp32 global scale per tensor from its amax (lnmlp_nvfp4_quantize); weights in
+ *           16x16 tiles; the weight-gradient GEMMs' inputs (ln_out, act_out, dy, dh along the
+ *           tokens) first transformed by TransformerEngine's random Hadamard transform in blocks of
+ *           16 (a partial last block left as it is); dy and dh rounded stochastically, from the
+ *           plan's random state (lnmlp_plan_set_rng_state). Options: lnmlp_desc_set_nvfp4_options.
+ *           NVFP4BlockScaling. @since 0.2; the CPU backend only, unsharded, in this version. */
 enum {
   LNMLP_RECIPE_NONE = 0,
   LNMLP_RECIPE_DELAYED = 1,
   LNMLP_RECIPE_CURRENT = 2,
   LNMLP_RECIPE_BLOCK = 3,
-  LNMLP_RECIPE_MXFP8 = 4
+  LNMLP_RECIPE_MXFP8 = 4,
+  LNMLP_RECIPE_NVFP4 = 5
 };
 
 /* Which FP8 element format each quantizer of a recipe uses (lnmlp_desc_set_fp8_format; the
@@ -229,7 +237,7 @@ enum {
  *  HYBRID  E4M3 for forward tensors (ln_out, w1, act_out, w2), E5M2 for gradients (dy, dh).
  *  E4M3    E4M3 for all six.
  *  DEFAULT the recipe's default, as TransformerEngine's: HYBRID for DELAYED and CURRENT, E4M3 for
- *          BLOCK and MXFP8. */
+ *          BLOCK and MXFP8. NVFP4 takes DEFAULT or E4M3 (its block scales' format). */
 enum {
   LNMLP_FP8_FORMAT_DEFAULT = -1,
   LNMLP_FP8_FORMAT_HYBRID = 0,
@@ -268,7 +276,8 @@ enum {
   LNMLP_FEATURE_RECIPE_BLOCK = 6,
   LNMLP_FEATURE_RECIPE_MXFP8 = 7,
   /* 8 is LNMLP_FEATURE_SHARDING, in the experimental tier */
-  LNMLP_FEATURE_EXTERNAL_WORKSPACE = 9
+  LNMLP_FEATURE_EXTERNAL_WORKSPACE = 9,
+  LNMLP_FEATURE_RECIPE_NVFP4 = 10 /* @since 0.2 */
 };
 
 /* lnmlp_query_support's answers. */
@@ -284,9 +293,9 @@ enum {
  * else LNMLP_UNSUPPORTED; for the LNMLP_FEATURE_RECIPE_* features LNMLP_SUPPORTED means that the
  * recipe's GEMMs run on FP8 tensor cores, and LNMLP_SUPPORTED_EMULATED that they are emulated
  * (the CPU backend: every recipe; the CUDA backend: MXFP8, and BLOCK except on Hopper (sm_90) with
- * cuBLASLt 12.9 or newer; per-tensor recipes need sm_89 or newer). On the CUDA backend the answer
- * is device 0's; BLOCK runs natively only where every plan dimension is a multiple of 16, and is
- * emulated for other shapes. Unknown backend or feature values are LNMLP_ERROR_INVALID_ARGUMENT.
+ * cuBLASLt 12.9 or newer; per-tensor recipes need sm_89 or newer; NVFP4 is not supported yet). On the CUDA backend the
+ * answer is device 0's; BLOCK runs natively only where every plan dimension is a multiple of 16, and is emulated for
+ * other shapes. Unknown backend or feature values are LNMLP_ERROR_INVALID_ARGUMENT.
  * @since 0.1
  * @param[in] backend, feature
  * @param[out] supported */
@@ -579,6 +588,18 @@ LNMLP_API int32_t lnmlp_desc_set_delayed_scaling(lnmlp_desc* desc, int32_t margi
  * @param[in] power_2_scale, amax_epsilon
  * @param[in,out] desc */
 LNMLP_API int32_t lnmlp_desc_set_scaling_options(lnmlp_desc* desc, int32_t power_2_scale, float amax_epsilon);
+
+/* NVFP4's options, TransformerEngine's NVFP4BlockScaling fields (default 0 each, as TE's):
+ *   disable_rht                  0 or 1: no random Hadamard transform of the weight-gradient
+ *                                GEMMs' inputs.
+ *   disable_stochastic_rounding  0 or 1: dy and dh round to nearest even, like the other tensors.
+ *   disable_2d_quantization      0 or 1: W1 and W2 in 1x16 blocks along each GEMM's contracted
+ *                                dimension instead of 16x16 tiles.
+ * @since 0.2
+ * @param[in] disable_rht, disable_stochastic_rounding, disable_2d_quantization
+ * @param[in,out] desc */
+LNMLP_API int32_t lnmlp_desc_set_nvfp4_options(lnmlp_desc* desc, int32_t disable_rht,
+                                               int32_t disable_stochastic_rounding, int32_t disable_2d_quantization);
 
 /* When enabled, lnmlp_plan_create allocates no workspace; the caller queries
  * lnmlp_plan_get_workspace_bytes and attaches memory it owns with lnmlp_plan_attach_workspace
@@ -927,6 +948,23 @@ LNMLP_API int32_t lnmlp_plan_backward(lnmlp_plan* plan, int64_t tokens, const vo
                                       const void* gamma, const void* beta, const void* w1, const void* b1,
                                       const void* w2, const void* saved, void* dx, void* dgamma, void* dbeta, void* dw1,
                                       void* db1, void* dw2, void* db2, void* fp8_state, int32_t flags, void* stream);
+
+/* The plan's random state: the stream stochastic rounding draws from (LNMLP_RECIPE_NVFP4's dy and
+ * dh). Element i of a tensor a call quantizes stochastically takes the bits of Philox4x32-10 keyed
+ * by `seed` at the counter (i, offset), so a call's draws follow from (seed, offset) alone, on any
+ * backend and thread count. A plan starts at seed 0, offset 0; each backward (or backward data)
+ * call with tokens that draws moves offset on by one. Set it to reproduce a run or to give each
+ * rank or layer its own stream, read it to checkpoint. (A plan that draws nothing keeps it as set.)
+ * @since 0.2
+ * @param[in] seed, offset
+ * @param[in,out] plan */
+LNMLP_API int32_t lnmlp_plan_set_rng_state(lnmlp_plan* plan, uint64_t seed, uint64_t offset);
+
+/* Reads the plan's random state (lnmlp_plan_set_rng_state).
+ * @since 0.2
+ * @param[in] plan
+ * @param[out] seed, offset */
+LNMLP_API int32_t lnmlp_plan_get_rng_state(const lnmlp_plan* plan, uint64_t* seed, uint64_t* offset);
 
 /* ---- Backward in two calls --------------------------------------------------------------------
  * TransformerEngine's delay_wgrad_compute: backward split into a data call, which gives every

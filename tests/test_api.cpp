@@ -677,7 +677,12 @@ std::vector<BadSetter> bad_setters() {
          return lnmlp_desc_set_activations(d, (int64_t{1} << 32) + 1, acts);
        },
        I, "count"},
-      {"recipe 5", [](lnmlp_desc* d) { return lnmlp_desc_set_recipe(d, 5); }, I, "recipe"},
+      {"recipe 6", [](lnmlp_desc* d) { return lnmlp_desc_set_recipe(d, 6); }, I, "recipe"},
+      {"nvfp4 disable_rht 2", [](lnmlp_desc* d) { return lnmlp_desc_set_nvfp4_options(d, 2, 0, 0); }, I, "disable_rht"},
+      {"nvfp4 disable_stochastic_rounding -1", [](lnmlp_desc* d) { return lnmlp_desc_set_nvfp4_options(d, 0, -1, 0); },
+       I, "disable_stochastic_rounding"},
+      {"nvfp4 disable_2d_quantization 3", [](lnmlp_desc* d) { return lnmlp_desc_set_nvfp4_options(d, 0, 0, 3); }, I,
+       "disable_2d_quantization"},
       {"recipe -1", [](lnmlp_desc* d) { return lnmlp_desc_set_recipe(d, -1); }, I, "recipe"},
       {"fp8 format 2", [](lnmlp_desc* d) { return lnmlp_desc_set_fp8_format(d, 2); }, I, "format"},
       {"fp8 format -2", [](lnmlp_desc* d) { return lnmlp_desc_set_fp8_format(d, -2); }, I, "format"},
@@ -736,7 +741,9 @@ TEST(DescriptorErrors, ValidEdgeValuesAreAccepted) {
   EXPECT_OK(lnmlp_desc_set_sharding(d, 1, 0, 0));
   EXPECT_OK(lnmlp_desc_set_sharding(d, 1, 0, 1));
   EXPECT_OK(lnmlp_desc_set_recipe(d, LNMLP_RECIPE_NONE));
-  for (int32_t r = LNMLP_RECIPE_NONE; r <= LNMLP_RECIPE_MXFP8; ++r) EXPECT_OK(lnmlp_desc_set_recipe(d, r));
+  for (int32_t r = LNMLP_RECIPE_NONE; r <= LNMLP_RECIPE_NVFP4; ++r) EXPECT_OK(lnmlp_desc_set_recipe(d, r));
+  EXPECT_OK(lnmlp_desc_set_nvfp4_options(d, 1, 1, 1));
+  EXPECT_OK(lnmlp_desc_set_nvfp4_options(d, 0, 0, 0));
   EXPECT_OK(lnmlp_desc_set_fp8_format(d, LNMLP_FP8_FORMAT_DEFAULT));
   EXPECT_OK(lnmlp_desc_set_fp8_format(d, LNMLP_FP8_FORMAT_E4M3));
   EXPECT_OK(lnmlp_desc_set_delayed_scaling(d, -126, 1, LNMLP_AMAX_ALGO_MOST_RECENT));
@@ -851,6 +858,38 @@ TEST(PlanCreateErrors, ClampedActivationsOnlyAsThePair) {
   ASSERT_OK(lnmlp_desc_set_activations(d, 2, ok));
   lnmlp_plan* p = nullptr;
   EXPECT_OK(lnmlp_plan_create(d, &p));
+  EXPECT_OK(lnmlp_plan_destroy(p));
+  EXPECT_OK(lnmlp_desc_destroy(d));
+}
+
+TEST(PlanCreateErrors, Nvfp4WhereItDoesNotRunYet) {
+  lnmlp_desc* d = nullptr;
+  ASSERT_OK(lnmlp_desc_create(&d));
+  ASSERT_OK(lnmlp_desc_set_shape(d, 32, 32, 64));
+  ASSERT_OK(lnmlp_desc_set_recipe(d, LNMLP_RECIPE_NVFP4));
+  ASSERT_OK(lnmlp_desc_set_fp8_format(d, LNMLP_FP8_FORMAT_HYBRID));
+  expect_create_fails(d, LNMLP_ERROR_INVALID_ARGUMENT, "E4M3");
+  ASSERT_OK(lnmlp_desc_set_fp8_format(d, LNMLP_FP8_FORMAT_E4M3));
+  ASSERT_OK(lnmlp_desc_set_backend(d, LNMLP_BACKEND_CUDA, 0));
+  expect_create_fails(d, LNMLP_ERROR_NOT_SUPPORTED, "CPU backend only");
+  ASSERT_OK(lnmlp_desc_set_backend(d, LNMLP_BACKEND_CPU, 0));
+  ASSERT_OK(lnmlp_desc_set_sharding(d, 2, 0, 0));
+  expect_create_fails(d, LNMLP_ERROR_NOT_SUPPORTED, "does not shard");
+  ASSERT_OK(lnmlp_desc_set_sharding(d, 1, 0, 0));
+  lnmlp_plan* p = nullptr;
+  ASSERT_OK(lnmlp_plan_create(d, &p));
+  uint64_t seed = 7, offset = 8;
+  EXPECT_FAILS(lnmlp_plan_get_rng_state(p, nullptr, &offset), LNMLP_ERROR_NULL_POINTER, "seed");
+  EXPECT_FAILS(lnmlp_plan_get_rng_state(p, &seed, nullptr), LNMLP_ERROR_NULL_POINTER, "offset");
+  EXPECT_EQ(seed, 7u);
+  EXPECT_OK(lnmlp_plan_get_rng_state(p, &seed, &offset));
+  EXPECT_EQ(seed, 0u);
+  EXPECT_EQ(offset, 0u);
+  EXPECT_OK(lnmlp_plan_set_rng_state(p, ~uint64_t{0}, uint64_t{1} << 63));
+  EXPECT_OK(lnmlp_plan_get_rng_state(p, &seed, &offset));
+  EXPECT_EQ(seed, ~uint64_t{0});
+  EXPECT_EQ(offset, uint64_t{1} << 63);
+  EXPECT_FAILS(lnmlp_plan_set_rng_state(nullptr, 1, 2), LNMLP_ERROR_NULL_POINTER, "plan");
   EXPECT_OK(lnmlp_plan_destroy(p));
   EXPECT_OK(lnmlp_desc_destroy(d));
 }
@@ -1437,18 +1476,19 @@ TEST(Status, QuerySupport) {
   EXPECT_EQ(q(LNMLP_BACKEND_CPU, LNMLP_FEATURE_EXTERNAL_WORKSPACE), 1);
   // Every FP8 recipe runs on the CPU, emulated exactly (docs/fp8.md); so does sharding (docs/sharding.md).
   for (int32_t f : {LNMLP_FEATURE_RECIPE_DELAYED, LNMLP_FEATURE_RECIPE_CURRENT, LNMLP_FEATURE_RECIPE_BLOCK,
-                    LNMLP_FEATURE_RECIPE_MXFP8})
+                    LNMLP_FEATURE_RECIPE_MXFP8, LNMLP_FEATURE_RECIPE_NVFP4})
     EXPECT_EQ(q(LNMLP_BACKEND_CPU, f), LNMLP_SUPPORTED_EMULATED) << f;
+  EXPECT_EQ(q(LNMLP_BACKEND_CUDA, LNMLP_FEATURE_RECIPE_NVFP4), LNMLP_UNSUPPORTED) << "not on CUDA in this version";
   // Only FP8 recipes are ever emulated.
   for (int32_t f : std::initializer_list<int32_t>{LNMLP_FEATURE_BACKEND, LNMLP_FEATURE_DTYPE_F32,
                                                   LNMLP_FEATURE_SHARDING, LNMLP_FEATURE_EXTERNAL_WORKSPACE})
     for (int32_t backend : std::initializer_list<int32_t>{LNMLP_BACKEND_CPU, LNMLP_BACKEND_CUDA})
       EXPECT_NE(q(backend, f), LNMLP_SUPPORTED_EMULATED);
   EXPECT_EQ(q(LNMLP_BACKEND_CPU, LNMLP_FEATURE_SHARDING), 1);
-  for (int32_t f = LNMLP_FEATURE_BACKEND; f <= LNMLP_FEATURE_EXTERNAL_WORKSPACE; ++f) q(LNMLP_BACKEND_CUDA, f);
+  for (int32_t f = LNMLP_FEATURE_BACKEND; f <= LNMLP_FEATURE_RECIPE_NVFP4; ++f) q(LNMLP_BACKEND_CUDA, f);
   // A backend that is not usable supports nothing.
   if (q(LNMLP_BACKEND_CUDA, LNMLP_FEATURE_BACKEND) == 0) {
-    for (int32_t f = LNMLP_FEATURE_BACKEND; f <= LNMLP_FEATURE_EXTERNAL_WORKSPACE; ++f) {
+    for (int32_t f = LNMLP_FEATURE_BACKEND; f <= LNMLP_FEATURE_RECIPE_NVFP4; ++f) {
       EXPECT_EQ(q(LNMLP_BACKEND_CUDA, f), 0) << f;
     }
   }
@@ -1456,7 +1496,7 @@ TEST(Status, QuerySupport) {
   int32_t v = 42;
   EXPECT_FAILS(lnmlp_query_support(2, LNMLP_FEATURE_BACKEND, &v), LNMLP_ERROR_INVALID_ARGUMENT, "backend");
   EXPECT_FAILS(lnmlp_query_support(-1, LNMLP_FEATURE_BACKEND, &v), LNMLP_ERROR_INVALID_ARGUMENT, "backend");
-  EXPECT_FAILS(lnmlp_query_support(LNMLP_BACKEND_CPU, 10, &v), LNMLP_ERROR_INVALID_ARGUMENT, "feature");
+  EXPECT_FAILS(lnmlp_query_support(LNMLP_BACKEND_CPU, 11, &v), LNMLP_ERROR_INVALID_ARGUMENT, "feature");
   EXPECT_FAILS(lnmlp_query_support(LNMLP_BACKEND_CPU, -1, &v), LNMLP_ERROR_INVALID_ARGUMENT, "feature");
   EXPECT_EQ(v, 42) << "a failed query wrote its output";
 }

@@ -24,13 +24,17 @@ namespace {
 #define EXPECT_OK(call) EXPECT_EQ((call), LNMLP_SUCCESS) << lnmlp_last_error()
 
 constexpr int32_t kRecipes[] = {LNMLP_RECIPE_DELAYED, LNMLP_RECIPE_CURRENT, LNMLP_RECIPE_BLOCK, LNMLP_RECIPE_MXFP8};
+// With NVFP4, whose values against the float64 reference are FP4's, not FP8's (its exact check:
+// bindings/python/tests/test_nvfp4_recipe.py).
+constexpr int32_t kAllRecipes[] = {LNMLP_RECIPE_DELAYED, LNMLP_RECIPE_CURRENT, LNMLP_RECIPE_BLOCK, LNMLP_RECIPE_MXFP8,
+                                   LNMLP_RECIPE_NVFP4};
 constexpr int32_t kDtypes[] = {LNMLP_DTYPE_F32, LNMLP_DTYPE_BF16, LNMLP_DTYPE_F16};
 
 // Partial blocks everywhere: T, H, F and A*F are not multiples of 32 or 128.
 lnmlp_ref::Config gated_config() { return lnmlp_ref::biased_config(130, 96, 200, {LNMLP_ACT_SILU, LNMLP_ACT_LINEAR}); }
 
 std::string label(int32_t recipe, int32_t dtype) {
-  static const char* names[] = {"none", "delayed", "current", "block", "mxfp8"};
+  static const char* names[] = {"none", "delayed", "current", "block", "mxfp8", "nvfp4"};
   return std::string(names[recipe]) + "/" + dtype_label(dtype);
 }
 
@@ -64,7 +68,7 @@ TEST(Fp8Plan, RecomputationGivesTheBitsOfSaveAll) {
   const lnmlp_ref::Config c = gated_config();
   for (int32_t dtype : {LNMLP_DTYPE_F32, LNMLP_DTYPE_BF16}) {
     const Problem pr = make_problem(c, dtype, 12);
-    for (int32_t recipe : kRecipes) {
+    for (int32_t recipe : kAllRecipes) {
       SCOPED_TRACE(label(recipe, dtype));
       RunOptions o;
       o.recipe = recipe;
@@ -89,7 +93,7 @@ TEST(Fp8Plan, SavedBytesPerTokenHoldCodesAndScales) {
   for (int32_t dtype : kDtypes) {
     const int64_t e = dtype_size(dtype);
     const Problem pr = make_problem(c, dtype, 13);
-    for (int32_t recipe : kRecipes) {
+    for (int32_t recipe : kAllRecipes) {
       SCOPED_TRACE(label(recipe, dtype));
       RunOptions o;
       o.recipe = recipe;
@@ -98,6 +102,8 @@ TEST(Fp8Plan, SavedBytesPerTokenHoldCodesAndScales) {
       int64_t all = 8 + H + F + AF * e;
       if (recipe == LNMLP_RECIPE_BLOCK) all += ((H + F) * 4 + 127) / 128;  // an fp32 scale per 128 tokens
       if (recipe == LNMLP_RECIPE_MXFP8) all += (H + F + 31) / 32;         // an E8M0 byte per 32 tokens
+      if (recipe == LNMLP_RECIPE_NVFP4)  // codes of half a byte, an E4M3 byte per 16 tokens
+        all += (H + F + 1) / 2 - (H + F) + (H + F + 15) / 16;
       EXPECT_EQ(run_library(pr, o).saved_bytes_per_token, all);
       o.remat = LNMLP_REMAT_SAVE_FFN1;
       EXPECT_EQ(run_library(pr, o).saved_bytes_per_token, 8 + AF * e);

@@ -22,6 +22,7 @@ byref() and None all pass as c_void_p):
   int32_t       c_int32         Int32            i32
   int64_t       c_int64         Int64            i64
   uint8_t       c_uint8         UInt8            u8
+  uint64_t      c_uint64        UInt64           u64
   float         c_float         Float32          f32
   T* / const T* c_void_p        Ptr{T}           *mut T / *const T
   const char*   c_char_p (ret.) Cstring (ret.)   *const c_char
@@ -56,6 +57,7 @@ _SCALARS = {
     "int32_t": ("ctypes.c_int32", "Int32", "i32"),
     "int64_t": ("ctypes.c_int64", "Int64", "i64"),
     "uint32_t": ("ctypes.c_uint32", "UInt32", "u32"),
+    "uint64_t": ("ctypes.c_uint64", "UInt64", "u64"),
     "uint8_t": ("ctypes.c_uint8", "UInt8", "u8"),
     "float": ("ctypes.c_float", "Float32", "f32"),
     "void": ("None", "Cvoid", "c_void"),

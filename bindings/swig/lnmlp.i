@@ -190,11 +190,14 @@ LNMLP_RETURNS(lnmlp_plan_get_quantizer_state, jfloat, float)
 LNMLP_RETURNS(lnmlp_plan_get_tensor_shape, jlongArray, long[])
 LNMLP_RETURNS(lnmlp_plan_get_saved_section, jlongArray, long[])
 LNMLP_RETURNS(lnmlp_plan_get_deferred_bytes, jlong, long)
+LNMLP_RETURNS(lnmlp_plan_get_rng_state, jlongArray, long[])
 
 LNMLP_RETURNS_VOID(lnmlp_fp8_encode)
 LNMLP_RETURNS_VOID(lnmlp_fp8_decode)
 LNMLP_RETURNS_VOID(lnmlp_nvfp4_quantize)
 LNMLP_RETURNS_VOID(lnmlp_nvfp4_dequantize)
+LNMLP_RETURNS_VOID(lnmlp_desc_set_nvfp4_options)
+LNMLP_RETURNS_VOID(lnmlp_plan_set_rng_state)
 LNMLP_RETURNS_VOID(lnmlp_desc_destroy)
 LNMLP_RETURNS_VOID(lnmlp_desc_set_shape)
 LNMLP_RETURNS_VOID(lnmlp_desc_set_norm)
@@ -322,6 +325,25 @@ LNMLP_RETURNS_VOID(lnmlp_plan_backward_ptr)
   if ($input && !(*jenv)->ExceptionCheck(jenv)) {
     jlong o = (jlong)v$argnum;
     (*jenv)->SetLongArrayRegion(jenv, $input, 0, 1, &o);
+  }
+}
+
+/* The random state's unsigned 64-bit seed and offset travel as Java longs with the same bits
+ * (a value >= 2^63 reads as negative); plan_get_rng_state returns long[] {seed, offset}. */
+%typemap(jni) uint64_t "jlong"
+%typemap(jtype) uint64_t "long"
+%typemap(jstype) uint64_t "long"
+%typemap(javain) uint64_t "$javainput"
+%typemap(in) uint64_t "$1 = (uint64_t)$input;"
+%typemap(in, numinputs=0) (uint64_t* seed, uint64_t* offset) (uint64_t v_seed = 0, uint64_t v_offset = 0) {
+  $1 = &v_seed;
+  $2 = &v_offset;
+}
+%typemap(argout) (uint64_t* seed, uint64_t* offset) {
+  if (!(*jenv)->ExceptionCheck(jenv)) {
+    jlong v[2] = {(jlong)v_seed$argnum, (jlong)v_offset$argnum};
+    $result = (*jenv)->NewLongArray(jenv, 2);
+    if ($result) (*jenv)->SetLongArrayRegion(jenv, $result, 0, 2, v);
   }
 }
 

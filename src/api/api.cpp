@@ -102,7 +102,7 @@ LNMLP_API int32_t lnmlp_query_support(int32_t backend, int32_t feature, int32_t*
     require_out(supported, "supported");
     if (backend != LNMLP_BACKEND_CPU && backend != LNMLP_BACKEND_CUDA)
       fail(LNMLP_ERROR_INVALID_ARGUMENT, "unknown backend ", backend, " (expected LNMLP_BACKEND_CPU or _CUDA)");
-    if (feature < LNMLP_FEATURE_BACKEND || feature > LNMLP_FEATURE_EXTERNAL_WORKSPACE)
+    if (feature < LNMLP_FEATURE_BACKEND || feature > LNMLP_FEATURE_RECIPE_NVFP4)
       fail(LNMLP_ERROR_INVALID_ARGUMENT, "unknown feature ", feature);
     int32_t yes = 0;
     if (backend == LNMLP_BACKEND_CPU) {
@@ -339,7 +339,7 @@ LNMLP_API int32_t lnmlp_desc_set_gemm_math(lnmlp_desc* desc, int32_t flags) {
 LNMLP_API int32_t lnmlp_desc_set_recipe(lnmlp_desc* desc, int32_t recipe) {
   return api_guard(__func__, [&] {
     edit(desc, [&](Config& c) {
-      if (recipe < LNMLP_RECIPE_NONE || recipe > LNMLP_RECIPE_MXFP8)
+      if (recipe < LNMLP_RECIPE_NONE || recipe > LNMLP_RECIPE_NVFP4)
         fail(LNMLP_ERROR_INVALID_ARGUMENT, "unknown recipe ", recipe, " (expected an LNMLP_RECIPE_* value)");
       c.fp8.recipe = static_cast<Recipe>(recipe);
     });
@@ -353,6 +353,17 @@ LNMLP_API int32_t lnmlp_desc_set_fp8_format(lnmlp_desc* desc, int32_t format) {
         fail(LNMLP_ERROR_INVALID_ARGUMENT, "unknown FP8 format ", format,
              " (expected LNMLP_FP8_FORMAT_DEFAULT, _HYBRID or _E4M3)");
       c.fp8.format = static_cast<Fp8Mix>(format);
+    });
+  });
+}
+
+LNMLP_API int32_t lnmlp_desc_set_nvfp4_options(lnmlp_desc* desc, int32_t disable_rht,
+                                               int32_t disable_stochastic_rounding, int32_t disable_2d_quantization) {
+  return api_guard(__func__, [&] {
+    edit(desc, [&](Config& c) {
+      c.fp8.nvfp4_rht = !as_bool(disable_rht, "disable_rht");
+      c.fp8.nvfp4_stochastic_rounding = !as_bool(disable_stochastic_rounding, "disable_stochastic_rounding");
+      c.fp8.nvfp4_2d_weights = !as_bool(disable_2d_quantization, "disable_2d_quantization");
     });
   });
 }
@@ -522,12 +533,16 @@ void require_workspace(const lnmlp_plan* plan) {
          plan->workspace_bytes, " bytes first");
 }
 
-// Backward, or one of its two calls (args.part), checked and run.
+// Backward, or one of its two calls (args.part), checked and run. A call that quantizes the
+// gradients with stochastic rounding draws from the plan's random stream, which then moves on.
 void run_backward(lnmlp_plan* plan, BackwardArgs& args) {
   check_backward_args(*plan, args);
   if (args.fp8_state == nullptr && args.part != BackwardPart::Weights) args.fp8_state = plan->state();
   require_workspace(plan);
+  args.rng_seed = plan->rng_seed;
+  args.rng_offset = plan->rng_offset;
   plan->engine->backward(args, plan->workspace);
+  if (plan->recipe.draws_random() && args.part != BackwardPart::Weights && args.tokens > 0) ++plan->rng_offset;
 }
 }  // namespace
 
@@ -571,6 +586,24 @@ LNMLP_API int32_t lnmlp_plan_backward_data(lnmlp_plan* plan, int64_t tokens, con
     args.part = BackwardPart::Data;
     args.deferred = deferred;
     run_backward(plan, args);
+  });
+}
+
+LNMLP_API int32_t lnmlp_plan_set_rng_state(lnmlp_plan* plan, uint64_t seed, uint64_t offset) {
+  return api_guard(__func__, [&] {
+    PlanUse use(plan);
+    plan->rng_seed = seed;
+    plan->rng_offset = offset;
+  });
+}
+
+LNMLP_API int32_t lnmlp_plan_get_rng_state(const lnmlp_plan* plan, uint64_t* seed, uint64_t* offset) {
+  return api_guard(__func__, [&] {
+    PlanUse use(plan);
+    require_out(seed, "seed");
+    require_out(offset, "offset");
+    *seed = plan->rng_seed;
+    *offset = plan->rng_offset;
   });
 }
 

@@ -50,13 +50,15 @@ inline Mat mat(const void* data, DType type, int64_t rows, int64_t cols) {
 // What one side of a GEMM reads (TransformerEngine's Tensor, small): the values in the
 // representation this backend's GEMM for that side was created for (the tensor itself, a widened
 // copy, FP8 codes, or codes decoded with their block scales), and for per-tensor FP8 the
-// scale_inv the GEMM multiplies by (in backend memory; NULL: 1).
+// scale_inv the GEMM multiplies by (in backend memory; NULL: 1), for NVFP4 the global amax of the
+// matrix quantized (the GEMM multiplies by nvfp4_gemm_alpha of its two operands').
 // A weight's operand for a forward GEMM may also carry the same values in the backend's packed
 // layout (pack_weight), which that GEMM reads instead where it can.
 struct Operand {
   const void* data = nullptr;
   const float* scale_inv = nullptr;
   const void* packed = nullptr;
+  const float* nvfp4_amax = nullptr;
 };
 
 // The two representations of a quantized tensor: for GEMMs that contract along its rows' length
@@ -116,6 +118,9 @@ struct QuantizeCall {
   uint8_t* saved_codes = nullptr;
   void* saved_scales = nullptr;
   bool in_producer = false;  // made by x's producer in its own pass (ProducerFp8), not by quantize()
+  // Stochastic rounding's random stream (NVFP4's gradients): the call's seed and offset
+  // (lnmlp_plan_set_rng_state); each representation draws from its own range of element indices.
+  uint64_t rng_seed = 0, rng_offset = 0;
 };
 
 // The representations a quantization makes, through one(columnwise, to_saved, operand) -> Operand,

@@ -3,13 +3,14 @@
 namespace lnmlp::block {
 
 DecodedSlot take_decoded_slot(RegionAllocator& a, const ResolvedRecipe& r, const QuantizeCall& call, int64_t op_bytes) {
-  const int64_t n = checked_mul(call.x.rows, call.x.cols, "an FP8 operand");
+  const int64_t rows = call.x.rows, cols = call.x.cols, n = checked_mul(rows, cols, "an FP8 operand");
   auto take = [&](const QuantKind& k, bool to_saved, bool operand) {
     DecodedRegions d;
-    d.codes = a.take_if(!to_saved, n, 1, "FP8 codes");
-    const int64_t count = k.scale_count(call.x.rows, call.x.cols);
-    d.scales = a.take_if(!to_saved && count > 0, count, k.scale_bytes(), "FP8 block scales");
+    d.codes = a.take_if(!to_saved, k.code_bytes(rows, cols), 1, "FP8 codes");
+    const int64_t scale_bytes = k.scale_region_bytes(rows, cols);
+    d.scales = a.take_if(!to_saved && scale_bytes > 0, scale_bytes, 1, "FP8 block scales");
     d.op = a.take_if(operand, n, op_bytes, "FP8 GEMM operand");
+    d.transposed = a.take_if(k.nvfp4_transposed(), n, 4, "NVFP4 transposed operand");
     return d;
   };
   DecodedSlot s;
@@ -29,7 +30,7 @@ DecodedTarget decoded_target(const DecodedSlot& s, const QuantizeCall& call, boo
                              void* base) {
   const DecodedRegions& r = columnwise ? s.col : s.row;
   return {to_saved ? call.saved_codes : at<uint8_t>(r.codes, base),
-          to_saved ? call.saved_scales : at<void>(r.scales, base), at<void>(r.op, base)};
+          to_saved ? call.saved_scales : at<void>(r.scales, base), at<void>(r.op, base), at<float>(r.transposed, base)};
 }
 
 }  // namespace lnmlp::block

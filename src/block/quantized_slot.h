@@ -14,6 +14,7 @@ namespace lnmlp::block {
 
 struct DecodedRegions {
   Region codes, scales, op;
+  Region transposed;  // NVFP4 columnwise: the fp32 transpose it quantizes (QuantKind::nvfp4_transposed)
 };
 
 struct DecodedSlot {
@@ -32,6 +33,7 @@ struct DecodedTarget {
   uint8_t* codes;
   void* scales;
   void* op;
+  float* transposed;
 };
 DecodedTarget decoded_target(const DecodedSlot& s, const QuantizeCall& call, bool columnwise, bool to_saved,
                              void* base);

@@ -17,6 +17,7 @@
 #include "gemm_plan.h"
 #include "host_memory.h"
 #include "kernels.h"
+#include "nvfp4_operands.h"
 #include "parallel.h"
 #include "plan/fp8_recipe.h"
 #include "plan/layout.h"
@@ -286,7 +287,7 @@ class CpuExec final : public block::Exec {
 
   Operand do_pack_weight(GemmRole role, const Operand& w, void* slot) override {
     packers_[forward_index(role)]->run(w.data, slot);
-    return {w.data, w.scale_inv, slot};
+    return {w.data, w.scale_inv, slot, w.nvfp4_amax};
   }
 
   // ---- FP8 ----
@@ -317,6 +318,15 @@ class CpuExec final : public block::Exec {
       return block::quantize_representations(call, l.reps.shared, [&](bool columnwise, bool to_saved, bool operand) {
         const QuantKind k = kind(call.quantizer, columnwise ? Contract::Rows : Contract::Cols);
         const block::DecodedTarget to = block::decoded_target(l.reps, call, columnwise, to_saved, base);
+        if (k.nvfp4()) {
+          const numerics::Nvfp4Rounding rounding{k.stochastic, call.rng_seed, call.rng_offset,
+                                                 nvfp4_stream_first_index(call.quantizer, columnwise)};
+          quantize_nvfp4_operand<D>(threads_, k, typed<const storage_t<D>>(x), x.rows, x.cols, rounding, to.codes,
+                                    to.scales, to.transposed);
+          if (!operand) return Operand{};
+          decode_nvfp4_operand(threads_, k, to.codes, to.scales, x.rows, x.cols, decoded_, to.op);
+          return Operand{to.op, nullptr, nullptr, nvfp4_amax(to.scales)};
+        }
         const float scale = call.scale != nullptr ? call.scale->scale : 0.0f;
         if (operand && !to_saved) {  // codes only the decode would read: the operand without them
           quantize_to_operand<D>(threads_, k, typed<const storage_t<D>>(x), x.rows, x.cols, scale, to.scales, decoded_,
@@ -349,6 +359,10 @@ class CpuExec final : public block::Exec {
   Operand do_saved_operand(int q, const uint8_t* codes, const void* scales, int64_t rows, int64_t cols,
                            const QuantScalars* scale, void* slot) override {
     const QuantKind k = kind(q, Contract::Rows);
+    if (k.nvfp4()) {
+      decode_nvfp4_operand(threads_, k, codes, scales, rows, cols, decoded_, slot);
+      return {slot, nullptr, nullptr, nvfp4_amax(scales)};
+    }
     decode_operand(threads_, k, codes, scales, rows, cols, decoded_, slot);
     return {slot, k.per_tensor() ? &scale->scale_inv : nullptr};
   }
@@ -472,9 +486,11 @@ class CpuExec final : public block::Exec {
     return op_slot != nullptr && m.type != operand_type() ? static_cast<float*>(op_slot) : nullptr;
   }
 
-  // The product of the operands' per-tensor scale_invs (1 when they have none), which the GEMM's
-  // epilogue multiplies the fp32 accumulation by.
+  // The product of the operands' per-tensor scale_invs (1 when they have none), or NVFP4's alpha
+  // from their global amaxes, which the GEMM's epilogue multiplies the fp32 accumulation by.
   static float scale_inv_product(const Operand& a, const Operand& b) {
+    if (a.nvfp4_amax != nullptr && b.nvfp4_amax != nullptr)
+      return numerics::nvfp4_gemm_alpha(*a.nvfp4_amax, *b.nvfp4_amax);
     if (a.scale_inv == nullptr) return b.scale_inv != nullptr ? *b.scale_inv : 1.0f;
     return b.scale_inv != nullptr ? *a.scale_inv * *b.scale_inv : *a.scale_inv;
   }

@@ -51,12 +51,13 @@ inline CpuGemm cpu_gemm(const block::GemmSpec& s, const Config& c) {
   const GemmType in =
       quantized ? fp8_operand_type(r) : (operand_type(c.dtype) == DType::BF16 ? GemmType::BF16 : GemmType::F32);
   // An FP8 GEMM's result is staged where per-tensor scales apply to it (scale_inv_a * scale_inv_b,
+  // NVFP4's alpha,
   // a pass after the product; for an accumulating GEMM too: they apply to the product, not to what
   // it is added into), and where the decoded operands' type is not the I/O dtype and the library
   // cannot write the result: its bias is of its input type, and it has no fp32 x fp32 -> bf16. The
   // blocked recipes fold their scales into the decoded operands, so the library writes their other
   // results itself, bias added.
-  const bool scaled = quantized && r.per_tensor();
+  const bool scaled = quantized && r.scaled_gemms();
   const bool other_types = quantized && in != io && (s.bias || io == GemmType::BF16);
   const bool staged =
       (!s.out_f32 && (scaled || other_types || operand_type(c.dtype) != c.dtype)) || (s.accumulate && scaled);

@@ -594,6 +594,7 @@ int32_t fp8_support(Recipe recipe, int device) {
     case Recipe::Current: return 10 * p.major + p.minor >= 89 ? LNMLP_SUPPORTED : LNMLP_UNSUPPORTED;
     case Recipe::Block:
       return p.major == 9 && cublaslt_has_block_scaling() ? LNMLP_SUPPORTED : LNMLP_SUPPORTED_EMULATED;
+    case Recipe::Nvfp4: return LNMLP_UNSUPPORTED;  // the CPU backend's only, in this version
     case Recipe::Mxfp8:
     case Recipe::None: break;
   }

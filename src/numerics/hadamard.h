@@ -42,12 +42,16 @@ LNMLP_HD void random_hadamard16(const float* x, float* y) {
   for (int i = 0; i < kHadamardLength; ++i) y[i] = t[i];
 }
 
-// The transform of every 1x16 block of a [rows, cols] row-major matrix (cols a multiple of 16, as
-// TransformerEngine requires), into `out` (which may be `in`).
+// The transform of every 1x16 block of a [rows, cols] row-major matrix, into `out` (which may be
+// `in`). TransformerEngine requires cols to be a multiple of 16; here a partial last block is
+// copied as it is (the identity, orthogonal too, so a GEMM of two operands transformed alike along
+// their shared dimension keeps its product).
 LNMLP_HOST_INLINE void random_hadamard_rows(const float* in, int64_t rows, int64_t cols, float* out) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c + kHadamardLength <= cols; c += kHadamardLength)
-      random_hadamard16(in + r * cols + c, out + r * cols + c);
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t c = 0;
+    for (; c + kHadamardLength <= cols; c += kHadamardLength) random_hadamard16(in + r * cols + c, out + r * cols + c);
+    for (; c < cols; ++c) out[r * cols + c] = in[r * cols + c];
+  }
 }
 
 }  // namespace lnmlp::numerics

@@ -81,6 +81,8 @@ struct BackwardArgs {
   int32_t amax = 0;        // as in ForwardArgs
   BackwardPart part = BackwardPart::Whole;
   void* deferred = nullptr;  // Data: written; Weights: read (plan/layout.h's DeferredLayout)
+  // The random stream of the call's stochastic rounding (NVFP4): the plan's random state.
+  uint64_t rng_seed = 0, rng_offset = 0;
 };
 
 }  // namespace lnmlp

@@ -18,7 +18,7 @@ using numerics::Norm;
 enum class Remat : int32_t { SaveAll = 0, SaveFfn1 = 1, SaveStats = 2, ForwardOnly = 3 };
 
 // Values match the public LNMLP_RECIPE_* constants.
-enum class Recipe : int32_t { None = 0, Delayed = 1, Current = 2, Block = 3, Mxfp8 = 4 };
+enum class Recipe : int32_t { None = 0, Delayed = 1, Current = 2, Block = 3, Mxfp8 = 4, Nvfp4 = 5 };
 // Values match LNMLP_FP8_FORMAT_*; Default resolves per recipe (fp8_recipe.h).
 enum class Fp8Mix : int32_t { Default = -1, Hybrid = 0, E4M3 = 1 };
 
@@ -36,6 +36,10 @@ struct Fp8Options {
   bool amax_max = true;             // delayed: true = "max", false = "most_recent"
   int32_t power_2_scale = -1;       // current, block: -1 = the recipe's default
   float amax_epsilon = 0.0f;        // current, block
+  // nvfp4 (TransformerEngine's NVFP4BlockScaling, whose disable_* options are these negated):
+  bool nvfp4_rht = true;                  // random Hadamard transform of the wgrad GEMMs' inputs
+  bool nvfp4_stochastic_rounding = true;  // of the gradients dy and dh
+  bool nvfp4_2d_weights = true;           // 16x16 weight tiles (else 1x16 blocks like the rest)
 };
 
 class Communicator;  // comm.h

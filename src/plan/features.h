@@ -19,6 +19,7 @@ constexpr Recipe feature_recipe(int32_t feature) {
     case LNMLP_FEATURE_RECIPE_CURRENT: return Recipe::Current;
     case LNMLP_FEATURE_RECIPE_BLOCK: return Recipe::Block;
     case LNMLP_FEATURE_RECIPE_MXFP8: return Recipe::Mxfp8;
+    case LNMLP_FEATURE_RECIPE_NVFP4: return Recipe::Nvfp4;
     default: return Recipe::None;
   }
 }

@@ -11,6 +11,7 @@
 #include "config.h"
 #include "numerics/fp8.h"
 #include "numerics/quantize.h"
+#include "numerics/quantize_nvfp4.h"
 
 namespace lnmlp {
 
@@ -31,9 +32,16 @@ struct ResolvedRecipe {
   int32_t margin = 0;          // delayed
   int32_t history_len = 0;     // delayed; 0 otherwise
   bool amax_max = true;        // delayed
+  bool nvfp4_rht = false, nvfp4_stochastic_rounding = false, nvfp4_2d_weights = false;  // nvfp4
 
   bool per_tensor() const { return recipe == Recipe::Delayed || recipe == Recipe::Current; }
-  bool blocked() const { return recipe == Recipe::Block || recipe == Recipe::Mxfp8; }
+  bool blocked() const { return recipe == Recipe::Block || recipe == Recipe::Mxfp8 || recipe == Recipe::Nvfp4; }
+  bool nvfp4() const { return recipe == Recipe::Nvfp4; }
+  // Whether a quantized GEMM's result is multiplied by a factor of per-tensor scales: the
+  // per-tensor recipes' scale_invs, NVFP4's alpha from the global amaxes.
+  bool scaled_gemms() const { return per_tensor() || nvfp4(); }
+  // Whether backward draws random numbers (the plan's random state, lnmlp_plan_set_rng_state).
+  bool draws_random() const { return nvfp4() && nvfp4_stochastic_rounding; }
   bool stateful() const { return recipe == Recipe::Delayed; }
   // Floats of one quantizer's state (scale + history) and of the whole state.
   int64_t state_stride() const { return stateful() ? 1 + int64_t{history_len} : 0; }
@@ -51,6 +59,11 @@ inline ResolvedRecipe resolve_recipe(const Fp8Options& o) {
     r.formats[q] = (mix == Fp8Mix::Hybrid && !is_forward_quantizer(q)) ? Fp8Format::E5M2 : Fp8Format::E4M3;
   r.power_2_scale = o.power_2_scale < 0 ? o.recipe == Recipe::Block : o.power_2_scale == 1;
   r.amax_epsilon = o.amax_epsilon;
+  if (o.recipe == Recipe::Nvfp4) {  // E2M1 elements; E4M3 is the block scales' format
+    r.nvfp4_rht = o.nvfp4_rht;
+    r.nvfp4_stochastic_rounding = o.nvfp4_stochastic_rounding;
+    r.nvfp4_2d_weights = o.nvfp4_2d_weights;
+  }
   if (o.recipe == Recipe::Delayed) {
     r.margin = o.margin;
     r.history_len = o.amax_history_len;
@@ -68,37 +81,76 @@ struct QuantKind {
   Recipe recipe;
   Fp8Format format;
   Contract contract;
-  bool weight;  // BLOCK: 128x128 tiles instead of 1x128 blocks
+  bool weight;  // BLOCK: 128x128 tiles instead of 1x128 blocks; NVFP4: 16x16 tiles unless disabled
   bool power_2_scale;
   float amax_epsilon;
+  bool nvfp4_tiles = false;  // NVFP4: a weight in 16x16 tiles
+  bool hadamard = false;     // NVFP4: the random Hadamard transform along the contraction first
+  bool stochastic = false;   // NVFP4: stochastic rounding
 
   bool per_tensor() const { return recipe == Recipe::Delayed || recipe == Recipe::Current; }
-  bool tiles() const { return recipe == Recipe::Block && weight; }
+  bool nvfp4() const { return recipe == Recipe::Nvfp4; }
+  bool tiles() const { return (recipe == Recipe::Block && weight) || nvfp4_tiles; }
   int64_t block() const {
-    return recipe == Recipe::Mxfp8 ? numerics::kMxfp8BlockLength : numerics::kBlockScalingLength;
+    return recipe == Recipe::Mxfp8   ? numerics::kMxfp8BlockLength
+           : recipe == Recipe::Nvfp4 ? numerics::kNvfp4BlockLength
+                                     : numerics::kBlockScalingLength;
   }
-  int64_t scale_bytes() const { return recipe == Recipe::Mxfp8 ? 1 : 4; }
-  // Where an element's scale is (numerics/quantize.h's block_scale_index).
+  int64_t scale_bytes() const { return recipe == Recipe::Mxfp8 || recipe == Recipe::Nvfp4 ? 1 : 4; }
+  // Where an element's scale is (numerics/quantize.h's block_scale_index; not NVFP4's, below).
   numerics::ScaleLayout scale_layout() const {
     if (per_tensor()) return numerics::ScaleLayout::PerTensor;
     if (tiles()) return numerics::ScaleLayout::Tiles;
     return contract == Contract::Cols ? numerics::ScaleLayout::AlongRows : numerics::ScaleLayout::DownColumns;
   }
   // Whether a quantization contracting the other dimension gives the same codes and scales: per
-  // tensor, and BLOCK's 128x128 weight tiles.
+  // tensor, and the weight tiles.
   bool orientation_free() const { return per_tensor() || tiles(); }
-  // Number of block scales of a [rows, cols] operand (0 per tensor).
+  // NVFP4 quantizes the matrix a GEMM contracts along its rows: the operand itself (Cols, and the
+  // tiles), or its transpose [cols, rows] (Rows), as TransformerEngine's columnwise data.
+  bool nvfp4_transposed() const { return nvfp4() && contract == Contract::Rows && !tiles(); }
+  // Number of block scales of a [rows, cols] operand (0 per tensor). NVFP4: one per 1x16 block of
+  // the matrix it quantizes, tiles repeating theirs on each row (numerics/quantize_nvfp4.h).
   int64_t scale_count(int64_t rows, int64_t cols) const {
     if (per_tensor()) return 0;
     const int64_t b = block();
+    if (nvfp4())
+      return nvfp4_transposed() ? cols * numerics::num_blocks(rows, b) : rows * numerics::num_blocks(cols, b);
     if (tiles()) return numerics::num_blocks(rows, b) * numerics::num_blocks(cols, b);
     return contract == Contract::Cols ? rows * numerics::num_blocks(cols, b) : numerics::num_blocks(rows, b) * cols;
   }
+  // Bytes of the codes of a [rows, cols] operand: one per element, NVFP4's packed two to a byte
+  // along the rows of the matrix it quantizes.
+  int64_t code_bytes(int64_t rows, int64_t cols) const {
+    if (!nvfp4()) return rows * cols;
+    return nvfp4_transposed() ? cols * numerics::nvfp4_row_bytes(rows) : rows * numerics::nvfp4_row_bytes(cols);
+  }
+  // Bytes of the block scales' region: the scales, and NVFP4's fp32 global amax before them.
+  int64_t scale_region_bytes(int64_t rows, int64_t cols) const {
+    return scale_count(rows, cols) * scale_bytes() + (nvfp4() ? kNvfp4AmaxBytes : 0);
+  }
+  static constexpr int64_t kNvfp4AmaxBytes = 4;
 };
 
 // How quantizer q's tensor is quantized for a GEMM that contracts `contract` (docs/fp8.md's table).
+// NVFP4 (TransformerEngine's NVFP4BlockScaling): weights in 16x16 tiles; the Hadamard transform on
+// the inputs of the weight-gradient GEMMs (the columnwise representations of ln_out, act_out, dy
+// and dh); stochastic rounding for the gradients dy and dh.
 inline QuantKind quant_kind(const ResolvedRecipe& r, int q, Contract contract) {
-  return {r.recipe, r.formats[q], contract, q == kW1 || q == kW2, r.power_2_scale, r.amax_epsilon};
+  const bool weight = q == kW1 || q == kW2;
+  QuantKind k{r.recipe, r.formats[q], contract, weight, r.power_2_scale, r.amax_epsilon};
+  if (r.nvfp4()) {
+    k.nvfp4_tiles = weight && r.nvfp4_2d_weights;
+    k.hadamard = r.nvfp4_rht && !weight && contract == Contract::Rows;
+    k.stochastic = r.nvfp4_stochastic_rounding && !is_forward_quantizer(q);
+  }
+  return k;
+}
+
+// NVFP4's stochastic rounding: the first element index of the random stream of quantizer q's
+// rowwise or columnwise representation (numerics/quantize_nvfp4.h's Nvfp4Rounding), 2^48 apart.
+constexpr uint64_t nvfp4_stream_first_index(int q, bool columnwise) {
+  return static_cast<uint64_t>(2 * q + (columnwise ? 1 : 0)) << 48;
 }
 
 }  // namespace lnmlp

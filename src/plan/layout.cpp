@@ -50,14 +50,20 @@ int64_t padded_region_bytes(int64_t bytes, const char* what) {
 
 namespace {
 
-// How a blocked recipe saves a tensor's columnwise codes: quantized along T, with one scale per
-// block of rows per column.
+// How forward saves a tensor [T, cols] (and the deferred buffer keeps one) for its weight-gradient
+// GEMM: the codes and block scales of its columnwise representation, quantized along T
+// (fp8_recipe.h's QuantKind: one code byte per element, NVFP4's packed and transposed).
 struct SavedCodes {
-  int64_t block, scale_bytes, t_blocks;
-  explicit SavedCodes(const ResolvedRecipe& r, int64_t T)
-      : block(r.recipe == Recipe::Mxfp8 ? numerics::kMxfp8BlockLength : numerics::kBlockScalingLength),
-        scale_bytes(r.recipe == Recipe::Mxfp8 ? 1 : 4),
-        t_blocks(numerics::num_blocks(T, block)) {}
+  QuantKind kind;
+  int64_t T;
+  SavedCodes(const ResolvedRecipe& r, int q, int64_t tokens) : kind(quant_kind(r, q, Contract::Rows)), T(tokens) {}
+  // (T * cols fits: validate_config checked it, four times over.)
+  Region codes(RegionAllocator& a, bool present, int64_t cols, const char* what) const {
+    return a.take_if(present, kind.code_bytes(T, cols), 1, what);
+  }
+  Region scales(RegionAllocator& a, bool present, int64_t cols, const char* what) const {
+    return a.take_if(present && kind.scale_region_bytes(T, cols) > 0, kind.scale_region_bytes(T, cols), 1, what);
+  }
 };
 
 }  // namespace
@@ -71,8 +77,7 @@ SavedLayout make_saved_layout(const Config& cfg) {
   const bool all = cfg.remat == Remat::SaveAll;
   const ResolvedRecipe r = resolve_recipe(cfg.fp8);
   const bool q = r.recipe != Recipe::None;
-  const SavedCodes sc(r, T);
-  const int64_t block = sc.block, scale_bytes = sc.scale_bytes, t_blocks = sc.t_blocks;
+  const SavedCodes ln(r, kLnOut, T), act(r, kActOut, T);
 
   // The statistics are per local row (T/P under sequence parallelism); ln_out is saved gathered.
   s.mu = alloc.take_if(saves_stats && cfg.has_beta(), cfg.rows(), 4, "saved mean");
@@ -83,12 +88,10 @@ SavedLayout make_saved_layout(const Config& cfg) {
                       "saved ffn1");
   s.act = alloc.take_if(all && !q, checked_mul(T, F, "saved act_out"), e, "saved act_out");
   s.fwd_scales = alloc.take_if(saves_stats && r.per_tensor(), 4, 4, "saved FP8 scales");
-  s.ln_q = alloc.take_if(all && q, checked_mul(T, H, "saved ln_out codes"), 1, "saved ln_out codes");
-  s.ln_q_scale = alloc.take_if(all && r.blocked(), checked_mul(t_blocks, H, "saved ln_out scales"), scale_bytes,
-                               "saved ln_out scales");
-  s.act_q = alloc.take_if(all && q, checked_mul(T, F, "saved act_out codes"), 1, "saved act_out codes");
-  s.act_q_scale = alloc.take_if(all && r.blocked(), checked_mul(t_blocks, F, "saved act_out scales"), scale_bytes,
-                                "saved act_out scales");
+  s.ln_q = ln.codes(alloc, all && q, H, "saved ln_out codes");
+  s.ln_q_scale = ln.scales(alloc, all && q, H, "saved ln_out scales");
+  s.act_q = act.codes(alloc, all && q, F, "saved act_out codes");
+  s.act_q_scale = act.scales(alloc, all && q, F, "saved act_out scales");
   s.total_bytes = alloc.total();
   int32_t section = 0;
   for (Region* r : s.regions()) r->section = section++;
@@ -98,10 +101,14 @@ SavedLayout make_saved_layout(const Config& cfg) {
   if (s.ln_out.present()) per_token += H * e;
   if (s.h.present()) per_token += AF * e;
   if (s.act.present()) per_token += F * e;
-  if (s.ln_q.present()) per_token += H;
-  if (s.act_q.present()) per_token += F;
-  // Block scales per token: one per `block` tokens and column (rounded up to whole bytes).
-  if (s.ln_q_scale.present()) per_token += ((H + F) * scale_bytes + block - 1) / block;
+  // Codes and block scales per token (rounded up to whole bytes): one code byte per element
+  // (NVFP4: half), and one scale of scale_bytes per `block` tokens and column.
+  if (s.ln_q.present()) {
+    const QuantKind& k = ln.kind;
+    const int64_t cols = H + F;
+    per_token += k.nvfp4() ? (cols + 1) / 2 : cols;
+    if (s.ln_q_scale.present()) per_token += (cols * k.scale_bytes() + k.block() - 1) / k.block();
+  }
   s.bytes_per_token = per_token;
   return s;
 }
@@ -114,13 +121,13 @@ DeferredLayout make_deferred_layout(const Config& cfg, const SavedLayout& saved)
   const int64_t e = numerics::dtype_bytes(cfg.dtype);
   const ResolvedRecipe r = resolve_recipe(cfg.fp8);
   const bool q = r.recipe != Recipe::None;
-  const SavedCodes sc(r, T);
   const auto tensor = [&](bool present, int64_t cols, const char* what) {
     return alloc.take_if(present, checked_mul(T, cols, what), e, what);
   };
-  const auto codes = [&](bool present, int64_t cols, Region* scales, const char* what) {
-    const Region c = alloc.take_if(present, checked_mul(T, cols, what), 1, what);
-    *scales = alloc.take_if(present && r.blocked(), checked_mul(sc.t_blocks, cols, what), sc.scale_bytes, what);
+  const auto codes = [&](int quantizer, bool present, int64_t cols, Region* scales, const char* what) {
+    const SavedCodes sc(r, quantizer, T);
+    const Region c = sc.codes(alloc, present, cols, what);
+    *scales = sc.scales(alloc, present, cols, what);
     return c;
   };
   d.ln = tensor(!q && !saved.ln_out.present(), H, "deferred ln_out");
@@ -128,10 +135,10 @@ DeferredLayout make_deferred_layout(const Config& cfg, const SavedLayout& saved)
   d.dy = tensor(!q && cfg.sequence_parallel(), H, "deferred dy");
   d.dh = tensor(!q, AF, "deferred dffn1");
   d.scales = alloc.take_if(r.per_tensor(), kQuantizerCount, 4, "deferred FP8 scales");
-  d.ln_q = codes(q && !saved.ln_q.present(), H, &d.ln_q_scale, "deferred ln_out codes");
-  d.act_q = codes(q && !saved.act_q.present(), F, &d.act_q_scale, "deferred act_out codes");
-  d.dy_q = codes(q, H, &d.dy_q_scale, "deferred dy codes");
-  d.dh_q = codes(q, AF, &d.dh_q_scale, "deferred dffn1 codes");
+  d.ln_q = codes(kLnOut, q && !saved.ln_q.present(), H, &d.ln_q_scale, "deferred ln_out codes");
+  d.act_q = codes(kActOut, q && !saved.act_q.present(), F, &d.act_q_scale, "deferred act_out codes");
+  d.dy_q = codes(kDy, q, H, &d.dy_q_scale, "deferred dy codes");
+  d.dh_q = codes(kDh, q, AF, &d.dh_q_scale, "deferred dffn1 codes");
   d.total_bytes = alloc.total();
   return d;
 }

@@ -45,6 +45,21 @@ void validate_config(const Config& cfg) {
            "GEMMs multiply in the plan's dtype: convert W1 and W2 to it, or keep the default weight dtype (-1)");
   }
 
+  if (cfg.fp8.recipe == Recipe::Nvfp4) {
+    if (cfg.fp8.format == Fp8Mix::Hybrid)
+      fail(LNMLP_ERROR_INVALID_ARGUMENT,
+           "NVFP4 quantizes every tensor to E2M1 with E4M3 block scales; its FP8 format must be "
+           "LNMLP_FP8_FORMAT_DEFAULT or _E4M3, not _HYBRID");
+    if (cfg.backend == BackendKind::Cuda)
+      fail(LNMLP_ERROR_NOT_SUPPORTED,
+           "LNMLP_RECIPE_NVFP4 runs on the CPU backend only in this version (lnmlp_query_support: "
+           "LNMLP_FEATURE_RECIPE_NVFP4)");
+    if (cfg.shard.active() || cfg.shard.comm != nullptr)
+      fail(LNMLP_ERROR_NOT_SUPPORTED,
+           "LNMLP_RECIPE_NVFP4 does not shard yet (its global amaxes are not reduced over a group): "
+           "use it on an unsharded plan");
+  }
+
   // CUDA: any ordinal >= 0 (the setter checks that); whether it exists is the module's check at
   // plan creation (LNMLP_ERROR_NOT_SUPPORTED naming the devices present).
   if (cfg.backend == BackendKind::Cpu && cfg.device != 0)

@@ -14,8 +14,9 @@ Two ways in:
 quantizes them as the NVFP4 recipe does.
 
 FP8 training (docs/fp8.md defines exactly what is computed): the recipes :class:`DelayedScaling`,
-:class:`Float8CurrentScaling`, :class:`Float8BlockScaling` and :class:`MXFP8BlockScaling`
-(TransformerEngine's names and defaults) go to ``Plan(..., recipe=...)``, or through
+:class:`Float8CurrentScaling`, :class:`Float8BlockScaling`, :class:`MXFP8BlockScaling` and
+:class:`NVFP4BlockScaling` (TransformerEngine's names and defaults; NVFP4 on ``Plan`` only, for
+now) go to ``Plan(..., recipe=...)``, or through
 :func:`make_quantizer_set` to the functional API's ``quantizer_set=``. Under delayed scaling the
 plan (Plan API) or the quantizer set (functional API) carries each quantizer's scale and amax
 history: ``plan.quantizer_state(name)`` / ``plan.set_quantizer_state(...)`` /
@@ -43,7 +44,7 @@ from ._plan import ACTIVATIONS, GATED_PAIRS, ActParams, Grads, Plan, normalize_a
 from ._functional import (clear_plan_cache, layernorm_mlp, layernorm_mlp_vjp, noop_quantizer_set,
                           plan_cache_info, set_plan_cache_size)
 from .recipe import (QUANTIZERS, DelayedScaling, Float8BlockScaling, Float8CurrentScaling,
-                     MXFP8BlockScaling, QuantizerSet, Recipe, make_quantizer_set)
+                     MXFP8BlockScaling, NVFP4BlockScaling, QuantizerSet, Recipe, make_quantizer_set)
 from . import fp8, nvfp4
 
 __all__ = [
@@ -52,7 +53,7 @@ __all__ = [
     "layernorm_mlp", "layernorm_mlp_vjp", "noop_quantizer_set", "clear_plan_cache",
     "plan_cache_info", "set_plan_cache_size", "fp8", "nvfp4",
     "Recipe", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling",
-    "QuantizerSet", "make_quantizer_set", "QUANTIZERS",
+    "NVFP4BlockScaling", "QuantizerSet", "make_quantizer_set", "QUANTIZERS",
     "Error", "InvalidArgumentError", "NullPointerError", "SizeOverflowError", "InvalidHandleError",
     "NotSupportedError", "OutOfMemoryError", "WorkspaceTooSmallError", "NoWorkspaceError",
     "MisalignedError", "PlanBusyError", "BackendError", "InternalError", "LibraryNotFoundError",

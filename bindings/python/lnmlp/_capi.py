@@ -54,6 +54,7 @@ RECIPE_DELAYED = 1
 RECIPE_CURRENT = 2
 RECIPE_BLOCK = 3
 RECIPE_MXFP8 = 4
+RECIPE_NVFP4 = 5
 FP8_FORMAT_DEFAULT = -1
 FP8_FORMAT_HYBRID = 0
 FP8_FORMAT_E4M3 = 1
@@ -75,6 +76,7 @@ FEATURE_RECIPE_CURRENT = 5
 FEATURE_RECIPE_BLOCK = 6
 FEATURE_RECIPE_MXFP8 = 7  # 8 is LNMLP_FEATURE_SHARDING, in the experimental tier
 FEATURE_EXTERNAL_WORKSPACE = 9
+FEATURE_RECIPE_NVFP4 = 10  # @since 0.2
 UNSUPPORTED = 0
 SUPPORTED = 1
 SUPPORTED_EMULATED = 2  # an FP8 recipe whose quantized GEMMs are emulated exactly: codes decoded and multiplied in bf16/fp32 with fp32 accumulation, the values FP8 hardware gives (up to the order of sums), slower
@@ -175,6 +177,7 @@ PROTOTYPES = {
     "lnmlp_desc_set_fp8_format": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
     "lnmlp_desc_set_delayed_scaling": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_int32]),
     "lnmlp_desc_set_scaling_options": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_float]),
+    "lnmlp_desc_set_nvfp4_options": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32]),
     "lnmlp_desc_set_external_workspace": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
     "lnmlp_plan_create": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p]),
     "lnmlp_plan_destroy": (ctypes.c_int32, [ctypes.c_void_p]),
@@ -191,6 +194,8 @@ PROTOTYPES = {
     "lnmlp_plan_set_quantizer_state": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64]),
     "lnmlp_plan_forward": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]),
     "lnmlp_plan_backward": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]),
+    "lnmlp_plan_set_rng_state": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64]),
+    "lnmlp_plan_get_rng_state": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]),
     "lnmlp_plan_get_deferred_bytes": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]),
     "lnmlp_plan_backward_data": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]),
     "lnmlp_plan_backward_weights": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]),

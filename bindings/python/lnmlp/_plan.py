@@ -675,6 +675,26 @@ class Plan:
                 f"accumulate_grads={self.accumulate_grads}, "
                 f"grad_dtype={getattr(self, 'grad_dtype', self.dtype).name}) [{state}]")
 
+    # --- the random state (stochastic rounding) ----------------------------------------------------
+    def rng_state(self):
+        """``(seed, offset)``: the stream the plan's stochastic rounding draws from next (NVFP4's
+        gradients); each backward that draws moves ``offset`` on by one."""
+        with self._lock:
+            seed, offset = ctypes.c_uint64(), ctypes.c_uint64()
+            _lib.check(_lib.get_lib().lnmlp_plan_get_rng_state(self._live(), ctypes.byref(seed), ctypes.byref(offset)))
+            return int(seed.value), int(offset.value)
+
+    def set_rng_state(self, seed, offset=0) -> None:
+        """Sets the random state (``lnmlp_plan_set_rng_state``): ints in [0, 2**64). The draws of a
+        backward follow from ``(seed, offset)`` alone, on any backend and thread count."""
+        values = []
+        for name, v in (("seed", seed), ("offset", offset)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= int(v) < 2 ** 64:
+                raise InvalidArgumentError(f"{name} must be an int in [0, 2**64), got {v!r}")
+            values.append(int(v))
+        with self._lock:
+            _lib.check(_lib.get_lib().lnmlp_plan_set_rng_state(self._live(), *values))
+
     # --- FP8 quantizer state (delayed scaling) -----------------------------------------------------
     def _require_state(self):
         if self.amax_history_length == 0:

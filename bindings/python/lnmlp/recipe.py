@@ -6,7 +6,9 @@ A recipe describes *how* to quantize (see docs/fp8.md for exactly what is comput
 * :class:`DelayedScaling` -- per-tensor scales from an amax history (stateful);
 * :class:`Float8CurrentScaling` -- per-tensor scales from the tensor's own amax;
 * :class:`Float8BlockScaling` -- 1x128 blocks (activations, gradients) and 128x128 tiles (weights);
-* :class:`MXFP8BlockScaling` -- 1x32 blocks with power-of-two (E8M0) scales.
+* :class:`MXFP8BlockScaling` -- 1x32 blocks with power-of-two (E8M0) scales;
+* :class:`NVFP4BlockScaling` -- FP4 (E2M1) in 1x16 blocks with E4M3 scales and a global scale,
+  16x16 weight tiles, the random Hadamard transform and stochastic rounding (the CPU backend).
 
 Give a recipe to :class:`lnmlp.Plan` (``recipe=``), which then owns the delayed-scaling state
 (unless the caller passes its own array, ``fp8_state=``, or attaches one), or
@@ -27,7 +29,7 @@ import numpy as np
 from ._lib import InvalidArgumentError
 
 __all__ = ["Recipe", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling",
-           "MXFP8BlockScaling", "QuantizerSet", "make_quantizer_set", "QUANTIZERS",
+           "MXFP8BlockScaling", "NVFP4BlockScaling", "QuantizerSet", "make_quantizer_set", "QUANTIZERS",
            "FORWARD_QUANTIZERS", "BACKWARD_QUANTIZERS"]
 
 #: The six quantizers in LNMLP_QUANTIZER_* order (their index is the C enum value).
@@ -38,7 +40,7 @@ FORWARD_QUANTIZERS = QUANTIZERS[:4]
 BACKWARD_QUANTIZERS = QUANTIZERS[4:]
 
 # LNMLP_RECIPE_*, LNMLP_FP8_FORMAT_*, LNMLP_AMAX_ALGO_* (include/lnmlp.h)
-_RECIPE_DELAYED, _RECIPE_CURRENT, _RECIPE_BLOCK, _RECIPE_MXFP8 = 1, 2, 3, 4
+_RECIPE_DELAYED, _RECIPE_CURRENT, _RECIPE_BLOCK, _RECIPE_MXFP8, _RECIPE_NVFP4 = 1, 2, 3, 4, 5
 _FORMATS = {"HYBRID": 0, "E4M3": 1}
 _ALGOS = {"max": 0, "most_recent": 1}
 # The descriptor's FP8 settings as lnmlp_desc_create leaves them (include/lnmlp.h).
@@ -199,6 +201,54 @@ class MXFP8BlockScaling(Recipe):
 
     def _own_settings(self):
         return dict(recipe=_RECIPE_MXFP8, fp8_format=_FORMATS[self.fp8_format])
+
+
+def _env_flag(name) -> bool:
+    """TransformerEngine's reading of an NVTE_* switch: set to "1"."""
+    import os
+    return os.getenv(name, "0") == "1"
+
+
+class NVFP4BlockScaling(Recipe):
+    """NVFP4 (TransformerEngine's ``NVFP4BlockScaling``): FP4 E2M1 elements in 1x16 blocks along
+    the contracted dimension, an E4M3 scale per block and an fp32 global scale per tensor from its
+    amax; weights in 16x16 tiles (``disable_2d_quantization=False``); the weight-gradient GEMMs'
+    inputs first transformed by a random Hadamard transform along the tokens (``disable_rht=False``);
+    the gradients dy and dh rounded stochastically (``disable_stochastic_rounding=False``), drawing
+    from the plan's random state (:meth:`lnmlp.Plan.set_rng_state`). Each ``disable_*`` defaults,
+    as TE's, to its environment variable ``NVTE_NVFP4_DISABLE_RHT``,
+    ``NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING``, ``NVTE_NVFP4_DISABLE_2D_QUANTIZATION`` being "1".
+    ``fp4_format`` must be "E2M1" and ``fp8_format`` (the block scales') "E4M3". Stateless apart from
+    the random state. The CPU backend only, on unsharded plans, in this version."""
+
+    _fields = ("disable_rht", "disable_stochastic_rounding", "disable_2d_quantization", "fp4_format",
+               "fp8_format")
+
+    def __init__(self, disable_rht=None, disable_stochastic_rounding=None, disable_2d_quantization=None,
+                 fp4_format="E2M1", fp8_format="E4M3"):
+        def flag(name, value, env):
+            return _env_flag(env) if value is None else _bool(name, value)
+
+        fp4 = getattr(fp4_format, "name", fp4_format)
+        if not (isinstance(fp4, str) and fp4.upper() == "E2M1"):
+            raise InvalidArgumentError(f"fp4_format must be 'E2M1' (NVFP4's elements), got {fp4_format!r}")
+        fp8 = getattr(fp8_format, "name", fp8_format)
+        if not (isinstance(fp8, str) and fp8.upper() == "E4M3"):
+            raise InvalidArgumentError(f"fp8_format must be 'E4M3' (NVFP4's block scales), got {fp8_format!r}")
+        self._set(disable_rht=flag("disable_rht", disable_rht, "NVTE_NVFP4_DISABLE_RHT"),
+                  disable_stochastic_rounding=flag("disable_stochastic_rounding", disable_stochastic_rounding,
+                                                   "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING"),
+                  disable_2d_quantization=flag("disable_2d_quantization", disable_2d_quantization,
+                                               "NVTE_NVFP4_DISABLE_2D_QUANTIZATION"),
+                  fp4_format="E2M1", fp8_format="E4M3")
+
+    def _own_settings(self):
+        return dict(recipe=_RECIPE_NVFP4, fp8_format=_FORMATS["E4M3"])
+
+    def _apply(self, lib, desc, check):
+        super()._apply(lib, desc, check)
+        check(lib.lnmlp_desc_set_nvfp4_options(desc, int(self.disable_rht), int(self.disable_stochastic_rounding),
+                                               int(self.disable_2d_quantization)))
 
 
 def as_recipe(obj):

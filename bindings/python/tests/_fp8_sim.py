@@ -18,6 +18,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+import _nvfp4_sim
 from _reference import act_f
 
 E4M3, E5M2 = "e4m3", "e5m2"
@@ -99,11 +100,13 @@ def mxfp8_exponent(amax_block, fmt):
 
 # --- quantize-dequantize in the doc's layouts --------------------------------------------------------
 class Q:
-    """How one recipe quantizes (kind "tensor", "block", "mxfp8")."""
+    """How one recipe quantizes (kind "delayed", "current", "block", "mxfp8", "nvfp4"; NVFP4's
+    options and random stream in `nvfp4`: _nvfp4_sim.operand's keywords)."""
 
-    def __init__(self, kind, fp8_format, power_2_scale=False, amax_epsilon=0.0):
+    def __init__(self, kind, fp8_format, power_2_scale=False, amax_epsilon=0.0, nvfp4=None):
         self.kind, self.fmt = kind, formats(fp8_format)
         self.p2, self.eps = power_2_scale, amax_epsilon
+        self.nvfp4 = dict(nvfp4 or {})
 
     def tensor(self, t, name, scale):
         """Per tensor with a given scale: dequantized float64 values."""
@@ -144,6 +147,8 @@ class Q:
 
     def operand(self, t, name, contract_axis, weight=False, scale=None):
         """Dequantized operand `t` (2-D) quantized for a GEMM contracting `contract_axis`."""
+        if self.kind == "nvfp4":
+            return _nvfp4_sim.operand(t, name, contract_axis, weight, **self.nvfp4)
         if self.kind in ("delayed", "current"):
             if scale is None:
                 scale = current_scale(amax(t), self.fmt[name], self.p2, self.eps)
@@ -180,7 +185,8 @@ class Sim:
     """forward() and backward() of one plan configuration under one recipe (docs/fp8.md).
 
     recipe: ("delayed", fmt, margin, history_len, algo) | ("current", fmt, p2, eps) |
-            ("block", fmt, p2, eps) | ("mxfp8", fmt)
+            ("block", fmt, p2, eps) | ("mxfp8", fmt) | ("nvfp4", rht, stochastic, two_d) (then
+            backward draws from q.nvfp4's seed and offset: set them as the plan's random state)
     """
 
     def __init__(self, recipe, norm="layernorm", acts=("gelu",), eps=1e-6, dtype=np.float32, p=None,
@@ -197,6 +203,10 @@ class Sim:
         elif kind in ("current", "block"):
             _, fmt, p2, aeps = recipe
             self.q = Q(kind, fmt, p2, aeps)
+            self.state = None
+        elif kind == "nvfp4":
+            _, rht, stochastic, two_d = recipe
+            self.q = Q("nvfp4", "E4M3", nvfp4=dict(rht=rht, stochastic=stochastic, two_d=two_d))
             self.state = None
         else:
             self.q = Q("mxfp8", recipe[1])

@@ -1,72 +1,19 @@
-"""NVFP4 quantization (lnmlp.nvfp4, lnmlp_nvfp4_quantize) bit-exact against an independent NumPy
-simulation of TransformerEngine's NVFP4 quantizer, written from its definition (the kernels'
-core_nvfp4.cuh, docs/design.md "NVFP4"), with ml_dtypes' float8_e4m3fn and float4_e2m1fn casts.
-
-Every step is float32 arithmetic as TE's kernels do it. ml_dtypes' casts round to nearest even but
-do not saturate as NVIDIA's cvt.rn.satfinite does, so values are clipped to the format's max first
-(clipping cannot change the rounding of a value that should round to max: only |v| > max is
-touched, and every such v rounds to max); a NaN element becomes +6 (code 0x7), which the E2M1
-format has no NaN for, as cvt does (ml_dtypes writes 0x8 there).
+"""NVFP4 quantization (lnmlp.nvfp4, lnmlp_nvfp4_quantize) bit-exact against _nvfp4_sim, an
+independent NumPy simulation of TransformerEngine's NVFP4 quantizer written from its definition
+(the kernels' core_nvfp4.cuh, docs/design.md "NVFP4"), with ml_dtypes' float8_e4m3fn and
+float4_e2m1fn casts.
 """
 
-import ml_dtypes
 import numpy as np
 import pytest
 
 from lnmlp import _lib, nvfp4
 
-F32 = np.float32
-FLT_MAX = F32(np.finfo(np.float32).max)
-E4M3, E2M1 = ml_dtypes.float8_e4m3fn, ml_dtypes.float4_e2m1fn
-
-
-def fminf(a, b):
-    """C's fminf: the non-NaN operand where one is NaN."""
-    a, b = F32(a), F32(b)
-    return np.where(np.isnan(a), b, np.where(np.isnan(b), a, np.minimum(a, b))).astype(F32)
-
-
-def nan_max_abs(a):
-    return F32(np.max(np.abs(a))) if a.size else F32(0.0)
-
-
-def sim_global_scale(amax):
-    amax = F32(amax)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        s = fminf(F32(448.0) * F32(6.0) / amax, FLT_MAX)
-    return F32(1.0) if amax == 0 or s == 0 else F32(s)
-
-
-def sim_e4m3(v):
-    return np.clip(F32(v), -448, 448).astype(E4M3).view(np.uint8)
-
-
-def sim_e2m1(v):
-    v = np.asarray(v, dtype=F32)
-    codes = np.clip(v, -6, 6).astype(E2M1).view(np.uint8) & 0xF
-    return np.where(np.isnan(v), np.uint8(7), codes).astype(np.uint8)
-
-
-def simulate(x, tiles, global_amax):
-    """TE's NVFP4 quantizer: (codes [rows, cols] unpacked, scales [rows, ceil(cols/16)])."""
-    rows, cols = x.shape
-    s_enc = sim_global_scale(global_amax)
-    s_dec = F32(F32(1.0) / s_enc)
-    inv6 = F32(F32(1.0) / F32(6.0))
-    blocks = -(-cols // 16)
-    codes = np.zeros((rows, cols), np.uint8)
-    scales = np.zeros((rows, blocks), np.uint8)
-    tr = 16 if tiles else 1
-    with np.errstate(all="ignore"):
-        for r0 in range(0, rows, tr):
-            for b in range(blocks):
-                blk = x[r0:r0 + tr, b * 16:(b + 1) * 16]
-                amax = nan_max_abs(blk)
-                sb = sim_e4m3(fminf(amax * F32(s_enc * inv6), FLT_MAX))
-                scale = fminf(F32(1.0) / F32(sb.view(E4M3).astype(F32) * s_dec), FLT_MAX)
-                scales[r0:r0 + tr, b] = sb
-                codes[r0:r0 + tr, b * 16:(b + 1) * 16] = sim_e2m1(blk * scale)
-    return codes, scales
+from _nvfp4_sim import E2M1, E4M3, F32, FLT_MAX, fminf
+from _nvfp4_sim import e2m1 as sim_e2m1
+from _nvfp4_sim import e4m3 as sim_e4m3
+from _nvfp4_sim import global_scale as sim_global_scale
+from _nvfp4_sim import quantize as simulate
 
 
 def check(x, tiles=False, global_amax=None):
@@ -229,3 +176,34 @@ def test_bad_arguments():
     assert lib.lnmlp_nvfp4_quantize(None, 0, 16, 1, 1.0, None, None) == 0
     with pytest.raises(_lib.InvalidArgumentError, match="shape"):
         nvfp4.dequantize(codes, np.zeros((2, 2), np.uint8), 16, 1.0)
+
+
+def test_the_simulations_random_stream_is_philox4x32_10():
+    """_nvfp4_sim's Philox against Random123's published known-answer vectors (kat_vectors,
+    philox4x32 with 10 rounds), so that its stochastic rounding rests on the generator's definition
+    and not on the library's."""
+    from _nvfp4_sim import philox4x32_10
+    kats = [((0, 0, 0, 0), (0, 0), (0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8)),
+            ((0xffffffff,) * 4, (0xffffffff,) * 2, (0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd)),
+            ((0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344), (0xa4093822, 0x299f31d0),
+             (0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1))]
+    for counter, key, want in kats:
+        got = philox4x32_10([np.array([c], np.uint64) for c in counter], key)
+        assert [int(w[0]) for w in got] == list(want)
+
+
+def test_the_simulations_stochastic_rounding_is_unbiased():
+    """_nvfp4_sim's stochastic rounding: over 2^16 draws each value's mean code value is the value
+    itself within 5 standard errors (the rounding the plan tests compare the library with)."""
+    from _nvfp4_sim import e2m1_stochastic, e2m1_value, random_bits
+    n = 1 << 16
+    bits = random_bits(3, 9, np.arange(n, dtype=np.uint64))
+    for v in (0.1, 0.7, 1.2, 2.9, 3.3, 5.5, -4.5):
+        got = e2m1_value(e2m1_stochastic(np.full(n, v, F32), bits))
+        grid = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+        lo = grid[grid <= abs(v)].max()
+        hi = grid[grid > abs(v)].min()
+        assert set(np.abs(np.unique(got))) <= {lo, hi}
+        p = (abs(v) - lo) / (hi - lo)
+        se = (hi - lo) * np.sqrt(p * (1 - p) / n)
+        assert abs(got.mean() - v) <= 5 * se + 1e-12, (v, got.mean())

@@ -470,6 +470,39 @@ public final class LnmlpTest {
   }
 
   // ---- integers out of range: refused with the binding's exception, never wrapped ---------------
+  static void testNvfp4() {
+    final int T = 32, H = 32, F = 64;
+    Random r = new Random(11);
+    float[] x = rand(r, T * H, 2, 0), g = rand(r, H, 0.5, 1), b = rand(r, H, 0.1, 0);
+    float[] w1 = rand(r, H * F, 0.2, 0), w2 = rand(r, F * H, 0.2, 0), dy = rand(r, T * H, 1, 0);
+    check(RECIPE_NVFP4 == 5 && FEATURE_RECIPE_NVFP4 == 10
+            && Lnmlp.support(BACKEND_CPU, FEATURE_RECIPE_NVFP4) == SUPPORTED_EMULATED,
+        "NVFP4 constants, support");
+    Plan.Builder builder = Plan.builder(T, H, F).activations(ACT_GELU).recipe(RECIPE_NVFP4);
+    try (Plan p = builder.build(); Plan rtne = builder.nvfp4Options(false, true, false).build();
+         Plan plain = Plan.builder(T, H, F).activations(ACT_GELU).build()) {
+      long seed = 0x8000000000000001L;  // above 2^63: the bits travel unchanged
+      p.setRngState(seed, 3);
+      ByteBuffer saved = p.newSavedBuffer();
+      float[] y = p.forward(x, g, b, w1, null, w2, null, saved);
+      Plan.Grads first = p.backward(dy, x, g, b, w1, null, w2, saved);
+      check(Arrays.equals(p.rngState(), new long[] {seed, 4}),
+          "a backward moves the offset on: " + Arrays.toString(p.rngState()));
+      p.setRngState(seed, 3);
+      Plan.Grads again = p.backward(dy, x, g, b, w1, null, w2, saved);
+      check(Arrays.equals(first.dw1, again.dw1), "the same random state draws the same bits");
+      rtne.backward(dy, x, g, b, w1, null, w2, saved);
+      check(Arrays.equals(rtne.rngState(), new long[] {0, 0}), "without stochastic rounding nothing is drawn");
+      float[] y0 = plain.forward(x, g, b, w1, null, w2, null, plain.newSavedBuffer());
+      double err = 0, max = 0;
+      for (int i = 0; i < y.length; i++) {
+        err = Math.max(err, Math.abs(y[i] - y0[i]));
+        max = Math.max(max, Math.abs(y0[i]));
+      }
+      check(err > 0.02 * max && err < 0.5 * max, "NVFP4 y near the unquantized y: " + err / max);
+    }
+  }
+
   static void testOutOfRangeIntegers() {
     // Builder's long arguments reach C whole (int64_t): 2^32 + k is not k.
     final long big = 1L << 32;
@@ -1049,6 +1082,7 @@ public final class LnmlpTest {
     testOutOfRangeIntegers();
     testTokens();
     testDelayedState();
+    testNvfp4();
     testFp8StateOfCaller();
     testVariants();
     testWeightsUnchanged();

@@ -78,6 +78,8 @@ lnmlp_desc_set_delayed_scaling(desc, margin, amax_history_len, amax_compute_algo
     ccall((:lnmlp_desc_set_delayed_scaling, liblnmlp), Int32, (Ptr{Cvoid}, Int32, Int64, Int32), desc, margin, amax_history_len, amax_compute_algo)
 lnmlp_desc_set_scaling_options(desc, power_2_scale, amax_epsilon) =
     ccall((:lnmlp_desc_set_scaling_options, liblnmlp), Int32, (Ptr{Cvoid}, Int32, Float32), desc, power_2_scale, amax_epsilon)
+lnmlp_desc_set_nvfp4_options(desc, disable_rht, disable_stochastic_rounding, disable_2d_quantization) =
+    ccall((:lnmlp_desc_set_nvfp4_options, liblnmlp), Int32, (Ptr{Cvoid}, Int32, Int32, Int32), desc, disable_rht, disable_stochastic_rounding, disable_2d_quantization)
 lnmlp_desc_set_external_workspace(desc, enabled) =
     ccall((:lnmlp_desc_set_external_workspace, liblnmlp), Int32, (Ptr{Cvoid}, Int32), desc, enabled)
 lnmlp_plan_create(desc, plan) =
@@ -110,6 +112,10 @@ lnmlp_plan_forward(plan, tokens, x, gamma, beta, w1, b1, w2, b2, y, saved, fp8_s
     ccall((:lnmlp_plan_forward, liblnmlp), Int32, (Ptr{Cvoid}, Int64, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Int32, Ptr{Cvoid}), plan, tokens, x, gamma, beta, w1, b1, w2, b2, y, saved, fp8_state, flags, stream)
 lnmlp_plan_backward(plan, tokens, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta, dw1, db1, dw2, db2, fp8_state, flags, stream) =
     ccall((:lnmlp_plan_backward, liblnmlp), Int32, (Ptr{Cvoid}, Int64, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Int32, Ptr{Cvoid}), plan, tokens, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta, dw1, db1, dw2, db2, fp8_state, flags, stream)
+lnmlp_plan_set_rng_state(plan, seed, offset) =
+    ccall((:lnmlp_plan_set_rng_state, liblnmlp), Int32, (Ptr{Cvoid}, UInt64, UInt64), plan, seed, offset)
+lnmlp_plan_get_rng_state(plan, seed, offset) =
+    ccall((:lnmlp_plan_get_rng_state, liblnmlp), Int32, (Ptr{Cvoid}, Ptr{UInt64}, Ptr{UInt64}), plan, seed, offset)
 lnmlp_plan_get_deferred_bytes(plan, tokens, bytes) =
     ccall((:lnmlp_plan_get_deferred_bytes, liblnmlp), Int32, (Ptr{Cvoid}, Int64, Ptr{Int64}), plan, tokens, bytes)
 lnmlp_plan_backward_data(plan, tokens, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta, db1, db2, deferred, fp8_state, flags, stream) =

@@ -32,6 +32,25 @@ function fp8_decode(format, codes::Vector{UInt8}, scale_inv::Real)
     return out
 end
 
+"""`rng_state(plan) -> (seed::UInt64, offset::UInt64)`: the stream the next backward that rounds
+stochastically (recipe `:nvfp4`'s dy and dh) draws from; each such backward moves `offset` on by one."""
+function rng_state(p::Plan)
+    lock(p.lock) do
+        seed, offset = Ref{UInt64}(0), Ref{UInt64}(0)
+        check(lnmlp_plan_get_rng_state(_live(p), seed, offset))
+        return (seed[], offset[])
+    end
+end
+
+"""`set_rng_state!(plan, seed, offset=0)`: a backward's draws follow from `(seed, offset)` alone."""
+function set_rng_state!(p::Plan, seed::Integer, offset::Integer=0)
+    s, o = UInt64(seed), UInt64(offset)  # InexactError outside [0, 2^64)
+    lock(p.lock) do
+        check(lnmlp_plan_set_rng_state(_live(p), s, o))
+    end
+    return nothing
+end
+
 function _require_state(p::Plan)
     p.amax_history_length == 0 && throw(LNMLPError(LNMLP_ERROR_INVALID_ARGUMENT,
         "this plan's recipe (:$(p.recipe)) keeps no quantizer state; only recipe=:delayed does"))

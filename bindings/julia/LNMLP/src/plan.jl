@@ -17,7 +17,8 @@ const _REMATS = Dict(:save_all => LNMLP_REMAT_SAVE_ALL, :save_ffn1 => LNMLP_REMA
                      :save_stats => LNMLP_REMAT_SAVE_STATS, :forward_only => LNMLP_REMAT_FORWARD_ONLY)
 const _WEIGHT_LAYOUTS = Dict(:in_out => LNMLP_WEIGHT_LAYOUT_IN_OUT, :out_in => LNMLP_WEIGHT_LAYOUT_OUT_IN)
 const _RECIPES = Dict(:none => LNMLP_RECIPE_NONE, :delayed => LNMLP_RECIPE_DELAYED,
-                      :current => LNMLP_RECIPE_CURRENT, :block => LNMLP_RECIPE_BLOCK, :mxfp8 => LNMLP_RECIPE_MXFP8)
+                      :current => LNMLP_RECIPE_CURRENT, :block => LNMLP_RECIPE_BLOCK, :mxfp8 => LNMLP_RECIPE_MXFP8,
+                      :nvfp4 => LNMLP_RECIPE_NVFP4)
 const _FORMATS = Dict(:default => LNMLP_FP8_FORMAT_DEFAULT, :hybrid => LNMLP_FP8_FORMAT_HYBRID,
                       :e4m3 => LNMLP_FP8_FORMAT_E4M3)
 const _ALGOS = Dict(:max => LNMLP_AMAX_ALGO_MAX, :most_recent => LNMLP_AMAX_ALGO_MOST_RECENT)
@@ -38,13 +39,16 @@ end
          activations=(:relu,), act_params=nothing, use_bias1=false, use_bias2=false,
          dtype=Float32, remat=:save_all, num_threads=0, backend=:cpu, external_workspace=false,
          recipe=:none, fp8_format=:default, margin=0, amax_history_len=1024, amax_compute_algo=:max,
-         power_2_scale=-1, amax_epsilon=0.0, accumulate_grads=false, grad_dtype=nothing,
+         power_2_scale=-1, amax_epsilon=0.0, disable_rht=false, disable_stochastic_rounding=false,
+         disable_2d_quantization=false, accumulate_grads=false, grad_dtype=nothing,
          weight_dtype=nothing, weight_layout=:in_out)
 
 Validates and allocates a fused block (`lnmlp_plan_create`). `activations` is a name (`:gelu`, or a
 pair name such as `:swiglu`) or a tuple of 1 or 2 names; `act_params` is `(limit=, alpha=, offset=)`
 for `:clamped_swiglu`; `dtype` is `Float32`, `Float16` or [`BFloat16`](@ref); `recipe` is one of
-`:none, :delayed, :current, :block, :mxfp8` with the options of `lnmlp_desc_set_*`.
+`:none, :delayed, :current, :block, :mxfp8, :nvfp4` with the options of `lnmlp_desc_set_*`
+(`disable_*`: `lnmlp_desc_set_nvfp4_options`; `:nvfp4`'s stochastic rounding draws from the plan's
+random state, [`rng_state`](@ref) / [`set_rng_state!`](@ref)).
 Only the CPU backend (host arrays) is supported by this binding.
 
 Experimental (lnmlp.h's experimental tier; it may change in any release):
@@ -112,7 +116,8 @@ function Plan(tokens::Integer, hidden::Integer, ffn::Integer; norm=:layernorm, z
               use_bias2::Bool=false, dtype::Type=Float32, remat=:save_all, num_threads::Integer=0,
               backend=:cpu, external_workspace::Bool=false, recipe=:none, fp8_format=:default,
               margin::Integer=0, amax_history_len::Integer=1024, amax_compute_algo=:max,
-              power_2_scale::Integer=-1, amax_epsilon::Real=0.0, sharding=nothing,
+              power_2_scale::Integer=-1, amax_epsilon::Real=0.0, disable_rht::Bool=false,
+              disable_stochastic_rounding::Bool=false, disable_2d_quantization::Bool=false, sharding=nothing,
               accumulate_grads::Bool=false, grad_dtype::Union{Nothing,Type}=nothing,
               weight_dtype::Union{Nothing,Type}=nothing, weight_layout=:in_out)
     ensure_loaded()
@@ -174,6 +179,8 @@ function Plan(tokens::Integer, hidden::Integer, ffn::Integer; norm=:layernorm, z
                                                  _choice("amax_compute_algo", amax_compute_algo, _ALGOS)))
             check(lnmlp_desc_set_scaling_options(desc, _int_in("power_2_scale", power_2_scale, _INT32...),
                                                  Float32(amax_epsilon)))
+            check(lnmlp_desc_set_nvfp4_options(desc, Int32(disable_rht), Int32(disable_stochastic_rounding),
+                                               Int32(disable_2d_quantization)))
         end
         check(lnmlp_plan_create(desc, h))
     finally
@@ -550,7 +557,7 @@ const _FEATURES = Dict(:backend => LNMLP_FEATURE_BACKEND, :dtype_f32 => LNMLP_FE
     :dtype_bf16 => LNMLP_FEATURE_DTYPE_BF16, :dtype_f16 => LNMLP_FEATURE_DTYPE_F16,
     :recipe_delayed => LNMLP_FEATURE_RECIPE_DELAYED, :recipe_current => LNMLP_FEATURE_RECIPE_CURRENT,
     :recipe_block => LNMLP_FEATURE_RECIPE_BLOCK, :recipe_mxfp8 => LNMLP_FEATURE_RECIPE_MXFP8,
-    :sharding => LNMLP_FEATURE_SHARDING, :external_workspace => LNMLP_FEATURE_EXTERNAL_WORKSPACE)
+    :recipe_nvfp4 => LNMLP_FEATURE_RECIPE_NVFP4, :sharding => LNMLP_FEATURE_SHARDING, :external_workspace => LNMLP_FEATURE_EXTERNAL_WORKSPACE)
 
 """
     query_support(backend=:cpu, feature=:backend)

@@ -103,6 +103,8 @@ pub const LNMLP_RECIPE_CURRENT: i32 = 2;
 pub const LNMLP_RECIPE_BLOCK: i32 = 3;
 /// `LNMLP_RECIPE_MXFP8` of include/lnmlp.h.
 pub const LNMLP_RECIPE_MXFP8: i32 = 4;
+/// `LNMLP_RECIPE_NVFP4` of include/lnmlp.h.
+pub const LNMLP_RECIPE_NVFP4: i32 = 5;
 /// `LNMLP_FP8_FORMAT_DEFAULT` of include/lnmlp.h.
 pub const LNMLP_FP8_FORMAT_DEFAULT: i32 = -1;
 /// `LNMLP_FP8_FORMAT_HYBRID` of include/lnmlp.h.
@@ -145,6 +147,8 @@ pub const LNMLP_FEATURE_RECIPE_BLOCK: i32 = 6;
 pub const LNMLP_FEATURE_RECIPE_MXFP8: i32 = 7;
 /// `LNMLP_FEATURE_EXTERNAL_WORKSPACE` of include/lnmlp.h.
 pub const LNMLP_FEATURE_EXTERNAL_WORKSPACE: i32 = 9;
+/// @since 0.2
+pub const LNMLP_FEATURE_RECIPE_NVFP4: i32 = 10;
 /// `LNMLP_UNSUPPORTED` of include/lnmlp.h.
 pub const LNMLP_UNSUPPORTED: i32 = 0;
 /// `LNMLP_SUPPORTED` of include/lnmlp.h.
@@ -354,7 +358,7 @@ extern "C" {
     /// else LNMLP_UNSUPPORTED; for the LNMLP_FEATURE_RECIPE_* features LNMLP_SUPPORTED means that the
     /// recipe's GEMMs run on FP8 tensor cores, and LNMLP_SUPPORTED_EMULATED that they are emulated
     /// (the CPU backend: every recipe; the CUDA backend: MXFP8, and BLOCK except on Hopper (sm_90) with
-    /// cuBLASLt 12.9 or newer; per-tensor recipes need sm_89 or newer). On the CUDA backend the answer
+    /// cuBLASLt 12.9 or newer; per-tensor recipes need sm_89 or newer; NVFP4 is not supported yet). On the CUDA backend the answer
     /// is device 0's; BLOCK runs natively only where every plan dimension is a multiple of 16, and is
     /// emulated for other shapes. Unknown backend or feature values are LNMLP_ERROR_INVALID_ARGUMENT.
     /// @since 0.1
@@ -596,6 +600,16 @@ extern "C" {
     /// @param\[in\] power_2_scale, amax_epsilon
     /// @param\[in,out\] desc
     pub fn lnmlp_desc_set_scaling_options(desc: *mut lnmlp_desc, power_2_scale: i32, amax_epsilon: f32) -> i32;
+    /// NVFP4's options, TransformerEngine's NVFP4BlockScaling fields (default 0 each, as TE's):
+    /// disable_rht                  0 or 1: no random Hadamard transform of the weight-gradient
+    /// GEMMs' inputs.
+    /// disable_stochastic_rounding  0 or 1: dy and dh round to nearest even, like the other tensors.
+    /// disable_2d_quantization      0 or 1: W1 and W2 in 1x16 blocks along each GEMM's contracted
+    /// dimension instead of 16x16 tiles.
+    /// @since 0.2
+    /// @param\[in\] disable_rht, disable_stochastic_rounding, disable_2d_quantization
+    /// @param\[in,out\] desc
+    pub fn lnmlp_desc_set_nvfp4_options(desc: *mut lnmlp_desc, disable_rht: i32, disable_stochastic_rounding: i32, disable_2d_quantization: i32) -> i32;
     /// When enabled, lnmlp_plan_create allocates no workspace; the caller queries
     /// lnmlp_plan_get_workspace_bytes and attaches memory it owns with lnmlp_plan_attach_workspace
     /// before the first forward or backward. Default: disabled (the plan owns its workspace).
@@ -733,6 +747,21 @@ extern "C" {
     /// @param\[out\] dx, dgamma, dbeta, db2
     /// @param\[in,out\] plan, dw1, db1, dw2, fp8_state
     pub fn lnmlp_plan_backward(plan: *mut lnmlp_plan, tokens: i64, dy: *const c_void, x: *const c_void, gamma: *const c_void, beta: *const c_void, w1: *const c_void, b1: *const c_void, w2: *const c_void, saved: *const c_void, dx: *mut c_void, dgamma: *mut c_void, dbeta: *mut c_void, dw1: *mut c_void, db1: *mut c_void, dw2: *mut c_void, db2: *mut c_void, fp8_state: *mut c_void, flags: i32, stream: *mut c_void) -> i32;
+    /// The plan's random state: the stream stochastic rounding draws from (LNMLP_RECIPE_NVFP4's dy and
+    /// dh). Element i of a tensor a call quantizes stochastically takes the bits of Philox4x32-10 keyed
+    /// by `seed` at the counter (i, offset), so a call's draws follow from (seed, offset) alone, on any
+    /// backend and thread count. A plan starts at seed 0, offset 0; each backward (or backward data)
+    /// call with tokens that draws moves offset on by one. Set it to reproduce a run or to give each
+    /// rank or layer its own stream, read it to checkpoint. (A plan that draws nothing keeps it as set.)
+    /// @since 0.2
+    /// @param\[in\] seed, offset
+    /// @param\[in,out\] plan
+    pub fn lnmlp_plan_set_rng_state(plan: *mut lnmlp_plan, seed: u64, offset: u64) -> i32;
+    /// Reads the plan's random state (lnmlp_plan_set_rng_state).
+    /// @since 0.2
+    /// @param\[in\] plan
+    /// @param\[out\] seed, offset
+    pub fn lnmlp_plan_get_rng_state(plan: *const lnmlp_plan, seed: *mut u64, offset: *mut u64) -> i32;
     /// The bytes of the deferred buffer of a call with `tokens` tokens (0 .. the plan's most, or
     /// LNMLP_TOKENS_MAX for the most, which serves every call); 0 for a plan that does not train.
     /// @since 0.2

@@ -42,6 +42,7 @@ pub struct PlanBuilder {
     fp8_format: Option<Fp8Format>,
     delayed: Option<DelayedScaling>,
     scaling_options: Option<(Option<bool>, f32)>,
+    nvfp4_options: Option<(bool, bool, bool)>,
     #[cfg(feature = "experimental")]
     sharding: Option<(usize, usize, bool)>,
     #[cfg(feature = "experimental")]
@@ -258,6 +259,19 @@ impl PlanBuilder {
         self
     }
 
+    /// [`Recipe::Nvfp4`]'s options, TransformerEngine's `NVFP4BlockScaling` fields (each `false`
+    /// by default): no random Hadamard transform of the weight-gradient GEMMs' inputs, no
+    /// stochastic rounding of dy and dh, no 16x16 weight tiles (1x16 blocks instead).
+    pub fn nvfp4_options(
+        mut self,
+        disable_rht: bool,
+        disable_stochastic_rounding: bool,
+        disable_2d_quantization: bool,
+    ) -> Self {
+        self.nvfp4_options = Some((disable_rht, disable_stochastic_rounding, disable_2d_quantization));
+        self
+    }
+
     /// Experimental (feature `experimental`; may change in any release).
     ///
     /// Tensor-parallel sharding (`lnmlp_desc_set_sharding`, docs/sharding.md): this plan is rank
@@ -415,6 +429,9 @@ impl PlanBuilder {
                     Some(true) => 1,
                 };
                 check(sys::lnmlp_desc_set_scaling_options(d, p, eps))?;
+            }
+            if let Some((rht, sr, two_d)) = self.nvfp4_options {
+                check(sys::lnmlp_desc_set_nvfp4_options(d, rht as i32, sr as i32, two_d as i32))?;
             }
             #[cfg(feature = "experimental")]
             if let Some((fast, tf32)) = self.gemm_math {

@@ -564,6 +564,20 @@ impl Plan {
     pub fn amax_history_length(&self) -> usize {
         self.amax_history_length
     }
+    /// The random state `(seed, offset)`: the stream the next backward that rounds stochastically
+    /// ([`Recipe::Nvfp4`]'s dy and dh) draws from; each such backward moves `offset` on by one.
+    pub fn rng_state(&self) -> Result<(u64, u64)> {
+        let (mut seed, mut offset) = (0u64, 0u64);
+        // SAFETY: the live plan; valid out-pointers.
+        check(unsafe { sys::lnmlp_plan_get_rng_state(self.raw.as_ptr(), &mut seed, &mut offset) })?;
+        Ok((seed, offset))
+    }
+    /// Sets the random state: a backward's draws follow from `(seed, offset)` alone, on any backend
+    /// and thread count.
+    pub fn set_rng_state(&mut self, seed: u64, offset: u64) -> Result<()> {
+        // SAFETY: the live plan.
+        check(unsafe { sys::lnmlp_plan_set_rng_state(self.raw.as_ptr(), seed, offset) })
+    }
     /// Experimental (feature `experimental`): bytes of the state blob of [`Plan::export_state`] (0
     /// for a stateless recipe).
     #[cfg(feature = "experimental")]

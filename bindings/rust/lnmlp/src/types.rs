@@ -327,6 +327,10 @@ pub enum Recipe {
     Block,
     /// 1x32 blocks, E8M0 scales.
     Mxfp8,
+    /// FP4 E2M1 in 1x16 blocks with E4M3 scales and a global scale, 16x16 weight tiles, the
+    /// random Hadamard transform and stochastic rounding ([`crate::PlanBuilder::nvfp4_options`]);
+    /// the CPU backend only, unsharded.
+    Nvfp4,
 }
 
 impl Recipe {
@@ -338,6 +342,7 @@ impl Recipe {
             Recipe::Current => sys::LNMLP_RECIPE_CURRENT,
             Recipe::Block => sys::LNMLP_RECIPE_BLOCK,
             Recipe::Mxfp8 => sys::LNMLP_RECIPE_MXFP8,
+            Recipe::Nvfp4 => sys::LNMLP_RECIPE_NVFP4,
         }
     }
 }
@@ -491,6 +496,8 @@ pub enum Feature {
     Sharding,
     /// Caller-attached workspace.
     ExternalWorkspace,
+    /// The Nvfp4 recipe.
+    RecipeNvfp4,
 }
 
 impl Feature {
@@ -508,6 +515,7 @@ impl Feature {
             #[cfg(feature = "experimental")]
             Feature::Sharding => sys::LNMLP_FEATURE_SHARDING,
             Feature::ExternalWorkspace => sys::LNMLP_FEATURE_EXTERNAL_WORKSPACE,
+            Feature::RecipeNvfp4 => sys::LNMLP_FEATURE_RECIPE_NVFP4,
         }
     }
 }

@@ -118,3 +118,39 @@ fn export_import(p: &Plan) {
         .unwrap();
     assert!(other.import_state(&blob).is_err());
 }
+
+#[test]
+fn nvfp4_draws_from_the_plans_random_state() {
+    assert_eq!(query_support(Backend::Cpu, Feature::RecipeNvfp4).unwrap(), Support::Emulated);
+    let (t, h, f) = (32, 32, 64);
+    let v = |n: usize, s: f32, k: f32| (0..n).map(|i| ((i as f32 + 1.0) * s).sin() * k).collect::<Vec<f32>>();
+    let x = v(t * h, 0.7, 3.0);
+    let (gamma, beta) = (vec![1.0f32; h], vec![0.0f32; h]);
+    let (w1, w2) = (v(h * f, 0.3, 0.2), v(f * h, 0.9, 0.1));
+    let w = Weights { gamma: &gamma, beta: Some(&beta), w1: &w1, b1: None, w2: &w2, b2: None };
+    let dy = v(t * h, 0.41, 2.0);
+    let build = |no_sr: bool| {
+        PlanBuilder::new()
+            .shape(t, h, f)
+            .activation(Activation::Gelu)
+            .recipe(Recipe::Nvfp4)
+            .nvfp4_options(false, no_sr, false)
+            .build()
+            .unwrap()
+    };
+    let mut p = build(false);
+    assert_eq!(p.rng_state().unwrap(), (0, 0));
+    let seed = u64::MAX - 5; // the full 64 bits travel
+    p.set_rng_state(seed, 9).unwrap();
+    let mut y = vec![0.0f32; t * h];
+    let saved = p.forward(&x, &w, &mut y).unwrap();
+    let first = p.backward(&dy, &x, &w, &saved).unwrap();
+    assert_eq!(p.rng_state().unwrap(), (seed, 10), "a backward that draws moves the offset on");
+    p.set_rng_state(seed, 9).unwrap();
+    let again = p.backward(&dy, &x, &w, &saved).unwrap();
+    assert_eq!(first.dw1, again.dw1, "the same random state draws the same bits");
+    let mut rtne = build(true);
+    let saved = rtne.forward(&x, &w, &mut y).unwrap();
+    rtne.backward(&dy, &x, &w, &saved).unwrap();
+    assert_eq!(rtne.rng_state().unwrap(), (0, 0), "without stochastic rounding nothing is drawn");
+}

@@ -152,6 +152,7 @@ public final class Plan implements AutoCloseable {
     private long delayedHistoryLen;
     private Integer power2Scale;
     private float amaxEpsilon;
+    private int[] nvfp4Disable;
     private boolean externalWorkspace;
 
     Builder(long tokens, long hidden, long ffn) {
@@ -206,6 +207,15 @@ public final class Plan implements AutoCloseable {
       this.amaxEpsilon = amaxEpsilon;
       return this;
     }
+    /**
+     * NVFP4's options (RECIPE_NVFP4; TransformerEngine's NVFP4BlockScaling fields, false each by
+     * default): no Hadamard transform, no stochastic rounding, no 16x16 weight tiles.
+     */
+    public Builder nvfp4Options(boolean disableRht, boolean disableStochasticRounding, boolean disable2dQuantization) {
+      this.nvfp4Disable =
+          new int[] {disableRht ? 1 : 0, disableStochasticRounding ? 1 : 0, disable2dQuantization ? 1 : 0};
+      return this;
+    }
     /** The plan allocates no workspace; attach one with {@link Plan#attachWorkspace}. */
     public Builder externalWorkspace(boolean on) { this.externalWorkspace = on; return this; }
 
@@ -229,6 +239,8 @@ public final class Plan implements AutoCloseable {
         if (fp8Format != null) LnmlpNative.desc_set_fp8_format(d, fp8Format);
         if (delayed) LnmlpNative.desc_set_delayed_scaling(d, delayedMargin, delayedHistoryLen, delayedAlgo);
         if (power2Scale != null) LnmlpNative.desc_set_scaling_options(d, power2Scale, amaxEpsilon);
+        if (nvfp4Disable != null)
+          LnmlpNative.desc_set_nvfp4_options(d, nvfp4Disable[0], nvfp4Disable[1], nvfp4Disable[2]);
         LnmlpNative.desc_set_external_workspace(d, externalWorkspace ? 1 : 0);
         return new Plan(LnmlpNative.plan_create(d), this);
       } finally {
@@ -732,6 +744,17 @@ public final class Plan implements AutoCloseable {
         newShorts(TENSOR_DGAMMA), newShorts(TENSOR_DBETA), newFloats(TENSOR_DW1),
         newFloats(TENSOR_DB1), newFloats(TENSOR_DW2), newFloats(TENSOR_DB2));
   }
+
+  // ---- the random state (stochastic rounding: NVFP4's gradients) -------------------------------
+
+  /**
+   * {seed, offset} of the stream the next backward that draws takes (unsigned 64-bit values in
+   * longs of the same bits); each such backward moves offset on by one.
+   */
+  public synchronized long[] rngState() { return LnmlpNative.plan_get_rng_state(live()); }
+
+  /** Sets the random state: a backward's draws follow from (seed, offset) alone. */
+  public synchronized void setRngState(long seed, long offset) { LnmlpNative.plan_set_rng_state(live(), seed, offset); }
 
   // ---- FP8 quantizer state (DELAYED recipe) ----------------------------------------------------
 
