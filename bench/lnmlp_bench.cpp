@@ -66,7 +66,7 @@ struct Options {
                "lnmlp-bench: %s\n"
                "usage: lnmlp-bench [--tokens T] [--hidden H] [--ffn F] [--act NAME] [--norm layernorm|rmsnorm]\n"
                "                   [--dtype f32|bf16|f16] [--remat save_all|save_ffn1|save_stats|forward_only]\n"
-               "                   [--recipe none|delayed|current|block|mxfp8]\n"
+               "                   [--recipe none|delayed|current|block|mxfp8|nvfp4]\n"
                "                   [--iters N] [--threads N] [--check-tokens N] [--weight-layout in_out|out_in]\n"
                "                   [--json FILE] [--plan-tokens P [--prepare]] [--calls N (forward_only)]\n"
                "       lnmlp-bench --machine [--threads N] [--json FILE]\n"
@@ -338,7 +338,7 @@ int main(int argc, char** argv) {
                                  {"delayed", LNMLP_RECIPE_DELAYED},
                                  {"current", LNMLP_RECIPE_CURRENT},
                                  {"block", LNMLP_RECIPE_BLOCK},
-                                 {"mxfp8", LNMLP_RECIPE_MXFP8}});
+                                 {"mxfp8", LNMLP_RECIPE_MXFP8}, {"nvfp4", LNMLP_RECIPE_NVFP4}});
   const int32_t layout = choose("--weight-layout", o.weight_layout,
                                 {{"in_out", LNMLP_WEIGHT_LAYOUT_IN_OUT}, {"out_in", LNMLP_WEIGHT_LAYOUT_OUT_IN}});
   const int64_t T = o.tokens, H = o.hidden, F = o.ffn;
