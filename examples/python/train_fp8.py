@@ -1,12 +1,14 @@
-"""Trains a small residual stack of lnmlp blocks in fp32 and under each FP8 recipe, from the same
-initialisation on the same data, and compares the loss curves.
+"""Trains a small residual stack of lnmlp blocks in fp32, in bf16 and under each FP8 recipe and
+NVFP4, from the same initialisation on the same data, and compares the loss curves.
 
 Model:   h_0 = x,   h_{l+1} = h_l + layernorm_mlp(h_l)   (l < LAYERS),   pred = h_L @ W_out
 Task:    regression on a fixed random "teacher", target = sin(x @ A) @ B (embedded, no downloads)
 Loss:    mean squared error / var(target) (1.0 = predicting the mean), Adam in NumPy
 
 Every layer runs through lnmlp.layernorm_mlp_vjp with its own quantizer set
-(lnmlp.make_quantizer_set(recipe)), as TransformerEngine gives each layer its own quantizers.
+(lnmlp.make_quantizer_set(recipe)), as TransformerEngine gives each layer its own quantizers. The
+blocks' I/O is float32 except in the bf16 row, whose blocks take and return bfloat16 (the weights
+cast from the float32 master copy each step, the residual stream and the optimiser in float32).
 
     python3 examples/python/train_fp8.py [--steps 300] [--png docs/fp8-training.png]
 
@@ -21,6 +23,7 @@ import os
 import sys
 import time
 
+import ml_dtypes
 import numpy as np
 
 # OpenMP threads that spin while waiting (the default policy) slow the small GEMMs of this example
@@ -34,12 +37,16 @@ TOKENS, HIDDEN, FFN, LAYERS, OUT = 256, 128, 384, 4, 16
 LR, BETAS, ADAM_EPS = 1e-3, (0.9, 0.999), 1e-8
 EVAL_EVERY = 10
 
+BF16 = np.dtype(ml_dtypes.bfloat16)
+# name -> (recipe, the blocks' I/O dtype)
 RECIPES = {
-    "fp32 (no FP8)": None,
-    "DelayedScaling": lnmlp.DelayedScaling(),                 # HYBRID, history 1024, max
-    "Float8CurrentScaling": lnmlp.Float8CurrentScaling(),     # HYBRID
-    "Float8BlockScaling": lnmlp.Float8BlockScaling(),         # E4M3, power-of-two scales
-    "MXFP8BlockScaling": lnmlp.MXFP8BlockScaling(),           # E4M3, E8M0 scales
+    "fp32 (no FP8)": (None, np.float32),
+    "bf16 (no FP8)": (None, BF16),
+    "DelayedScaling": (lnmlp.DelayedScaling(), np.float32),              # HYBRID, history 1024, max
+    "Float8CurrentScaling": (lnmlp.Float8CurrentScaling(), np.float32),  # HYBRID
+    "Float8BlockScaling": (lnmlp.Float8BlockScaling(), np.float32),      # E4M3, power-of-two scales
+    "MXFP8BlockScaling": (lnmlp.MXFP8BlockScaling(), np.float32),        # E4M3, E8M0 scales
+    "NVFP4BlockScaling": (lnmlp.NVFP4BlockScaling(), np.float32),        # RHT, stochastic rounding, 2-D weights
 }
 
 
@@ -71,16 +78,17 @@ def init_params(seed=0):
     return dict(layers=layers, head=head)
 
 
-def forward(params, x, qsets, with_vjp=True):
+def forward(params, x, qsets, dtype=np.float32, with_vjp=True):
     h, vjps = x, []
     for p, qs in zip(params["layers"], qsets):
-        args = (h, p["gamma"], p["beta"], [p["w1"], p["w2"]], [p["b1"], p["b2"]], "layernorm")
+        c = lambda a: a.astype(dtype)  # noqa: E731 (the blocks' I/O dtype)
+        args = (c(h), c(p["gamma"]), c(p["beta"]), [c(p["w1"]), c(p["w2"])], [c(p["b1"]), c(p["b2"])], "layernorm")
         if with_vjp:
             out, vjp = lnmlp.layernorm_mlp_vjp(*args, activation_type=("gelu",), quantizer_set=qs)
             vjps.append(vjp)
         else:
             out = lnmlp.layernorm_mlp(*args, activation_type=("gelu",), quantizer_set=qs)
-        h = h + out
+        h = h + out.astype(np.float32)
     return h, h @ params["head"], vjps
 
 
@@ -112,7 +120,7 @@ class Adam:
             p -= (LR * mh / (np.sqrt(vh) + ADAM_EPS)).astype(np.float32)
 
 
-def train(recipe, steps, eval_set):
+def train(recipe, dtype, steps, eval_set):
     params = init_params()
     teacher = Teacher()
     qsets = [None if recipe is None else lnmlp.make_quantizer_set(recipe) for _ in range(LAYERS)]
@@ -128,19 +136,21 @@ def train(recipe, steps, eval_set):
             for q, e in zip(qsets, eq):
                 if q is not None:
                     e.load_state(q.state())
-            eval_curve.append((step, loss_of(forward(params, xe, eq, with_vjp=False)[1], te, var)))
+            eval_curve.append((step, loss_of(forward(params, xe, eq, dtype, with_vjp=False)[1], te, var)))
         if step == steps:
             break
         x, target = teacher.batch()
-        h, pred, vjps = forward(params, x, qsets)
+        h, pred, vjps = forward(params, x, qsets, dtype)
         train_curve.append(loss_of(pred, target, var))
         dpred = (2.0 / (pred.size * var) * (pred - target)).astype(np.float32)
         grads = dict(head=h.T @ dpred, layers=[None] * LAYERS)
         dh = dpred @ params["head"].T
         for l in reversed(range(LAYERS)):
-            dx, dgamma, dbeta, (dw1, dw2), (db1, db2) = vjps[l](np.ascontiguousarray(dh, np.float32))
-            grads["layers"][l] = dict(gamma=dgamma, beta=dbeta, w1=dw1, b1=db1, w2=dw2, b2=db2)
-            dh = dh + dx  # the residual path
+            dx, dgamma, dbeta, (dw1, dw2), (db1, db2) = vjps[l](np.ascontiguousarray(dh, dtype))
+            f32 = lambda a: a.astype(np.float32)  # noqa: E731
+            grads["layers"][l] = dict(gamma=f32(dgamma), beta=f32(dbeta), w1=f32(dw1), b1=f32(db1), w2=f32(dw2),
+                                      b2=f32(db2))
+            dh = dh + f32(dx)  # the residual path
         opt.step(params, grads)
     return np.array(train_curve), eval_curve
 
@@ -157,20 +167,22 @@ def main(argv=None):
     print(f"model: {LAYERS} x (x + layernorm_mlp(x)), gelu, T={TOKENS} H={HIDDEN} F={FFN}, head -> {OUT}; "
           f"Adam lr {LR}, {args.steps} steps")
     results = {}
-    for name, recipe in RECIPES.items():
+    for name, (recipe, dtype) in RECIPES.items():
         t0 = time.time()
-        results[name] = train(recipe, args.steps, eval_set) + (time.time() - t0,)
+        results[name] = train(recipe, dtype, args.steps, eval_set) + (time.time() - t0,)
         tr, ev, secs = results[name]
         print(f"  {name:22s} final eval loss {ev[-1][1]:.5f}  ({secs:.1f} s)", flush=True)
 
     base_eval = results["fp32 (no FP8)"][1][-1][1]
     base_train = results["fp32 (no FP8)"][0][-20:].mean()
     print()
-    print("| recipe | final eval loss | vs fp32 | train loss (last 20 steps) | vs fp32 | time (s) |")
-    print("|---|---|---|---|---|---|")
+    bf16_eval = results["bf16 (no FP8)"][1][-1][1]
+    print("| recipe | final eval loss | vs fp32 | vs bf16 | train loss (last 20 steps) | vs fp32 | time (s) |")
+    print("|---|---|---|---|---|---|---|")
     for name, (tr, ev, secs) in results.items():
         e, t = ev[-1][1], tr[-20:].mean()
-        print(f"| {name} | {e:.5f} | {100 * (e - base_eval) / base_eval:+.2f}% | {t:.5f} | "
+        print(f"| {name} | {e:.5f} | {100 * (e - base_eval) / base_eval:+.2f}% | "
+              f"{100 * (e - bf16_eval) / bf16_eval:+.2f}% | {t:.5f} | "
               f"{100 * (t - base_train) / base_train:+.2f}% | {secs:.1f} |")
 
     try:
@@ -194,7 +206,7 @@ def main(argv=None):
         a.set_yscale("log")
         a.grid(True, alpha=0.3)
         a.legend()
-    fig.suptitle(f"lnmlp: {LAYERS} residual layernorm_mlp layers, fp32 vs FP8 recipes")
+    fig.suptitle(f"lnmlp: {LAYERS} residual layernorm_mlp layers, fp32 and bf16 vs the FP8 and NVFP4 recipes")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(args.png)), exist_ok=True)
     fig.savefig(args.png, dpi=110)

@@ -147,13 +147,21 @@ def _prepare(x, gamma, beta, kernels, biases, norm_type, zero_centered_gamma, ep
     return plan, (x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2)
 
 
-def _with_state(qs, fn):
+def _with_state(qs, fn, plan=None):
     """Runs fn(fp8_state) with the quantizer set's state array (delayed scaling; None otherwise),
-    which the plan call uses and updates in place (plans may be shared by several quantizer sets)."""
-    if qs is None or not qs.recipe.stateful:
+    which the plan call uses and updates in place (plans may be shared by several quantizer sets).
+    A backward call (`plan` given) of a set that rounds stochastically draws from the set's random
+    state: the shared plan takes it for the call, and the set keeps where the call left it."""
+    if qs is None or not (qs.recipe.stateful or (plan is not None and qs.recipe.draws_random)):
         return fn(None)
     with qs._lock:
-        return fn(qs._state)
+        if plan is None or not qs.recipe.draws_random:
+            return fn(qs._state)
+        with plan._lock:
+            plan.set_rng_state(*qs._rng)
+            out = fn(qs._state)
+            qs._rng = plan.rng_state()
+            return out
 
 
 def _run_forward(plan, args, qs=None):
@@ -211,7 +219,7 @@ class _VJP:
         dy = _as_array("dy", dy)
         try:
             g = _with_state(self._qs, lambda st: self._plan.backward(dy, x, gamma, beta, k1, b1, k2,
-                                                                     self._saved, fp8_state=st))
+                                                                     self._saved, fp8_state=st), self._plan)
         except InvalidArgumentError as e:
             raise _rename(e) from None
         return g.dx, g.dgamma, g.dbeta, [g.dw1, g.dw2], [g.db1, g.db2]

@@ -21,6 +21,7 @@ Recipes are immutable and hashable; equal recipes configure identical plans.
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 
@@ -90,6 +91,7 @@ class Recipe:
 
     _fields: tuple = ()
     stateful = False  #: whether the recipe keeps per-quantizer state (delayed scaling only)
+    draws_random = False  #: whether backward rounds stochastically (NVFP4's gradients)
 
     def __setattr__(self, name, value):
         raise AttributeError(f"{type(self).__name__} is immutable; make a new one")
@@ -242,6 +244,10 @@ class NVFP4BlockScaling(Recipe):
                                                "NVTE_NVFP4_DISABLE_2D_QUANTIZATION"),
                   fp4_format="E2M1", fp8_format="E4M3")
 
+    @property
+    def draws_random(self):
+        return not self.disable_stochastic_rounding
+
     def _own_settings(self):
         return dict(recipe=_RECIPE_NVFP4, fp8_format=_FORMATS["E4M3"])
 
@@ -323,15 +329,22 @@ class QuantizerSet:
     call ``dy, dh``. Use one quantizer set per layer, as in TransformerEngine. Other recipes are
     stateless: :meth:`state` returns ``{}``.
 
+    With a recipe that rounds stochastically (:class:`NVFP4BlockScaling`) it carries the random
+    state ``(seed, offset)`` its backward calls draw from (:meth:`rng_state`; each such call moves
+    ``offset`` on by one): ``seed`` is given to :func:`make_quantizer_set`, or else the number of
+    quantizer sets this process made before (0, 1, 2, ...), so that each layer's set draws its own
+    stream and a program that makes its sets in the same order draws the same bits.
+
     Thread safety: calls that use one quantizer set are serialised by its lock.
     """
 
-    def __init__(self, recipe: Recipe):
+    def __init__(self, recipe: Recipe, seed=None):
         self.recipe = as_recipe(recipe)
         if self.recipe is None:
             raise InvalidArgumentError(
                 f"make_quantizer_set needs an lnmlp recipe (or TransformerEngine's), got {type(recipe).__name__}")
         self._lock = threading.RLock()
+        self._rng = (_rng_word("seed", next(_SET_COUNT) if seed is None else seed), 0)
         self._state = None
         if recipe.stateful:  # a fresh state: scales 1, histories 0
             self._state = np.zeros((len(QUANTIZERS), 1 + recipe.amax_history_len), np.float32)
@@ -339,6 +352,17 @@ class QuantizerSet:
 
     def __repr__(self):
         return f"lnmlp.QuantizerSet({self.recipe!r})"
+
+    def rng_state(self):
+        """``(seed, offset)``: the stream this set's next backward that rounds stochastically draws."""
+        with self._lock:
+            return self._rng
+
+    def set_rng_state(self, seed, offset=0) -> None:
+        """Sets the random state (ints in [0, 2**64)), e.g. to resume from a checkpoint."""
+        new = (_rng_word("seed", seed), _rng_word("offset", offset))
+        with self._lock:
+            self._rng = new
 
     @property
     def amax_history_length(self) -> int:
@@ -379,8 +403,19 @@ class QuantizerSet:
             self._state[...] = new  # in place: the array is the one the plan calls update
 
 
-def make_quantizer_set(recipe: Recipe) -> QuantizerSet:
+def make_quantizer_set(recipe: Recipe, seed=None) -> QuantizerSet:
     """A :class:`QuantizerSet` for ``recipe``, to pass as ``quantizer_set=`` to
     :func:`lnmlp.layernorm_mlp` / :func:`lnmlp.layernorm_mlp_vjp` (TransformerEngine's
-    ``QuantizerFactory.create_set``). Delayed scaling starts with scales 1 and zero histories."""
-    return QuantizerSet(recipe)
+    ``QuantizerFactory.create_set``). Delayed scaling starts with scales 1 and zero histories;
+    stochastic rounding (NVFP4) from ``(seed, 0)``, ``seed`` by default the count of sets made
+    before in this process."""
+    return QuantizerSet(recipe, seed)
+
+
+_SET_COUNT = itertools.count()
+
+
+def _rng_word(name, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= int(v) < 2 ** 64:
+        raise InvalidArgumentError(f"{name} must be an int in [0, 2**64), got {v!r}")
+    return int(v)

@@ -28,6 +28,7 @@ def fresh_cache():
     lnmlp.set_plan_cache_size(16)
     yield
     lnmlp.clear_plan_cache()
+    lnmlp.set_plan_cache_size(16)  # the default: a test that shrank it leaves no trace in later files
 
 
 def test_seed_usage_example_runs_as_written():

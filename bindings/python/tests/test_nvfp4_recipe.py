@@ -134,3 +134,35 @@ def test_saved_bytes_per_token():
     mu_rs, ffn1 = 8, 2 * F
     assert plan.saved_bytes_per_token == mu_rs + ffn1 + (H + F) // 2 + (H + F) // 16
 
+
+
+def test_functional_api_draws_from_the_quantizer_sets_random_state():
+    """layernorm_mlp_vjp with make_quantizer_set(NVFP4BlockScaling()): each set draws from its own
+    (seed, offset), as a Plan with that random state does, and moves it on."""
+    cfg = CONFIGS["ln-gelu-partial"]
+    inp = inputs_for(cfg, 6)
+    dy = make_dy(cfg[0], cfg[1], cfg[5], 6)
+    recipe = lnmlp.NVFP4BlockScaling()
+    a, b = lnmlp.make_quantizer_set(recipe), lnmlp.make_quantizer_set(recipe)
+    assert a.rng_state()[0] != b.rng_state()[0], "each set draws its own stream by default"
+    qs = lnmlp.make_quantizer_set(recipe, seed=SEED)
+    assert qs.rng_state() == (SEED, 0)
+
+    def vjp(qs):
+        _, f = lnmlp.layernorm_mlp_vjp(inp["x"], inp["gamma"], inp["beta"], [inp["w1"], inp["w2"]],
+                                       [inp["b1"], inp["b2"]], cfg[3], activation_type=cfg[4], quantizer_set=qs)
+        return f(dy)
+
+    got = vjp(qs)
+    assert qs.rng_state() == (SEED, 1)
+    plan = plan_for(cfg, recipe)
+    plan.set_rng_state(SEED, 0)
+    _, want = step(plan, inp, dy)
+    np.testing.assert_array_equal(got[3][0], want["dw1"])
+    np.testing.assert_array_equal(got[0], want["dx"])
+    second = vjp(qs)
+    assert not np.array_equal(second[3][1], got[3][1]), "the next call draws other bits"
+    qs.set_rng_state(SEED, 0)
+    np.testing.assert_array_equal(vjp(qs)[3][1], got[3][1])
+    with pytest.raises(lnmlp.InvalidArgumentError):
+        lnmlp.make_quantizer_set(recipe, seed=-3)
