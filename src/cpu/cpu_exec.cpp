@@ -322,10 +322,8 @@ class CpuExec final : public block::Exec {
           const numerics::Nvfp4Rounding rounding{k.stochastic, call.rng_seed, call.rng_offset,
                                                  nvfp4_stream_first_index(call.quantizer, columnwise)};
           quantize_nvfp4_operand<D>(threads_, k, typed<const storage_t<D>>(x), x.rows, x.cols, rounding, to.codes,
-                                    to.scales, to.transposed);
-          if (!operand) return Operand{};
-          decode_nvfp4_operand(threads_, k, to.codes, to.scales, x.rows, x.cols, decoded_, to.op);
-          return Operand{to.op, nullptr, nullptr, nvfp4_amax(to.scales)};
+                                    to.scales, to.transposed, decoded_, operand ? to.op : nullptr);
+          return operand ? Operand{to.op, nullptr, nullptr, nvfp4_amax(to.scales)} : Operand{};
         }
         const float scale = call.scale != nullptr ? call.scale->scale : 0.0f;
         if (operand && !to_saved) {  // codes only the decode would read: the operand without them

@@ -43,52 +43,84 @@ inline void nvfp4_quantized_shape(const QuantKind& k, int64_t rows, int64_t cols
   *qcols = k.nvfp4_transposed() ? rows : cols;
 }
 
+// Calls fn(values) with where a representation's operand values go in the GEMM operand out
+// [rows, cols] of `type` (numerics' Nvfp4Values: by strides, the transposed matrix's element
+// (qr, qc) at out[qc * cols + qr]), offset to the quantized matrix's row r0; or with
+// NoNvfp4Values where out is NULL.
+template <typename Fn>
+void with_operand_values(const QuantKind& k, int64_t cols, GemmType type, void* out, int64_t r0, Fn&& fn) {
+  const bool transposed = k.nvfp4_transposed();
+  const int64_t row_stride = transposed ? 1 : cols, col_stride = transposed ? cols : 1;
+  if (out == nullptr) {
+    fn(numerics::NoNvfp4Values{});
+  } else if (type == GemmType::BF16) {
+    fn(numerics::Nvfp4Values<DType::BF16>{static_cast<uint16_t*>(out) + r0 * row_stride, row_stride, col_stride});
+  } else {
+    fn(numerics::Nvfp4Values<DType::F32>{static_cast<float*>(out) + r0 * row_stride, row_stride, col_stride});
+  }
+}
+
 // Decodes a representation into the GEMM operand out [rows, cols] (bf16 or fp32 per type):
 // e2m1(code) * s_block of the element, read from the transposed codes where k says.
 inline void decode_nvfp4_operand(int threads, const QuantKind& k, const uint8_t* codes, const void* scale_region,
                                  int64_t rows, int64_t cols, GemmType type, void* out) {
+  constexpr int64_t B = numerics::kNvfp4BlockLength;
   int64_t qrows, qcols;
   nvfp4_quantized_shape(k, rows, cols, &qrows, &qcols);
-  const int64_t row_bytes = numerics::nvfp4_row_bytes(qcols);
-  const int64_t blocks = numerics::num_blocks(qcols, numerics::kNvfp4BlockLength);
+  const int64_t row_bytes = numerics::nvfp4_row_bytes(qcols), blocks = numerics::num_blocks(qcols, B);
   const uint8_t* scales = nvfp4_block_scales(scale_region);
-  auto value = [&](int64_t qr, int64_t qc) {
-    return numerics::e2m1_to_float(numerics::unpack_e2m1(codes + qr * row_bytes, qc)) *
-           numerics::fp8_to_float<Fp8Format::E4M3>(scales[qr * blocks + qc / numerics::kNvfp4BlockLength]);
-  };
-  const bool transposed = k.nvfp4_transposed();
-  parallel_chunks(threads, threads, rows, [&](int64_t r0, int64_t r1, int) {
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t c = 0; c < cols; ++c) {
-        const float v = transposed ? value(c, r) : value(r, c);
-        if (type == GemmType::BF16) static_cast<uint16_t*>(out)[r * cols + c] = numerics::store<DType::BF16>(v);
-        else static_cast<float*>(out)[r * cols + c] = v;
-      }
+  parallel_chunks(threads, threads, qrows, [&](int64_t r0, int64_t r1, int) {
+    with_operand_values(k, cols, type, out, r0, [&](const auto& values) {
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t b = 0; b < blocks; ++b) {
+          const float s = numerics::fp8_to_float<Fp8Format::E4M3>(scales[r * blocks + b]);
+          const uint8_t* q = codes + r * row_bytes;
+          for (int64_t c = b * B; c < qcols && c < (b + 1) * B; ++c)
+            values.put(r - r0, c, numerics::e2m1_to_float(numerics::unpack_e2m1(q, c)) * s);
+        }
+    });
+  });
+}
+
+// The transpose of in [rows, cols] into t [cols, rows] in fp32, in tiles on the cores.
+template <DType D>
+void transpose_to_f32(int threads, const numerics::storage_t<D>* in, int64_t rows, int64_t cols, float* t) {
+  constexpr int64_t kTile = 32;
+  parallel_chunks(threads, threads, numerics::num_blocks(cols, kTile), [&](int64_t b0, int64_t b1, int) {
+    for (int64_t r0 = 0; r0 < rows; r0 += kTile)
+      for (int64_t c = b0 * kTile; c < cols && c < b1 * kTile; ++c)
+        for (int64_t r = r0; r < rows && r < r0 + kTile; ++r) t[c * rows + r] = numerics::load<D>(in[r * cols + c]);
   });
 }
 
 // Quantizes in [rows, cols] (fp32, or an I/O dtype read as it is) for k into codes and the scale
 // region (k.code_bytes, k.scale_region_bytes), rounding as `rounding` says (its first_index the
-// stream's: each element draws at first_index + its index in the quantized matrix). A transposed
-// kind needs `transposed`, rows * cols floats.
+// stream's: each element draws at first_index + its index in the quantized matrix), and where op
+// is not NULL also into the GEMM operand op [rows, cols] of `type` in the same pass (what
+// decode_nvfp4_operand makes of the codes). A transposed kind needs `transposed`, rows * cols
+// floats.
 template <DType D> void quantize_nvfp4_operand(int threads, const QuantKind& k, const numerics::storage_t<D>* in,
                                                int64_t rows, int64_t cols, numerics::Nvfp4Rounding rounding,
-                                               uint8_t* codes, void* scale_region, float* transposed) {
+                                               uint8_t* codes, void* scale_region, float* transposed, GemmType type,
+                                               void* op) {
   constexpr int64_t B = numerics::kNvfp4BlockLength;
   int64_t qrows, qcols;
   nvfp4_quantized_shape(k, rows, cols, &qrows, &qcols);
   uint8_t* scales = nvfp4_block_scales(scale_region);
   const int64_t row_bytes = numerics::nvfp4_row_bytes(qcols), blocks = numerics::num_blocks(qcols, B);
-  // Quantizes rows [r0, r1) of the matrix m (of type S) with the global amax.
+  // Quantizes the matrix m (of type S) with the global amax, in chunks of rows (of whole 16-row
+  // bands for tiles).
   auto quantize_rows = [&](auto dtype, const auto* m, float amax) {
     constexpr DType S = decltype(dtype)::value;
-    const int64_t band = k.tiles() ? B : 1;  // tiles: whole 16-row bands per chunk
+    const int64_t band = k.tiles() ? B : 1;
     parallel_chunks(threads, threads, numerics::num_blocks(qrows, band), [&](int64_t b0, int64_t b1, int) {
       const int64_t r0 = b0 * band, r1 = b1 * band < qrows ? b1 * band : qrows;
       numerics::Nvfp4Rounding part = rounding;
       part.first_index += static_cast<uint64_t>(r0 * qcols);
-      numerics::quantize_nvfp4<S>(m + r0 * qcols, r1 - r0, qcols, k.tiles(), amax, codes + r0 * row_bytes,
-                                  scales + r0 * blocks, part);
+      with_operand_values(k, cols, type, op, r0, [&](const auto& values) {
+        numerics::quantize_nvfp4<S>(m + r0 * qcols, r1 - r0, qcols, k.tiles(), amax, codes + r0 * row_bytes,
+                                    scales + r0 * blocks, part, values);
+      });
     });
   };
   if (!k.nvfp4_transposed()) {
@@ -99,13 +131,11 @@ template <DType D> void quantize_nvfp4_operand(int threads, const QuantKind& k, 
   }
   // The transpose [cols, rows] in fp32, each row (a column of `in`) Hadamard-transformed in whole
   // blocks of 16 where k says (a partial last block stays as it is: the identity, orthogonal too).
-  parallel_chunks(threads, threads, cols, [&](int64_t c0, int64_t c1, int) {
-    for (int64_t c = c0; c < c1; ++c) {
-      float* t = transposed + c * rows;
-      for (int64_t r = 0; r < rows; ++r) t[r] = numerics::load<D>(in[r * cols + c]);
-      if (k.hadamard) numerics::random_hadamard_rows(t, 1, rows, t);
-    }
-  });
+  transpose_to_f32<D>(threads, in, rows, cols, transposed);
+  if (k.hadamard)
+    parallel_chunks(threads, threads, cols, [&](int64_t c0, int64_t c1, int) {
+      numerics::random_hadamard_rows(transposed + c0 * rows, c1 - c0, rows, transposed + c0 * rows);
+    });
   const float amax = numerics::amax_from_bits(parallel_amax_bits<DType::F32>(threads, transposed, rows * cols));
   *nvfp4_amax(scale_region) = amax;
   quantize_rows(std::integral_constant<DType, DType::F32>{}, transposed, amax);

@@ -42,13 +42,27 @@ LNMLP_HD Philox4x32 philox4x32_10(Philox4x32 c, uint32_t k0, uint32_t k1) {
   return c;
 }
 
+// The random bits of elements 4 * block .. 4 * block + 3 of a call keyed by (seed, offset).
+LNMLP_HD Philox4x32 philox_block(uint64_t seed, uint64_t offset, uint64_t block) {
+  return philox4x32_10(Philox4x32{{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
+                                   static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32)}},
+                       static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+}
+
 // The 32 random bits of element `index` of a call keyed by (seed, offset).
 LNMLP_HD uint32_t philox_bits(uint64_t seed, uint64_t offset, uint64_t index) {
-  const uint64_t block = index >> 2;
-  const Philox4x32 r = philox4x32_10(Philox4x32{{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
-                                                 static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32)}},
-                                     static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
-  return r.v[index & 3];
+  return philox_block(seed, offset, index >> 2).v[index & 3];
+}
+
+// The bits of elements first .. first + n - 1 into bits[0 .. n-1]: philox_bits of each, one
+// generator call per 4 elements.
+LNMLP_HD void philox_span(uint64_t seed, uint64_t offset, uint64_t first, int64_t n, uint32_t* bits) {
+  int64_t i = 0;
+  while (i < n) {
+    const uint64_t index = first + static_cast<uint64_t>(i);
+    const Philox4x32 r = philox_block(seed, offset, index >> 2);
+    for (uint64_t w = index & 3; w < 4 && i < n; ++w, ++i) bits[i] = r.v[w];
+  }
 }
 
 }  // namespace lnmlp::numerics

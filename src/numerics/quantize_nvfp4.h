@@ -37,17 +37,29 @@ struct Nvfp4Rounding {
   uint64_t seed = 0, offset = 0, first_index = 0;
 };
 
-// One scaled element's code under `rounding`; `index` is its element index.
-LNMLP_HD uint8_t nvfp4_cast(float scaled, const Nvfp4Rounding& rounding, uint64_t index) {
-  return rounding.stochastic ? stochastic_float_to_e2m1(scaled, philox_bits(rounding.seed, rounding.offset, index))
-                             : float_to_e2m1(scaled);
-}
+// Where quantize_nvfp4 may also write each element's GEMM operand value, e2m1 * s_block (exact in
+// bf16; the global scale belongs to the GEMM's alpha, see the contract below): element (r, c) of
+// the matrix quantized at values[r * row_stride + c * col_stride], in O's storage type (a
+// transposed layout by the strides). NoNvfp4Values: nowhere.
+struct NoNvfp4Values {
+  static constexpr bool present = false;
+  LNMLP_HD void put(int64_t, int64_t, float) const {}
+};
+template <DType O> struct Nvfp4Values {
+  static constexpr bool present = true;
+  storage_t<O>* values;
+  int64_t row_stride, col_stride;
+  LNMLP_HD void put(int64_t r, int64_t c, float v) const { values[r * row_stride + c * col_stride] = store<O>(v); }
+};
 
 // Quantizes `in` with the global scale of `global_amax` (the tensor's amax, NaN-propagating as
-// amax_of gives it; a caller may pass another tensor's, as TransformerEngine's quantizers may).
-template <DType D = DType::F32>
+// amax_of gives it; a caller may pass another tensor's, as TransformerEngine's quantizers may),
+// block by block: the block's scales, then its elements cast (a Philox call per 4 elements when
+// stochastic), packed, and their operand values where `values` says.
+template <DType D = DType::F32, typename Values = NoNvfp4Values>
 LNMLP_HOST_INLINE void quantize_nvfp4(const storage_t<D>* in, int64_t rows, int64_t cols, bool tiles, float global_amax,
-                                      uint8_t* codes, uint8_t* scales, Nvfp4Rounding rounding = {}) {
+                                      uint8_t* codes, uint8_t* scales, Nvfp4Rounding rounding = {},
+                                      Values values = {}) {
   constexpr int64_t B = kNvfp4BlockLength;
   const float global_scale = nvfp4_global_scale(global_amax);
   const int64_t blocks = num_blocks(cols, B), row_bytes = nvfp4_row_bytes(cols);
@@ -60,16 +72,23 @@ LNMLP_HOST_INLINE void quantize_nvfp4(const storage_t<D>* in, int64_t rows, int6
       for (int64_t r = r0; r < r1; ++r) m = amax_bits_max(m, amax_bits_of<D>(in + r * cols + c0, n));
       const uint8_t block_scale = nvfp4_block_scale_e4m3(amax_from_bits(m), global_scale);
       const float scale = nvfp4_element_scale(block_scale, global_scale);
+      const float block_value = fp8_to_float<Fp8Format::E4M3>(block_scale);
       for (int64_t r = r0; r < r1; ++r) {
         scales[r * blocks + b] = block_scale;
         const storage_t<D>* x = in + r * cols + c0;
-        uint8_t* out = codes + r * row_bytes + c0 / 2;
-        const uint64_t index = rounding.first_index + static_cast<uint64_t>(r * cols + c0);
-        for (int64_t i = 0; i < n; i += 2) {
-          const uint8_t even = nvfp4_cast(load<D>(x[i]) * scale, rounding, index + i);
-          const uint8_t odd = i + 1 < n ? nvfp4_cast(load<D>(x[i + 1]) * scale, rounding, index + i + 1) : uint8_t{0};
-          out[i / 2] = pack_e2m1x2(even, odd);
+        uint8_t q[B + 1] = {};  // past n: 0, an odd row's last high nibble
+        if (rounding.stochastic) {
+          uint32_t bits[B];
+          philox_span(rounding.seed, rounding.offset, rounding.first_index + static_cast<uint64_t>(r * cols + c0), n,
+                      bits);
+          for (int64_t i = 0; i < n; ++i) q[i] = stochastic_float_to_e2m1(load<D>(x[i]) * scale, bits[i]);
+        } else {
+          for (int64_t i = 0; i < n; ++i) q[i] = float_to_e2m1(load<D>(x[i]) * scale);
         }
+        uint8_t* out = codes + r * row_bytes + c0 / 2;
+        for (int64_t i = 0; i < n; i += 2) out[i / 2] = pack_e2m1x2(q[i], q[i + 1]);
+        if constexpr (Values::present)
+          for (int64_t i = 0; i < n; ++i) values.put(r, c0 + i, e2m1_to_float(q[i]) * block_value);
       }
     }
   }
