@@ -862,7 +862,7 @@ TEST(PlanCreateErrors, ClampedActivationsOnlyAsThePair) {
   EXPECT_OK(lnmlp_desc_destroy(d));
 }
 
-TEST(PlanCreateErrors, Nvfp4WhereItDoesNotRunYet) {
+TEST(PlanCreateErrors, Nvfp4FormatBackendAndRandomState) {
   lnmlp_desc* d = nullptr;
   ASSERT_OK(lnmlp_desc_create(&d));
   ASSERT_OK(lnmlp_desc_set_shape(d, 32, 32, 64));
@@ -873,9 +873,6 @@ TEST(PlanCreateErrors, Nvfp4WhereItDoesNotRunYet) {
   ASSERT_OK(lnmlp_desc_set_backend(d, LNMLP_BACKEND_CUDA, 0));
   expect_create_fails(d, LNMLP_ERROR_NOT_SUPPORTED, "CPU backend only");
   ASSERT_OK(lnmlp_desc_set_backend(d, LNMLP_BACKEND_CPU, 0));
-  ASSERT_OK(lnmlp_desc_set_sharding(d, 2, 0, 0));
-  expect_create_fails(d, LNMLP_ERROR_NOT_SUPPORTED, "does not shard");
-  ASSERT_OK(lnmlp_desc_set_sharding(d, 1, 0, 0));
   lnmlp_plan* p = nullptr;
   ASSERT_OK(lnmlp_plan_create(d, &p));
   uint64_t seed = 7, offset = 8;

@@ -298,11 +298,19 @@ TEST(Fp4Stochastic, UnbiasedWithTheExpectedVariance) {
 
 namespace {
 
+Nvfp4Rounding stochastic_rounding(uint64_t seed, uint64_t offset) {
+  Nvfp4Rounding r;
+  r.stochastic = true;
+  r.seed = seed;
+  r.offset = offset;
+  return r;
+}
+
 TEST(Nvfp4Quantizer, StochasticRoundingDrawsEachElementsOwnBits) {
   const int64_t rows = 32, cols = 40;
   const std::vector<float> x = random_matrix(rows * cols, 9, 4.0f);
   const float amax = ref_amax(x);
-  const Nvfp4Rounding sr{true, 1234, 5, 0};
+  const Nvfp4Rounding sr = stochastic_rounding(1234, 5);
   std::vector<uint8_t> codes(rows * 20), scales(rows * 3), nearest_codes(rows * 20), nearest_scales(rows * 3);
   quantize_nvfp4(x.data(), rows, cols, false, amax, codes.data(), scales.data(), sr);
   quantize_nvfp4(x.data(), rows, cols, false, amax, nearest_codes.data(), nearest_scales.data());
@@ -318,12 +326,59 @@ TEST(Nvfp4Quantizer, StochasticRoundingDrawsEachElementsOwnBits) {
       differ += unpack_e2m1(codes.data() + r * 20, c) != unpack_e2m1(nearest_codes.data() + r * 20, c);
     }
   EXPECT_GT(differ, rows * cols / 10);  // stochastic rounding moves many elements off nearest
-  // Quantized in two pieces of rows, with the second's first index, it draws the same bits.
+  // Quantized in two pieces of rows, the second offset by its first row, it draws the same bits.
   std::vector<uint8_t> halves(rows * 20), half_scales(rows * 3);
   quantize_nvfp4(x.data(), 16, cols, false, amax, halves.data(), half_scales.data(), sr);
+  Nvfp4Rounding second = sr;
+  second.row_offset = 16;
   quantize_nvfp4(x.data() + 16 * cols, 16, cols, false, amax, halves.data() + 16 * 20, half_scales.data() + 16 * 3,
-                 Nvfp4Rounding{true, 1234, 5, 16 * cols});
+                 second);
   EXPECT_EQ(halves, codes);
+}
+
+TEST(Nvfp4Quantizer, AShardsStreamMapsDrawTheWholeTensorsBits) {
+  // The whole tensor [rows, A * F] (A = 2 halves of F = 64), and rank 1's shard of a group of 2:
+  // columns 32..63 of each half, [rows, 2 * 32]. With the whole tensor's amax and the stream mapped
+  // (halves of 32 columns, 64 apart, from column 32; row stride 128), the shard's codes are the
+  // whole tensor's at its columns; and the transposed shard's, rows mapped, the transposed whole's.
+  const int64_t rows = 24, A = 2, F = 64, W = 32, cols = A * F;
+  const std::vector<float> x = random_matrix(rows * cols, 21, 4.0f);
+  const float amax = ref_amax(x);
+  std::vector<float> shard(rows * A * W);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t a = 0; a < A; ++a)
+      for (int64_t j = 0; j < W; ++j) shard[(r * A + a) * W + j] = x[r * cols + a * F + W + j];
+  const Nvfp4StreamMap features{W, F, W};
+  const Nvfp4Rounding whole_sr = stochastic_rounding(77, 3);
+  std::vector<uint8_t> codes(rows * cols / 2), scales(rows * cols / 16);
+  quantize_nvfp4(x.data(), rows, cols, false, amax, codes.data(), scales.data(), whole_sr);
+  Nvfp4Rounding shard_sr = whole_sr;
+  shard_sr.cols = features;
+  shard_sr.row_stride = cols;
+  std::vector<uint8_t> shard_codes(rows * A * W / 2), shard_scales(rows * A * W / 16);
+  quantize_nvfp4(shard.data(), rows, A * W, false, amax, shard_codes.data(), shard_scales.data(), shard_sr);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < A * W; ++c)
+      ASSERT_EQ(unpack_e2m1(shard_codes.data() + r * A * W / 2, c),
+                unpack_e2m1(codes.data() + r * cols / 2, features(c)))
+          << r << ", " << c;
+  // Transposed: the whole [cols, rows] and the shard's [A * W, rows], rows mapped.
+  std::vector<float> xt(cols * rows), shard_t(A * W * rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) xt[c * rows + r] = x[r * cols + c];
+    for (int64_t c = 0; c < A * W; ++c) shard_t[c * rows + r] = shard[r * A * W + c];
+  }
+  const int64_t t_blocks = num_blocks(rows, 16);  // 16 and a partial 8
+  std::vector<uint8_t> t_codes(cols * rows / 2), t_scales(cols * t_blocks);
+  quantize_nvfp4(xt.data(), cols, rows, false, amax, t_codes.data(), t_scales.data(), whole_sr);
+  Nvfp4Rounding shard_t_sr = whole_sr;
+  shard_t_sr.rows = features;
+  std::vector<uint8_t> st_codes(A * W * rows / 2), st_scales(A * W * t_blocks);
+  quantize_nvfp4(shard_t.data(), A * W, rows, false, amax, st_codes.data(), st_scales.data(), shard_t_sr);
+  for (int64_t c = 0; c < A * W; ++c)
+    for (int64_t r = 0; r < rows; ++r)
+      ASSERT_EQ(unpack_e2m1(st_codes.data() + c * rows / 2, r), unpack_e2m1(t_codes.data() + features(c) * rows / 2, r))
+          << c << ", " << r;
 }
 
 TEST(Nvfp4Gemm, BlockScaledDotIsTheContract) {

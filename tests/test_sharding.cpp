@@ -111,7 +111,7 @@ struct Fp8Case {
 };
 
 std::string fp8_name(const Fp8Case& c) {
-  static const char* const names[] = {"none", "delayed", "current", "block", "mxfp8"};
+  static const char* const names[] = {"none", "delayed", "current", "block", "mxfp8", "nvfp4"};
   return std::string(names[c.recipe]) + (c.gated ? "_swiglu_" : "_gelu_") + dtype_label(c.dtype) +
          (c.sp ? "_sp" : "_tp") + "_remat" + std::to_string(c.remat);
 }
@@ -345,6 +345,73 @@ TEST(ShardingPlan, ChecksTheCommunicatorAndTheDivisibility) {
   int32_t yes = 0;
   ASSERT_EQ(lnmlp_query_support(LNMLP_BACKEND_CPU, LNMLP_FEATURE_SHARDING, &yes), LNMLP_SUCCESS);
   EXPECT_EQ(yes, 1);
+}
+
+// ---- NVFP4: its global amaxes max-reduced over the group, its random streams the whole tensor's ----
+//
+// With F/P whole 16-element blocks every rank quantizes its columns of act_out and dh (and its
+// tiles of W1, W2) as the unsharded plan does (the group's amaxes, the blocks' own scales), and
+// draws the unsharded plan's random bits for them (fp8_recipe.h's nvfp4_rounding): what differs is
+// the order of fp32 sums, which can move an intermediate across an E2M1 boundary in a few elements
+// (kTolFp8Sharded's reasoning, its bound). Stochastic rounding on, the Hadamard transform on, and
+// the 2-D weights on and off.
+
+struct Nvfp4ShardCase {
+  bool sp, gated, two_d;
+  int32_t dtype, remat;
+};
+
+std::string nvfp4_shard_name(const Nvfp4ShardCase& c) {
+  return std::string(c.gated ? "swiglu_" : "gelu_") + dtype_label(c.dtype) + (c.sp ? "_sp" : "_tp") +
+         (c.two_d ? "_2d" : "_1d") + "_remat" + std::to_string(c.remat);
+}
+
+class ShardingNvfp4 : public ::testing::TestWithParam<Nvfp4ShardCase> {};
+
+TEST_P(ShardingNvfp4, GroupEqualsUnshardedPlan) {
+  const Nvfp4ShardCase& k = GetParam();
+  constexpr int P = 2;
+  // F/P = 48: three 16-blocks per shard and A half; T = 40: a partial Hadamard block of 8 tokens.
+  const lnmlp_ref::Config cfg = lnmlp_ref::biased_config(
+      40, 64, 96, swiglu_or_gelu(k.gated), k.gated ? lnmlp_ref::Norm::RmsNorm : lnmlp_ref::Norm::LayerNorm);
+  const Problem pr = make_problem(cfg, k.dtype, hash_name(nvfp4_shard_name(k)));
+  RunOptions o;
+  o.remat = k.remat;
+  o.recipe = LNMLP_RECIPE_NVFP4;
+  o.nvfp4_disable_2d = !k.two_d;
+  const RunResult single = run_library(pr, o);
+  const std::vector<RunResult> ranks = run_group_in_process(pr, o, P, k.sp);
+  std::string mismatch;
+  const RunResult got = assemble(pr, ranks, k.sp, &mismatch);
+  EXPECT_TRUE(mismatch.empty()) << mismatch;
+  expect_group_matches(compare_group(pr, got, single, true, kTolFp8Sharded, kTolFp4), "nvfp4");
+}
+
+std::vector<Nvfp4ShardCase> nvfp4_shard_cases() {
+  return {{false, false, true, LNMLP_DTYPE_F32, LNMLP_REMAT_SAVE_ALL},
+          {true, true, true, LNMLP_DTYPE_BF16, LNMLP_REMAT_SAVE_FFN1},
+          {false, true, false, LNMLP_DTYPE_BF16, LNMLP_REMAT_SAVE_STATS},
+          {true, false, false, LNMLP_DTYPE_F32, LNMLP_REMAT_SAVE_ALL}};
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, ShardingNvfp4, ::testing::ValuesIn(nvfp4_shard_cases()),
+                         [](const ::testing::TestParamInfo<Nvfp4ShardCase>& i) { return nvfp4_shard_name(i.param); });
+
+TEST(ShardingPlan, Nvfp4NeedsWholeBlocks) {
+  auto create = [&](int64_t F, int P) {
+    ShardDesc d(6, F);
+    lnmlp_desc_set_recipe(d.d, LNMLP_RECIPE_NVFP4);
+    lnmlp_desc_set_sharding(d.d, P, 0, 0);
+    InProcessGroup g(P);
+    lnmlp_desc_set_communicator(d.d, g.comm(0));
+    return d.create();
+  };
+  EXPECT_EQ(create(40, 2), LNMLP_ERROR_INVALID_ARGUMENT);
+  const std::string msg = lnmlp_last_error();
+  EXPECT_NE(msg.find("NVFP4 shards only whole 16-element blocks"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("ffn / group_size = 40 / 2 = 20"), std::string::npos) << msg;
+  EXPECT_EQ(create(64, 2), LNMLP_SUCCESS) << lnmlp_last_error();
+  EXPECT_EQ(create(96, 3), LNMLP_SUCCESS) << lnmlp_last_error();
 }
 
 TEST(ShardingPlan, BlockWithoutPowerOf2ScalesNeedsWholeBlocks) {

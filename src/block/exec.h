@@ -70,12 +70,14 @@ struct Quantized {
 // One quantizer's scalars for one pass, in backend memory: the per-tensor scale the quantizer
 // multiplies by, its inverse (what the GEMMs read), and the bits of the tensor's amax (a
 // non-negative float's bits order like the float, so the max is an integer max, also across a
-// group).
+// group). NVFP4 uses only the amaxes, of the matrices its rowwise and its columnwise
+// representation quantize (the latter Hadamard-transformed where the recipe says), adjacent so
+// that one collective max-reduces both.
 struct QuantScalars {
   float scale;
   float scale_inv;
   uint32_t amax_bits;
-  uint32_t unused;
+  uint32_t columnwise_amax_bits;
 };
 
 // The norm's inputs: x and the parameters, its statistics (mu NULL for rmsnorm), rows of x.
@@ -113,7 +115,7 @@ struct QuantizeCall {
   int quantizer = 0;
   Mat x;
   bool rowwise = false, columnwise = false;
-  const QuantScalars* scale = nullptr;  // per tensor; NULL for blocked recipes
+  const QuantScalars* scale = nullptr;  // per tensor; NVFP4: the amaxes to quantize with (else measured)
   bool save_columnwise = false;
   uint8_t* saved_codes = nullptr;
   void* saved_scales = nullptr;
@@ -288,6 +290,12 @@ class Exec {
     if (live_) do_tensor_scale(s);
   }
   Quantized quantize(const QuantizeCall& call, void* slot) { return live_ ? do_quantize(call, slot) : Quantized{}; }
+  // NVFP4: the amaxes of the matrices the call's representations quantize, into out's amax_bits
+  // and columnwise_amax_bits, measured before the quantization so that a group can max-reduce them
+  // (a quantize with call.scale = out then uses them).
+  void nvfp4_amaxes(const QuantizeCall& call, QuantScalars* out) {
+    if (live_) do_nvfp4_amaxes(call, out);
+  }
   // Per tensor, local rows under sequence parallelism: only their rowwise codes, to be gathered.
   void quantize_codes(int quantizer, const Mat& x, const QuantScalars* scale, uint8_t* codes) {
     if (live_) do_quantize_codes(quantizer, x, scale, codes);
@@ -336,6 +344,7 @@ class Exec {
   virtual void do_amax(const Mat& x, uint32_t* amax_bits) = 0;
   virtual void do_tensor_scale(const TensorScale& s) = 0;
   virtual Quantized do_quantize(const QuantizeCall& call, void* slot) = 0;
+  virtual void do_nvfp4_amaxes(const QuantizeCall& call, QuantScalars* out) = 0;
   virtual void do_quantize_codes(int quantizer, const Mat& x, const QuantScalars* scale, uint8_t* codes) = 0;
   virtual Operand do_gathered_operands(int quantizer, const uint8_t* codes, int64_t rows, int64_t cols,
                                        const QuantScalars* scale, uint8_t* saved_codes, void* slot) = 0;

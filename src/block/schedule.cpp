@@ -172,8 +172,8 @@ struct Pass {
   void all_gather(const void* send, void* recv, int64_t count, CommType t) {
     if (ws.live()) c.shard.comm->all_gather(send, recv, count, t, stream);
   }
-  void all_reduce_max(uint32_t* amax_bits) {
-    if (ws.live()) c.shard.comm->all_reduce_max(amax_bits, amax_bits, 1, CommType::F32, stream);
+  void all_reduce_max(uint32_t* amax_bits, int64_t count = 1) {
+    if (ws.live()) c.shard.comm->all_reduce_max(amax_bits, amax_bits, count, CommType::F32, stream);
   }
   void all_reduce_sum(float* v, int64_t count) {
     if (ws.live()) c.shard.comm->all_reduce_sum(v, v, count, CommType::F32, stream);
@@ -261,7 +261,15 @@ Quantized operands(Pass& p, int q, const Mat& t, bool rowwise, bool columnwise, 
     if (from == ScaleFrom::Own) own_scale(p, q, t, amax_measured);
     else forward_scale(p, q);
   }
-  const QuantizeCall call = quantize_call(p, q, t, rowwise, columnwise, save);
+  QuantizeCall call = quantize_call(p, q, t, rowwise, columnwise, save);
+  if (p.r.nvfp4() && p.c.sharded()) {
+    // NVFP4 in a group: the global amaxes are the group's, so that each rank quantizes its part of a
+    // split tensor (W1, W2, act_out, dh) as the unsharded plan quantizes the whole.
+    QuantScalars* s = p.scalars(q);
+    p.x.nvfp4_amaxes(call, s);
+    p.all_reduce_max(&s->amax_bits, 2);
+    call.scale = s;
+  }
   return p.x.quantize(call, weight != nullptr ? weight->slot : p.slot(p.x.quantize_bytes(call), quantizer_name(q)));
 }
 

@@ -319,10 +319,15 @@ class CpuExec final : public block::Exec {
         const QuantKind k = kind(call.quantizer, columnwise ? Contract::Rows : Contract::Cols);
         const block::DecodedTarget to = block::decoded_target(l.reps, call, columnwise, to_saved, base);
         if (k.nvfp4()) {
-          const numerics::Nvfp4Rounding rounding{k.stochastic, call.rng_seed, call.rng_offset,
-                                                 nvfp4_stream_first_index(call.quantizer, columnwise)};
-          quantize_nvfp4_operand<D>(threads_, k, typed<const storage_t<D>>(x), x.rows, x.cols, rounding, to.codes,
-                                    to.scales, to.transposed, decoded_, operand ? to.op : nullptr);
+          const numerics::Nvfp4Rounding rounding =
+              nvfp4_rounding(c_, k, call.quantizer, columnwise, call.rng_seed, call.rng_offset);
+          float given = 0.0f;  // a group's amax (NVFP4 under sharding), else measured here
+          if (call.scale != nullptr)
+            given = numerics::amax_from_bits(columnwise && !l.reps.shared ? call.scale->columnwise_amax_bits
+                                                                          : call.scale->amax_bits);
+          quantize_nvfp4_operand<D>(threads_, k, typed<const storage_t<D>>(x), x.rows, x.cols, rounding,
+                                    call.scale != nullptr ? &given : nullptr, to.codes, to.scales, to.transposed,
+                                    decoded_, operand ? to.op : nullptr);
           return operand ? Operand{to.op, nullptr, nullptr, nvfp4_amax(to.scales)} : Operand{};
         }
         const float scale = call.scale != nullptr ? call.scale->scale : 0.0f;
@@ -337,6 +342,18 @@ class CpuExec final : public block::Exec {
         decode_operand(threads_, k, to.codes, to.scales, x.rows, x.cols, decoded_, to.op);
         return Operand{to.op, scale_inv};
       });
+    });
+  }
+
+  void do_nvfp4_amaxes(const block::QuantizeCall& call, QuantScalars* out) override {
+    const Mat& x = call.x;
+    numerics::dispatch_dtype(x.type, [&](auto d) {
+      constexpr DType D = decltype(d)::value;
+      const auto* in = typed<const storage_t<D>>(x);
+      out->amax_bits = parallel_amax_bits<D>(threads_, in, x.rows * x.cols);
+      out->columnwise_amax_bits = kind(call.quantizer, Contract::Rows).hadamard
+                                      ? hadamard_columns_amax_bits<D>(threads_, in, x.rows, x.cols)
+                                      : out->amax_bits;
     });
   }
 

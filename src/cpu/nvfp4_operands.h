@@ -93,16 +93,43 @@ void transpose_to_f32(int threads, const numerics::storage_t<D>* in, int64_t row
   });
 }
 
+// The bits of the amax of the matrix a transposed kind with the Hadamard transform quantizes:
+// in [rows, cols]'s columns transformed in whole blocks of 16 rows (a partial last block as it is),
+// without writing them.
+template <DType D>
+uint32_t hadamard_columns_amax_bits(int threads, const numerics::storage_t<D>* in, int64_t rows, int64_t cols) {
+  constexpr int64_t B = numerics::kHadamardLength;
+  uint32_t part[256] = {};
+  const int chunks = threads < 256 ? threads : 256;
+  parallel_chunks(threads, chunks, cols, [&](int64_t c0, int64_t c1, int ch) {
+    uint32_t m = 0;
+    for (int64_t c = c0; c < c1; ++c) {
+      int64_t r = 0;
+      for (; r + B <= rows; r += B) {
+        float block[B];
+        for (int64_t i = 0; i < B; ++i) block[i] = numerics::load<D>(in[(r + i) * cols + c]);
+        numerics::random_hadamard16(block, block);
+        m = numerics::amax_bits_max(m, numerics::amax_bits_of<DType::F32>(block, B));
+      }
+      for (; r < rows; ++r) m = numerics::amax_bits_max(m, numerics::amax_bits_of<D>(in + r * cols + c, 1));
+    }
+    part[ch] = m;
+  });
+  uint32_t m = 0;
+  for (int c = 0; c < chunks; ++c) m = numerics::amax_bits_max(m, part[c]);
+  return m;
+}
+
 // Quantizes in [rows, cols] (fp32, or an I/O dtype read as it is) for k into codes and the scale
-// region (k.code_bytes, k.scale_region_bytes), rounding as `rounding` says (its first_index the
-// stream's: each element draws at first_index + its index in the quantized matrix), and where op
-// is not NULL also into the GEMM operand op [rows, cols] of `type` in the same pass (what
-// decode_nvfp4_operand makes of the codes). A transposed kind needs `transposed`, rows * cols
-// floats.
+// region (k.code_bytes, k.scale_region_bytes), rounding as `rounding` says (each element drawing
+// at its index in the stream: numerics' Nvfp4Rounding), and where op is not NULL also into the
+// GEMM operand op [rows, cols] of `type` in the same pass (what decode_nvfp4_operand makes of the
+// codes). The global amax is *given_amax where that is not NULL (a group's), else the quantized
+// matrix's own. A transposed kind needs `transposed`, rows * cols floats.
 template <DType D> void quantize_nvfp4_operand(int threads, const QuantKind& k, const numerics::storage_t<D>* in,
                                                int64_t rows, int64_t cols, numerics::Nvfp4Rounding rounding,
-                                               uint8_t* codes, void* scale_region, float* transposed, GemmType type,
-                                               void* op) {
+                                               const float* given_amax, uint8_t* codes, void* scale_region,
+                                               float* transposed, GemmType type, void* op) {
   constexpr int64_t B = numerics::kNvfp4BlockLength;
   int64_t qrows, qcols;
   nvfp4_quantized_shape(k, rows, cols, &qrows, &qcols);
@@ -116,7 +143,7 @@ template <DType D> void quantize_nvfp4_operand(int threads, const QuantKind& k, 
     parallel_chunks(threads, threads, numerics::num_blocks(qrows, band), [&](int64_t b0, int64_t b1, int) {
       const int64_t r0 = b0 * band, r1 = b1 * band < qrows ? b1 * band : qrows;
       numerics::Nvfp4Rounding part = rounding;
-      part.first_index += static_cast<uint64_t>(r0 * qcols);
+      part.row_offset += r0;
       with_operand_values(k, cols, type, op, r0, [&](const auto& values) {
         numerics::quantize_nvfp4<S>(m + r0 * qcols, r1 - r0, qcols, k.tiles(), amax, codes + r0 * row_bytes,
                                     scales + r0 * blocks, part, values);
@@ -124,7 +151,8 @@ template <DType D> void quantize_nvfp4_operand(int threads, const QuantKind& k, 
     });
   };
   if (!k.nvfp4_transposed()) {
-    const float amax = numerics::amax_from_bits(parallel_amax_bits<D>(threads, in, rows * cols));
+    const float amax =
+        given_amax != nullptr ? *given_amax : numerics::amax_from_bits(parallel_amax_bits<D>(threads, in, rows * cols));
     *nvfp4_amax(scale_region) = amax;
     quantize_rows(std::integral_constant<DType, D>{}, in, amax);
     return;
@@ -136,7 +164,9 @@ template <DType D> void quantize_nvfp4_operand(int threads, const QuantKind& k, 
     parallel_chunks(threads, threads, cols, [&](int64_t c0, int64_t c1, int) {
       numerics::random_hadamard_rows(transposed + c0 * rows, c1 - c0, rows, transposed + c0 * rows);
     });
-  const float amax = numerics::amax_from_bits(parallel_amax_bits<DType::F32>(threads, transposed, rows * cols));
+  const float amax = given_amax != nullptr
+                         ? *given_amax
+                         : numerics::amax_from_bits(parallel_amax_bits<DType::F32>(threads, transposed, rows * cols));
   *nvfp4_amax(scale_region) = amax;
   quantize_rows(std::integral_constant<DType, DType::F32>{}, transposed, amax);
 }

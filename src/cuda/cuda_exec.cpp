@@ -255,6 +255,11 @@ class CudaExec final : public block::Exec {
                          st_);
   }
 
+  // NVFP4 plans are CPU plans in this version (plan/validate.cpp refuses a CUDA one).
+  void do_nvfp4_amaxes(const block::QuantizeCall&, QuantScalars*) override {
+    fail(LNMLP_ERROR_NOT_SUPPORTED, "LNMLP_RECIPE_NVFP4 runs on the CPU backend only in this version");
+  }
+
   Quantized do_quantize(const block::QuantizeCall& call, void* slot) override {
     const QuantizeSlot l(*this, call);
     char* base = static_cast<char*>(slot);

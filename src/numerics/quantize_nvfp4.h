@@ -29,12 +29,26 @@ constexpr int64_t kNvfp4BlockLength = 16;  // 1x16 blocks, 16x16 weight tiles
 // Bytes of a row of codes packed two to a byte.
 LNMLP_HD constexpr int64_t nvfp4_row_bytes(int64_t cols) { return (cols + 1) / 2; }
 
+// Where a row or column of the matrix quantized lies in the tensor a random stream is drawn over:
+// i -> (i / width) * stride + i % width + base (a shard's columns among the whole tensor's, in A
+// halves of `width` columns each `stride` apart); width 0: i + base.
+struct Nvfp4StreamMap {
+  int64_t width = 0, stride = 0, base = 0;
+  LNMLP_HD int64_t operator()(int64_t i) const {
+    return width == 0 ? i + base : (i / width) * stride + i % width + base;
+  }
+};
+
 // How elements round: to nearest even, or stochastically (stochastic_float_to_e2m1) with the random
-// bits of element (r, c) drawn as philox_bits(seed, offset, first_index + r * cols + c), so that a
-// tensor quantized in pieces draws what it would whole.
+// bits of element (r, c) drawn as philox_bits(seed, offset, index), index = first_index +
+// rows(r + row_offset) * row_stride + cols(c) (row_stride 0: the matrix's cols): so that a tensor
+// quantized in pieces -- chunks of rows (row_offset), a shard's columns (the maps) -- draws what it
+// would whole. A block of 16 never straddles a map's halves (their width is a multiple of 16).
 struct Nvfp4Rounding {
   bool stochastic = false;
   uint64_t seed = 0, offset = 0, first_index = 0;
+  int64_t row_offset = 0, row_stride = 0;
+  Nvfp4StreamMap rows, cols;
 };
 
 // Where quantize_nvfp4 may also write each element's GEMM operand value, e2m1 * s_block (exact in
@@ -79,8 +93,11 @@ LNMLP_HOST_INLINE void quantize_nvfp4(const storage_t<D>* in, int64_t rows, int6
         uint8_t q[B + 1] = {};  // past n: 0, an odd row's last high nibble
         if (rounding.stochastic) {
           uint32_t bits[B];
-          philox_span(rounding.seed, rounding.offset, rounding.first_index + static_cast<uint64_t>(r * cols + c0), n,
-                      bits);
+          const int64_t row_stride = rounding.row_stride != 0 ? rounding.row_stride : cols;
+          const uint64_t first =
+              rounding.first_index +
+              static_cast<uint64_t>(rounding.rows(r + rounding.row_offset) * row_stride + rounding.cols(c0));
+          philox_span(rounding.seed, rounding.offset, first, n, bits);
           for (int64_t i = 0; i < n; ++i) q[i] = stochastic_float_to_e2m1(load<D>(x[i]) * scale, bits[i]);
         } else {
           for (int64_t i = 0; i < n; ++i) q[i] = float_to_e2m1(load<D>(x[i]) * scale);

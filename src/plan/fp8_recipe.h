@@ -153,4 +153,27 @@ constexpr uint64_t nvfp4_stream_first_index(int q, bool columnwise) {
   return static_cast<uint64_t>(2 * q + (columnwise ? 1 : 0)) << 48;
 }
 
+// NVFP4's stochastic rounding of quantizer q's representation: its stream, and on a shard where its
+// [T, cols] tensor lies in the whole tensor's stream (act_out and dh are split by columns, F/P of
+// each of the A halves: the columns of the rowwise matrix, the rows of the transposed columnwise
+// one), so that a group draws the bits of the unsharded plan. c: the shard's Config.
+inline numerics::Nvfp4Rounding nvfp4_rounding(const Config& c, const QuantKind& k, int q, bool columnwise,
+                                              uint64_t seed, uint64_t offset) {
+  numerics::Nvfp4Rounding r;
+  r.stochastic = k.stochastic;
+  r.seed = seed;
+  r.offset = offset;
+  r.first_index = nvfp4_stream_first_index(q, columnwise);
+  if (c.shard.size <= 1 || (q != kActOut && q != kDh)) return r;
+  const int64_t local = c.ffn, whole = c.ffn * c.shard.size;
+  const numerics::Nvfp4StreamMap features{local, whole, c.shard.rank * local};
+  if (k.nvfp4_transposed()) {
+    r.rows = features;  // row stride: the tokens, the transposed matrix's columns
+  } else {
+    r.cols = features;
+    r.row_stride = (q == kDh ? c.num_acts : 1) * whole;
+  }
+  return r;
+}
+
 }  // namespace lnmlp

@@ -51,6 +51,12 @@ void validate_sharding(const Config& c) {
          "; keep power-of-2 scales (lnmlp_desc_set_scaling_options power_2_scale -1 or 1) or "
          "choose ffn and group_size with ffn / group_size a multiple of ",
          numerics::kBlockScalingLength);
+  // NVFP4's E4M3 block scales are not powers of 2 either; its 1x16 blocks and 16x16 weight tiles
+  // (and its random streams' halves, fp8_recipe.h's nvfp4_rounding) need whole blocks per shard.
+  if (r.nvfp4() && (c.ffn / P) % numerics::kNvfp4BlockLength != 0)
+    fail(LNMLP_ERROR_INVALID_ARGUMENT, "LNMLP_RECIPE_NVFP4 shards only whole ", numerics::kNvfp4BlockLength,
+         "-element blocks, but ffn / group_size = ", c.ffn, " / ", P, " = ", c.ffn / P,
+         "; choose ffn and group_size with ffn / group_size a multiple of ", numerics::kNvfp4BlockLength);
 }
 
 Config shard_config(const Config& global) {

@@ -54,10 +54,6 @@ void validate_config(const Config& cfg) {
       fail(LNMLP_ERROR_NOT_SUPPORTED,
            "LNMLP_RECIPE_NVFP4 runs on the CPU backend only in this version (lnmlp_query_support: "
            "LNMLP_FEATURE_RECIPE_NVFP4)");
-    if (cfg.shard.active() || cfg.shard.comm != nullptr)
-      fail(LNMLP_ERROR_NOT_SUPPORTED,
-           "LNMLP_RECIPE_NVFP4 does not shard yet (its global amaxes are not reduced over a group): "
-           "use it on an unsharded plan");
   }
 
   // CUDA: any ordinal >= 0 (the setter checks that); whether it exists is the module's check at

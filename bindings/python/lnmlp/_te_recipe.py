@@ -15,7 +15,7 @@ from __future__ import annotations
 from ._lib import NotSupportedError
 
 #: TransformerEngine's recipe classes lnmlp reads, by name.
-TE_RECIPES = ("DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling")
+TE_RECIPES = ("DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling", "NVFP4BlockScaling")
 
 
 def is_transformer_engine_object(obj) -> bool:
@@ -59,6 +59,11 @@ def from_transformer_engine(te):
                                 f"(it reads {', '.join(TE_RECIPES)})")
     _common(te, name)
     fmt = getattr(te.fp8_format, "name", te.fp8_format)
+    if name == "NVFP4BlockScaling":  # (fp8_dpa, fp8_mha: attention's, not this block's)
+        return lr.NVFP4BlockScaling(disable_rht=bool(te.disable_rht),
+                                    disable_stochastic_rounding=bool(te.disable_stochastic_rounding),
+                                    disable_2d_quantization=bool(te.disable_2d_quantization),
+                                    fp4_format=te.fp4_format, fp8_format=fmt)
     if name == "DelayedScaling":
         if callable(te.amax_compute_algo):
             _refuse(name, "amax_compute_algo", te.amax_compute_algo, "use 'max' or 'most_recent'")

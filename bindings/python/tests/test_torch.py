@@ -121,7 +121,8 @@ def test_opcheck_passes_on_every_op(recipe):
 def test_the_saved_bound_covers_every_call():
     """The ops allocate saved = per_token * t + slack bytes (a shape torch.compile can state for a
     symbolic t): never less than the library's exact size for the call."""
-    for recipe in (None, lnmlp.DelayedScaling(), lnmlp.Float8BlockScaling(), lnmlp.MXFP8BlockScaling()):
+    for recipe in (None, lnmlp.DelayedScaling(), lnmlp.Float8BlockScaling(), lnmlp.MXFP8BlockScaling(),
+                   lnmlp.NVFP4BlockScaling()):
         for remat in ("save_all", "save_ffn1", "save_stats"):
             for Hh, Ff in ((16, 24), (96, 200)):
                 cfg = lt._functional.config("layernorm", False, EPS, ("gelu", "linear"), None, recipe)
@@ -696,3 +697,46 @@ def test_cuda_tensors_run_on_the_cuda_backend():  # pragma: no cover - runs wher
     (y * tensor(dy.reshape(y.shape), torch.float32).cuda()).sum().backward()
     ref.assert_close("cuda y", numpy(y).reshape(-1, H), y_ref, "float32")
     ref.assert_close("cuda dw1", numpy(ts["k1"].grad), g_ref["dw1"], "float32")
+
+
+def test_nvfp4_draws_its_stochastic_rounding_from_torchs_generator():
+    """NVFP4 through the functional op: each backward seeds the plan's random stream with 63 bits
+    from torch's default generator, so torch.manual_seed reproduces it, and the gradients are a
+    Plan's with that random state, bit for bit. TE's NVFP4BlockScaling object reads as lnmlp's."""
+    g = torch.Generator().manual_seed(3)
+    T = 32
+    x = torch.randn(T, H, generator=g)
+    gamma, beta = 1 + 0.1 * torch.randn(H, generator=g), 0.1 * torch.randn(H, generator=g)
+    w1, w2 = torch.randn(H, 1, F, generator=g) / H ** 0.5, torch.randn(F, H, generator=g) / F ** 0.5
+    dy = torch.randn(T, H, generator=g)
+    recipe = lt.NVFP4BlockScaling()
+
+    def grads(seed):
+        torch.manual_seed(seed)
+        leaves = [t.clone().requires_grad_(True) for t in (x, gamma, beta, w1, w2)]
+        y = lt.layernorm_mlp(leaves[0], leaves[1], leaves[2], [leaves[3], leaves[4]], None, "layernorm",
+                             activation_type=("gelu",), quantizer_set=lt.make_quantizer_set(recipe))
+        y.backward(dy)
+        return [t.grad for t in leaves]
+
+    first, again, other = grads(7), grads(7), grads(8)
+    for a, b in zip(first, again):
+        assert torch.equal(a, b), "torch.manual_seed reproduces the stochastic rounding"
+    assert not torch.equal(first[3], other[3]), "another seed draws other bits"
+    torch.manual_seed(7)
+    seed = int(torch.randint(0, 2 ** 63 - 1, (), dtype=torch.int64).item())
+    with lnmlp.Plan(T, H, F, activation_type=("gelu",), recipe=recipe) as plan:
+        n = lambda t: t.numpy()  # noqa: E731
+        _, saved = plan.forward(n(x), n(gamma), n(beta), n(w1), None, n(w2), None)
+        plan.set_rng_state(seed, 0)
+        want = plan.backward(n(dy), n(x), n(gamma), n(beta), n(w1), None, n(w2), saved)
+    for name, got, w in zip(("dx", "dgamma", "dbeta", "dw1", "dw2"), first,
+                            (want.dx, want.dgamma, want.dbeta, want.dw1, want.dw2)):
+        np.testing.assert_array_equal(got.numpy(), w, err_msg=name)
+
+    class NVFP4BlockScaling:  # TE's recipe object, as lnmlp reads it (fields, not the class)
+        disable_rht, disable_stochastic_rounding, disable_2d_quantization = True, False, True
+        fp4_format, fp8_format, backward_override = "E2M1", "E4M3", None
+    NVFP4BlockScaling.__module__ = "transformer_engine.common.recipe"
+    assert lnmlp.recipe.as_recipe(NVFP4BlockScaling()) == lnmlp.NVFP4BlockScaling(
+        disable_rht=True, disable_stochastic_rounding=False, disable_2d_quantization=True)

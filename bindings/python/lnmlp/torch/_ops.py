@@ -507,6 +507,16 @@ def _agreed(cfg: _Config, new_state: Tensor) -> Tensor:
     return _comm.agreed_state(new_state, _comm.group_of(cfg.fp8_group)[0], most_recent)
 
 
+def _seed_stochastic_rounding(plan, cfg: _Config) -> None:
+    """A recipe that rounds stochastically (NVFP4's gradients) draws from torch's default generator,
+    as TransformerEngine's quantizers draw from torch's: 63 random bits per backward call seed the
+    plan's random stream (lnmlp_plan_set_rng_state), so torch.manual_seed reproduces a run (and
+    tensor-parallel ranks seeded alike draw one stream). Called holding the plan's lock."""
+    recipe = _recipes[cfg.recipe] if cfg.recipe else None
+    if recipe is not None and recipe.draws_random:
+        plan.set_rng_state(int(torch.randint(0, 2 ** 63 - 1, (), dtype=torch.int64).item()), 0)
+
+
 def _empty_like_param(present: bool, shape, dtype, device):
     return torch.empty(shape if present else (0,), dtype=dtype, device=device)
 
@@ -590,6 +600,7 @@ def backward_op(dy: Tensor, x: Tensor, gamma: Tensor, beta: Optional[Tensor], w1
     new_state = _state_copy(state, x.device)
     lib = _lib.get_lib()
     with plan._lock:
+        _seed_stochastic_rounding(plan, cfg)
         status = lib.lnmlp_plan_backward(plan._live(), T, _ptr(dy), _ptr(x), _ptr(gamma), _ptr(beta), _ptr(w1),
                                          _ptr(b1), _ptr(w2), _ptr(saved), _ptr(dx), _ptr(dgamma), _ptr(dbeta),
                                          _ptr(dw1), _ptr(db1), _ptr(dw2), _ptr(db2), _ptr(new_state), cfg.flags,
@@ -635,6 +646,7 @@ def backward_accumulate_op(dy: Tensor, x: Tensor, gamma: Tensor, beta: Optional[
     new_state = _state_copy(state, x.device)
     lib = _lib.get_lib()
     with plan._lock:
+        _seed_stochastic_rounding(plan, cfg)
         status = lib.lnmlp_plan_backward(plan._live(), T, _ptr(dy), _ptr(x), _ptr(gamma), _ptr(beta), _ptr(w1),
                                          _ptr(b1), _ptr(w2), _ptr(saved), _ptr(dx), _ptr(dgamma), _ptr(dbeta),
                                          ctypes.c_void_p(main_dw1.data_ptr()), _ptr(db1),
@@ -774,6 +786,7 @@ def _backward_data(cfg: _Config, dy, x, gamma, beta, w1, b1, w2, has_b2, saved, 
     new_state = _state_copy(state, x.device)
     lib = _lib.get_lib()
     with plan._lock:
+        _seed_stochastic_rounding(plan, cfg)
         status = lib.lnmlp_plan_backward_data(plan._live(), T, _ptr(dy), _ptr(x), _ptr(gamma), _ptr(beta),
                                               _ptr(w1), _ptr(b1), _ptr(w2), _ptr(saved), _ptr(dx), _ptr(dgamma),
                                               _ptr(dbeta), _ptr(db1), _ptr(db2), _ptr(deferred), _ptr(new_state),
