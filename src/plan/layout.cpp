@@ -61,8 +61,9 @@ struct SavedCodes {
   Region codes(RegionAllocator& a, bool present, int64_t cols, const char* what) const {
     return a.take_if(present, kind.code_bytes(T, cols), 1, what);
   }
+  // Blocked recipes have the section whatever the tokens (0 bytes at none); per-tensor ones none.
   Region scales(RegionAllocator& a, bool present, int64_t cols, const char* what) const {
-    return a.take_if(present && kind.scale_region_bytes(T, cols) > 0, kind.scale_region_bytes(T, cols), 1, what);
+    return a.take_if(present && !kind.per_tensor(), kind.scale_region_bytes(T, cols), 1, what);
   }
 };
 

@@ -32,6 +32,7 @@ struct Model {
   int32_t backend = LNMLP_BACKEND_CPU, device = 0;
   int32_t accumulate = 0, grad_dtype = -1, weight_dtype = -1;
   int32_t recipe = LNMLP_RECIPE_NONE;
+  int32_t fp8_format = LNMLP_FP8_FORMAT_DEFAULT;
   int64_t history = 1024;
   int32_t external_workspace = 0;
   int64_t group_size = 1;
@@ -57,6 +58,8 @@ struct Model {
     if (weight_type() != dtype && recipe == LNMLP_RECIPE_NONE) return "fp32 weights without an FP8 recipe";
     if (backend == LNMLP_BACKEND_CPU && device != 0) return "the CPU backend with a device other than 0";
     if (backend == LNMLP_BACKEND_CUDA && !cuda_available) return "the CUDA backend where it is not supported";
+    if (recipe == LNMLP_RECIPE_NVFP4 && fp8_format == LNMLP_FP8_FORMAT_HYBRID) return "NVFP4 with the HYBRID format";
+    if (recipe == LNMLP_RECIPE_NVFP4 && backend == LNMLP_BACKEND_CUDA) return "NVFP4 on the CUDA backend";
     if (group_size > 1) return "sharding without a communicator";
     if (prepared_max > T) return "a prepared token count above the most a call takes";
     return nullptr;
@@ -145,6 +148,7 @@ enum Op {
   kOpNormOutput,
   kOpWeightLayout,
   kOpGemmMath,
+  kOpNvfp4Options,
   kOpCount
 };
 
@@ -152,7 +156,7 @@ enum Op {
 int32_t call_setter_on(lnmlp_desc* d, int which) {
   const int32_t relu = LNMLP_ACT_RELU;
   const int64_t one_token = 1;
-  switch (which % 23) {
+  switch (which % 24) {
     case 0: return API(lnmlp_desc_set_shape(d, 1, 1, 1));
     case 1: return API(lnmlp_desc_set_norm(d, LNMLP_NORM_RMSNORM));
     case 2: return API(lnmlp_desc_set_zero_centered_gamma(d, 1));
@@ -175,6 +179,7 @@ int32_t call_setter_on(lnmlp_desc* d, int which) {
     case 19: return API(lnmlp_desc_set_norm_output(d, 1));
     case 20: return API(lnmlp_desc_set_weight_layout(d, LNMLP_WEIGHT_LAYOUT_OUT_IN));
     case 21: return API(lnmlp_desc_set_gemm_math(d, LNMLP_GEMM_MATH_TF32));
+    case 23: return API(lnmlp_desc_set_nvfp4_options(d, 1, 0, 1));
     default: return API(lnmlp_desc_set_sharding(d, 1, 0, 0));
   }
 }
@@ -295,16 +300,17 @@ void run_op(Reader& r, lnmlp_desc* desc, lnmlp_desc* stale, Model& m) {
       break;
     }
     case kOpRecipe: {
-      const int32_t v = r.pick32(0, 4);
+      const int32_t v = r.pick32(0, 5);
       const int32_t st = API(lnmlp_desc_set_recipe(desc, v));
-      check_setter("set_recipe", st, v >= 0 && v <= 4 ? kMustSucceed : kMustFail);
+      check_setter("set_recipe", st, v >= 0 && v <= 5 ? kMustSucceed : kMustFail);
       if (st == LNMLP_SUCCESS) m.recipe = v;
       break;
     }
     case kOpFp8Format: {
       const int32_t v = r.pick32(-1, 1);
-      check_setter("set_fp8_format", API(lnmlp_desc_set_fp8_format(desc, v)),
-                   v >= -1 && v <= 1 ? kMustSucceed : kMustFail);
+      const int32_t st = API(lnmlp_desc_set_fp8_format(desc, v));
+      check_setter("set_fp8_format", st, v >= -1 && v <= 1 ? kMustSucceed : kMustFail);
+      if (st == LNMLP_SUCCESS) m.fp8_format = v;
       break;
     }
     case kOpDelayedScaling: {
@@ -392,12 +398,18 @@ void run_op(Reader& r, lnmlp_desc* desc, lnmlp_desc* stale, Model& m) {
                    (v & ~known) == 0 ? kMustSucceed : kMustFail);
       break;
     }
+    case kOpNvfp4Options: {
+      const int32_t rht = r.pick32(0, 1), sr = r.pick32(0, 1), two_d = r.pick32(0, 1);
+      check_setter("set_nvfp4_options", API(lnmlp_desc_set_nvfp4_options(desc, rht, sr, two_d)),
+                   is_bool(rht) && is_bool(sr) && is_bool(two_d) ? kMustSucceed : kMustFail);
+      break;
+    }
     default: {
-      const int32_t backend = r.pick32(0, 1), feature = r.pick32(0, 9);
+      const int32_t backend = r.pick32(0, 1), feature = r.pick32(0, 10);
       const bool null_out = (r.u8() & 15) == 15;
       int32_t answer = -7;
       const int32_t st = API(lnmlp_query_support(backend, feature, null_out ? nullptr : &answer));
-      const bool ok = (backend == 0 || backend == 1) && feature >= 0 && feature <= 9;
+      const bool ok = (backend == 0 || backend == 1) && feature >= 0 && feature <= 10;
       if (null_out) {
         FUZZ_CHECK(st != LNMLP_SUCCESS, "query_support with a NULL answer pointer succeeded");
       } else if (ok) {
@@ -482,7 +494,10 @@ void check_saved_sections(lnmlp_plan* plan, const Model& m, int64_t tokens, int6
   const bool fo = m.remat == LNMLP_REMAT_FORWARD_ONLY, all = m.remat == LNMLP_REMAT_SAVE_ALL;
   const bool fp8 = m.recipe != LNMLP_RECIPE_NONE;
   const bool per_tensor = m.recipe == LNMLP_RECIPE_DELAYED || m.recipe == LNMLP_RECIPE_CURRENT;
-  const bool blocked = m.recipe == LNMLP_RECIPE_BLOCK || m.recipe == LNMLP_RECIPE_MXFP8;
+  const bool blocked =
+      m.recipe == LNMLP_RECIPE_BLOCK || m.recipe == LNMLP_RECIPE_MXFP8 || m.recipe == LNMLP_RECIPE_NVFP4;
+  // Codes: a byte per element, NVFP4's half (the columnwise copy's rows: H or F, of ceil(T/2) bytes).
+  const bool fp4 = m.recipe == LNMLP_RECIPE_NVFP4;
   const int64_t H = m.H, F = m.F;
   struct Want {
     bool present;
@@ -497,9 +512,9 @@ void check_saved_sections(lnmlp_plan* plan, const Model& m, int64_t tokens, int6
       {all || m.remat == LNMLP_REMAT_SAVE_FFN1, 0, {tokens, m.num_acts, F}, m.dtype},
       {all && !fp8, 0, {tokens, F}, m.dtype},
       {!fo && per_tensor, 0, {4}, LNMLP_DTYPE_F32},
-      {all && fp8, tokens * H, {}, LNMLP_DTYPE_U8},
+      {all && fp8, fp4 ? H * ((tokens + 1) / 2) : tokens * H, {}, LNMLP_DTYPE_U8},
       {all && blocked, tokens > 0 ? 1 : 0, {}, LNMLP_DTYPE_U8},
-      {all && fp8, tokens * F, {}, LNMLP_DTYPE_U8},
+      {all && fp8, fp4 ? F * ((tokens + 1) / 2) : tokens * F, {}, LNMLP_DTYPE_U8},
       {all && blocked, tokens > 0 ? 1 : 0, {}, LNMLP_DTYPE_U8},
   };
   std::vector<std::pair<int64_t, int64_t>> spans;  // offset, bytes
@@ -576,16 +591,23 @@ void check_queries(lnmlp_plan* plan, const Model& m, Reader& r) {
   const int64_t stats = m.norm == LNMLP_NORM_RMSNORM ? 4 : 8;
   const bool fp8 = m.recipe != LNMLP_RECIPE_NONE;
   const bool blocked = m.recipe == LNMLP_RECIPE_BLOCK || m.recipe == LNMLP_RECIPE_MXFP8;
+  // NVFP4: half a byte per element (rounded down here: the buffer's lower bound), and exactly
+  // ceil((H + F) / 2) + ceil((H + F) / 16) per token with its E4M3 scales.
+  const bool fp4 = m.recipe == LNMLP_RECIPE_NVFP4;
   const bool saves_norm_output = m.norm_output || (m.remat == LNMLP_REMAT_SAVE_ALL && !fp8);
   int64_t want = 0;
   switch (m.remat) {
-    case LNMLP_REMAT_SAVE_ALL: want = stats + e * A * F + (fp8 ? H + F : e * F); break;
+    case LNMLP_REMAT_SAVE_ALL: want = stats + e * A * F + (fp4 ? (H + F) / 2 : fp8 ? H + F : e * F); break;
     case LNMLP_REMAT_SAVE_FFN1: want = stats + e * A * F; break;
     case LNMLP_REMAT_SAVE_STATS: want = stats; break;
     default: want = 0; break;
   }
   if (saves_norm_output) want += e * H;
-  if (blocked && m.remat == LNMLP_REMAT_SAVE_ALL) {
+  if (fp4 && m.remat == LNMLP_REMAT_SAVE_ALL) {
+    const int64_t exact = want + (H + F) % 2 + (H + F + 15) / 16;
+    FUZZ_CHECK(per_token == exact, "NVFP4 saved bytes per token %lld, the formula gives %lld",
+               static_cast<long long>(per_token), static_cast<long long>(exact));
+  } else if (blocked && m.remat == LNMLP_REMAT_SAVE_ALL) {
     FUZZ_CHECK(per_token >= want, "saved bytes per token %lld < %lld", static_cast<long long>(per_token),
                static_cast<long long>(want));
   } else {
