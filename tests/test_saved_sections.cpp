@@ -173,3 +173,40 @@ TEST(SavedSectionsApi, BadSectionsAreRefusedAndWriteNothing) {
 }
 
 }  // namespace
+
+namespace lnmlp_test {
+namespace {
+
+// A blocked recipe's scale sections exist at every token count of a SAVE_ALL plan, 0 included (0
+// bytes there; NVFP4's 4, its global amax), as its code sections do; a per-tensor recipe has none.
+TEST(SavedSectionsApi, BlockScaleSectionsExistAtEveryTokenCount) {
+  for (const int32_t recipe : {LNMLP_RECIPE_CURRENT, LNMLP_RECIPE_BLOCK, LNMLP_RECIPE_MXFP8, LNMLP_RECIPE_NVFP4}) {
+    SCOPED_TRACE("recipe " + std::to_string(recipe));
+    const Case k{LNMLP_DTYPE_BF16, recipe, LNMLP_REMAT_SAVE_ALL, false};
+    const Problem pr = plan_case_problem(k, 59);
+    RunOptions o;
+    o.recipe = recipe;
+    Plan plan(pr, o);
+    for (const int64_t tokens : {int64_t{0}, int64_t{1}, pr.cfg.tokens}) {
+      for (const int32_t s : {LNMLP_SAVED_NORM_OUTPUT_SCALES, LNMLP_SAVED_ACT_OUT_SCALES}) {
+        int64_t offset = -9, rank = -9, dims[LNMLP_MAX_TENSOR_RANK] = {-9, -9, -9};
+        int32_t dtype = -9;
+        ASSERT_EQ(lnmlp_plan_get_saved_section(plan.get(), s, tokens, &offset, &rank, dims, &dtype), LNMLP_SUCCESS)
+            << lnmlp_last_error();
+        if (recipe == LNMLP_RECIPE_CURRENT) {
+          EXPECT_EQ(offset, -1);
+          EXPECT_EQ(rank, -1);
+          continue;
+        }
+        EXPECT_GE(offset, 0) << "section " << s << " at " << tokens << " tokens";
+        EXPECT_EQ(rank, 1);
+        EXPECT_EQ(dtype, LNMLP_DTYPE_U8);
+        if (tokens == 0) EXPECT_EQ(dims[0], recipe == LNMLP_RECIPE_NVFP4 ? 4 : 0);
+        else EXPECT_GT(dims[0], 4);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lnmlp_test

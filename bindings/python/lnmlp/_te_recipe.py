@@ -60,10 +60,10 @@ def from_transformer_engine(te):
     _common(te, name)
     fmt = getattr(te.fp8_format, "name", te.fp8_format)
     if name == "NVFP4BlockScaling":  # (fp8_dpa, fp8_mha: attention's, not this block's)
-        return lr.NVFP4BlockScaling(disable_rht=bool(te.disable_rht),
-                                    disable_stochastic_rounding=bool(te.disable_stochastic_rounding),
-                                    disable_2d_quantization=bool(te.disable_2d_quantization),
-                                    fp4_format=te.fp4_format, fp8_format=fmt)
+        return lr.NVFP4BlockScaling(disable_rht=bool(getattr(te, "disable_rht", False)),
+                                    disable_stochastic_rounding=bool(getattr(te, "disable_stochastic_rounding", False)),
+                                    disable_2d_quantization=bool(getattr(te, "disable_2d_quantization", False)),
+                                    fp4_format=getattr(te, "fp4_format", "E2M1"), fp8_format=fmt)
     if name == "DelayedScaling":
         if callable(te.amax_compute_algo):
             _refuse(name, "amax_compute_algo", te.amax_compute_algo, "use 'max' or 'most_recent'")

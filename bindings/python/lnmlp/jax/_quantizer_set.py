@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..recipe import QUANTIZERS, Recipe, as_recipe, check_history, check_scale
+from ..recipe import QUANTIZERS, NVFP4BlockScaling, Recipe, as_recipe, check_history, check_scale
 
 __all__ = ["QuantizerSet", "GemmQuantizerSet", "make_quantizer_set", "make_quantizer_sets"]
 
@@ -36,6 +36,11 @@ class QuantizerSet:
             from .._lib import InvalidArgumentError
             raise InvalidArgumentError(f"a quantizer set needs an lnmlp recipe (or TransformerEngine's), "
                                        f"got {type(recipe).__name__}")
+        if isinstance(self.recipe, NVFP4BlockScaling):
+            from .._lib import NotSupportedError
+            raise NotSupportedError(
+                "lnmlp.jax does not run NVFP4BlockScaling yet (its stochastic rounding needs a random state "
+                "threaded through the custom calls); lnmlp.Plan, lnmlp.layernorm_mlp and lnmlp.torch run it")
         self.state = state
 
     def tree_flatten(self):
