@@ -20,6 +20,9 @@ BLOCK = 16
 # TE's sign vector of the weight-gradient Hadamard transform (its get_wgrad_sign_vector).
 RHT_SIGNS = np.array([1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1], np.float64)
 QUANTIZER_INDEX = {"ln_out": 0, "w1": 1, "act_out": 2, "w2": 3, "dy": 4, "dh": 5}
+# What the plan tests measured, per tensor: [worst error / max|sim|, elements equal to the
+# simulation rounded to the output dtype, elements] (conftest.py prints it).
+REPORT = {}
 E2M1_GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
 

@@ -12,10 +12,15 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 # Test the package of this source tree (also when another copy is installed).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import _nvfp4_sim  # noqa: E402
 import _reference  # noqa: E402
 
 
 def pytest_terminal_summary(terminalreporter):
+    if _nvfp4_sim.REPORT:
+        terminalreporter.write_sep("-", "NVFP4 plans against the simulation: worst |got-sim| / max|sim|, exact share")
+        for name, (worst, exact, n) in _nvfp4_sim.REPORT.items():
+            terminalreporter.write_line(f"{name:7s} {worst:.2e}  {exact / n:6.1%} of {n} elements")
     if _reference.MESH_REPORT:
         terminalreporter.write_sep("-", "lnmlp.jax on CPU meshes: largest error against one device, HLO collectives")
         for line in _reference.MESH_REPORT:

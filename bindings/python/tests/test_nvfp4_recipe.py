@@ -15,6 +15,7 @@ import pytest
 
 import lnmlp
 import _fp8_sim as sim
+import _nvfp4_sim
 from test_fp8_recipes import BF16, check_sim, make_dy, plan_for, reference, sim_step, step, inputs_for
 
 # (T, H, F, norm, activations, dtype, biases): T = 70 leaves a partial block of 6 tokens (the
@@ -55,6 +56,12 @@ def test_plan_matches_the_simulation(cfg_id, opt):
     for k, v in want_g.items():
         if v is not None:
             check_sim(k, g[k], v, dtype)
+    for k, got, want in [("y", y, want_y)] + [(k, g[k], v) for k, v in want_g.items() if v is not None]:
+        got, want = np.asarray(got, np.float64), np.asarray(want)
+        r = _nvfp4_sim.REPORT.setdefault(k, [0.0, 0, 0])
+        r[0] = max(r[0], float(np.abs(got - want).max() / np.abs(want).max()))
+        r[1] += int((got == want.astype(dtype).astype(np.float64)).sum())
+        r[2] += got.size
     # And it is FP4: far from the unquantized float64 reference (FP4's steps are ~1/4 of a value),
     # yet still its approximation.
     ref_y, _ = reference(cfg, inp, dy)
