@@ -265,9 +265,11 @@ Quantized operands(Pass& p, int q, const Mat& t, bool rowwise, bool columnwise, 
   if (p.r.nvfp4() && p.c.sharded()) {
     // NVFP4 in a group: the global amaxes are the group's, so that each rank quantizes its part of a
     // split tensor (W1, W2, act_out, dh) as the unsharded plan quantizes the whole.
-    QuantScalars* s = p.scalars(q);
-    p.x.nvfp4_amaxes(call, s);
-    p.all_reduce_max(&s->amax_bits, 2);
+    QuantScalars* s = p.scalars(q);  // NULL while sizing the workspace
+    if (s != nullptr) {
+      p.x.nvfp4_amaxes(call, s);
+      p.all_reduce_max(&s->amax_bits, 2);
+    }
     call.scale = s;
   }
   return p.x.quantize(call, weight != nullptr ? weight->slot : p.slot(p.x.quantize_bytes(call), quantizer_name(q)));
