@@ -76,7 +76,7 @@ inline void decode_nvfp4_operand(int threads, const QuantKind& k, const uint8_t*
           const float s = numerics::fp8_to_float<Fp8Format::E4M3>(scales[r * blocks + b]);
           const uint8_t* q = codes + r * row_bytes;
           for (int64_t c = b * B; c < qcols && c < (b + 1) * B; ++c)
-            values.put(r - r0, c, numerics::e2m1_to_float(numerics::unpack_e2m1(q, c)) * s);
+            values.put(r - r0, c, numerics::nvfp4_operand_value(numerics::unpack_e2m1(q, c), s));
         }
     });
   });

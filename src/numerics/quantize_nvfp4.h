@@ -51,6 +51,10 @@ struct Nvfp4Rounding {
   Nvfp4StreamMap rows, cols;
 };
 
+// An element's GEMM operand value: its E2M1 value times its block's E4M3 scale (as a float), exact
+// in fp32 and in bf16 (at most 2 + 4 significant bits); the global scale is the GEMM's alpha.
+LNMLP_HD float nvfp4_operand_value(uint8_t code, float block_scale) { return e2m1_to_float(code) * block_scale; }
+
 // Where quantize_nvfp4 may also write each element's GEMM operand value, e2m1 * s_block (exact in
 // bf16; the global scale belongs to the GEMM's alpha, see the contract below): element (r, c) of
 // the matrix quantized at values[r * row_stride + c * col_stride], in O's storage type (a
@@ -105,7 +109,7 @@ LNMLP_HOST_INLINE void quantize_nvfp4(const storage_t<D>* in, int64_t rows, int6
         uint8_t* out = codes + r * row_bytes + c0 / 2;
         for (int64_t i = 0; i < n; i += 2) out[i / 2] = pack_e2m1x2(q[i], q[i + 1]);
         if constexpr (Values::present)
-          for (int64_t i = 0; i < n; ++i) values.put(r, c0 + i, e2m1_to_float(q[i]) * block_value);
+          for (int64_t i = 0; i < n; ++i) values.put(r, c0 + i, nvfp4_operand_value(q[i], block_value));
       }
     }
   }
