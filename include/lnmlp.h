@@ -222,8 +222,9 @@ enum {
  *           tokens) first transformed by TransformerEngine's random Hadamard transform in blocks of
  *           16 (a partial last block left as it is); dy and dh rounded stochastically, from the
  *           plan's random state (lnmlp_plan_set_rng_state). Options: lnmlp_desc_set_nvfp4_options.
- *           NVFP4BlockScaling. @since 0.2; the CPU backend only in this version (sharded too, with
- *           ffn / group_size a multiple of 16). */
+ *           NVFP4BlockScaling. @since 0.2; sharded too, with ffn / group_size a multiple of 16.
+ *           The CUDA backend emulates its FP4 GEMMs (bf16 operands e2m1 * block scale, exact, with
+ *           the global scales in the epilogue) on every GPU in this version. */
 enum {
   LNMLP_RECIPE_NONE = 0,
   LNMLP_RECIPE_DELAYED = 1,
@@ -293,8 +294,8 @@ enum {
 /* Sets *supported to LNMLP_SUPPORTED when `backend` can run `feature` in this build on this machine,
  * else LNMLP_UNSUPPORTED; for the LNMLP_FEATURE_RECIPE_* features LNMLP_SUPPORTED means that the
  * recipe's GEMMs run on FP8 tensor cores, and LNMLP_SUPPORTED_EMULATED that they are emulated
- * (the CPU backend: every recipe; the CUDA backend: MXFP8, and BLOCK except on Hopper (sm_90) with
- * cuBLASLt 12.9 or newer; per-tensor recipes need sm_89 or newer; NVFP4 not yet). On the CUDA
+ * (the CPU backend: every recipe; the CUDA backend: MXFP8, NVFP4, and BLOCK except on Hopper (sm_90)
+ * with cuBLASLt 12.9 or newer; per-tensor recipes need sm_89 or newer). On the CUDA
  * backend the answer is device 0's; BLOCK runs natively only where every plan dimension is a
  * multiple of 16, and is emulated for other shapes. Unknown backend or feature values are
  * LNMLP_ERROR_INVALID_ARGUMENT.

@@ -96,6 +96,16 @@ inline Tolerance gpu_vs_cpu_tolerance(int32_t dtype) {
 // tests/test_fp8_plan.cpp).
 constexpr Tolerance kTolFp8Backends{1e-3, 0.04};
 
+// NVFP4, CUDA backend against CPU backend: the same codes, scales and random bits from the same
+// inputs (the quantizers are checked bit for bit in tests/gpu/test_cuda_fp8_kernels.cpp), the
+// GEMMs summing decoded operands in different orders. As for FP8 an intermediate at a rounding
+// boundary can take the neighbouring code on one backend, but an E2M1 step is up to a third of the
+// value (4 to 6), not an eighth, and an element that is its block's max moves the block's E4M3
+// scale and so all 16 codes. Measured in the CUDA emulation (tests/gpu/test_cuda_fp8.cpp,
+// nvfp4_bf16_gelu_T256_H128_F192): two rows of y, 0.032 of its max. 3x the FP8 bound, by the ratio
+// of the steps; a wrong global scale or alpha (a factor of 2 and up) gives 0.5 and more.
+constexpr Tolerance kTolFp4Backends{1e-3, 0.12};
+
 // An fp32 plan with TF32 GEMMs (LNMLP_GEMM_MATH_TF32) against the CPU backend (exact fp32). TF32
 // tensor cores read each fp32 input with an 11-bit significand (unit roundoff 2^-11, ~4.9e-4) and
 // accumulate in fp32; an output of forward + backward has passed through up to four GEMMs, each

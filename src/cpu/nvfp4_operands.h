@@ -50,13 +50,13 @@ inline void nvfp4_quantized_shape(const QuantKind& k, int64_t rows, int64_t cols
 template <typename Fn>
 void with_operand_values(const QuantKind& k, int64_t cols, GemmType type, void* out, int64_t r0, Fn&& fn) {
   const bool transposed = k.nvfp4_transposed();
-  const int64_t row_stride = transposed ? 1 : cols, col_stride = transposed ? cols : 1;
+  const int64_t offset = r0 * (transposed ? 1 : cols);
   if (out == nullptr) {
     fn(numerics::NoNvfp4Values{});
   } else if (type == GemmType::BF16) {
-    fn(numerics::Nvfp4Values<DType::BF16>{static_cast<uint16_t*>(out) + r0 * row_stride, row_stride, col_stride});
+    fn(numerics::nvfp4_operand_values<DType::BF16>(static_cast<uint16_t*>(out) + offset, transposed, cols));
   } else {
-    fn(numerics::Nvfp4Values<DType::F32>{static_cast<float*>(out) + r0 * row_stride, row_stride, col_stride});
+    fn(numerics::nvfp4_operand_values<DType::F32>(static_cast<float*>(out) + offset, transposed, cols));
   }
 }
 
@@ -64,20 +64,16 @@ void with_operand_values(const QuantKind& k, int64_t cols, GemmType type, void* 
 // e2m1(code) * s_block of the element, read from the transposed codes where k says.
 inline void decode_nvfp4_operand(int threads, const QuantKind& k, const uint8_t* codes, const void* scale_region,
                                  int64_t rows, int64_t cols, GemmType type, void* out) {
-  constexpr int64_t B = numerics::kNvfp4BlockLength;
   int64_t qrows, qcols;
   nvfp4_quantized_shape(k, rows, cols, &qrows, &qcols);
-  const int64_t row_bytes = numerics::nvfp4_row_bytes(qcols), blocks = numerics::num_blocks(qcols, B);
+  const int64_t row_bytes = numerics::nvfp4_row_bytes(qcols),
+                blocks = numerics::num_blocks(qcols, numerics::kNvfp4BlockLength);
   const uint8_t* scales = nvfp4_block_scales(scale_region);
   parallel_chunks(threads, threads, qrows, [&](int64_t r0, int64_t r1, int) {
     with_operand_values(k, cols, type, out, r0, [&](const auto& values) {
       for (int64_t r = r0; r < r1; ++r)
-        for (int64_t b = 0; b < blocks; ++b) {
-          const float s = numerics::fp8_to_float<Fp8Format::E4M3>(scales[r * blocks + b]);
-          const uint8_t* q = codes + r * row_bytes;
-          for (int64_t c = b * B; c < qcols && c < (b + 1) * B; ++c)
-            values.put(r - r0, c, numerics::nvfp4_operand_value(numerics::unpack_e2m1(q, c), s));
-        }
+        for (int64_t b = 0; b < blocks; ++b)
+          numerics::decode_nvfp4_block(codes + r0 * row_bytes, scales + r0 * blocks, r - r0, qcols, b, values);
     });
   });
 }

@@ -16,6 +16,7 @@
 #include "gemm_plan.h"
 #include "kernels.h"
 #include "nccl_comm.h"
+#include "nvfp4_kernels.h"
 #include "plan/fp8_recipe.h"
 #include "plan/layout.h"
 
@@ -255,9 +256,10 @@ class CudaExec final : public block::Exec {
                          st_);
   }
 
-  // NVFP4 plans are CPU plans in this version (plan/validate.cpp refuses a CUDA one).
-  void do_nvfp4_amaxes(const block::QuantizeCall&, QuantScalars*) override {
-    fail(LNMLP_ERROR_NOT_SUPPORTED, "LNMLP_RECIPE_NVFP4 runs on the CPU backend only in this version");
+  void do_nvfp4_amaxes(const block::QuantizeCall& call, QuantScalars* out) override {
+    const Mat& x = call.x;
+    nvfp4_amax(x.type, kind(call.quantizer, Contract::Cols), x.data, x.rows, x.cols, &out->amax_bits, st_);
+    nvfp4_amax(x.type, kind(call.quantizer, Contract::Rows), x.data, x.rows, x.cols, &out->columnwise_amax_bits, st_);
   }
 
   Quantized do_quantize(const block::QuantizeCall& call, void* slot) override {
@@ -278,6 +280,16 @@ class CudaExec final : public block::Exec {
     return block::quantize_representations(call, l.reps.shared, [&](bool columnwise, bool to_saved, bool operand) {
       const QuantKind k = kind(call.quantizer, columnwise ? Contract::Rows : Contract::Cols);
       const block::DecodedTarget to = block::decoded_target(l.reps, call, columnwise, to_saved, base);
+      if (k.nvfp4()) {
+        // A group's global amax (NVFP4 under sharding: QuantScalars in device memory), else measured.
+        const uint32_t* given = nullptr;
+        if (call.scale != nullptr)
+          given = columnwise && !l.reps.shared ? &call.scale->columnwise_amax_bits : &call.scale->amax_bits;
+        nvfp4_quantize(x.type, k, x.data, x.rows, x.cols,
+                       nvfp4_rounding(c_, k, call.quantizer, columnwise, call.rng_seed, call.rng_offset), given,
+                       to.codes, to.scales, to.transposed, op_f32_, operand ? to.op : nullptr, st_);
+        return operand ? Operand{to.op, nullptr, nullptr, nvfp4_region_amax(to.scales)} : Operand{};
+      }
       fp8_quantize_blocked(x.type, k, x.data, x.rows, x.cols, to.codes, to.scales, st_);
       if (!operand) return Operand{};
       fp8_decode_operand(k, to.codes, to.scales, x.rows, x.cols, op_f32_, to.op, st_);
@@ -301,7 +313,12 @@ class CudaExec final : public block::Exec {
     // their block scales in cuBLASLt's layout.
     if (path_ == Fp8Path::PerTensor) return {codes, &scale->scale_inv};
     if (path_ == Fp8Path::NativeBlock) return {codes, static_cast<const float*>(scales)};
-    fp8_decode_operand(kind(q, Contract::Rows), codes, scales, rows, cols, op_f32_, slot, st_);
+    const QuantKind k = kind(q, Contract::Rows);
+    if (k.nvfp4()) {
+      nvfp4_decode_operand(k, codes, scales, rows, cols, op_f32_, slot, st_);
+      return {slot, nullptr, nullptr, nvfp4_region_amax(scales)};
+    }
+    fp8_decode_operand(k, codes, scales, rows, cols, op_f32_, slot, st_);
     return {slot, nullptr};
   }
 
@@ -314,10 +331,11 @@ class CudaExec final : public block::Exec {
   void do_gemm(GemmRole role, const Operand& a, const Operand& b, const Mat& out, const void* bias) override {
     const Role& g = (*gemms_now_)[static_cast<int>(role)];
     char* gemm_ws = gemm_workspace();
-    if (g.staged) {
+    if (g.staged) {  // NVFP4's GEMMs all are: the epilogue multiplies by their alpha
       float* acc = at<float>(staging_, scratch_);
       g.lt->run(a.data, b.data, nullptr, acc, gemm_ws, st_, a.scale_inv, b.scale_inv);
-      cuda::bias_round(out.type, acc, out.rows, out.cols, bias, out.accumulate, out.data, st_);
+      cuda::bias_round(out.type, acc, out.rows, out.cols, bias, out.accumulate, out.data, st_, a.nvfp4_amax,
+                       b.nvfp4_amax);
       return;
     }
     g.lt->run(a.data, b.data, g.bias_in_epilogue ? bias : nullptr, out.data, gemm_ws, st_, a.scale_inv, b.scale_inv);
@@ -599,11 +617,11 @@ int32_t fp8_support(Recipe recipe, int device) {
     case Recipe::Current: return 10 * p.major + p.minor >= 89 ? LNMLP_SUPPORTED : LNMLP_UNSUPPORTED;
     case Recipe::Block:
       return p.major == 9 && cublaslt_has_block_scaling() ? LNMLP_SUPPORTED : LNMLP_SUPPORTED_EMULATED;
-    case Recipe::Nvfp4: return LNMLP_UNSUPPORTED;  // the CPU backend's only, in this version
+    case Recipe::Nvfp4:  // no FP4 tensor cores before sm_100: decoded, as MXFP8
     case Recipe::Mxfp8:
     case Recipe::None: break;
   }
-  return LNMLP_SUPPORTED_EMULATED;  // MXFP8: decoded, on every GPU so far
+  return LNMLP_SUPPORTED_EMULATED;  // MXFP8, NVFP4: decoded, on every GPU so far
 }
 
 }  // namespace lnmlp::cuda

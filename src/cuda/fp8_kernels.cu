@@ -6,6 +6,7 @@
 #include "fp8_kernels.h"
 #include "numerics/fp8.h"
 #include "numerics/quantize.h"
+#include "numerics/quantize_nvfp4.h"
 #include "numerics/scaling.h"
 #include "tile.cuh"
 
@@ -354,7 +355,8 @@ template <Fp8Format F, bool F32Out, int B> __global__ void __launch_bounds__(kTh
 // acc and out may be the same memory: each thread reads its elements before writing them.
 template <DType D, bool Vec> __global__ void __launch_bounds__(kThreads)
     bias_round_kernel(const float* acc, int64_t rows, int64_t cols, const storage_t<D>* __restrict__ bias,
-                      bool accumulate, storage_t<D>* out) {
+                      bool accumulate, storage_t<D>* out, const float* amax_a, const float* amax_b) {
+  const float alpha = amax_a != nullptr ? numerics::nvfp4_gemm_alpha(*amax_a, *amax_b) : 1.0f;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
     for (int64_t c = 4 * (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x); c < cols;
          c += 4 * static_cast<int64_t>(gridDim.x) * kThreads) {
@@ -364,7 +366,7 @@ template <DType D, bool Vec> __global__ void __launch_bounds__(kThreads)
       if (bias != nullptr) load4<D, Vec>(bias + c, n, b);
       if (accumulate) load4<D, Vec>(out + r * cols + c, n, b);  // no bias then
 #pragma unroll
-      for (int j = 0; j < 4; ++j) a[j] += b[j];
+      for (int j = 0; j < 4; ++j) a[j] = a[j] * alpha + b[j];
       store4<D, Vec>(out + r * cols + c, n, a);
     }
 }
@@ -552,14 +554,15 @@ void fp8_decode_operand(const QuantKind& k, const uint8_t* codes, const void* sc
 }
 
 void bias_round(DType d, const float* acc, int64_t rows, int64_t cols, const void* bias, bool accumulate, void* out,
-                cudaStream_t stream) {
+                cudaStream_t stream, const float* amax_a, const float* amax_b) {
   with_dtype(d, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     const auto* b = static_cast<const storage_t<D>*>(bias);
     auto* o = static_cast<storage_t<D>*>(out);
     const dim3 grid = row_grid(rows, cols, "bias_round_kernel");
-    if (vec4(cols)) bias_round_kernel<D, true><<<grid, kThreads, 0, stream>>>(acc, rows, cols, b, accumulate, o);
-    else bias_round_kernel<D, false><<<grid, kThreads, 0, stream>>>(acc, rows, cols, b, accumulate, o);
+    if (vec4(cols))
+      bias_round_kernel<D, true><<<grid, kThreads, 0, stream>>>(acc, rows, cols, b, accumulate, o, amax_a, amax_b);
+    else bias_round_kernel<D, false><<<grid, kThreads, 0, stream>>>(acc, rows, cols, b, accumulate, o, amax_a, amax_b);
   });
   check_launch("bias_round_kernel", stream);
 }

@@ -62,10 +62,12 @@ void fp8_quantize_blocked_native(DType in, const QuantKind& k, const void* x, in
 void fp8_decode_operand(const QuantKind& k, const uint8_t* codes, const void* scales, int64_t rows, int64_t cols,
                         bool f32_out, void* out, cudaStream_t stream);
 
-// out [rows, cols] = rnd_D(acc + bias[col]) (bias NULL: none), or with accumulate (and no bias)
-// rnd_D(out + acc): the epilogue of a GEMM whose result was staged in fp32, or of a collective.
-// acc may be out itself (an fp32 plan's in-place bias).
+// out [rows, cols] = rnd_D(acc * alpha + bias[col]) (bias NULL: none), or with accumulate (and no
+// bias) rnd_D(out + acc * alpha): the epilogue of a GEMM whose result was staged in fp32, or of a
+// collective. alpha is 1, or NVFP4's nvfp4_gemm_alpha(*amax_a, *amax_b) of the two operands' global
+// amaxes (device memory) where they are not NULL. acc may be out itself (an fp32 plan's in-place
+// bias).
 void bias_round(DType d, const float* acc, int64_t rows, int64_t cols, const void* bias, bool accumulate, void* out,
-                cudaStream_t stream);
+                cudaStream_t stream, const float* amax_a = nullptr, const float* amax_b = nullptr);
 
 }  // namespace lnmlp::cuda

@@ -8,6 +8,7 @@
 // 12.9, every dimension a multiple of 16): K-major codes too, with 1 x 128 block scales, or
 // 128 x 128 tile scales for the weights. Emulated blocked recipes (MXFP8; BLOCK elsewhere): codes
 // decoded into bf16 (fp32 for BLOCK without power-of-2 scales), in the role's own orientation.
+// NVFP4: decoded into bf16 (e2m1 * s_block, exact), every result staged in fp32 for its alpha.
 //
 // Results. Written by cuBLASLt in their own type, with the forward GEMMs' bias in its epilogue
 // where it takes one: the result and the bias in bf16 or f16, or an unquantized fp32 plan. An FP8
@@ -64,6 +65,16 @@ inline CudaGemm cuda_gemm(const block::GemmSpec& s, const Config& c, bool native
     g.shape.a = g.shape.b = r.recipe == Recipe::Block && !r.power_2_scale ? LtType::F32 : LtType::BF16;
   }
   g.shape.tf32 = c.allow_tf32 && g.shape.a == LtType::F32 && g.shape.b == LtType::F32;
+  if (r.nvfp4()) {
+    // NVFP4's alpha (from the operands' global amaxes, on the device) scales the fp32 sum before
+    // the bias, the accumulation and the rounding: every result is staged in fp32 and finished by
+    // the epilogue kernel (fp8_kernels.h's bias_round).
+    g.staged = true;
+    g.shape.c = LtType::F32;
+    g.shape.bias = false;
+    g.shape.accumulate = false;
+    return g;
+  }
   if (!fused_epilogue) {
     // An fp32 result is written where it goes and gets its bias after, in place; a bf16/f16 one
     // is staged in fp32 and rounded, with the bias, by the kernel.

@@ -70,6 +70,52 @@ template <DType O> struct Nvfp4Values {
   LNMLP_HD void put(int64_t r, int64_t c, float v) const { values[r * row_stride + c * col_stride] = store<O>(v); }
 };
 
+// Where a representation's GEMM operand values go (numerics' Nvfp4Values) in the operand out
+// [rows, cols] of a [rows, cols] tensor: the matrix quantized is the tensor itself, or its
+// transpose (transposed: element (qr, qc) of the quantized matrix at out[qc * cols + qr]).
+template <DType O> LNMLP_HD Nvfp4Values<O> nvfp4_operand_values(void* out, bool transposed, int64_t cols) {
+  return {static_cast<storage_t<O>*>(out), transposed ? 1 : cols, transposed ? cols : 1};
+}
+
+// One 1x16 block of quantize_nvfp4: block b (columns 16 b ..) of rows r0 .. r1 - 1 of the matrix
+// in [rows, cols] (one row, or a 16-row band of a tile), codes and scales laid out as above, under
+// the global scale. Blocks are independent (a block's codes are whole bytes), so any number of
+// threads may quantize a matrix's blocks at once, the CPU's and the GPU's alike.
+template <DType D, typename Values>
+LNMLP_HD void quantize_nvfp4_block(const storage_t<D>* in, int64_t r0, int64_t r1, int64_t cols, int64_t b,
+                                   float global_scale, uint8_t* codes, uint8_t* scales, const Nvfp4Rounding& rounding,
+                                   const Values& values) {
+  constexpr int64_t B = kNvfp4BlockLength;
+  const int64_t blocks = num_blocks(cols, B), row_bytes = nvfp4_row_bytes(cols);
+  const int64_t c0 = b * B, n = cols - c0 < B ? cols - c0 : B;
+  uint32_t m = 0;
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t i = 0; i < n; ++i) m = amax_bits_max(m, magnitude_bits(load<D>(in[r * cols + c0 + i])));
+  const uint8_t block_scale = nvfp4_block_scale_e4m3(amax_from_bits(m), global_scale);
+  const float scale = nvfp4_element_scale(block_scale, global_scale);
+  const float block_value = fp8_to_float<Fp8Format::E4M3>(block_scale);
+  for (int64_t r = r0; r < r1; ++r) {
+    scales[r * blocks + b] = block_scale;
+    const storage_t<D>* x = in + r * cols + c0;
+    uint8_t q[B + 1] = {};  // past n: 0, an odd row's last high nibble
+    if (rounding.stochastic) {
+      uint32_t bits[B];
+      const int64_t row_stride = rounding.row_stride != 0 ? rounding.row_stride : cols;
+      const uint64_t first =
+          rounding.first_index +
+          static_cast<uint64_t>(rounding.rows(r + rounding.row_offset) * row_stride + rounding.cols(c0));
+      philox_span(rounding.seed, rounding.offset, first, n, bits);
+      for (int64_t i = 0; i < n; ++i) q[i] = stochastic_float_to_e2m1(load<D>(x[i]) * scale, bits[i]);
+    } else {
+      for (int64_t i = 0; i < n; ++i) q[i] = float_to_e2m1(load<D>(x[i]) * scale);
+    }
+    uint8_t* out = codes + r * row_bytes + c0 / 2;
+    for (int64_t i = 0; i < n; i += 2) out[i / 2] = pack_e2m1x2(q[i], q[i + 1]);
+    if constexpr (Values::present)
+      for (int64_t i = 0; i < n; ++i) values.put(r, c0 + i, nvfp4_operand_value(q[i], block_value));
+  }
+}
+
 // Quantizes `in` with the global scale of `global_amax` (the tensor's amax, NaN-propagating as
 // amax_of gives it; a caller may pass another tensor's, as TransformerEngine's quantizers may),
 // block by block: the block's scales, then its elements cast (a Philox call per 4 elements when
@@ -78,41 +124,24 @@ template <DType D = DType::F32, typename Values = NoNvfp4Values>
 LNMLP_HOST_INLINE void quantize_nvfp4(const storage_t<D>* in, int64_t rows, int64_t cols, bool tiles, float global_amax,
                                       uint8_t* codes, uint8_t* scales, Nvfp4Rounding rounding = {},
                                       Values values = {}) {
-  constexpr int64_t B = kNvfp4BlockLength;
   const float global_scale = nvfp4_global_scale(global_amax);
-  const int64_t blocks = num_blocks(cols, B), row_bytes = nvfp4_row_bytes(cols);
-  const int64_t tile_rows = tiles ? B : 1;
+  const int64_t blocks = num_blocks(cols, kNvfp4BlockLength), tile_rows = tiles ? kNvfp4BlockLength : 1;
   for (int64_t r0 = 0; r0 < rows; r0 += tile_rows) {
     const int64_t r1 = r0 + tile_rows < rows ? r0 + tile_rows : rows;
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t c0 = b * B, n = cols - c0 < B ? cols - c0 : B;
-      uint32_t m = 0;
-      for (int64_t r = r0; r < r1; ++r) m = amax_bits_max(m, amax_bits_of<D>(in + r * cols + c0, n));
-      const uint8_t block_scale = nvfp4_block_scale_e4m3(amax_from_bits(m), global_scale);
-      const float scale = nvfp4_element_scale(block_scale, global_scale);
-      const float block_value = fp8_to_float<Fp8Format::E4M3>(block_scale);
-      for (int64_t r = r0; r < r1; ++r) {
-        scales[r * blocks + b] = block_scale;
-        const storage_t<D>* x = in + r * cols + c0;
-        uint8_t q[B + 1] = {};  // past n: 0, an odd row's last high nibble
-        if (rounding.stochastic) {
-          uint32_t bits[B];
-          const int64_t row_stride = rounding.row_stride != 0 ? rounding.row_stride : cols;
-          const uint64_t first =
-              rounding.first_index +
-              static_cast<uint64_t>(rounding.rows(r + rounding.row_offset) * row_stride + rounding.cols(c0));
-          philox_span(rounding.seed, rounding.offset, first, n, bits);
-          for (int64_t i = 0; i < n; ++i) q[i] = stochastic_float_to_e2m1(load<D>(x[i]) * scale, bits[i]);
-        } else {
-          for (int64_t i = 0; i < n; ++i) q[i] = float_to_e2m1(load<D>(x[i]) * scale);
-        }
-        uint8_t* out = codes + r * row_bytes + c0 / 2;
-        for (int64_t i = 0; i < n; i += 2) out[i / 2] = pack_e2m1x2(q[i], q[i + 1]);
-        if constexpr (Values::present)
-          for (int64_t i = 0; i < n; ++i) values.put(r, c0 + i, nvfp4_operand_value(q[i], block_value));
-      }
-    }
+    for (int64_t b = 0; b < blocks; ++b)
+      quantize_nvfp4_block<D>(in, r0, r1, cols, b, global_scale, codes, scales, rounding, values);
   }
+}
+
+// The GEMM operand values of block b of row r of a quantized matrix [rows, cols] (codes and scales
+// laid out as above) into `values`: what quantize_nvfp4 put there.
+template <typename Values> LNMLP_HD void decode_nvfp4_block(const uint8_t* codes, const uint8_t* scales, int64_t r,
+                                                            int64_t cols, int64_t b, const Values& values) {
+  const int64_t blocks = num_blocks(cols, kNvfp4BlockLength);
+  const float s = fp8_to_float<Fp8Format::E4M3>(scales[r * blocks + b]);
+  const uint8_t* q = codes + r * nvfp4_row_bytes(cols);
+  for (int64_t c = b * kNvfp4BlockLength; c < cols && c < (b + 1) * kNvfp4BlockLength; ++c)
+    values.put(r, c, nvfp4_operand_value(unpack_e2m1(q, c), s));
 }
 
 // The values the codes stand for: out[r, c] = e2m1_to_float(code) * float(s_block) / S_enc, the

@@ -50,10 +50,6 @@ void validate_config(const Config& cfg) {
       fail(LNMLP_ERROR_INVALID_ARGUMENT,
            "NVFP4 quantizes every tensor to E2M1 with E4M3 block scales; its FP8 format must be "
            "LNMLP_FP8_FORMAT_DEFAULT or _E4M3, not _HYBRID");
-    if (cfg.backend == BackendKind::Cuda)
-      fail(LNMLP_ERROR_NOT_SUPPORTED,
-           "LNMLP_RECIPE_NVFP4 runs on the CPU backend only in this version (lnmlp_query_support: "
-           "LNMLP_FEATURE_RECIPE_NVFP4)");
   }
 
   // CUDA: any ordinal >= 0 (the setter checks that); whether it exists is the module's check at

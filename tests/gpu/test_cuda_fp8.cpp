@@ -1,4 +1,4 @@
-// FP8 recipes on the CUDA backend against the CPU backend on identical inputs (every recipe,
+// FP8 recipes on the CUDA backend against the CPU backend on identical inputs (every recipe, NVFP4 too,
 // bf16 and f32, plain and gated, a shape with partial blocks for the blocked recipes), the saved
 // bytes, recomputation giving SAVE_ALL's bits on the GPU, the delayed-scaling state moving as on
 // the CPU, FP8 in a CUDA graph, and the FP8 shape rule. Skips without a usable GPU.
@@ -25,7 +25,7 @@ struct Fp8Case {
 };
 
 const char* recipe_name(int32_t r) {
-  static const char* names[] = {"none", "delayed", "current", "block", "mxfp8"};
+  static const char* names[] = {"none", "delayed", "current", "block", "mxfp8", "nvfp4"};
   return names[r];
 }
 
@@ -38,11 +38,15 @@ void PrintTo(const Fp8Case& c, std::ostream* os) { *os << fp8_case_name(::testin
 
 std::vector<Fp8Case> fp8_cases() {
   std::vector<Fp8Case> v;
-  for (int32_t r : {LNMLP_RECIPE_DELAYED, LNMLP_RECIPE_CURRENT, LNMLP_RECIPE_BLOCK, LNMLP_RECIPE_MXFP8})
+  for (int32_t r :
+       {LNMLP_RECIPE_DELAYED, LNMLP_RECIPE_CURRENT, LNMLP_RECIPE_BLOCK, LNMLP_RECIPE_MXFP8, LNMLP_RECIPE_NVFP4})
     for (int32_t dt : {LNMLP_DTYPE_BF16, LNMLP_DTYPE_F32})
       for (bool gated : {false, true}) v.push_back({r, dt, gated, 256, 128, 192});
-  // Partial 128- and 32-blocks in every dimension (blocked recipes have no shape rule).
-  for (int32_t r : {LNMLP_RECIPE_BLOCK, LNMLP_RECIPE_MXFP8}) v.push_back({r, LNMLP_DTYPE_BF16, true, 200, 144, 176});
+  // Partial 128-, 32- and 16-blocks in every dimension (blocked recipes have no shape rule; NVFP4's
+  // last Hadamard block of tokens is partial too).
+  for (int32_t r : {LNMLP_RECIPE_BLOCK, LNMLP_RECIPE_MXFP8, LNMLP_RECIPE_NVFP4})
+    v.push_back({r, LNMLP_DTYPE_BF16, true, 200, 144, 176});
+  v.push_back({LNMLP_RECIPE_NVFP4, LNMLP_DTYPE_F32, false, 70, 40, 56});
   return v;
 }
 
@@ -65,7 +69,7 @@ TEST_P(CudaFp8VsCpu, ForwardAndGradientsMatchTheCpuBackend) {
   for (size_t i = 0; i < got.size(); ++i) {
     if (ref[i].buf->empty()) continue;
     EXPECT_TRUE(within_tolerance(got[i].name, got[i].buf->to_doubles(), ref[i].buf->to_doubles(), nullptr,
-                                 kTolFp8Backends));
+                                 k.recipe == LNMLP_RECIPE_NVFP4 ? kTolFp4Backends : kTolFp8Backends));
   }
   // Quantized on the GPU too: far from the unquantized GPU result.
   const PlanRun plain = run_cuda(pr, LNMLP_REMAT_SAVE_ALL, LNMLP_RECIPE_NONE);
@@ -91,7 +95,8 @@ INSTANTIATE_TEST_SUITE_P(All, CudaFp8VsCpu, ::testing::ValuesIn(fp8_cases()), fp
 // rounded them to bf16 first would quantize other values.
 TEST(CudaFp8Float32Weights, MatchTheCpuBackend) {
   SKIP_WITHOUT_GPU();
-  for (int32_t r : {LNMLP_RECIPE_DELAYED, LNMLP_RECIPE_CURRENT, LNMLP_RECIPE_BLOCK, LNMLP_RECIPE_MXFP8}) {
+  for (int32_t r :
+       {LNMLP_RECIPE_DELAYED, LNMLP_RECIPE_CURRENT, LNMLP_RECIPE_BLOCK, LNMLP_RECIPE_MXFP8, LNMLP_RECIPE_NVFP4}) {
     SCOPED_TRACE(recipe_name(r));
     Problem pr = fp8_problem({r, LNMLP_DTYPE_BF16, true, 256, 128, 192});
     Rng rng(77);
@@ -103,8 +108,8 @@ TEST(CudaFp8Float32Weights, MatchTheCpuBackend) {
     const auto got = named(gpu.r), ref = named(cpu.r);
     for (size_t i = 0; i < got.size(); ++i) {
       if (ref[i].buf->empty()) continue;
-      EXPECT_TRUE(
-          within_tolerance(got[i].name, got[i].buf->to_doubles(), ref[i].buf->to_doubles(), nullptr, kTolFp8Backends));
+      EXPECT_TRUE(within_tolerance(got[i].name, got[i].buf->to_doubles(), ref[i].buf->to_doubles(), nullptr,
+                                   r == LNMLP_RECIPE_NVFP4 ? kTolFp4Backends : kTolFp8Backends));
     }
   }
 }

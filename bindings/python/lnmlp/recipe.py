@@ -221,8 +221,8 @@ class NVFP4BlockScaling(Recipe):
     as TE's, to its environment variable ``NVTE_NVFP4_DISABLE_RHT``,
     ``NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING``, ``NVTE_NVFP4_DISABLE_2D_QUANTIZATION`` being "1".
     ``fp4_format`` must be "E2M1" and ``fp8_format`` (the block scales') "E4M3". Stateless apart from
-    the random state. The CPU backend only in this version (sharded plans too, with ``ffn / group
-    size`` a multiple of 16)."""
+    the random state. Both backends (the CUDA one emulating the FP4 GEMMs), sharded plans too, with
+    ``ffn / group size`` a multiple of 16; not yet lnmlp.jax."""
 
     _fields = ("disable_rht", "disable_stochastic_rounding", "disable_2d_quantization", "fp4_format",
                "fp8_format")

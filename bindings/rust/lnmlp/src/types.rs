@@ -329,7 +329,7 @@ pub enum Recipe {
     Mxfp8,
     /// FP4 E2M1 in 1x16 blocks with E4M3 scales and a global scale, 16x16 weight tiles, the
     /// random Hadamard transform and stochastic rounding ([`crate::PlanBuilder::nvfp4_options`]);
-    /// the CPU backend only.
+    /// the CUDA backend emulates its FP4 GEMMs.
     Nvfp4,
 }
 
