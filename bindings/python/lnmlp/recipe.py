@@ -46,7 +46,7 @@ _FORMATS = {"HYBRID": 0, "E4M3": 1}
 _ALGOS = {"max": 0, "most_recent": 1}
 # The descriptor's FP8 settings as lnmlp_desc_create leaves them (include/lnmlp.h).
 _DEFAULT_SETTINGS = dict(recipe=0, fp8_format=-1, margin=0, amax_history_len=1024, amax_compute_algo=0,
-                         power_2_scale=-1, amax_epsilon=0.0)
+                         power_2_scale=-1, amax_epsilon=0.0, nvfp4_options=0)
 
 
 def _format(value) -> str:
@@ -115,8 +115,8 @@ class Recipe:
 
     def _settings(self) -> dict:
         """The descriptor's FP8 settings for this recipe, as include/lnmlp.h numbers them: recipe,
-        fp8_format, margin, amax_history_len, amax_compute_algo, power_2_scale, amax_epsilon
-        (the library's defaults for the ones the recipe does not use). The plan API applies them
+        fp8_format, margin, amax_history_len, amax_compute_algo, power_2_scale, amax_epsilon,
+        nvfp4_options (the library's defaults for the ones the recipe does not use). The plan API applies them
         (:meth:`_apply`), lnmlp.jax passes them to its XLA custom calls."""
         return dict(_DEFAULT_SETTINGS, **self._own_settings())
 
@@ -222,7 +222,7 @@ class NVFP4BlockScaling(Recipe):
     ``NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING``, ``NVTE_NVFP4_DISABLE_2D_QUANTIZATION`` being "1".
     ``fp4_format`` must be "E2M1" and ``fp8_format`` (the block scales') "E4M3". Stateless apart from
     the random state. Both backends (the CUDA one emulating the FP4 GEMMs), sharded plans too, with
-    ``ffn / group size`` a multiple of 16; not yet lnmlp.jax."""
+    ``ffn / group size`` a multiple of 16; lnmlp.jax unsplit (docs/jax.md)."""
 
     _fields = ("disable_rht", "disable_stochastic_rounding", "disable_2d_quantization", "fp4_format",
                "fp8_format")
@@ -250,7 +250,10 @@ class NVFP4BlockScaling(Recipe):
         return not self.disable_stochastic_rounding
 
     def _own_settings(self):
-        return dict(recipe=_RECIPE_NVFP4, fp8_format=_FORMATS["E4M3"])
+        # nvfp4_options: lnmlp_desc_set_nvfp4_options's three flags as bits 0, 1, 2 (lnmlp.jax's attribute).
+        options = int(self.disable_rht) | int(self.disable_stochastic_rounding) << 1 | \
+            int(self.disable_2d_quantization) << 2
+        return dict(recipe=_RECIPE_NVFP4, fp8_format=_FORMATS["E4M3"], nvfp4_options=options)
 
     def _apply(self, lib, desc, check):
         super()._apply(lib, desc, check)

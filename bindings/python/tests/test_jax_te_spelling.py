@@ -152,17 +152,17 @@ def test_a_transformer_engine_recipe_lnmlp_cannot_honour_is_refused_naming_the_f
         lnmlp.Plan(16, 32, 32, recipe=te)
 
 
-def test_nvfp4_is_read_as_lnmlps_and_refused_by_lnmlp_jax_for_now():
+def test_nvfp4_is_read_as_lnmlps():
     """TE's NVFP4BlockScaling reads as lnmlp's (the fields TE's object lacks at their TE defaults),
-    which lnmlp.Plan runs; lnmlp.jax refuses it, naming what does run it."""
+    which lnmlp.Plan and lnmlp.jax run (a set with the random state, test_jax_nvfp4.py)."""
     want = lnmlp.NVFP4BlockScaling(disable_rht=False, disable_stochastic_rounding=False,
                                    disable_2d_quantization=False)
     assert lnmlp.recipe.as_recipe(NVFP4BlockScaling()) == want
     with lnmlp.Plan(16, 32, 32, recipe=NVFP4BlockScaling()) as p:
         assert p.recipe == want
     for recipe in (NVFP4BlockScaling(), want):
-        with pytest.raises(lnmlp.NotSupportedError, match="lnmlp.jax does not run NVFP4BlockScaling yet"):
-            lj.make_quantizer_set(recipe)
+        qs = lj.make_quantizer_set(recipe, seed=5)
+        assert qs.recipe == want and qs.rng_state() == (5, 0)
 
 
 # ---- quantizer_sets, activation_params, collective_op_sets -----------------------------------------

@@ -137,6 +137,7 @@ PlanConfig config_of(const ffi::Dictionary& a) {
   c.device = attr<int32_t>(a, "device");
   c.weight_dtype = attr<int32_t>(a, "weight_dtype");
   c.norm_output = attr<int32_t>(a, "norm_output");
+  c.nvfp4_options = attr<int32_t>(a, "nvfp4_options");
   return c;
 }
 
@@ -177,6 +178,7 @@ const char* type_name(ffi::DataType t) {
     case ffi::DataType::BF16: return "bfloat16";
     case ffi::DataType::F16: return "float16";
     case ffi::DataType::U8: return "uint8";
+    case ffi::DataType::U32: return "uint32";
     default: return "another element type";
   }
 }
@@ -287,6 +289,25 @@ void attach_workspace(const SharedPlan& p, ffi::Result<ffi::AnyBuffer>& ws) {
   check(lnmlp_plan_attach_workspace(p.plan, start, static_cast<int64_t>(ws->size_bytes() - skip)));
 }
 
+// A backward call's random state, uint32 [4]: the seed's low and high words, then the offset's
+// (lnmlp/jax/_quantizer_set.py), for a plan that rounds stochastically (PlanConfig::draws_random).
+// It is read on the host: the CPU platform's buffers are host memory; on a GPU it would need a
+// copy to the host and a wait for XLA's stream, which the handlers do not make (the Python side
+// refuses the case first).
+void set_rng_state(const SharedPlan& p, const ffi::AnyBuffer& rng) {
+  const ffi::Span<const int64_t> dims = rng.dimensions();
+  if (rng.element_type() != ffi::DataType::U32 || dims.size() != 1 || dims[0] != 4)
+    fail(ffi::ErrorCode::kInvalidArgument,
+         std::string("lnmlp: the backward custom call's random state is ") + type_name(rng.element_type()) + " " +
+             dims_string(dims.begin(), dims.size()) + ", but a plan that rounds stochastically takes uint32 [4]");
+  if (p.config.backend != LNMLP_BACKEND_CPU)
+    fail(ffi::ErrorCode::kUnimplemented,
+         "lnmlp: NVFP4's stochastic rounding under lnmlp.jax runs on the CPU platform only in this version");
+  uint32_t w[4];
+  std::memcpy(w, rng.untyped_data(), sizeof w);
+  check(lnmlp_plan_set_rng_state(p.plan, w[0] | uint64_t{w[1]} << 32, w[2] | uint64_t{w[3]} << 32));
+}
+
 // The state array forward / backward update in place: the output XLA aliases to the input. On the
 // CPU, should XLA ever hand over two buffers, the input's values are copied over first.
 void* fp8_state(const ffi::AnyBuffer& in, ffi::Result<ffi::AnyBuffer>& out, int32_t backend) {
@@ -364,7 +385,8 @@ ffi::Error forward(PlanState* s, void* stream, int32_t device, ffi::RemainingArg
 }
 
 // Operands dy, x, gamma, beta, w1, b1, w2, saved (with saved_apart: the LNMLP_SAVED_COUNT
-// sections), fp8 state; results dx, dgamma, dbeta, dw1, db1, dw2, db2, workspace, fp8 state.
+// sections), fp8 state (or the random state, for a plan that rounds stochastically); results dx,
+// dgamma, dbeta, dw1, db1, dw2, db2, workspace, fp8 state.
 ffi::Error backward(PlanState* s, void* stream, int32_t device, ffi::RemainingArgs args, ffi::RemainingRets rets) {
   return guarded([&] {
     const size_t n_saved = s->saved_apart ? LNMLP_SAVED_COUNT : 1, state_at = 7 + n_saved;
@@ -393,14 +415,17 @@ ffi::Error backward(PlanState* s, void* stream, int32_t device, ffi::RemainingAr
       want.expect(inputs[7], in_names[7], b.in(7));
     }
     const ffi::AnyBuffer state_in = b.in(state_at);
-    want.expect_state(s->amax_flags, in_names[8], state_in.element_type(), state_in.dimensions());
+    const bool rng = p.config.draws_random();  // the state operand is the random state
+    if (!rng) want.expect_state(s->amax_flags, in_names[8], state_in.element_type(), state_in.dimensions());
     const int32_t grads[] = {LNMLP_TENSOR_DX,  LNMLP_TENSOR_DGAMMA, LNMLP_TENSOR_DBETA, LNMLP_TENSOR_DW1,
                              LNMLP_TENSOR_DB1, LNMLP_TENSOR_DW2,    LNMLP_TENSOR_DB2};
     const char* grad_names[] = {"dx", "dgamma", "dbeta", "dkernel_1", "dbias_1", "dkernel_2", "dbias_2"};
     for (size_t i = 0; i < 7; ++i) want.expect(grads[i], grad_names[i], g[i]);
     want.expect_state(s->amax_flags, "fp8 state (result)", state->element_type(), state->dimensions());
     attach_workspace(p, workspace);
-    void* st = fp8_state(state_in, state, s->config.backend);
+    void* st = nullptr;
+    if (rng) set_rng_state(p, state_in);
+    else st = fp8_state(state_in, state, s->config.backend);
     check(lnmlp_plan_backward(p.plan, t, b.in(0).untyped_data(), x.untyped_data(), b.in(2).untyped_data(),
                               in_ptr(b.in(3)), b.in(4).untyped_data(), in_ptr(b.in(5)), b.in(6).untyped_data(),
                               s->saved_apart ? sections.at : in_ptr(b.in(7)), out_ptr(g[0]), out_ptr(g[1]),

@@ -39,6 +39,9 @@ lnmlp_plan* create_plan(const PlanConfig& c) {
     check(lnmlp_desc_set_delayed_scaling(d, c.margin, c.amax_history_len, c.amax_compute_algo), "delayed scaling");
     check(lnmlp_desc_set_scaling_options(d, c.power_2_scale, c.amax_epsilon), "scaling options");
   }
+  if (c.recipe == LNMLP_RECIPE_NVFP4)
+    check(lnmlp_desc_set_nvfp4_options(d, c.nvfp4_options & 1, (c.nvfp4_options >> 1) & 1, (c.nvfp4_options >> 2) & 1),
+          "NVFP4 options");
   if (c.weight_dtype != -1) {
     check(lnmlp_desc_set_weight_dtype(d, c.weight_dtype), "kernels' dtype");
     check(lnmlp_desc_set_weight_gradients(d, 0, c.weight_dtype), "kernel gradients' dtype");
@@ -58,8 +61,9 @@ std::string PlanConfig::key() const {
   std::ostringstream o;
   const int64_t shared_tokens = backend == LNMLP_BACKEND_CPU ? 0 : tokens;
   for (int64_t v : {shared_tokens, hidden, ffn, amax_history_len}) put(o, v);
-  for (int32_t v : {norm, zero_centered_gamma, act0, act1, has_bias1, has_bias2, dtype, remat, recipe, fp8_format,
-                    margin, amax_compute_algo, power_2_scale, backend, device, weight_dtype, norm_output})
+  for (int32_t v :
+       {norm, zero_centered_gamma, act0, act1, has_bias1, has_bias2, dtype, remat, recipe, fp8_format, margin,
+        amax_compute_algo, power_2_scale, backend, device, weight_dtype, norm_output, nvfp4_options})
     put(o, v);
   for (float v : {epsilon, clamp_limit, clamp_alpha, clamp_offset, amax_epsilon}) put(o, v);
   return o.str();

@@ -31,6 +31,13 @@ struct PlanConfig {
   int32_t backend = LNMLP_BACKEND_CPU, device = 0;
   int32_t weight_dtype = -1;  // -1: the I/O dtype; LNMLP_DTYPE_F32: fp32 kernels (and gradients) under FP8
   int32_t norm_output = 0;    // 1: forward also gives the norm output (a section of saved)
+  // NVFP4's options (lnmlp_desc_set_nvfp4_options): bit 0 disable_rht, bit 1
+  // disable_stochastic_rounding, bit 2 disable_2d_quantization.
+  int32_t nvfp4_options = 0;
+
+  // Whether the plan's backward rounds stochastically: its random state is then an operand of
+  // each backward call (lnmlp/jax/_quantizer_set.py), set on the plan before it runs.
+  bool draws_random() const { return recipe == LNMLP_RECIPE_NVFP4 && (nvfp4_options & 2) == 0; }
 
   std::string key() const;  // equal for configurations that share a plan (on the CPU: any tokens)
 };

@@ -5,7 +5,7 @@ Importing this module imports jax; ``import lnmlp`` alone does not.
 """
 
 from ..recipe import (DelayedScaling, Float8BlockScaling, Float8CurrentScaling, MXFP8BlockScaling,
-                      QUANTIZERS)
+                      NVFP4BlockScaling, QUANTIZERS)
 from ._autocast import MeshResource, autocast, fp8_autocast
 from ._ffi import XlaLibraryNotFoundError, library_path, plan_count
 from ._layernorm_mlp import layernorm_mlp, noop_quantizer_set
@@ -13,5 +13,5 @@ from ._quantizer_set import GemmQuantizerSet, QuantizerSet, make_quantizer_set, 
 
 __all__ = ["layernorm_mlp", "noop_quantizer_set", "make_quantizer_set", "make_quantizer_sets", "QuantizerSet",
            "GemmQuantizerSet", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling",
-           "QUANTIZERS", "library_path", "plan_count", "XlaLibraryNotFoundError", "autocast", "fp8_autocast",
+           "NVFP4BlockScaling", "QUANTIZERS", "library_path", "plan_count", "XlaLibraryNotFoundError", "autocast", "fp8_autocast",
            "MeshResource"]

@@ -67,6 +67,12 @@ class Spec:
     def stateful(self):
         return self.recipe is not None and self.recipe.stateful
 
+    @property
+    def draws_random(self):
+        """Backward rounds stochastically (NVFP4): its state operand is the random state, uint32 [4]
+        (_quantizer_set.py), and forward's is the zero-element stand-in."""
+        return self.recipe is not None and self.recipe.draws_random
+
     def with_(self, **changes):
         return dataclasses.replace(self, **changes)
 
@@ -99,7 +105,7 @@ class Spec:
                     weight_dtype=i32(-1 if self.weight_dtype is None else
                                      _plan._DTYPES[np.dtype(jnp.dtype(self.weight_dtype))]),
                     norm_output=i32(self.norm_output), amax_flags=i32(self.amax_flags),
-                    saved_apart=i32(self.saved_apart))
+                    saved_apart=i32(self.saved_apart), nvfp4_options=i32(fp8["nvfp4_options"]))
 
 
 # The outputs of each custom call, as lnmlp_plan_get_tensor_shape names them (a tensor the plan

@@ -17,7 +17,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from .. import _plan
 from .._functional import unpack_kernels_and_biases
-from .._lib import InvalidArgumentError
+from .._lib import InvalidArgumentError, NotSupportedError
 from . import _auto, _ffi, _sharding, _te_arguments
 from ._calls import Spec, absent, no_state
 from ._quantizer_set import QuantizerSet
@@ -38,6 +38,8 @@ def _block(spec, layout, saved_names, x, gamma, beta, w1, b1, w2, b2, state):
     # state's update has nowhere to go (the seed's function returns y alone), as in
     # TransformerEngine.
     inference = spec.with_(remat="forward_only")
+    if spec.draws_random:  # the random state is backward's; forward takes the stand-in
+        state = no_state()
     if layout is None:  # split as XLA's partitioning places the operands, if it does (_auto.py)
         y, ln = _auto.forward(inference, x, gamma, beta, w1, b1, w2, b2, state)
     else:
@@ -46,6 +48,9 @@ def _block(spec, layout, saved_names, x, gamma, beta, w1, b1, w2, b2, state):
 
 
 def _block_fwd(spec, layout, saved_names, x, gamma, beta, w1, b1, w2, b2, state):
+    rng = state if spec.draws_random else None  # the random state: backward's operand, kept here
+    if rng is not None:
+        state = no_state()
     if layout is None:  # split as XLA's partitioning places the operands, if it does (_auto.py)
         y, saved, state, ln = _auto.train_forward(spec, x, gamma, beta, w1, b1, w2, b2, state)
     else:
@@ -57,7 +62,7 @@ def _block_fwd(spec, layout, saved_names, x, gamma, beta, w1, b1, w2, b2, state)
     # backward).
     for name in saved_names:
         saved = checkpoint_name(saved, name)
-    return ((y, ln) if spec.norm_output else y), (x, gamma, beta, w1, b1, w2, saved, state)
+    return ((y, ln) if spec.norm_output else y), (x, gamma, beta, w1, b1, w2, saved, state if rng is None else rng)
 
 
 def _norm_output_grads(spec, x, gamma, beta, dln):
@@ -82,8 +87,13 @@ def _norm_output_grads(spec, x, gamma, beta, dln):
 
 
 def _block_bwd(spec, layout, saved_names, residuals, cotangent):
-    x, gamma, beta, w1, b1, w2, _, _ = residuals
+    x, gamma, beta, w1, b1, w2, _, state_in = residuals
     dy, dln = cotangent if spec.norm_output else (cotangent, None)
+    if spec.draws_random and spec.backend != "cpu":
+        raise NotSupportedError(
+            "lnmlp.jax runs NVFP4BlockScaling's stochastic rounding on the CPU platform only in this version (the "
+            "random state would have to be read from the GPU on the host); use disable_stochastic_rounding=True, or "
+            "lnmlp.torch / lnmlp.Plan on CUDA")
     if layout is None:
         *grads, state = _auto.train_backward(spec, dy, *residuals)
     else:
@@ -96,7 +106,10 @@ def _block_bwd(spec, layout, saved_names, residuals, cotangent):
     # dtype here (b2, not a residual, always is).
     dtypes = [a.dtype for a in (x, gamma, beta, w1, b1, w2)] + [jnp.dtype(spec.dtype)]
     grads = [g.astype(dt) for g, dt in zip(grads, dtypes)]
-    # The state's "cotangent" is the state after this step (TransformerEngine's convention).
+    # The state's "cotangent" is the state after this step (TransformerEngine's convention); an
+    # integer random state has none (float0).
+    if spec.draws_random:
+        state = np.zeros(state_in.shape, jax.dtypes.float0)
     return (*grads, state)
 
 
@@ -186,6 +199,14 @@ def _layernorm_mlp(x, gamma, beta, kernels, biases, norm_type, zero_centered_gam
         want = (6, 1 + recipe.amax_history_len)
         if state.shape != want or state.dtype != jnp.float32:
             raise InvalidArgumentError(f"the quantizer set's state must be float32 {want}, got "
+                                       f"{state.dtype} {tuple(state.shape)}")
+    elif recipe is not None and recipe.draws_random:
+        if quantizer_set.state is None:
+            raise InvalidArgumentError("the quantizer set has no random state: make it with "
+                                       "lnmlp.jax.make_quantizer_set(recipe, seed=...)")
+        state = jnp.asarray(quantizer_set.state)
+        if state.shape != (4,) or state.dtype != jnp.uint32:
+            raise InvalidArgumentError(f"the quantizer set's random state must be uint32 (4,), got "
                                        f"{state.dtype} {tuple(state.shape)}")
     if not isinstance(norm_type, str) or norm_type.lower() not in _plan._NORMS:
         raise InvalidArgumentError(f"norm_type must be 'layernorm' or 'rmsnorm', got {norm_type!r}")

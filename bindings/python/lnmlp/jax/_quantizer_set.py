@@ -8,6 +8,12 @@ takes the state in and, under differentiation, hands the updated one back the wa
 TransformerEngine's JAX functions do, in the quantizer set's cotangent slot: ``jax.grad`` with
 respect to the set returns the set as it is after the step's forward (ln_out, w1, act_out, w2
 updated) and backward (dy, dh updated). Use one set per layer, as in TransformerEngine.
+
+With a recipe that rounds stochastically (NVFP4BlockScaling) the leaf is the random state instead,
+uint32 ``[4]``: the 64-bit seed and offset (low word first) that backward's stochastic rounding
+draws from, as ``lnmlp.Plan.set_rng_state`` takes them. Integers have no cotangent, so the set
+does not move it on by itself: a training step takes ``qs.advanced()`` (the offset plus one, what a
+Plan's backward does), or a fresh ``make_quantizer_set(recipe, seed=...)``.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..recipe import QUANTIZERS, NVFP4BlockScaling, Recipe, as_recipe, check_history, check_scale
+from ..recipe import QUANTIZERS, Recipe, as_recipe, check_history, check_scale
+from ..recipe import _SET_COUNT, _rng_word
 
 __all__ = ["QuantizerSet", "GemmQuantizerSet", "make_quantizer_set", "make_quantizer_sets"]
 
@@ -28,7 +35,8 @@ GEMM_ROWS = ((0, 1, 5), (2, 3, 4))
 @jax.tree_util.register_pytree_node_class
 class QuantizerSet:
     """The quantizers of one layernorm_mlp call site: ``recipe`` (an lnmlp recipe) and ``state``
-    (its delayed-scaling state, a float32 jax array, or None for a stateless recipe)."""
+    (its delayed-scaling state, a float32 jax array; for a recipe that rounds stochastically its
+    random state, a uint32 [4] jax array; or None for a stateless recipe)."""
 
     def __init__(self, recipe: Recipe, state=None):
         self.recipe = as_recipe(recipe)
@@ -36,11 +44,6 @@ class QuantizerSet:
             from .._lib import InvalidArgumentError
             raise InvalidArgumentError(f"a quantizer set needs an lnmlp recipe (or TransformerEngine's), "
                                        f"got {type(recipe).__name__}")
-        if isinstance(self.recipe, NVFP4BlockScaling):
-            from .._lib import NotSupportedError
-            raise NotSupportedError(
-                "lnmlp.jax does not run NVFP4BlockScaling yet (its stochastic rounding needs a random state "
-                "threaded through the custom calls); lnmlp.Plan, lnmlp.layernorm_mlp and lnmlp.torch run it")
         self.state = state
 
     def tree_flatten(self):
@@ -57,9 +60,28 @@ class QuantizerSet:
 
     def split(self):
         """The set as TransformerEngine's pair of per-GEMM sets, ``(ffn1, ffn2)``
-        (:class:`GemmQuantizerSet`), for ``layernorm_mlp(..., quantizer_sets=...)``."""
-        return tuple(GemmQuantizerSet(g, self.recipe, None if self.state is None else self.state[jnp.asarray(rows)])
-                     for g, rows in enumerate(GEMM_ROWS))
+        (:class:`GemmQuantizerSet`), for ``layernorm_mlp(..., quantizer_sets=...)``. A random state
+        goes to both halves whole (the block draws it once)."""
+        if self.state is None or self.recipe.draws_random:
+            return tuple(GemmQuantizerSet(g, self.recipe, self.state) for g in range(2))
+        return tuple(GemmQuantizerSet(g, self.recipe, self.state[jnp.asarray(rows)]) for g, rows in enumerate(GEMM_ROWS))
+
+    def rng_state(self):
+        """``(seed, offset)`` as ints: the random state backward draws from (a concrete array)."""
+        w = np.asarray(self.state, np.uint64)
+        return int(w[0] | w[1] << np.uint64(32)), int(w[2] | w[3] << np.uint64(32))
+
+    def with_rng_state(self, seed, offset=0):
+        """The set with the random state ``(seed, offset)`` (ints in [0, 2**64)), e.g. to resume
+        from a checkpoint."""
+        return QuantizerSet(self.recipe, rng_words(seed, offset))
+
+    def advanced(self, steps=1):
+        """The set with its random state's offset moved on by ``steps`` (traceable): what each
+        backward of an lnmlp.Plan does, for the next training step."""
+        lo = self.state[2] + jnp.uint32(steps)
+        hi = self.state[3] + (lo < self.state[2]).astype(jnp.uint32)  # the carry
+        return QuantizerSet(self.recipe, jnp.stack([self.state[0], self.state[1], lo, hi]))
 
     def scale(self, quantizer):
         """One quantizer's scale (a scalar jax array)."""
@@ -113,7 +135,9 @@ def join(ffn1: GemmQuantizerSet, ffn2: GemmQuantizerSet) -> QuantizerSet:
     """The one set whose halves are ``ffn1`` and ``ffn2`` (jax operations: differentiating through
     it hands each half its rows of the set's cotangent)."""
     qs = QuantizerSet(ffn1.recipe)
-    if ffn1.state is not None:
+    if ffn1.state is not None and ffn1.recipe.draws_random:
+        qs.state = ffn1.state
+    elif ffn1.state is not None:
         rows = [None] * len(QUANTIZERS)
         for half in (ffn1, ffn2):
             for i, r in enumerate(GEMM_ROWS[half.gemm]):
@@ -122,20 +146,30 @@ def join(ffn1: GemmQuantizerSet, ffn2: GemmQuantizerSet) -> QuantizerSet:
     return qs
 
 
-def make_quantizer_sets(recipe: Recipe) -> tuple:
+def make_quantizer_sets(recipe: Recipe, seed=None) -> tuple:
     """``(ffn1, ffn2)``: the halves of a fresh :func:`make_quantizer_set`, to pass as
     ``quantizer_sets=`` (TransformerEngine's ``QuantizerFactory.create_set(n_quantizer_sets=2)``)."""
-    return make_quantizer_set(recipe).split()
+    return make_quantizer_set(recipe, seed).split()
 
 
-def make_quantizer_set(recipe: Recipe) -> QuantizerSet:
+def rng_words(seed, offset=0):
+    """The random state leaf, uint32 [4], of (seed, offset) (ints in [0, 2**64))."""
+    s, o = _rng_word("seed", seed), _rng_word("offset", offset)
+    return jnp.asarray(np.array([s & 0xffffffff, s >> 32, o & 0xffffffff, o >> 32], np.uint32))
+
+
+def make_quantizer_set(recipe: Recipe, seed=None) -> QuantizerSet:
     """A quantizer set for ``recipe`` (lnmlp.jax.DelayedScaling, Float8CurrentScaling,
-    Float8BlockScaling, MXFP8BlockScaling; TransformerEngine's names and defaults), to pass as
-    ``quantizer_set=``. Delayed scaling starts with scales 1 and zero histories."""
+    Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling; TransformerEngine's names and
+    defaults), to pass as ``quantizer_set=``. Delayed scaling starts with scales 1 and zero
+    histories; stochastic rounding (NVFP4) from ``(seed, 0)``, ``seed`` by default the count of
+    sets made before in this process (as lnmlp.make_quantizer_set)."""
     qs = QuantizerSet(recipe)
     recipe = qs.recipe
     if recipe.stateful:
         state = np.zeros((len(QUANTIZERS), 1 + recipe.amax_history_len), np.float32)
         state[:, 0] = 1.0
         qs.state = jnp.asarray(state)
+    elif recipe.draws_random:
+        qs.state = rng_words(next(_SET_COUNT) if seed is None else seed)
     return qs

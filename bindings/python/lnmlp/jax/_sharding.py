@@ -236,6 +236,10 @@ def layout_of_axes(mesh, x_shape, ffn, recipe, x_axes, k1, k2, kernel_1_ndim=3):
                                    f"axes {layout.tensor_axes}")
     if recipe is not None:
         name = type(recipe).__name__
+        if name == "NVFP4BlockScaling":
+            raise NotSupportedError(
+                "lnmlp.jax does not split NVFP4BlockScaling over a mesh yet (each representation's global amax "
+                "would be max-reduced over the shards first): run the block whole, or use lnmlp.Plan's sharded plans")
         if name == "Float8BlockScaling" and not recipe.power_2_scale and (ffn // layout.tensor_size) % 128:
             raise NotSupportedError(
                 f"Float8BlockScaling without power_2_scale needs F / tensor shards = {ffn // layout.tensor_size} to "

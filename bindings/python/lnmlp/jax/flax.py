@@ -21,6 +21,10 @@ GEMM2's). Differentiate the loss with respect to that collection too, and replac
 Variables saved by lnmlp before this layout (one ``quantizer_state`` in the collection
 ``"_overwrite_with_gradient"``) load after :func:`migrate_fp8_state`.
 
+NVFP4BlockScaling's stochastic rounding draws 64 bits of seed from the rng stream ``"sr_rng"``
+(:data:`SR_RNG_NAME`) per call where ``apply`` is given one (``rngs={"sr_rng": key}``; a new key
+each step draws new bits), else it draws from the fixed state (0, 0).
+
 ``return_layernorm_output=True`` returns ``(out, ln_output)``: the norm output shaped like the
 inputs, in their dtype, as TransformerEngine returns it (the plan's norm output, a section of its
 saved buffer: docs/design.md). Its cotangent reaches the inputs, ``scale`` and ``ln_bias``.
@@ -130,6 +134,19 @@ def _default_kernel_init():
     return nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
 
 
+#: The rng stream NVFP4's stochastic rounding draws its seed from, where apply is given it.
+SR_RNG_NAME = "sr_rng"
+
+
+def _sr_rng_state(module):
+    """The random state, uint32 [4] (lnmlp/jax/_quantizer_set.py), of one call: a seed from the
+    module's "sr_rng" stream and offset 0, or (0, 0) without that stream."""
+    if not module.has_rng(SR_RNG_NAME):
+        return jnp.zeros((4,), jnp.uint32)
+    seed = jax.random.bits(module.make_rng(SR_RNG_NAME), (2,), jnp.uint32)
+    return jnp.concatenate([seed, jnp.zeros((2,), jnp.uint32)])
+
+
 class LayerNormMLP(nn.Module):
     """norm -> Dense(intermediate_dim * A) + bias -> activation(s) -> Dense(H) + bias, fused.
 
@@ -232,6 +249,8 @@ class LayerNormMLP(nn.Module):
             quantizer_set = QuantizerSet(recipe)
             if recipe.stateful:
                 quantizer_set.state = _fp8_state(self, recipe)
+            elif recipe.draws_random:
+                quantizer_set.state = _sr_rng_state(self)
 
         out = _layernorm_mlp(inputs, gamma, beta, [k1, k2], [b1, b2], self.layernorm_type,
                              zero_centered_gamma=self.zero_centered_gamma, epsilon=self.epsilon,

@@ -1,0 +1,165 @@
+"""lnmlp.jax with NVFP4BlockScaling: under jax.jit and jax.grad the block computes what the
+independent simulation of TransformerEngine's recipe computes (_nvfp4_sim through _fp8_sim.Sim,
+with test_nvfp4_recipe.py's tolerances) from the quantizer set's random state; and what an
+lnmlp.Plan given that state computes, bit for bit (so the recipe's options and the random state
+reach the plan the custom calls run). ``qs.advanced()`` moves the state on as a Plan's backward
+does; the halves of ``quantizer_sets`` carry it whole; a mesh named by axes arguments is refused,
+one found in the operands' shardings runs the block whole.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import lnmlp
+import lnmlp.jax as lj
+import _fp8_sim as sim
+from test_fp8_recipes import check_sim, make_dy, plan_for, sim_step, step, inputs_for
+from test_nvfp4_recipe import CONFIGS, OPTIONS, recipe_and_spec
+
+SEED, OFFSET = 0x0123456789ABCDEF, 0xFFFFFFFF  # the offset's low word about to carry
+ARGS = ("x", "gamma", "beta", "w1", "b1", "w2", "b2")
+GRADS = ("dx", "dgamma", "dbeta", "dw1", "db1", "dw2", "db2")
+
+
+def _jax_step(cfg, qs, inp, dy, **kw):
+    """y and the gradients of one jitted step, the quantizer set an operand (not differentiated:
+    its random state is an integer array)."""
+    T, H, F, norm, acts, dtype, bias = cfg
+
+    def loss(x, gamma, beta, w1, b1, w2, b2, qs):
+        y = lj.layernorm_mlp(x, gamma, beta, [w1, w2], [b1, b2], norm, activation_type=acts, quantizer_set=qs, **kw)
+        return jnp.sum(y.astype(jnp.float32) * jnp.asarray(dy, jnp.float32)), y
+
+    args = [None if inp[k] is None else jnp.asarray(inp[k]) for k in ARGS]
+    (_, y), grads = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(7)), has_aux=True))(*args, qs)
+    return np.asarray(y), {k: None if g is None else np.asarray(g) for k, g in zip(GRADS, grads)}
+
+
+def _plan_step(cfg, recipe, inp, dy, seed, offset):
+    plan = plan_for(cfg, recipe)
+    plan.set_rng_state(seed, offset)
+    return step(plan, inp, dy)
+
+
+def _assert_same_bits(got, want, what):
+    for k, v in want.items():
+        if v is None or got[k] is None:
+            continue
+        np.testing.assert_array_equal(got[k].reshape(-1), np.asarray(v).reshape(-1), err_msg=f"{what}: {k}")
+
+
+@pytest.mark.parametrize("opt", ["te-default", "all-off", "sr-2d"])
+@pytest.mark.parametrize("cfg_id", ["ln-gelu-partial", "ln-geglu-bf16"])
+def test_jit_grad_matches_the_simulation_and_the_plan(cfg_id, opt):
+    cfg = CONFIGS[cfg_id]
+    dtype = cfg[5]
+    recipe, spec = recipe_and_spec(OPTIONS[opt])
+    inp = inputs_for(cfg, 7)
+    dy = make_dy(cfg[0], cfg[1], dtype, 7)
+    qs = lj.make_quantizer_set(recipe, seed=SEED)
+    if recipe.draws_random:
+        qs = qs.with_rng_state(SEED, OFFSET)
+        assert qs.rng_state() == (SEED, OFFSET)
+    else:
+        assert qs.state is None
+    y, g = _jax_step(cfg, qs, inp, dy)
+
+    s = sim.Sim(spec, norm=cfg[3], acts=cfg[4], dtype=dtype)
+    s.q.nvfp4.update(seed=SEED, offset=OFFSET)
+    want_y, want_g = sim_step(s, inp, dy)
+    check_sim("jax y", y, want_y, dtype)
+    for k, v in want_g.items():
+        if v is not None:
+            check_sim(f"jax {k}", g[k].reshape(v.shape), v, dtype)
+
+    plan_y, plan_g = _plan_step(cfg, recipe, inp, dy, SEED, OFFSET)
+    _assert_same_bits(dict(y=y, **g), dict(y=plan_y, **plan_g), f"{cfg_id} {opt}")
+
+
+def test_advanced_moves_the_random_state_on_as_a_plans_backward_does():
+    cfg = CONFIGS["rms-swiglu"]
+    recipe = lnmlp.NVFP4BlockScaling(disable_stochastic_rounding=False)
+    inp = inputs_for(cfg, 8)
+    dy = make_dy(cfg[0], cfg[1], cfg[5], 8)
+    qs = lj.make_quantizer_set(recipe).with_rng_state(SEED, OFFSET)
+    _, first = _jax_step(cfg, qs, inp, dy)
+    nxt = jax.jit(lambda q: q.advanced())(qs)
+    assert nxt.rng_state() == (SEED, OFFSET + 1), "the offset's carry reaches its high word"
+    _, second = _jax_step(cfg, nxt, inp, dy)
+    assert not np.array_equal(first["dw2"], second["dw2"]), "a new offset draws other bits"
+    _, want = _plan_step(cfg, recipe, inp, dy, SEED, OFFSET + 1)
+    _assert_same_bits(second, want, "after advanced()")
+    _, again = _jax_step(cfg, qs, inp, dy)
+    _assert_same_bits(again, first, "the same state again")
+    # Each set draws its own stream by default; a seed out of range is refused as the NumPy API refuses it.
+    assert lj.make_quantizer_set(recipe).rng_state()[0] != lj.make_quantizer_set(recipe).rng_state()[0]
+    with pytest.raises(lnmlp.InvalidArgumentError):
+        lj.make_quantizer_set(recipe, seed=2 ** 64)
+    with pytest.raises(lnmlp.InvalidArgumentError, match="uint32"):
+        _jax_step(cfg, lj.QuantizerSet(recipe, jnp.zeros((4,), jnp.float32)), inp, dy)
+
+
+def test_the_halves_of_quantizer_sets_carry_the_random_state_whole():
+    cfg = CONFIGS["ln-gelu-partial"]
+    recipe = lnmlp.NVFP4BlockScaling()
+    inp = inputs_for(cfg, 9)
+    dy = make_dy(cfg[0], cfg[1], cfg[5], 9)
+    qs = lj.make_quantizer_set(recipe, seed=SEED)
+    ffn1, ffn2 = lj.make_quantizer_sets(recipe, seed=SEED)
+    _, whole = _jax_step(cfg, qs, inp, dy)
+    _, halves = _jax_step(cfg, None, inp, dy, quantizer_sets=(ffn1, ffn2))
+    _assert_same_bits(halves, whole, "quantizer_sets=(ffn1, ffn2)")
+
+
+def test_a_mesh_is_refused_by_axes_and_runs_whole_from_shardings():
+    if len(jax.devices()) < 2:
+        pytest.skip("needs two devices (the suite's XLA_FLAGS give the CPU eight)")
+    cfg = CONFIGS["ln-gelu-partial"]
+    T, H, F, norm, acts, dtype, bias = cfg
+    recipe = lnmlp.NVFP4BlockScaling()
+    inp = inputs_for(cfg, 10)
+    dy = make_dy(T, H, dtype, 10)
+    qs = lj.make_quantizer_set(recipe, seed=SEED)
+    mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    with jax.set_mesh(mesh):
+        with pytest.raises(lnmlp.NotSupportedError, match="does not split NVFP4BlockScaling"):
+            _jax_step(cfg, qs, inp, dy, norm_input_axes=("data", None))
+    _, whole = _jax_step(cfg, qs, inp, dy)
+    placed = dict(inp, x=jax.device_put(jnp.asarray(inp["x"]), NamedSharding(mesh, P("data", None))))
+    _, auto = _jax_step(cfg, qs, placed, dy)
+    _assert_same_bits(auto, whole, "tokens placed over a mesh")
+
+
+def test_the_flax_module_draws_its_seed_from_the_sr_rng_stream():
+    """lnmlp.jax.flax.LayerNormMLP under NVFP4: the seed of each apply's stochastic rounding is 64
+    bits of the "sr_rng" stream (the same key: the same gradients; another key: others); without
+    the stream its gradients are layernorm_mlp's with the random state (0, 0)."""
+    import flax.linen as nn
+    from lnmlp.jax.flax import LayerNormMLP
+    recipe = lnmlp.NVFP4BlockScaling()
+    model = LayerNormMLP(intermediate_dim=48, activations=("gelu",), use_bias=True, fp8_recipe=recipe)
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((2, 16, 32)), jnp.float32)
+    variables = nn.unbox(model.init(jax.random.key(0), x))
+
+    def grads(key):
+        rngs = {} if key is None else {"sr_rng": key}
+        loss = lambda v: jnp.sum(jnp.sin(model.apply(v, x, rngs=rngs)[0]))  # noqa: E731
+        return jax.jit(jax.grad(loss))(variables)["params"]["wo_kernel"]
+
+    a, b, c = grads(jax.random.key(1)), grads(jax.random.key(1)), grads(jax.random.key(2))
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c), "another key draws other bits"
+    p = variables["params"]
+    qs = lj.make_quantizer_set(recipe).with_rng_state(0, 0)
+
+    def loss(w2):
+        y = lj.layernorm_mlp(x, p["scale"], p["ln_bias"], [p["wi_kernel"], w2], [p["wi_bias"], p["wo_bias"]],
+                             "layernorm", activation_type=("gelu",), quantizer_set=qs)
+        return jnp.sum(jnp.sin(y))
+
+    without = grads(None)  # without the stream: the state (0, 0)
+    np.testing.assert_array_equal(without, jax.jit(jax.grad(loss))(p["wo_kernel"]))
+    assert not np.array_equal(without, a)
