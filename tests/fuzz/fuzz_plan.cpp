@@ -59,7 +59,6 @@ struct Model {
     if (backend == LNMLP_BACKEND_CPU && device != 0) return "the CPU backend with a device other than 0";
     if (backend == LNMLP_BACKEND_CUDA && !cuda_available) return "the CUDA backend where it is not supported";
     if (recipe == LNMLP_RECIPE_NVFP4 && fp8_format == LNMLP_FP8_FORMAT_HYBRID) return "NVFP4 with the HYBRID format";
-    if (recipe == LNMLP_RECIPE_NVFP4 && backend == LNMLP_BACKEND_CUDA) return "NVFP4 on the CUDA backend";
     if (group_size > 1) return "sharding without a communicator";
     if (prepared_max > T) return "a prepared token count above the most a call takes";
     return nullptr;

@@ -83,11 +83,12 @@ def fill(mode=0, seed=1):
 
 OP = dict(shape=0, norm=1, zcg=2, epsilon=3, acts=4, clamped=5, bias=6, dtype=7, remat=8, backend=9, threads=10,
           wgrads=11, wdtype=12, recipe=13, fp8_format=14, delayed=15, scaling=16, ext_ws=17, sharding=18, comm=19,
-          null_desc=20, stale_desc=21, query=22, prepared=23, norm_output=24, wlayout=25, gemm_math=26)
+          null_desc=20, stale_desc=21, query=22, prepared=23, norm_output=24, wlayout=25, gemm_math=26,
+          nvfp4_options=27)
 ACT = dict(linear=0, relu=1, gelu=2, silu=3, quick_gelu=4, squared_relu=5, sigmoid=6, clamped_silu=7,
            clamped_linear=8)
 DT = dict(f32=0, bf16=1, f16=2)
-RECIPE = dict(none=0, delayed=1, current=2, block=3, mxfp8=4)
+RECIPE = dict(none=0, delayed=1, current=2, block=3, mxfp8=4, nvfp4=5)
 REMAT = dict(save_all=0, save_ffn1=1, save_stats=2, forward_only=3)
 
 
@@ -128,7 +129,7 @@ class PlanSeed:
 
     def recipe(self, r):
         self.cfg["recipe"] = RECIPE[r]
-        return self.op("recipe", pick(RECIPE[r], 0, 4))
+        return self.op("recipe", pick(RECIPE[r], 0, 5))
 
     def delayed(self, margin, hist, algo):
         self.cfg["hist"] = hist
@@ -203,6 +204,10 @@ def plan_seeds():
     s["mxfp8_e4m3_forward_only"] = (
         PlanSeed().shape(4, 32, 64).recipe("mxfp8").op("fp8_format", pick(1, -1, 1)).remat("forward_only")
         .dtype("bf16").encode([dict(tokens=4)]))
+    s["nvfp4_bf16_rht_sr_1d_weights"] = (
+        PlanSeed().shape(20, 32, 48).dtype("bf16").recipe("nvfp4").acts("silu", "linear").bias(1, 1)
+        .op("nvfp4_options", pick(0, 0, 1) + pick(0, 0, 1) + pick(1, 0, 1))
+        .encode([dict(tokens=20), dict(tokens=7), dict(tokens=0)]))
     s["clamped_swiglu"] = (
         PlanSeed().shape(3, 8, 8).acts("clamped_silu", "clamped_linear").op("clamped", flt(7.0) + flt(1.702) + flt(1.0))
         .encode([dict(tokens=3)]))
