@@ -13,6 +13,8 @@ namespace {
 using lnmlp::numerics::Philox4x32;
 using lnmlp::numerics::philox4x32_10;
 using lnmlp::numerics::philox_bits;
+using lnmlp::numerics::philox_block;
+using lnmlp::numerics::philox_blocks;
 
 struct Kat {
   Philox4x32 counter;
@@ -55,6 +57,23 @@ TEST(Philox, ElementBitsAreTheWordsOfTheirBlock) {
     seen.insert(philox_bits(1, 1, i));
   }
   EXPECT_EQ(seen.size(), 3u * 1024u);
+}
+
+// The batched generator the CPU quantizer draws with gives philox_block's words for every block
+// number, at every batch length (a vectorized loop's body and its remainder).
+TEST(Philox, BlocksAtOnceAreEachBlocksWords) {
+  const uint64_t seed = 0x0123456789abcdefull, offset = 0xfedcba9876543210ull;
+  uint64_t blocks[lnmlp::numerics::kPhiloxBatch];
+  for (int i = 0; i < lnmlp::numerics::kPhiloxBatch; ++i)
+    blocks[i] = (uint64_t{0x9e3779b97f4a7c15} * static_cast<uint64_t>(i + 1)) >> (i % 40);
+  for (int m : {1, 3, 8, 17, 80, lnmlp::numerics::kPhiloxBatch}) {
+    uint32_t words[4][lnmlp::numerics::kPhiloxBatch];
+    philox_blocks(seed, offset, blocks, m, words);
+    for (int i = 0; i < m; ++i) {
+      const Philox4x32 want = philox_block(seed, offset, blocks[i]);
+      for (int w = 0; w < 4; ++w) ASSERT_EQ(words[w][i], want.v[w]) << "block " << i << " of " << m << ", word " << w;
+    }
+  }
 }
 
 }  // namespace

@@ -52,20 +52,25 @@ LNMLP_HD float round_to_e2m1(float v) { return round_to_minifloat<E2M1Traits>(v)
 // saturation (a >= 6, ±inf -> ± 6), the sign and NaN (-> +6) as float_to_e2m1. Each step is exact
 // in fp32: a - lo (lo <= a < 2 lo, or lo = 0), the division by the power of two hi - lo (a
 // multiplication by its exact inverse: 2 up to hi = 2, 1 up to 4, 1/2 up to 6), and the
-// scaling by 2^32 (for a >= 2^-9 the product is an integer; below, its floor is taken).
+// scaling by 2^32 (for a >= 2^-9 the product is an integer; below, its floor is taken). Branch-free
+// (minifloat.h's select_bits), so that a loop over it vectorizes.
 LNMLP_HD uint8_t stochastic_float_to_e2m1(float v, uint32_t rbits) {
-  const uint32_t u = float_bits(v);
-  const bool saturates = (u & 0x7fffffffu) >= E2M1Traits::max_float_bits;  // and ±inf, NaN
-  const uint32_t a_bits = saturates ? 0u : u & 0x7fffffffu;                // those lanes round 0
+  const uint32_t u = float_bits(v), abs = u & 0x7fffffffu;
+  const bool saturates = abs >= E2M1Traits::max_float_bits;  // and ±inf, NaN
+  const uint32_t a_bits = select_bits(saturates, 0u, abs);   // those lanes round 0
   const float a = bits_float(a_bits);
-  // The code of the grid value at or below a: 0 or 1 below 1.0; above, exponent and mantissa bit.
-  const uint32_t lo_code = a_bits >= 0x3f800000u ? (a_bits - (126u << 23)) >> 22 : (a >= 0.5f ? 1u : 0u);
-  const float lo = decode_minifloat<E2M1Traits>(lo_code), hi = decode_minifloat<E2M1Traits>(lo_code + 1u);
-  const float inverse_step = hi <= 2.0f ? 2.0f : (hi <= 4.0f ? 1.0f : 0.5f);
+  // The code of the grid value at or below a: 0 or 1 below 1.0 (0.5 is 0x3f000000); above,
+  // exponent and mantissa bit.
+  const uint32_t lo_code =
+      select_bits(a_bits >= 0x3f800000u, (a_bits - (126u << 23)) >> 22, select_bits(a_bits >= 0x3f000000u, 1u, 0u));
+  const float lo = decode_minifloat<E2M1Traits>(lo_code);
+  // 1 / (hi - lo): 2 up to hi = 2 (codes 0-3 below it), 1 up to 4 (codes 4, 5), 1/2 up to 6.
+  const float inverse_step =
+      bits_float(select_bits(lo_code <= 3u, 0x40000000u, select_bits(lo_code <= 5u, 0x3f800000u, 0x3f000000u)));
   const float scaled = (a - lo) * inverse_step * 4294967296.0f;  // in [0, 2^32)
   const uint32_t up = rbits < static_cast<uint32_t>(scaled) ? 1u : 0u;
-  const uint32_t magnitude = saturates ? E2M1Traits::max_code : lo_code + up;
-  return static_cast<uint8_t>((u & 0x7fffffffu) > 0x7f800000u ? E2M1Traits::nan_code : ((u >> 28) & 0x8u) | magnitude);
+  const uint32_t magnitude = select_bits(saturates, E2M1Traits::max_code, lo_code + up);
+  return static_cast<uint8_t>(select_bits(abs > 0x7f800000u, E2M1Traits::nan_code, ((u >> 28) & 0x8u) | magnitude));
 }
 
 // Two codes in one byte: `even` (the element of even index) low, `odd` high.

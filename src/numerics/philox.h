@@ -27,10 +27,12 @@ LNMLP_HD void mul_hi_lo(uint32_t a, uint32_t b, uint32_t* hi, uint32_t* lo) {
   *lo = static_cast<uint32_t>(p);
 }
 
+constexpr uint32_t kPhiloxMul0 = 0xD2511F53u, kPhiloxMul1 = 0xCD9E8D57u;    // the round multipliers
+constexpr uint32_t kPhiloxWeyl0 = 0x9E3779B9u, kPhiloxWeyl1 = 0xBB67AE85u;  // the key schedule's increments
+
 // Philox4x32 with 10 rounds of counter `c` under key (k0, k1).
 LNMLP_HD Philox4x32 philox4x32_10(Philox4x32 c, uint32_t k0, uint32_t k1) {
-  constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;    // the round multipliers
-  constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;  // the key schedule's increments
+  constexpr uint32_t kMul0 = kPhiloxMul0, kMul1 = kPhiloxMul1, kWeyl0 = kPhiloxWeyl0, kWeyl1 = kPhiloxWeyl1;
   for (int round = 0; round < 10; ++round) {
     uint32_t hi0, lo0, hi1, lo1;
     mul_hi_lo(kMul0, c.v[0], &hi0, &lo0);
@@ -62,6 +64,39 @@ LNMLP_HD void philox_span(uint64_t seed, uint64_t offset, uint64_t first, int64_
     const uint64_t index = first + static_cast<uint64_t>(i);
     const Philox4x32 r = philox_block(seed, offset, index >> 2);
     for (uint64_t w = index & 3; w < 4 && i < n; ++w, ++i) bits[i] = r.v[w];
+  }
+}
+
+// philox_block of m block numbers at once (m <= kPhiloxBatch): word w of blocks[i]'s result into
+// out[w][i]. The lanes' rounds run side by side over arrays, which the host compiler vectorizes
+// (the 32x32 -> 64-bit products as vector multiplies), where philox_block's one block at a time
+// does not; the bits are philox_block's.
+constexpr int kPhiloxBatch = 128;
+LNMLP_HOST_INLINE void philox_blocks(uint64_t seed, uint64_t offset, const uint64_t* blocks, int m,
+                                     uint32_t out[4][kPhiloxBatch]) {
+  uint32_t *c0 = out[0], *c1 = out[1], *c2 = out[2], *c3 = out[3];
+  for (int i = 0; i < m; ++i) {
+    c0[i] = static_cast<uint32_t>(blocks[i]);
+    c1[i] = static_cast<uint32_t>(blocks[i] >> 32);
+    c2[i] = static_cast<uint32_t>(offset);
+    c3[i] = static_cast<uint32_t>(offset >> 32);
+  }
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+#if defined(_OPENMP) && !defined(__CUDA_ARCH__)  // as quantize.h's LNMLP_QUANT_SIMD
+#pragma omp simd
+#endif
+    for (int i = 0; i < m; ++i) {
+      const uint64_t p0 = static_cast<uint64_t>(kPhiloxMul0) * c0[i], p1 = static_cast<uint64_t>(kPhiloxMul1) * c2[i];
+      const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1[i] ^ k0,
+                     n2 = static_cast<uint32_t>(p0 >> 32) ^ c3[i] ^ k1;
+      c0[i] = n0;
+      c1[i] = static_cast<uint32_t>(p1);
+      c2[i] = n2;
+      c3[i] = static_cast<uint32_t>(p0);
+    }
+    k0 += kPhiloxWeyl0;
+    k1 += kPhiloxWeyl1;
   }
 }
 

@@ -49,6 +49,12 @@ struct Nvfp4Rounding {
   uint64_t seed = 0, offset = 0, first_index = 0;
   int64_t row_offset = 0, row_stride = 0;
   Nvfp4StreamMap rows, cols;
+
+  // The stream index of element (r, c) of a [rows, cols] matrix.
+  LNMLP_HD uint64_t index(int64_t cols_of_matrix, int64_t r, int64_t c) const {
+    const int64_t stride = row_stride != 0 ? row_stride : cols_of_matrix;
+    return first_index + static_cast<uint64_t>(rows(r + row_offset) * stride + this->cols(c));
+  }
 };
 
 // An element's GEMM operand value: its E2M1 value times its block's E4M3 scale (as a float), exact
@@ -80,11 +86,13 @@ template <DType O> LNMLP_HD Nvfp4Values<O> nvfp4_operand_values(void* out, bool 
 // One 1x16 block of quantize_nvfp4: block b (columns 16 b ..) of rows r0 .. r1 - 1 of the matrix
 // in [rows, cols] (one row, or a 16-row band of a tile), codes and scales laid out as above, under
 // the global scale. Blocks are independent (a block's codes are whole bytes), so any number of
-// threads may quantize a matrix's blocks at once, the CPU's and the GPU's alike.
+// threads may quantize a matrix's blocks at once, the CPU's and the GPU's alike. Stochastic
+// rounding's bits are drawn here, or for a block of one row given in `drawn` (its elements' bits,
+// philox_bits at their stream indices: the same values, drawn many blocks at a time).
 template <DType D, typename Values>
 LNMLP_HD void quantize_nvfp4_block(const storage_t<D>* in, int64_t r0, int64_t r1, int64_t cols, int64_t b,
                                    float global_scale, uint8_t* codes, uint8_t* scales, const Nvfp4Rounding& rounding,
-                                   const Values& values) {
+                                   const Values& values, const uint32_t* drawn = nullptr) {
   constexpr int64_t B = kNvfp4BlockLength;
   const int64_t blocks = num_blocks(cols, B), row_bytes = nvfp4_row_bytes(cols);
   const int64_t c0 = b * B, n = cols - c0 < B ? cols - c0 : B;
@@ -100,13 +108,12 @@ LNMLP_HD void quantize_nvfp4_block(const storage_t<D>* in, int64_t r0, int64_t r
     uint8_t q[B + 1] = {};  // past n: 0, an odd row's last high nibble
     if (rounding.stochastic) {
       uint32_t bits[B];
-      const int64_t row_stride = rounding.row_stride != 0 ? rounding.row_stride : cols;
-      const uint64_t first =
-          rounding.first_index +
-          static_cast<uint64_t>(rounding.rows(r + rounding.row_offset) * row_stride + rounding.cols(c0));
-      philox_span(rounding.seed, rounding.offset, first, n, bits);
-      for (int64_t i = 0; i < n; ++i) q[i] = stochastic_float_to_e2m1(load<D>(x[i]) * scale, bits[i]);
+      if (drawn == nullptr) philox_span(rounding.seed, rounding.offset, rounding.index(cols, r, c0), n, bits);
+      const uint32_t* rbits = drawn != nullptr ? drawn : bits;
+      LNMLP_QUANT_SIMD
+      for (int64_t i = 0; i < n; ++i) q[i] = stochastic_float_to_e2m1(load<D>(x[i]) * scale, rbits[i]);
     } else {
+      LNMLP_QUANT_SIMD
       for (int64_t i = 0; i < n; ++i) q[i] = float_to_e2m1(load<D>(x[i]) * scale);
     }
     uint8_t* out = codes + r * row_bytes + c0 / 2;
@@ -124,12 +131,43 @@ template <DType D = DType::F32, typename Values = NoNvfp4Values>
 LNMLP_HOST_INLINE void quantize_nvfp4(const storage_t<D>* in, int64_t rows, int64_t cols, bool tiles, float global_amax,
                                       uint8_t* codes, uint8_t* scales, Nvfp4Rounding rounding = {},
                                       Values values = {}) {
+  constexpr int64_t B = kNvfp4BlockLength;
   const float global_scale = nvfp4_global_scale(global_amax);
-  const int64_t blocks = num_blocks(cols, kNvfp4BlockLength), tile_rows = tiles ? kNvfp4BlockLength : 1;
+  const int64_t blocks = num_blocks(cols, B), tile_rows = tiles ? B : 1;
   for (int64_t r0 = 0; r0 < rows; r0 += tile_rows) {
     const int64_t r1 = r0 + tile_rows < rows ? r0 + tile_rows : rows;
-    for (int64_t b = 0; b < blocks; ++b)
-      quantize_nvfp4_block<D>(in, r0, r1, cols, b, global_scale, codes, scales, rounding, values);
+    if (!rounding.stochastic || tiles) {
+      for (int64_t b = 0; b < blocks; ++b)
+        quantize_nvfp4_block<D>(in, r0, r1, cols, b, global_scale, codes, scales, rounding, values);
+      continue;
+    }
+    // A row's random bits, a run of blocks at a time: the Philox blocks their elements fall in (at
+    // most 5 per block of 16), drawn together (philox_blocks), then each element's word picked.
+    constexpr int64_t kRun = 16;
+    for (int64_t b0 = 0; b0 < blocks; b0 += kRun) {
+      const int64_t b1 = b0 + kRun < blocks ? b0 + kRun : blocks;
+      uint64_t first[kRun], counters[kPhiloxBatch];
+      int at[kRun], m = 0;
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t n = cols - b * B < B ? cols - b * B : B;
+        first[b - b0] = rounding.index(cols, r0, b * B);
+        at[b - b0] = m;
+        for (uint64_t k = first[b - b0] >> 2; k <= (first[b - b0] + static_cast<uint64_t>(n) - 1) >> 2; ++k)
+          counters[m++] = k;
+      }
+      uint32_t words[4][kPhiloxBatch];
+      philox_blocks(rounding.seed, rounding.offset, counters, m, words);
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t n = cols - b * B < B ? cols - b * B : B;
+        const uint64_t f = first[b - b0];
+        uint32_t bits[B];
+        for (int64_t i = 0; i < n; ++i) {
+          const uint64_t index = f + static_cast<uint64_t>(i);
+          bits[i] = words[index & 3][at[b - b0] + static_cast<int64_t>((index >> 2) - (f >> 2))];
+        }
+        quantize_nvfp4_block<D>(in, r0, r1, cols, b, global_scale, codes, scales, rounding, values, bits);
+      }
+    }
   }
 }
 
