@@ -98,6 +98,10 @@ def test_advanced_moves_the_random_state_on_as_a_plans_backward_does():
     assert lj.make_quantizer_set(recipe).rng_state()[0] != lj.make_quantizer_set(recipe).rng_state()[0]
     with pytest.raises(lnmlp.InvalidArgumentError):
         lj.make_quantizer_set(recipe, seed=2 ** 64)
+    for no_rng in (lj.make_quantizer_set(lnmlp.NVFP4BlockScaling(disable_stochastic_rounding=True)),
+                   lj.make_quantizer_set(lj.MXFP8BlockScaling())):
+        with pytest.raises(lnmlp.InvalidArgumentError, match="does not round stochastically"):
+            no_rng.advanced()
     with pytest.raises(lnmlp.InvalidArgumentError, match="uint32"):
         _jax_step(cfg, lj.QuantizerSet(recipe, jnp.zeros((4,), jnp.float32)), inp, dy)
 

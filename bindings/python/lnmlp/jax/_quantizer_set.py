@@ -66,19 +66,28 @@ class QuantizerSet:
             return tuple(GemmQuantizerSet(g, self.recipe, self.state) for g in range(2))
         return tuple(GemmQuantizerSet(g, self.recipe, self.state[jnp.asarray(rows)]) for g, rows in enumerate(GEMM_ROWS))
 
+    def _check_draws_random(self):
+        if not self.recipe.draws_random:
+            from .._lib import InvalidArgumentError
+            raise InvalidArgumentError(f"{type(self.recipe).__name__} does not round stochastically: the set has "
+                                       "no random state")
+
     def rng_state(self):
         """``(seed, offset)`` as ints: the random state backward draws from (a concrete array)."""
+        self._check_draws_random()
         w = np.asarray(self.state, np.uint64)
         return int(w[0] | w[1] << np.uint64(32)), int(w[2] | w[3] << np.uint64(32))
 
     def with_rng_state(self, seed, offset=0):
         """The set with the random state ``(seed, offset)`` (ints in [0, 2**64)), e.g. to resume
         from a checkpoint."""
+        self._check_draws_random()
         return QuantizerSet(self.recipe, rng_words(seed, offset))
 
     def advanced(self, steps=1):
         """The set with its random state's offset moved on by ``steps`` (traceable): what each
         backward of an lnmlp.Plan does, for the next training step."""
+        self._check_draws_random()
         lo = self.state[2] + jnp.uint32(steps)
         hi = self.state[3] + (lo < self.state[2]).astype(jnp.uint32)  # the carry
         return QuantizerSet(self.recipe, jnp.stack([self.state[0], self.state[1], lo, hi]))
