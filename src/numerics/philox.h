@@ -20,26 +20,25 @@ struct Philox4x32 {
   uint32_t v[4];
 };
 
-// The high and low 32 bits of a * b.
-LNMLP_HD void mul_hi_lo(uint32_t a, uint32_t b, uint32_t* hi, uint32_t* lo) {
-  const uint64_t p = static_cast<uint64_t>(a) * static_cast<uint64_t>(b);
-  *hi = static_cast<uint32_t>(p >> 32);
-  *lo = static_cast<uint32_t>(p);
-}
-
 constexpr uint32_t kPhiloxMul0 = 0xD2511F53u, kPhiloxMul1 = 0xCD9E8D57u;    // the round multipliers
 constexpr uint32_t kPhiloxWeyl0 = 0x9E3779B9u, kPhiloxWeyl1 = 0xBB67AE85u;  // the key schedule's increments
 
+// One Philox4x32 round of the counter words (c0, c1, c2, c3) under the round key (k0, k1).
+LNMLP_HD void philox_round(uint32_t& c0, uint32_t& c1, uint32_t& c2, uint32_t& c3, uint32_t k0, uint32_t k1) {
+  const uint64_t p0 = static_cast<uint64_t>(kPhiloxMul0) * c0, p1 = static_cast<uint64_t>(kPhiloxMul1) * c2;
+  const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0, n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
+  c0 = n0;
+  c1 = static_cast<uint32_t>(p1);
+  c2 = n2;
+  c3 = static_cast<uint32_t>(p0);
+}
+
 // Philox4x32 with 10 rounds of counter `c` under key (k0, k1).
 LNMLP_HD Philox4x32 philox4x32_10(Philox4x32 c, uint32_t k0, uint32_t k1) {
-  constexpr uint32_t kMul0 = kPhiloxMul0, kMul1 = kPhiloxMul1, kWeyl0 = kPhiloxWeyl0, kWeyl1 = kPhiloxWeyl1;
   for (int round = 0; round < 10; ++round) {
-    uint32_t hi0, lo0, hi1, lo1;
-    mul_hi_lo(kMul0, c.v[0], &hi0, &lo0);
-    mul_hi_lo(kMul1, c.v[2], &hi1, &lo1);
-    c = Philox4x32{{hi1 ^ c.v[1] ^ k0, lo1, hi0 ^ c.v[3] ^ k1, lo0}};
-    k0 += kWeyl0;
-    k1 += kWeyl1;
+    philox_round(c.v[0], c.v[1], c.v[2], c.v[3], k0, k1);
+    k0 += kPhiloxWeyl0;
+    k1 += kPhiloxWeyl1;
   }
   return c;
 }
@@ -86,15 +85,7 @@ LNMLP_HOST_INLINE void philox_blocks(uint64_t seed, uint64_t offset, const uint6
 #if defined(_OPENMP) && !defined(__CUDA_ARCH__)  // as quantize.h's LNMLP_QUANT_SIMD
 #pragma omp simd
 #endif
-    for (int i = 0; i < m; ++i) {
-      const uint64_t p0 = static_cast<uint64_t>(kPhiloxMul0) * c0[i], p1 = static_cast<uint64_t>(kPhiloxMul1) * c2[i];
-      const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1[i] ^ k0,
-                     n2 = static_cast<uint32_t>(p0 >> 32) ^ c3[i] ^ k1;
-      c0[i] = n0;
-      c1[i] = static_cast<uint32_t>(p1);
-      c2[i] = n2;
-      c3[i] = static_cast<uint32_t>(p0);
-    }
+    for (int i = 0; i < m; ++i) philox_round(c0[i], c1[i], c2[i], c3[i], k0, k1);
     k0 += kPhiloxWeyl0;
     k1 += kPhiloxWeyl1;
   }

@@ -95,7 +95,7 @@ LNMLP_HD void quantize_nvfp4_block(const storage_t<D>* in, int64_t r0, int64_t r
                                    const Values& values, const uint32_t* drawn = nullptr) {
   constexpr int64_t B = kNvfp4BlockLength;
   const int64_t blocks = num_blocks(cols, B), row_bytes = nvfp4_row_bytes(cols);
-  const int64_t c0 = b * B, n = cols - c0 < B ? cols - c0 : B;
+  const int64_t c0 = b * B, n = block_width(cols, c0, B);
   uint32_t m = 0;
   for (int64_t r = r0; r < r1; ++r)
     for (int64_t i = 0; i < n; ++i) m = amax_bits_max(m, magnitude_bits(load<D>(in[r * cols + c0 + i])));
@@ -149,7 +149,7 @@ LNMLP_HOST_INLINE void quantize_nvfp4(const storage_t<D>* in, int64_t rows, int6
       uint64_t first[kRun], counters[kPhiloxBatch];
       int at[kRun], m = 0;
       for (int64_t b = b0; b < b1; ++b) {
-        const int64_t n = cols - b * B < B ? cols - b * B : B;
+        const int64_t n = block_width(cols, b * B, B);
         first[b - b0] = rounding.index(cols, r0, b * B);
         at[b - b0] = m;
         for (uint64_t k = first[b - b0] >> 2; k <= (first[b - b0] + static_cast<uint64_t>(n) - 1) >> 2; ++k)
@@ -158,7 +158,7 @@ LNMLP_HOST_INLINE void quantize_nvfp4(const storage_t<D>* in, int64_t rows, int6
       uint32_t words[4][kPhiloxBatch];
       philox_blocks(rounding.seed, rounding.offset, counters, m, words);
       for (int64_t b = b0; b < b1; ++b) {
-        const int64_t n = cols - b * B < B ? cols - b * B : B;
+        const int64_t n = block_width(cols, b * B, B);
         const uint64_t f = first[b - b0];
         uint32_t bits[B];
         for (int64_t i = 0; i < n; ++i) {

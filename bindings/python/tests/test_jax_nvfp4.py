@@ -15,9 +15,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import lnmlp
 import lnmlp.jax as lj
-import _fp8_sim as sim
-from test_fp8_recipes import check_sim, make_dy, plan_for, sim_step, step, inputs_for
-from test_nvfp4_recipe import CONFIGS, OPTIONS, recipe_and_spec
+from test_fp8_recipes import make_dy, plan_for, step, inputs_for
+from test_nvfp4_recipe import CONFIGS, check_against_the_simulation, problem
 
 SEED, OFFSET = 0x0123456789ABCDEF, 0xFFFFFFFF  # the offset's low word about to carry
 ARGS = ("x", "gamma", "beta", "w1", "b1", "w2", "b2")
@@ -54,11 +53,7 @@ def _assert_same_bits(got, want, what):
 @pytest.mark.parametrize("opt", ["te-default", "all-off", "sr-2d"])
 @pytest.mark.parametrize("cfg_id", ["ln-gelu-partial", "ln-geglu-bf16"])
 def test_jit_grad_matches_the_simulation_and_the_plan(cfg_id, opt):
-    cfg = CONFIGS[cfg_id]
-    dtype = cfg[5]
-    recipe, spec = recipe_and_spec(OPTIONS[opt])
-    inp = inputs_for(cfg, 7)
-    dy = make_dy(cfg[0], cfg[1], dtype, 7)
+    cfg, recipe, spec, inp, dy = problem(cfg_id, opt, 7)
     qs = lj.make_quantizer_set(recipe, seed=SEED)
     if recipe.draws_random:
         qs = qs.with_rng_state(SEED, OFFSET)
@@ -67,14 +62,7 @@ def test_jit_grad_matches_the_simulation_and_the_plan(cfg_id, opt):
         assert qs.state is None
     y, g = _jax_step(cfg, qs, inp, dy)
 
-    s = sim.Sim(spec, norm=cfg[3], acts=cfg[4], dtype=dtype)
-    s.q.nvfp4.update(seed=SEED, offset=OFFSET)
-    want_y, want_g = sim_step(s, inp, dy)
-    check_sim("jax y", y, want_y, dtype)
-    for k, v in want_g.items():
-        if v is not None:
-            check_sim(f"jax {k}", g[k].reshape(v.shape), v, dtype)
-
+    check_against_the_simulation(cfg, spec, inp, dy, y, g, SEED, OFFSET, prefix="jax ")
     plan_y, plan_g = _plan_step(cfg, recipe, inp, dy, SEED, OFFSET)
     _assert_same_bits(dict(y=y, **g), dict(y=plan_y, **plan_g), f"{cfg_id} {opt}")
 

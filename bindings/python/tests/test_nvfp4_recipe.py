@@ -38,24 +38,36 @@ def recipe_and_spec(options):
     return recipe, ("nvfp4", not no_rht, not no_sr, not no_2d)
 
 
+def problem(cfg_id, opt, seed):
+    """(cfg, recipe, simulation spec, inputs, dy) of a configuration and an option set."""
+    cfg = CONFIGS[cfg_id]
+    recipe, spec = recipe_and_spec(OPTIONS[opt])
+    return cfg, recipe, spec, inputs_for(cfg, seed), make_dy(cfg[0], cfg[1], cfg[5], seed)
+
+
+def check_against_the_simulation(cfg, spec, inp, dy, y, g, seed, offset, prefix=""):
+    """y and the gradients g (a dict) within check_sim's bounds of the simulation drawing from
+    (seed, offset); returns the simulation's (y, gradients)."""
+    dtype = cfg[5]
+    s = sim.Sim(spec, norm=cfg[3], acts=cfg[4], dtype=dtype)
+    s.q.nvfp4.update(seed=seed, offset=offset)
+    want_y, want_g = sim_step(s, inp, dy)
+    check_sim(prefix + "y", y, want_y, dtype)
+    for k, v in want_g.items():
+        if v is not None:
+            check_sim(prefix + k, np.asarray(g[k]).reshape(v.shape), v, dtype)
+    return want_y, want_g
+
+
 @pytest.mark.parametrize("opt", OPTIONS)
 @pytest.mark.parametrize("cfg_id", CONFIGS)
 def test_plan_matches_the_simulation(cfg_id, opt):
-    cfg = CONFIGS[cfg_id]
+    cfg, recipe, spec, inp, dy = problem(cfg_id, opt, 3)
     dtype = cfg[5]
-    recipe, spec = recipe_and_spec(OPTIONS[opt])
-    inp = inputs_for(cfg, 3)
-    dy = make_dy(cfg[0], cfg[1], dtype, 3)
     plan = plan_for(cfg, recipe)
     plan.set_rng_state(SEED, OFFSET)
     y, g = step(plan, inp, dy)
-    s = sim.Sim(spec, norm=cfg[3], acts=cfg[4], dtype=dtype)
-    s.q.nvfp4.update(seed=SEED, offset=OFFSET)
-    want_y, want_g = sim_step(s, inp, dy)
-    check_sim("y", y, want_y, dtype)
-    for k, v in want_g.items():
-        if v is not None:
-            check_sim(k, g[k], v, dtype)
+    want_y, want_g = check_against_the_simulation(cfg, spec, inp, dy, y, g, SEED, OFFSET)
     for k, got, want in [("y", y, want_y)] + [(k, g[k], v) for k, v in want_g.items() if v is not None]:
         got, want = np.asarray(got, np.float64), np.asarray(want)
         r = _nvfp4_sim.REPORT.setdefault(k, [0.0, 0, 0])
