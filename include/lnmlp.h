@@ -849,26 +849,31 @@ LNMLP_API int32_t lnmlp_plan_set_quantizer_state(lnmlp_plan* plan, int32_t quant
  *      holds each section as a tensor of its own (JAX's partitioning shards the statistics and
  *      FFN1 with the tokens and with F). */
 enum {
-  LNMLP_CALL_DEFAULT = 0,               /* no flag */
-  LNMLP_CALL_WEIGHTS_UNCHANGED = 1,     /* W1 and W2 as when the plan made its copies of them: reuse those */
-  LNMLP_CALL_AMAX_MEASURE = 2,          /* CURRENT: measure the amaxes not given up to the next stage, and stop */
-  LNMLP_CALL_SAVED_SECTIONS = 4,        /* saved is void* [LNMLP_SAVED_COUNT], the sections apart */
-  LNMLP_CALL_AMAX_GIVEN_LN_OUT = 256,   /* CURRENT: quantizer LN_OUT's amax is given (the amax array) */
-  LNMLP_CALL_AMAX_GIVEN_W1 = 512,       /* ... W1's */
+  LNMLP_CALL_DEFAULT = 0,             /* no flag */
+  LNMLP_CALL_WEIGHTS_UNCHANGED = 1,   /* W1 and W2 as when the plan made its copies of them: reuse those */
+  LNMLP_CALL_AMAX_MEASURE = 2,        /* CURRENT, NVFP4: measure the amaxes not given up to the next stage, and stop */
+  LNMLP_CALL_SAVED_SECTIONS = 4,      /* saved is void* [LNMLP_SAVED_COUNT], the sections apart */
+  LNMLP_CALL_AMAX_GIVEN_LN_OUT = 256, /* CURRENT, NVFP4: quantizer LN_OUT's amax is given (the amax array) */
+  LNMLP_CALL_AMAX_GIVEN_W1 = 512,     /* ... W1's */
   LNMLP_CALL_AMAX_GIVEN_ACT_OUT = 1024, /* ... ACT_OUT's */
   LNMLP_CALL_AMAX_GIVEN_W2 = 2048,      /* ... W2's */
   LNMLP_CALL_AMAX_GIVEN_DY = 4096,      /* ... DY's */
   LNMLP_CALL_AMAX_GIVEN_DH = 8192       /* ... DH's: LNMLP_CALL_AMAX_GIVEN_LN_OUT << LNMLP_QUANTIZER_DH */
 };
 
-/* Current scaling in stages, for a caller that splits the block over devices and runs the
- * collectives itself (JAX on a mesh): each per-tensor scale must come from the amax of the whole
- * tensor, the group's, but a fused call measures the amax of its own part of the tensor, inside
- * the call. So a CURRENT plan's call may take, in its fp8_state argument, an amax array: float32
- * [LNMLP_QUANTIZER_COUNT] indexed by LNMLP_QUANTIZER_* (host memory on the CPU backend, device
- * memory on the CUDA backend, 4-byte aligned), with these flags:
+/* Amaxes in stages, for a caller that splits the block over devices and runs the collectives
+ * itself (JAX on a mesh): each per-tensor scale (current scaling's, NVFP4's global scales) must
+ * come from the amax of the whole tensor, the group's, but a fused call measures the amax of its
+ * own part of the tensor, inside the call. So a CURRENT or NVFP4 plan's call may take, in its
+ * fp8_state argument, an amax array (host memory on the CPU backend, device memory on the CUDA
+ * backend, 4-byte aligned): CURRENT's float32 [LNMLP_QUANTIZER_COUNT] indexed by
+ * LNMLP_QUANTIZER_*; NVFP4's float32 [LNMLP_QUANTIZER_COUNT][2], at [Q][0] the amax of quantizer
+ * Q's tensor (its rowwise representation's global amax) and at [Q][1] its columnwise
+ * representation's (the amax after the random Hadamard transform where the recipe applies it: the
+ * columnwise copies of ln_out, act_out, dy and dh; else the same), with these flags:
  *  LNMLP_CALL_AMAX_GIVEN_<Q>  quantizer Q's tensor is quantized with the scale of the amax at
- *      index Q (>= 0, +inf or NaN, as measured) instead of its own amax; the call reads it.
+ *      index Q (NVFP4: the two at [Q]; >= 0, +inf or NaN, as measured) instead of its own amax;
+ *      the call reads it.
  *  LNMLP_CALL_AMAX_MEASURE    the call runs to the end of its next stage, measures the amax of
  *      every tensor of that stage whose amax is not given, writes each at its index, and stops:
  *      y and saved (forward), or dx, the gradients and the deferred buffer (backward), are then
@@ -880,12 +885,16 @@ enum {
  * MEASURE | GIVEN_LN_OUT | GIVEN_W1 | GIVEN_W2 (act_out written); max-reduce; then the call with
  * all four GIVEN: every rank quantizes with the scales the unsplit call takes, as
  * TransformerEngine's quantizers reduce their amaxes over the mesh. Backward likewise with dy and
- * dh (its other quantizers take forward's saved scales). A call whose amaxes are all its own
- * (every flag given, no reduction between) gives the bits of the call without them.
- * Other recipes refuse these flags; a CURRENT call with them needs the array, and one without
- * them takes none (LNMLP_ERROR_INVALID_ARGUMENT, NULL_POINTER). With 0 tokens nothing is measured:
- * the array stays as it is. Under the plan's own sharding (lnmlp_desc_set_sharding) the measured
- * amaxes are the group's already. */
+ * dh. CURRENT's backward takes forward's saved scales for its other quantizers; NVFP4's
+ * backward quantizes W1 and W2 again (and ln_out and act_out where it recomputes them), with
+ * their own amaxes unless given: a split backward passes forward's group amaxes with
+ * GIVEN_LN_OUT | GIVEN_W1 | GIVEN_ACT_OUT | GIVEN_W2 in each of its calls (a measuring call
+ * writes only dy's and dh's). A call whose amaxes are all its own (every flag given, no reduction
+ * between) gives the bits of the call without them.
+ * Other recipes refuse these flags; a CURRENT or NVFP4 call with them needs the array, and one
+ * without them takes none (LNMLP_ERROR_INVALID_ARGUMENT, NULL_POINTER). With 0 tokens nothing is
+ * measured: the array stays as it is. Under the plan's own sharding (lnmlp_desc_set_sharding) the
+ * measured amaxes are the group's already. */
 
 /* A call that fails. Forward and backward check every argument before they read or write
  * anything: a call that returns LNMLP_ERROR_INVALID_ARGUMENT, NULL_POINTER, SIZE_OVERFLOW,
@@ -918,8 +927,8 @@ enum {
  *  beta       must be NULL for RMSNorm and non-NULL for LayerNorm; b1 and b2 must be NULL exactly
  *             when the descriptor disabled them. y must not overlap the inputs.
  *  fp8_state  NULL: the plan's state (attached or owned). Otherwise a DELAYED plan's state array
- *             for this call only (see the FP8 quantizer state above), or a CURRENT plan's amax
- *             array (LNMLP_CALL_AMAX_*, above).
+ *             for this call only (see the FP8 quantizer state above), or a CURRENT or NVFP4
+ *             plan's amax array (LNMLP_CALL_AMAX_*, above).
  *  flags      LNMLP_CALL_* values, OR'ed.
  *  stream     a cudaStream_t for the CUDA backend (NULL = default); ignored by the CPU backend.
  * A backend prepares its GEMMs for a token count the first time a call has that count (host
@@ -956,8 +965,9 @@ LNMLP_API int32_t lnmlp_plan_backward(lnmlp_plan* plan, int64_t tokens, const vo
  * dh). Element i of a tensor a call quantizes stochastically takes the bits of Philox4x32-10 keyed
  * by `seed` at the counter (i, offset), so a call's draws follow from (seed, offset) alone, on any
  * backend and thread count. A plan starts at seed 0, offset 0; each backward (or backward data)
- * call with tokens that draws moves offset on by one. Set it to reproduce a run or to give each
- * rank or layer its own stream, read it to checkpoint. (A plan that draws nothing keeps it as set.)
+ * call with tokens that draws moves offset on by one (not one that stops at a stage to measure
+ * amaxes, LNMLP_CALL_AMAX_MEASURE). Set it to reproduce a run or to give each rank or layer its
+ * own stream, read it to checkpoint. (A plan that draws nothing keeps it as set.)
  * @since 0.2
  * @param[in] seed, offset
  * @param[in,out] plan */

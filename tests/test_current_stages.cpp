@@ -1,8 +1,9 @@
-// Current scaling in stages (lnmlp.h's LNMLP_CALL_AMAX_*): the amaxes a staged call measures are
-// its tensors' (the inputs' exactly, the norm output's the float64 reference's within its
-// tolerance); a forward and a backward run in stages on their own amaxes give the whole calls'
-// bits; given amaxes are the scales used; two halves of the tokens whose amaxes are max-reduced
-// between the stages give the whole call's y; the API refuses what does not fit.
+// Amaxes in stages (lnmlp.h's LNMLP_CALL_AMAX_*), current scaling's and NVFP4's: the amaxes a
+// staged call measures are its tensors' (the inputs' exactly, the norm output's the float64
+// reference's within its tolerance); a forward and a backward run in stages on their own amaxes
+// give the whole calls' bits; given amaxes are the scales used; two halves of the tokens whose
+// amaxes are max-reduced between the stages give the whole call's y (NVFP4: and the whole call's
+// amaxes exactly, and its gradients); the API refuses what does not fit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -217,6 +218,216 @@ TEST(CurrentStagesApi, WhatDoesNotFitIsRefusedAndChangesNothing) {
   // No tokens: nothing measured.
   EXPECT_EQ(cur.forward(0, 0, y, saved, amax.data(), LNMLP_CALL_AMAX_MEASURE), LNMLP_SUCCESS) << lnmlp_last_error();
   for (float v : amax) EXPECT_EQ(v, kUnset);
+}
+
+// ---- NVFP4: two global amaxes per quantizer, float32 [LNMLP_QUANTIZER_COUNT][2] ----
+
+RunOptions nvfp4(int32_t remat = LNMLP_REMAT_SAVE_ALL) {
+  RunOptions o;
+  o.recipe = LNMLP_RECIPE_NVFP4;  // TransformerEngine's defaults: RHT, stochastic rounding, 16x16 weights
+  o.remat = remat;
+  return o;
+}
+
+constexpr size_t kNvfp4Amaxes = 2 * LNMLP_QUANTIZER_COUNT;
+float& rowwise_amax(std::vector<float>& a, int32_t q) { return a[2 * static_cast<size_t>(q)]; }
+float& columnwise_amax(std::vector<float>& a, int32_t q) { return a[2 * static_cast<size_t>(q) + 1]; }
+
+uint64_t rng_offset(const Calls& c) {
+  uint64_t seed = 0, offset = 0;
+  LNMLP_TEST_CHECK(lnmlp_plan_get_rng_state(c.plan.get(), &seed, &offset));
+  return offset;
+}
+
+// The staged calls of a forward and a backward, the group's amaxes max-reduced over `parts`
+// (one call each, rows parts[i].first.., parts[i].second tokens) between the stages: the amax
+// array the last calls are given. backward: run backward's stages too (forward's amaxes given in
+// each of its calls), every backward call of part i at the random state (seed, offsets[i]).
+std::vector<float> staged_amaxes(Calls& c, const std::vector<std::pair<int64_t, int64_t>>& parts,
+                                 std::vector<RunResult>& out, std::vector<AlignedMemory>& saved, bool backward,
+                                 uint64_t seed = 0, const std::vector<uint64_t>& offsets = {}) {
+  const int32_t first = given({LNMLP_QUANTIZER_LN_OUT, LNMLP_QUANTIZER_W1, LNMLP_QUANTIZER_W2});
+  const std::vector<int32_t> forward_stages = {LNMLP_CALL_AMAX_MEASURE, LNMLP_CALL_AMAX_MEASURE | first, kForwardGiven};
+  const std::vector<int32_t> backward_stages = {kForwardGiven | LNMLP_CALL_AMAX_MEASURE,
+                                                kForwardGiven | LNMLP_CALL_AMAX_MEASURE | given({LNMLP_QUANTIZER_DY}),
+                                                kForwardGiven | kBackwardGiven};
+  std::vector<float> group(kNvfp4Amaxes, kUnset);
+  const auto run = [&](const std::vector<int32_t>& stages, bool forward) {
+    for (const int32_t flags : stages) {
+      std::vector<float> reduced = group;
+      for (size_t i = 0; i < parts.size(); ++i) {
+        std::vector<float> mine = group;
+        const auto [row, tokens] = parts[i];
+        if (forward) {
+          ASSERT_EQ(c.forward(row, tokens, out[i].y, saved[i], mine.data(), flags), LNMLP_SUCCESS)
+              << lnmlp_last_error();
+        } else {
+          LNMLP_TEST_CHECK(lnmlp_plan_set_rng_state(c.plan.get(), seed, offsets.empty() ? 0 : offsets[i]));
+          ASSERT_EQ(c.backward(row, tokens, saved[i], out[i], mine.data(), flags), LNMLP_SUCCESS) << lnmlp_last_error();
+        }
+        for (size_t k = 0; k < mine.size(); ++k) reduced[k] = std::max(reduced[k], mine[k]);
+      }
+      group = reduced;
+    }
+  };
+  run(forward_stages, true);
+  if (backward) run(backward_stages, false);
+  return group;
+}
+
+class Nvfp4Stages : public ::testing::TestWithParam<std::pair<int32_t, int32_t>> {};
+
+TEST_P(Nvfp4Stages, MeasureTheTensorsAndGiveTheWholeCallsBits) {
+  const auto [dtype, remat] = GetParam();
+  const Problem pr = problem(dtype);  // 40 tokens: the Hadamard transform's last block of 16 is partial
+  const int64_t T = pr.cfg.tokens;
+  Calls c(pr, nvfp4(remat));
+  AlignedMemory saved_whole(c.saved_bytes, 256, 0xFF), saved(c.saved_bytes, 256, 0xFF);
+  RunResult whole = c.buffers(T), staged = c.buffers(T);
+  constexpr uint64_t kSeed = 1234, kOffset = 5;
+  ASSERT_EQ(c.forward(0, T, whole.y, saved_whole, nullptr, 0), LNMLP_SUCCESS) << lnmlp_last_error();
+  LNMLP_TEST_CHECK(lnmlp_plan_set_rng_state(c.plan.get(), kSeed, kOffset));
+  ASSERT_EQ(c.backward(0, T, saved_whole, whole, nullptr, 0), LNMLP_SUCCESS) << lnmlp_last_error();
+
+  // Forward, stage 1: ln_out's, W1's and W2's amaxes (the weights' columnwise ones untransformed,
+  // so the same), and nothing else.
+  std::vector<float> amax(kNvfp4Amaxes, kUnset);
+  ASSERT_EQ(c.forward(0, T, staged.y, saved, amax.data(), LNMLP_CALL_AMAX_MEASURE), LNMLP_SUCCESS)
+      << lnmlp_last_error();
+  for (const auto& [q, w] : {std::pair{LNMLP_QUANTIZER_W1, &pr.bw1}, std::pair{LNMLP_QUANTIZER_W2, &pr.bw2}}) {
+    EXPECT_EQ(rowwise_amax(amax, q), max_abs(*w));
+    EXPECT_EQ(columnwise_amax(amax, q), max_abs(*w));
+  }
+  const auto f = lnmlp_ref::forward_full(pr.cfg, pr.x, pr.p);
+  double ln_max = 0.0;
+  for (double v : f.n) ln_max = std::max(ln_max, std::fabs(v));
+  EXPECT_NEAR(rowwise_amax(amax, LNMLP_QUANTIZER_LN_OUT), ln_max, 1e-5 * ln_max);  // fp32 against float64
+  // The Hadamard-transformed copy's: each transformed block of 16 keeps its 2-norm, so its largest
+  // entry is at most 4x the largest input, and here not the untransformed amax.
+  const float ln_col = columnwise_amax(amax, LNMLP_QUANTIZER_LN_OUT);
+  EXPECT_GT(ln_col, 0.0f);
+  EXPECT_LE(ln_col, 4.0 * ln_max * (1 + 1e-5));
+  EXPECT_NE(ln_col, rowwise_amax(amax, LNMLP_QUANTIZER_LN_OUT));
+  for (int32_t q : {LNMLP_QUANTIZER_ACT_OUT, LNMLP_QUANTIZER_DY, LNMLP_QUANTIZER_DH})
+    EXPECT_TRUE(rowwise_amax(amax, q) == kUnset && columnwise_amax(amax, q) == kUnset) << q;
+  // Stage 2: act_out's.
+  const int32_t first = given({LNMLP_QUANTIZER_LN_OUT, LNMLP_QUANTIZER_W1, LNMLP_QUANTIZER_W2});
+  ASSERT_EQ(c.forward(0, T, staged.y, saved, amax.data(), LNMLP_CALL_AMAX_MEASURE | first), LNMLP_SUCCESS);
+  EXPECT_GT(rowwise_amax(amax, LNMLP_QUANTIZER_ACT_OUT), 0.0f);
+  EXPECT_GT(columnwise_amax(amax, LNMLP_QUANTIZER_ACT_OUT), 0.0f);
+  EXPECT_EQ(rowwise_amax(amax, LNMLP_QUANTIZER_DY), kUnset);
+  // All given: the whole forward's bits.
+  for (const int32_t flags : {kForwardGiven, kForwardGiven | LNMLP_CALL_AMAX_MEASURE}) {
+    staged.y.poison();
+    ASSERT_EQ(c.forward(0, T, staged.y, saved, amax.data(), flags), LNMLP_SUCCESS) << lnmlp_last_error();
+    EXPECT_TRUE(same_bits("y", staged.y, whole.y));
+    EXPECT_EQ(std::memcmp(saved.get(), saved_whole.get(), static_cast<size_t>(c.saved_bytes)), 0) << "saved";
+  }
+
+  // Backward, forward's amaxes given in each call: dy's (exactly its maximum: no transform changes
+  // the largest element's... only the rowwise one), then dh's, then the whole backward's bits. The
+  // measuring calls leave the random state where it is; the last call moves it on.
+  std::vector<float> forward_copy = amax;
+  LNMLP_TEST_CHECK(lnmlp_plan_set_rng_state(c.plan.get(), kSeed, kOffset));
+  ASSERT_EQ(c.backward(0, T, saved, staged, amax.data(), kForwardGiven | LNMLP_CALL_AMAX_MEASURE), LNMLP_SUCCESS)
+      << lnmlp_last_error();
+  EXPECT_EQ(rowwise_amax(amax, LNMLP_QUANTIZER_DY), max_abs(pr.bdy));
+  EXPECT_GT(columnwise_amax(amax, LNMLP_QUANTIZER_DY), 0.0f);
+  EXPECT_EQ(rowwise_amax(amax, LNMLP_QUANTIZER_DH), kUnset);
+  for (int32_t q : {LNMLP_QUANTIZER_LN_OUT, LNMLP_QUANTIZER_W1, LNMLP_QUANTIZER_ACT_OUT, LNMLP_QUANTIZER_W2})
+    EXPECT_TRUE(rowwise_amax(amax, q) == rowwise_amax(forward_copy, q) &&
+                columnwise_amax(amax, q) == columnwise_amax(forward_copy, q))
+        << "backward wrote forward's amax " << q;
+  ASSERT_EQ(c.backward(0, T, saved, staged, amax.data(),
+                       kForwardGiven | LNMLP_CALL_AMAX_MEASURE | given({LNMLP_QUANTIZER_DY})),
+            LNMLP_SUCCESS);
+  EXPECT_GT(rowwise_amax(amax, LNMLP_QUANTIZER_DH), 0.0f);
+  EXPECT_GT(columnwise_amax(amax, LNMLP_QUANTIZER_DH), 0.0f);
+  EXPECT_EQ(rng_offset(c), kOffset);
+  ASSERT_EQ(c.backward(0, T, saved, staged, amax.data(), kForwardGiven | kBackwardGiven), LNMLP_SUCCESS)
+      << lnmlp_last_error();
+  EXPECT_EQ(rng_offset(c), kOffset + 1);
+  const auto a = named(staged), b = named(whole);
+  for (size_t i = 1; i < a.size(); ++i) EXPECT_TRUE(same_bits(a[i].name, *a[i].buf, *b[i].buf));
+}
+
+INSTANTIATE_TEST_SUITE_P(Plans, Nvfp4Stages,
+                         ::testing::Values(std::pair{LNMLP_DTYPE_BF16, LNMLP_REMAT_SAVE_ALL},
+                                           std::pair{LNMLP_DTYPE_F32, LNMLP_REMAT_SAVE_STATS}),
+                         [](const auto& i) {
+                           return std::string(i.param.first == LNMLP_DTYPE_BF16 ? "bf16" : "f32") + "_remat" +
+                                  std::to_string(i.param.second);
+                         });
+
+// Data parallelism done by the caller, NVFP4: two halves of the tokens (whole Hadamard blocks of
+// 16 each), their amaxes max-reduced between the stages, give the whole call's amaxes exactly, its
+// y rows, and (stochastic rounding off, whose draws follow the element's place in the tensor) the
+// whole call's gradients: dx's rows, dW1 and dW2 the halves' sums, all within fp32 summation order.
+// Halves on their own amaxes do not. (Recomputing, backward quantizes ln_out and act_out again:
+// with forward's group amaxes, given.)
+class Nvfp4StagesGiven : public ::testing::TestWithParam<int32_t> {};
+
+TEST_P(Nvfp4StagesGiven, TwoHalvesWithReducedAmaxesGiveTheWholeCall) {
+  const Problem pr = problem(LNMLP_DTYPE_F32, 64);
+  const int64_t T = 64, half = 32;
+  RunOptions o = nvfp4(GetParam());
+  o.nvfp4_disable_sr = true;
+  Calls whole_call(pr, o), halves(pr, o);
+  std::vector<RunResult> whole = {whole_call.buffers(T)}, parts = {halves.buffers(half), halves.buffers(half)};
+  std::vector<AlignedMemory> whole_saved, saved;
+  whole_saved.emplace_back(whole_call.saved_bytes, 256, 0xFF);
+  for (int h = 0; h < 2; ++h) saved.emplace_back(halves.saved_bytes, 256, 0xFF);
+  const std::vector<float> whole_amaxes = staged_amaxes(whole_call, {{0, T}}, whole, whole_saved, true);
+  const std::vector<float> group = staged_amaxes(halves, {{0, half}, {half, half}}, parts, saved, true);
+  for (size_t k = 0; k < kNvfp4Amaxes; ++k) EXPECT_EQ(group[k], whole_amaxes[k]) << "amax " << k;
+  // Rows: y and dx, the halves' joined. Parameter gradients: the halves' summed.
+  const auto joined = [&](Buffer RunResult::*b) {
+    std::vector<double> j = (parts[0].*b).to_doubles(), second = (parts[1].*b).to_doubles();
+    j.insert(j.end(), second.begin(), second.end());
+    return j;
+  };
+  const auto summed = [&](Buffer RunResult::*b) {
+    std::vector<double> sum = (parts[0].*b).to_doubles(), second = (parts[1].*b).to_doubles();
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += second[i];
+    return sum;
+  };
+  EXPECT_TRUE(within_tolerance("halves' y", joined(&RunResult::y), whole[0].y.to_doubles(), nullptr, kTolF32));
+  EXPECT_TRUE(within_tolerance("halves' dx", joined(&RunResult::dx), whole[0].dx.to_doubles(), nullptr, kTolF32));
+  for (const auto& [name, b] : {std::pair{"dgamma", &RunResult::dgamma}, std::pair{"dbeta", &RunResult::dbeta},
+                                std::pair{"dw1", &RunResult::dw1}, std::pair{"db1", &RunResult::db1},
+                                std::pair{"dw2", &RunResult::dw2}, std::pair{"db2", &RunResult::db2}})
+    EXPECT_TRUE(within_tolerance(name, summed(b), (whole[0].*b).to_doubles(), nullptr, kTolF32));
+  // A half on its own amaxes (the one whose norm output's amax is below the group's): not the
+  // whole call's rows.
+  std::vector<float> own(kNvfp4Amaxes, kUnset);
+  int low = -1;
+  for (int h = 0; h < 2 && low < 0; ++h) {
+    ASSERT_EQ(halves.forward(h * half, half, parts[h].y, saved[h], own.data(), LNMLP_CALL_AMAX_MEASURE), LNMLP_SUCCESS);
+    if (rowwise_amax(own, LNMLP_QUANTIZER_LN_OUT) < group[2 * LNMLP_QUANTIZER_LN_OUT]) low = h;
+  }
+  ASSERT_GE(low, 0);
+  Buffer alone(pr.dtype, static_cast<size_t>(half) * pr.H());
+  ASSERT_EQ(halves.forward(low * half, half, alone, saved[low], nullptr, 0), LNMLP_SUCCESS);
+  const std::vector<double> rows = whole[0].y.to_doubles();
+  const std::vector<double> whole_rows(rows.begin() + low * half * pr.H(), rows.begin() + (low + 1) * half * pr.H());
+  EXPECT_FALSE(within_tolerance("a half on its own amaxes", alone.to_doubles(), whole_rows, nullptr, kTolF32));
+}
+
+INSTANTIATE_TEST_SUITE_P(Remat, Nvfp4StagesGiven, ::testing::Values(LNMLP_REMAT_SAVE_ALL, LNMLP_REMAT_SAVE_STATS));
+
+TEST(Nvfp4StagesApi, TheArrayIsTwoPerQuantizer) {
+  const Problem pr = problem(LNMLP_DTYPE_BF16);
+  const int64_t T = pr.cfg.tokens;
+  Calls c(pr, nvfp4());
+  AlignedMemory saved(c.saved_bytes, 256, 0xFF);
+  Buffer y(pr.dtype, static_cast<size_t>(T) * pr.H());
+  EXPECT_EQ(c.forward(0, T, y, saved, nullptr, LNMLP_CALL_AMAX_MEASURE), LNMLP_ERROR_NULL_POINTER);
+  EXPECT_NE(std::string(lnmlp_last_error()).find("[LNMLP_QUANTIZER_COUNT][2]"), std::string::npos)
+      << lnmlp_last_error();
+  std::vector<float> amax(kNvfp4Amaxes, kUnset);
+  EXPECT_EQ(c.forward(0, T, y, saved, amax.data(), LNMLP_CALL_DEFAULT), LNMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(c.forward(0, 0, y, saved, amax.data(), LNMLP_CALL_AMAX_MEASURE), LNMLP_SUCCESS) << lnmlp_last_error();
+  for (float v : amax) EXPECT_EQ(v, kUnset);  // no tokens: nothing measured
 }
 
 }  // namespace

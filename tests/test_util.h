@@ -325,6 +325,7 @@ struct RunOptions {
   int32_t power_2_scale = -1;
   int32_t amax_history_len = 1024;
   bool nvfp4_disable_2d = false;  // NVFP4: 1x16 weight blocks instead of 16x16 tiles
+  bool nvfp4_disable_sr = false;  // NVFP4: dy and dh rounded to nearest even
   int32_t margin = 0;
   int32_t amax_algo = LNMLP_AMAX_ALGO_MAX;
   // Sharding (tests/sharding_util.h): this plan is rank `rank` of `group_size` over `comm`.
@@ -384,7 +385,7 @@ class Plan {
     LNMLP_TEST_CHECK(lnmlp_desc_set_fp8_format(d, o.fp8_format));
     LNMLP_TEST_CHECK(lnmlp_desc_set_scaling_options(d, o.power_2_scale, 0.0f));
     LNMLP_TEST_CHECK(lnmlp_desc_set_delayed_scaling(d, o.margin, o.amax_history_len, o.amax_algo));
-    LNMLP_TEST_CHECK(lnmlp_desc_set_nvfp4_options(d, 0, 0, o.nvfp4_disable_2d ? 1 : 0));
+    LNMLP_TEST_CHECK(lnmlp_desc_set_nvfp4_options(d, 0, o.nvfp4_disable_sr ? 1 : 0, o.nvfp4_disable_2d ? 1 : 0));
     if (o.comm != nullptr) LNMLP_TEST_CHECK(lnmlp_desc_set_communicator(d, o.comm));
     LNMLP_TEST_CHECK(lnmlp_desc_set_sharding(d, o.group_size, o.rank, o.sequence_parallel));
     LNMLP_TEST_CHECK(lnmlp_plan_create(d, &plan_));

@@ -534,7 +534,9 @@ void require_workspace(const lnmlp_plan* plan) {
 }
 
 // Backward, or one of its two calls (args.part), checked and run. A call that quantizes the
-// gradients with stochastic rounding draws from the plan's random stream, which then moves on.
+// gradients with stochastic rounding draws from the plan's random stream, which then moves on;
+// not a call that stops at a stage to measure amaxes (LNMLP_CALL_AMAX_MEASURE with dy's or dh's
+// not given), whose outputs are left undefined.
 void run_backward(lnmlp_plan* plan, BackwardArgs& args) {
   check_backward_args(*plan, args);
   if (args.fp8_state == nullptr && args.part != BackwardPart::Weights) args.fp8_state = plan->state();
@@ -542,7 +544,10 @@ void run_backward(lnmlp_plan* plan, BackwardArgs& args) {
   args.rng_seed = plan->rng_seed;
   args.rng_offset = plan->rng_offset;
   plan->engine->backward(args, plan->workspace);
-  if (plan->recipe.draws_random() && args.part != BackwardPart::Weights && args.tokens > 0) ++plan->rng_offset;
+  constexpr int32_t kGradientsGiven = (1 << (kAmaxGivenShift + kDy)) | (1 << (kAmaxGivenShift + kDh));
+  const bool stopped = (args.amax & kAmaxMeasure) != 0 && (args.amax & kGradientsGiven) != kGradientsGiven;
+  if (plan->recipe.draws_random() && args.part != BackwardPart::Weights && args.tokens > 0 && !stopped)
+    ++plan->rng_offset;
 }
 }  // namespace
 

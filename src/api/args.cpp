@@ -135,20 +135,21 @@ void check_call(const lnmlp_plan& plan, int64_t tokens, const float* fp8_state, 
   if (tokens < 0 || tokens > most)
     fail(LNMLP_ERROR_INVALID_ARGUMENT, "tokens must be in [0, ", most, "] (the plan's ",
          plan.cfg.sequence_parallel() ? "rows per rank" : "most tokens", "), got ", tokens);
-  const bool current = plan.recipe.recipe == Recipe::Current;
-  if (amax != 0 && !current)
+  // Per-tensor amaxes in stages: current scaling's, and NVFP4's global ones (two per quantizer).
+  const bool staged = plan.recipe.recipe == Recipe::Current || plan.recipe.nvfp4();
+  if (amax != 0 && !staged)
     fail(LNMLP_ERROR_INVALID_ARGUMENT,
-         "the LNMLP_CALL_AMAX_* flags (current scaling in stages) are for LNMLP_RECIPE_CURRENT plans only");
+         "the LNMLP_CALL_AMAX_* flags (amaxes in stages) are for LNMLP_RECIPE_CURRENT and LNMLP_RECIPE_NVFP4 plans "
+         "only");
   if (amax != 0 && fp8_state == nullptr)
-    fail(LNMLP_ERROR_NULL_POINTER,
-         "fp8_state is NULL, but the LNMLP_CALL_AMAX_* flags need the amax array there (float32 "
-         "[LNMLP_QUANTIZER_COUNT])");
+    fail(LNMLP_ERROR_NULL_POINTER, "fp8_state is NULL, but the LNMLP_CALL_AMAX_* flags need the amax array there (",
+         plan.recipe.nvfp4() ? "float32 [LNMLP_QUANTIZER_COUNT][2] for NVFP4" : "float32 [LNMLP_QUANTIZER_COUNT]", ")");
   if (fp8_state == nullptr) return;
-  if (current && amax == 0)
+  if (staged && amax == 0)
     fail(LNMLP_ERROR_INVALID_ARGUMENT,
-         "fp8_state must be NULL: this plan's recipe keeps no quantizer state (a CURRENT plan takes an amax array "
-         "there only with LNMLP_CALL_AMAX_* flags)");
-  if (!plan.recipe.stateful() && !current)
+         "fp8_state must be NULL: this plan's recipe keeps no quantizer state (a CURRENT or NVFP4 plan takes an "
+         "amax array there only with LNMLP_CALL_AMAX_* flags)");
+  if (!plan.recipe.stateful() && !staged)
     fail(LNMLP_ERROR_INVALID_ARGUMENT,
          "fp8_state must be NULL: this plan's recipe keeps no quantizer state (only LNMLP_RECIPE_DELAYED does)");
   if (reinterpret_cast<uintptr_t>(fp8_state) % alignof(float) != 0)

@@ -70,14 +70,13 @@ struct Quantized {
 // One quantizer's scalars for one pass, in backend memory: the per-tensor scale the quantizer
 // multiplies by, its inverse (what the GEMMs read), and the bits of the tensor's amax (a
 // non-negative float's bits order like the float, so the max is an integer max, also across a
-// group). NVFP4 uses only the amaxes, of the matrices its rowwise and its columnwise
-// representation quantize (the latter Hadamard-transformed where the recipe says), adjacent so
-// that one collective max-reduces both.
+// group): per tensor amax_bits[0]. NVFP4 uses only the amaxes, of the matrices its rowwise [0]
+// and its columnwise [1] representation quantize (the latter Hadamard-transformed where the
+// recipe says), side by side so that one collective max-reduces both.
 struct QuantScalars {
   float scale;
   float scale_inv;
-  uint32_t amax_bits;
-  uint32_t columnwise_amax_bits;
+  uint32_t amax_bits[2];
 };
 
 // The norm's inputs: x and the parameters, its statistics (mu NULL for rmsnorm), rows of x.
@@ -115,7 +114,10 @@ struct QuantizeCall {
   int quantizer = 0;
   Mat x;
   bool rowwise = false, columnwise = false;
-  const QuantScalars* scale = nullptr;  // per tensor; NVFP4: the amaxes to quantize with (else measured)
+  const QuantScalars* scale = nullptr;  // per tensor
+  // NVFP4: the global amaxes to quantize with, the bits of {the rowwise representation's, the
+  // columnwise one's} in backend memory (a group's, or the caller's); NULL: measured.
+  const uint32_t* nvfp4_amax_bits = nullptr;
   bool save_columnwise = false;
   uint8_t* saved_codes = nullptr;
   void* saved_scales = nullptr;
@@ -290,11 +292,12 @@ class Exec {
     if (live_) do_tensor_scale(s);
   }
   Quantized quantize(const QuantizeCall& call, void* slot) { return live_ ? do_quantize(call, slot) : Quantized{}; }
-  // NVFP4: the amaxes of the matrices the call's representations quantize, into out's amax_bits
-  // and columnwise_amax_bits, measured before the quantization so that a group can max-reduce them
-  // (a quantize with call.scale = out then uses them).
-  void nvfp4_amaxes(const QuantizeCall& call, QuantScalars* out) {
-    if (live_) do_nvfp4_amaxes(call, out);
+  // NVFP4: the amaxes of the matrices the call's representations quantize, into amax_bits[0]
+  // (rowwise) and amax_bits[1] (columnwise: the Hadamard-transformed transpose where the recipe
+  // transforms it), measured before the quantization so that a group or the caller can max-reduce
+  // them (a quantize with call.nvfp4_amax_bits = amax_bits then uses them).
+  void nvfp4_amaxes(const QuantizeCall& call, uint32_t* amax_bits) {
+    if (live_) do_nvfp4_amaxes(call, amax_bits);
   }
   // Per tensor, local rows under sequence parallelism: only their rowwise codes, to be gathered.
   void quantize_codes(int quantizer, const Mat& x, const QuantScalars* scale, uint8_t* codes) {
@@ -344,7 +347,7 @@ class Exec {
   virtual void do_amax(const Mat& x, uint32_t* amax_bits) = 0;
   virtual void do_tensor_scale(const TensorScale& s) = 0;
   virtual Quantized do_quantize(const QuantizeCall& call, void* slot) = 0;
-  virtual void do_nvfp4_amaxes(const QuantizeCall& call, QuantScalars* out) = 0;
+  virtual void do_nvfp4_amaxes(const QuantizeCall& call, uint32_t* amax_bits) = 0;
   virtual void do_quantize_codes(int quantizer, const Mat& x, const QuantScalars* scale, uint8_t* codes) = 0;
   virtual Operand do_gathered_operands(int quantizer, const uint8_t* codes, int64_t rows, int64_t cols,
                                        const QuantScalars* scale, uint8_t* saved_codes, void* slot) = 0;

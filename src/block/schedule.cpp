@@ -60,10 +60,12 @@ struct Pass {
   const float* forward_scales = nullptr;  // backward: those scales
   uint64_t rng_seed = 0, rng_offset = 0;  // backward: the random stream of stochastic rounding
   float* backward_scales = nullptr;       // backward in two calls: dy's and dh's scales (the deferred buffer's)
-  // Current scaling in stages (lnmlp.h's LNMLP_CALL_AMAX_*): the call's flags, and the caller's
-  // amax array, as the bits of each quantizer's amax.
+  // Current scaling and NVFP4 in stages (lnmlp.h's LNMLP_CALL_AMAX_*): the call's flags, and the
+  // caller's amax array, as the bits of each quantizer's amax (NVFP4: two per quantizer); and
+  // whether the pass is a forward (its stages measure forward's quantizers) or a backward.
   int32_t amax_flags = 0;
   uint32_t* amax_array = nullptr;
+  bool forward_pass = false;
 
   Mat io(const void* p, int64_t rows, int64_t cols) const { return mat(p, D, rows, cols); }
   // dW1, db1, dW2 or db2 (in their dtype, added into when they accumulate): db1 or db2 as [1, n],
@@ -88,7 +90,16 @@ struct Pass {
   // else the pass's scalars.
   uint32_t* amax_of(int q) const {
     if (amax_array != nullptr && (given(q) || measuring())) return amax_array + q;
-    return sc != nullptr ? &sc[q].amax_bits : nullptr;
+    return sc != nullptr ? sc[q].amax_bits : nullptr;
+  }
+  // NVFP4: where quantizer q's global amaxes {rowwise, columnwise} are when they are not its
+  // quantization's own: the caller's array (float32 [LNMLP_QUANTIZER_COUNT][2]) where given or
+  // measured for the caller (a quantizer of the pass's own stages), else under sharding the pass's
+  // scalars (the group's); NULL: the quantization's own.
+  uint32_t* nvfp4_amaxes_of(int q) const {
+    if (amax_array != nullptr && (given(q) || (measuring() && is_forward_quantizer(q) == forward_pass)))
+      return amax_array + 2 * q;
+    return c.sharded() && sc != nullptr ? sc[q].amax_bits : nullptr;
   }
   bool given(int q) const { return ((amax_flags >> (kAmaxGivenShift + q)) & 1) != 0; }
   bool measuring() const { return (amax_flags & kAmaxMeasure) != 0; }
@@ -100,8 +111,9 @@ struct Pass {
       if (!given(q)) return true;
     return false;
   }
-  void take_amaxes(const void* fp8_state, int32_t flags) {
+  void take_amaxes(const void* fp8_state, int32_t flags, bool forward) {
     amax_flags = flags;
+    forward_pass = forward;
     amax_array = flags != 0 ? static_cast<uint32_t*>(const_cast<void*>(fp8_state)) : nullptr;
   }
 
@@ -233,6 +245,19 @@ Saving saving(const Region& codes, const Region& scales, const SavedBuffer& base
   return {codes.present(), saved_at<uint8_t>(codes, base), saved_at<void>(scales, base)};
 }
 
+// NVFP4: the global amaxes {rowwise, columnwise} quantizer q's quantization `call` takes
+// (QuantizeCall::nvfp4_amax_bits): the caller's where given; else, where the caller measures them
+// (LNMLP_CALL_AMAX_MEASURE) or a sharded group max-reduces them, measured before it quantizes, so
+// that each rank quantizes its part of a split tensor as the unsharded plan quantizes the whole;
+// NULL: its own, measured as it quantizes.
+const uint32_t* nvfp4_global_amaxes(Pass& p, int q, const QuantizeCall& call) {
+  uint32_t* amaxes = p.nvfp4_amaxes_of(q);
+  if (amaxes == nullptr || p.given(q)) return amaxes;
+  p.x.nvfp4_amaxes(call, amaxes);
+  if (p.c.sharded()) p.all_reduce_max(amaxes, 2);
+  return amaxes;
+}
+
 QuantizeCall quantize_call(Pass& p, int q, const Mat& t, bool rowwise, bool columnwise, const Saving& save) {
   QuantizeCall call = p.quantize_call(q, t, rowwise, columnwise);
   call.save_columnwise = save.present;
@@ -262,16 +287,7 @@ Quantized operands(Pass& p, int q, const Mat& t, bool rowwise, bool columnwise, 
     else forward_scale(p, q);
   }
   QuantizeCall call = quantize_call(p, q, t, rowwise, columnwise, save);
-  if (p.r.nvfp4() && p.c.sharded()) {
-    // NVFP4 in a group: the global amaxes are the group's, so that each rank quantizes its part of a
-    // split tensor (W1, W2, act_out, dh) as the unsharded plan quantizes the whole.
-    QuantScalars* s = p.scalars(q);  // NULL while sizing the workspace
-    if (s != nullptr) {
-      p.x.nvfp4_amaxes(call, s);
-      p.all_reduce_max(&s->amax_bits, 2);
-    }
-    call.scale = s;
-  }
+  if (p.r.nvfp4()) call.nvfp4_amax_bits = nvfp4_global_amaxes(p, q, call);
   return p.x.quantize(call, weight != nullptr ? weight->slot : p.slot(p.x.quantize_bytes(call), quantizer_name(q)));
 }
 
@@ -467,7 +483,7 @@ void param_grad(Pass& p, ColumnSum which, const float* partials, const Mat& out,
 void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardArgs& a, Workspace& ws,
                  WeightCopies* weights) {
   Pass p(x, c, sv, ws, a.stream, a.fp8_state, weights);
-  p.take_amaxes(a.fp8_state, a.amax);
+  p.take_amaxes(a.fp8_state, a.amax, true);
   p.used_scales = saved_at<float>(sv.fwd_scales, a.saved);
   // Forward writes every byte of the call's saved bytes: the regions' padding is zeroed, so the
   // buffer is a function of the inputs alone (comparable, reproducible, safe to checkpoint).
@@ -488,11 +504,14 @@ void run_forward(Exec& x, const Config& c, const SavedLayout& sv, const ForwardA
   // above; a quantized one went straight from fp32 to FP8, so the norm runs again over the
   // statistics just made (the same kernel, so the values an unquantized plan writes).
   if (p.quantized && sv.ln_out.present()) norm_gathered(p, in, false, p.io(saved_at<void>(sv.ln_out, a.saved), T, H));
-  // Current scaling in stages: the first ends with ln_out's amax (measured above) and the weights'.
+  // Amaxes in stages: the first ends with ln_out's amax (measured above) and the weights'.
   if (p.stops_at({kLnOut, kW1, kW2})) {
     for (int w : {WeightCopies::kW1, WeightCopies::kW2}) {
       const int q = w == WeightCopies::kW1 ? kW1 : kW2;
-      if (!p.given(q)) own_scale(p, q, p.weight(w, w == WeightCopies::kW1 ? a.w1 : a.w2));
+      const Mat m = p.weight(w, w == WeightCopies::kW1 ? a.w1 : a.w2);
+      if (p.given(q)) continue;
+      if (p.r.nvfp4()) nvfp4_global_amaxes(p, q, p.quantize_call(q, m, true, true));
+      else own_scale(p, q, m);
     }
     x.finish();
     return;
@@ -591,14 +610,18 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
     return defer ? saving(codes, scales, a.deferred) : Saving{};
   };
   Pass p(x, c, sv, ws, a.stream, a.fp8_state, weights);
-  p.take_amaxes(a.fp8_state, a.amax);
+  p.take_amaxes(a.fp8_state, a.amax, false);
   p.rng_seed = a.rng_seed;
   p.rng_offset = a.rng_offset;
   p.forward_scales = saved_at<float>(sv.fwd_scales, a.saved);
   p.backward_scales = saved_at<float>(dv.scales, a.deferred);
   const int64_t T = p.T, Tn = p.Tn, H = p.H, F = p.F, AF = p.AF;
-  if (p.stops_at({kDy})) {  // current scaling in stages, the first: dy's amax (over the group's rows)
-    own_scale(p, kDy, p.io(a.dy, Tn, H));
+  // Amaxes in stages, the first: dy's (over the group's rows). NVFP4 under sequence parallelism
+  // measures them after dy's all-gather (step 3): the Hadamard blocks of its columnwise amax run
+  // over the gathered tokens.
+  if (p.stops_at({kDy}) && !(p.r.nvfp4() && p.sp)) {
+    if (p.r.nvfp4()) nvfp4_global_amaxes(p, kDy, p.quantize_call(kDy, p.io(a.dy, Tn, H), true, true));
+    else own_scale(p, kDy, p.io(a.dy, Tn, H));
     x.finish();
     return;
   }
@@ -655,6 +678,11 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
   if (p.sp) {
     dy = p.saved_or_take(dv.dy, a.deferred, p.D, T, H, "all-gathered dy");
     p.all_gather(a.dy, dy.data, Tn * H, comm_type(p.D));
+  }
+  if (p.stops_at({kDy})) {  // NVFP4 under sequence parallelism (above)
+    nvfp4_global_amaxes(p, kDy, p.quantize_call(kDy, dy, true, true));
+    x.finish();
+    return;
   }
   const Quantized dyq = operands(p, kDy, dy, true, !defer, ScaleFrom::Own, keep(dv.dy_q, dv.dy_q_scale));
 

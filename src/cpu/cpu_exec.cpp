@@ -321,12 +321,11 @@ class CpuExec final : public block::Exec {
         if (k.nvfp4()) {
           const numerics::Nvfp4Rounding rounding =
               nvfp4_rounding(c_, k, call.quantizer, columnwise, call.rng_seed, call.rng_offset);
-          float given = 0.0f;  // a group's amax (NVFP4 under sharding), else measured here
-          if (call.scale != nullptr)
-            given = numerics::amax_from_bits(columnwise && !l.reps.shared ? call.scale->columnwise_amax_bits
-                                                                          : call.scale->amax_bits);
+          const uint32_t* given_bits = call.nvfp4_amax_bits;  // a group's or the caller's, else measured here
+          const float given =
+              given_bits != nullptr ? numerics::amax_from_bits(given_bits[columnwise && !l.reps.shared ? 1 : 0]) : 0.0f;
           quantize_nvfp4_operand<D>(threads_, k, typed<const storage_t<D>>(x), x.rows, x.cols, rounding,
-                                    call.scale != nullptr ? &given : nullptr, to.codes, to.scales, to.transposed,
+                                    given_bits != nullptr ? &given : nullptr, to.codes, to.scales, to.transposed,
                                     decoded_, operand ? to.op : nullptr);
           return operand ? Operand{to.op, nullptr, nullptr, nvfp4_amax(to.scales)} : Operand{};
         }
@@ -345,15 +344,15 @@ class CpuExec final : public block::Exec {
     });
   }
 
-  void do_nvfp4_amaxes(const block::QuantizeCall& call, QuantScalars* out) override {
+  void do_nvfp4_amaxes(const block::QuantizeCall& call, uint32_t* amax_bits) override {
     const Mat& x = call.x;
     numerics::dispatch_dtype(x.type, [&](auto d) {
       constexpr DType D = decltype(d)::value;
       const auto* in = typed<const storage_t<D>>(x);
-      out->amax_bits = parallel_amax_bits<D>(threads_, in, x.rows * x.cols);
-      out->columnwise_amax_bits = kind(call.quantizer, Contract::Rows).hadamard
-                                      ? hadamard_columns_amax_bits<D>(threads_, in, x.rows, x.cols)
-                                      : out->amax_bits;
+      amax_bits[0] = parallel_amax_bits<D>(threads_, in, x.rows * x.cols);
+      amax_bits[1] = kind(call.quantizer, Contract::Rows).hadamard
+                         ? hadamard_columns_amax_bits<D>(threads_, in, x.rows, x.cols)
+                         : amax_bits[0];
     });
   }
 

@@ -256,10 +256,10 @@ class CudaExec final : public block::Exec {
                          st_);
   }
 
-  void do_nvfp4_amaxes(const block::QuantizeCall& call, QuantScalars* out) override {
+  void do_nvfp4_amaxes(const block::QuantizeCall& call, uint32_t* amax_bits) override {
     const Mat& x = call.x;
-    nvfp4_amax(x.type, kind(call.quantizer, Contract::Cols), x.data, x.rows, x.cols, &out->amax_bits, st_);
-    nvfp4_amax(x.type, kind(call.quantizer, Contract::Rows), x.data, x.rows, x.cols, &out->columnwise_amax_bits, st_);
+    nvfp4_amax(x.type, kind(call.quantizer, Contract::Cols), x.data, x.rows, x.cols, &amax_bits[0], st_);
+    nvfp4_amax(x.type, kind(call.quantizer, Contract::Rows), x.data, x.rows, x.cols, &amax_bits[1], st_);
   }
 
   Quantized do_quantize(const block::QuantizeCall& call, void* slot) override {
@@ -281,10 +281,9 @@ class CudaExec final : public block::Exec {
       const QuantKind k = kind(call.quantizer, columnwise ? Contract::Rows : Contract::Cols);
       const block::DecodedTarget to = block::decoded_target(l.reps, call, columnwise, to_saved, base);
       if (k.nvfp4()) {
-        // A group's global amax (NVFP4 under sharding: QuantScalars in device memory), else measured.
+        // A group's or the caller's global amax (in device memory), else measured.
         const uint32_t* given = nullptr;
-        if (call.scale != nullptr)
-          given = columnwise && !l.reps.shared ? &call.scale->columnwise_amax_bits : &call.scale->amax_bits;
+        if (call.nvfp4_amax_bits != nullptr) given = &call.nvfp4_amax_bits[columnwise && !l.reps.shared ? 1 : 0];
         nvfp4_quantize(x.type, k, x.data, x.rows, x.cols,
                        nvfp4_rounding(c_, k, call.quantizer, columnwise, call.rng_seed, call.rng_offset), given,
                        to.codes, to.scales, to.transposed, op_f32_, operand ? to.op : nullptr, st_);

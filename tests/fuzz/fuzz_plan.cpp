@@ -852,7 +852,8 @@ struct Runner {
     float* ptr = nullptr;
     bool must_fail = false;
   };
-  // amax_array: the call's flags ask for a CURRENT plan's amax array there, which is then required.
+  // amax_array: the call's flags ask for a CURRENT or NVFP4 plan's amax array there, which is then
+  // required.
   StateArg make_state(uint8_t mode, bool amax_array) {
     StateArg s;
     s.must_fail = amax_array;  // until an array is given
@@ -933,9 +934,10 @@ struct Runner {
     const bool tc_ok = tc >= 0 && tc <= T;
     const int64_t rows = tc_ok ? tc : T;  // invalid counts get buffers for the most tokens
     const int32_t flags = r.pick32(0, 1);
-    // pick32's hi + 1 is LNMLP_CALL_AMAX_MEASURE: current scaling in stages, which a CURRENT plan
-    // takes with an amax array in fp8_state (make_state's aligned array).
-    const bool amax_stage = flags == LNMLP_CALL_AMAX_MEASURE && m.recipe == LNMLP_RECIPE_CURRENT;
+    // pick32's hi + 1 is LNMLP_CALL_AMAX_MEASURE: amaxes in stages, which a CURRENT or NVFP4 plan
+    // takes with an amax array in fp8_state (make_state's aligned array, of 2 floats per quantizer).
+    const bool amax_stage =
+        flags == LNMLP_CALL_AMAX_MEASURE && (m.recipe == LNMLP_RECIPE_CURRENT || m.recipe == LNMLP_RECIPE_NVFP4);
     const bool flags_ok = flags == 0 || flags == 1 || amax_stage;
     StateArg state = make_state(r.u8(), amax_stage);
     Mutator fwd_mut, bwd_mut;

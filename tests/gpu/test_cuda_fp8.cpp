@@ -231,55 +231,65 @@ TEST(CudaFp8State, StateCopiesAreOrderedAgainstANonBlockingStream) {
   cudaStreamDestroy(stream);
 }
 
-// Current scaling in stages (LNMLP_CALL_AMAX_*) on the CUDA backend: the amaxes the stages
-// measure, into a device array, given back stage by stage, give the whole calls' bits, and W1's,
-// W2's and dy's are their maxima exactly.
-TEST(CudaFp8State, CurrentScalingInStagesGivesTheWholeCallsBits) {
+// Amaxes in stages (LNMLP_CALL_AMAX_*) on the CUDA backend, current scaling's and NVFP4's (two per
+// quantizer; backward given forward's): the amaxes the stages measure, into a device array, given
+// back stage by stage, give the whole calls' bits, and W1's, W2's and dy's are their maxima
+// exactly.
+TEST(CudaFp8State, AmaxesInStagesGiveTheWholeCallsBits) {
   SKIP_WITHOUT_GPU();
-  const Problem pr = fp8_problem({LNMLP_RECIPE_CURRENT, LNMLP_DTYPE_BF16, true, 64, 128, 192});
-  for (const int32_t remat : {LNMLP_REMAT_SAVE_ALL, LNMLP_REMAT_SAVE_STATS}) {
-    SCOPED_TRACE("remat " + std::to_string(remat));
-    PlanPtr p = plan_ptr(make_plan(pr, remat, LNMLP_BACKEND_CUDA, 0, LNMLP_RECIPE_CURRENT));
-    const int64_t saved_bytes = saved_bytes_of(p.get());
-    const DeviceInputs in(pr);
-    const DeviceOutputs whole(pr, saved_bytes), staged(pr, saved_bytes);
-    LNMLP_TEST_CHECK(device_forward(p.get(), in, whole, nullptr));
-    LNMLP_TEST_CHECK(device_backward(p.get(), in, whole, nullptr));
-    const std::vector<float> unset(LNMLP_QUANTIZER_COUNT, -1.0f);
-    const DeviceBuffer amax(unset.data(), unset.size() * sizeof(float));
-    auto* a = static_cast<float*>(amax.get());
-    const auto forward = [&](int32_t flags) {
-      return lnmlp_plan_forward(p.get(), plan_tokens(p.get()), in.x.get(), in.gamma.get(), in.beta.get(), in.w1.get(),
-                                in.b1.get(), in.w2.get(), in.b2.get(), staged.y.get(), staged.saved.get(), a, flags,
-                                nullptr);
-    };
-    const auto backward = [&](int32_t flags) {
-      return lnmlp_plan_backward(p.get(), plan_tokens(p.get()), in.dy.get(), in.x.get(), in.gamma.get(), in.beta.get(),
-                                 in.w1.get(), in.b1.get(), in.w2.get(), staged.saved.get(), staged.dx.get(),
-                                 staged.dgamma.get(), staged.dbeta.get(), staged.dw1.get(), staged.db1.get(),
-                                 staged.dw2.get(), staged.db2.get(), a, flags, nullptr);
-    };
-    const int32_t g = LNMLP_CALL_AMAX_GIVEN_LN_OUT | LNMLP_CALL_AMAX_GIVEN_W1 | LNMLP_CALL_AMAX_GIVEN_W2;
-    LNMLP_TEST_CHECK(forward(LNMLP_CALL_AMAX_MEASURE));
-    LNMLP_TEST_CHECK(forward(LNMLP_CALL_AMAX_MEASURE | g));
-    LNMLP_TEST_CHECK(forward(g | LNMLP_CALL_AMAX_GIVEN_ACT_OUT));
-    LNMLP_TEST_CHECK(backward(LNMLP_CALL_AMAX_MEASURE));
-    LNMLP_TEST_CHECK(backward(LNMLP_CALL_AMAX_MEASURE | LNMLP_CALL_AMAX_GIVEN_DY));
-    LNMLP_TEST_CHECK(backward(LNMLP_CALL_AMAX_GIVEN_DY | LNMLP_CALL_AMAX_GIVEN_DH));
-    CUDA_TEST_CHECK(cudaDeviceSynchronize());
-    std::vector<float> got(LNMLP_QUANTIZER_COUNT);
-    CUDA_TEST_CHECK(cudaMemcpy(got.data(), a, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    const auto max_abs = [](const Buffer& b) {
-      double m = 0.0;
-      for (double v : b.to_doubles()) m = std::max(m, std::fabs(v));
-      return m;
-    };
-    EXPECT_EQ(got[LNMLP_QUANTIZER_W1], max_abs(pr.bw1));
-    EXPECT_EQ(got[LNMLP_QUANTIZER_W2], max_abs(pr.bw2));
-    EXPECT_EQ(got[LNMLP_QUANTIZER_DY], max_abs(pr.bdy));
-    for (float v : got) EXPECT_GT(v, 0.0f);
-    const RunResult a_host = to_host(pr, staged, true), b_host = to_host(pr, whole, true);
-    EXPECT_TRUE(same_outputs(a_host, b_host));
+  for (const int32_t recipe : {LNMLP_RECIPE_CURRENT, LNMLP_RECIPE_NVFP4}) {
+    const bool nvfp4 = recipe == LNMLP_RECIPE_NVFP4;
+    const Problem pr = fp8_problem({recipe, LNMLP_DTYPE_BF16, true, 64, 128, 192});
+    for (const int32_t remat : {LNMLP_REMAT_SAVE_ALL, LNMLP_REMAT_SAVE_STATS}) {
+      SCOPED_TRACE("recipe " + std::to_string(recipe) + " remat " + std::to_string(remat));
+      PlanPtr p = plan_ptr(make_plan(pr, remat, LNMLP_BACKEND_CUDA, 0, recipe));
+      const int64_t saved_bytes = saved_bytes_of(p.get());
+      const DeviceInputs in(pr);
+      const DeviceOutputs whole(pr, saved_bytes), staged(pr, saved_bytes);
+      LNMLP_TEST_CHECK(device_forward(p.get(), in, whole, nullptr));
+      LNMLP_TEST_CHECK(lnmlp_plan_set_rng_state(p.get(), 9, 0));
+      LNMLP_TEST_CHECK(device_backward(p.get(), in, whole, nullptr));
+      const size_t per_quantizer = nvfp4 ? 2 : 1;
+      const std::vector<float> unset(LNMLP_QUANTIZER_COUNT * per_quantizer, -1.0f);
+      const DeviceBuffer amax(unset.data(), unset.size() * sizeof(float));
+      auto* a = static_cast<float*>(amax.get());
+      const auto forward = [&](int32_t flags) {
+        return lnmlp_plan_forward(p.get(), plan_tokens(p.get()), in.x.get(), in.gamma.get(), in.beta.get(), in.w1.get(),
+                                  in.b1.get(), in.w2.get(), in.b2.get(), staged.y.get(), staged.saved.get(), a, flags,
+                                  nullptr);
+      };
+      const auto backward = [&](int32_t flags) {
+        return lnmlp_plan_backward(p.get(), plan_tokens(p.get()), in.dy.get(), in.x.get(), in.gamma.get(),
+                                   in.beta.get(), in.w1.get(), in.b1.get(), in.w2.get(), staged.saved.get(),
+                                   staged.dx.get(), staged.dgamma.get(), staged.dbeta.get(), staged.dw1.get(),
+                                   staged.db1.get(), staged.dw2.get(), staged.db2.get(), a, flags, nullptr);
+      };
+      const int32_t g = LNMLP_CALL_AMAX_GIVEN_LN_OUT | LNMLP_CALL_AMAX_GIVEN_W1 | LNMLP_CALL_AMAX_GIVEN_W2;
+      const int32_t forward_given = g | LNMLP_CALL_AMAX_GIVEN_ACT_OUT;
+      const int32_t in_backward = nvfp4 ? forward_given : 0;  // NVFP4 quantizes the weights again
+      LNMLP_TEST_CHECK(forward(LNMLP_CALL_AMAX_MEASURE));
+      LNMLP_TEST_CHECK(forward(LNMLP_CALL_AMAX_MEASURE | g));
+      LNMLP_TEST_CHECK(forward(forward_given));
+      LNMLP_TEST_CHECK(lnmlp_plan_set_rng_state(p.get(), 9, 0));
+      LNMLP_TEST_CHECK(backward(in_backward | LNMLP_CALL_AMAX_MEASURE));
+      LNMLP_TEST_CHECK(backward(in_backward | LNMLP_CALL_AMAX_MEASURE | LNMLP_CALL_AMAX_GIVEN_DY));
+      LNMLP_TEST_CHECK(backward(in_backward | LNMLP_CALL_AMAX_GIVEN_DY | LNMLP_CALL_AMAX_GIVEN_DH));
+      CUDA_TEST_CHECK(cudaDeviceSynchronize());
+      std::vector<float> got(unset.size());
+      CUDA_TEST_CHECK(cudaMemcpy(got.data(), a, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      const auto max_abs = [](const Buffer& b) {
+        double m = 0.0;
+        for (double v : b.to_doubles()) m = std::max(m, std::fabs(v));
+        return m;
+      };
+      const auto at = [&](int32_t q) { return got[q * per_quantizer]; };  // the rowwise one under NVFP4
+      EXPECT_EQ(at(LNMLP_QUANTIZER_W1), max_abs(pr.bw1));
+      EXPECT_EQ(at(LNMLP_QUANTIZER_W2), max_abs(pr.bw2));
+      EXPECT_EQ(at(LNMLP_QUANTIZER_DY), max_abs(pr.bdy));
+      for (float v : got) EXPECT_GT(v, 0.0f);
+      const RunResult a_host = to_host(pr, staged, true), b_host = to_host(pr, whole, true);
+      EXPECT_TRUE(same_outputs(a_host, b_host));
+    }
   }
 }
 

@@ -227,11 +227,11 @@ pub const LNMLP_SAVED_COUNT: i32 = 10;
 pub const LNMLP_CALL_DEFAULT: i32 = 0;
 /// W1 and W2 as when the plan made its copies of them: reuse those
 pub const LNMLP_CALL_WEIGHTS_UNCHANGED: i32 = 1;
-/// CURRENT: measure the amaxes not given up to the next stage, and stop
+/// CURRENT, NVFP4: measure the amaxes not given up to the next stage, and stop
 pub const LNMLP_CALL_AMAX_MEASURE: i32 = 2;
 /// saved is void* \[LNMLP_SAVED_COUNT\], the sections apart
 pub const LNMLP_CALL_SAVED_SECTIONS: i32 = 4;
-/// CURRENT: quantizer LN_OUT's amax is given (the amax array)
+/// CURRENT, NVFP4: quantizer LN_OUT's amax is given (the amax array)
 pub const LNMLP_CALL_AMAX_GIVEN_LN_OUT: i32 = 256;
 /// ... W1's
 pub const LNMLP_CALL_AMAX_GIVEN_W1: i32 = 512;
@@ -721,8 +721,8 @@ extern "C" {
     /// beta       must be NULL for RMSNorm and non-NULL for LayerNorm; b1 and b2 must be NULL exactly
     /// when the descriptor disabled them. y must not overlap the inputs.
     /// fp8_state  NULL: the plan's state (attached or owned). Otherwise a DELAYED plan's state array
-    /// for this call only (see the FP8 quantizer state above), or a CURRENT plan's amax
-    /// array (LNMLP_CALL_AMAX_*, above).
+    /// for this call only (see the FP8 quantizer state above), or a CURRENT or NVFP4
+    /// plan's amax array (LNMLP_CALL_AMAX_*, above).
     /// flags      LNMLP_CALL_* values, OR'ed.
     /// stream     a cudaStream_t for the CUDA backend (NULL = default); ignored by the CPU backend.
     /// A backend prepares its GEMMs for a token count the first time a call has that count (host
@@ -752,8 +752,9 @@ extern "C" {
     /// dh). Element i of a tensor a call quantizes stochastically takes the bits of Philox4x32-10 keyed
     /// by `seed` at the counter (i, offset), so a call's draws follow from (seed, offset) alone, on any
     /// backend and thread count. A plan starts at seed 0, offset 0; each backward (or backward data)
-    /// call with tokens that draws moves offset on by one. Set it to reproduce a run or to give each
-    /// rank or layer its own stream, read it to checkpoint. (A plan that draws nothing keeps it as set.)
+    /// call with tokens that draws moves offset on by one (not one that stops at a stage to measure
+    /// amaxes, LNMLP_CALL_AMAX_MEASURE). Set it to reproduce a run or to give each rank or layer its
+    /// own stream, read it to checkpoint. (A plan that draws nothing keeps it as set.)
     /// @since 0.2
     /// @param\[in\] seed, offset
     /// @param\[in,out\] plan
