@@ -242,10 +242,13 @@ uint64_t rng_offset(const Calls& c) {
 // The staged calls of a forward and a backward, the group's amaxes max-reduced over `parts`
 // (one call each, rows parts[i].first.., parts[i].second tokens) between the stages: the amax
 // array the last calls are given. backward: run backward's stages too (forward's amaxes given in
-// each of its calls), every backward call of part i at the random state (seed, offsets[i]).
+// each of its calls), every backward call at random state (7, 0); `placed`: each part placed among
+// the whole tokens (lnmlp_plan_set_rng_place), else at (0, 0, 0, 1).
 std::vector<float> staged_amaxes(Calls& c, const std::vector<std::pair<int64_t, int64_t>>& parts,
                                  std::vector<RunResult>& out, std::vector<AlignedMemory>& saved, bool backward,
-                                 uint64_t seed = 0, const std::vector<uint64_t>& offsets = {}) {
+                                 bool placed = false) {
+  int64_t whole_tokens = 0;
+  for (const auto& part : parts) whole_tokens += part.second;
   const int32_t first = given({LNMLP_QUANTIZER_LN_OUT, LNMLP_QUANTIZER_W1, LNMLP_QUANTIZER_W2});
   const std::vector<int32_t> forward_stages = {LNMLP_CALL_AMAX_MEASURE, LNMLP_CALL_AMAX_MEASURE | first, kForwardGiven};
   const std::vector<int32_t> backward_stages = {kForwardGiven | LNMLP_CALL_AMAX_MEASURE,
@@ -262,7 +265,9 @@ std::vector<float> staged_amaxes(Calls& c, const std::vector<std::pair<int64_t, 
           ASSERT_EQ(c.forward(row, tokens, out[i].y, saved[i], mine.data(), flags), LNMLP_SUCCESS)
               << lnmlp_last_error();
         } else {
-          LNMLP_TEST_CHECK(lnmlp_plan_set_rng_state(c.plan.get(), seed, offsets.empty() ? 0 : offsets[i]));
+          LNMLP_TEST_CHECK(lnmlp_plan_set_rng_state(c.plan.get(), 7, 0));
+          LNMLP_TEST_CHECK(placed ? lnmlp_plan_set_rng_place(c.plan.get(), row, whole_tokens, 0, 1)
+                                  : lnmlp_plan_set_rng_place(c.plan.get(), 0, 0, 0, 1));
           ASSERT_EQ(c.backward(row, tokens, saved[i], out[i], mine.data(), flags), LNMLP_SUCCESS) << lnmlp_last_error();
         }
         for (size_t k = 0; k < mine.size(); ++k) reduced[k] = std::max(reduced[k], mine[k]);
@@ -361,24 +366,26 @@ INSTANTIATE_TEST_SUITE_P(Plans, Nvfp4Stages,
 
 // Data parallelism done by the caller, NVFP4: two halves of the tokens (whole Hadamard blocks of
 // 16 each), their amaxes max-reduced between the stages, give the whole call's amaxes exactly, its
-// y rows, and (stochastic rounding off, whose draws follow the element's place in the tensor) the
-// whole call's gradients: dx's rows, dW1 and dW2 the halves' sums, all within fp32 summation order.
-// Halves on their own amaxes do not. (Recomputing, backward quantizes ln_out and act_out again:
-// with forward's group amaxes, given.)
-class Nvfp4StagesGiven : public ::testing::TestWithParam<int32_t> {};
+// y rows and its gradients: dx's rows, dW1 and dW2 the halves' sums, all within fp32 summation
+// order -- with stochastic rounding, each half placed among the whole tokens
+// (lnmlp_plan_set_rng_place), so that it draws the whole call's bits for its rows. Halves on their
+// own amaxes do not. (Recomputing, backward quantizes ln_out and act_out again: with forward's
+// group amaxes, given.)
+class Nvfp4StagesGiven : public ::testing::TestWithParam<std::pair<int32_t, bool>> {};
 
 TEST_P(Nvfp4StagesGiven, TwoHalvesWithReducedAmaxesGiveTheWholeCall) {
   const Problem pr = problem(LNMLP_DTYPE_F32, 64);
   const int64_t T = 64, half = 32;
-  RunOptions o = nvfp4(GetParam());
-  o.nvfp4_disable_sr = true;
+  const auto [remat, stochastic] = GetParam();
+  RunOptions o = nvfp4(remat);
+  o.nvfp4_disable_sr = !stochastic;
   Calls whole_call(pr, o), halves(pr, o);
   std::vector<RunResult> whole = {whole_call.buffers(T)}, parts = {halves.buffers(half), halves.buffers(half)};
   std::vector<AlignedMemory> whole_saved, saved;
   whole_saved.emplace_back(whole_call.saved_bytes, 256, 0xFF);
   for (int h = 0; h < 2; ++h) saved.emplace_back(halves.saved_bytes, 256, 0xFF);
   const std::vector<float> whole_amaxes = staged_amaxes(whole_call, {{0, T}}, whole, whole_saved, true);
-  const std::vector<float> group = staged_amaxes(halves, {{0, half}, {half, half}}, parts, saved, true);
+  const std::vector<float> group = staged_amaxes(halves, {{0, half}, {half, half}}, parts, saved, true, true);
   for (size_t k = 0; k < kNvfp4Amaxes; ++k) EXPECT_EQ(group[k], whole_amaxes[k]) << "amax " << k;
   // Rows: y and dx, the halves' joined. Parameter gradients: the halves' summed.
   const auto joined = [&](Buffer RunResult::*b) {
@@ -413,7 +420,15 @@ TEST_P(Nvfp4StagesGiven, TwoHalvesWithReducedAmaxesGiveTheWholeCall) {
   EXPECT_FALSE(within_tolerance("a half on its own amaxes", alone.to_doubles(), whole_rows, nullptr, kTolF32));
 }
 
-INSTANTIATE_TEST_SUITE_P(Remat, Nvfp4StagesGiven, ::testing::Values(LNMLP_REMAT_SAVE_ALL, LNMLP_REMAT_SAVE_STATS));
+INSTANTIATE_TEST_SUITE_P(RematAndRounding, Nvfp4StagesGiven,
+                         ::testing::Values(std::pair{LNMLP_REMAT_SAVE_ALL, false},
+                                           std::pair{LNMLP_REMAT_SAVE_STATS, false},
+                                           std::pair{LNMLP_REMAT_SAVE_ALL, true},
+                                           std::pair{LNMLP_REMAT_SAVE_STATS, true}),
+                         [](const auto& i) {
+                           return std::string(i.param.first == LNMLP_REMAT_SAVE_ALL ? "save_all" : "save_stats") +
+                                  (i.param.second ? "_stochastic" : "_nearest");
+                         });
 
 TEST(Nvfp4StagesApi, TheArrayIsTwoPerQuantizer) {
   const Problem pr = problem(LNMLP_DTYPE_BF16);
@@ -428,6 +443,45 @@ TEST(Nvfp4StagesApi, TheArrayIsTwoPerQuantizer) {
   EXPECT_EQ(c.forward(0, T, y, saved, amax.data(), LNMLP_CALL_DEFAULT), LNMLP_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(c.forward(0, 0, y, saved, amax.data(), LNMLP_CALL_AMAX_MEASURE), LNMLP_SUCCESS) << lnmlp_last_error();
   for (float v : amax) EXPECT_EQ(v, kUnset);  // no tokens: nothing measured
+}
+
+// lnmlp_plan_set_rng_place refuses a place that does not fit, and a backward whose tokens pass
+// the whole tokens.
+TEST(Nvfp4StagesApi, ThePlaceIsChecked) {
+  const Problem pr = problem(LNMLP_DTYPE_BF16);  // 40 tokens, F = 64, SiLU-gated: A * F = 128
+  const int64_t T = pr.cfg.tokens;
+  Calls c(pr, nvfp4());
+  lnmlp_plan* p = c.plan.get();
+  EXPECT_EQ(lnmlp_plan_set_rng_place(nullptr, 0, 0, 0, 1), LNMLP_ERROR_NULL_POINTER);
+  EXPECT_EQ(lnmlp_plan_set_rng_place(p, -1, 0, 0, 1), LNMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(lnmlp_plan_set_rng_place(p, 0, -1, 0, 1), LNMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(lnmlp_plan_set_rng_place(p, 40, 40, 0, 1), LNMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(lnmlp_plan_set_rng_place(p, 0, 0, 0, 0), LNMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(lnmlp_plan_set_rng_place(p, 0, 0, 2, 2), LNMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(lnmlp_plan_set_rng_place(p, 0, 0, -1, 2), LNMLP_ERROR_INVALID_ARGUMENT);
+  // 2^42 tokens x 128 x 4 parts = 2^51 elements: past a stream's 2^48.
+  EXPECT_EQ(lnmlp_plan_set_rng_place(p, 0, int64_t{1} << 42, 0, 4), LNMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lnmlp_last_error()).find("2^48"), std::string::npos) << lnmlp_last_error();
+  EXPECT_EQ(lnmlp_plan_set_rng_place(p, 0, int64_t{1} << 30, 3, 4), LNMLP_SUCCESS) << lnmlp_last_error();
+  const Problem odd = make_problem(lnmlp_ref::biased_config(16, 48, 24, {LNMLP_ACT_GELU}), LNMLP_DTYPE_BF16, 41);
+  Calls odd_calls(odd, nvfp4());
+  EXPECT_EQ(lnmlp_plan_set_rng_place(odd_calls.plan.get(), 0, 0, 1, 2), LNMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lnmlp_last_error()).find("multiple of 16"), std::string::npos) << lnmlp_last_error();
+  EXPECT_EQ(lnmlp_plan_set_rng_place(odd_calls.plan.get(), 8, 16, 0, 1), LNMLP_SUCCESS) << lnmlp_last_error();
+
+  // The call's 40 tokens from token 30 pass 60: refused before anything is written.
+  AlignedMemory saved(c.saved_bytes, 256, 0xFF);
+  RunResult r = c.buffers(T);
+  ASSERT_EQ(c.forward(0, T, r.y, saved, nullptr, 0), LNMLP_SUCCESS) << lnmlp_last_error();
+  ASSERT_EQ(lnmlp_plan_set_rng_place(p, 30, 60, 0, 1), LNMLP_SUCCESS);
+  r.dx.poison();
+  const std::vector<double> before = r.dx.to_doubles();
+  EXPECT_EQ(c.backward(0, T, saved, r, nullptr, 0), LNMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lnmlp_last_error()).find("lnmlp_plan_set_rng_place"), std::string::npos) << lnmlp_last_error();
+  EXPECT_EQ(rng_offset(c), 0u);
+  ASSERT_EQ(lnmlp_plan_set_rng_place(p, 20, 60, 0, 1), LNMLP_SUCCESS);
+  EXPECT_EQ(c.backward(0, T, saved, r, nullptr, 0), LNMLP_SUCCESS) << lnmlp_last_error();
+  EXPECT_EQ(rng_offset(c), 1u);
 }
 
 }  // namespace

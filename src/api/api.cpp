@@ -541,13 +541,16 @@ void run_backward(lnmlp_plan* plan, BackwardArgs& args) {
   check_backward_args(*plan, args);
   if (args.fp8_state == nullptr && args.part != BackwardPart::Weights) args.fp8_state = plan->state();
   require_workspace(plan);
-  args.rng_seed = plan->rng_seed;
-  args.rng_offset = plan->rng_offset;
+  const RngStream& rng = plan->rng;
+  if (plan->recipe.draws_random() && rng.whole_tokens > 0 && args.tokens > rng.whole_tokens - rng.first_token)
+    fail(LNMLP_ERROR_INVALID_ARGUMENT, "the call's ", args.tokens, " tokens from token ", rng.first_token, " pass the ",
+         rng.whole_tokens, " tokens of lnmlp_plan_set_rng_place");
+  args.rng = rng;
   plan->engine->backward(args, plan->workspace);
   constexpr int32_t kGradientsGiven = (1 << (kAmaxGivenShift + kDy)) | (1 << (kAmaxGivenShift + kDh));
   const bool stopped = (args.amax & kAmaxMeasure) != 0 && (args.amax & kGradientsGiven) != kGradientsGiven;
   if (plan->recipe.draws_random() && args.part != BackwardPart::Weights && args.tokens > 0 && !stopped)
-    ++plan->rng_offset;
+    ++plan->rng.offset;
 }
 }  // namespace
 
@@ -597,8 +600,40 @@ LNMLP_API int32_t lnmlp_plan_backward_data(lnmlp_plan* plan, int64_t tokens, con
 LNMLP_API int32_t lnmlp_plan_set_rng_state(lnmlp_plan* plan, uint64_t seed, uint64_t offset) {
   return api_guard(__func__, [&] {
     PlanUse use(plan);
-    plan->rng_seed = seed;
-    plan->rng_offset = offset;
+    plan->rng.seed = seed;
+    plan->rng.offset = offset;
+  });
+}
+
+LNMLP_API int32_t lnmlp_plan_set_rng_place(lnmlp_plan* plan, int64_t first_token, int64_t whole_tokens,
+                                           int32_t ffn_part, int32_t ffn_parts) {
+  return api_guard(__func__, [&] {
+    PlanUse use(plan);
+    const Config& c = plan->cfg;
+    if (first_token < 0 || whole_tokens < 0 || (whole_tokens > 0 && first_token >= whole_tokens))
+      fail(LNMLP_ERROR_INVALID_ARGUMENT, "first_token must be >= 0 and below whole_tokens (>= 0; 0: the call's ",
+           "count), got first_token ", first_token, " and whole_tokens ", whole_tokens);
+    if (ffn_parts < 1 || ffn_part < 0 || ffn_part >= ffn_parts)
+      fail(LNMLP_ERROR_INVALID_ARGUMENT, "ffn_part must be in [0, ffn_parts) with ffn_parts >= 1, got part ", ffn_part,
+           " of ", ffn_parts);
+    if (ffn_parts > 1 && c.shard.size > 1)
+      fail(LNMLP_ERROR_INVALID_ARGUMENT,
+           "a plan sharded by lnmlp_desc_set_sharding places its F by its rank: ", "ffn_parts must be 1, got ",
+           ffn_parts);
+    if (ffn_parts > 1 && c.ffn % numerics::kNvfp4BlockLength != 0)
+      fail(LNMLP_ERROR_INVALID_ARGUMENT, "with ffn_parts > 1 the plan's ffn (one part) must be a multiple of ",
+           numerics::kNvfp4BlockLength, ", got ", c.ffn);
+    // Each representation's stream is 2^48 indices long (fp8_recipe.h's nvfp4_stream_first_index).
+    constexpr int64_t kStreamLength = int64_t{1} << 48;
+    const int64_t tokens = std::max(whole_tokens, first_token + c.tokens);
+    const int64_t widest = std::max(c.hidden, c.act_width() * ffn_parts);
+    if (tokens > kStreamLength / widest)
+      fail(LNMLP_ERROR_INVALID_ARGUMENT, "the whole tensors of ", tokens, " tokens x ", widest,
+           " have 2^48 elements or more, past a random stream's length");
+    plan->rng.first_token = first_token;
+    plan->rng.whole_tokens = whole_tokens;
+    plan->rng.ffn_part = ffn_part;
+    plan->rng.ffn_parts = ffn_parts;
   });
 }
 
@@ -607,8 +642,8 @@ LNMLP_API int32_t lnmlp_plan_get_rng_state(const lnmlp_plan* plan, uint64_t* see
     PlanUse use(plan);
     require_out(seed, "seed");
     require_out(offset, "offset");
-    *seed = plan->rng_seed;
-    *offset = plan->rng_offset;
+    *seed = plan->rng.seed;
+    *offset = plan->rng.offset;
   });
 }
 

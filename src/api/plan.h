@@ -9,6 +9,7 @@
 #include "plan/config.h"
 #include "plan/fp8_recipe.h"
 #include "plan/layout.h"
+#include "plan/rng_stream.h"
 
 struct lnmlp_desc {
   lnmlp::Config cfg;
@@ -30,9 +31,9 @@ struct lnmlp_plan {
   void* workspace = nullptr;        // what execution uses: owned or attached
   float* fp8_state = nullptr;       // the plan's own quantizer state in the engine's memory (fp8_state.h), DELAYED only
   float* attached_fp8_state = nullptr;  // the caller's, in use instead when attached (lnmlp_plan_attach_fp8_state)
-  // The random state of stochastic rounding (lnmlp_plan_set_rng_state): each backward that draws
-  // uses the stream (seed, offset) and then moves offset on by one.
-  uint64_t rng_seed = 0, rng_offset = 0;
+  // The random stream of stochastic rounding (lnmlp_plan_set_rng_state, _place): each backward that
+  // draws uses it and then moves its offset on by one.
+  lnmlp::RngStream rng;
 
   // The saved and deferred buffers of a call with `tokens` rows (0 .. cfg.rows()).
   lnmlp::SavedLayout saved_of_call(int64_t tokens) const {

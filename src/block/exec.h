@@ -28,6 +28,7 @@
 #include "gemm_roles.h"
 #include "numerics/dtype.h"
 #include "plan/config.h"
+#include "plan/rng_stream.h"
 
 namespace lnmlp::block {
 
@@ -122,9 +123,9 @@ struct QuantizeCall {
   uint8_t* saved_codes = nullptr;
   void* saved_scales = nullptr;
   bool in_producer = false;  // made by x's producer in its own pass (ProducerFp8), not by quantize()
-  // Stochastic rounding's random stream (NVFP4's gradients): the call's seed and offset
-  // (lnmlp_plan_set_rng_state); each representation draws from its own range of element indices.
-  uint64_t rng_seed = 0, rng_offset = 0;
+  // Stochastic rounding's random stream (NVFP4's gradients): the call's seed, offset and place
+  // (lnmlp_plan_set_rng_state, _place); each representation draws from its own range of indices.
+  RngStream rng;
 };
 
 // The representations a quantization makes, through one(columnwise, to_saved, operand) -> Operand,

@@ -58,7 +58,7 @@ struct Pass {
   void* packed_slot[2] = {};              // [weight]: its forward GEMM's packed copy (Exec::pack_weight)
   float* used_scales = nullptr;           // forward: where the scales it uses are saved for backward
   const float* forward_scales = nullptr;  // backward: those scales
-  uint64_t rng_seed = 0, rng_offset = 0;  // backward: the random stream of stochastic rounding
+  RngStream rng;                          // backward: the random stream of stochastic rounding
   float* backward_scales = nullptr;       // backward in two calls: dy's and dh's scales (the deferred buffer's)
   // Current scaling and NVFP4 in stages (lnmlp.h's LNMLP_CALL_AMAX_*): the call's flags, and the
   // caller's amax array, as the bits of each quantizer's amax (NVFP4: two per quantizer); and
@@ -175,8 +175,7 @@ struct Pass {
     call.rowwise = rowwise;
     call.columnwise = columnwise;
     call.scale = r.per_tensor() ? scalars(q) : nullptr;
-    call.rng_seed = rng_seed;
-    call.rng_offset = rng_offset;
+    call.rng = rng;
     return call;
   }
 
@@ -611,8 +610,7 @@ void run_backward(Exec& x, const Config& c, const SavedLayout& sv, const Backwar
   };
   Pass p(x, c, sv, ws, a.stream, a.fp8_state, weights);
   p.take_amaxes(a.fp8_state, a.amax, false);
-  p.rng_seed = a.rng_seed;
-  p.rng_offset = a.rng_offset;
+  p.rng = a.rng;
   p.forward_scales = saved_at<float>(sv.fwd_scales, a.saved);
   p.backward_scales = saved_at<float>(dv.scales, a.deferred);
   const int64_t T = p.T, Tn = p.Tn, H = p.H, F = p.F, AF = p.AF;

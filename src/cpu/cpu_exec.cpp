@@ -319,8 +319,7 @@ class CpuExec final : public block::Exec {
         const QuantKind k = kind(call.quantizer, columnwise ? Contract::Rows : Contract::Cols);
         const block::DecodedTarget to = block::decoded_target(l.reps, call, columnwise, to_saved, base);
         if (k.nvfp4()) {
-          const numerics::Nvfp4Rounding rounding =
-              nvfp4_rounding(c_, k, call.quantizer, columnwise, call.rng_seed, call.rng_offset);
+          const numerics::Nvfp4Rounding rounding = nvfp4_rounding(c_, k, call.quantizer, columnwise, call.rng);
           const uint32_t* given_bits = call.nvfp4_amax_bits;  // a group's or the caller's, else measured here
           const float given =
               given_bits != nullptr ? numerics::amax_from_bits(given_bits[columnwise && !l.reps.shared ? 1 : 0]) : 0.0f;

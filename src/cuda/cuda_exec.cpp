@@ -284,9 +284,8 @@ class CudaExec final : public block::Exec {
         // A group's or the caller's global amax (in device memory), else measured.
         const uint32_t* given = nullptr;
         if (call.nvfp4_amax_bits != nullptr) given = &call.nvfp4_amax_bits[columnwise && !l.reps.shared ? 1 : 0];
-        nvfp4_quantize(x.type, k, x.data, x.rows, x.cols,
-                       nvfp4_rounding(c_, k, call.quantizer, columnwise, call.rng_seed, call.rng_offset), given,
-                       to.codes, to.scales, to.transposed, op_f32_, operand ? to.op : nullptr, st_);
+        nvfp4_quantize(x.type, k, x.data, x.rows, x.cols, nvfp4_rounding(c_, k, call.quantizer, columnwise, call.rng),
+                       given, to.codes, to.scales, to.transposed, op_f32_, operand ? to.op : nullptr, st_);
         return operand ? Operand{to.op, nullptr, nullptr, nvfp4_region_amax(to.scales)} : Operand{};
       }
       fp8_quantize_blocked(x.type, k, x.data, x.rows, x.cols, to.codes, to.scales, st_);

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "layout.h"
+#include "rng_stream.h"
 
 namespace lnmlp {
 
@@ -81,8 +82,8 @@ struct BackwardArgs {
   int32_t amax = 0;        // as in ForwardArgs
   BackwardPart part = BackwardPart::Whole;
   void* deferred = nullptr;  // Data: written; Weights: read (plan/layout.h's DeferredLayout)
-  // The random stream of the call's stochastic rounding (NVFP4): the plan's random state.
-  uint64_t rng_seed = 0, rng_offset = 0;
+  // The random stream of the call's stochastic rounding (NVFP4): the plan's random state and place.
+  RngStream rng = {};
 };
 
 }  // namespace lnmlp

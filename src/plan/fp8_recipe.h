@@ -12,6 +12,7 @@
 #include "numerics/fp8.h"
 #include "numerics/quantize.h"
 #include "numerics/quantize_nvfp4.h"
+#include "rng_stream.h"
 
 namespace lnmlp {
 
@@ -153,25 +154,34 @@ constexpr uint64_t nvfp4_stream_first_index(int q, bool columnwise) {
   return static_cast<uint64_t>(2 * q + (columnwise ? 1 : 0)) << 48;
 }
 
-// NVFP4's stochastic rounding of quantizer q's representation: its stream, and on a shard where its
-// [T, cols] tensor lies in the whole tensor's stream (act_out and dh are split by columns, F/P of
-// each of the A halves: the columns of the rowwise matrix, the rows of the transposed columnwise
-// one), so that a group draws the bits of the unsharded plan. c: the shard's Config.
+// NVFP4's stochastic rounding of quantizer q's representation: its stream, and where the call's
+// [T, cols] tensor lies in the whole tensor's stream, so that a group draws the bits of the unsplit
+// call: split by columns (act_out and dh, F/P of each of the A halves: the columns of the rowwise
+// matrix, the rows of the transposed columnwise one) over a sharded plan's group or as the caller
+// places it (rng.ffn_part of rng.ffn_parts); its tokens rows rng.first_token.. of rng.whole_tokens
+// (the rows of the rowwise matrix, the columns of the transposed one). c: the shard's Config.
 inline numerics::Nvfp4Rounding nvfp4_rounding(const Config& c, const QuantKind& k, int q, bool columnwise,
-                                              uint64_t seed, uint64_t offset) {
+                                              const RngStream& rng) {
   numerics::Nvfp4Rounding r;
   r.stochastic = k.stochastic;
-  r.seed = seed;
-  r.offset = offset;
+  r.seed = rng.seed;
+  r.offset = rng.offset;
   r.first_index = nvfp4_stream_first_index(q, columnwise);
-  if (c.shard.size <= 1 || (q != kActOut && q != kDh)) return r;
-  const int64_t local = c.ffn, whole = c.ffn * c.shard.size;
-  const numerics::Nvfp4StreamMap features{local, whole, c.shard.rank * local};
+  const bool sharded = c.shard.size > 1;
+  const int64_t parts = sharded ? c.shard.size : rng.ffn_parts, part = sharded ? c.shard.rank : rng.ffn_part;
+  const bool split_f = parts > 1 && (q == kActOut || q == kDh);
+  const int64_t local = c.ffn, whole = c.ffn * parts;
+  const numerics::Nvfp4StreamMap features{local, whole, part * local}, tokens{0, 0, rng.first_token};
   if (k.nvfp4_transposed()) {
-    r.rows = features;  // row stride: the tokens, the transposed matrix's columns
+    r.cols = tokens;
+    r.row_stride = rng.whole_tokens;  // 0: the matrix's columns, the call's tokens
+    if (split_f) r.rows = features;
   } else {
-    r.cols = features;
-    r.row_stride = (q == kDh ? c.num_acts : 1) * whole;
+    r.rows = tokens;
+    if (split_f) {
+      r.cols = features;
+      r.row_stride = (q == kDh ? c.num_acts : 1) * whole;
+    }
   }
   return r;
 }

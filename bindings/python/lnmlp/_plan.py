@@ -695,6 +695,22 @@ class Plan:
         with self._lock:
             _lib.check(_lib.get_lib().lnmlp_plan_set_rng_state(self._live(), *values))
 
+    def set_rng_place(self, first_token, whole_tokens=0, ffn_part=0, ffn_parts=1) -> None:
+        """Where the plan's calls lie in the whole tensors the random stream is drawn over
+        (``lnmlp_plan_set_rng_place``), for a split done by the caller: tokens from ``first_token``
+        of ``whole_tokens`` (0: the call's count), F part ``ffn_part`` of ``ffn_parts``; the parts
+        of a split then draw, between them, the unsplit call's bits."""
+        values = []
+        for name, v in (("first_token", first_token), ("whole_tokens", whole_tokens), ("ffn_part", ffn_part),
+                        ("ffn_parts", ffn_parts)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not -2 ** 63 <= int(v) < 2 ** 63:
+                raise InvalidArgumentError(f"{name} must be an int, got {v!r}")
+            values.append(int(v))
+        if not all(-2 ** 31 <= v < 2 ** 31 for v in values[2:]):
+            raise InvalidArgumentError(f"ffn_part and ffn_parts must be 32-bit ints, got {values[2:]}")
+        with self._lock:
+            _lib.check(_lib.get_lib().lnmlp_plan_set_rng_place(self._live(), *values))
+
     # --- FP8 quantizer state (delayed scaling) -----------------------------------------------------
     def _require_state(self):
         if self.amax_history_length == 0:

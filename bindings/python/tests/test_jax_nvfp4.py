@@ -3,8 +3,9 @@ independent simulation of TransformerEngine's recipe computes (_nvfp4_sim throug
 with test_nvfp4_recipe.py's tolerances) from the quantizer set's random state; and what an
 lnmlp.Plan given that state computes, bit for bit (so the recipe's options and the random state
 reach the plan the custom calls run). ``qs.advanced()`` moves the state on as a Plan's backward
-does; the halves of ``quantizer_sets`` carry it whole; a mesh named by axes arguments is refused,
-one found in the operands' shardings runs the block whole.
+does; the halves of ``quantizer_sets`` carry it whole; split over a mesh by axes arguments the block
+gives the unsplit block's results (amaxes reduced, random streams placed); a mesh found in the
+operands' shardings runs the block whole.
 """
 
 import jax
@@ -16,7 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import lnmlp
 import lnmlp.jax as lj
 from test_fp8_recipes import make_dy, plan_for, step, inputs_for
-from test_nvfp4_recipe import CONFIGS, check_against_the_simulation, problem
+from test_nvfp4_recipe import CONFIGS, OPTIONS, check_against_the_simulation, problem
 
 SEED, OFFSET = 0x0123456789ABCDEF, 0xFFFFFFFF  # the offset's low word about to carry
 ARGS = ("x", "gamma", "beta", "w1", "b1", "w2", "b2")
@@ -106,19 +107,70 @@ def test_the_halves_of_quantizer_sets_carry_the_random_state_whole():
     _assert_same_bits(halves, whole, "quantizer_sets=(ffn1, ffn2)")
 
 
-def test_a_mesh_is_refused_by_axes_and_runs_whole_from_shardings():
-    if len(jax.devices()) < 2:
-        pytest.skip("needs two devices (the suite's XLA_FLAGS give the CPU eight)")
-    cfg = CONFIGS["ln-gelu-partial"]
+# F / 2 = 64: whole blocks of 16 on each of two tensor shards; 64 tokens: whole Hadamard blocks on
+# each of two data shards.
+MESH_CFG = (64, 64, 128, "layernorm", ("gelu", "linear"), np.float32, True)
+TENSOR = dict(kernel_1_axes=(None, None, "tensor"), kernel_2_axes=("tensor", None))
+MESH_LAYOUTS = {
+    "dp": dict(norm_input_axes=("data", None)),
+    "tp": TENSOR,
+    "dp-tp": dict(norm_input_axes=("data", None), **TENSOR),
+    # x as [2, 32, H]: a batch row per data shard, its sequence split over the tensor axis, so the
+    # rows a call gathers are a contiguous run of the tokens.
+    "dp-sp": dict(norm_input_axes=("data", "tensor", None), **TENSOR),
+}
+
+
+def _mesh():
+    if len(jax.devices()) < 4:
+        pytest.skip("needs four devices (the suite's XLA_FLAGS give the CPU eight)")
+    return jax.make_mesh((2, 2), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+@pytest.mark.parametrize("opt", ["te-default", "all-off"])
+@pytest.mark.parametrize("layout", list(MESH_LAYOUTS))
+def test_a_mesh_gives_the_unsplit_calls_results(layout, opt):
+    """Split over a 2 x 2 mesh, the amaxes max-reduced between the stages and each call placed in
+    the random stream: y and every gradient are the unsplit block's within fp32 summation order
+    (GEMM2's and dn's partial sums, the weight gradients' sums over the data shards) -- the same
+    global scales, codes and random bits on every shard."""
+    mesh = _mesh()
+    cfg = MESH_CFG
+    T, H, F, norm, acts, dtype, bias = cfg
+    recipe = lnmlp.NVFP4BlockScaling(**dict(zip(("disable_rht", "disable_stochastic_rounding",
+                                                 "disable_2d_quantization"), OPTIONS[opt])))
+    inp = inputs_for(cfg, 11)
+    dy = make_dy(T, H, dtype, 11)
+    qs = lj.make_quantizer_set(recipe, seed=SEED)
+    want_y, want = _jax_step(cfg, qs, inp, dy)
+    if layout == "dp-sp":
+        inp, dy = dict(inp, x=inp["x"].reshape(2, T // 2, H)), dy.reshape(2, T // 2, H)
+    with jax.set_mesh(mesh):
+        got_y, got = _jax_step(cfg, qs, inp, dy, **MESH_LAYOUTS[layout])
+        args = [None if inp[k] is None else jnp.asarray(inp[k]) for k in ARGS]
+        inferred = jax.jit(lambda x, g, b, w1, b1, w2, b2: lj.layernorm_mlp(
+            x, g, b, [w1, w2], [b1, b2], norm, activation_type=acts, quantizer_set=qs, **MESH_LAYOUTS[layout]))(*args)
+    outputs = [("y", got_y, want_y), ("y without grad", np.asarray(inferred), want_y)]
+    errors = {name: float(np.max(np.abs(g.reshape(w.shape) - w)) / np.max(np.abs(w)))
+              for name, g, w in outputs + [(k, got[k], want[k]) for k in GRADS if want[k] is not None]}
+    worst = max(errors, key=errors.get)
+    print(f"NVFP4 2x2 mesh {layout:6s} {opt:10s}: worst {worst} {errors[worst]:.2g} of its largest "
+          f"(exactly equal: {', '.join(k for k, e in errors.items() if e == 0) or 'none'})")
+    for name, err in errors.items():
+        assert err < 1e-5, f"{layout} {opt}: {name} differs from the unsplit block by {err:.3g} of its largest"
+
+
+def test_a_mesh_splits_f_into_whole_blocks_of_16_only_and_auto_placement_runs_whole():
+    mesh = _mesh()
+    cfg = CONFIGS["ln-gelu-partial"]  # F = 200: 100 per tensor shard
     T, H, F, norm, acts, dtype, bias = cfg
     recipe = lnmlp.NVFP4BlockScaling()
     inp = inputs_for(cfg, 10)
     dy = make_dy(T, H, dtype, 10)
     qs = lj.make_quantizer_set(recipe, seed=SEED)
-    mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     with jax.set_mesh(mesh):
-        with pytest.raises(lnmlp.NotSupportedError, match="does not split NVFP4BlockScaling"):
-            _jax_step(cfg, qs, inp, dy, norm_input_axes=("data", None))
+        with pytest.raises(lnmlp.NotSupportedError, match="whole blocks of 16"):
+            _jax_step(cfg, qs, inp, dy, **TENSOR)
     _, whole = _jax_step(cfg, qs, inp, dy)
     placed = dict(inp, x=jax.device_put(jnp.asarray(inp["x"]), NamedSharding(mesh, P("data", None))))
     _, auto = _jax_step(cfg, qs, placed, dy)

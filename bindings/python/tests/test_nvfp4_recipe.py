@@ -129,6 +129,19 @@ def test_random_state_moves_on_and_reproduces():
         plan.set_rng_state(-1)
     with pytest.raises(lnmlp.InvalidArgumentError):
         plan.set_rng_state(0, 2 ** 64)
+    # The place (a split done by the caller; tests/test_current_stages.cpp checks the bits of halves):
+    # the tokens further on in a whole tensor draw other bits, and placed back the first ones.
+    plan.set_rng_place(cfg[0], 4 * cfg[0])
+    plan.set_rng_state(SEED, 41)
+    _, elsewhere = step(plan, inp, dy)
+    assert not np.array_equal(first["dw2"], elsewhere["dw2"])
+    plan.set_rng_place(0)
+    plan.set_rng_state(SEED, 41)
+    _, back = step(plan, inp, dy)
+    np.testing.assert_array_equal(back["dw2"], first["dw2"])
+    for bad in ((-1,), (0, 0, 1, 1), (0, 0, 0, 0), (0, 0, 0, 2 ** 31), (1.5,)):
+        with pytest.raises(lnmlp.InvalidArgumentError):
+            plan.set_rng_place(*bad)
 
 
 def test_recipe_fields_defaults_and_environment(monkeypatch):

@@ -254,11 +254,13 @@ class Expected {
   }
 
   // The fp8 state operand or result: the plan's state, or with LNMLP_CALL_AMAX_* flags the amax
-  // array, float32 [LNMLP_QUANTIZER_COUNT].
-  void expect_state(int32_t amax_flags, const char* name, ffi::DataType type, ffi::Span<const int64_t> dims) const {
+  // array, float32 [LNMLP_QUANTIZER_COUNT] (NVFP4: [LNMLP_QUANTIZER_COUNT * 2], two per quantizer).
+  void expect_state(const PlanConfig& config, int32_t amax_flags, const char* name, ffi::DataType type,
+                    ffi::Span<const int64_t> dims) const {
     if (amax_flags == 0) return expect(LNMLP_TENSOR_FP8_STATE, name, type, dims);
-    if (type != ffi::DataType::F32 || dims.size() != 1 || dims[0] != LNMLP_QUANTIZER_COUNT)
-      mismatch(name, "float32 [" + std::to_string(LNMLP_QUANTIZER_COUNT) + "] (the amax array)", type, dims);
+    const int64_t floats = LNMLP_QUANTIZER_COUNT * (config.recipe == LNMLP_RECIPE_NVFP4 ? 2 : 1);
+    if (type != ffi::DataType::F32 || dims.size() != 1 || dims[0] != floats)
+      mismatch(name, "float32 [" + std::to_string(floats) + "] (the amax array)", type, dims);
   }
 
  private:
@@ -289,23 +291,29 @@ void attach_workspace(const SharedPlan& p, ffi::Result<ffi::AnyBuffer>& ws) {
   check(lnmlp_plan_attach_workspace(p.plan, start, static_cast<int64_t>(ws->size_bytes() - skip)));
 }
 
-// A backward call's random state, uint32 [4]: the seed's low and high words, then the offset's
-// (lnmlp/jax/_quantizer_set.py), for a plan that rounds stochastically (PlanConfig::draws_random).
-// It is read on the host: the CPU platform's buffers are host memory; on a GPU it would need a
-// copy to the host and a wait for XLA's stream, which the handlers do not make (the Python side
-// refuses the case first).
-void set_rng_state(const SharedPlan& p, const ffi::AnyBuffer& rng) {
+// A backward call's random operand, uint32 [10], for a plan that rounds stochastically
+// (PlanConfig::draws_random; lnmlp/jax/_calls.py's random_operand): the random state -- the seed's
+// low and high words, then the offset's -- and the call's place in the whole tensors
+// (lnmlp_plan_set_rng_place) -- first_token's words, whole_tokens', ffn_part, ffn_parts. It is read
+// on the host: the CPU platform's buffers are host memory; on a GPU it would need a copy to the
+// host and a wait for XLA's stream, which the handlers do not make (the Python side refuses the
+// case first).
+void set_random_stream(const SharedPlan& p, const ffi::AnyBuffer& rng) {
   const ffi::Span<const int64_t> dims = rng.dimensions();
-  if (rng.element_type() != ffi::DataType::U32 || dims.size() != 1 || dims[0] != 4)
+  constexpr int64_t kWords = 10;
+  if (rng.element_type() != ffi::DataType::U32 || dims.size() != 1 || dims[0] != kWords)
     fail(ffi::ErrorCode::kInvalidArgument,
-         std::string("lnmlp: the backward custom call's random state is ") + type_name(rng.element_type()) + " " +
-             dims_string(dims.begin(), dims.size()) + ", but a plan that rounds stochastically takes uint32 [4]");
+         std::string("lnmlp: the backward custom call's random operand is ") + type_name(rng.element_type()) + " " +
+             dims_string(dims.begin(), dims.size()) + ", but a plan that rounds stochastically takes uint32 [10]");
   if (p.config.backend != LNMLP_BACKEND_CPU)
     fail(ffi::ErrorCode::kUnimplemented,
          "lnmlp: NVFP4's stochastic rounding under lnmlp.jax runs on the CPU platform only in this version");
-  uint32_t w[4];
+  uint32_t w[kWords];
   std::memcpy(w, rng.untyped_data(), sizeof w);
-  check(lnmlp_plan_set_rng_state(p.plan, w[0] | uint64_t{w[1]} << 32, w[2] | uint64_t{w[3]} << 32));
+  const auto word64 = [&](int i) { return w[i] | uint64_t{w[i + 1]} << 32; };
+  check(lnmlp_plan_set_rng_state(p.plan, word64(0), word64(2)));
+  check(lnmlp_plan_set_rng_place(p.plan, static_cast<int64_t>(word64(4)), static_cast<int64_t>(word64(6)),
+                                 static_cast<int32_t>(w[8]), static_cast<int32_t>(w[9])));
 }
 
 // The state array forward / backward update in place: the output XLA aliases to the input. On the
@@ -363,7 +371,7 @@ ffi::Error forward(PlanState* s, void* stream, int32_t device, ffi::RemainingArg
                               LNMLP_TENSOR_B1, LNMLP_TENSOR_W2,    LNMLP_TENSOR_B2,   LNMLP_TENSOR_FP8_STATE};
     const char* names[] = {"x", "gamma", "beta", "kernel_1", "bias_1", "kernel_2", "bias_2", "fp8 state"};
     for (size_t i = 0; i < 7; ++i) want.expect(inputs[i], names[i], b.in(i));
-    want.expect_state(s->amax_flags, names[7], b.in(7).element_type(), b.in(7).dimensions());
+    want.expect_state(s->config, s->amax_flags, names[7], b.in(7).element_type(), b.in(7).dimensions());
     want.expect(LNMLP_TENSOR_Y, "y", y);
     Sections sections;
     if (s->saved_apart) {
@@ -375,7 +383,7 @@ ffi::Error forward(PlanState* s, void* stream, int32_t device, ffi::RemainingArg
     } else {
       want.expect(LNMLP_TENSOR_SAVED, "saved", saved);
     }
-    want.expect_state(s->amax_flags, "fp8 state (result)", state->element_type(), state->dimensions());
+    want.expect_state(s->config, s->amax_flags, "fp8 state (result)", state->element_type(), state->dimensions());
     attach_workspace(p, workspace);
     void* st = fp8_state(b.in(7), state, s->config.backend);
     check(lnmlp_plan_forward(p.plan, t, x.untyped_data(), b.in(1).untyped_data(), in_ptr(b.in(2)),
@@ -385,12 +393,13 @@ ffi::Error forward(PlanState* s, void* stream, int32_t device, ffi::RemainingArg
 }
 
 // Operands dy, x, gamma, beta, w1, b1, w2, saved (with saved_apart: the LNMLP_SAVED_COUNT
-// sections), fp8 state (or the random state, for a plan that rounds stochastically); results dx,
+// sections), fp8 state, and for a plan that rounds stochastically the random operand; results dx,
 // dgamma, dbeta, dw1, db1, dw2, db2, workspace, fp8 state.
 ffi::Error backward(PlanState* s, void* stream, int32_t device, ffi::RemainingArgs args, ffi::RemainingRets rets) {
   return guarded([&] {
     const size_t n_saved = s->saved_apart ? LNMLP_SAVED_COUNT : 1, state_at = 7 + n_saved;
-    const Buffers b("backward", 8 + n_saved, 9, args, rets);
+    const bool rng = s->config.draws_random();  // the random operand follows the state
+    const Buffers b("backward", 8 + n_saved + (rng ? 1 : 0), 9, args, rets);
     const ffi::AnyBuffer x = b.in(1);
     ffi::Result<ffi::AnyBuffer> g[7] = {b.out(0), b.out(1), b.out(2), b.out(3), b.out(4), b.out(5), b.out(6)};
     ffi::Result<ffi::AnyBuffer> workspace = b.out(7), state = b.out(8);
@@ -415,17 +424,15 @@ ffi::Error backward(PlanState* s, void* stream, int32_t device, ffi::RemainingAr
       want.expect(inputs[7], in_names[7], b.in(7));
     }
     const ffi::AnyBuffer state_in = b.in(state_at);
-    const bool rng = p.config.draws_random();  // the state operand is the random state
-    if (!rng) want.expect_state(s->amax_flags, in_names[8], state_in.element_type(), state_in.dimensions());
+    want.expect_state(s->config, s->amax_flags, in_names[8], state_in.element_type(), state_in.dimensions());
     const int32_t grads[] = {LNMLP_TENSOR_DX,  LNMLP_TENSOR_DGAMMA, LNMLP_TENSOR_DBETA, LNMLP_TENSOR_DW1,
                              LNMLP_TENSOR_DB1, LNMLP_TENSOR_DW2,    LNMLP_TENSOR_DB2};
     const char* grad_names[] = {"dx", "dgamma", "dbeta", "dkernel_1", "dbias_1", "dkernel_2", "dbias_2"};
     for (size_t i = 0; i < 7; ++i) want.expect(grads[i], grad_names[i], g[i]);
-    want.expect_state(s->amax_flags, "fp8 state (result)", state->element_type(), state->dimensions());
+    want.expect_state(s->config, s->amax_flags, "fp8 state (result)", state->element_type(), state->dimensions());
     attach_workspace(p, workspace);
-    void* st = nullptr;
-    if (rng) set_rng_state(p, state_in);
-    else st = fp8_state(state_in, state, s->config.backend);
+    if (rng) set_random_stream(p, b.in(state_at + 1));
+    void* st = fp8_state(state_in, state, s->config.backend);
     check(lnmlp_plan_backward(p.plan, t, b.in(0).untyped_data(), x.untyped_data(), b.in(2).untyped_data(),
                               in_ptr(b.in(3)), b.in(4).untyped_data(), in_ptr(b.in(5)), b.in(6).untyped_data(),
                               s->saved_apart ? sections.at : in_ptr(b.in(7)), out_ptr(g[0]), out_ptr(g[1]),

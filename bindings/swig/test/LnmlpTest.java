@@ -491,6 +491,18 @@ public final class LnmlpTest {
       p.setRngState(seed, 3);
       Plan.Grads again = p.backward(dy, x, g, b, w1, null, w2, saved);
       check(Arrays.equals(first.dw1, again.dw1), "the same random state draws the same bits");
+      p.setRngPlace(32, 128, 0, 1);  // further on in a whole tensor: other bits; placed back, the first
+      p.setRngState(seed, 3);
+      check(!Arrays.equals(first.dw1, p.backward(dy, x, g, b, w1, null, w2, saved).dw1), "a place draws its bits");
+      p.setRngPlace(0, 0, 0, 1);
+      p.setRngState(seed, 3);
+      check(Arrays.equals(first.dw1, p.backward(dy, x, g, b, w1, null, w2, saved).dw1), "placed back");
+      try {
+        p.setRngPlace(0, 0, 0, 0);
+        check(false, "ffnParts 0 accepted");
+      } catch (LnmlpException e) {
+        check(e.getMessage().contains("ffn_parts"), e.getMessage());
+      }
       rtne.backward(dy, x, g, b, w1, null, w2, saved);
       check(Arrays.equals(rtne.rngState(), new long[] {0, 0}), "without stochastic rounding nothing is drawn");
       float[] y0 = plain.forward(x, g, b, w1, null, w2, null, plain.newSavedBuffer());

@@ -31,7 +31,7 @@ include("fp8.jl")         # FP8 conversions and delayed-scaling state
 export Plan, LNMLPError, BFloat16, forward, backward, forward!, backward!, new_grads, attach_workspace!,
        quantizer_state, set_quantizer_state!, export_state, import_state!, fp8_encode, fp8_decode,
        library_version, build_info, query_support, tensor_shape, new_fp8_state, attach_fp8_state!,
-       rng_state, set_rng_state!
+       rng_state, set_rng_state!, set_rng_place!
 
 function __init__()
     # At load time, not at precompile time: the path may differ between the two.

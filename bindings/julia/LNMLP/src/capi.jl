@@ -114,6 +114,8 @@ lnmlp_plan_backward(plan, tokens, dy, x, gamma, beta, w1, b1, w2, saved, dx, dga
     ccall((:lnmlp_plan_backward, liblnmlp), Int32, (Ptr{Cvoid}, Int64, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Int32, Ptr{Cvoid}), plan, tokens, dy, x, gamma, beta, w1, b1, w2, saved, dx, dgamma, dbeta, dw1, db1, dw2, db2, fp8_state, flags, stream)
 lnmlp_plan_set_rng_state(plan, seed, offset) =
     ccall((:lnmlp_plan_set_rng_state, liblnmlp), Int32, (Ptr{Cvoid}, UInt64, UInt64), plan, seed, offset)
+lnmlp_plan_set_rng_place(plan, first_token, whole_tokens, ffn_part, ffn_parts) =
+    ccall((:lnmlp_plan_set_rng_place, liblnmlp), Int32, (Ptr{Cvoid}, Int64, Int64, Int32, Int32), plan, first_token, whole_tokens, ffn_part, ffn_parts)
 lnmlp_plan_get_rng_state(plan, seed, offset) =
     ccall((:lnmlp_plan_get_rng_state, liblnmlp), Int32, (Ptr{Cvoid}, Ptr{UInt64}, Ptr{UInt64}), plan, seed, offset)
 lnmlp_plan_get_deferred_bytes(plan, tokens, bytes) =

@@ -51,6 +51,18 @@ function set_rng_state!(p::Plan, seed::Integer, offset::Integer=0)
     return nothing
 end
 
+"""`set_rng_place!(plan, first_token, whole_tokens, ffn_part=0, ffn_parts=1)`: where the plan's calls
+lie in the whole tensors the random stream is drawn over (a split done by the caller): tokens from
+`first_token` of `whole_tokens` (0: the call's count), F part `ffn_part` of `ffn_parts`."""
+function set_rng_place!(p::Plan, first_token::Integer, whole_tokens::Integer, ffn_part::Integer=0,
+                        ffn_parts::Integer=1)
+    lock(p.lock) do
+        check(lnmlp_plan_set_rng_place(_live(p), Int64(first_token), Int64(whole_tokens), Int32(ffn_part),
+                                       Int32(ffn_parts)))
+    end
+    return nothing
+end
+
 function _require_state(p::Plan)
     p.amax_history_length == 0 && throw(LNMLPError(LNMLP_ERROR_INVALID_ARGUMENT,
         "this plan's recipe (:$(p.recipe)) keeps no quantizer state; only recipe=:delayed does"))

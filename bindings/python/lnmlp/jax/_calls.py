@@ -50,8 +50,9 @@ class Spec:
     weight_dtype: str = None
     # Forward also gives the norm output, a section of the saved buffer (return_layernorm_output).
     norm_output: bool = False
-    # The call's LNMLP_CALL_AMAX_* flags: Float8CurrentScaling in stages on a mesh (_sharding.py),
-    # whose state operand and result are then the amax array [6]. Not the plan's: it keys the call.
+    # The call's LNMLP_CALL_AMAX_* flags: Float8CurrentScaling or NVFP4BlockScaling in stages on a
+    # mesh (_sharding.py), whose state operand and result are then the amax array (amax_count). Not
+    # the plan's: it keys the call.
     amax_flags: int = 0
     # The saved buffer's sections apart (LNMLP_CALL_SAVED_SECTIONS): forward returns, and backward
     # takes, a tuple of one array per section (a zero-element stand-in where the plan saves none)
@@ -69,9 +70,16 @@ class Spec:
 
     @property
     def draws_random(self):
-        """Backward rounds stochastically (NVFP4): its state operand is the random state, uint32 [4]
-        (_quantizer_set.py), and forward's is the zero-element stand-in."""
+        """Backward rounds stochastically (NVFP4): it takes the random operand (random_operand)
+        after its state operand; the quantizer set's random state is no state of forward's."""
         return self.recipe is not None and self.recipe.draws_random
+
+    @property
+    def amax_count(self):
+        """The floats of the amax array of a call in stages: one per quantizer, NVFP4 two (the
+        tensor's and its columnwise representation's)."""
+        nvfp4 = self.recipe is not None and type(self.recipe).__name__ == "NVFP4BlockScaling"
+        return _capi.QUANTIZER_COUNT * (2 if nvfp4 else 1)
 
     def with_(self, **changes):
         return dataclasses.replace(self, **changes)
@@ -143,7 +151,7 @@ def _output_types(spec: Spec):
     with LNMLP_CALL_AMAX_* flags)."""
     types = _plan_facts(spec.with_(amax_flags=0, saved_apart=False))[0]
     if spec.amax_flags:
-        types = {**types, "fp8_state": jax.ShapeDtypeStruct((_capi.QUANTIZER_COUNT,), np.float32)}
+        types = {**types, "fp8_state": jax.ShapeDtypeStruct((spec.amax_count,), np.float32)}
     return types
 
 
@@ -182,6 +190,19 @@ def absent(dtype):
 
 def no_state():
     return jnp.zeros((0,), jnp.float32)
+
+
+def random_operand(rng_state, first_token=0, whole_tokens=0, ffn_part=0, ffn_parts=1):
+    """The backward call's random operand, uint32 [10] (xla_ffi/handlers.cpp's set_random_stream):
+    the quantizer set's random state (uint32 [4]: seed, offset) and the call's place in the whole
+    tensors (lnmlp_plan_set_rng_place; first_token and ffn_part may be traced)."""
+    def words(v):
+        v = jnp.asarray(v, jnp.uint32)  # token counts below 2^32 (a stream holds 2^48 elements)
+        return [v, jnp.zeros((), jnp.uint32)]
+
+    place = words(first_token) + words(whole_tokens) + [jnp.asarray(ffn_part, jnp.uint32),
+                                                        jnp.asarray(ffn_parts, jnp.uint32)]
+    return jnp.concatenate([jnp.asarray(rng_state, jnp.uint32), jnp.stack(place)])
 
 
 # ---- the custom calls, each with its batching rule -------------------------------------------------
@@ -242,8 +263,10 @@ def forward_call(spec: Spec):
 
 @functools.lru_cache(maxsize=512)
 def backward_call(spec: Spec):
-    """(dy, x, gamma, beta, w1, b1, w2, saved, state) -> (dx, dgamma, dbeta, dw1, db1, dw2, db2, state);
-    saved is the tuple of sections with spec.saved_apart."""
+    """(dy, x, gamma, beta, w1, b1, w2, saved, state, rng=None) -> (dx, dgamma, dbeta, dw1, db1, dw2,
+    db2, state); saved is the tuple of sections with spec.saved_apart. A plan that rounds
+    stochastically (spec.draws_random) takes rng, random_operand's; without it, state is the
+    quantizer set's random state itself, the call's tensors whole."""
     out = _output_types(spec)
     n_saved = len(_saved_outputs(spec, out))
     # The state (the last operand) is updated in place: XLA aliases it to output 8.
@@ -252,7 +275,7 @@ def backward_call(spec: Spec):
         input_output_aliases={7 + n_saved: 8} if spec.takes_state else None)
     attrs = spec.attributes()
 
-    # Flat operands: (dy, x, gamma, beta, w1, b1, w2, *saved, state), the saved ones one by one.
+    # Flat operands: (dy, x, gamma, beta, w1, b1, w2, *saved, state[, rng]), the saved ones one by one.
     @jax.custom_batching.custom_vmap
     def backward(*args):
         *grads, _, state = call(*args, **attrs)
@@ -269,8 +292,11 @@ def backward_call(spec: Spec):
             return (dx, *rest), (True,) + (False,) * len(rest)
         return _sequential(backward, axis_size, in_batched, args)
 
-    def grouped(dy, x, gamma, beta, w1, b1, w2, saved, state):
-        return backward(dy, x, gamma, beta, w1, b1, w2, *(saved if spec.saved_apart else (saved,)), state)
+    def grouped(dy, x, gamma, beta, w1, b1, w2, saved, state, rng=None):
+        if spec.draws_random and rng is None:
+            state, rng = no_state(), random_operand(state)
+        random = (rng,) if spec.draws_random else ()
+        return backward(dy, x, gamma, beta, w1, b1, w2, *(saved if spec.saved_apart else (saved,)), state, *random)
 
     grouped.flat = backward
     return grouped

@@ -62,7 +62,11 @@ def _block_fwd(spec, layout, saved_names, x, gamma, beta, w1, b1, w2, b2, state)
     # backward).
     for name in saved_names:
         saved = checkpoint_name(saved, name)
-    return ((y, ln) if spec.norm_output else y), (x, gamma, beta, w1, b1, w2, saved, state if rng is None else rng)
+    # The state residual: delayed scaling's, or on a mesh NVFP4's group amaxes (_sharding.py); with
+    # stochastic rounding the random state, beside the amaxes on a mesh.
+    if rng is not None:
+        state = rng if layout is None else (state, rng)
+    return ((y, ln) if spec.norm_output else y), (x, gamma, beta, w1, b1, w2, saved, state)
 
 
 def _norm_output_grads(spec, x, gamma, beta, dln):
@@ -109,7 +113,8 @@ def _block_bwd(spec, layout, saved_names, residuals, cotangent):
     # The state's "cotangent" is the state after this step (TransformerEngine's convention); an
     # integer random state has none (float0).
     if spec.draws_random:
-        state = np.zeros(state_in.shape, jax.dtypes.float0)
+        rng = state_in if layout is None else state_in[1]
+        state = np.zeros(rng.shape, jax.dtypes.float0)
     return (*grads, state)
 
 

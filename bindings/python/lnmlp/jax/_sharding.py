@@ -36,8 +36,15 @@ unsharded call computes, so the state stays identical on every rank. Current sca
 group's amax of a tensor inside the fused call, before it is quantized: each call runs in stages
 (the library's LNMLP_CALL_AMAX_*), a measuring call per stage whose amaxes are max-reduced over
 the split axes, then the call with every amax given (forward: ln_out, W1 and W2, then act_out;
-backward: dy, then dh). Blocked recipes need no reduction: their scales are per block of each
-shard (docs/sharding.md, "FP8 recipes").
+backward: dy, then dh). NVFP4 runs the same stages for its global scales (two amaxes per
+quantizer); its backward quantizes W1 and W2 again, so forward's group amaxes are a residual given
+to each backward call; and its stochastic rounding places each call in the whole tensors
+(lnmlp_plan_set_rng_place: its tokens' first row, its F part), so that the devices draw the bits
+of the unsplit call where each call's rows are a contiguous run of x's tokens in order (a split of
+the outermost token dimension, or of the innermost with the outer ones whole on each device; under
+sequence parallelism the tensor axes innermost), and distinct streams otherwise. Other blocked
+recipes need no reduction: their scales are per block of each shard (docs/sharding.md, "FP8
+recipes").
 """
 
 from __future__ import annotations
@@ -236,10 +243,10 @@ def layout_of_axes(mesh, x_shape, ffn, recipe, x_axes, k1, k2, kernel_1_ndim=3):
                                    f"axes {layout.tensor_axes}")
     if recipe is not None:
         name = type(recipe).__name__
-        if name == "NVFP4BlockScaling":
+        if name == "NVFP4BlockScaling" and (ffn // layout.tensor_size) % 16:
             raise NotSupportedError(
-                "lnmlp.jax does not split NVFP4BlockScaling over a mesh yet (each representation's global amax "
-                "would be max-reduced over the shards first): run the block whole, or use lnmlp.Plan's sharded plans")
+                f"NVFP4BlockScaling splits F only into whole blocks of 16: F / tensor shards = "
+                f"{ffn // layout.tensor_size}")
         if name == "Float8BlockScaling" and not recipe.power_2_scale and (ffn // layout.tensor_size) % 128:
             raise NotSupportedError(
                 f"Float8BlockScaling without power_2_scale needs F / tensor shards = {ffn // layout.tensor_size} to "
@@ -310,27 +317,36 @@ def _agreed_state(state, spec, layout):
     return jnp.concatenate([scale[:, None], group_history], axis=1)
 
 
-# Float8CurrentScaling in stages: the quantizers whose amaxes each stage of a call measures.
+# Amaxes in stages: the quantizers whose amaxes each stage of a call measures.
 _FORWARD_STAGES = ((_capi.QUANTIZER_LN_OUT, _capi.QUANTIZER_W1, _capi.QUANTIZER_W2), (_capi.QUANTIZER_ACT_OUT,))
 _BACKWARD_STAGES = ((_capi.QUANTIZER_DY,), (_capi.QUANTIZER_DH,))
 
 
+def _nvfp4(spec):
+    return spec.recipe is not None and type(spec.recipe).__name__ == "NVFP4BlockScaling"
+
+
 def _in_stages(spec):
-    return spec.recipe is not None and type(spec.recipe).__name__ == "Float8CurrentScaling"
+    return spec.recipe is not None and type(spec.recipe).__name__ == "Float8CurrentScaling" or _nvfp4(spec)
 
 
-def _group_amaxes(run, spec, stages, layout):
-    """Float8CurrentScaling split over the mesh: (the amax array of the group's amaxes, the
-    LNMLP_CALL_AMAX_GIVEN_* flags of them), stage by stage: each stage's call measures its part of
-    the stage's tensors, the earlier stages' group amaxes given, and the amaxes are max-reduced over
-    the split axes. run(call's spec, amax array) returns the call's amax array."""
-    amax = jnp.zeros((_capi.QUANTIZER_COUNT,), jnp.float32)
-    given = 0
+def _given(stages):
+    """The LNMLP_CALL_AMAX_GIVEN_* flags of the stages' quantizers."""
+    return sum(_capi.CALL_AMAX_GIVEN_LN_OUT << q for stage in stages for q in stage)
+
+
+def _group_amaxes(run, spec, stages, layout, amax=None, given=0):
+    """Float8CurrentScaling or NVFP4BlockScaling split over the mesh: (the amax array of the
+    group's amaxes, the LNMLP_CALL_AMAX_GIVEN_* flags of them), stage by stage: each stage's call
+    measures its part of the stage's tensors, the earlier stages' group amaxes given (and those of
+    `amax` that `given` flags), and the amaxes are max-reduced over the split axes. run(call's spec,
+    amax array) returns the call's amax array."""
+    if amax is None:
+        amax = jnp.zeros((spec.amax_count,), jnp.float32)
     for stage in stages:
         measured = run(spec.with_(amax_flags=_capi.CALL_AMAX_MEASURE | given), amax)
         amax = jax.lax.pmax(measured, layout.split_axes)
-        for q in stage:
-            given |= _capi.CALL_AMAX_GIVEN_LN_OUT << q
+        given |= _given((stage,))
     return amax, given
 
 
@@ -376,6 +392,8 @@ def forward_local(spec, layout):
                                         layout)
             call_spec = call_spec.with_(amax_flags=given)
             y, saved, _ = _calls.forward_call(call_spec)(*args, amax)
+            if _nvfp4(spec):  # forward's group amaxes: backward's residual
+                state = amax
         else:
             y, saved, state = _calls.forward_call(call_spec)(*args, state)
         if tp > 1:
@@ -422,10 +440,16 @@ def backward_local(spec, layout):
         w1, w2 = _whole_h(w1, layout.w1_fsdp_axes, 0), _whole_h(w2, layout.w2_fsdp_axes, 1)
         args = (_gathered(dy_rows, layout), rows, gamma, beta, w1, b1, w2, saved if spec.saved_apart else saved[0])
         if _in_stages(spec):
-            amax, given = _group_amaxes(lambda s, a: _calls.backward_call(s)(*args, a)[-1], call_spec,
-                                        _BACKWARD_STAGES, layout)
-            dx, dgamma, dbeta, dw1, db1, dw2, db2, _ = _calls.backward_call(call_spec.with_(amax_flags=given))(*args,
-                                                                                                               amax)
+            amax, given, rng = None, 0, None
+            if _nvfp4(spec):  # forward's group amaxes given; the random state placed
+                amax, rng = state if spec.draws_random else (state, None)
+                given, state = _given(_FORWARD_STAGES), _calls.no_state()
+                if rng is not None:
+                    rng = _placed(rng, rows.shape[0], layout)
+            amax, given = _group_amaxes(lambda s, a: _calls.backward_call(s)(*args, a, rng)[-1], call_spec,
+                                        _BACKWARD_STAGES, layout, amax, given)
+            dx, dgamma, dbeta, dw1, db1, dw2, db2, _ = _calls.backward_call(call_spec.with_(amax_flags=given))(
+                *args, amax, rng)
         else:
             dx, dgamma, dbeta, dw1, db1, dw2, db2, state = _calls.backward_call(call_spec)(*args, state)
         if tp > 1:
@@ -445,6 +469,17 @@ def backward_local(spec, layout):
     return local
 
 
+def _placed(rng_state, rows, layout):
+    """The random operand of a call of `rows` rows on the mesh: the random state, placed in the whole
+    tensors (lnmlp_plan_set_rng_place): its rows the group's run of them that its data axes' index
+    says, its F the tensor axes' part."""
+    data = layout.data_axes
+    groups = math.prod(layout.mesh.shape[a] for a in data)
+    first = jax.lax.axis_index(data) * rows if data else 0
+    part = jax.lax.axis_index(layout.tensor_axes) if layout.tensor_axes else 0
+    return _calls.random_operand(rng_state, first, rows * groups, part, layout.tensor_size)
+
+
 def backward(spec, layout, dy, x, gamma, beta, w1, b1, w2, saved, state):
     """(dx, dgamma, dbeta, dw1, db1, dw2, db2, state) for forward's residuals."""
     H = spec.hidden
@@ -454,8 +489,9 @@ def backward(spec, layout, dy, x, gamma, beta, w1, b1, w2, saved, state):
         return (dx.reshape(x.shape), *grads)
     local = backward_local(spec, layout)
     w1_spec, b1_spec, w2_spec = layout.weight_specs(b1)
+    state_spec = (P(), P()) if isinstance(state, tuple) else P()  # NVFP4's (amaxes, random state)
     return _shard_map(local, layout.mesh,
                       in_specs=(layout.x_spec, layout.x_spec, P(), P(), w1_spec, b1_spec, w2_spec, layout.per_device,
-                                P()),
+                                state_spec),
                       out_specs=(layout.x_spec, P(), P(), w1_spec, b1_spec, w2_spec, P(), P()))(
         dy, x, gamma, beta, w1, b1, w2, saved, state)

@@ -759,6 +759,20 @@ extern "C" {
     /// @param\[in\] seed, offset
     /// @param\[in,out\] plan
     pub fn lnmlp_plan_set_rng_state(plan: *mut lnmlp_plan, seed: u64, offset: u64) -> i32;
+    /// Where the plan's calls lie in the whole tensors its random stream is drawn over, for a caller
+    /// that splits the block over devices itself (JAX on a mesh): element i above is the element's
+    /// index in the whole tensor, so that the devices of a split draw between them the bits of the
+    /// unsplit call. A call's tokens are rows first_token .. first_token + tokens - 1 of whole_tokens
+    /// tokens (0: the call's own count); its F is part ffn_part (0-based) of ffn_parts equal parts of
+    /// each activation half's F, the columns of W1 and b1 and the rows of W2 it holds (the plan's ffn,
+    /// then a multiple of 16: NVFP4's blocks never straddle two parts). A plan starts at (0, 0, 0, 1),
+    /// its tensors whole; one sharded by lnmlp_desc_set_sharding places its F by its rank (ffn_parts
+    /// must be 1). A backward that draws with tokens past whole_tokens is refused
+    /// (LNMLP_ERROR_INVALID_ARGUMENT). The whole tensors must have fewer than 2^48 elements.
+    /// @since 0.2
+    /// @param\[in\] first_token, whole_tokens, ffn_part, ffn_parts
+    /// @param\[in,out\] plan
+    pub fn lnmlp_plan_set_rng_place(plan: *mut lnmlp_plan, first_token: i64, whole_tokens: i64, ffn_part: i32, ffn_parts: i32) -> i32;
     /// Reads the plan's random state (lnmlp_plan_set_rng_state).
     /// @since 0.2
     /// @param\[in\] plan

@@ -578,6 +578,15 @@ impl Plan {
         // SAFETY: the live plan.
         check(unsafe { sys::lnmlp_plan_set_rng_state(self.raw.as_ptr(), seed, offset) })
     }
+    /// Where the plan's calls lie in the whole tensors the random stream is drawn over, for a split
+    /// done by the caller: tokens from `first_token` of `whole_tokens` (0: the call's count), F part
+    /// `ffn_part` of `ffn_parts`; the parts of a split then draw the unsplit call's bits.
+    pub fn set_rng_place(&mut self, first_token: i64, whole_tokens: i64, ffn_part: i32, ffn_parts: i32) -> Result<()> {
+        // SAFETY: the live plan.
+        check(unsafe {
+            sys::lnmlp_plan_set_rng_place(self.raw.as_ptr(), first_token, whole_tokens, ffn_part, ffn_parts)
+        })
+    }
     /// Experimental (feature `experimental`): bytes of the state blob of [`Plan::export_state`] (0
     /// for a stateless recipe).
     #[cfg(feature = "experimental")]

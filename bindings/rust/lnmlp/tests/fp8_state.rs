@@ -149,6 +149,15 @@ fn nvfp4_draws_from_the_plans_random_state() {
     p.set_rng_state(seed, 9).unwrap();
     let again = p.backward(&dy, &x, &w, &saved).unwrap();
     assert_eq!(first.dw1, again.dw1, "the same random state draws the same bits");
+    // Placed further on in a whole tensor (a split done by the caller): other bits; placed back,
+    // the first ones.
+    p.set_rng_place(32, 128, 0, 1).unwrap();
+    p.set_rng_state(seed, 9).unwrap();
+    assert_ne!(p.backward(&dy, &x, &w, &saved).unwrap().dw1, first.dw1);
+    p.set_rng_place(0, 0, 0, 1).unwrap();
+    p.set_rng_state(seed, 9).unwrap();
+    assert_eq!(p.backward(&dy, &x, &w, &saved).unwrap().dw1, first.dw1);
+    assert!(p.set_rng_place(0, 0, 0, 0).is_err(), "no F parts");
     let mut rtne = build(true);
     let saved = rtne.forward(&x, &w, &mut y).unwrap();
     rtne.backward(&dy, &x, &w, &saved).unwrap();

@@ -756,6 +756,15 @@ public final class Plan implements AutoCloseable {
   /** Sets the random state: a backward's draws follow from (seed, offset) alone. */
   public synchronized void setRngState(long seed, long offset) { LnmlpNative.plan_set_rng_state(live(), seed, offset); }
 
+  /**
+   * Where the plan's calls lie in the whole tensors the random stream is drawn over, for a split
+   * done by the caller: tokens from firstToken of wholeTokens (0: the call's count), F part ffnPart
+   * of ffnParts; the parts of a split then draw the unsplit call's bits.
+   */
+  public synchronized void setRngPlace(long firstToken, long wholeTokens, int ffnPart, int ffnParts) {
+    LnmlpNative.plan_set_rng_place(live(), firstToken, wholeTokens, ffnPart, ffnParts);
+  }
+
   // ---- FP8 quantizer state (DELAYED recipe) ----------------------------------------------------
 
   /** The scale of quantizer q (QUANTIZER_*). */
