@@ -49,6 +49,24 @@ def _scaling_options(te, name):
     return first
 
 
+def _nvfp4_roles_as_the_flags_say(te, name):
+    """TE's NVFP4 object derives its per-role QParams from its three disable_* flags; lnmlp reads
+    the flags, so roles changed after construction (where the object has them) are refused."""
+    rht, sr, two_d = (not bool(getattr(te, f, False)) for f in ("disable_rht", "disable_stochastic_rounding",
+                                                                 "disable_2d_quantization"))
+    derived = {"fp4_quant_fwd_inp": (rht, False, False), "fp4_quant_fwd_weight": (False, False, two_d),
+               "fp4_quant_bwd_grad": (rht, sr, False)}
+    for role, want in derived.items():
+        q = getattr(te, role, None)
+        if q is None:
+            continue
+        got = tuple(bool(getattr(q, f, False)) for f in ("random_hadamard_transform", "stochastic_rounding",
+                                                          "fp4_2d_quantization"))
+        if got != want:
+            _refuse(name, role, q, "lnmlp's NVFP4 applies the Hadamard transform, stochastic rounding and 2-D "
+                                   "blocks as the disable_* flags say (TransformerEngine's derivation)")
+
+
 def from_transformer_engine(te):
     """The lnmlp recipe equal to TransformerEngine recipe object ``te``."""
     from . import recipe as lr
@@ -60,7 +78,11 @@ def from_transformer_engine(te):
     _common(te, name)
     fmt = getattr(te.fp8_format, "name", te.fp8_format)
     if name == "NVFP4BlockScaling":  # (fp8_dpa, fp8_mha: attention's, not this block's)
-        return lr.NVFP4BlockScaling(disable_rht=bool(getattr(te, "disable_rht", False)),
+        lr.refuse_nvfp4_options_not_in_lnmlp(name, bool(getattr(te, "row_scaled_activation", False)),
+                                             getattr(te, "nvfp4_4over6", "none"))
+        _nvfp4_roles_as_the_flags_say(te, name)
+        return lr.NVFP4BlockScaling(row_scaled_activation=False, nvfp4_4over6="none",
+                                    disable_rht=bool(getattr(te, "disable_rht", False)),
                                     disable_stochastic_rounding=bool(getattr(te, "disable_stochastic_rounding", False)),
                                     disable_2d_quantization=bool(getattr(te, "disable_2d_quantization", False)),
                                     fp4_format=getattr(te, "fp4_format", "E2M1"), fp8_format=fmt)

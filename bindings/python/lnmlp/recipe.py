@@ -27,7 +27,7 @@ import threading
 
 import numpy as np
 
-from ._lib import InvalidArgumentError
+from ._lib import InvalidArgumentError, NotSupportedError
 
 __all__ = ["Recipe", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling",
            "MXFP8BlockScaling", "NVFP4BlockScaling", "QuantizerSet", "make_quantizer_set", "QUANTIZERS",
@@ -211,6 +211,22 @@ def _env_flag(name) -> bool:
     return os.getenv(name, "0") == "1"
 
 
+def _env_str(name, default) -> str:
+    import os
+    return os.getenv(name, default)
+
+
+def refuse_nvfp4_options_not_in_lnmlp(recipe, row_scaled_activation, nvfp4_4over6):
+    """NotSupportedError for TransformerEngine's NVFP4 options that lnmlp does not have, unless at
+    their defaults: row-scaled activations (an amax per row) and 4over6 adaptive block scaling."""
+    if row_scaled_activation:
+        raise NotSupportedError(f"{recipe}(row_scaled_activation=True) is not supported: lnmlp quantizes each "
+                                "tensor with one global amax (TransformerEngine's default)")
+    if nvfp4_4over6 is not None and str(nvfp4_4over6).lower() != "none":
+        raise NotSupportedError(f"{recipe}(nvfp4_4over6={nvfp4_4over6!r}) is not supported: lnmlp scales each "
+                                "block to 6 (TransformerEngine's default, 'none'); 4over6 is not implemented")
+
+
 class NVFP4BlockScaling(Recipe):
     """NVFP4 (TransformerEngine's ``NVFP4BlockScaling``): FP4 E2M1 elements in 1x16 blocks along
     the contracted dimension, an E4M3 scale per block and an fp32 global scale per tensor from its
@@ -222,15 +238,24 @@ class NVFP4BlockScaling(Recipe):
     ``NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING``, ``NVTE_NVFP4_DISABLE_2D_QUANTIZATION`` being "1".
     ``fp4_format`` must be "E2M1" and ``fp8_format`` (the block scales') "E4M3". Stateless apart from
     the random state. Both backends (the CUDA one emulating the FP4 GEMMs), sharded plans too, with
-    ``ffn / group size`` a multiple of 16; lnmlp.jax unsplit (docs/jax.md)."""
+    ``ffn / group size`` a multiple of 16; lnmlp.jax, on meshes too (docs/jax.md).
+
+    TE's other options are taken at their defaults only (NotSupportedError otherwise, from the
+    argument or, as TE reads it, the environment): ``row_scaled_activation=False``
+    (``NVTE_NVFP4_ROW_SCALED_ACTIVATION``) and ``nvfp4_4over6="none"`` (``NVTE_NVFP4_4OVER6``):
+    lnmlp has neither row-scaled activations nor 4over6 block scaling (docs/fp8.md)."""
 
     _fields = ("disable_rht", "disable_stochastic_rounding", "disable_2d_quantization", "fp4_format",
                "fp8_format")
 
     def __init__(self, disable_rht=None, disable_stochastic_rounding=None, disable_2d_quantization=None,
-                 fp4_format="E2M1", fp8_format="E4M3"):
+                 fp4_format="E2M1", fp8_format="E4M3", row_scaled_activation=None, nvfp4_4over6=None):
         def flag(name, value, env):
             return _env_flag(env) if value is None else _bool(name, value)
+
+        refuse_nvfp4_options_not_in_lnmlp(
+            "NVFP4BlockScaling", flag("row_scaled_activation", row_scaled_activation, "NVTE_NVFP4_ROW_SCALED_ACTIVATION"),
+            _env_str("NVTE_NVFP4_4OVER6", "none") if nvfp4_4over6 is None else nvfp4_4over6)
 
         fp4 = getattr(fp4_format, "name", fp4_format)
         if not (isinstance(fp4, str) and fp4.upper() == "E2M1"):

@@ -91,6 +91,31 @@ class NVFP4BlockScaling:
     fp8_format: Format = Format.E4M3
 
 
+@dataclasses.dataclass
+class NVFP4BlockScalingWithRoles:  # a newer TE's object: its options, and the roles its flags derive
+    fp8_format: Format = Format.E4M3
+    disable_rht: bool = False
+    disable_stochastic_rounding: bool = False
+    disable_2d_quantization: bool = False
+    row_scaled_activation: bool = False
+    nvfp4_4over6: str = "none"
+
+    def __post_init__(self):
+        rht, sr, two_d = not self.disable_rht, not self.disable_stochastic_rounding, not self.disable_2d_quantization
+        self.fp4_quant_fwd_inp = QParams(random_hadamard_transform=rht)
+        self.fp4_quant_fwd_weight = QParams(fp4_2d_quantization=two_d)
+        self.fp4_quant_bwd_grad = QParams(random_hadamard_transform=rht, stochastic_rounding=sr)
+
+
+NVFP4BlockScalingWithRoles.__name__ = "NVFP4BlockScaling"
+
+
+def _with_role(te, role, qparams):
+    """te with one role's QParams changed after construction (which TE's dataclass allows)."""
+    setattr(te, role, qparams)
+    return te
+
+
 class CollectiveOp(enum.Enum):
     NONE = 0
     ALL_GATHER = 1
@@ -104,7 +129,7 @@ class CollectiveOpSet:
 
 
 for _cls in (Format, QParams, DelayedScaling, Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling,
-             NVFP4BlockScaling):
+             NVFP4BlockScaling, NVFP4BlockScalingWithRoles):
     _cls.__module__ = TE_MODULE
 CollectiveOp.__module__ = CollectiveOpSet.__module__ = "transformer_engine.jax.cpp_extensions.gemm"
 NOOP = CollectiveOpSet(CollectiveOp.NONE, CollectiveOp.NONE)
@@ -144,6 +169,9 @@ def test_transformer_engines_recipes_are_read_as_lnmlps(te, want):
     (Float8CurrentScaling(fp8_quant_fwd_inp=QParams(stochastic_rounding=True)), "stochastic_rounding"),
     (Float8BlockScaling(x_block_scaling_dim=2, w_block_scaling_dim=1), "x_block_scaling_dim"),
     (MXFP8BlockScaling(enable_2d_quantization=True), "enable_2d_quantization"),
+    (NVFP4BlockScalingWithRoles(row_scaled_activation=True), "row_scaled_activation"),
+    (NVFP4BlockScalingWithRoles(nvfp4_4over6="weights"), "nvfp4_4over6"),
+    (_with_role(NVFP4BlockScalingWithRoles(), "fp4_quant_fwd_inp", QParams()), "fp4_quant_fwd_inp"),
 ])
 def test_a_transformer_engine_recipe_lnmlp_cannot_honour_is_refused_naming_the_field(te, match):
     with pytest.raises(lnmlp.NotSupportedError, match=match):
@@ -163,6 +191,10 @@ def test_nvfp4_is_read_as_lnmlps():
     for recipe in (NVFP4BlockScaling(), want):
         qs = lj.make_quantizer_set(recipe, seed=5)
         assert qs.recipe == want and qs.rng_state() == (5, 0)
+    # A newer object, its options at their defaults and its roles as its flags derive them.
+    te = NVFP4BlockScalingWithRoles(disable_rht=True, disable_2d_quantization=True)
+    assert lnmlp.recipe.as_recipe(te) == lnmlp.NVFP4BlockScaling(disable_rht=True, disable_stochastic_rounding=False,
+                                                                 disable_2d_quantization=True)
 
 
 # ---- quantizer_sets, activation_params, collective_op_sets -----------------------------------------

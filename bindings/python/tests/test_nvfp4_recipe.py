@@ -156,6 +156,17 @@ def test_recipe_fields_defaults_and_environment(monkeypatch):
     for bad in (dict(fp4_format="E4M3"), dict(fp8_format="E5M2"), dict(disable_rht=1)):
         with pytest.raises(lnmlp.InvalidArgumentError):
             lnmlp.NVFP4BlockScaling(**bad)
+    # TE's options lnmlp does not have: accepted at their defaults only, from arguments or environment.
+    assert lnmlp.NVFP4BlockScaling(row_scaled_activation=False, nvfp4_4over6="none") == lnmlp.NVFP4BlockScaling()
+    for bad, match in ((dict(row_scaled_activation=True), "row_scaled_activation"),
+                       (dict(nvfp4_4over6="weights"), "4over6"), (dict(nvfp4_4over6="all"), "4over6")):
+        with pytest.raises(lnmlp.NotSupportedError, match=match):
+            lnmlp.NVFP4BlockScaling(**bad)
+    for env, value in (("NVTE_NVFP4_4OVER6", "activations"), ("NVTE_NVFP4_ROW_SCALED_ACTIVATION", "1")):
+        with monkeypatch.context() as m:
+            m.setenv(env, value)
+            with pytest.raises(lnmlp.NotSupportedError):
+                lnmlp.NVFP4BlockScaling()
 
 
 def test_saved_bytes_per_token():
