@@ -101,8 +101,9 @@ constexpr Tolerance kTolFp8Backends{1e-3, 0.04};
 // GEMMs summing decoded operands in different orders. As for FP8 an intermediate at a rounding
 // boundary can take the neighbouring code on one backend, but an E2M1 step is up to a third of the
 // value (4 to 6), not an eighth, and an element that is its block's max moves the block's E4M3
-// scale and so all 16 codes. Measured in the CUDA emulation (tests/gpu/test_cuda_fp8.cpp,
-// nvfp4_bf16_gelu_T256_H128_F192): two rows of y, 0.032 of its max. 3x the FP8 bound, by the ratio
+// scale and so all 16 codes. Measured in the CUDA emulation (tests/gpu/test_cuda_fp8.cpp, which
+// prints each case's worst; nvfp4_bf16_gelu_T256_H128_F192): two rows of y, 0.032 of its max
+// (lnmlp_emulated_gpu_tests --gtest_filter='*CudaFp8VsCpu.Forward*nvfp4*'). 3x the FP8 bound, by the ratio
 // of the steps; a wrong global scale or alpha (a factor of 2 and up) gives 0.5 and more.
 constexpr Tolerance kTolFp4Backends{1e-3, 0.12};
 
