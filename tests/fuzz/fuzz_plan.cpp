@@ -757,9 +757,21 @@ struct Mutator {
   // Backward only: in two calls (lnmlp_plan_backward_data, then _weights), from a bit of the
   // mutation's byte that chooses nothing else (so earlier inputs keep their meaning otherwise).
   bool split = false;
+  // Backward only, from another such bit: the plan's calls placed in whole tensors first
+  // (lnmlp_plan_set_rng_place), from the bytes after it: first token, whole tokens, F part, parts.
+  bool placed = false;
+  int64_t first_token = 0, whole_tokens = 0;
+  int32_t ffn_part = 0, ffn_parts = 1;
   void read(Reader& r) {
     const uint8_t m = r.u8();
     split = (m & 4) != 0;
+    placed = (m & 8) != 0;
+    if (placed) {
+      first_token = r.pick(0, 40);
+      whole_tokens = r.pick(0, 80);
+      ffn_part = r.pick32(0, 3);
+      ffn_parts = r.pick32(1, 4);
+    }
     if (m < 0xC0) return;
     kind = static_cast<Mutation>(1 + m % 4);
     target = r.u8();
@@ -1052,6 +1064,24 @@ struct Runner {
     const std::vector<uint8_t> blob_before = state_blob(plan);
 
     const std::vector<uint8_t> dw1_before = dw1.snapshot(), dw2_before = dw2.snapshot();
+    // The place, for this call only: a setter that fails leaves the plan's as it was; a backward
+    // whose tokens pass the whole tokens succeeds only where it draws nothing (its random state
+    // then stays where it was).
+    bool past_the_place = false;
+    if (mut.placed) {
+      const int32_t ps =
+          API(lnmlp_plan_set_rng_place(plan, mut.first_token, mut.whole_tokens, mut.ffn_part, mut.ffn_parts));
+      FUZZ_CHECK(ps == LNMLP_SUCCESS || ps == LNMLP_ERROR_INVALID_ARGUMENT,
+                 "set_rng_place(%lld, %lld, %d, %d) returned %s", static_cast<long long>(mut.first_token),
+                 static_cast<long long>(mut.whole_tokens), mut.ffn_part, mut.ffn_parts, lnmlp_status_string(ps));
+      past_the_place = ps == LNMLP_SUCCESS && mut.whole_tokens > 0 && tc > mut.whole_tokens - mut.first_token;
+    }
+    uint64_t seed_before = 0, offset_before = 0;
+    EXPECT_STATUS(API(lnmlp_plan_get_rng_state(plan, &seed_before, &offset_before)), LNMLP_SUCCESS);
+    struct PlaceReset {
+      lnmlp_plan* plan;
+      ~PlaceReset() { lnmlp_plan_set_rng_place(plan, 0, 0, 0, 1); }
+    } place_reset{plan};
     const int32_t st =
         mut.split ? API(lnmlp_plan_backward_data(plan, tc, a[0].ptr, a[1].ptr, a[2].ptr, a[3].ptr, a[4].ptr, a[5].ptr,
                                                  a[6].ptr, a[7].ptr, a[8].ptr, a[9].ptr, a[10].ptr, a[11].ptr,
@@ -1063,6 +1093,13 @@ struct Runner {
       FUZZ_CHECK(
           st != LNMLP_SUCCESS, "backward must fail (tokens %lld, flags %d, remat %d, mutation %d of %s) but succeeded",
           static_cast<long long>(tc), flags, m.remat, mut.kind, a[static_cast<size_t>(mut.target) % a.size()].name);
+    }
+    if (past_the_place && st == LNMLP_SUCCESS) {
+      uint64_t seed = 0, offset = 0;
+      EXPECT_STATUS(API(lnmlp_plan_get_rng_state(plan, &seed, &offset)), LNMLP_SUCCESS);
+      FUZZ_CHECK(offset == offset_before,
+                 "a backward with tokens past lnmlp_plan_set_rng_place's whole drew from "
+                 "the random stream");
     }
     if (st != LNMLP_SUCCESS) {
       check_unchanged("a failed backward", a, before, !fails_while_running(st), &state.array, &state_before);

@@ -208,6 +208,12 @@ def plan_seeds():
         PlanSeed().shape(20, 32, 48).dtype("bf16").recipe("nvfp4").acts("silu", "linear").bias(1, 1)
         .op("nvfp4_options", pick(0, 0, 1) + pick(0, 0, 1) + pick(1, 0, 1))
         .encode([dict(tokens=20), dict(tokens=7), dict(tokens=0)]))
+    # Backward placed (lnmlp_plan_set_rng_place): 7 tokens from 10 of 40, F part 1 of 2 (runs); 20
+    # tokens from 4 of 22 (past the whole: refused).
+    s["nvfp4_placed_in_the_random_stream"] = (
+        PlanSeed().shape(20, 32, 48).dtype("bf16").recipe("nvfp4").acts("gelu").bias(1, 1)
+        .encode([dict(tokens=7, bwd=u8(8) + pick(10, 0, 40) + pick(40, 0, 80) + pick(1, 0, 3) + pick(2, 1, 4)),
+                 dict(tokens=20, bwd=u8(8) + pick(4, 0, 40) + pick(22, 0, 80) + pick(0, 0, 3) + pick(1, 1, 4))]))
     s["clamped_swiglu"] = (
         PlanSeed().shape(3, 8, 8).acts("clamped_silu", "clamped_linear").op("clamped", flt(7.0) + flt(1.702) + flt(1.0))
         .encode([dict(tokens=3)]))
