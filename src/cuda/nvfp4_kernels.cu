@@ -24,23 +24,33 @@ __global__ void nvfp4_set_amax_kernel(const uint32_t* bits, float* amax) { *amax
 // Column c of x [rows, cols] in blocks of 16 rows, Hadamard-transformed where `hadamard` (whole
 // blocks only): into the transpose t [cols, rows] (NULL: not written) and the amax of the values
 // (amax_bits NULL: not measured). Threads along x take adjacent columns (coalesced reads); the
-// grid's y strides over the row blocks.
+// grid's y strides over the row blocks. A block's 16 x kThreads values go to t through shared
+// memory, so that a warp writes whole 16-float runs of t's rows (two a store) rather than 32
+// scattered words.
 template <DType D> __global__ void __launch_bounds__(kThreads)
     nvfp4_columns_kernel(const storage_t<D>* __restrict__ x, int64_t rows, int64_t cols, bool hadamard,
                          float* __restrict__ t, uint32_t* amax_bits) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  __shared__ float tile[kB][kThreads + 1];  // [row in the block][column]; padded against bank conflicts
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kThreads, c = c0 + threadIdx.x;
   uint32_t m = 0;
-  if (c < cols) {
-    for (int64_t rb = blockIdx.y; rb * kB < rows; rb += gridDim.y) {
-      const int64_t r0 = rb * kB, n = rows - r0 < kB ? rows - r0 : kB;
+  for (int64_t rb = blockIdx.y; rb * kB < rows; rb += gridDim.y) {  // the same trips for the whole block
+    const int64_t r0 = rb * kB, n = rows - r0 < kB ? rows - r0 : kB;
+    if (c < cols) {
       float v[kB];
       for (int64_t i = 0; i < n; ++i) v[i] = load<D>(x[(r0 + i) * cols + c]);
       if (hadamard && n == kB) numerics::random_hadamard16(v, v);
       for (int64_t i = 0; i < n; ++i) {
         m = amax_bits_max(m, magnitude_bits(v[i]));
-        if (t != nullptr) t[c * rows + r0 + i] = v[i];
+        tile[i][threadIdx.x] = v[i];
       }
     }
+    if (t == nullptr) continue;
+    __syncthreads();
+    for (int k = static_cast<int>(threadIdx.x); k < kThreads * kB; k += kThreads) {
+      const int col = k / static_cast<int>(kB), i = k % static_cast<int>(kB);
+      if (c0 + col < cols && i < n) t[(c0 + col) * rows + r0 + i] = tile[i][col];
+    }
+    __syncthreads();  // before the next row block refills the tile
   }
   block_amax_to<kThreads>(m, amax_bits);
 }
