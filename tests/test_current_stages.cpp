@@ -153,6 +153,48 @@ TEST(CurrentStagesGiven, AreTheScalesUsed) {
   EXPECT_TRUE(within_tolerance("y with 4x amaxes", larger.y.to_doubles(), y_ref, nullptr, kTolFp8));
 }
 
+// The staged calls of a forward and a backward, the group's amaxes max-reduced over `parts`
+// (one call each, rows parts[i].first.., parts[i].second tokens) between the stages: the amax
+// array the last calls are given, of `floats` floats (one per quantizer, NVFP4 two). backward: run
+// backward's stages too (forward's amaxes given in each of its calls), every backward call at
+// random state (7, 0); `placed`: each part placed among the whole tokens
+// (lnmlp_plan_set_rng_place), else at (0, 0, 0, 1).
+std::vector<float> staged_amaxes(Calls& c, const std::vector<std::pair<int64_t, int64_t>>& parts,
+                                 std::vector<RunResult>& out, std::vector<AlignedMemory>& saved, size_t floats,
+                                 bool backward, bool placed = false) {
+  int64_t whole_tokens = 0;
+  for (const auto& part : parts) whole_tokens += part.second;
+  const int32_t first = given({LNMLP_QUANTIZER_LN_OUT, LNMLP_QUANTIZER_W1, LNMLP_QUANTIZER_W2});
+  const std::vector<int32_t> forward_stages = {LNMLP_CALL_AMAX_MEASURE, LNMLP_CALL_AMAX_MEASURE | first, kForwardGiven};
+  const std::vector<int32_t> backward_stages = {kForwardGiven | LNMLP_CALL_AMAX_MEASURE,
+                                                kForwardGiven | LNMLP_CALL_AMAX_MEASURE | given({LNMLP_QUANTIZER_DY}),
+                                                kForwardGiven | kBackwardGiven};
+  std::vector<float> group(floats, kUnset);
+  const auto run = [&](const std::vector<int32_t>& stages, bool forward) {
+    for (const int32_t flags : stages) {
+      std::vector<float> reduced = group;
+      for (size_t i = 0; i < parts.size(); ++i) {
+        std::vector<float> mine = group;
+        const auto [row, tokens] = parts[i];
+        if (forward) {
+          ASSERT_EQ(c.forward(row, tokens, out[i].y, saved[i], mine.data(), flags), LNMLP_SUCCESS)
+              << lnmlp_last_error();
+        } else {
+          LNMLP_TEST_CHECK(lnmlp_plan_set_rng_state(c.plan.get(), 7, 0));
+          LNMLP_TEST_CHECK(placed ? lnmlp_plan_set_rng_place(c.plan.get(), row, whole_tokens, 0, 1)
+                                  : lnmlp_plan_set_rng_place(c.plan.get(), 0, 0, 0, 1));
+          ASSERT_EQ(c.backward(row, tokens, saved[i], out[i], mine.data(), flags), LNMLP_SUCCESS) << lnmlp_last_error();
+        }
+        for (size_t k = 0; k < mine.size(); ++k) reduced[k] = std::max(reduced[k], mine[k]);
+      }
+      group = reduced;
+    }
+  };
+  run(forward_stages, true);
+  if (backward) run(backward_stages, false);
+  return group;
+}
+
 // Data parallelism done by the caller: two halves of the tokens, each its own call, with their
 // amaxes max-reduced between the stages, quantize with the whole call's scales: each half's y is
 // the whole call's rows (within the bf16 rounding of GEMMs of another height), where halves
@@ -161,37 +203,31 @@ TEST(CurrentStagesGiven, TwoHalvesWithReducedAmaxesGiveTheWholeCallsY) {
   const Problem pr = problem(LNMLP_DTYPE_F32, 64);
   const int64_t T = 64, half = 32;
   Calls whole_call(pr, current()), halves(pr, current());
-  AlignedMemory saved(whole_call.saved_bytes, 256, 0xFF);
+  std::vector<AlignedMemory> saved;
+  for (int h = 0; h < 2; ++h) saved.emplace_back(whole_call.saved_bytes, 256, 0xFF);
   RunResult whole = whole_call.buffers(T);
-  ASSERT_EQ(whole_call.forward(0, T, whole.y, saved, nullptr, 0), LNMLP_SUCCESS);
-  std::vector<float> group = unset_amaxes();
-  int32_t flags = LNMLP_CALL_AMAX_MEASURE;
+  ASSERT_EQ(whole_call.forward(0, T, whole.y, saved[0], nullptr, 0), LNMLP_SUCCESS);
   std::vector<RunResult> parts = {halves.buffers(half), halves.buffers(half)};
-  float ln_amax[2] = {0.0f, 0.0f};  // each half's own
-  for (int stage = 0; stage < 3; ++stage) {
-    std::vector<float> reduced = group;
-    for (int h = 0; h < 2; ++h) {
-      std::vector<float> mine = group;
-      ASSERT_EQ(halves.forward(h * half, half, parts[h].y, saved, mine.data(), flags), LNMLP_SUCCESS)
-          << lnmlp_last_error();
-      if (stage == 0) ln_amax[h] = mine[LNMLP_QUANTIZER_LN_OUT];
-      for (size_t q = 0; q < mine.size(); ++q) reduced[q] = std::max(reduced[q], mine[q]);
-    }
-    group = reduced;
-    flags = stage == 0
-                ? LNMLP_CALL_AMAX_MEASURE | given({LNMLP_QUANTIZER_LN_OUT, LNMLP_QUANTIZER_W1, LNMLP_QUANTIZER_W2})
-                : kForwardGiven;
-  }
+  const std::vector<float> group =
+      staged_amaxes(halves, {{0, half}, {half, half}}, parts, saved, LNMLP_QUANTIZER_COUNT, false);
   std::vector<double> joined = parts[0].y.to_doubles(), second = parts[1].y.to_doubles();
   joined.insert(joined.end(), second.begin(), second.end());
   EXPECT_TRUE(within_tolerance("halves' y", joined, whole.y.to_doubles(), nullptr, kTolF32));
   // The half whose norm output's amax is below the group's, on its own scales: not the whole call's.
+  float ln_amax[2] = {0.0f, 0.0f};  // each half's own
+  for (int h = 0; h < 2; ++h) {
+    std::vector<float> own = unset_amaxes();
+    ASSERT_EQ(halves.forward(h * half, half, parts[h].y, saved[h], own.data(), LNMLP_CALL_AMAX_MEASURE), LNMLP_SUCCESS);
+    ln_amax[h] = own[LNMLP_QUANTIZER_LN_OUT];
+  }
   ASSERT_NE(ln_amax[0], ln_amax[1]);
+  ASSERT_EQ(std::max(ln_amax[0], ln_amax[1]), group[LNMLP_QUANTIZER_LN_OUT]);
   const int low = ln_amax[0] < ln_amax[1] ? 0 : 1;
   Buffer alone(pr.dtype, static_cast<size_t>(half) * pr.H());
-  ASSERT_EQ(halves.forward(low * half, half, alone, saved, nullptr, 0), LNMLP_SUCCESS);
-  EXPECT_FALSE(
-      within_tolerance("a half on its own scales", alone.to_doubles(), parts[low].y.to_doubles(), nullptr, kTolF32));
+  ASSERT_EQ(halves.forward(low * half, half, alone, saved[low], nullptr, 0), LNMLP_SUCCESS);
+  const std::vector<double> rows = whole.y.to_doubles();
+  const std::vector<double> whole_rows(rows.begin() + low * half * pr.H(), rows.begin() + (low + 1) * half * pr.H());
+  EXPECT_FALSE(within_tolerance("a half on its own scales", alone.to_doubles(), whole_rows, nullptr, kTolF32));
 }
 
 TEST(CurrentStagesApi, WhatDoesNotFitIsRefusedAndChangesNothing) {
@@ -237,47 +273,6 @@ uint64_t rng_offset(const Calls& c) {
   uint64_t seed = 0, offset = 0;
   LNMLP_TEST_CHECK(lnmlp_plan_get_rng_state(c.plan.get(), &seed, &offset));
   return offset;
-}
-
-// The staged calls of a forward and a backward, the group's amaxes max-reduced over `parts`
-// (one call each, rows parts[i].first.., parts[i].second tokens) between the stages: the amax
-// array the last calls are given. backward: run backward's stages too (forward's amaxes given in
-// each of its calls), every backward call at random state (7, 0); `placed`: each part placed among
-// the whole tokens (lnmlp_plan_set_rng_place), else at (0, 0, 0, 1).
-std::vector<float> staged_amaxes(Calls& c, const std::vector<std::pair<int64_t, int64_t>>& parts,
-                                 std::vector<RunResult>& out, std::vector<AlignedMemory>& saved, bool backward,
-                                 bool placed = false) {
-  int64_t whole_tokens = 0;
-  for (const auto& part : parts) whole_tokens += part.second;
-  const int32_t first = given({LNMLP_QUANTIZER_LN_OUT, LNMLP_QUANTIZER_W1, LNMLP_QUANTIZER_W2});
-  const std::vector<int32_t> forward_stages = {LNMLP_CALL_AMAX_MEASURE, LNMLP_CALL_AMAX_MEASURE | first, kForwardGiven};
-  const std::vector<int32_t> backward_stages = {kForwardGiven | LNMLP_CALL_AMAX_MEASURE,
-                                                kForwardGiven | LNMLP_CALL_AMAX_MEASURE | given({LNMLP_QUANTIZER_DY}),
-                                                kForwardGiven | kBackwardGiven};
-  std::vector<float> group(kNvfp4Amaxes, kUnset);
-  const auto run = [&](const std::vector<int32_t>& stages, bool forward) {
-    for (const int32_t flags : stages) {
-      std::vector<float> reduced = group;
-      for (size_t i = 0; i < parts.size(); ++i) {
-        std::vector<float> mine = group;
-        const auto [row, tokens] = parts[i];
-        if (forward) {
-          ASSERT_EQ(c.forward(row, tokens, out[i].y, saved[i], mine.data(), flags), LNMLP_SUCCESS)
-              << lnmlp_last_error();
-        } else {
-          LNMLP_TEST_CHECK(lnmlp_plan_set_rng_state(c.plan.get(), 7, 0));
-          LNMLP_TEST_CHECK(placed ? lnmlp_plan_set_rng_place(c.plan.get(), row, whole_tokens, 0, 1)
-                                  : lnmlp_plan_set_rng_place(c.plan.get(), 0, 0, 0, 1));
-          ASSERT_EQ(c.backward(row, tokens, saved[i], out[i], mine.data(), flags), LNMLP_SUCCESS) << lnmlp_last_error();
-        }
-        for (size_t k = 0; k < mine.size(); ++k) reduced[k] = std::max(reduced[k], mine[k]);
-      }
-      group = reduced;
-    }
-  };
-  run(forward_stages, true);
-  if (backward) run(backward_stages, false);
-  return group;
 }
 
 class Nvfp4Stages : public ::testing::TestWithParam<std::pair<int32_t, int32_t>> {};
@@ -384,8 +379,9 @@ TEST_P(Nvfp4StagesGiven, TwoHalvesWithReducedAmaxesGiveTheWholeCall) {
   std::vector<AlignedMemory> whole_saved, saved;
   whole_saved.emplace_back(whole_call.saved_bytes, 256, 0xFF);
   for (int h = 0; h < 2; ++h) saved.emplace_back(halves.saved_bytes, 256, 0xFF);
-  const std::vector<float> whole_amaxes = staged_amaxes(whole_call, {{0, T}}, whole, whole_saved, true);
-  const std::vector<float> group = staged_amaxes(halves, {{0, half}, {half, half}}, parts, saved, true, true);
+  const std::vector<float> whole_amaxes = staged_amaxes(whole_call, {{0, T}}, whole, whole_saved, kNvfp4Amaxes, true);
+  const std::vector<float> group =
+      staged_amaxes(halves, {{0, half}, {half, half}}, parts, saved, kNvfp4Amaxes, true, true);
   for (size_t k = 0; k < kNvfp4Amaxes; ++k) EXPECT_EQ(group[k], whole_amaxes[k]) << "amax " << k;
   // Rows: y and dx, the halves' joined. Parameter gradients: the halves' summed.
   const auto joined = [&](Buffer RunResult::*b) {

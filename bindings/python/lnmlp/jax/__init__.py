@@ -13,5 +13,5 @@ from ._quantizer_set import GemmQuantizerSet, QuantizerSet, make_quantizer_set, 
 
 __all__ = ["layernorm_mlp", "noop_quantizer_set", "make_quantizer_set", "make_quantizer_sets", "QuantizerSet",
            "GemmQuantizerSet", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling",
-           "NVFP4BlockScaling", "QUANTIZERS", "library_path", "plan_count", "XlaLibraryNotFoundError", "autocast", "fp8_autocast",
-           "MeshResource"]
+           "NVFP4BlockScaling", "QUANTIZERS", "library_path", "plan_count", "XlaLibraryNotFoundError", "autocast",
+           "fp8_autocast", "MeshResource"]

@@ -75,11 +75,14 @@ class Spec:
         return self.recipe is not None and self.recipe.draws_random
 
     @property
+    def nvfp4(self):
+        return self.recipe is not None and type(self.recipe).__name__ == "NVFP4BlockScaling"
+
+    @property
     def amax_count(self):
         """The floats of the amax array of a call in stages: one per quantizer, NVFP4 two (the
         tensor's and its columnwise representation's)."""
-        nvfp4 = self.recipe is not None and type(self.recipe).__name__ == "NVFP4BlockScaling"
-        return _capi.QUANTIZER_COUNT * (2 if nvfp4 else 1)
+        return _capi.QUANTIZER_COUNT * (2 if self.nvfp4 else 1)
 
     def with_(self, **changes):
         return dataclasses.replace(self, **changes)

@@ -322,12 +322,8 @@ _FORWARD_STAGES = ((_capi.QUANTIZER_LN_OUT, _capi.QUANTIZER_W1, _capi.QUANTIZER_
 _BACKWARD_STAGES = ((_capi.QUANTIZER_DY,), (_capi.QUANTIZER_DH,))
 
 
-def _nvfp4(spec):
-    return spec.recipe is not None and type(spec.recipe).__name__ == "NVFP4BlockScaling"
-
-
 def _in_stages(spec):
-    return spec.recipe is not None and type(spec.recipe).__name__ == "Float8CurrentScaling" or _nvfp4(spec)
+    return spec.nvfp4 or (spec.recipe is not None and type(spec.recipe).__name__ == "Float8CurrentScaling")
 
 
 def _given(stages):
@@ -392,7 +388,7 @@ def forward_local(spec, layout):
                                         layout)
             call_spec = call_spec.with_(amax_flags=given)
             y, saved, _ = _calls.forward_call(call_spec)(*args, amax)
-            if _nvfp4(spec):  # forward's group amaxes: backward's residual
+            if spec.nvfp4:  # forward's group amaxes: backward's residual
                 state = amax
         else:
             y, saved, state = _calls.forward_call(call_spec)(*args, state)
@@ -441,7 +437,7 @@ def backward_local(spec, layout):
         args = (_gathered(dy_rows, layout), rows, gamma, beta, w1, b1, w2, saved if spec.saved_apart else saved[0])
         if _in_stages(spec):
             amax, given, rng = None, 0, None
-            if _nvfp4(spec):  # forward's group amaxes given; the random state placed
+            if spec.nvfp4:  # forward's group amaxes given; the random state placed
                 amax, rng = state if spec.draws_random else (state, None)
                 given, state = _given(_FORWARD_STAGES), _calls.no_state()
                 if rng is not None:
