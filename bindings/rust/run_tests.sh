@@ -63,7 +63,13 @@ DOCS_RS=1 RUSTDOCFLAGS="-Dwarnings" CARGO_TARGET_DIR="$CARGO_TARGET_DIR/docs-rs"
   cargo doc --offline --locked --no-deps --workspace --all-features
 
 # --allow-dirty: what is checked is the packaged files, not whether the checkout is committed.
+# A fresh CARGO_HOME each time: to verify lnmlp against the packaged lnmlp-sys, cargo extracts
+# lnmlp-sys into CARGO_HOME/registry/src and reuses an extracted copy of the same name and version,
+# so a change to lnmlp-sys's files without a version bump was verified against the old files (a
+# new sys function "not found"). Neither crate has a dependency to fetch, so nothing is lost.
 echo "== cargo package (both crates, built from their packaged files)"
-cargo package --offline --locked --workspace --allow-dirty
+package_home="$CARGO_TARGET_DIR/package-cargo-home"
+rm -rf "$package_home"
+CARGO_HOME="$package_home" cargo package --offline --locked --workspace --allow-dirty
 
 echo "== rust bindings: all passed in $(( $(date +%s) - start ))s"
