@@ -80,6 +80,20 @@ template <typename Values> __global__ void __launch_bounds__(kThreads)
     numerics::decode_nvfp4_block(codes, scales, i / blocks, cols, i % blocks, values);
 }
 
+// The scales of a quantized matrix [rows, cols] in cuBLASLt's tiled layout (numerics'
+// nvfp4_gemm_scale_index), one thread per scale of the padded grid (padding written 0), threads
+// along a row's blocks (coalesced reads).
+__global__ void __launch_bounds__(kThreads) nvfp4_gemm_scales_kernel(const uint8_t* __restrict__ scales, int64_t rows,
+                                                                     int64_t cols, uint8_t* __restrict__ out) {
+  const int64_t blocks = numerics::num_blocks(cols, kB), padded_blocks = numerics::nvfp4_gemm_scale_cols(cols);
+  const int64_t n = numerics::nvfp4_gemm_scale_rows(rows) * padded_blocks;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t o = i / padded_blocks, b = i % padded_blocks;
+    out[numerics::nvfp4_gemm_scale_index(o, b, cols)] = o < rows && b < blocks ? scales[o * blocks + b] : 0;
+  }
+}
+
 unsigned flat_blocks(int64_t n) { return grid_dim((n + kThreads - 1) / kThreads, kMaxGridX); }
 
 dim3 columns_grid(int64_t rows, int64_t cols) {
@@ -166,6 +180,16 @@ void nvfp4_decode_operand(const QuantKind& k, const uint8_t* codes, const void* 
         codes, scales, qrows, qcols, values);
   });
   check_launch("nvfp4_decode_kernel", stream);
+}
+
+void nvfp4_gemm_scales(const QuantKind& k, const void* scale_region, int64_t rows, int64_t cols, uint8_t* out,
+                       cudaStream_t stream) {
+  const bool t = k.nvfp4_transposed();
+  const int64_t qrows = t ? cols : rows, qcols = t ? rows : cols;
+  const auto* scales = static_cast<const uint8_t*>(scale_region) + QuantKind::kNvfp4AmaxBytes;
+  nvfp4_gemm_scales_kernel<<<flat_blocks(numerics::nvfp4_gemm_scale_bytes(qrows, qcols)), kThreads, 0, stream>>>(
+      scales, qrows, qcols, out);
+  check_launch("nvfp4_gemm_scales_kernel", stream);
 }
 
 }  // namespace lnmlp::cuda

@@ -43,4 +43,10 @@ void nvfp4_quantize(DType in, const QuantKind& k, const void* x, int64_t rows, i
 void nvfp4_decode_operand(const QuantKind& k, const uint8_t* codes, const void* scale_region, int64_t rows,
                           int64_t cols, bool f32_out, void* out, cudaStream_t stream);
 
+// The block scales of a representation (its scale region as nvfp4_quantize made it, for x [rows,
+// cols]) in cuBLASLt's tiled layout for its FP4 GEMMs, into out (numerics'
+// nvfp4_gemm_scale_bytes of the matrix k quantizes, padding zeroed).
+void nvfp4_gemm_scales(const QuantKind& k, const void* scale_region, int64_t rows, int64_t cols, uint8_t* out,
+                       cudaStream_t stream);
+
 }  // namespace lnmlp::cuda

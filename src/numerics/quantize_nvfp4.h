@@ -227,4 +227,31 @@ LNMLP_HOST_INLINE float nvfp4_block_scaled_dot(const uint8_t* qa, const uint8_t*
   return alpha * sum;
 }
 
+// ---- cuBLASLt's layout of the block scales ------------------------------------------------------
+//
+// cuBLASLt's FP4 GEMMs (VEC16_UE4M3, sm_100) read the block scales of a K-major operand [outer, K]
+// not row by row but in tiles of 128 rows x 4 blocks, 512 bytes each, laid row-major over the
+// scales padded to [round up outer to 128, round up the blocks to 4]; inside a tile, row r's block
+// j is at byte (r % 32) * 16 + (r / 32) * 4 + j (cuBLAS's "1D block scaling factors layout",
+// TransformerEngine's swizzled scales). The padding is zero.
+constexpr int64_t kNvfp4GemmScaleTileRows = 128, kNvfp4GemmScaleTileBlocks = 4, kNvfp4GemmScaleTileBytes = 512;
+
+// Scale columns (blocks along K, padded) of a [outer, K] operand in that layout.
+LNMLP_HD constexpr int64_t nvfp4_gemm_scale_cols(int64_t K) { return round_up4(num_blocks(K, kNvfp4BlockLength)); }
+// Rows of scales (outer, padded) in that layout.
+LNMLP_HD constexpr int64_t nvfp4_gemm_scale_rows(int64_t outer) {
+  return num_blocks(outer, kNvfp4GemmScaleTileRows) * kNvfp4GemmScaleTileRows;
+}
+// Bytes of the scales of a [outer, K] operand in that layout, padding included.
+LNMLP_HD constexpr int64_t nvfp4_gemm_scale_bytes(int64_t outer, int64_t K) {
+  return nvfp4_gemm_scale_rows(outer) * nvfp4_gemm_scale_cols(K);
+}
+// Where the scale of block b of row o of a [outer, K] operand is in that layout.
+LNMLP_HD constexpr int64_t nvfp4_gemm_scale_index(int64_t o, int64_t b, int64_t K) {
+  const int64_t tiles_along_k = nvfp4_gemm_scale_cols(K) / kNvfp4GemmScaleTileBlocks;
+  const int64_t tile = (o / kNvfp4GemmScaleTileRows) * tiles_along_k + b / kNvfp4GemmScaleTileBlocks;
+  const int64_t r = o % kNvfp4GemmScaleTileRows;
+  return tile * kNvfp4GemmScaleTileBytes + (r % 32) * 16 + (r / 32) * 4 + b % kNvfp4GemmScaleTileBlocks;
+}
+
 }  // namespace lnmlp::numerics

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/nvfp4_operands.h"
@@ -185,3 +186,42 @@ TEST(CudaNvfp4KernelsEpilogue, AlphaFromTheAmaxesScalesTheSumBeforeBiasAndAccumu
 }
 
 }  // namespace
+
+// The block scales as cuBLASLt's FP4 GEMMs read them (nvfp4_gemm_scales), against cuBLAS's
+// description of the layout written out tile by tile: the scales of the matrix quantized, padded to
+// tiles of 128 rows x 4 blocks laid in row-major order, each 512 bytes holding its rows in four
+// groups of 32, row i of group g at byte 16 i + 4 g, its four blocks' scales there in order; the
+// padding zero. Rowwise and transposed representations, with partial tiles both ways.
+TEST(CudaNvfp4KernelsGemmScales, ScalesGoWhereCublasLtReadsThemInTilesOf128RowsBy4Blocks) {
+  SKIP_WITHOUT_DEVICE();
+  for (Layout layout : {Layout::Rowwise, Layout::Columnwise})
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{300, 200}, {16, 32}, {129, 80}}) {
+      SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols) +
+                   (layout == Layout::Rowwise ? ", rowwise" : ", transposed"));
+      const QuantKind k = kind_of({layout, false, DType::F32});
+      const bool t = k.nvfp4_transposed();
+      const int64_t qrows = t ? cols : rows, qcols = t ? rows : cols, blocks = numerics::num_blocks(qcols, 16);
+      std::vector<uint8_t> region(static_cast<size_t>(k.scale_region_bytes(rows, cols)));
+      for (size_t i = 0; i < region.size(); ++i) region[i] = static_cast<uint8_t>(1 + (i * 37) % 200);
+      const uint8_t* s = region.data() + QuantKind::kNvfp4AmaxBytes;
+
+      std::vector<uint8_t> want;
+      for (int64_t tr = 0; tr * 128 < qrows; ++tr)
+        for (int64_t tc = 0; tc * 4 < blocks; ++tc) {
+          uint8_t tile[512] = {};
+          for (int64_t g = 0; g < 4; ++g)
+            for (int64_t i = 0; i < 32; ++i)
+              for (int64_t j = 0; j < 4; ++j) {
+                const int64_t o = tr * 128 + g * 32 + i, b = tc * 4 + j;
+                if (o < qrows && b < blocks) tile[i * 16 + g * 4 + j] = s[o * blocks + b];
+              }
+          want.insert(want.end(), tile, tile + 512);
+        }
+      ASSERT_EQ(static_cast<int64_t>(want.size()), numerics::nvfp4_gemm_scale_bytes(qrows, qcols));
+
+      Device<uint8_t> dregion(region), dout(std::vector<uint8_t>(want.size(), 0xff));
+      lnmlp::cuda::nvfp4_gemm_scales(k, dregion.p, rows, cols, dout.p, nullptr);
+      CUDA_OK(cudaGetLastError());
+      EXPECT_EQ(first_difference(want, dout.host()), -1) << "first differing byte";
+    }
+}
