@@ -15,6 +15,11 @@ cudaDataType_t cuda_type(LtType t) {
     case LtType::F16: return CUDA_R_16F;
     case LtType::E4M3: return CUDA_R_8F_E4M3;
     case LtType::E5M2: return CUDA_R_8F_E5M2;
+#if CUBLAS_VERSION >= 120800
+    case LtType::E2M1: return CUDA_R_4F_E2M1;
+#else
+    case LtType::E2M1: break;  // refused before (cublaslt_has_fp4)
+#endif
     case LtType::F32: break;
   }
   return CUDA_R_32F;
@@ -34,13 +39,27 @@ void set_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const vo
 
 #if CUBLAS_VERSION >= 120900
 constexpr bool kBuiltWithBlockScaling = true;
-cublasLtMatmulMatrixScale_t scale_mode(LtScale s) {
-  return s == LtScale::Vec128   ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
-         : s == LtScale::Blk128 ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
-                                : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
-}
 #else
 constexpr bool kBuiltWithBlockScaling = false;
+#endif
+#if CUBLAS_VERSION >= 120800
+constexpr bool kBuiltWithFp4 = true;
+cublasLtMatmulMatrixScale_t scale_mode(LtScale s) {
+  switch (s) {
+    case LtScale::Vec16: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3;
+#if CUBLAS_VERSION >= 120900
+    case LtScale::Vec128: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    case LtScale::Blk128: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+#else
+    case LtScale::Vec128:
+    case LtScale::Blk128: break;  // refused before (cublaslt_has_block_scaling)
+#endif
+    case LtScale::Tensor: break;
+  }
+  return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+}
+#else
+constexpr bool kBuiltWithFp4 = false;
 #endif
 
 // A pointer for the heuristic to read the alignment of, where it asks for a device pointer that a
@@ -66,9 +85,14 @@ int current_sm() {
 
 }  // namespace
 
-std::string gemm_refusal_reason(const LtShape& s, int sm, bool library_has_block_scaling) {
+std::string gemm_refusal_reason(const LtShape& s, int sm, bool library_has_block_scaling, bool library_has_fp4) {
   const std::string arch = "sm_" + std::to_string(sm), gpu = "this GPU is " + arch;
   const char* log = "CUBLASLT_LOG_MASK=9 in the environment makes cuBLASLt log its reason";
+  if (s.a == LtType::E2M1 || s.b == LtType::E2M1) {
+    if (!library_has_fp4) return "FP4 GEMMs need cuBLASLt 12.8 or newer";
+    if (sm < 100) return "FP4 GEMMs need FP4 tensor cores (sm_100 or newer); " + gpu;
+    return "cuBLASLt offers no FP4 algorithm with this result type for this shape on " + arch + "; " + log;
+  }
   const bool blocks = s.scale_a != LtScale::Tensor || s.scale_b != LtScale::Tensor;
   const bool fp8 = is_fp8(s.a) || is_fp8(s.b);
   if (blocks && !library_has_block_scaling) return "block-scaled FP8 GEMMs need cuBLASLt 12.9 or newer";
@@ -83,6 +107,8 @@ std::string gemm_refusal_reason(const LtShape& s, int sm, bool library_has_block
 }
 
 bool cublaslt_has_block_scaling() { return kBuiltWithBlockScaling && cublasLtGetVersion() >= 120900; }
+
+bool cublaslt_has_fp4() { return kBuiltWithFp4 && cublasLtGetVersion() >= 120800; }
 
 LtGemm::LtGemm(cublasLtHandle_t handle, const LtShape& s, int64_t max_workspace, const char* name)
     : handle_(handle), shape_(s), name_(name) {
@@ -103,11 +129,15 @@ LtGemm::LtGemm(cublasLtHandle_t handle, const LtShape& s, int64_t max_workspace,
       set_attr(desc_, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof fast_accum,
                "cublasLtMatmulDescSetAttribute(FAST_ACCUM)");
     }
+    const bool fp4 = s.a == LtType::E2M1 || s.b == LtType::E2M1;
+    if (fp4 && !cublaslt_has_fp4())
+      fail(LNMLP_ERROR_NOT_SUPPORTED, "the ", name, " GEMM needs cuBLASLt's FP4 GEMMs (12.8 or newer); this is ",
+           cublaslt_description());
     if (s.scale_a != LtScale::Tensor || s.scale_b != LtScale::Tensor) {
-      if (!cublaslt_has_block_scaling())
+      if (!fp4 && !cublaslt_has_block_scaling())
         fail(LNMLP_ERROR_NOT_SUPPORTED, "the ", name, " GEMM needs cuBLASLt's block-scaled FP8 GEMMs (12.9 or newer); ",
              "this is ", cublaslt_description());
-#if CUBLAS_VERSION >= 120900
+#if CUBLAS_VERSION >= 120800
       // Swapped operands (see the header): cuBLAS's A is our B.
       const cublasLtMatmulMatrixScale_t mode_a = scale_mode(s.scale_b), mode_b = scale_mode(s.scale_a);
       set_attr(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof mode_a,
@@ -126,13 +156,13 @@ LtGemm::LtGemm(cublasLtHandle_t handle, const LtShape& s, int64_t max_workspace,
       set_attr(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &representative, sizeof representative,
                "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
     }
-    // The scale_invs' pointers too, as NVIDIA's block-scaled samples set them before asking: the
+    // The scales' pointers too, as NVIDIA's block-scaled samples set them before asking: the
     // heuristic may read them (their alignment, and whether there are any).
     const void* representative = representative_pointer();
-    if (is_fp8(s.b))  // cuBLAS's A is our B
+    if (is_scaled(s.b))  // cuBLAS's A is our B
       set_attr(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &representative, sizeof representative,
                "cublasLtMatmulDescSetAttribute(A_SCALE_POINTER)");
-    if (is_fp8(s.a))
+    if (is_scaled(s.a))
       set_attr(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &representative, sizeof representative,
                "cublasLtMatmulDescSetAttribute(B_SCALE_POINTER)");
     layout_a_ = s.trans_b ? make_layout(cuda_type(s.b), s.k, s.n, "cublasLtMatrixLayoutCreate(B)")
@@ -165,7 +195,8 @@ LtGemm::LtGemm(cublasLtHandle_t handle, const LtShape& s, int64_t max_workspace,
       fail(LNMLP_ERROR_NOT_SUPPORTED, "cuBLASLt has no algorithm for the ", name, " GEMM (m ", s.m, ", n ", s.n, ", k ",
            s.k, ", ", lt_type_name(s.a), " x ", lt_type_name(s.b), " -> ", lt_type_name(s.c),
            s.bias ? " with bias" : "", "; the heuristic: ", cublasLtGetStatusName(st), ", ", found,
-           " candidates) on this GPU: ", gemm_refusal_reason(s, current_sm(), cublaslt_has_block_scaling()));
+           " candidates) on this GPU: ",
+           gemm_refusal_reason(s, current_sm(), cublaslt_has_block_scaling(), cublaslt_has_fp4()));
     workspace_bytes_ = algorithms_.workspace_bytes();
   } catch (...) {
     destroy();  // a constructor that throws gets no destructor call
@@ -185,16 +216,16 @@ void LtGemm::destroy() noexcept {
 }
 
 void LtGemm::run(const void* a, const void* b, const void* bias, void* c, void* workspace, cudaStream_t stream,
-                 const float* a_scale_inv, const float* b_scale_inv) {
+                 const void* a_scales, const void* b_scales) {
   if (shape_.bias)
     set_attr(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias,
              "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
   // cuBLAS's A is our b, its B our a.
-  if (is_fp8(shape_.b))
-    set_attr(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv, sizeof b_scale_inv,
+  if (is_scaled(shape_.b))
+    set_attr(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scales, sizeof b_scales,
              "cublasLtMatmulDescSetAttribute(A_SCALE_POINTER)");
-  if (is_fp8(shape_.a))
-    set_attr(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv, sizeof a_scale_inv,
+  if (is_scaled(shape_.a))
+    set_attr(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scales, sizeof a_scales,
              "cublasLtMatmulDescSetAttribute(B_SCALE_POINTER)");
   const float one = 1.0f, beta = shape_.accumulate ? 1.0f : 0.0f;  // C read and added to when accumulating
   const cublasStatus_t st = algorithms_.run([&](const cublasLtMatmulAlgo_t& algo) {

@@ -323,9 +323,12 @@ cudaError_t cudaSetDevice(int device) {
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
   std::memset(prop, 0, sizeof *prop);
-  std::strcpy(prop->name, "CPU emulation (sm_90)");
-  prop->major = 9;
-  prop->minor = 0;
+  // sm_90 (Hopper), or LNMLP_EMULATION_SM's (100: Blackwell, whose FP4 GEMMs emulated_gemm.cpp has).
+  const char* sm = std::getenv("LNMLP_EMULATION_SM");
+  const int cc = sm != nullptr && std::atoi(sm) > 0 ? std::atoi(sm) : 90;
+  std::snprintf(prop->name, sizeof prop->name, "CPU emulation (sm_%d)", cc);
+  prop->major = cc / 10;
+  prop->minor = cc % 10;
   prop->totalGlobalMem = size_t{1} << 34;
   prop->multiProcessorCount = 132;
   return cudaSuccess;

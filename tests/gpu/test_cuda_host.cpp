@@ -163,7 +163,7 @@ TEST(CudaHost, AGemmWithoutAlgorithmsSaysWhy) {
     lnmlp::cuda::LtShape s;
     s.m = 256, s.n = 128, s.k = 512, s.trans_b = true, s.a = s.b = a, s.c = LtType::BF16, s.bias = bias;
     s.scale_a = s.scale_b = scale;
-    return lnmlp::cuda::gemm_refusal_reason(s, sm, true);
+    return lnmlp::cuda::gemm_refusal_reason(s, sm, true, true);
   };
   auto says = [](const std::string& text, const char* part) { return text.find(part) != std::string::npos; };
   const std::string block_ada = reason(LtType::E4M3, LtScale::Vec128, 89);
@@ -181,7 +181,16 @@ TEST(CudaHost, AGemmWithoutAlgorithmsSaysWhy) {
   lnmlp::cuda::LtShape old_library;
   old_library.a = old_library.b = LtType::E4M3;
   old_library.scale_a = LtScale::Vec128;
-  EXPECT_TRUE(says(lnmlp::cuda::gemm_refusal_reason(old_library, 90, false), "12.9 or newer"));
+  EXPECT_TRUE(says(lnmlp::cuda::gemm_refusal_reason(old_library, 90, false, true), "12.9 or newer"));
+  // NVFP4's native GEMMs: FP4 tensor cores, then the library, then cuBLASLt's own log.
+  const std::string fp4_hopper = reason(LtType::E2M1, LtScale::Vec16, 90);
+  EXPECT_TRUE(says(fp4_hopper, "sm_100 or newer") && says(fp4_hopper, "this GPU is sm_90")) << fp4_hopper;
+  const std::string fp4_blackwell = reason(LtType::E2M1, LtScale::Vec16, 100);
+  EXPECT_TRUE(says(fp4_blackwell, "no FP4 algorithm") && says(fp4_blackwell, "CUBLASLT_LOG_MASK")) << fp4_blackwell;
+  lnmlp::cuda::LtShape fp4_old_library;
+  fp4_old_library.a = fp4_old_library.b = LtType::E2M1;
+  fp4_old_library.scale_a = fp4_old_library.scale_b = LtScale::Vec16;
+  EXPECT_TRUE(says(lnmlp::cuda::gemm_refusal_reason(fp4_old_library, 100, true, false), "12.8 or newer"));
 }
 
 }  // namespace

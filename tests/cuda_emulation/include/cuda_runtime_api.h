@@ -151,7 +151,7 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void* data);
 cudaError_t cudaGetDeviceCount(int* count);
 cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaSetDevice(int device);
-cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);  // an sm_90 device
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);  // sm_90, or LNMLP_EMULATION_SM
 cudaError_t cudaGetLastError();
 cudaError_t cudaPeekAtLastError();
 const char* cudaGetErrorString(cudaError_t e);
