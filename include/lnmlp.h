@@ -294,10 +294,11 @@ enum {
 /* Sets *supported to LNMLP_SUPPORTED when `backend` can run `feature` in this build on this machine,
  * else LNMLP_UNSUPPORTED; for the LNMLP_FEATURE_RECIPE_* features LNMLP_SUPPORTED means that the
  * recipe's GEMMs run on FP8 tensor cores, and LNMLP_SUPPORTED_EMULATED that they are emulated
- * (the CPU backend: every recipe; the CUDA backend: MXFP8, NVFP4, and BLOCK except on Hopper (sm_90)
- * with cuBLASLt 12.9 or newer; per-tensor recipes need sm_89 or newer). On the CUDA
- * backend the answer is device 0's; BLOCK runs natively only where every plan dimension is a
- * multiple of 16, and is emulated for other shapes. Unknown backend or feature values are
+ * (the CPU backend: every recipe; the CUDA backend: MXFP8, NVFP4 except on sm_100 or newer with
+ * cuBLASLt 12.8 or newer, and BLOCK except on Hopper (sm_90) with cuBLASLt 12.9 or newer;
+ * per-tensor recipes need sm_89 or newer). On the CUDA backend the answer is device 0's; BLOCK
+ * runs natively only where every plan dimension is a multiple of 16, NVFP4 only where every one
+ * is a multiple of 32, and each is emulated for other shapes. Unknown backend or feature values are
  * LNMLP_ERROR_INVALID_ARGUMENT.
  * @since 0.1
  * @param[in] backend, feature

@@ -52,7 +52,9 @@ inline Mat mat(const void* data, DType type, int64_t rows, int64_t cols) {
 // representation this backend's GEMM for that side was created for (the tensor itself, a widened
 // copy, FP8 codes, or codes decoded with their block scales), and for per-tensor FP8 the
 // scale_inv the GEMM multiplies by (in backend memory; NULL: 1), for NVFP4 the global amax of the
-// matrix quantized (the GEMM multiplies by nvfp4_gemm_alpha of its two operands').
+// matrix quantized (the GEMM multiplies by nvfp4_gemm_alpha of its two operands'), and where a
+// GEMM reads NVFP4's codes themselves (the CUDA backend's FP4 GEMMs) their E4M3 block scales in
+// the layout that GEMM reads (numerics' nvfp4_gemm_scale_index).
 // A weight's operand for a forward GEMM may also carry the same values in the backend's packed
 // layout (pack_weight), which that GEMM reads instead where it can.
 struct Operand {
@@ -60,6 +62,7 @@ struct Operand {
   const float* scale_inv = nullptr;
   const void* packed = nullptr;
   const float* nvfp4_amax = nullptr;
+  const uint8_t* nvfp4_block_scales = nullptr;
 };
 
 // The two representations of a quantized tensor: for GEMMs that contract along its rows' length

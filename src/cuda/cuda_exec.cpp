@@ -40,18 +40,36 @@ constexpr int64_t kGemmWorkspaceSlack = kGemmWorkspaceAlignment - kCudaAlignment
 
 // How the plan's FP8 recipe runs (cuda_exec.h): per-tensor recipes on FP8 tensor cores with
 // per-tensor scales; BLOCK on cuBLASLt's block-scaled GEMMs where the GPU and cuBLASLt have them
-// and every dimension is a multiple of 16; the blocked recipes otherwise emulated.
-enum class Fp8Path { None, PerTensor, NativeBlock, Emulated };
+// and every dimension is a multiple of 16; NVFP4 on cuBLASLt's FP4 GEMMs where the GPU (sm_100
+// or newer) and cuBLASLt have them and every dimension is a multiple of kFp4GemmDimMultiple; the
+// blocked recipes otherwise emulated.
+enum class Fp8Path { None, PerTensor, NativeBlock, NativeNvfp4, Emulated };
+
+// The multiple of every dimension that NVFP4's native path asks: a row of K-major E2M1 codes is
+// then a whole number of 16-byte units, the alignment cuBLASLt's FP4 GEMMs read.
+constexpr int64_t kFp4GemmDimMultiple = 32;
+
+// The compute capability of `device` as major * 10 + minor.
+int compute_capability(int device) {
+  cudaDeviceProp p{};
+  cuda_check(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
+  return 10 * p.major + p.minor;
+}
 
 class CudaExec final : public block::Exec {
  public:
   explicit CudaExec(const Config& cfg) : c_(cfg), r_(resolve_recipe(cfg.fp8)), device_(cfg.device) {
     ScopedDevice dev(device_);
-    const bool dims16 = c_.tokens % kFp8GemmDimMultiple == 0 && c_.hidden % kFp8GemmDimMultiple == 0 &&
-                        c_.ffn % kFp8GemmDimMultiple == 0 && c_.act_width() % kFp8GemmDimMultiple == 0;
+    const auto dims_multiple_of = [&](int64_t m) {
+      return c_.tokens % m == 0 && c_.hidden % m == 0 && c_.ffn % m == 0 && c_.act_width() % m == 0;
+    };
+    const bool dims16 = dims_multiple_of(kFp8GemmDimMultiple);
+    const bool native_fp4 =
+        r_.nvfp4() && dims_multiple_of(kFp4GemmDimMultiple) && cublaslt_has_fp4() && compute_capability(device_) >= 100;
     path_ = r_.recipe == Recipe::None                                              ? Fp8Path::None
             : r_.per_tensor()                                                      ? Fp8Path::PerTensor
             : r_.recipe == Recipe::Block && dims16 && cublaslt_has_block_scaling() ? Fp8Path::NativeBlock
+            : native_fp4                                                           ? Fp8Path::NativeNvfp4
                                                                                    : Fp8Path::Emulated;
     if (path_ == Fp8Path::PerTensor && !dims16)
       fail(LNMLP_ERROR_NOT_SUPPORTED, "FP8 GEMMs on the GPU need tokens, hidden, ffn and A x ffn to be multiples of ",
@@ -66,8 +84,9 @@ class CudaExec final : public block::Exec {
       try {
         make_gemms();
       } catch (const Error& e) {
-        // No block-scaled GEMM here after all (not Hopper): BLOCK emulated, as elsewhere.
-        if (path_ != Fp8Path::NativeBlock || e.status() != LNMLP_ERROR_NOT_SUPPORTED) throw;
+        // No block-scaled or FP4 GEMM here after all (BLOCK off Hopper, or an FP4 GEMM cuBLASLt
+        // has no algorithm for): emulated, as elsewhere.
+        if (!native_blocked() || e.status() != LNMLP_ERROR_NOT_SUPPORTED) throw;
         path_ = Fp8Path::Emulated;
         make_gemms();
       }
@@ -94,7 +113,11 @@ class CudaExec final : public block::Exec {
     return path_ == Fp8Path::Emulated && kind(q, Contract::Cols).orientation_free();
   }
   int64_t quantize_bytes(const block::QuantizeCall& call) const override { return QuantizeSlot(*this, call).bytes; }
-  int64_t saved_operand_bytes(int, int64_t rows, int64_t cols) const override {
+  int64_t saved_operand_bytes(int q, int64_t rows, int64_t cols) const override {
+    if (path_ == Fp8Path::NativeNvfp4) {  // the saved scales in the GEMM's layout
+      const bool t = native_kind(q, true).nvfp4_transposed();
+      return numerics::nvfp4_gemm_scale_bytes(t ? cols : rows, t ? rows : cols);
+    }
     return path_ == Fp8Path::Emulated ? checked_mul(rows, cols, "a decoded FP8 operand") * decoded_bytes() : 0;
   }
   int64_t gathered_operands_bytes(int, int64_t, int64_t) const override { return 0; }
@@ -277,6 +300,7 @@ class CudaExec final : public block::Exec {
                                   rep.scales, rep.codes_t, rep.scales_t, st_);
       return rep.operands;
     }
+    if (path_ == Fp8Path::NativeNvfp4) return quantize_native_nvfp4(call, l.reps, base);
     return block::quantize_representations(call, l.reps.shared, [&](bool columnwise, bool to_saved, bool operand) {
       const QuantKind k = kind(call.quantizer, columnwise ? Contract::Rows : Contract::Cols);
       const block::DecodedTarget to = block::decoded_target(l.reps, call, columnwise, to_saved, base);
@@ -311,6 +335,8 @@ class CudaExec final : public block::Exec {
     // their block scales in cuBLASLt's layout.
     if (path_ == Fp8Path::PerTensor) return {codes, &scale->scale_inv};
     if (path_ == Fp8Path::NativeBlock) return {codes, static_cast<const float*>(scales)};
+    if (path_ == Fp8Path::NativeNvfp4)
+      return native_nvfp4_operand(native_kind(q, true), codes, scales, rows, cols, slot);
     const QuantKind k = kind(q, Contract::Rows);
     if (k.nvfp4()) {
       nvfp4_decode_operand(k, codes, scales, rows, cols, op_f32_, slot, st_);
@@ -331,7 +357,7 @@ class CudaExec final : public block::Exec {
     char* gemm_ws = gemm_workspace();
     if (g.staged) {  // NVFP4's GEMMs all are: the epilogue multiplies by their alpha
       float* acc = at<float>(staging_, scratch_);
-      g.lt->run(a.data, b.data, nullptr, acc, gemm_ws, st_, a.scale_inv, b.scale_inv);
+      g.lt->run(a.data, b.data, nullptr, acc, gemm_ws, st_, gemm_scales(a), gemm_scales(b));
       cuda::bias_round(out.type, acc, out.rows, out.cols, bias, out.accumulate, out.data, st_, a.nvfp4_amax,
                        b.nvfp4_amax);
       return;
@@ -342,11 +368,40 @@ class CudaExec final : public block::Exec {
   }
 
  private:
+  // NVFP4 on FP4 GEMMs: each representation quantized K-major for its GEMM (the rowwise one x
+  // itself, the columnwise one x's transpose, a weight's tiles too), its block scales then laid
+  // out as the GEMM reads them.
+  Quantized quantize_native_nvfp4(const block::QuantizeCall& call, const block::DecodedSlot& reps, char* base) {
+    const Mat& x = call.x;
+    return block::quantize_representations(call, false, [&](bool columnwise, bool to_saved, bool operand) {
+      const QuantKind k = native_kind(call.quantizer, columnwise);
+      const block::DecodedTarget to = block::decoded_target(reps, call, columnwise, to_saved, base);
+      // A group's or the caller's global amax (in device memory), else measured; a weight's
+      // transpose has the weight's.
+      const uint32_t* given = nullptr;
+      if (call.nvfp4_amax_bits != nullptr) given = &call.nvfp4_amax_bits[columnwise && !k.tiles() ? 1 : 0];
+      nvfp4_quantize(x.type, k, x.data, x.rows, x.cols, nvfp4_rounding(c_, k, call.quantizer, columnwise, call.rng),
+                     given, to.codes, to.scales, to.transposed, false, nullptr, st_);
+      return operand ? native_nvfp4_operand(k, to.codes, to.scales, x.rows, x.cols, to.op) : Operand{};
+    });
+  }
+
+  // The FP4 GEMM's operand of a representation (its codes and scale region, of x [rows, cols]):
+  // the codes, and the block scales written into `slot` in the GEMM's layout.
+  Operand native_nvfp4_operand(const QuantKind& k, const uint8_t* codes, const void* scales, int64_t rows, int64_t cols,
+                               void* slot) {
+    auto* block_scales = static_cast<uint8_t*>(slot);
+    nvfp4_gemm_scales(k, scales, rows, cols, block_scales, st_);
+    return Operand{codes, nullptr, nullptr, nvfp4_region_amax(scales), block_scales};
+  }
+
   // The slot of one quantization. Per tensor: the rowwise codes and the transposed codes (unless
   // saved); a producer that cannot transpose (the norm) stages its rowwise codes here even when
   // only the transposed ones are wanted. Native BLOCK: each representation's K-major codes and
   // block scales (the columnwise one unless saved). Emulated: the representations' codes, scales
-  // and decoded operands (block/quantized_slot.h).
+  // and decoded operands (block/quantized_slot.h). Native NVFP4: as emulated, each orientation its
+  // own representation (the weights' tiles too), the decoded operand replaced by the block scales
+  // in the FP4 GEMM's layout.
   struct QuantizeSlot {
     Region codes, codes_t, scales, scales_t;
     block::DecodedSlot reps;
@@ -368,6 +423,20 @@ class CudaExec final : public block::Exec {
         codes_t = a.take_if(col_here, n, 1, "FP8 transposed codes");
         scales_t =
             a.take_if(col_here, numerics::gemm_block_scale_count(tiles, cols, rows), 4, "FP8 transposed block scales");
+      } else if (e.path_ == Fp8Path::NativeNvfp4) {
+        auto take = [&](bool columnwise, bool to_saved, bool operand) {
+          const QuantKind k = e.native_kind(call.quantizer, columnwise);
+          const bool t = k.nvfp4_transposed();
+          block::DecodedRegions d;
+          d.codes = a.take_if(!to_saved, k.code_bytes(rows, cols), 1, "NVFP4 codes");
+          d.scales = a.take_if(!to_saved, k.scale_region_bytes(rows, cols), 1, "NVFP4 block scales");
+          d.op = a.take_if(operand, numerics::nvfp4_gemm_scale_bytes(t ? cols : rows, t ? rows : cols), 1,
+                           "NVFP4 block scales for the FP4 GEMM");
+          d.transposed = a.take_if(t, n, 4, "NVFP4 transposed operand");
+          return d;
+        };
+        if (call.rowwise) reps.row = take(false, false, true);
+        if (call.columnwise || call.save_columnwise) reps.col = take(true, call.save_columnwise, call.columnwise);
       } else {
         reps = block::take_decoded_slot(a, e.r_, call, e.decoded_bytes());
       }
@@ -433,8 +502,7 @@ class CudaExec final : public block::Exec {
     for (GemmRole role : block::kAllGemmRoles) {
       if (role != GemmRole::Gemm1 && role != GemmRole::Gemm2 && !block::trains(c)) continue;
       const block::GemmSpec s = block::gemm_spec(role, c);
-      const bool native_block = path_ == Fp8Path::NativeBlock;
-      CudaGemm plan = cuda_gemm(s, c, native_block);
+      CudaGemm plan = cuda_gemm(s, c, native_blocked());
       Role& g = (*set)[static_cast<int>(role)];
       try {
         g.lt = std::make_unique<LtGemm>(lt_, plan.shape, max_workspace, s.name);
@@ -443,7 +511,7 @@ class CudaExec final : public block::Exec {
         // the epilogue (the bias added after, or staged and rounded with it). A GEMM that has
         // neither to give up has no fallback.
         if (e.status() != LNMLP_ERROR_NOT_SUPPORTED || (plan.shape.c == LtType::F32 && !plan.shape.bias)) throw;
-        plan = cuda_gemm(s, c, native_block, false);
+        plan = cuda_gemm(s, c, native_blocked(), false);
         g.lt = std::make_unique<LtGemm>(lt_, plan.shape, max_workspace, s.name);
       }
       g.staged = plan.staged;
@@ -458,6 +526,9 @@ class CudaExec final : public block::Exec {
     if ((path_ == Fp8Path::PerTensor || path_ == Fp8Path::NativeBlock) && tokens % kFp8GemmDimMultiple != 0)
       fail(LNMLP_ERROR_NOT_SUPPORTED, "this plan's GEMMs run on FP8 tensor cores, which need a multiple of ",
            kFp8GemmDimMultiple, " tokens (the group's, under sequence parallelism); ", which, " ", tokens);
+    if (path_ == Fp8Path::NativeNvfp4 && tokens % kFp4GemmDimMultiple != 0)
+      fail(LNMLP_ERROR_NOT_SUPPORTED, "this plan's GEMMs run on FP4 tensor cores, which need a multiple of ",
+           kFp4GemmDimMultiple, " tokens (the group's, under sequence parallelism); ", which, " ", tokens);
   }
 
   // The plan's GEMMs -- its maximum count's and those of each count it was asked to prepare
@@ -550,6 +621,18 @@ class CudaExec final : public block::Exec {
   }
 
   QuantKind kind(int q, Contract contract) const { return quant_kind(r_, q, contract); }
+  // NVFP4's native path: the representation of one orientation, K-major for its GEMM (a weight's
+  // tiles quantized from its transpose for the columnwise one).
+  QuantKind native_kind(int q, bool columnwise) const {
+    QuantKind k = kind(q, columnwise ? Contract::Rows : Contract::Cols);
+    k.nvfp4_tiles_transposed = columnwise && k.tiles();
+    return k;
+  }
+  bool native_blocked() const { return path_ == Fp8Path::NativeBlock || path_ == Fp8Path::NativeNvfp4; }
+  // The scales a GEMM side reads: FP4 codes' block scales in the GEMM's layout, else the scale_invs.
+  static const void* gemm_scales(const Operand& o) {
+    return o.nvfp4_block_scales != nullptr ? static_cast<const void*>(o.nvfp4_block_scales) : o.scale_inv;
+  }
   int64_t decoded_bytes() const { return op_f32_ ? 4 : 2; }
   NormSpec norm_spec(int64_t rows) const { return {c_.norm, c_.zero_centered_gamma, c_.epsilon, rows, c_.hidden}; }
   ActSpec act_spec(int64_t rows) const { return {c_.acts[0], c_.acts[1], c_.gated(), c_.act_params, rows, c_.ffn}; }
@@ -608,18 +691,18 @@ int32_t fp8_support(Recipe recipe, int device) {
   if (recipe == Recipe::None) return LNMLP_SUPPORTED;
   device_count();  // NOT_SUPPORTED without a driver or a device
   ScopedDevice dev(device);
-  cudaDeviceProp p{};
-  cuda_check(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
+  const int sm = compute_capability(device);
   switch (recipe) {
     case Recipe::Delayed:
-    case Recipe::Current: return 10 * p.major + p.minor >= 89 ? LNMLP_SUPPORTED : LNMLP_UNSUPPORTED;
+    case Recipe::Current: return sm >= 89 ? LNMLP_SUPPORTED : LNMLP_UNSUPPORTED;
     case Recipe::Block:
-      return p.major == 9 && cublaslt_has_block_scaling() ? LNMLP_SUPPORTED : LNMLP_SUPPORTED_EMULATED;
-    case Recipe::Nvfp4:  // no FP4 tensor cores before sm_100: decoded, as MXFP8
+      return sm / 10 == 9 && cublaslt_has_block_scaling() ? LNMLP_SUPPORTED : LNMLP_SUPPORTED_EMULATED;
+    case Recipe::Nvfp4:  // FP4 tensor cores from sm_100 on; before, decoded, as MXFP8
+      return sm >= 100 && cublaslt_has_fp4() ? LNMLP_SUPPORTED : LNMLP_SUPPORTED_EMULATED;
     case Recipe::Mxfp8:
     case Recipe::None: break;
   }
-  return LNMLP_SUPPORTED_EMULATED;  // MXFP8, NVFP4: decoded, on every GPU so far
+  return LNMLP_SUPPORTED_EMULATED;  // MXFP8: decoded, on every GPU so far
 }
 
 }  // namespace lnmlp::cuda

@@ -7,10 +7,12 @@
 // with fp32 accumulation). Per-tensor FP8 recipes (delayed, current) run on FP8 tensor cores:
 // codes in the K-major orientation each GEMM needs (rowwise, and the transposed copy as the
 // columnwise representation, written in the same pass) with their scale_invs in device memory.
-// Blocked recipes (block, mxfp8) are emulated exactly as the CPU backend does: quantized in the
-// same layouts (the same bits), decoded into bf16 operands (fp32 for block scales that are not
-// powers of two) and multiplied with fp32 accumulation. FP8 GEMMs whose result is in the I/O dtype
-// stage it in fp32 and round it (with the bias) in a second kernel.
+// Blocked recipes (block, mxfp8, nvfp4) are emulated exactly as the CPU backend does: quantized in
+// the same layouts (the same bits), decoded into bf16 operands (fp32 for block scales that are not
+// powers of two) and multiplied with fp32 accumulation -- except BLOCK on Hopper's block-scaled
+// FP8 GEMMs and NVFP4 on Blackwell's FP4 GEMMs, which read the codes themselves with their block
+// scales in cuBLASLt's layouts. FP8 GEMMs whose result is in the I/O dtype stage it in fp32 and
+// round it (with the bias) in a second kernel.
 #pragma once
 
 #include <memory>

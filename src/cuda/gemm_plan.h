@@ -4,11 +4,13 @@
 //
 // Operands. Unquantized: the I/O dtype (fp32 results for dact, dn and sharded GEMM2's partial
 // sums). Per-tensor FP8: K-major codes (A [m, k], B [n, k]) in the quantizers' formats, with
-// per-tensor scale_invs. BLOCK on cuBLASLt's block-scaled GEMMs (native_block: sm_90, cuBLASLt
+// per-tensor scale_invs. BLOCK on cuBLASLt's block-scaled GEMMs (native_blocked: sm_90, cuBLASLt
 // 12.9, every dimension a multiple of 16): K-major codes too, with 1 x 128 block scales, or
 // 128 x 128 tile scales for the weights. Emulated blocked recipes (MXFP8; BLOCK elsewhere): codes
 // decoded into bf16 (fp32 for BLOCK without power-of-2 scales), in the role's own orientation.
-// NVFP4: decoded into bf16 (e2m1 * s_block, exact), every result staged in fp32 for its alpha.
+// NVFP4 on FP4 GEMMs (native_blocked: sm_100, cuBLASLt 12.8, every dimension a multiple of 32):
+// K-major E2M1 codes with their E4M3 block scales in cuBLASLt's tiled layout; elsewhere decoded
+// into bf16 (e2m1 * s_block, exact). Either way every result is staged in fp32 for its alpha.
 //
 // Results. Written by cuBLASLt in their own type, with the forward GEMMs' bias in its epilogue
 // where it takes one: the result and the bias in bf16 or f16, or an unquantized fp32 plan. An FP8
@@ -35,20 +37,26 @@ struct CudaGemm {
   bool bias_after = false;  // the bias added by a kernel after the GEMM, in place
 };
 
-// Whether the plan's FP8 GEMMs read FP8 codes (per-tensor recipes; BLOCK when native_block).
-inline bool fp8_codes_gemm(const ResolvedRecipe& r, bool native_block) {
-  return r.per_tensor() || (r.recipe == Recipe::Block && native_block);
+// Whether the plan's quantized GEMMs read codes: per-tensor recipes; BLOCK and NVFP4 where they
+// run natively (native_blocked: cuBLASLt's block-scaled FP8 GEMMs, or its FP4 GEMMs).
+inline bool fp8_codes_gemm(const ResolvedRecipe& r, bool native_blocked) {
+  return r.per_tensor() || ((r.recipe == Recipe::Block || r.nvfp4()) && native_blocked);
 }
 
-inline CudaGemm cuda_gemm(const block::GemmSpec& s, const Config& c, bool native_block = false,
+inline CudaGemm cuda_gemm(const block::GemmSpec& s, const Config& c, bool native_blocked = false,
                           bool fused_epilogue = true) {
   const LtType io = lt_type(c.dtype);
   CudaGemm g;
   g.shape = {s.m, s.n, s.k, s.trans_a, s.trans_b, io, io, s.out_f32 ? LtType::F32 : io, s.bias};
   g.shape.accumulate = s.accumulate;
   const ResolvedRecipe r = resolve_recipe(c.fp8);
-  const bool codes = r.recipe != Recipe::None && fp8_codes_gemm(r, native_block);
-  if (codes) {
+  const bool codes = r.recipe != Recipe::None && fp8_codes_gemm(r, native_blocked);
+  if (codes && r.nvfp4()) {
+    g.shape.trans_a = false;
+    g.shape.trans_b = true;
+    g.shape.a = g.shape.b = LtType::E2M1;
+    g.shape.scale_a = g.shape.scale_b = LtScale::Vec16;
+  } else if (codes) {
     g.shape.trans_a = false;
     g.shape.trans_b = true;
     g.shape.a = lt_type(r.formats[s.quantizer_a]);

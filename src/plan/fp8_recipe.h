@@ -88,6 +88,10 @@ struct QuantKind {
   bool nvfp4_tiles = false;  // NVFP4: a weight in 16x16 tiles
   bool hadamard = false;     // NVFP4: the random Hadamard transform along the contraction first
   bool stochastic = false;   // NVFP4: stochastic rounding
+  // NVFP4 on FP4 GEMMs (the CUDA backend on sm_100): a weight's 16x16 tiles quantized from its
+  // transpose, the K-major operand of a GEMM contracting its rows (the codes and scales of the
+  // tiles' own quantization, transposed: a tile's scale is the same either way).
+  bool nvfp4_tiles_transposed = false;
 
   bool per_tensor() const { return recipe == Recipe::Delayed || recipe == Recipe::Current; }
   bool nvfp4() const { return recipe == Recipe::Nvfp4; }
@@ -109,7 +113,9 @@ struct QuantKind {
   bool orientation_free() const { return per_tensor() || tiles(); }
   // NVFP4 quantizes the matrix a GEMM contracts along its rows: the operand itself (Cols, and the
   // tiles), or its transpose [cols, rows] (Rows), as TransformerEngine's columnwise data.
-  bool nvfp4_transposed() const { return nvfp4() && contract == Contract::Rows && !tiles(); }
+  bool nvfp4_transposed() const {
+    return nvfp4() && ((contract == Contract::Rows && !tiles()) || nvfp4_tiles_transposed);
+  }
   // Number of block scales of a [rows, cols] operand (0 per tensor). NVFP4: one per 1x16 block of
   // the matrix it quantizes, tiles repeating theirs on each row (numerics/quantize_nvfp4.h).
   int64_t scale_count(int64_t rows, int64_t cols) const {

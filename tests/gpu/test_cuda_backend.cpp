@@ -268,7 +268,7 @@ TEST(CudaErrors, CapabilitiesOfAUsableGpu) {
     EXPECT_EQ(v, 1) << f;
   }
   // FP8: per-tensor recipes on FP8 tensor cores from sm_89; BLOCK's block-scaled GEMMs on Hopper;
-  // MXFP8 and NVFP4 emulated.
+  // NVFP4 on FP4 tensor cores from sm_100 (cuBLASLt 12.8, which this build has); MXFP8 emulated.
   cudaDeviceProp prop{};
   ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
   const int cc = 10 * prop.major + prop.minor;
@@ -280,7 +280,7 @@ TEST(CudaErrors, CapabilitiesOfAUsableGpu) {
   for (int32_t f : {LNMLP_FEATURE_RECIPE_DELAYED, LNMLP_FEATURE_RECIPE_CURRENT})
     EXPECT_EQ(recipe(f), cc >= 89 ? LNMLP_SUPPORTED : LNMLP_UNSUPPORTED) << f;
   EXPECT_EQ(recipe(LNMLP_FEATURE_RECIPE_MXFP8), LNMLP_SUPPORTED_EMULATED);
-  EXPECT_EQ(recipe(LNMLP_FEATURE_RECIPE_NVFP4), LNMLP_SUPPORTED_EMULATED);
+  EXPECT_EQ(recipe(LNMLP_FEATURE_RECIPE_NVFP4), cc >= 100 ? LNMLP_SUPPORTED : LNMLP_SUPPORTED_EMULATED);
   if (prop.major != 9) {
     EXPECT_EQ(recipe(LNMLP_FEATURE_RECIPE_BLOCK), LNMLP_SUPPORTED_EMULATED);
   } else {

@@ -388,6 +388,30 @@ TEST(CudaCallsEdges, PerTensorFp8NeedsMultiplesOf16Tokens) {
   }
 }
 
+// NVFP4 on FP4 tensor cores (sm_100 or newer; in the emulation LNMLP_EMULATION_SM=100) needs
+// multiples of 32 tokens: 48 is refused, changing nothing, and 32 then computes what the CPU
+// backend computes. Skips on a GPU without FP4 GEMMs, where NVFP4 is emulated and takes any count.
+TEST(CudaCallsEdges, NativeNvfp4NeedsMultiplesOf32Tokens) {
+  SKIP_WITHOUT_GPU();
+  int32_t support = -1;
+  ASSERT_EQ(lnmlp_query_support(LNMLP_BACKEND_CUDA, LNMLP_FEATURE_RECIPE_NVFP4, &support), LNMLP_SUCCESS);
+  if (support != LNMLP_SUPPORTED) GTEST_SKIP() << "no FP4 GEMMs on this GPU: NVFP4 is emulated";
+  const Problem pr = make_problem(config(48, true), LNMLP_DTYPE_BF16, 73);
+  Calls cuda(pr, LNMLP_BACKEND_CUDA, LNMLP_RECIPE_NVFP4, PlanCalls{kMaxTokens});
+  cuda.set_gradients(cuda.gradients(0.0));
+  try {
+    cuda.step(pr);
+    FAIL() << "48 tokens were accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("FP4 tensor cores, which need a multiple of 32"), std::string::npos)
+        << e.what();
+  }
+  const Problem pr32 = make_problem(config(32, true), LNMLP_DTYPE_BF16, 73);
+  Calls cpu(pr32, LNMLP_BACKEND_CPU, LNMLP_RECIPE_NVFP4, PlanCalls{});
+  cpu.set_gradients(cpu.gradients(0.0));
+  expect_close(cuda.step(pr32), cpu.step(pr32), kTolFp4Backends, "CUDA (native NVFP4) against CPU at 32 tokens");
+}
+
 // A token count whose GEMMs would need more fp32 staging than the plan's own GEMMs (a result type
 // or bias epilogue cuBLASLt refuses at that count only) is refused at the call, before anything
 // runs, and the plan's own count still runs right afterwards; a plan that prepared the count at
