@@ -1,7 +1,8 @@
 // The CPU backend's FP8 operand passes alone (src/cpu/fp8_operands.h): quantizing a bf16 matrix
 // the shape of W1 (1024 x 4096) for each recipe and orientation, and decoding the codes into the
 // bf16 GEMM operand, and the two in one pass without codes (quantize_to_operand, "straight"), in
-// ns per element, best of 7 after one warm-up, at 1 and `threads` threads.
+// ns per element, best of 7 after one warm-up, at 1 and `threads` threads; then NVFP4's
+// representations (src/cpu/nvfp4_operands.h), with and without the bf16 operand.
 // Built by run.sh once per ISA level (LNMLP_CPU_ISA and -march), as the library builds its
 // kernels; the block-level effect of these passes is bench/ab_compare.py --set fp8.
 #include <omp.h>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "cpu/fp8_operands.h"
+#include "cpu/nvfp4_operands.h"
 
 namespace {
 
@@ -81,5 +83,45 @@ int main(int argc, char** argv) {
     std::printf("\n");
   }
   std::printf("(N = %d threads)\n", threads);
+
+  // NVFP4 (src/cpu/nvfp4_operands.h): codes and scales alone, and with the decoded bf16 operand in
+  // the same pass; the columnwise representations quantize the fp32 transpose (timed apart).
+  std::printf("\nNVFP4 operand passes, bf16 [%lld, %lld] -> e2m1 codes (+ bf16 operand); ns/element\n",
+              static_cast<long long>(rows), static_cast<long long>(cols));
+  std::printf("%-30s %10s %12s %10s %12s\n", "representation", "codes 1t", "+operand 1t", "codes Nt", "+operand Nt");
+  struct Fp4Kind {
+    const char* name;
+    Contract contract;
+    bool tiles, hadamard, stochastic;
+  };
+  const Fp4Kind fp4_kinds[] = {{"1x16 along rows", Contract::Cols, false, false, false},
+                               {"16x16 weight tiles", Contract::Cols, true, false, false},
+                               {"transposed", Contract::Rows, false, false, false},
+                               {"transposed, RHT + stochastic", Contract::Rows, false, true, true}};
+  std::vector<uint8_t> region(static_cast<size_t>(n / 16 + 64));
+  std::vector<float> transposed(static_cast<size_t>(n));
+  for (const Fp4Kind& f : fp4_kinds) {
+    const QuantKind q{Recipe::Nvfp4, numerics::Fp8Format::E4M3, f.contract, f.tiles, false, 0.0f, f.tiles, f.hadamard,
+                      f.stochastic};
+    numerics::Nvfp4Rounding rounding;
+    rounding.stochastic = f.stochastic;
+    rounding.seed = 1;
+    double t[4];
+    for (int i = 0; i < 2; ++i) {
+      const int th = i == 0 ? 1 : threads;
+      for (int with_operand = 0; with_operand < 2; ++with_operand)
+        t[2 * i + with_operand] = best_ms([&] {
+          cpu::quantize_nvfp4_operand<DType::BF16>(th, q, in.data(), rows, cols, rounding, nullptr, codes.data(),
+                                                   region.data(), transposed.data(), cpu::GemmType::BF16,
+                                                   with_operand ? out.data() : nullptr);
+        });
+    }
+    std::printf("%-30s", f.name);
+    for (double ms : t) std::printf(" %10.3f  ", ms * 1e6 / n);
+    std::printf("\n");
+  }
+  const double transpose_ms =
+      best_ms([&] { cpu::transpose_to_f32<DType::BF16>(threads, in.data(), rows, cols, transposed.data()); });
+  std::printf("(of the transposed ones, the fp32 transpose: %.3f ns/element at N threads)\n", transpose_ms * 1e6 / n);
   return 0;
 }

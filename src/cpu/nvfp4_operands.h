@@ -78,14 +78,35 @@ inline void decode_nvfp4_operand(int threads, const QuantKind& k, const uint8_t*
   });
 }
 
-// The transpose of in [rows, cols] into t [cols, rows] in fp32, in tiles on the cores.
+// The transpose of in [rows, cols] into t [cols, rows] in fp32, on the cores by bands of columns
+// one cache line wide (kCols elements of `in`): down the band 16 rows at a time, each row's kCols
+// elements read whole and widened, turned in a buffer in L1, then written as runs of 16 floats
+// (64 bytes) to kCols rows of t, which so fill front to back. (Reading down one column at a time
+// fetched a cache line per element, and power-of-two row strides kept few of them cached: 2.3 ns
+// an element on one Zen 4 core.)
 template <DType D>
 void transpose_to_f32(int threads, const numerics::storage_t<D>* in, int64_t rows, int64_t cols, float* t) {
-  constexpr int64_t kTile = 32;
-  parallel_chunks(threads, threads, numerics::num_blocks(cols, kTile), [&](int64_t b0, int64_t b1, int) {
-    for (int64_t r0 = 0; r0 < rows; r0 += kTile)
-      for (int64_t c = b0 * kTile; c < cols && c < b1 * kTile; ++c)
-        for (int64_t r = r0; r < rows && r < r0 + kTile; ++r) t[c * rows + r] = numerics::load<D>(in[r * cols + c]);
+  constexpr int64_t kRows = 16, kCols = 64 / static_cast<int64_t>(sizeof(numerics::storage_t<D>));
+  parallel_chunks(threads, threads, numerics::num_blocks(cols, kCols), [&](int64_t b0, int64_t b1, int) {
+    const int64_t c_end = b1 * kCols < cols ? b1 * kCols : cols;
+    for (int64_t c0 = b0 * kCols; c0 < c_end; c0 += kCols) {
+      const int64_t nc = c_end - c0 < kCols ? c_end - c0 : kCols;
+      for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+        const int64_t nr = rows - r0 < kRows ? rows - r0 : kRows;
+        float tile[kCols][kRows];  // [column][row]
+        for (int64_t i = 0; i < nr; ++i) {
+          float row[kCols];
+          const numerics::storage_t<D>* src = in + (r0 + i) * cols + c0;
+          if (nc == kCols) {
+            for (int64_t j = 0; j < kCols; ++j) row[j] = numerics::load<D>(src[j]);
+          } else {
+            for (int64_t j = 0; j < nc; ++j) row[j] = numerics::load<D>(src[j]);
+          }
+          for (int64_t j = 0; j < nc; ++j) tile[j][i] = row[j];
+        }
+        for (int64_t j = 0; j < nc; ++j) std::memcpy(t + (c0 + j) * rows + r0, tile[j], sizeof(float) * nr);
+      }
+    }
   });
 }
 

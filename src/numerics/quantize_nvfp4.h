@@ -83,27 +83,45 @@ template <DType O> LNMLP_HD Nvfp4Values<O> nvfp4_operand_values(void* out, bool 
   return {static_cast<storage_t<O>*>(out), transposed ? 1 : cols, transposed ? cols : 1};
 }
 
-// One 1x16 block of quantize_nvfp4: block b (columns 16 b ..) of rows r0 .. r1 - 1 of the matrix
-// in [rows, cols] (one row, or a 16-row band of a tile), codes and scales laid out as above, under
-// the global scale. Blocks are independent (a block's codes are whole bytes), so any number of
-// threads may quantize a matrix's blocks at once, the CPU's and the GPU's alike. Stochastic
-// rounding's bits are drawn here, or for a block of one row given in `drawn` (its elements' bits,
-// philox_bits at their stream indices: the same values, drawn many blocks at a time).
-template <DType D, typename Values>
-LNMLP_HD void quantize_nvfp4_block(const storage_t<D>* in, int64_t r0, int64_t r1, int64_t cols, int64_t b,
-                                   float global_scale, uint8_t* codes, uint8_t* scales, const Nvfp4Rounding& rounding,
-                                   const Values& values, const uint32_t* drawn = nullptr) {
+// The bits of the amax of block b (columns 16 b ..) of rows r0 .. r1 - 1 of the matrix in [rows,
+// cols] (one row, or a 16-row band of a tile).
+template <DType D>
+LNMLP_HD uint32_t nvfp4_block_amax_bits(const storage_t<D>* in, int64_t r0, int64_t r1, int64_t cols, int64_t b) {
   constexpr int64_t B = kNvfp4BlockLength;
-  const int64_t blocks = num_blocks(cols, B), row_bytes = nvfp4_row_bytes(cols);
   const int64_t c0 = b * B, n = block_width(cols, c0, B);
   uint32_t m = 0;
   for (int64_t r = r0; r < r1; ++r)
     for (int64_t i = 0; i < n; ++i) m = amax_bits_max(m, magnitude_bits(load<D>(in[r * cols + c0 + i])));
-  const uint8_t block_scale = nvfp4_block_scale_e4m3(amax_from_bits(m), global_scale);
-  const float scale = nvfp4_element_scale(block_scale, global_scale);
-  const float block_value = fp8_to_float<Fp8Format::E4M3>(block_scale);
+  return m;
+}
+
+// A block's scales from its amax: the E4M3 decode scale it stores, and the multiplier of its
+// elements before the cast.
+struct Nvfp4BlockScale {
+  uint8_t e4m3;
+  float element_scale;
+};
+LNMLP_HD Nvfp4BlockScale nvfp4_block_scales_of(uint32_t amax_bits, float global_scale) {
+  const uint8_t e4m3 = nvfp4_block_scale_e4m3(amax_from_bits(amax_bits), global_scale);
+  return {e4m3, nvfp4_element_scale(e4m3, global_scale)};
+}
+
+// Block b of rows r0 .. r1 - 1 (as nvfp4_block_amax_bits) with its scales: its scale stored per
+// row, its elements cast (stochastic rounding's bits drawn here, or for a block of one row given
+// in `drawn`: its elements' bits, philox_bits at their stream indices, the same values drawn many
+// blocks at a time), packed, and their operand values where `values` says.
+template <DType D, typename Values>
+LNMLP_HD void quantize_nvfp4_block_scaled(const storage_t<D>* in, int64_t r0, int64_t r1, int64_t cols, int64_t b,
+                                          Nvfp4BlockScale s, uint8_t* codes, uint8_t* scales,
+                                          const Nvfp4Rounding& rounding, const Values& values,
+                                          const uint32_t* drawn = nullptr) {
+  constexpr int64_t B = kNvfp4BlockLength;
+  const int64_t blocks = num_blocks(cols, B), row_bytes = nvfp4_row_bytes(cols);
+  const int64_t c0 = b * B, n = block_width(cols, c0, B);
+  const float scale = s.element_scale;
+  const float block_value = fp8_to_float<Fp8Format::E4M3>(s.e4m3);
   for (int64_t r = r0; r < r1; ++r) {
-    scales[r * blocks + b] = block_scale;
+    scales[r * blocks + b] = s.e4m3;
     const storage_t<D>* x = in + r * cols + c0;
     uint8_t q[B + 1] = {};  // past n: 0, an odd row's last high nibble
     if (rounding.stochastic) {
@@ -123,10 +141,26 @@ LNMLP_HD void quantize_nvfp4_block(const storage_t<D>* in, int64_t r0, int64_t r
   }
 }
 
+// One 1x16 block of quantize_nvfp4: block b (columns 16 b ..) of rows r0 .. r1 - 1 of the matrix
+// in [rows, cols] (one row, or a 16-row band of a tile), codes and scales laid out as above, under
+// the global scale: its amax, its scales, its elements. Blocks are independent (a block's codes
+// are whole bytes), so any number of threads may quantize a matrix's blocks at once, the CPU's and
+// the GPU's alike.
+template <DType D, typename Values>
+LNMLP_HD void quantize_nvfp4_block(const storage_t<D>* in, int64_t r0, int64_t r1, int64_t cols, int64_t b,
+                                   float global_scale, uint8_t* codes, uint8_t* scales, const Nvfp4Rounding& rounding,
+                                   const Values& values, const uint32_t* drawn = nullptr) {
+  const Nvfp4BlockScale s = nvfp4_block_scales_of(nvfp4_block_amax_bits<D>(in, r0, r1, cols, b), global_scale);
+  quantize_nvfp4_block_scaled<D>(in, r0, r1, cols, b, s, codes, scales, rounding, values, drawn);
+}
+
 // Quantizes `in` with the global scale of `global_amax` (the tensor's amax, NaN-propagating as
 // amax_of gives it; a caller may pass another tensor's, as TransformerEngine's quantizers may),
 // block by block: the block's scales, then its elements cast (a Philox call per 4 elements when
-// stochastic), packed, and their operand values where `values` says.
+// stochastic), packed, and their operand values where `values` says. A row's blocks go a run at a
+// time: the run's amaxes, then its scales together (a loop the compiler vectorizes across blocks:
+// the scales' division and E4M3 conversion cost more than a block's casts), then each block's
+// elements; stochastic rounding's bits for the run drawn together.
 template <DType D = DType::F32, typename Values = NoNvfp4Values>
 LNMLP_HOST_INLINE void quantize_nvfp4(const storage_t<D>* in, int64_t rows, int64_t cols, bool tiles, float global_amax,
                                       uint8_t* codes, uint8_t* scales, Nvfp4Rounding rounding = {},
@@ -134,18 +168,29 @@ LNMLP_HOST_INLINE void quantize_nvfp4(const storage_t<D>* in, int64_t rows, int6
   constexpr int64_t B = kNvfp4BlockLength;
   const float global_scale = nvfp4_global_scale(global_amax);
   const int64_t blocks = num_blocks(cols, B), tile_rows = tiles ? B : 1;
+  constexpr int64_t kRun = 16;
   for (int64_t r0 = 0; r0 < rows; r0 += tile_rows) {
     const int64_t r1 = r0 + tile_rows < rows ? r0 + tile_rows : rows;
-    if (!rounding.stochastic || tiles) {
-      for (int64_t b = 0; b < blocks; ++b)
-        quantize_nvfp4_block<D>(in, r0, r1, cols, b, global_scale, codes, scales, rounding, values);
-      continue;
-    }
-    // A row's random bits, a run of blocks at a time: the Philox blocks their elements fall in (at
-    // most 5 per block of 16), drawn together (philox_blocks), then each element's word picked.
-    constexpr int64_t kRun = 16;
     for (int64_t b0 = 0; b0 < blocks; b0 += kRun) {
-      const int64_t b1 = b0 + kRun < blocks ? b0 + kRun : blocks;
+      const int64_t b1 = b0 + kRun < blocks ? b0 + kRun : blocks, run = b1 - b0;
+      uint32_t amax_bits[kRun];
+      for (int64_t k = 0; k < run; ++k) amax_bits[k] = nvfp4_block_amax_bits<D>(in, r0, r1, cols, b0 + k);
+      uint8_t e4m3[kRun];
+      float element_scale[kRun];
+      LNMLP_QUANT_SIMD
+      for (int64_t k = 0; k < run; ++k) {
+        const Nvfp4BlockScale s = nvfp4_block_scales_of(amax_bits[k], global_scale);
+        e4m3[k] = s.e4m3;
+        element_scale[k] = s.element_scale;
+      }
+      if (!rounding.stochastic || tiles) {
+        for (int64_t k = 0; k < run; ++k)
+          quantize_nvfp4_block_scaled<D>(in, r0, r1, cols, b0 + k, {e4m3[k], element_scale[k]}, codes, scales, rounding,
+                                         values);
+        continue;
+      }
+      // The run's random bits: the Philox blocks its elements fall in (at most 5 per block of 16),
+      // drawn together (philox_blocks), then each element's word picked.
       uint64_t first[kRun], counters[kPhiloxBatch];
       int at[kRun], m = 0;
       for (int64_t b = b0; b < b1; ++b) {
@@ -165,7 +210,8 @@ LNMLP_HOST_INLINE void quantize_nvfp4(const storage_t<D>* in, int64_t rows, int6
           const uint64_t index = f + static_cast<uint64_t>(i);
           bits[i] = words[index & 3][at[b - b0] + static_cast<int64_t>((index >> 2) - (f >> 2))];
         }
-        quantize_nvfp4_block<D>(in, r0, r1, cols, b, global_scale, codes, scales, rounding, values, bits);
+        quantize_nvfp4_block_scaled<D>(in, r0, r1, cols, b, {e4m3[b - b0], element_scale[b - b0]}, codes, scales,
+                                       rounding, values, bits);
       }
     }
   }
