@@ -40,11 +40,21 @@ inline std::string cuda_unavailable_reason() {
   return "no usable GPU, CUDA tests skipped: " + why;
 }
 
+// Skips a test where the CUDA backend cannot run. In the CPU emulation it always can, so there an
+// unusable backend (a module that fails to load) fails the test instead of passing as "no GPU".
+#ifdef LNMLP_CUDA_EMULATED_RUNTIME
+#define SKIP_WITHOUT_GPU()                                                                \
+  do {                                                                                    \
+    const std::string why_ = cuda_unavailable_reason();                                   \
+    if (!why_.empty()) GTEST_FAIL() << "the emulated CUDA backend is unusable: " << why_; \
+  } while (0)
+#else
 #define SKIP_WITHOUT_GPU()                                         \
   do {                                                             \
     const std::string why_ = cuda_unavailable_reason();            \
     if (!why_.empty()) GTEST_SKIP() << why_;                       \
   } while (0)
+#endif
 
 // cudaMalloc'ed memory (256-byte aligned), freed on destruction.
 class DeviceBuffer {
