@@ -2,16 +2,23 @@
 
 namespace lnmlp::block {
 
+DecodedRegions take_decoded_regions(RegionAllocator& a, const QuantKind& k, int64_t rows, int64_t cols, bool to_saved,
+                                    int64_t op_bytes) {
+  DecodedRegions d;
+  d.codes = a.take_if(!to_saved, k.code_bytes(rows, cols), 1, "FP8 codes");
+  const int64_t scale_bytes = k.scale_region_bytes(rows, cols);
+  d.scales = a.take_if(!to_saved && scale_bytes > 0, scale_bytes, 1, "FP8 block scales");
+  d.op = a.take_if(op_bytes > 0, op_bytes, 1, "FP8 GEMM operand");
+  d.transposed =
+      a.take_if(k.nvfp4_transposed(), checked_mul(rows, cols, "an FP8 operand"), 4, "NVFP4 transposed operand");
+  return d;
+}
+
 DecodedSlot take_decoded_slot(RegionAllocator& a, const ResolvedRecipe& r, const QuantizeCall& call, int64_t op_bytes) {
-  const int64_t rows = call.x.rows, cols = call.x.cols, n = checked_mul(rows, cols, "an FP8 operand");
+  const int64_t rows = call.x.rows, cols = call.x.cols;
+  const int64_t operand_bytes = checked_mul(checked_mul(rows, cols, "an FP8 operand"), op_bytes, "an FP8 operand");
   auto take = [&](const QuantKind& k, bool to_saved, bool operand) {
-    DecodedRegions d;
-    d.codes = a.take_if(!to_saved, k.code_bytes(rows, cols), 1, "FP8 codes");
-    const int64_t scale_bytes = k.scale_region_bytes(rows, cols);
-    d.scales = a.take_if(!to_saved && scale_bytes > 0, scale_bytes, 1, "FP8 block scales");
-    d.op = a.take_if(operand, n, op_bytes, "FP8 GEMM operand");
-    d.transposed = a.take_if(k.nvfp4_transposed(), n, 4, "NVFP4 transposed operand");
-    return d;
+    return take_decoded_regions(a, k, rows, cols, to_saved, operand ? operand_bytes : 0);
   };
   DecodedSlot s;
   const QuantKind rowwise = quant_kind(r, call.quantizer, Contract::Cols);

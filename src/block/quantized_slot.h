@@ -22,6 +22,12 @@ struct DecodedSlot {
   DecodedRegions row, col;  // the rowwise (also the shared) and the columnwise representation
 };
 
+// One representation's regions of kind k for a [rows, cols] tensor: codes and block scales unless
+// to_saved (forward's saved buffer has them), op_bytes of GEMM operand (0: none), and the fp32
+// transpose a transposed NVFP4 kind quantizes.
+DecodedRegions take_decoded_regions(RegionAllocator& a, const QuantKind& k, int64_t rows, int64_t cols, bool to_saved,
+                                    int64_t op_bytes);
+
 // Takes the slot's regions after whatever `a` already holds; op_bytes: bytes of a decoded element.
 // A representation that is only saved gets no decoded operand. (Out of line, compiled once: the
 // CPU backend's ISA levels must not share inline code, src/cpu/isa.h.)

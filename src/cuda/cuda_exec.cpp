@@ -114,10 +114,8 @@ class CudaExec final : public block::Exec {
   }
   int64_t quantize_bytes(const block::QuantizeCall& call) const override { return QuantizeSlot(*this, call).bytes; }
   int64_t saved_operand_bytes(int q, int64_t rows, int64_t cols) const override {
-    if (path_ == Fp8Path::NativeNvfp4) {  // the saved scales in the GEMM's layout
-      const bool t = native_kind(q, true).nvfp4_transposed();
-      return numerics::nvfp4_gemm_scale_bytes(t ? cols : rows, t ? rows : cols);
-    }
+    // Native NVFP4: the saved scales in the GEMM's layout.
+    if (path_ == Fp8Path::NativeNvfp4) return native_kind(q, true).nvfp4_gemm_scale_bytes(rows, cols);
     return path_ == Fp8Path::Emulated ? checked_mul(rows, cols, "a decoded FP8 operand") * decoded_bytes() : 0;
   }
   int64_t gathered_operands_bytes(int, int64_t, int64_t) const override { return 0; }
@@ -426,14 +424,8 @@ class CudaExec final : public block::Exec {
       } else if (e.path_ == Fp8Path::NativeNvfp4) {
         auto take = [&](bool columnwise, bool to_saved, bool operand) {
           const QuantKind k = e.native_kind(call.quantizer, columnwise);
-          const bool t = k.nvfp4_transposed();
-          block::DecodedRegions d;
-          d.codes = a.take_if(!to_saved, k.code_bytes(rows, cols), 1, "NVFP4 codes");
-          d.scales = a.take_if(!to_saved, k.scale_region_bytes(rows, cols), 1, "NVFP4 block scales");
-          d.op = a.take_if(operand, numerics::nvfp4_gemm_scale_bytes(t ? cols : rows, t ? rows : cols), 1,
-                           "NVFP4 block scales for the FP4 GEMM");
-          d.transposed = a.take_if(t, n, 4, "NVFP4 transposed operand");
-          return d;
+          return block::take_decoded_regions(a, k, rows, cols, to_saved,
+                                             operand ? k.nvfp4_gemm_scale_bytes(rows, cols) : 0);
         };
         if (call.rowwise) reps.row = take(false, false, true);
         if (call.columnwise || call.save_columnwise) reps.col = take(true, call.save_columnwise, call.columnwise);

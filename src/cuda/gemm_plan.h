@@ -51,14 +51,14 @@ inline CudaGemm cuda_gemm(const block::GemmSpec& s, const Config& c, bool native
   g.shape.accumulate = s.accumulate;
   const ResolvedRecipe r = resolve_recipe(c.fp8);
   const bool codes = r.recipe != Recipe::None && fp8_codes_gemm(r, native_blocked);
-  if (codes && r.nvfp4()) {
+  if (codes) {  // K-major sides, as FP8 and FP4 tensor cores take them
     g.shape.trans_a = false;
     g.shape.trans_b = true;
+  }
+  if (codes && r.nvfp4()) {
     g.shape.a = g.shape.b = LtType::E2M1;
     g.shape.scale_a = g.shape.scale_b = LtScale::Vec16;
   } else if (codes) {
-    g.shape.trans_a = false;
-    g.shape.trans_b = true;
     g.shape.a = lt_type(r.formats[s.quantizer_a]);
     g.shape.b = lt_type(r.formats[s.quantizer_b]);
     // lnmlp_desc_set_gemm_math: the forward GEMMs of per-tensor recipes only.

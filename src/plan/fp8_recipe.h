@@ -132,6 +132,12 @@ struct QuantKind {
     if (!nvfp4()) return rows * cols;
     return nvfp4_transposed() ? cols * numerics::nvfp4_row_bytes(rows) : rows * numerics::nvfp4_row_bytes(cols);
   }
+  // NVFP4 on FP4 GEMMs: bytes of the block scales of a [rows, cols] operand in the GEMM's tiled
+  // layout (numerics' nvfp4_gemm_scale_bytes of the matrix quantized).
+  int64_t nvfp4_gemm_scale_bytes(int64_t rows, int64_t cols) const {
+    return nvfp4_transposed() ? numerics::nvfp4_gemm_scale_bytes(cols, rows)
+                              : numerics::nvfp4_gemm_scale_bytes(rows, cols);
+  }
   // Bytes of the block scales' region: the scales, and NVFP4's fp32 global amax before them.
   int64_t scale_region_bytes(int64_t rows, int64_t cols) const {
     return scale_count(rows, cols) * scale_bytes() + (nvfp4() ? kNvfp4AmaxBytes : 0);
